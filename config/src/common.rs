@@ -1,0 +1,333 @@
+//! Value types shared by every binary's config: durations, addresses, CIDRs, the admin section.
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A value with the line and column it came from, for validation messages.
+/// Serializes as the bare value (for `/config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located<T> {
+    pub value: T,
+    pub line: u64,
+    pub column: u64,
+}
+
+impl<T> Located<T> {
+    pub fn at(&self) -> (u64, u64) {
+        (self.line, self.column)
+    }
+}
+
+impl<T> std::ops::Deref for Located<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Located<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Located<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        Ok(Self {
+            value: s.value,
+            line: s.referenced.line(),
+            column: s.referenced.column(),
+        })
+    }
+}
+
+impl<T: Serialize> Serialize for Located<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+/// A duration written as a string: `5s`, `250ms`, `1h`, `1m30s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    pub const fn secs(s: u64) -> Self {
+        Self(Duration::from_secs(s))
+    }
+    pub const fn millis(ms: u64) -> Self {
+        Self(Duration::from_millis(ms))
+    }
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl FromStr for Dur {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 5s, 250ms, 1h"))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// `host:port`, where host is an IP literal (`[v6]` bracketed) or a DNS name resolved on use.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    /// The socket address if the host is an IP literal.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        self.host.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, self.port))
+    }
+}
+
+impl FromStr for HostPort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid address {s:?}: expected host:port (IPv6 as [addr]:port)");
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
+            h.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+            (h, p)
+        } else {
+            let (h, p) = s.rsplit_once(':').ok_or_else(bad)?;
+            if h.contains(':') {
+                return Err(bad());
+            }
+            (h, p)
+        };
+        if host.is_empty() || !valid_host(host) {
+            return Err(bad());
+        }
+        let port = port.parse::<u16>().map_err(|_| bad())?;
+        Ok(Self {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+fn valid_host(h: &str) -> bool {
+    h.len() <= 253
+        && h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'))
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// An IP network: `10.0.0.0/8`, `fd00::/8`, or a bare address meaning a single host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpCidr(pub ipnet::IpNet);
+
+impl IpCidr {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.contains(&canonical(ip))
+    }
+    pub fn prefix_len(&self) -> u8 {
+        self.0.prefix_len()
+    }
+}
+
+/// Map IPv4-mapped IPv6 addresses to IPv4 so `10.0.0.0/8` matches `::ffff:10.1.2.3`.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+impl FromStr for IpCidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Ok(net) = s.parse::<ipnet::IpNet>() {
+            if net.trunc() != net {
+                return Err(format!(
+                    "CIDR {s:?} has host bits set; did you mean {}?",
+                    net.trunc()
+                ));
+            }
+            return Ok(Self(net));
+        }
+        s.parse::<IpAddr>()
+            .map(|ip| Self(ipnet::IpNet::from(ip)))
+            .map_err(|_| format!("invalid CIDR {s:?}: expected e.g. 10.0.0.0/8 or 10.1.2.3"))
+    }
+}
+
+impl fmt::Display for IpCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A CIDR with an optional port: `10.0.0.0/8`, `10.0.0.0/8:443`, `10.1.2.3:443`,
+/// `[fd00::/8]:443`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CidrPort {
+    pub net: IpCidr,
+    pub port: Option<u16>,
+}
+
+impl CidrPort {
+    pub fn matches(&self, addr: SocketAddr) -> bool {
+        self.net.contains(addr.ip()) && self.port.is_none_or(|p| p == addr.port())
+    }
+    pub fn matches_ip_port(&self, ip: IpAddr, port: u16) -> bool {
+        self.net.contains(ip) && self.port.is_none_or(|p| p == port)
+    }
+}
+
+impl FromStr for CidrPort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let bad = |why: String| format!("invalid {s:?}: {why}; expected CIDR[:port], IPv6 as [cidr]:port");
+        if let Some(rest) = s.strip_prefix('[') {
+            let (net, port) = rest.split_once(']').ok_or_else(|| bad("missing ]".into()))?;
+            let port = match port {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .ok_or_else(|| bad("bad port".into()))?,
+                ),
+            };
+            return Ok(Self { net: net.parse().map_err(bad)?, port });
+        }
+        // IPv4 (or a bare IPv6 without port): a colon after the address part is the port.
+        if s.contains('.') {
+            if let Some((net, port)) = s.rsplit_once(':') {
+                let port = port.parse::<u16>().map_err(|_| bad("bad port".into()))?;
+                return Ok(Self { net: net.parse().map_err(bad)?, port: Some(port) });
+            }
+        }
+        Ok(Self { net: s.parse().map_err(bad)?, port: None })
+    }
+}
+
+impl fmt::Display for CidrPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.port, self.net.0) {
+            (None, _) => self.net.fmt(f),
+            (Some(p), ipnet::IpNet::V6(_)) => write!(f, "[{}]:{p}", self.net),
+            (Some(p), _) => write!(f, "{}:{p}", self.net),
+        }
+    }
+}
+
+macro_rules! string_serde {
+    ($($t:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(de::Error::custom)
+            }
+        }
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    )*};
+}
+string_serde!(Dur, HostPort, IpCidr, CidrPort);
+
+/// The admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/config`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `host:port` to listen on; `null` disables the admin listener.
+    pub listen: Option<HostPort>,
+    /// File holding a bearer token required by the admin endpoints that change state.
+    /// Without it those endpoints answer 403. Never shown by `/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+}
+
+impl AdminConfig {
+    pub fn on(port: u16) -> Self {
+        Self {
+            listen: Some(HostPort {
+                host: "127.0.0.1".into(),
+                port,
+            }),
+            token_file: None,
+        }
+    }
+}
+
+/// Shorthand for the per-field `#[serde(default = ...)]` functions.
+macro_rules! default_fn {
+    ($($name:ident: $t:ty = $e:expr;)*) => {$(
+        pub(crate) fn $name() -> $t { $e }
+    )*};
+}
+pub(crate) use default_fn;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!("5s".parse::<Dur>().unwrap(), Dur::secs(5));
+        assert_eq!("250ms".parse::<Dur>().unwrap(), Dur::millis(250));
+        assert_eq!("1h".parse::<Dur>().unwrap(), Dur::secs(3600));
+        assert!("5".parse::<Dur>().is_err());
+        assert!("five seconds".parse::<Dur>().is_err());
+    }
+
+    #[test]
+    fn host_ports() {
+        let hp: HostPort = "API.Example.com:443".parse().unwrap();
+        assert_eq!((hp.host.as_str(), hp.port), ("api.example.com", 443));
+        let hp: HostPort = "[::1]:8443".parse().unwrap();
+        assert_eq!(hp.socket_addr(), Some("[::1]:8443".parse().unwrap()));
+        assert_eq!(hp.to_string(), "[::1]:8443");
+        for bad in ["", "host", "host:", ":443", "host:70000", "::1:443", "[::1]443", "a b:1"] {
+            assert!(bad.parse::<HostPort>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cidrs() {
+        let c: CidrPort = "10.0.0.0/8:443".parse().unwrap();
+        assert!(c.matches("10.1.2.3:443".parse().unwrap()));
+        assert!(!c.matches("10.1.2.3:80".parse().unwrap()));
+        assert!(c.matches("[::ffff:10.1.2.3]:443".parse().unwrap()));
+        let c: CidrPort = "10.1.2.3:443".parse().unwrap();
+        assert_eq!(c.net.prefix_len(), 32);
+        let c: CidrPort = "[fd00::/8]:443".parse().unwrap();
+        assert!(c.matches("[fd00::1]:443".parse().unwrap()));
+        let c: CidrPort = "fd00::/8".parse().unwrap();
+        assert_eq!(c.port, None);
+        assert!("10.0.0.1/8".parse::<IpCidr>().is_err(), "host bits set");
+        assert!("10.0.0.0/33".parse::<CidrPort>().is_err());
+        assert!("10.0.0.0/8:99999".parse::<CidrPort>().is_err());
+    }
+}

@@ -1,0 +1,442 @@
+//! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
+
+use crate::common::{default_fn, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
+use crate::error::{ConfigError, Problems};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+default_fn! {
+    admin_default: AdminConfig = AdminConfig::on(9901);
+    drain_grace_default: Dur = Dur::secs(30);
+    handshake_default: Dur = Dur::secs(5);
+    connect_default: Dur = Dur::secs(5);
+    idle_default: Dur = Dur::secs(3600);
+    max_connections_default: usize = 10_000;
+    client_hello_max_default: usize = 16 * 1024;
+    connect_head_max_default: usize = 8 * 1024;
+    proxy_depth_default: u8 = 2;
+    eject_default: Dur = Dur::secs(10);
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    #[serde(default = "admin_default")]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// After SIGTERM: how long live connections may continue before the process exits.
+    #[serde(default = "drain_grace_default")]
+    pub drain_grace: Dur,
+    #[serde(default)]
+    pub limits: Limits,
+    /// How long an upstream that refused or timed out a connect is skipped.
+    #[serde(default = "eject_default")]
+    pub upstream_eject: Dur,
+    pub listeners: Vec<Listener>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head.
+    #[serde(default = "handshake_default")]
+    pub handshake: Dur,
+    /// One upstream TCP connect attempt.
+    #[serde(default = "connect_default")]
+    pub connect: Dur,
+    /// A proxied connection with no byte in either direction for this long is closed.
+    #[serde(default = "idle_default")]
+    pub idle: Dur,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            handshake: handshake_default(),
+            connect: connect_default(),
+            idle: idle_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Connections held at once by the whole process (accepting pauses at the limit).
+    #[serde(default = "max_connections_default")]
+    pub max_connections: usize,
+    /// Largest ClientHello (all the records carrying it) the router buffers.
+    #[serde(default = "client_hello_max_default")]
+    pub client_hello_max: usize,
+    /// Largest HTTP CONNECT request head.
+    #[serde(default = "connect_head_max_default")]
+    pub connect_head_max: usize,
+    /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
+    #[serde(default = "proxy_depth_default")]
+    pub proxy_protocol_depth: u8,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: max_connections_default(),
+            client_hello_max: client_hello_max_default(),
+            connect_head_max: connect_head_max_default(),
+            proxy_protocol_depth: proxy_depth_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocolMode {
+    #[default]
+    Off,
+    Optional,
+    Required,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SendProxy {
+    #[default]
+    Off,
+    V1,
+    V2,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balance {
+    /// Two upstreams picked at random, the one with fewer active connections wins.
+    #[default]
+    PowerOfTwo,
+    /// The upstream with the fewest active connections (ties: the first listed).
+    LeastConnections,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConnectUnmatched {
+    /// `403 Forbidden` with a one-line reason.
+    #[default]
+    Forbidden,
+    /// Gardener-compatible `301` to `https://<authority host>:443`.
+    Redirect,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    pub name: Located<String>,
+    pub listen: HostPort,
+    #[serde(default)]
+    pub proxy_protocol: ProxyProtocolMode,
+    /// Peers allowed to send PROXY headers (CIDRs on the TCP peer address).
+    #[serde(default)]
+    pub trusted_proxies: Vec<IpCidr>,
+    /// Route for connections nothing else matched; `null` rejects them.
+    #[serde(default)]
+    pub default_route: Option<String>,
+    /// Answer to a CONNECT that matches no route.
+    #[serde(default)]
+    pub connect_unmatched: ConnectUnmatched,
+    /// Per-listener connection cap, below the process-wide `limits.max_connections`.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: Located<String>,
+    /// Exact names or `*.suffix` (one label), case-insensitive, trailing dot ignored.
+    #[serde(default)]
+    pub sni: Vec<String>,
+    /// PROXY header destinations, `ip[/prefix][:port]`; longest prefix wins.
+    #[serde(default)]
+    pub destination: Vec<CidrPort>,
+    #[serde(default)]
+    pub connect: Option<ConnectMatch>,
+    pub upstreams: Vec<HostPort>,
+    #[serde(default)]
+    pub balance: Balance,
+    #[serde(default)]
+    pub send_proxy_protocol: SendProxy,
+    /// Real client addresses allowed to use this route; empty = any.
+    #[serde(default)]
+    pub allowed_sources: Vec<IpCidr>,
+    /// Live connections of this route end this long after a reload changed or removed the
+    /// route; `null` (the default) lets them run until they close by themselves.
+    #[serde(default)]
+    pub drain_deadline: Option<Dur>,
+}
+
+/// How a CONNECT request selects this route. Either `header` with `values` and/or `regex`, or
+/// `authority` (the request target), or both (all given conditions must hold).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectMatch {
+    pub header: Option<String>,
+    #[serde(default)]
+    pub values: Vec<String>,
+    /// Anchored: must match the whole header value.
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub authority: Vec<String>,
+}
+
+/// Parse and validate an sni-router config.
+pub fn parse(text: &str, file: &str) -> Result<RouterConfig, ConfigError> {
+    let cfg: RouterConfig = crate::from_yaml(text, file)?;
+    let mut p = Problems::new(file);
+    validate(&cfg, &mut p);
+    p.finish(cfg)
+}
+
+/// Normalise an SNI pattern: lower case, no trailing dot. `None` if it is not a valid pattern.
+pub fn normalize_sni_pattern(s: &str) -> Option<String> {
+    let s = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let body = s.strip_prefix("*.").unwrap_or(&s);
+    let ok = !body.is_empty()
+        && body.len() <= 253
+        && body.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    ok.then_some(s)
+}
+
+fn valid_header_name(h: &str) -> bool {
+    !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn validate(cfg: &RouterConfig, p: &mut Problems) {
+    if cfg.listeners.is_empty() {
+        p.push((0, 0), "listeners", "at least one listener is required");
+    }
+    if cfg.limits.max_connections == 0 {
+        p.push((0, 0), "limits.max_connections", "must be at least 1");
+    }
+    if cfg.limits.client_hello_max < 512 || cfg.limits.client_hello_max > 256 * 1024 {
+        p.push((0, 0), "limits.client_hello_max", "must be between 512 and 262144 bytes");
+    }
+    if cfg.limits.connect_head_max < 256 || cfg.limits.connect_head_max > 64 * 1024 {
+        p.push((0, 0), "limits.connect_head_max", "must be between 256 and 65536 bytes");
+    }
+    if cfg.limits.proxy_protocol_depth == 0 || cfg.limits.proxy_protocol_depth > 4 {
+        p.push((0, 0), "limits.proxy_protocol_depth", "must be between 1 and 4");
+    }
+    let mut listener_names = HashSet::new();
+    let mut addrs = HashSet::new();
+    for (li, l) in cfg.listeners.iter().enumerate() {
+        let lf = format!("listeners[{li}]");
+        if l.name.is_empty() || !l.name.bytes().all(|b| b.is_ascii_graphic()) {
+            p.push(l.name.at(), format!("{lf}.name"), "must be a non-empty word without spaces");
+        }
+        if !listener_names.insert(l.name.value.clone()) {
+            p.push(l.name.at(), format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
+        }
+        if !addrs.insert(l.listen.clone()) {
+            p.push(l.name.at(), format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
+        }
+        if l.proxy_protocol != ProxyProtocolMode::Off && l.trusted_proxies.is_empty() {
+            p.push(
+                l.name.at(),
+                format!("{lf}.trusted_proxies"),
+                "proxy_protocol is on but no peer is trusted to send it; list the load balancers' CIDRs",
+            );
+        }
+        if l.max_connections == Some(0) {
+            p.push(l.name.at(), format!("{lf}.max_connections"), "must be at least 1");
+        }
+        let mut route_names = HashSet::new();
+        let mut snis = HashSet::new();
+        let mut dests = HashSet::new();
+        for (ri, r) in l.routes.iter().enumerate() {
+            let rf = format!("{lf}.routes[{ri}]");
+            let at = r.name.at();
+            if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_graphic()) {
+                p.push(at, format!("{rf}.name"), "must be a non-empty word without spaces");
+            }
+            if !route_names.insert(r.name.value.clone()) {
+                p.push(at, format!("{rf}.name"), format!("duplicate route name {:?} in listener {:?}", *r.name, *l.name));
+            }
+            if r.upstreams.is_empty() {
+                p.push(at, format!("{rf}.upstreams"), "at least one upstream is required");
+            }
+            let is_default = l.default_route.as_deref() == Some(r.name.as_str());
+            if r.sni.is_empty() && r.destination.is_empty() && r.connect.is_none() && !is_default {
+                p.push(at, rf.clone(), "the route matches nothing: give sni, destination or connect (or make it the default_route)");
+            }
+            for (i, s) in r.sni.iter().enumerate() {
+                match normalize_sni_pattern(s) {
+                    None => p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern")),
+                    Some(n) => {
+                        if !snis.insert(n.clone()) {
+                            p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by another route of this listener"));
+                        }
+                    }
+                }
+            }
+            for (i, d) in r.destination.iter().enumerate() {
+                if !dests.insert(*d) {
+                    p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by another route of this listener"));
+                }
+            }
+            if let Some(c) = &r.connect {
+                let cf = format!("{rf}.connect");
+                match &c.header {
+                    Some(h) if !valid_header_name(h) => {
+                        p.push(at, format!("{cf}.header"), format!("{h:?} is not a valid HTTP header name"))
+                    }
+                    Some(_) if c.values.is_empty() && c.regex.is_none() => {
+                        p.push(at, cf.clone(), "a header match needs values or regex")
+                    }
+                    None if !c.values.is_empty() || c.regex.is_some() => {
+                        p.push(at, cf.clone(), "values/regex need a header name")
+                    }
+                    None if c.authority.is_empty() => {
+                        p.push(at, cf.clone(), "give a header (with values or regex) or authority")
+                    }
+                    _ => {}
+                }
+                if let Some(re) = &c.regex {
+                    if let Err(e) = regex::Regex::new(&format!("^(?:{re})$")) {
+                        p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
+                    }
+                }
+                for (i, a) in c.authority.iter().enumerate() {
+                    if a.parse::<HostPort>().is_err() {
+                        p.push(at, format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
+                    }
+                }
+            }
+            if let Some(d) = r.drain_deadline {
+                if d.get().is_zero() {
+                    p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
+                }
+            }
+        }
+        if let Some(d) = &l.default_route {
+            if !l.routes.iter().any(|r| r.name.as_str() == d) {
+                p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
+            }
+        }
+    }
+    for (name, d) in [
+        ("timeouts.handshake", cfg.timeouts.handshake),
+        ("timeouts.connect", cfg.timeouts.connect),
+        ("timeouts.idle", cfg.timeouts.idle),
+    ] {
+        if d.get().is_zero() {
+            p.push((0, 0), name, "must be positive");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTRACT: &str = r#"
+admin: { listen: 127.0.0.1:9901 }
+timeouts: { handshake: 5s, connect: 5s, idle: 1h }   # handshake = whole pre-routing phase
+drain_grace: 30s
+listeners:
+  - name: gateway
+    listen: 0.0.0.0:443
+    proxy_protocol: off              # off | optional | required
+    trusted_proxies: []              # CIDRs allowed to send PROXY headers
+    default_route: null              # name of the route for unmatched connections, or null
+    routes:
+      - name: shoot-a-api
+        sni: [api.shoot-a.example.com, "*.shoot-a.internal.example.com"]
+        upstreams: [10.0.1.5:443]
+        send_proxy_protocol: off     # off | v1 | v2
+        allowed_sources: []          # empty = any; CIDRs matched on the real client address
+        drain_deadline: 30s          # live connections of a changed or removed route end after this
+      - name: shoot-a-legacy
+        destination: [10.1.2.3/32:443]                  # PROXY header destination
+        upstreams: [10.0.1.5:443]
+      - name: shoot-a-connect
+        connect: { header: X-Gardener-Destination,
+                   values: ["outbound|443||kube-apiserver.shoot--a.svc.cluster.local"] }
+        upstreams: [10.0.1.5:443]
+"#;
+
+    #[test]
+    fn design_contract_example_parses() {
+        let c = parse(CONTRACT, "router.yaml").unwrap();
+        assert_eq!(c.listeners[0].routes.len(), 3);
+        assert_eq!(c.listeners[0].routes[0].drain_deadline, Some(Dur::secs(30)));
+        assert_eq!(c.listeners[0].routes[1].destination[0].port, Some(443));
+        assert_eq!(c.timeouts.idle, Dur::secs(3600));
+    }
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml, "f.yaml") {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn unknown_field_names_line_and_field() {
+        let e = problems("listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    routez: []\n");
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("f.yaml:4:5"), "{e:?}");
+        assert!(e[0].contains("unknown field `routez`"), "{e:?}");
+    }
+
+    #[test]
+    fn semantic_errors_are_all_reported_with_lines() {
+        let y = "listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    default_route: nope\n    routes:\n      - name: r\n        sni: [a.example, 'bad name']\n        upstreams: []\n      - name: r\n        sni: [A.example.]\n        upstreams: [x:1]\n";
+        let e = problems(y);
+        assert!(e.iter().any(|p| p.contains("f.yaml:6:15: listeners[0].routes[0].upstreams")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("routes[0].sni[1]")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("f.yaml:9:15: listeners[0].routes[1].name: duplicate")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("routes[1].sni[0]") && p.contains("another route")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("default_route")), "{e:#?}");
+    }
+
+    #[test]
+    fn bad_values_are_located() {
+        let e = problems("timeouts: { handshake: 5 }\nlisteners: []\n");
+        assert!(e[0].starts_with("f.yaml:1:"), "{e:?}");
+        assert!(e[0].contains("invalid duration"), "{e:?}");
+        let e = problems("listeners:\n  - name: a\n    listen: nowhere\n");
+        assert!(e[0].starts_with("f.yaml:3:"), "{e:?}");
+        let e = problems("listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    proxy_protocol: maybe\n");
+        assert!(e[0].contains("unknown variant"), "{e:?}");
+    }
+
+    #[test]
+    fn proxy_protocol_needs_trusted_peers() {
+        let e = problems("listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    proxy_protocol: required\n");
+        assert!(e[0].contains("trusted_proxies"), "{e:?}");
+    }
+
+    #[test]
+    fn sni_patterns() {
+        assert_eq!(normalize_sni_pattern("API.Example.COM.").as_deref(), Some("api.example.com"));
+        assert_eq!(normalize_sni_pattern("*.x.y").as_deref(), Some("*.x.y"));
+        assert_eq!(normalize_sni_pattern("a.*.y"), None);
+        assert_eq!(normalize_sni_pattern("*"), None);
+        assert_eq!(normalize_sni_pattern("a..b"), None);
+    }
+
+    #[test]
+    fn config_serializes_for_the_admin_endpoint() {
+        let c = parse(CONTRACT, "router.yaml").unwrap();
+        let j = serde_json::to_value(&c).unwrap();
+        assert_eq!(j["listeners"][0]["routes"][0]["name"], "shoot-a-api");
+        assert_eq!(j["timeouts"]["handshake"], "5s");
+    }
+}

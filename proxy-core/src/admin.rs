@@ -1,0 +1,206 @@
+//! The admin HTTP listener: `/metrics`, `/healthz`, `/readyz[?verbose]`, `/config`, and authenticated control endpoints.
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// One readiness check, listed by `/readyz?verbose`.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn new(name: impl Into<String>, ok: bool, detail: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ok,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A control request that passed authentication.
+pub struct ControlRequest<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub body: &'a [u8],
+}
+
+/// What a binary plugs into its admin listener.
+pub trait AdminHooks: Send + Sync + 'static {
+    /// Readiness checks; the process is ready when all pass.
+    fn ready(&self) -> Vec<Check>;
+    /// The running config with secrets redacted.
+    fn config(&self) -> serde_json::Value;
+    /// State-changing endpoints (under `/control/`), called only with a valid bearer token.
+    /// `None` means "no such endpoint" (404).
+    fn control(&self, _req: ControlRequest<'_>) -> Option<(StatusCode, String)> {
+        None
+    }
+}
+
+/// Everything the admin listener serves from.
+#[derive(Clone)]
+pub struct AdminState {
+    pub registry: Registry,
+    pub hooks: Arc<dyn AdminHooks>,
+    /// Bearer token for `/control/`; without one those endpoints answer 403.
+    pub token: Option<Arc<str>>,
+    /// Cancelled when the process drains: `/readyz` then fails so load balancers move away.
+    pub draining: CancellationToken,
+}
+
+const MAX_BODY: usize = 64 * 1024;
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve admin requests on `listener` until `stop` is cancelled. The admin listener keeps
+/// answering while the data plane drains, so `/readyz` can report the drain.
+pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::debug!(error = %e, "admin accept error");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let state = state.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&state, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// Bind the admin address (a plain tokio listener: admin traffic needs no tuning).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(body.into()))
+        .expect("valid response")
+}
+
+fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
+    let Some(token) = &state.token else { return false };
+    let Some(given) = req.headers().get("authorization").and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let Some(given) = given.strip_prefix("Bearer ") else { return false };
+    // Compare without an early exit so the time taken does not reveal the matching prefix.
+    let (a, b) = (given.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/metrics") => Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(crate::metrics::render(&state.registry))))
+            .expect("valid response"),
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            let mut checks = state.hooks.ready();
+            checks.insert(
+                0,
+                Check::new("not-draining", !state.draining.is_cancelled(), if state.draining.is_cancelled() { "draining for shutdown" } else { "" }),
+            );
+            let ok = checks.iter().all(|c| c.ok);
+            let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let verbose = query.as_deref().is_some_and(|q| q.split('&').any(|kv| kv == "verbose" || kv.starts_with("verbose=")));
+            if verbose {
+                let mut body = String::new();
+                for c in &checks {
+                    let mark = if c.ok { "+" } else { "-" };
+                    if c.detail.is_empty() {
+                        body.push_str(&format!("[{mark}]{} {}\n", c.name, if c.ok { "ok" } else { "failed" }));
+                    } else {
+                        body.push_str(&format!("[{mark}]{} {}: {}\n", c.name, if c.ok { "ok" } else { "failed" }, c.detail));
+                    }
+                }
+                body.push_str(if ok { "readyz check passed\n" } else { "readyz check failed\n" });
+                text(status, body)
+            } else {
+                text(status, if ok { "ok\n" } else { "not ready\n" })
+            }
+        }
+        (&Method::GET, "/config") => {
+            let body = serde_json::to_string_pretty(&state.hooks.config()).unwrap_or_default();
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body + "\n")))
+                .expect("valid response")
+        }
+        (_, p) if p.starts_with("/control/") => {
+            if state.token.is_none() {
+                return text(StatusCode::FORBIDDEN, "control endpoints are disabled: set admin.token_file\n");
+            }
+            if !authorized(state, &req) {
+                return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
+            }
+            let method = req.method().clone();
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "body too large or unreadable\n"),
+            };
+            match state.hooks.control(ControlRequest {
+                method: &method,
+                path: &path,
+                query: query.as_deref(),
+                body: &body,
+            }) {
+                Some((status, msg)) => text(status, msg),
+                None => text(StatusCode::NOT_FOUND, "no such control endpoint\n"),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /config\n"),
+    }
+}
+
+/// Read the admin bearer token from `admin.token_file` (trailing whitespace trimmed).
+pub fn load_token(file: Option<&str>) -> std::io::Result<Option<Arc<str>>> {
+    match file {
+        None => Ok(None),
+        Some(f) => {
+            let t = std::fs::read_to_string(f)?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{f} is empty")));
+            }
+            Ok(Some(Arc::from(t)))
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! Bidirectional byte relay: half-close propagation, idle timeout, byte counts, and no buffer held while idle.
+//!
+//! Two pumps share one driver: [`BufPump`] for any `AsyncRead + AsyncWrite` pair (TLS, tunnel
+//! streams), taking a buffer from a per-thread pool only while bytes are in flight; and, for two
+//! TCP sockets, [`SplicePump`], which moves bytes through a pooled pipe with splice(2) so they never
+//! enter user space. An idle connection holds no buffer and no pipe, only its sockets and state.
+
+use crate::splice::{splice, Pipe};
+use prometheus::IntCounter;
+use socket2::SockRef;
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+/// Size of a relay buffer taken from the pool for one read.
+pub const BUF_SIZE: usize = 16 * 1024;
+/// Buffers kept per thread for reuse; more are freed.
+const POOL_MAX: usize = 64;
+/// Bytes moved by one splice call (the pipe is grown to this size when possible).
+const PIPE_SIZE: usize = 256 * 1024;
+
+thread_local! {
+    static BUFS: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
+    static PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
+}
+
+fn take_buf() -> Box<[u8]> {
+    BUFS.with(|p| p.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
+}
+
+fn give_buf(b: Box<[u8]>) {
+    BUFS.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < POOL_MAX {
+            p.push(b);
+        }
+    });
+}
+
+fn take_pipe() -> io::Result<Pipe> {
+    if let Some(p) = PIPES.with(|p| p.borrow_mut().pop()) {
+        return Ok(p);
+    }
+    let p = Pipe::new()?;
+    p.set_size(PIPE_SIZE);
+    Ok(p)
+}
+
+/// Only empty pipes come back: a pipe with bytes in it belongs to its connection.
+fn give_pipe(p: Pipe) {
+    PIPES.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.len() < POOL_MAX {
+            pool.push(p);
+        }
+    });
+}
+
+/// Which end of a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The side that connected to us (downstream).
+    Client,
+    /// The side we connected to (upstream).
+    Upstream,
+}
+
+impl Side {
+    pub fn label(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+        }
+    }
+}
+
+/// How a relay ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Both directions finished with an orderly end of stream.
+    Closed,
+    /// No byte moved in either direction for the idle timeout.
+    Idle,
+    /// `side` reset the connection (or failed in a way that is passed on as a reset).
+    Reset(Side),
+    /// Reading from or writing to `side` failed.
+    Error(Side, io::Error),
+}
+
+impl Outcome {
+    /// Short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Closed => "closed",
+            Outcome::Idle => "idle_timeout",
+            Outcome::Reset(Side::Client) => "client_reset",
+            Outcome::Reset(Side::Upstream) => "upstream_reset",
+            Outcome::Error(Side::Client, _) => "client_error",
+            Outcome::Error(Side::Upstream, _) => "upstream_error",
+        }
+    }
+}
+
+/// Byte counters updated while bytes move (not only at close), so long-lived streams show up.
+#[derive(Clone, Default)]
+pub struct Meters {
+    pub to_upstream: Option<IntCounter>,
+    pub to_client: Option<IntCounter>,
+}
+
+/// A pump failure: which stream failed (the one read from or the one written to).
+pub struct PumpError {
+    on_reader: bool,
+    err: io::Error,
+}
+
+/// One direction of a relay.
+pub trait Pump<R, W>: Default + Unpin {
+    /// Move bytes until `r` is at end of stream and `w` is shut down (Ready(Ok)), or until
+    /// nothing can move now (Pending). `moved` is increased by the bytes written.
+    fn poll_pump(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W, moved: &mut u64) -> Poll<Result<(), PumpError>>;
+}
+
+/// Buffered pump for any stream pair.
+#[derive(Default)]
+pub struct BufPump {
+    buf: Option<Box<[u8]>>,
+    pos: usize,
+    len: usize,
+    eof: bool,
+    need_flush: bool,
+    done: bool,
+}
+
+fn rd(err: io::Error) -> PumpError {
+    PumpError { on_reader: true, err }
+}
+fn wr(err: io::Error) -> PumpError {
+    PumpError { on_reader: false, err }
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Pump<R, W> for BufPump {
+    fn poll_pump(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W, moved: &mut u64) -> Poll<Result<(), PumpError>> {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(buf) = &self.buf {
+                while self.pos < self.len {
+                    let n = ready!(Pin::new(&mut *w).poll_write(cx, &buf[self.pos..self.len])).map_err(wr)?;
+                    if n == 0 {
+                        return Poll::Ready(Err(wr(io::ErrorKind::WriteZero.into())));
+                    }
+                    self.pos += n;
+                    *moved += n as u64;
+                    self.need_flush = true;
+                }
+                if let Some(b) = self.buf.take() {
+                    give_buf(b);
+                }
+            }
+            if self.eof {
+                if self.need_flush {
+                    ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
+                    self.need_flush = false;
+                }
+                ready!(Pin::new(&mut *w).poll_shutdown(cx)).map_err(wr)?;
+                self.done = true;
+                continue;
+            }
+            let mut buf = take_buf();
+            let mut rb = ReadBuf::new(&mut buf);
+            match Pin::new(&mut *r).poll_read(cx, &mut rb) {
+                Poll::Pending => {
+                    give_buf(buf);
+                    if self.need_flush {
+                        ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
+                        self.need_flush = false;
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => {
+                    give_buf(buf);
+                    return Poll::Ready(Err(rd(e)));
+                }
+                Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    if n == 0 {
+                        give_buf(buf);
+                        self.eof = true;
+                    } else {
+                        self.buf = Some(buf);
+                        self.pos = 0;
+                        self.len = n;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Zero-copy pump between two TCP sockets through a pooled pipe.
+#[derive(Default)]
+pub struct SplicePump {
+    pipe: Option<Pipe>,
+    in_pipe: usize,
+    eof: bool,
+    done: bool,
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl Pump<TcpStream, TcpStream> for SplicePump {
+    fn poll_pump(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: &mut TcpStream,
+        w: &mut TcpStream,
+        moved: &mut u64,
+    ) -> Poll<Result<(), PumpError>> {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            while self.in_pipe > 0 {
+                ready!(w.poll_write_ready(cx)).map_err(wr)?;
+                let pipe = self.pipe.as_ref().expect("bytes in pipe imply a pipe");
+                let (pr, wfd) = (pipe.read.as_raw_fd(), w.as_raw_fd());
+                match w.try_io(Interest::WRITABLE, || splice(pr, wfd, self.in_pipe)) {
+                    Ok(0) => return Poll::Ready(Err(wr(io::ErrorKind::WriteZero.into()))),
+                    Ok(n) => {
+                        self.in_pipe -= n;
+                        *moved += n as u64;
+                    }
+                    Err(e) if would_block(&e) => continue,
+                    Err(e) => return Poll::Ready(Err(wr(e))),
+                }
+            }
+            if let Some(p) = self.pipe.take() {
+                give_pipe(p);
+            }
+            if self.eof {
+                SockRef::from(&*w).shutdown(std::net::Shutdown::Write).or_else(ignore_not_connected).map_err(wr)?;
+                self.done = true;
+                continue;
+            }
+            ready!(r.poll_read_ready(cx)).map_err(rd)?;
+            let pipe = take_pipe().map_err(rd)?;
+            let (rfd, pw) = (r.as_raw_fd(), pipe.write.as_raw_fd());
+            match r.try_io(Interest::READABLE, || splice(rfd, pw, PIPE_SIZE)) {
+                Ok(0) => {
+                    give_pipe(pipe);
+                    self.eof = true;
+                }
+                Ok(n) => {
+                    self.in_pipe = n;
+                    self.pipe = Some(pipe);
+                }
+                Err(e) if would_block(&e) => give_pipe(pipe),
+                Err(e) => {
+                    give_pipe(pipe);
+                    return Poll::Ready(Err(rd(e)));
+                }
+            }
+        }
+    }
+}
+
+/// A peer that already closed both ways makes shutdown fail with ENOTCONN; nothing is lost.
+fn ignore_not_connected(e: io::Error) -> io::Result<()> {
+    if e.kind() == io::ErrorKind::NotConnected {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// A relay between a client stream and an upstream stream. Poll it to completion; afterwards
+/// [`Transfer::counts`] and [`Transfer::into_inner`] give the bytes and the streams back (for
+/// example to pass a reset on to the other side).
+pub struct Transfer<C, U, P> {
+    client: C,
+    upstream: U,
+    up: P,
+    down: P,
+    up_done: bool,
+    down_done: bool,
+    sent_up: u64,
+    sent_down: u64,
+    meters: Meters,
+    idle: Duration,
+    last_activity: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+/// Relay between any two streams with the buffered pump.
+pub fn transfer<C, U>(client: C, upstream: U, idle: Duration, meters: Meters) -> Transfer<C, U, BufPump>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    Transfer::new(client, upstream, idle, meters)
+}
+
+/// Relay between two TCP sockets with splice(2).
+pub fn transfer_tcp(client: TcpStream, upstream: TcpStream, idle: Duration, meters: Meters) -> Transfer<TcpStream, TcpStream, SplicePump> {
+    Transfer::new(client, upstream, idle, meters)
+}
+
+impl<C, U, P> Transfer<C, U, P>
+where
+    P: Pump<C, U> + Pump<U, C>,
+{
+    fn new(client: C, upstream: U, idle: Duration, meters: Meters) -> Self {
+        let now = Instant::now();
+        Self {
+            client,
+            upstream,
+            up: P::default(),
+            down: P::default(),
+            up_done: false,
+            down_done: false,
+            sent_up: 0,
+            sent_down: 0,
+            meters,
+            idle,
+            last_activity: now,
+            timer: Box::pin(tokio::time::sleep_until(now + idle)),
+        }
+    }
+
+    /// Bytes written to the upstream and to the client so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.sent_up, self.sent_down)
+    }
+
+    pub fn into_inner(self) -> (C, U) {
+        (self.client, self.upstream)
+    }
+
+    pub fn client(&self) -> &C {
+        &self.client
+    }
+
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    fn fail(e: PumpError, reader: Side) -> Outcome {
+        let side = if e.on_reader {
+            reader
+        } else {
+            match reader {
+                Side::Client => Side::Upstream,
+                Side::Upstream => Side::Client,
+            }
+        };
+        if is_reset(&e.err) {
+            Outcome::Reset(side)
+        } else {
+            Outcome::Error(side, e.err)
+        }
+    }
+}
+
+impl<C, U, P> Future for Transfer<C, U, P>
+where
+    C: Unpin,
+    U: Unpin,
+    P: Pump<C, U> + Pump<U, C>,
+{
+    type Output = Outcome;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let this = self.get_mut();
+        let before = this.sent_up + this.sent_down;
+        if !this.up_done {
+            let mut n = 0;
+            let r = Pump::<C, U>::poll_pump(&mut this.up, cx, &mut this.client, &mut this.upstream, &mut n);
+            this.sent_up += n;
+            if let Some(m) = &this.meters.to_upstream {
+                m.inc_by(n);
+            }
+            match r {
+                Poll::Ready(Ok(())) => this.up_done = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Self::fail(e, Side::Client)),
+                Poll::Pending => {}
+            }
+        }
+        if !this.down_done {
+            let mut n = 0;
+            let r = Pump::<U, C>::poll_pump(&mut this.down, cx, &mut this.upstream, &mut this.client, &mut n);
+            this.sent_down += n;
+            if let Some(m) = &this.meters.to_client {
+                m.inc_by(n);
+            }
+            match r {
+                Poll::Ready(Ok(())) => this.down_done = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Self::fail(e, Side::Upstream)),
+                Poll::Pending => {}
+            }
+        }
+        if this.up_done && this.down_done {
+            return Poll::Ready(Outcome::Closed);
+        }
+        if this.sent_up + this.sent_down != before {
+            this.last_activity = Instant::now();
+        }
+        // The timer is armed for the idle period after the last activity; when it fires early
+        // (activity since it was set) it is simply pushed forward. No timer work per byte.
+        loop {
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let deadline = this.last_activity + this.idle;
+            if Instant::now() >= deadline {
+                return Poll::Ready(Outcome::Idle);
+            }
+            this.timer.as_mut().reset(deadline);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    /// client_end <-> [c_srv  relay  u_cli] <-> upstream_end
+    async fn relay_tcp(splice: bool) {
+        let (mut client_end, c_srv) = pair().await;
+        let (u_cli, mut upstream_end) = pair().await;
+        let relay = tokio::spawn(async move {
+            if splice {
+                let mut t = transfer_tcp(c_srv, u_cli, Duration::from_secs(30), Meters::default());
+                let o = (&mut t).await;
+                (o.label(), t.counts())
+            } else {
+                let mut t = transfer(c_srv, u_cli, Duration::from_secs(30), Meters::default());
+                let o = (&mut t).await;
+                (o.label(), t.counts())
+            }
+        });
+        let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let p2 = payload.clone();
+        let writer = tokio::spawn(async move {
+            client_end.write_all(&p2).await.unwrap();
+            client_end.shutdown().await.unwrap(); // half-close towards the upstream
+            let mut back = Vec::new();
+            client_end.read_to_end(&mut back).await.unwrap();
+            back
+        });
+        let mut got = Vec::new();
+        upstream_end.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, payload, "client->upstream bytes intact after half-close");
+        // The other direction still works after the client's FIN.
+        upstream_end.write_all(b"reply after half-close").await.unwrap();
+        upstream_end.shutdown().await.unwrap();
+        let back = writer.await.unwrap();
+        assert_eq!(back, b"reply after half-close");
+        let (outcome, counts) = relay.await.unwrap();
+        assert_eq!(outcome, "closed");
+        assert_eq!(counts, (3_000_000, 22));
+    }
+
+    #[tokio::test]
+    async fn splice_relay_half_close_both_ways() {
+        relay_tcp(true).await;
+    }
+
+    #[tokio::test]
+    async fn buffered_relay_half_close_both_ways() {
+        relay_tcp(false).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_timeout_fires_only_without_traffic() {
+        let (mut client_end, c_srv) = pair().await;
+        let (u_cli, mut upstream_end) = pair().await;
+        let t = transfer_tcp(c_srv, u_cli, Duration::from_secs(10), Meters::default());
+        let mut t = std::pin::pin!(t);
+        // Traffic every 6 s keeps it alive past 10 s.
+        for _ in 0..3 {
+            tokio::select! {
+                o = &mut t => panic!("ended early: {}", o.label()),
+                _ = tokio::time::sleep(Duration::from_secs(6)) => {}
+            }
+            client_end.write_all(b"x").await.unwrap();
+            let mut b = [0u8; 1];
+            tokio::select! {
+                o = &mut t => panic!("ended early: {}", o.label()),
+                r = upstream_end.read_exact(&mut b) => { r.unwrap(); }
+            }
+        }
+        let o = t.await;
+        assert_eq!(o.label(), "idle_timeout");
+    }
+
+    #[tokio::test]
+    async fn reset_is_reported_by_side() {
+        let (client_end, c_srv) = pair().await;
+        let (u_cli, _upstream_end) = pair().await;
+        let t = tokio::spawn(async move { transfer_tcp(c_srv, u_cli, Duration::from_secs(30), Meters::default()).await });
+        crate::net::reset_on_close(&client_end);
+        drop(client_end);
+        let o = t.await.unwrap();
+        assert_eq!(o.label(), "client_reset");
+    }
+}

@@ -1,0 +1,133 @@
+//! Socket setup: listening sockets (socket2 options), upstream connects with timeout and DNS re-resolution.
+
+use seedgate_config::HostPort;
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+
+/// Accept backlog: above the kernel default so connection bursts queue instead of being dropped
+/// (the kernel caps it at `net.core.somaxconn`).
+pub const BACKLOG: i32 = 4096;
+
+/// Keepalive on proxied sockets so a vanished peer is noticed even when idle timeouts are long.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 6;
+
+/// Bind a TCP listener with SO_REUSEADDR (restart while old connections sit in TIME_WAIT) and a
+/// large backlog. Must be called inside a tokio runtime.
+pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false).ok();
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Resolve `host:port` (IP literals without a lookup) to a socket address.
+pub async fn resolve_one(hp: &HostPort) -> io::Result<SocketAddr> {
+    resolve(hp).await?.into_iter().next().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host))
+    })
+}
+
+/// Resolve `host:port` freshly (names are looked up on every call, never cached here, so a DNS
+/// change is followed by the next connection).
+pub async fn resolve(hp: &HostPort) -> io::Result<Vec<SocketAddr>> {
+    if let Some(sa) = hp.socket_addr() {
+        return Ok(vec![sa]);
+    }
+    Ok(tokio::net::lookup_host((hp.host.as_str(), hp.port)).await?.collect())
+}
+
+/// Options applied to every proxied TCP socket (accepted or connected).
+pub fn tune_stream(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let ka = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    let _ = SockRef::from(s).set_tcp_keepalive(&ka);
+}
+
+/// Why an upstream connect failed, as a metric label and an HTTP status class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    Timeout,
+    Refused,
+    Unreachable,
+    Resolve,
+    Other,
+}
+
+impl ConnectFailure {
+    pub fn classify(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::TimedOut => Self::Timeout,
+            io::ErrorKind::ConnectionRefused => Self::Refused,
+            io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => Self::Unreachable,
+            io::ErrorKind::NotFound => Self::Resolve,
+            _ => match e.raw_os_error() {
+                Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => Self::Unreachable,
+                _ => Self::Other,
+            },
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Timeout => "connect_timeout",
+            Self::Refused => "connect_refused",
+            Self::Unreachable => "unreachable",
+            Self::Resolve => "resolve_failed",
+            Self::Other => "connect_error",
+        }
+    }
+}
+
+/// Connect to one address with a timeout and the standard socket options.
+pub async fn connect_addr(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {addr} timed out after {timeout:?}"),
+            ))
+        }
+    };
+    tune_stream(&stream);
+    Ok(stream)
+}
+
+/// Resolve `hp` and connect to its addresses in turn, each attempt bounded by `timeout`.
+pub async fn connect_host(hp: &HostPort, timeout: Duration) -> io::Result<(TcpStream, SocketAddr)> {
+    let addrs = match tokio::time::timeout(timeout, resolve(hp)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("resolving {} timed out", hp.host),
+            ))
+        }
+    };
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host));
+    for addr in addrs {
+        match connect_addr(addr, timeout).await {
+            Ok(s) => return Ok((s, addr)),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Close `s` with a TCP RST instead of a FIN, to pass a peer's reset on.
+pub fn reset_on_close(s: &TcpStream) {
+    let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+}
