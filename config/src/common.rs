@@ -7,13 +7,22 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// A value with the line and column it came from, for validation messages.
-/// Serializes as the bare value (for `/config`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Serializes as the bare value (for `/config`); compares by value only, so moving a route
+/// within the file does not make a reload treat it as changed.
+#[derive(Debug, Clone)]
 pub struct Located<T> {
     pub value: T,
     pub line: u64,
     pub column: u64,
 }
+
+impl<T: PartialEq> PartialEq for Located<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Eq> Eq for Located<T> {}
 
 impl<T> Located<T> {
     pub fn at(&self) -> (u64, u64) {

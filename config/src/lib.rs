@@ -3,12 +3,14 @@
 //! Pure data: no sockets, no runtime. Loading is `parse_*(text, file_name)`, which returns either a
 //! validated config or every problem found, each with file, line, column and field path.
 
+pub mod agent;
 mod common;
 mod error;
 pub mod router;
 
-pub use common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
+pub use common::{canonical, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
 pub use error::{ConfigError, Problem};
+pub use agent::AgentConfig;
 pub use router::RouterConfig;
 
 /// Read `path` and parse it with `parse` (one of the `parse_*` functions of this crate).

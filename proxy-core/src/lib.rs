@@ -5,6 +5,7 @@
 //! PROXY protocol, HTTP request heads).
 
 pub mod accept;
+pub mod addrs;
 pub mod admin;
 pub mod cli;
 pub mod client_hello;

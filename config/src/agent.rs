@@ -1,0 +1,377 @@
+//! The proxy-agent config: admin listener, timeouts, limits and the node-local apiserver proxy.
+
+use crate::common::{default_fn, AdminConfig, Dur, HostPort, Located};
+use crate::error::{ConfigError, Problems};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+default_fn! {
+    admin_default: AdminConfig = AdminConfig::on(9903);
+    drain_grace_default: Dur = Dur::secs(30);
+    handshake_default: Dur = Dur::secs(5);
+    connect_default: Dur = Dur::secs(5);
+    idle_default: Dur = Dur::secs(3600);
+    max_connections_default: usize = 10_000;
+    destination_header_default: String = DEFAULT_DESTINATION_HEADER.into();
+    retries_default: u32 = 3;
+}
+
+/// Header that carries `destination` in `http-connect` mode unless `destination_header` says otherwise.
+pub const DEFAULT_DESTINATION_HEADER: &str = "X-Gardener-Destination";
+/// Upper bound of `apiserver_proxy.retries`.
+pub const MAX_RETRIES: u32 = 16;
+/// Longest `apiserver_proxy.destination` value accepted.
+pub const MAX_DESTINATION_LEN: usize = 1024;
+
+/// The whole proxy-agent config file.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Admin HTTP listener. Default `{ listen: 127.0.0.1:9903 }`.
+    #[serde(default = "admin_default")]
+    pub admin: AdminConfig,
+    /// Default `{ handshake: 5s, connect: 5s, idle: 1h }`.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// After SIGTERM: how long live connections may continue before the process exits. Default `30s`.
+    #[serde(default = "drain_grace_default")]
+    pub drain_grace: Dur,
+    /// Default `{ max_connections: 10000 }`.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The node-local apiserver proxy; absent or `null` = not run.
+    #[serde(default)]
+    pub apiserver_proxy: Option<Located<ApiserverProxy>>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Everything between a successful gateway connect and the first relayed byte: writing the
+    /// PROXY header, or sending the CONNECT request and reading the gateway's answer (plus
+    /// handing any bytes the gateway sent after its answer to the client). Default `5s`.
+    #[serde(default = "handshake_default")]
+    pub handshake: Dur,
+    /// One gateway TCP connect attempt; also bounds the DNS lookup of the gateway. Default `5s`.
+    #[serde(default = "connect_default")]
+    pub connect: Dur,
+    /// A proxied connection with no byte in either direction for this long is closed. Default `1h`.
+    #[serde(default = "idle_default")]
+    pub idle: Dur,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            handshake: handshake_default(),
+            connect: connect_default(),
+            idle: idle_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Connections held at once by the whole process (accepting pauses at the limit). Default `10000`.
+    #[serde(default = "max_connections_default")]
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: max_connections_default(),
+        }
+    }
+}
+
+/// How the agent tells the seed gateway where the client wanted to go.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Mode {
+    /// Gardener GEP-8: a PROXY protocol v2 header whose destination is the address the client
+    /// connected to (the apiserver's advertised address), then the client's bytes unchanged.
+    #[serde(rename = "proxy-protocol-v2")]
+    ProxyProtocolV2,
+    /// Gardener GEP-30: an HTTP/1.1 `CONNECT` carrying `destination` in `destination_header`;
+    /// bytes flow once the gateway answers `200`.
+    #[serde(rename = "http-connect")]
+    HttpConnect,
+}
+
+impl Mode {
+    /// The spelling used in the config, logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::ProxyProtocolV2 => "proxy-protocol-v2",
+            Mode::HttpConnect => "http-connect",
+        }
+    }
+}
+
+/// The node-local apiserver proxy: in-cluster clients connect to the kube-apiserver's advertised
+/// address, which the agent listens on, and the agent forwards each connection to the seed gateway.
+///
+/// Listener names (metric label `listener`, keys of `--write-addresses`): `listen[0]` is
+/// `apiserver-proxy`, `listen[i]` for i ≥ 1 is `apiserver-proxy-<i>`.
+///
+/// A reload applies `gateway`, `mode`, `destination`, `destination_header`, `authority` and
+/// `retries` (and `timeouts`, `drain_grace`) to new connections; live connections keep going.
+/// `listen` (and `admin`, `limits`) cannot change on reload: such a reload is refused and the
+/// agent must be restarted.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiserverProxy {
+    /// IP:port addresses to listen on, usually the apiserver's advertised address (the IP must be
+    /// assigned to the node, e.g. on a dummy interface). Required, at least one; port 0 picks a
+    /// free port (tests).
+    pub listen: Vec<Located<HostPort>>,
+    /// The seed gateway (sni-router's proxy-protocol or http-connect listener), `host:port`.
+    /// The name is resolved again for every new connection, so a DNS change (control-plane
+    /// migration to another seed) takes effect at once. Required.
+    pub gateway: HostPort,
+    /// `proxy-protocol-v2` or `http-connect`. Required: it must match the gateway's listener.
+    pub mode: Mode,
+    /// `http-connect` only (required there): the value of `destination_header`, e.g.
+    /// `outbound|443||kube-apiserver.shoot--a.svc.cluster.local`. Ignored in
+    /// `proxy-protocol-v2` mode. Default `null`.
+    #[serde(default)]
+    pub destination: Option<String>,
+    /// `http-connect` only: the request header carrying `destination`.
+    /// Default `X-Gardener-Destination`.
+    #[serde(default = "destination_header_default")]
+    pub destination_header: String,
+    /// `http-connect` only: the CONNECT request target and `Host` header. Default `null` = the
+    /// listen address the client connected to (e.g. `10.1.2.3:443`).
+    #[serde(default)]
+    pub authority: Option<HostPort>,
+    /// Connect attempts per client connection in total (1 = no retry), cycling through the
+    /// gateway's resolved addresses; only attempts that failed before any byte was sent are
+    /// retried. Between 1 and 16. Default `3`.
+    #[serde(default = "retries_default")]
+    pub retries: u32,
+}
+
+impl ApiserverProxy {
+    /// The listener name of `listen[index]` (see the type's documentation).
+    pub fn listener_name(index: usize) -> String {
+        if index == 0 {
+            "apiserver-proxy".to_owned()
+        } else {
+            format!("apiserver-proxy-{index}")
+        }
+    }
+}
+
+/// Parse and validate a proxy-agent config.
+pub fn parse(text: &str, file: &str) -> Result<AgentConfig, ConfigError> {
+    let cfg: AgentConfig = crate::from_yaml(text, file)?;
+    let mut p = Problems::new(file);
+    validate(&cfg, &mut p);
+    p.finish(cfg)
+}
+
+fn valid_header_name(h: &str) -> bool {
+    !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A header value we can write verbatim: visible ASCII and inner spaces, so nothing in the
+/// config can end the header early or smuggle a second one.
+fn valid_header_value(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_DESTINATION_LEN
+        && v.trim() == v
+        && v.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+}
+
+fn validate(cfg: &AgentConfig, p: &mut Problems) {
+    if cfg.limits.max_connections == 0 {
+        p.push((0, 0), "limits.max_connections", "must be at least 1");
+    }
+    for (name, d) in [
+        ("timeouts.handshake", cfg.timeouts.handshake),
+        ("timeouts.connect", cfg.timeouts.connect),
+        ("timeouts.idle", cfg.timeouts.idle),
+    ] {
+        if d.get().is_zero() {
+            p.push((0, 0), name, "must be positive");
+        }
+    }
+    let Some(ap) = &cfg.apiserver_proxy else { return };
+    let at = ap.at();
+    let f = "apiserver_proxy";
+    if ap.listen.is_empty() {
+        p.push(at, format!("{f}.listen"), "at least one listen address is required");
+    }
+    let mut seen = HashSet::new();
+    for (i, l) in ap.listen.iter().enumerate() {
+        if l.socket_addr().is_none() {
+            p.push(
+                l.at(),
+                format!("{f}.listen[{i}]"),
+                format!("{} must be an IP address and port (the apiserver's advertised address), not a name", l.value),
+            );
+        } else if l.port != 0 && !seen.insert(l.value.clone()) {
+            p.push(l.at(), format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
+        }
+    }
+    match (ap.mode, &ap.destination) {
+        (Mode::HttpConnect, None) => p.push(
+            at,
+            format!("{f}.destination"),
+            "required in http-connect mode (e.g. \"outbound|443||kube-apiserver.<namespace>.svc.cluster.local\")",
+        ),
+        (_, Some(d)) if !valid_header_value(d) => p.push(
+            at,
+            format!("{f}.destination"),
+            format!("{d:?} is not a valid header value: non-empty, at most {MAX_DESTINATION_LEN} bytes, visible ASCII and inner spaces only"),
+        ),
+        _ => {}
+    }
+    if !valid_header_name(&ap.destination_header) {
+        p.push(
+            at,
+            format!("{f}.destination_header"),
+            format!("{:?} is not a valid HTTP header name", ap.destination_header),
+        );
+    } else if ["host", "content-length", "transfer-encoding", "connection"]
+        .contains(&ap.destination_header.to_ascii_lowercase().as_str())
+    {
+        p.push(
+            at,
+            format!("{f}.destination_header"),
+            format!("{:?} is a header the CONNECT request itself uses; choose another name", ap.destination_header),
+        );
+    }
+    if ap.retries == 0 || ap.retries > MAX_RETRIES {
+        p.push(at, format!("{f}.retries"), format!("must be between 1 and {MAX_RETRIES} (total connect attempts)"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The DESIGN.md proxy-agent example without `tunnel` (added by a later change).
+    const CONTRACT: &str = r#"
+admin: { listen: 127.0.0.1:9903 }
+apiserver_proxy:
+  listen: [10.1.2.3:443]
+  gateway: api.seed.example.com:8443
+  mode: proxy-protocol-v2            # proxy-protocol-v2 | http-connect
+  destination: "outbound|443||kube-apiserver.shoot--a.svc.cluster.local"   # http-connect header value
+"#;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml, "f.yaml") {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn design_contract_example_parses_with_defaults() {
+        let c = parse(CONTRACT, "agent.yaml").unwrap();
+        let ap = c.apiserver_proxy.as_ref().unwrap();
+        assert_eq!(ap.listen[0].to_string(), "10.1.2.3:443");
+        assert_eq!(ap.gateway.to_string(), "api.seed.example.com:8443");
+        assert_eq!(ap.mode, Mode::ProxyProtocolV2);
+        assert_eq!(ap.destination.as_deref(), Some("outbound|443||kube-apiserver.shoot--a.svc.cluster.local"));
+        assert_eq!(ap.destination_header, "X-Gardener-Destination");
+        assert_eq!(ap.authority, None);
+        assert_eq!(ap.retries, 3);
+        assert_eq!(c.timeouts, Timeouts::default());
+        assert_eq!(c.timeouts.idle, Dur::secs(3600));
+        assert_eq!(c.drain_grace, Dur::secs(30));
+        assert_eq!(c.limits.max_connections, 10_000);
+    }
+
+    #[test]
+    fn empty_file_gives_defaults_and_no_proxy() {
+        let c = parse("{}", "f.yaml").unwrap();
+        assert_eq!(c.admin, AdminConfig::on(9903));
+        assert!(c.apiserver_proxy.is_none());
+    }
+
+    #[test]
+    fn every_key_of_the_brief_parses() {
+        let c = parse(
+            "apiserver_proxy:\n  listen: [10.1.2.3:443, '[fd00::1]:443']\n  gateway: 10.0.0.1:8443\n  mode: http-connect\n  destination: 'outbound|443||kube-apiserver.shoot--a.svc.cluster.local'\n  destination_header: X-Route\n  authority: kubernetes.default.svc:443\n  retries: 1\ntimeouts: { handshake: 1s, connect: 250ms, idle: 10m }\ndrain_grace: 5s\nlimits: { max_connections: 5 }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        let ap = c.apiserver_proxy.unwrap().value;
+        assert_eq!(ap.mode, Mode::HttpConnect);
+        assert_eq!(ap.authority.unwrap().to_string(), "kubernetes.default.svc:443");
+        assert_eq!(ap.listen[1].socket_addr(), Some("[fd00::1]:443".parse().unwrap()));
+        assert_eq!(c.timeouts.connect, Dur::millis(250));
+    }
+
+    #[test]
+    fn tunnel_is_not_accepted_yet() {
+        let e = problems("tunnel: { servers: [a:1] }\n");
+        assert!(e[0].starts_with("f.yaml:1:") && e[0].contains("unknown field `tunnel`"), "{e:?}");
+    }
+
+    #[test]
+    fn unknown_field_in_section_is_located() {
+        let e = problems("apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n  mode: http-connect\n  destinaton: x\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("f.yaml:5:3"), "{e:?}");
+        assert!(e[0].contains("unknown field `destinaton`"), "{e:?}");
+    }
+
+    #[test]
+    fn bad_values_are_located() {
+        let e = problems("apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: nowhere\n  mode: proxy-protocol-v2\n");
+        assert!(e[0].starts_with("f.yaml:3:"), "{e:?}");
+        let e = problems("apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n  mode: proxy-protocol-v1\n");
+        assert!(e[0].starts_with("f.yaml:4:") && e[0].contains("unknown variant"), "{e:?}");
+        let e = problems("timeouts:\n  idle: forever\n");
+        assert!(e[0].starts_with("f.yaml:2:") && e[0].contains("invalid duration"), "{e:?}");
+        let e = problems("apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n");
+        assert!(e[0].contains("missing field `mode`"), "{e:?}");
+    }
+
+    #[test]
+    fn semantic_errors_are_all_reported_with_lines_and_fields() {
+        let y = "limits: { max_connections: 0 }\ntimeouts: { handshake: 0s }\napiserver_proxy:\n  listen:\n    - 10.1.2.3:443\n    - api.local:443\n    - 10.1.2.3:443\n  gateway: a:1\n  mode: http-connect\n  destination_header: 'Bad Header'\n  retries: 0\n";
+        let e = problems(y);
+        let has = |s: &str| e.iter().any(|p| p.contains(s));
+        assert!(has("f.yaml:6:7: apiserver_proxy.listen[1]: api.local:443 must be an IP"), "{e:#?}");
+        assert!(has("f.yaml:7:7: apiserver_proxy.listen[2]: 10.1.2.3:443 is listed twice"), "{e:#?}");
+        assert!(has("f.yaml:4:3: apiserver_proxy.destination: required in http-connect"), "{e:#?}");
+        assert!(has("apiserver_proxy.destination_header: \"Bad Header\""), "{e:#?}");
+        assert!(has("apiserver_proxy.retries: must be between 1 and 16"), "{e:#?}");
+        assert!(has("limits.max_connections"), "{e:#?}");
+        assert!(has("timeouts.handshake: must be positive"), "{e:#?}");
+        assert_eq!(e.len(), 7, "{e:#?}");
+    }
+
+    #[test]
+    fn header_injection_is_refused() {
+        let base = "apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n  mode: http-connect\n";
+        let e = problems(&format!("{base}  destination: \"a\\r\\nX-Evil: 1\"\n"));
+        assert!(e.iter().any(|p| p.contains("apiserver_proxy.destination")), "{e:?}");
+        let e = problems(&format!("{base}  destination: x\n  destination_header: Host\n"));
+        assert!(e.iter().any(|p| p.contains("destination_header") && p.contains("choose another")), "{e:?}");
+        assert!(problems(&format!("{base}  destination: 'outbound|443||x.svc'\n")).is_empty());
+    }
+
+    #[test]
+    fn listener_names() {
+        assert_eq!(ApiserverProxy::listener_name(0), "apiserver-proxy");
+        assert_eq!(ApiserverProxy::listener_name(2), "apiserver-proxy-2");
+    }
+
+    #[test]
+    fn config_serializes_for_the_admin_endpoint() {
+        let c = parse(CONTRACT, "agent.yaml").unwrap();
+        let j = serde_json::to_value(&c).unwrap();
+        assert_eq!(j["apiserver_proxy"]["listen"][0], "10.1.2.3:443");
+        assert_eq!(j["apiserver_proxy"]["mode"], "proxy-protocol-v2");
+        assert_eq!(j["timeouts"]["handshake"], "5s");
+    }
+}

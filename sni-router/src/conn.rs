@@ -1,0 +1,532 @@
+//! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
+
+use crate::table::{ConnectQuery, Route, Table};
+use crate::upstream::{self, Connected};
+use crate::{ListenerRt, Shared};
+use proxy_core::client_hello::{self, HelloError, HelloParser, Status};
+use proxy_core::copy::{transfer_tcp, Meters};
+use proxy_core::http_head::{self, Detect3, RequestHead};
+use proxy_core::net::{reset_on_close, tune_stream, ConnectFailure};
+use proxy_core::proxy_protocol::{self, Command, Detect, V2Options};
+use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
+use seedgate_config::RouterConfig;
+use socket2::SockRef;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::Instrument;
+
+/// Largest PROXY header accepted (v2 with TLVs); one header per stacking level.
+const PROXY_MAX: usize = 4096;
+/// Bytes read per call while looking for the routing information.
+const READ_CHUNK: usize = 4096;
+/// How long a rejected client gets to read our answer before the socket closes.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proto {
+    Tls,
+    Connect,
+    /// Routed by PROXY destination without reading the payload.
+    Raw,
+    /// Not known yet (rejected before detection).
+    Unknown,
+}
+
+impl Proto {
+    fn label(self) -> &'static str {
+        match self {
+            Proto::Tls => "tls",
+            Proto::Connect => "connect",
+            Proto::Raw => "proxy_destination",
+            Proto::Unknown => "-",
+        }
+    }
+}
+
+/// What the client is told when it is turned away.
+enum Answer {
+    Close,
+    Alert(u8),
+    Http(u16, String),
+    Redirect(String),
+}
+
+struct Reject {
+    reason: &'static str,
+    answer: Answer,
+}
+
+impl Reject {
+    fn new(reason: &'static str, answer: Answer) -> Self {
+        Self { reason, answer }
+    }
+}
+
+/// Everything learnt before the upstream is chosen.
+struct Pre {
+    buf: Vec<u8>,
+    /// Start of the payload (after PROXY headers).
+    off: usize,
+    /// Bytes at `off` that belong to us, not the upstream (the CONNECT head).
+    head_len: usize,
+    client: SocketAddr,
+    dst: Option<SocketAddr>,
+    proto: Proto,
+    sni: Option<String>,
+    alpn: Option<String>,
+    connect_target: Option<String>,
+    http_version: u8,
+}
+
+/// Read more bytes into `buf`, up to `cap` in total. `Ok(false)` at end of stream.
+async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> std::io::Result<bool> {
+    let old = buf.len();
+    let want = (cap.saturating_sub(old)).min(READ_CHUNK);
+    if want == 0 {
+        return Ok(true);
+    }
+    buf.resize(old + want, 0);
+    let r = s.read(&mut buf[old..]).await;
+    let n = *r.as_ref().unwrap_or(&0);
+    buf.truncate(old + n);
+    r.map(|n| n > 0)
+}
+
+fn closed_early() -> Reject {
+    Reject::new("client_closed_early", Answer::Close)
+}
+
+fn read_failed(_: std::io::Error) -> Reject {
+    Reject::new("client_read_error", Answer::Close)
+}
+
+/// Read PROXY header(s) if the listener takes them. Returns (real client, inner destination).
+async fn read_proxy_headers(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    off: &mut usize,
+    peer: SocketAddr,
+    table: &Table,
+    depth: u8,
+) -> Result<(SocketAddr, Option<SocketAddr>), Reject> {
+    let mut client = peer;
+    let mut dst = None;
+    let mut seen = 0u8;
+    let mut local_only = false;
+    while seen < depth {
+        match proxy_protocol::detect(&buf[*off..]) {
+            Detect::NotProxy => break,
+            Detect::Incomplete => {
+                if !fill(s, buf, *off + PROXY_MAX).await.map_err(read_failed)? {
+                    return Err(if local_only {
+                        Reject::new("pp_local_health_check", Answer::Close)
+                    } else {
+                        closed_early()
+                    });
+                }
+            }
+            Detect::ProxyV1 | Detect::ProxyV2 => {
+                if !table.trusted(peer.ip()) {
+                    return Err(Reject::new("pp_untrusted_source", Answer::Close));
+                }
+                let h = loop {
+                    match proxy_protocol::parse(&buf[*off..]) {
+                        Ok(Some(h)) => break h,
+                        Ok(None) => {
+                            if buf.len() - *off >= PROXY_MAX {
+                                return Err(Reject::new("pp_too_large", Answer::Close));
+                            }
+                            if !fill(s, buf, *off + PROXY_MAX).await.map_err(read_failed)? {
+                                return Err(closed_early());
+                            }
+                        }
+                        Err(e) => return Err(Reject::new(e.reason(), Answer::Close)),
+                    }
+                };
+                *off += h.len;
+                seen += 1;
+                // LOCAL (load balancer health check), UNSPEC and UNIX carry no usable address:
+                // the connection keeps the addresses it had.
+                match (h.command, h.source, h.destination) {
+                    (Command::Proxy, Some(src), Some(d)) => {
+                        // The outermost header names the real client (for logs and source
+                        // ACLs); the innermost one names where the client was going (routing).
+                        if seen == 1 {
+                            client = src;
+                        }
+                        dst = Some(d);
+                        local_only = false;
+                    }
+                    _ => local_only = seen == 1 || local_only,
+                }
+            }
+        }
+    }
+    if seen == 0 && table.proxy_mode() == ProxyProtocolMode::Required {
+        return Err(Reject::new("pp_missing", Answer::Close));
+    }
+    Ok((client, dst))
+}
+
+/// The pre-routing phase (run under the handshake deadline by the caller).
+async fn preroute(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &RouterConfig) -> Result<Arc<Route>, Reject> {
+    if table.proxy_mode() != ProxyProtocolMode::Off {
+        let depth = cfg.limits.proxy_protocol_depth;
+        let (client, dst) = read_proxy_headers(s, &mut pre.buf, &mut pre.off, pre.client, table, depth).await?;
+        pre.client = client;
+        pre.dst = dst;
+    }
+    if let Some(d) = pre.dst {
+        if let Some(r) = table.by_destination(d) {
+            pre.proto = Proto::Raw;
+            return Ok(r.clone());
+        }
+    }
+    // Detect what follows: a TLS handshake record or an HTTP request line.
+    loop {
+        let rest = &pre.buf[pre.off..];
+        if let Some(&b) = rest.first() {
+            if b == 0x16 {
+                pre.proto = Proto::Tls;
+                break;
+            }
+            match http_head::looks_like_http(rest) {
+                Detect3::Yes => {
+                    pre.proto = Proto::Connect;
+                    break;
+                }
+                Detect3::No => return Err(Reject::new("unknown_protocol", Answer::Close)),
+                Detect3::Incomplete => {}
+            }
+        }
+        if !fill(s, &mut pre.buf, pre.off + READ_CHUNK).await.map_err(read_failed)? {
+            return Err(closed_early());
+        }
+    }
+    match pre.proto {
+        Proto::Tls => route_tls(s, pre, table, cfg).await,
+        _ => route_connect(s, pre, table, cfg).await,
+    }
+}
+
+async fn route_tls(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &RouterConfig) -> Result<Arc<Route>, Reject> {
+    let cap = cfg.limits.client_hello_max;
+    let mut parser = HelloParser::new(cap);
+    let info = loop {
+        match parser.parse(&pre.buf[pre.off..]) {
+            Ok(Status::Complete(info)) => break info,
+            Ok(Status::Incomplete) => {
+                if pre.buf.len() - pre.off >= cap {
+                    return Err(Reject::new("client_hello_too_large", Answer::Alert(client_hello::ALERT_DECODE_ERROR)));
+                }
+                if !fill(s, &mut pre.buf, pre.off + cap).await.map_err(read_failed)? {
+                    return Err(closed_early());
+                }
+            }
+            Err(e) => {
+                let reason = match e {
+                    HelloError::NotTls => "not_tls",
+                    HelloError::TooLarge => "client_hello_too_large",
+                    HelloError::Malformed(_) => "client_hello_malformed",
+                };
+                tracing::debug!(error = %e, "bad ClientHello");
+                return Err(Reject::new(reason, Answer::Alert(client_hello::ALERT_DECODE_ERROR)));
+            }
+        }
+    };
+    pre.alpn = (!info.alpn.is_empty()).then(|| info.alpn.join(","));
+    pre.sni = info.sni;
+    let route = match &pre.sni {
+        Some(name) => table.by_sni(name).or_else(|| table.default_route()).ok_or_else(|| {
+            Reject::new("unknown_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME))
+        })?,
+        None => table
+            .default_route()
+            .ok_or_else(|| Reject::new("no_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME)))?,
+    };
+    Ok(route.clone())
+}
+
+async fn route_connect(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &RouterConfig) -> Result<Arc<Route>, Reject> {
+    let cap = cfg.limits.connect_head_max;
+    let head: RequestHead = loop {
+        match http_head::parse_request_head(&pre.buf[pre.off..], cap) {
+            Ok(Some(h)) => break h,
+            Ok(None) => {
+                if !fill(s, &mut pre.buf, pre.off + cap).await.map_err(read_failed)? {
+                    return Err(closed_early());
+                }
+            }
+            Err(e) => {
+                let status = if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 };
+                return Err(Reject::new(e.reason(), Answer::Http(status, format!("bad request: {e}"))));
+            }
+        }
+    };
+    pre.head_len = head.len;
+    pre.http_version = head.version;
+    if !head.is_connect() {
+        return Err(Reject::new(
+            "not_connect",
+            Answer::Http(405, format!("method {} not allowed: this port serves CONNECT and TLS", head.method)),
+        ));
+    }
+    let (host, port) = head
+        .connect_authority()
+        .map_err(|e| Reject::new(e.reason(), Answer::Http(400, format!("bad CONNECT target: {e}"))))?;
+    pre.connect_target = Some(head.target.clone());
+    let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let header = |name: &str| head.header(name);
+    let q = ConnectQuery {
+        authority: &authority,
+        header: &header,
+    };
+    // CONNECT never falls back to the default route: the allowlist is strict.
+    match table.by_connect(&q) {
+        Some(r) => Ok(r.clone()),
+        None => {
+            // Name what was asked for (the routing header values when present) in the reason.
+            let asked = table
+                .connect_headers()
+                .find_map(|h| head.header(h).map(|v| format!("{h}: {}", String::from_utf8_lossy(v))))
+                .unwrap_or_else(|| format!("authority {authority}"));
+            Err(match table.connect_unmatched() {
+                ConnectUnmatched::Forbidden => {
+                    Reject::new("connect_no_route", Answer::Http(403, format!("no route for {asked}")))
+                }
+                ConnectUnmatched::Redirect => Reject::new("connect_no_route", Answer::Redirect(format!("https://{host}:443"))),
+            })
+        }
+    }
+}
+
+/// Send the answer (alert or HTTP status), then close without resetting the client before it
+/// could read it: shut our side, discard what it still sends for a moment.
+async fn refuse(mut s: TcpStream, answer: &Answer, http_version: u8) {
+    let bytes = match answer {
+        Answer::Close => Vec::new(),
+        Answer::Alert(code) => client_hello::alert_record(*code).to_vec(),
+        Answer::Http(status, msg) => http_head::error_response(http_version, *status, msg),
+        Answer::Redirect(loc) => http_head::redirect_response(http_version, loc),
+    };
+    if !bytes.is_empty() {
+        let _ = tokio::time::timeout(LINGER, s.write_all(&bytes)).await;
+    }
+    linger_close(&mut s).await;
+}
+
+async fn linger_close(s: &mut TcpStream) {
+    let _ = SockRef::from(&*s).shutdown(std::net::Shutdown::Write);
+    let mut sink = [0u8; 2048];
+    let mut total = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while total < LINGER_BYTES {
+            match s.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
+}
+
+/// The PROXY header to send upstream, if the route wants one.
+fn proxy_header_out(route: &Route, pre: &Pre, local: SocketAddr, conn_id: &str) -> Option<Vec<u8>> {
+    let dst = pre.dst.unwrap_or(local);
+    match route.send_proxy {
+        SendProxy::Off => None,
+        SendProxy::V1 => Some(proxy_protocol::encode_v1(pre.client, dst)),
+        SendProxy::V2 => {
+            let opts = V2Options {
+                authority: pre.sni.as_deref(),
+                unique_id: Some(conn_id.as_bytes()),
+                ..V2Options::default()
+            };
+            proxy_protocol::try_encode_v2(pre.client, dst, &opts).ok()
+        }
+    }
+}
+
+/// Serve one accepted connection to its end.
+pub(crate) async fn serve(shared: Arc<Shared>, lst: Arc<ListenerRt>, stream: TcpStream, peer: SocketAddr) {
+    let conn_id = shared.next_conn_id();
+    let span = tracing::info_span!("conn", id = %conn_id, listener = %lst.name);
+    serve_inner(shared, lst, stream, peer, conn_id).instrument(span).await
+}
+
+async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpStream, peer: SocketAddr, conn_id: String) {
+    let started = Instant::now();
+    tune_stream(&client);
+    let _active = lst.active_guard();
+    let cfg = shared.config.load_full();
+    let table = lst.table.load_full();
+    let m = &shared.metrics;
+    let name = &*lst.name;
+
+    let mut pre = Pre {
+        buf: Vec::with_capacity(2048),
+        off: 0,
+        head_len: 0,
+        client: peer,
+        dst: None,
+        proto: Proto::Unknown,
+        sni: None,
+        alpn: None,
+        connect_target: None,
+        http_version: 1,
+    };
+    let routed = tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
+    let route = match routed {
+        Ok(Ok(r)) => r,
+        Ok(Err(rej)) => return reject(&shared, &conn_id, name, client, peer, &pre, None, rej, started).await,
+        Err(_) => {
+            let rej = Reject::new("handshake_timeout", Answer::Close);
+            return reject(&shared, &conn_id, name, client, peer, &pre, None, rej, started).await;
+        }
+    };
+    m.conn.handshake_seconds.with_label_values(&[name, pre.proto.label()]).observe(started.elapsed().as_secs_f64());
+
+    if !route.source_allowed(pre.client.ip()) {
+        let answer = match pre.proto {
+            Proto::Tls => Answer::Alert(49), // access_denied
+            Proto::Connect => Answer::Http(403, format!("source {} not allowed for this destination", pre.client.ip())),
+            Proto::Raw | Proto::Unknown => Answer::Close,
+        };
+        return reject(&shared, &conn_id, name, client, peer, &pre, Some(&route), Reject::new("source_not_allowed", answer), started).await;
+    }
+
+    let connect_timeout = cfg.timeouts.connect.get();
+    let connected = upstream::connect(&route.upstreams, route.balance, connect_timeout, cfg.upstream_eject.get(), |took, fail| match fail {
+        None => m.conn.connect_seconds.with_label_values(&[name, &route.name]).observe(took.as_secs_f64()),
+        Some(f) => m.conn.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
+    })
+    .await;
+    let Connected { stream: mut up, addr: up_addr, guard, .. } = match connected {
+        Ok(c) => c,
+        Err(fail) => {
+            let answer = match pre.proto {
+                Proto::Tls => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
+                Proto::Connect if fail.last == ConnectFailure::Timeout => Answer::Http(504, format!("upstream timed out: {}", fail.detail)),
+                Proto::Connect => Answer::Http(502, format!("upstream unavailable: {}", fail.detail)),
+                Proto::Raw | Proto::Unknown => Answer::Close,
+            };
+            tracing::debug!(detail = %fail.detail, "all upstreams failed");
+            let rej = Reject::new(fail.last.label(), answer);
+            return reject(&shared, &conn_id, name, client, peer, &pre, Some(&route), rej, started).await;
+        }
+    };
+
+    // Hand over what we read: PROXY header (ours), then the client's bytes. A CONNECT client
+    // gets its 200 first, in a write of its own, and only the bytes after its head go upstream.
+    let local = client.local_addr().unwrap_or(peer);
+    let header = proxy_header_out(&route, &pre, local, &conn_id);
+    let payload = &pre.buf[pre.off + pre.head_len..];
+    let handover = async {
+        if pre.proto == Proto::Connect {
+            client.write_all(&http_head::connect_established(pre.http_version)).await.map_err(|_| "client_write_error")?;
+        }
+        match header {
+            Some(mut h) => {
+                h.extend_from_slice(payload);
+                up.write_all(&h).await
+            }
+            None if payload.is_empty() => Ok(()),
+            None => up.write_all(payload).await,
+        }
+        .map_err(|_| "upstream_write_error")
+    };
+    if let Err(reason) = tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
+        m.conn.rejects.with_label_values(&[name, reason]).inc();
+        m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
+        access_log(&conn_id, name, peer, &pre, Some(&route.name), Some(up_addr), (0, 0), started, reason);
+        return;
+    }
+    let replayed = payload.len() as u64;
+    route.meters.to_upstream.inc_by(replayed);
+    // The pre-routing buffer is not needed any more: an idle relay holds no buffer.
+    pre.buf = Vec::new();
+    route.meters.ok.inc();
+
+    let meters = Meters { to_upstream: Some(route.meters.to_upstream.clone()), to_client: Some(route.meters.to_client.clone()) };
+    let mut relay = transfer_tcp(client, up, cfg.timeouts.idle.get(), meters);
+    let reason = tokio::select! {
+        o = &mut relay => o.label(),
+        _ = shared.shutdown.kill.cancelled() => "shutdown",
+        _ = route.drained() => "route_drained",
+    };
+    let (sent_up, sent_down) = relay.counts();
+    let (c, u) = relay.into_inner();
+    close_pair(c, u, reason);
+    drop(guard);
+    m.conn.closes.with_label_values(&[name, reason]).inc();
+    access_log(&conn_id, name, peer, &pre, Some(&route.name), Some(up_addr), (sent_up + replayed, sent_down), started, reason);
+}
+
+/// End a relay: pass a reset on as a reset, otherwise close both with a FIN.
+fn close_pair(client: TcpStream, up: TcpStream, reason: &str) {
+    match reason {
+        "client_reset" => reset_on_close(&up),
+        "upstream_reset" => reset_on_close(&client),
+        _ => {
+            let _ = SockRef::from(&client).shutdown(std::net::Shutdown::Write);
+            let _ = SockRef::from(&up).shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn reject(
+    shared: &Shared,
+    conn_id: &str,
+    listener: &str,
+    client: TcpStream,
+    peer: SocketAddr,
+    pre: &Pre,
+    route: Option<&Arc<Route>>,
+    rej: Reject,
+    started: Instant,
+) {
+    let m = &shared.metrics.conn;
+    m.rejects.with_label_values(&[listener, rej.reason]).inc();
+    let route = route.map(|r| &*r.name);
+    m.connections.with_label_values(&[listener, route.unwrap_or("-"), rej.reason]).inc();
+    access_log(conn_id, listener, peer, pre, route, None, (0, 0), started, rej.reason);
+    refuse(client, &rej.answer, pre.http_version).await;
+}
+
+#[allow(clippy::too_many_arguments)]
+fn access_log(
+    conn_id: &str,
+    listener: &str,
+    peer: SocketAddr,
+    pre: &Pre,
+    route: Option<&str>,
+    upstream: Option<SocketAddr>,
+    (bytes_up, bytes_down): (u64, u64),
+    started: Instant,
+    reason: &str,
+) {
+    tracing::info!(
+        target: "access",
+        conn_id,
+        listener,
+        client = %pre.client,
+        peer = %peer,
+        proxy_destination = pre.dst.map(|d| d.to_string()).as_deref().unwrap_or("-"),
+        protocol = pre.proto.label(),
+        sni = pre.sni.as_deref().unwrap_or("-"),
+        alpn = pre.alpn.as_deref().unwrap_or("-"),
+        connect = pre.connect_target.as_deref().unwrap_or("-"),
+        route = route.unwrap_or("-"),
+        upstream = upstream.map(|u| u.to_string()).as_deref().unwrap_or("-"),
+        bytes_up,
+        bytes_down,
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        reason,
+        "connection closed"
+    );
+}

@@ -1,0 +1,205 @@
+//! Upstream choice and connect: power-of-two-choices or least-connections, skip after failure, retry before the first byte.
+
+use proxy_core::net::{connect_host, ConnectFailure};
+use seedgate_config::router::Balance;
+use seedgate_config::HostPort;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+/// One upstream address of a route, with the state balancing needs.
+pub struct Upstream {
+    pub addr: HostPort,
+    active: AtomicUsize,
+    /// Skip this upstream until this many ms after [`epoch`] (0 = not skipped).
+    skip_until_ms: AtomicU64,
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    epoch().elapsed().as_millis() as u64
+}
+
+impl Upstream {
+    pub fn new(addr: HostPort) -> Self {
+        Self {
+            addr,
+            active: AtomicUsize::new(0),
+            skip_until_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    fn skipped(&self, now: u64) -> bool {
+        self.skip_until_ms.load(Ordering::Relaxed) > now
+    }
+
+    fn eject(&self, for_: Duration) {
+        self.skip_until_ms.store(now_ms() + for_.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts a connection against its upstream while it lives.
+pub struct ActiveGuard(Arc<Upstream>);
+
+impl ActiveGuard {
+    fn new(u: Arc<Upstream>) -> Self {
+        u.active.fetch_add(1, Ordering::Relaxed);
+        Self(u)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The order in which to try a route's upstreams: the balancer's pick first, then the other
+/// healthy ones by load, then the skipped ones (a skip is a preference, never a hard block, so a
+/// route whose only upstream failed once still works when it recovers).
+pub fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstream>> {
+    let now = now_ms();
+    let mut healthy: Vec<&Arc<Upstream>> = ups.iter().filter(|u| !u.skipped(now)).collect();
+    let skipped = ups.iter().filter(|u| u.skipped(now));
+    let first = match balance {
+        _ if healthy.len() <= 1 => 0,
+        Balance::LeastConnections => {
+            // min_by_key keeps the first of equals: ties go to the earlier listed upstream.
+            healthy.iter().enumerate().min_by_key(|(_, u)| u.active()).map(|(i, _)| i).unwrap_or(0)
+        }
+        Balance::PowerOfTwo => {
+            let n = healthy.len();
+            let a = rand::random_range(0..n);
+            let mut b = rand::random_range(0..n - 1);
+            if b >= a {
+                b += 1;
+            }
+            if healthy[b].active() < healthy[a].active() { b } else { a }
+        }
+    };
+    let mut order = Vec::with_capacity(ups.len());
+    if !healthy.is_empty() {
+        order.push(healthy.swap_remove(first).clone());
+        healthy.sort_by_key(|u| u.active());
+        order.extend(healthy.into_iter().cloned());
+    }
+    order.extend(skipped.cloned());
+    order
+}
+
+/// A connected upstream.
+pub struct Connected {
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+    pub guard: ActiveGuard,
+}
+
+/// Every attempt failed; `last` says how the last one failed.
+pub struct AllFailed {
+    pub last: ConnectFailure,
+    pub detail: String,
+}
+
+/// Try the route's upstreams in [`attempt_order`] until one connects. A failed upstream is
+/// skipped by later connections for `eject`. `on_attempt` observes each attempt's duration and
+/// failure (for metrics).
+pub async fn connect(
+    ups: &[Arc<Upstream>],
+    balance: Balance,
+    timeout: Duration,
+    eject: Duration,
+    mut on_attempt: impl FnMut(Duration, Option<ConnectFailure>),
+) -> Result<Connected, AllFailed> {
+    let mut last = AllFailed {
+        last: ConnectFailure::Other,
+        detail: "route has no upstream".into(),
+    };
+    for up in attempt_order(ups, balance) {
+        let started = Instant::now();
+        match connect_host(&up.addr, timeout).await {
+            Ok((stream, addr)) => {
+                on_attempt(started.elapsed(), None);
+                let guard = ActiveGuard::new(up.clone());
+                return Ok(Connected { stream, addr, guard });
+            }
+            Err(e) => {
+                let kind = ConnectFailure::classify(&e);
+                on_attempt(started.elapsed(), Some(kind));
+                tracing::debug!(upstream = %up.addr, error = %e, "upstream connect failed");
+                up.eject(eject);
+                last = AllFailed {
+                    last: kind,
+                    detail: format!("{}: {e}", up.addr),
+                };
+            }
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ups(n: usize) -> Vec<Arc<Upstream>> {
+        (0..n).map(|i| Arc::new(Upstream::new(format!("127.0.0.1:{}", 1000 + i).parse().unwrap()))).collect()
+    }
+
+    #[test]
+    fn least_connections_prefers_idle_and_first_on_ties() {
+        let u = ups(3);
+        let _g1 = ActiveGuard::new(u[0].clone());
+        let order = attempt_order(&u, Balance::LeastConnections);
+        assert_eq!(order[0].addr.port, 1001);
+        assert_eq!(order.len(), 3);
+    }
+
+    #[test]
+    fn power_of_two_never_picks_the_busier_of_two() {
+        let u = ups(2);
+        let _g: Vec<_> = (0..5).map(|_| ActiveGuard::new(u[1].clone())).collect();
+        for _ in 0..200 {
+            assert_eq!(attempt_order(&u, Balance::PowerOfTwo)[0].addr.port, 1000);
+        }
+    }
+
+    #[test]
+    fn power_of_two_spreads_equal_load() {
+        let u = ups(4);
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            seen[(attempt_order(&u, Balance::PowerOfTwo)[0].addr.port - 1000) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+    }
+
+    #[test]
+    fn skipped_upstreams_go_last_but_stay_available() {
+        let u = ups(2);
+        u[0].eject(Duration::from_secs(60));
+        let order = attempt_order(&u, Balance::PowerOfTwo);
+        assert_eq!(order.iter().map(|x| x.addr.port).collect::<Vec<_>>(), vec![1001, 1000]);
+        u[1].eject(Duration::from_secs(60));
+        assert_eq!(attempt_order(&u, Balance::LeastConnections).len(), 2);
+    }
+
+    #[test]
+    fn guard_counts_active() {
+        let u = ups(1);
+        {
+            let _g = ActiveGuard::new(u[0].clone());
+            assert_eq!(u[0].active(), 1);
+        }
+        assert_eq!(u[0].active(), 0);
+    }
+}
