@@ -1,6 +1,6 @@
-//! The proxy-agent config: admin listener, timeouts, limits and the node-local apiserver proxy.
+//! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
-use crate::common::{default_fn, AdminConfig, Dur, HostPort, Located};
+use crate::common::{default_fn, AdminConfig, CidrPort, Dur, HostPort, Located};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -14,6 +14,15 @@ default_fn! {
     max_connections_default: usize = 10_000;
     destination_header_default: String = DEFAULT_DESTINATION_HEADER.into();
     retries_default: u32 = 3;
+    dial_timeout_default: Dur = Dur::secs(5);
+    tunnel_idle_default: Dur = Dur::secs(3600);
+    max_streams_default: usize = 16_384;
+    stream_window_default: u32 = 256 * 1024;
+    connection_window_default: u32 = 64 * 1024 * 1024;
+    ka_interval_default: Dur = Dur::secs(5);
+    ka_timeout_default: Dur = Dur::secs(15);
+    reconnect_initial_default: Dur = Dur::millis(250);
+    reconnect_max_default: Dur = Dur::secs(30);
 }
 
 /// Header that carries `destination` in `http-connect` mode unless `destination_header` says otherwise.
@@ -42,6 +51,95 @@ pub struct AgentConfig {
     /// The node-local apiserver proxy; absent or `null` = not run.
     #[serde(default)]
     pub apiserver_proxy: Option<Located<ApiserverProxy>>,
+    /// The reverse tunnel to the seed's proxy-server(s); absent or `null` = not run.
+    #[serde(default)]
+    pub tunnel: Option<Located<Tunnel>>,
+}
+
+/// TLS identity of the agent (its certificate CN names its cluster) and the CA of the servers.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelTls {
+    pub cert: String,
+    pub key: String,
+    /// CA that issued the proxy-servers' certificates.
+    pub ca: String,
+    /// Name to verify in the server certificate (and send as SNI, which the seed's sni-router
+    /// routes by). Default: the host part of each server address.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelKeepalive {
+    /// PING every this long. Default `5s`.
+    #[serde(default = "ka_interval_default")]
+    pub interval: Dur,
+    /// No PING answer for this long: the session is dead and is re-established. Default `15s`.
+    #[serde(default = "ka_timeout_default")]
+    pub timeout: Dur,
+}
+
+impl Default for TunnelKeepalive {
+    fn default() -> Self {
+        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Reconnect {
+    /// First wait after a session ends or fails; doubles per failure (with jitter). Default `250ms`.
+    #[serde(default = "reconnect_initial_default")]
+    pub initial: Dur,
+    /// Longest wait between attempts. Default `30s`.
+    #[serde(default = "reconnect_max_default")]
+    pub max: Dur,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Self { initial: reconnect_initial_default(), max: reconnect_max_default() }
+    }
+}
+
+/// The agent end of the reverse tunnel: it dials out to every server and keeps a session to each.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Tunnel {
+    /// proxy-server tunnel addresses (`host:port`); names are resolved again on every connect.
+    pub servers: Vec<HostPort>,
+    pub tls: TunnelTls,
+    /// Destinations the seed may dial, as CIDRs with optional port (`10.250.0.0/16`,
+    /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
+    /// address, for one, is unreachable unless listed. A name is resolved and every address
+    /// dialled must be listed.
+    #[serde(default)]
+    pub allow: Vec<CidrPort>,
+    /// Resolving and connecting to a destination. Default `5s`.
+    #[serde(default = "dial_timeout_default")]
+    pub dial_timeout: Dur,
+    /// A stream with no byte either way for this long is closed. Default `1h`.
+    #[serde(default = "tunnel_idle_default")]
+    pub idle_timeout: Dur,
+    #[serde(default)]
+    pub keepalive: TunnelKeepalive,
+    #[serde(default)]
+    pub reconnect: Reconnect,
+    /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
+    /// Default `16384`.
+    #[serde(default = "max_streams_default")]
+    pub max_streams: usize,
+    /// Bytes one stream may have in flight unread. Default `262144`.
+    #[serde(default = "stream_window_default")]
+    pub stream_window: u32,
+    /// Bytes all streams of one session may have in flight unread. Default `67108864`.
+    #[serde(default = "connection_window_default")]
+    pub connection_window: u32,
+    /// Reported to the server (readiness, logs). Default: `$NODE_NAME`, else the host name.
+    #[serde(default)]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -186,6 +284,47 @@ fn valid_header_value(v: &str) -> bool {
         && v.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
 }
 
+fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
+    let at = t.at();
+    let f = "tunnel";
+    if t.servers.is_empty() {
+        p.push(at, format!("{f}.servers"), "at least one proxy-server address is required");
+    }
+    let mut seen = HashSet::new();
+    for (i, s) in t.servers.iter().enumerate() {
+        if !seen.insert(s.clone()) {
+            p.push(at, format!("{f}.servers[{i}]"), format!("{s} is listed twice"));
+        }
+    }
+    if t.allow.is_empty() {
+        p.push(at, format!("{f}.allow"), "empty: every dial would be refused; list the node, pod and service CIDRs the seed may reach");
+    }
+    if t.max_streams == 0 || t.max_streams > 1 << 20 {
+        p.push(at, format!("{f}.max_streams"), "must be between 1 and 1048576");
+    }
+    if !(65_535..=(1 << 31) - 1).contains(&t.stream_window) {
+        p.push(at, format!("{f}.stream_window"), "must be between 65535 and 2147483647");
+    }
+    if t.connection_window < t.stream_window || t.connection_window > (1 << 31) - 1 {
+        p.push(at, format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
+    }
+    for (name, d) in [
+        ("dial_timeout", t.dial_timeout),
+        ("idle_timeout", t.idle_timeout),
+        ("keepalive.interval", t.keepalive.interval),
+        ("keepalive.timeout", t.keepalive.timeout),
+        ("reconnect.initial", t.reconnect.initial),
+        ("reconnect.max", t.reconnect.max),
+    ] {
+        if d.get().is_zero() {
+            p.push(at, format!("{f}.{name}"), "must be positive");
+        }
+    }
+    if t.reconnect.max < t.reconnect.initial {
+        p.push(at, format!("{f}.reconnect.max"), "must not be below reconnect.initial");
+    }
+}
+
 fn validate(cfg: &AgentConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
@@ -198,6 +337,9 @@ fn validate(cfg: &AgentConfig, p: &mut Problems) {
         if d.get().is_zero() {
             p.push((0, 0), name, "must be positive");
         }
+    }
+    if let Some(t) = &cfg.tunnel {
+        validate_tunnel(t, p);
     }
     let Some(ap) = &cfg.apiserver_proxy else { return };
     let at = ap.at();
@@ -254,7 +396,7 @@ fn validate(cfg: &AgentConfig, p: &mut Problems) {
 mod tests {
     use super::*;
 
-    /// The DESIGN.md proxy-agent example without `tunnel` (added by a later change).
+    /// The DESIGN.md proxy-agent example, apiserver proxy part.
     const CONTRACT: &str = r#"
 admin: { listen: 127.0.0.1:9903 }
 apiserver_proxy:
@@ -289,6 +431,25 @@ apiserver_proxy:
     }
 
     #[test]
+    fn the_documented_section_with_every_default_spelled_out_parses() {
+        let y = r#"
+apiserver_proxy:
+  listen: [10.1.2.3:443]
+  gateway: api.seed.example.com:8443
+  mode: proxy-protocol-v2            # proxy-protocol-v2 | http-connect
+  destination: "outbound|443||kube-apiserver.shoot--a.svc.cluster.local"   # http-connect header value (required in that mode)
+  destination_header: X-Gardener-Destination    # default
+  authority: null                    # CONNECT request target; default = the listen address the client connected to
+  retries: 3                         # connect attempts across the gateway's resolved addresses
+"#;
+        let explicit = parse(y, "f.yaml").unwrap();
+        let implicit = parse(CONTRACT, "f.yaml").unwrap();
+        // Compared as served by /config: the values, not the line numbers.
+        let json = |c: AgentConfig| serde_json::to_value(c.apiserver_proxy.unwrap()).unwrap();
+        assert_eq!(json(explicit), json(implicit));
+    }
+
+    #[test]
     fn empty_file_gives_defaults_and_no_proxy() {
         let c = parse("{}", "f.yaml").unwrap();
         assert_eq!(c.admin, AdminConfig::on(9903));
@@ -310,9 +471,22 @@ apiserver_proxy:
     }
 
     #[test]
-    fn tunnel_is_not_accepted_yet() {
-        let e = problems("tunnel: { servers: [a:1] }\n");
-        assert!(e[0].starts_with("f.yaml:1:") && e[0].contains("unknown field `tunnel`"), "{e:?}");
+    fn design_contract_tunnel_section_parses() {
+        let y = "admin: { listen: 127.0.0.1:9903 }\ntunnel:\n  servers: [proxy.seed.example.com:8132]\n  tls: { cert: agent.crt, key: agent.key, ca: server-ca.crt, server_name: proxy.seed.example.com }\n  allow: [10.250.0.0/16, 100.96.0.0/11, 100.64.0.0/13]\n";
+        let c = parse(y, "agent.yaml").unwrap();
+        let t = c.tunnel.unwrap();
+        assert_eq!(t.servers[0].port, 8132);
+        assert_eq!(t.allow.len(), 3);
+        assert_eq!(t.keepalive.interval, Dur::secs(5));
+        assert_eq!(t.max_streams, 16_384);
+    }
+
+    #[test]
+    fn tunnel_problems_are_reported() {
+        let e = problems("tunnel:\n  servers: []\n  tls: { cert: c, key: k, ca: a }\n  reconnect: { initial: 10s, max: 1s }\n");
+        assert!(e.iter().any(|p| p.contains("tunnel.servers")), "{e:?}");
+        assert!(e.iter().any(|p| p.contains("tunnel.allow")), "{e:?}");
+        assert!(e.iter().any(|p| p.contains("tunnel.reconnect.max")), "{e:?}");
     }
 
     #[test]

@@ -7,11 +7,13 @@ pub mod agent;
 mod common;
 mod error;
 pub mod router;
+pub mod server;
 
 pub use common::{canonical, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
 pub use error::{ConfigError, Problem};
 pub use agent::AgentConfig;
 pub use router::RouterConfig;
+pub use server::ServerConfig;
 
 /// Read `path` and parse it with `parse` (one of the `parse_*` functions of this crate).
 pub fn load<T>(

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cli;
 pub mod client_hello;
 pub mod copy;
+pub mod io;
 pub mod http_head;
 pub mod metrics;
 pub mod net;
@@ -18,5 +19,7 @@ pub mod reload;
 pub mod shutdown;
 mod splice;
 pub mod telemetry;
+pub mod tls;
+pub mod tunnel;
 
 pub use prometheus;

@@ -44,15 +44,23 @@ impl Shutdown {
     }
 }
 
-/// Completes on SIGTERM or SIGINT (Ctrl-C).
+/// Completes on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called (not
+/// when first polled), so call it before the process can be signalled, i.e. before binding.
+/// Must be called inside a tokio runtime.
 pub fn termination_signal() -> impl Future<Output = ()> + Send + 'static {
-    async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received, draining"),
-            _ = int.recv() => tracing::info!("SIGINT received, draining"),
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received, draining"),
+                _ = int.recv() => tracing::info!("SIGINT received, draining"),
+            },
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot install SIGTERM/SIGINT handlers; stop the process with SIGKILL");
+                std::future::pending::<()>().await
+            }
         }
     }
 }

@@ -22,13 +22,15 @@ fn main() -> anyhow::Result<()> {
     let cfg = cli::load_or_exit(&args.common, seedgate_config::router::parse);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
+        // Handlers first: the addresses file below tells others we are up and may be signalled.
+        let signal = proxy_core::shutdown::termination_signal();
         let opts = sni_router::Options {
             config_path: Some(args.common.config.clone()),
             write_addresses: args.write_addresses,
             registry: None,
         };
         let bound = sni_router::bind(cfg, opts).await?;
-        bound.run(proxy_core::shutdown::termination_signal()).await;
+        bound.run(signal).await;
         anyhow::Ok(())
     })
 }

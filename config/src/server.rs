@@ -1,0 +1,277 @@
+//! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
+
+use crate::common::{default_fn, AdminConfig, Dur, HostPort, Located};
+use crate::error::{ConfigError, Problems};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+
+default_fn! {
+    admin_default: AdminConfig = AdminConfig::on(9902);
+    drain_grace_default: Dur = Dur::secs(30);
+    handshake_default: Dur = Dur::secs(5);
+    dial_default: Dur = Dur::secs(10);
+    idle_default: Dur = Dur::secs(3600);
+    max_connections_default: usize = 10_000;
+    head_max_default: usize = 8 * 1024;
+    ka_interval_default: Dur = Dur::secs(5);
+    ka_timeout_default: Dur = Dur::secs(15);
+    stream_window_default: u32 = 256 * 1024;
+    connection_window_default: u32 = 64 * 1024 * 1024;
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "admin_default")]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default = "drain_grace_default")]
+    pub drain_grace: Dur,
+    #[serde(default)]
+    pub limits: Limits,
+    pub agents: Agents,
+    #[serde(default)]
+    pub frontends: Vec<Frontend>,
+    /// Per-cluster state for control-plane migration; a cluster not listed is `active`.
+    #[serde(default)]
+    pub clusters: BTreeMap<String, ClusterState>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Front-end pre-relay phase: TLS handshake and the request head.
+    #[serde(default = "handshake_default")]
+    pub handshake: Dur,
+    /// From sending a dial to the agent until its answer (includes the agent's own connect).
+    #[serde(default = "dial_default")]
+    pub dial: Dur,
+    #[serde(default = "idle_default")]
+    pub idle: Dur,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { handshake: handshake_default(), dial: dial_default(), idle: idle_default() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Front-end connections held at once (accepting pauses at the limit).
+    #[serde(default = "max_connections_default")]
+    pub max_connections: usize,
+    /// Largest CONNECT / proxy request head.
+    #[serde(default = "head_max_default")]
+    pub request_head_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_connections: max_connections_default(), request_head_max: head_max_default() }
+    }
+}
+
+/// Paths of a TLS identity and, optionally, the CA that client certificates must chain to.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    pub cert: String,
+    pub key: String,
+    #[serde(default)]
+    pub client_ca: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Keepalive {
+    /// PING every this long on each agent session.
+    #[serde(default = "ka_interval_default")]
+    pub interval: Dur,
+    /// A session whose PING is unanswered this long is dead: its streams end at once.
+    #[serde(default = "ka_timeout_default")]
+    pub timeout: Dur,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Agents {
+    pub listen: HostPort,
+    /// Agents must present a client certificate from `client_ca`; its CN names the cluster.
+    pub tls: ServerTls,
+    #[serde(default)]
+    pub keepalive: Keepalive,
+    /// Bytes one stream may have in flight unread (per-stream flow-control window).
+    #[serde(default = "stream_window_default")]
+    pub stream_window: u32,
+    /// Bytes all streams of one session may have in flight unread.
+    #[serde(default = "connection_window_default")]
+    pub connection_window: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Frontend {
+    pub name: Located<String>,
+    /// TCP `host:port`; give this or `unix`.
+    #[serde(default)]
+    pub listen: Option<HostPort>,
+    /// Unix socket path (kube-apiserver's egress selector `transport.uds`); no TLS.
+    #[serde(default)]
+    pub unix: Option<String>,
+    #[serde(default)]
+    pub tls: Option<ServerTls>,
+    /// The cluster whose agents carry this front end's streams. Absent: the client
+    /// certificate's CN names the cluster (needs `tls.client_ca`).
+    #[serde(default)]
+    pub cluster: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterMode {
+    #[default]
+    Active,
+    Draining,
+    Fenced,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterState {
+    #[serde(default)]
+    pub state: ClusterMode,
+    /// Tunnel addresses of the destination seed, sent to the agents with the move notice.
+    #[serde(default)]
+    pub move_to: Vec<HostPort>,
+    /// When draining: live streams end this long after the drain started.
+    #[serde(default)]
+    pub drain_deadline: Option<Dur>,
+}
+
+pub fn parse(text: &str, file: &str) -> Result<ServerConfig, ConfigError> {
+    let cfg: ServerConfig = crate::from_yaml(text, file)?;
+    let mut p = Problems::new(file);
+    validate(&cfg, &mut p);
+    p.finish(cfg)
+}
+
+/// A cluster name: a DNS-label-like word (it is a metric label and a certificate CN).
+pub fn valid_cluster_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
+fn validate(cfg: &ServerConfig, p: &mut Problems) {
+    if cfg.limits.max_connections == 0 {
+        p.push((0, 0), "limits.max_connections", "must be at least 1");
+    }
+    if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
+        p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
+    }
+    if cfg.agents.tls.client_ca.is_none() {
+        p.push((0, 0), "agents.tls.client_ca", "agents authenticate with client certificates: give the CA that issued them");
+    }
+    let ka = &cfg.agents.keepalive;
+    if ka.interval.get().is_zero() || ka.timeout.get().is_zero() {
+        p.push((0, 0), "agents.keepalive", "interval and timeout must be positive");
+    }
+    if !(65_535..=(1 << 31) - 1).contains(&cfg.agents.stream_window) {
+        p.push((0, 0), "agents.stream_window", "must be between 65535 and 2147483647");
+    }
+    if cfg.agents.connection_window < cfg.agents.stream_window || cfg.agents.connection_window > (1 << 31) - 1 {
+        p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
+    }
+    let mut names = HashSet::new();
+    for (i, f) in cfg.frontends.iter().enumerate() {
+        let ff = format!("frontends[{i}]");
+        let at = f.name.at();
+        if !names.insert(f.name.value.clone()) {
+            p.push(at, format!("{ff}.name"), format!("duplicate front end name {:?}", *f.name));
+        }
+        match (&f.listen, &f.unix) {
+            (Some(_), Some(_)) => p.push(at, ff.clone(), "give either listen or unix, not both"),
+            (None, None) => p.push(at, ff.clone(), "give listen (TCP) or unix (socket path)"),
+            (None, Some(_)) if f.tls.is_some() => p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS"),
+            _ => {}
+        }
+        match &f.cluster {
+            Some(c) if !valid_cluster_name(c) => p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name")),
+            None if f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => p.push(
+                at,
+                format!("{ff}.cluster"),
+                "without a cluster, the client certificate names it: set tls.client_ca",
+            ),
+            _ => {}
+        }
+    }
+    for (name, c) in &cfg.clusters {
+        let cf = format!("clusters.{name}");
+        if !valid_cluster_name(name) {
+            p.push((0, 0), cf.clone(), "not a valid cluster name");
+        }
+        if c.state != ClusterMode::Draining && !c.move_to.is_empty() {
+            p.push((0, 0), format!("{cf}.move_to"), "move_to only applies to state draining");
+        }
+        if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
+            p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+        }
+    }
+    for (name, d) in [("timeouts.handshake", cfg.timeouts.handshake), ("timeouts.dial", cfg.timeouts.dial), ("timeouts.idle", cfg.timeouts.idle)] {
+        if d.get().is_zero() {
+            p.push((0, 0), name, "must be positive");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTRACT: &str = r#"
+admin: { listen: 127.0.0.1:9902 }
+agents:
+  listen: 0.0.0.0:8132
+  tls: { cert: server.crt, key: server.key, client_ca: agents-ca.crt }   # cluster = agent cert's CN
+frontends:
+  - name: shoot-a-egress
+    listen: 0.0.0.0:9443             # or  unix: /run/seedgate/shoot-a.sock  (then no tls)
+    tls: { cert: frontend.crt, key: frontend.key, client_ca: apiserver-ca.crt }
+    cluster: shoot-a
+clusters:                            # per-cluster state (migration); absent = active
+  shoot-a: { state: active }         # active | draining | fenced
+  shoot-b: { state: draining, move_to: [proxy.seed-b.example.com:8132], drain_deadline: 30s }
+"#;
+
+    #[test]
+    fn design_contract_example_parses() {
+        let c = parse(CONTRACT, "server.yaml").unwrap();
+        assert_eq!(c.frontends[0].cluster.as_deref(), Some("shoot-a"));
+        assert_eq!(c.clusters["shoot-b"].state, ClusterMode::Draining);
+        assert_eq!(c.clusters["shoot-b"].move_to[0].port, 8132);
+        assert_eq!(c.agents.keepalive.interval, Dur::secs(5));
+    }
+
+    #[test]
+    fn frontend_rules() {
+        let y = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\nfrontends:\n  - name: a\n    unix: /tmp/x.sock\n    tls: { cert: c, key: k }\n    cluster: x\n  - name: a\n    cluster: x\n  - name: b\n    listen: 127.0.0.1:2\n";
+        let e = parse(y, "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("frontends[0].tls: a unix socket front end takes no TLS"), "{e}");
+        assert!(e.contains("s.yaml:7:11: frontends[1].name: duplicate"), "{e}");
+        assert!(e.contains("frontends[1]: give listen"), "{e}");
+        assert!(e.contains("frontends[2].cluster"), "{e}");
+    }
+
+    #[test]
+    fn agents_need_a_client_ca() {
+        let e = parse("agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k } }\n", "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("agents.tls.client_ca"), "{e}");
+    }
+}

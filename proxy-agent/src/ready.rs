@@ -1,0 +1,68 @@
+//! Readiness of the apiserver proxy: the last resolution of the gateway name, refreshed in the background.
+
+use proxy_core::admin::Check;
+use seedgate_config::HostPort;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// How often the background task resolves the gateway. `/readyz` only reads the cached answer,
+/// so a probe never waits for DNS.
+pub const REFRESH: Duration = Duration::from_secs(5);
+/// An answer older than this no longer counts (the refresher is stuck or gone).
+const STALE: Duration = Duration::from_secs(30);
+
+struct Resolution {
+    gateway: HostPort,
+    at: Instant,
+    result: Result<Vec<SocketAddr>, String>,
+}
+
+/// The latest resolution of the gateway, fed by the refresher and by every connection.
+#[derive(Default)]
+pub struct GatewayStatus {
+    last: Mutex<Option<Resolution>>,
+    wake: Notify,
+}
+
+impl GatewayStatus {
+    pub fn record(&self, gateway: &HostPort, result: &io::Result<Vec<SocketAddr>>) {
+        let r = Resolution {
+            gateway: gateway.clone(),
+            at: Instant::now(),
+            result: match result {
+                Ok(addrs) => Ok(addrs.clone()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        // A poisoned lock only means a panic elsewhere mid-assignment; the value is still usable.
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    }
+
+    /// Ask the refresher to resolve now (the gateway changed on reload).
+    pub fn refresh_soon(&self) {
+        self.wake.notify_one();
+    }
+
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// The readiness check for `gateway`, the currently configured one.
+    pub fn check(&self, gateway: &HostPort) -> Check {
+        const NAME: &str = "gateway-resolves";
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some(r) if &r.gateway == gateway && r.at.elapsed() < STALE => match &r.result {
+                Ok(addrs) => {
+                    let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+                    Check::new(NAME, true, format!("{gateway} -> {}", list.join(", ")))
+                }
+                Err(e) => Check::new(NAME, false, format!("{gateway}: {e}")),
+            },
+            _ => Check::new(NAME, false, format!("{gateway}: not resolved yet")),
+        }
+    }
+}

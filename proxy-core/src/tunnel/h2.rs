@@ -1,0 +1,377 @@
+//! The HTTP/2 transport of the tunnel, roles reversed: the seed is the h2 client on the agent's TLS connection.
+
+use super::{
+    AgentHello, BoxFuture, ControlMsg, DialError, H2Stream, Incoming, Opener, Responder, TunnelSettings, TunnelStream,
+    CONTROL_PATH, ERROR_HEADER, REASON_HEADER,
+};
+use bytes::{Bytes, BytesMut};
+use h2::{client, server, Ping, PingPong, Reason};
+use http::{Method, Request, Response, StatusCode};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Control messages queued for one agent; a slow agent cannot make this grow without bound.
+const CONTROL_QUEUE: usize = 16;
+/// Largest control line accepted.
+const CONTROL_LINE_MAX: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("HTTP/2 handshake failed: {0}")]
+    Handshake(h2::Error),
+    #[error("keepalive: no PING answer within {0:?}")]
+    KeepaliveTimeout(Duration),
+    #[error("session failed: {0}")]
+    H2(#[from] h2::Error),
+    #[error("session stopped")]
+    Stopped,
+}
+
+/// Send a PING every interval; fail when one goes unanswered for the timeout.
+async fn keepalive(mut pp: PingPong, interval: Duration, timeout: Duration) -> SessionError {
+    loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(timeout, pp.ping(Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return SessionError::H2(e),
+            Err(_) => return SessionError::KeepaliveTimeout(timeout),
+        }
+    }
+}
+
+/// Seed side of a session: opens streams on the agent's connection.
+pub struct H2Opener {
+    send: client::SendRequest<Bytes>,
+    active: Arc<AtomicUsize>,
+    closed: CancellationToken,
+    control: mpsc::Sender<ControlMsg>,
+}
+
+/// Counts a stream as active until dropped.
+struct ActiveStream {
+    inner: H2Stream,
+    active: Arc<AtomicUsize>,
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl super::Io for ActiveStream {
+    fn reset(&mut self) {
+        super::Io::reset(&mut self.inner);
+    }
+}
+
+impl AsyncRead for ActiveStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ActiveStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn dial_error_from_response(resp: &Response<h2::RecvStream>) -> DialError {
+    let h = |name| resp.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let code = h(ERROR_HEADER);
+    let reason = h(REASON_HEADER);
+    if code.is_empty() {
+        DialError::Transport(format!("agent answered {}", resp.status()))
+    } else {
+        DialError::from_code(&code, reason)
+    }
+}
+
+impl Opener for H2Opener {
+    fn open(&self, target: &str, timeout: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
+        let target = target.to_owned();
+        Box::pin(async move {
+            if self.closed.is_cancelled() {
+                return Err(DialError::Transport("session closed".into()));
+            }
+            let req = Request::builder()
+                .method(Method::CONNECT)
+                .uri(target.as_str())
+                .body(())
+                .map_err(|e| DialError::BadTarget(format!("{target}: {e}")))?;
+            let send = self.send.clone();
+            let fut = async move {
+                let mut ready = send.ready().await.map_err(|e| DialError::Transport(e.to_string()))?;
+                let (resp, stream) = ready
+                    .send_request(req, false)
+                    .map_err(|e| DialError::Transport(e.to_string()))?;
+                let resp = resp.await.map_err(|e| DialError::Transport(e.to_string()))?;
+                Ok::<_, DialError>((resp, stream))
+            };
+            let (resp, stream) = match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r?,
+                Err(_) => return Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}"))),
+            };
+            if resp.status() != StatusCode::OK {
+                return Err(dial_error_from_response(&resp));
+            }
+            self.active.fetch_add(1, Ordering::Relaxed);
+            Ok(TunnelStream::new(ActiveStream {
+                inner: H2Stream::new(stream, resp.into_body()),
+                active: self.active.clone(),
+            }))
+        })
+    }
+
+    fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
+        self.control
+            .try_send(msg.clone())
+            .map_err(|e| DialError::Transport(format!("control queue: {e}")))
+    }
+
+    fn active_streams(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+}
+
+/// Everything the seed learns when an agent session starts.
+pub struct SeedSession {
+    pub opener: Arc<H2Opener>,
+    /// What the agent said about itself on the control stream (may arrive after the start).
+    pub hello: Arc<Mutex<Option<AgentHello>>>,
+}
+
+/// Run the seed side of a session on an established TLS connection. Returns the opener at once
+/// (through `on_ready`) and completes when the session ends. `stop` ends it early (GOAWAY).
+pub async fn run_seed_session<T>(
+    io: T,
+    settings: &TunnelSettings,
+    stop: CancellationToken,
+    on_ready: impl FnOnce(SeedSession),
+) -> Result<(), SessionError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, mut conn) = client::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_concurrent_reset_streams(1024)
+        .max_send_buffer_size(settings.stream_window as usize)
+        .enable_push(false)
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(SessionError::Handshake)?;
+    let pp = conn.ping_pong().expect("ping_pong is available once");
+    let closed = CancellationToken::new();
+    let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
+    let opener = Arc::new(H2Opener {
+        send: send.clone(),
+        active: Arc::new(AtomicUsize::new(0)),
+        closed: closed.clone(),
+        control: ctl_tx,
+    });
+    let hello = Arc::new(Mutex::new(None));
+    on_ready(SeedSession {
+        opener: opener.clone(),
+        hello: hello.clone(),
+    });
+    let control = tokio::spawn(seed_control(send, ctl_rx, hello, closed.clone()));
+    let result = tokio::select! {
+        r = &mut conn => r.map_err(SessionError::H2),
+        e = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout) => Err(e),
+        _ = stop.cancelled() => Err(SessionError::Stopped),
+    };
+    closed.cancel();
+    control.abort();
+    result
+}
+
+/// Open the control stream, read the agent's hello, then forward queued control messages.
+async fn seed_control(
+    send: client::SendRequest<Bytes>,
+    mut rx: mpsc::Receiver<ControlMsg>,
+    hello: Arc<Mutex<Option<AgentHello>>>,
+    closed: CancellationToken,
+) {
+    let run = async {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("https://agent{CONTROL_PATH}"))
+            .body(())
+            .ok()?;
+        let mut ready = send.ready().await.ok()?;
+        let (resp, mut stream) = ready.send_request(req, false).ok()?;
+        let resp = resp.await.ok()?;
+        if resp.status() != StatusCode::OK {
+            tracing::warn!(status = %resp.status(), "agent refused the control stream");
+            return None;
+        }
+        let mut body = resp.into_body();
+        if let Some(line) = read_line(&mut body).await {
+            if let Ok(h) = serde_json::from_slice::<AgentHello>(&line) {
+                *hello.lock().expect("not poisoned") = Some(h);
+            }
+        }
+        while let Some(msg) = rx.recv().await {
+            let mut line = serde_json::to_vec(&msg).ok()?;
+            line.push(b'\n');
+            stream.send_data(Bytes::from(line), false).ok()?;
+        }
+        Some(())
+    };
+    tokio::select! {
+        _ = run => {}
+        _ = closed.cancelled() => {}
+    }
+}
+
+async fn read_line(body: &mut h2::RecvStream) -> Option<Vec<u8>> {
+    let mut buf = BytesMut::new();
+    loop {
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            return Some(buf.split_to(i + 1)[..i].to_vec());
+        }
+        if buf.len() > CONTROL_LINE_MAX {
+            return None;
+        }
+        let chunk = body.data().await?.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+struct H2Responder {
+    respond: server::SendResponse<Bytes>,
+    recv: h2::RecvStream,
+}
+
+impl Responder for H2Responder {
+    fn accept(mut self: Box<Self>) -> Result<TunnelStream, DialError> {
+        let send = self
+            .respond
+            .send_response(Response::new(()), false)
+            .map_err(|e| DialError::Transport(e.to_string()))?;
+        let H2Responder { recv, .. } = *self;
+        Ok(TunnelStream::new(H2Stream::new(send, recv)))
+    }
+
+    fn refuse(mut self: Box<Self>, err: &DialError) {
+        let status = StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let mut resp = Response::builder().status(status).header(ERROR_HEADER, err.code());
+        // Header values must be visible ASCII; keep the reason readable but safe.
+        let reason: String = err.detail().chars().filter(|c| c.is_ascii() && !c.is_ascii_control()).take(256).collect();
+        resp = resp.header(REASON_HEADER, reason);
+        if let Ok(resp) = resp.body(()) {
+            let _ = self.respond.send_response(resp, true);
+        }
+    }
+}
+
+/// Agent side: what to do with streams and control messages.
+pub trait AgentHandler: Send + Sync + 'static {
+    /// A new stream to dial; called in its own task.
+    fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()>;
+    /// A control message from the seed.
+    fn control(&self, msg: ControlMsg);
+    fn hello(&self) -> AgentHello;
+}
+
+/// Run the agent side of a session on an established TLS connection until it ends.
+/// `stop` ends it with a GOAWAY (streams in flight may finish).
+pub async fn run_agent_session<T>(
+    io: T,
+    settings: &TunnelSettings,
+    handler: Arc<dyn AgentHandler>,
+    stop: CancellationToken,
+    tracker: tokio_util::task::TaskTracker,
+) -> Result<(), SessionError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = server::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_concurrent_streams(settings.max_streams)
+        .max_concurrent_reset_streams(1024)
+        .max_send_buffer_size(settings.stream_window as usize)
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(SessionError::Handshake)?;
+    let pp = conn.ping_pong().expect("ping_pong is available once");
+    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
+    tokio::pin!(ka);
+    let going_away = AtomicBool::new(false);
+    loop {
+        let next = tokio::select! {
+            r = conn.accept() => r,
+            e = &mut ka => return Err(e),
+            _ = stop.cancelled(), if !going_away.load(Ordering::Relaxed) => {
+                going_away.store(true, Ordering::Relaxed);
+                conn.graceful_shutdown();
+                continue;
+            }
+        };
+        let (req, respond) = match next {
+            None => return Ok(()),
+            Some(Err(e)) => return Err(SessionError::H2(e)),
+            Some(Ok(x)) => x,
+        };
+        let (parts, recv) = req.into_parts();
+        if parts.method == Method::CONNECT {
+            let target = parts.uri.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+            let inc = Incoming {
+                target,
+                responder: Box::new(H2Responder { respond, recv }),
+            };
+            tracker.spawn(handler.incoming(inc));
+        } else if parts.method == Method::POST && parts.uri.path() == CONTROL_PATH {
+            tokio::spawn(agent_control(respond, recv, handler.clone()));
+        } else {
+            let mut respond = respond;
+            respond.send_reset(Reason::REFUSED_STREAM);
+        }
+    }
+}
+
+async fn agent_control(mut respond: server::SendResponse<Bytes>, mut recv: h2::RecvStream, handler: Arc<dyn AgentHandler>) {
+    let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
+    let mut hello = serde_json::to_vec(&handler.hello()).unwrap_or_default();
+    hello.push(b'\n');
+    if send.send_data(Bytes::from(hello), false).is_err() {
+        return;
+    }
+    while let Some(line) = read_line(&mut recv).await {
+        match serde_json::from_slice::<ControlMsg>(&line) {
+            Ok(msg) => handler.control(msg),
+            Err(e) => tracing::warn!(error = %e, "unknown control message ignored"),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream.
+
+use super::Io;
+use bytes::{Buf, Bytes};
+use h2::{Reason, RecvStream, SendStream};
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Largest chunk handed to h2 per write: one frame's worth keeps framing overhead low while
+/// bounding what a single write can buffer.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+pub struct H2Stream {
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    /// Part of the last DATA frame not yet read by the caller (its capacity not yet released).
+    pending: Bytes,
+    read_eof: bool,
+    write_closed: bool,
+}
+
+fn h2_to_io(e: h2::Error) -> io::Error {
+    match e.reason() {
+        Some(Reason::CANCEL) | Some(Reason::REFUSED_STREAM) | Some(Reason::STREAM_CLOSED) | Some(Reason::NO_ERROR)
+            if e.is_remote() || e.is_reset() =>
+        {
+            io::Error::new(io::ErrorKind::ConnectionReset, e)
+        }
+        _ if e.is_io() => e.into_io().unwrap_or_else(|| io::Error::other("tunnel i/o error")),
+        _ if e.is_go_away() || e.is_reset() => io::Error::new(io::ErrorKind::ConnectionReset, e),
+        _ => io::Error::new(io::ErrorKind::ConnectionAborted, e),
+    }
+}
+
+impl H2Stream {
+    pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
+        Self {
+            send,
+            recv,
+            pending: Bytes::new(),
+            read_eof: false,
+            write_closed: false,
+        }
+    }
+}
+
+impl Io for H2Stream {
+    fn reset(&mut self) {
+        self.send.send_reset(Reason::CANCEL);
+    }
+}
+
+impl AsyncRead for H2Stream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if !this.pending.is_empty() {
+                let n = this.pending.len().min(buf.remaining());
+                buf.put_slice(&this.pending[..n]);
+                this.pending.advance(n);
+                // Only now may the peer send more on this stream.
+                let _ = this.recv.flow_control().release_capacity(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(b)) => this.pending = b,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => this.read_eof = true,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for H2Stream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let this = &mut *self;
+        if this.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        this.send.reserve_capacity(buf.len().min(WRITE_CHUNK));
+        loop {
+            let cap = this.send.capacity();
+            if cap > 0 {
+                let n = cap.min(buf.len());
+                this.send
+                    .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                    .map_err(h2_to_io)?;
+                return Poll::Ready(Ok(n));
+            }
+            match ready!(this.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // h2 writes queued frames as the connection task runs; nothing to push from here.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.write_closed {
+            this.write_closed = true;
+            // END_STREAM on an empty DATA frame: the half-close the far side turns into a FIN.
+            this.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for H2Stream {
+    fn drop(&mut self) {
+        // Dropped before an orderly end in both directions: tell the peer so it does not wait.
+        if !(self.write_closed && self.read_eof) {
+            self.send.send_reset(Reason::CANCEL);
+        }
+    }
+}

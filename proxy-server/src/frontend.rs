@@ -1,0 +1,304 @@
+//! Front ends: HTTP CONNECT (kube-apiserver egress, Prometheus https targets) and absolute-form forward proxying (Prometheus http targets).
+
+use crate::Shared;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use proxy_core::copy::{transfer, Meters};
+use proxy_core::http_head::{self, RequestHead};
+use proxy_core::io::Prefixed;
+use proxy_core::tunnel::{DialError, TunnelStream};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+const READ_CHUNK: usize = 4096;
+
+/// A running front end.
+pub struct FrontendRt {
+    pub name: Arc<str>,
+    /// Fixed cluster, or `None` when the client certificate's CN names it.
+    pub cluster: Option<String>,
+}
+
+/// Everything known about one front-end connection, for its access log.
+struct Ctx<'a> {
+    conn_id: String,
+    fe: &'a FrontendRt,
+    peer: &'a str,
+    cluster: &'a str,
+    kind: &'static str,
+    target: String,
+    started: Instant,
+}
+
+impl Ctx<'_> {
+    fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
+        tracing::info!(
+            target: "access",
+            conn_id = %self.conn_id,
+            frontend = %self.fe.name,
+            client = self.peer,
+            cluster = self.cluster,
+            kind = self.kind,
+            target = %self.target,
+            code,
+            bytes_up = up,
+            bytes_down = down,
+            duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+            reason,
+            "connection closed"
+        );
+    }
+}
+
+/// Serve one front-end connection (after TLS, if any). `cert_cluster` is the client
+/// certificate's CN when the front end derives the cluster from it.
+pub async fn serve<S>(shared: Arc<Shared>, fe: Arc<FrontendRt>, mut io: S, peer: String, cert_cluster: Option<String>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = shared.config.load_full();
+    let m = &shared.metrics;
+    let conn_id = shared.next_conn_id();
+    let started = Instant::now();
+    let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
+        m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
+        let _ = io.write_all(&http_head::error_response(1, 403, "client certificate names no cluster")).await;
+        return;
+    };
+    let mut ctx = Ctx { conn_id, fe: &fe, peer: &peer, cluster: &cluster, kind: "-", target: "-".into(), started };
+
+    // Read the request head under the handshake deadline.
+    let cap = cfg.limits.request_head_max;
+    let mut buf = Vec::with_capacity(1024);
+    let read_head = async {
+        loop {
+            match http_head::parse_request_head(&buf, cap) {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {}
+                Err(e) => return Err((e.reason(), if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 }, e.to_string())),
+            }
+            let old = buf.len();
+            buf.resize(old + READ_CHUNK.min(cap + 1 - old), 0);
+            match io.read(&mut buf[old..]).await {
+                Ok(0) | Err(_) => {
+                    buf.truncate(old);
+                    return Err(("client_closed_early", 0, String::new()));
+                }
+                Ok(n) => buf.truncate(old + n),
+            }
+        }
+    };
+    let head: RequestHead = match tokio::time::timeout(cfg.timeouts.handshake.get(), read_head).await {
+        Ok(Ok(h)) => h,
+        Ok(Err((reason, status, msg))) => {
+            m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
+            if status != 0 {
+                let _ = io.write_all(&http_head::error_response(1, status, &format!("bad request: {msg}"))).await;
+            }
+            ctx.log(status, reason, 0, 0);
+            return;
+        }
+        Err(_) => {
+            m.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
+            ctx.log(0, "handshake_timeout", 0, 0);
+            return;
+        }
+    };
+
+    if head.is_connect() {
+        ctx.kind = "connect";
+        ctx.target = head.target.clone();
+        let target = match head.connect_authority() {
+            Ok((h, p)) if h.contains(':') => format!("[{h}]:{p}"),
+            Ok((h, p)) => format!("{h}:{p}"),
+            Err(e) => {
+                reply_error(&shared, &ctx, &mut io, head.version, 400, e.reason(), &format!("bad CONNECT target: {e}")).await;
+                return;
+            }
+        };
+        // The target, never the Host header, says where to go.
+        let stream = match dial(&shared, &cluster, &target).await {
+            Ok(s) => s,
+            Err(e) => {
+                reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
+                return;
+            }
+        };
+        // 200 alone in its write: the egress dialer fails if tunnel bytes follow the head.
+        if io.write_all(&http_head::connect_established(head.version)).await.is_err() {
+            ctx.log(200, "client_write_error", 0, 0);
+            return;
+        }
+        m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
+        let pipelined = buf.split_off(head.len);
+        drop(buf);
+        relay(&shared, &ctx, io, stream, pipelined).await;
+    } else if head.target.starts_with("http://") {
+        ctx.kind = "forward";
+        ctx.target = head.target.clone();
+        drop(head);
+        // Hand the connection, with the bytes already read, to an HTTP/1.1 server that
+        // forwards each request through its own tunnel stream (keep-alive works as usual).
+        let io = Prefixed::new(buf, io);
+        forward(shared.clone(), &ctx, io).await;
+    } else {
+        let msg = format!("{} {} is neither CONNECT nor an absolute-form http:// request", head.method, head.target);
+        reply_error(&shared, &ctx, &mut io, head.version, 400, "not_a_proxy_request", &msg).await;
+    }
+}
+
+async fn reply_error<S: AsyncWrite + Unpin>(shared: &Shared, ctx: &Ctx<'_>, io: &mut S, version: u8, status: u16, reason: &str, msg: &str) {
+    let m = &shared.metrics;
+    m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &status.to_string()]).inc();
+    m.conn.rejects.with_label_values(&[&ctx.fe.name, reason]).inc();
+    let _ = io.write_all(&http_head::error_response(version, status, msg)).await;
+    let _ = io.shutdown().await;
+    ctx.log(status, reason, 0, 0);
+}
+
+/// Dial through the tunnel with the configured timeout, recording metrics.
+async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStream, DialError> {
+    let m = &shared.metrics;
+    let started = Instant::now();
+    let timeout = shared.config.load().timeouts.dial.get();
+    let r = shared.registry.dial(cluster, target, timeout).await;
+    match &r {
+        Ok(_) => {
+            m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
+            m.streams_opened.with_label_values(&[cluster]).inc();
+        }
+        Err(e) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+    }
+    r
+}
+
+/// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
+/// drain of the cluster, or the end of the shutdown grace period.
+async fn relay<S>(shared: &Shared, ctx: &Ctx<'_>, mut io: S, mut stream: TunnelStream, pipelined: Vec<u8>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let m = &shared.metrics;
+    let active = m.streams_active.with_label_values(&[ctx.cluster]);
+    active.inc();
+    let replayed = pipelined.len() as u64;
+    if !pipelined.is_empty() && stream.write_all(&pipelined).await.is_err() {
+        active.dec();
+        ctx.log(200, "tunnel_write_error", 0, 0);
+        return;
+    }
+    drop(pipelined);
+    let meters = Meters {
+        to_upstream: Some(m.tunnel_bytes.with_label_values(&[ctx.cluster, "to_shoot"])),
+        to_client: Some(m.tunnel_bytes.with_label_values(&[ctx.cluster, "to_seed"])),
+    };
+    let cfg = shared.config.load_full();
+    let drained = shared.registry.drain_signal(ctx.cluster);
+    let mut t = transfer(io, stream, cfg.timeouts.idle.get(), meters);
+    let reason = tokio::select! {
+        o = &mut t => o.label(),
+        _ = shared.shutdown.kill.cancelled() => "shutdown",
+        _ = drained => {
+            m.stream_drains.with_label_values(&[ctx.cluster]).inc();
+            "cluster_drained"
+        }
+    };
+    let (up, down) = t.counts();
+    let (mut client, mut stream) = t.into_inner();
+    match reason {
+        "client_reset" | "client_error" => stream.reset(),
+        // A drain ends the stream cleanly: FIN towards both ends.
+        "cluster_drained" | "shutdown" => {
+            let _ = stream.shutdown().await;
+            let _ = client.shutdown().await;
+        }
+        _ => {}
+    }
+    io = client;
+    drop(io);
+    active.dec();
+    ctx.log(200, reason, up + replayed, down);
+}
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+fn simple(status: StatusCode, msg: String) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from(msg + "\n")).map_err(|never| match never {}).boxed())
+        .expect("valid response")
+}
+
+/// Hop-by-hop headers a forward proxy must not pass on (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &["connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "te", "trailer", "upgrade"];
+
+async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx<'_>, io: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let cluster = ctx.cluster.to_owned();
+    let fe_name = ctx.fe.name.clone();
+    let sh = shared.clone();
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let shared = sh.clone();
+        let cluster = cluster.clone();
+        let fe_name = fe_name.clone();
+        async move {
+            let code = |r: &Response<Body>| r.status().as_u16().to_string();
+            let uri = req.uri().clone();
+            let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
+                let r = simple(StatusCode::BAD_REQUEST, format!("expected an absolute http:// URI, got {uri}"));
+                shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
+                return Ok::<_, std::convert::Infallible>(r);
+            };
+            let target = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
+            let stream = match dial(&shared, &cluster, &target).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let r = simple(StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string());
+                    shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
+                    return Ok(r);
+                }
+            };
+            // Origin-form towards the target; the Host header stays as the client sent it.
+            let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+            *req.uri_mut() = path.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
+            for h in HOP_BY_HOP {
+                req.headers_mut().remove(*h);
+            }
+            if !req.headers().contains_key(http::header::HOST) {
+                if let Ok(v) = http::HeaderValue::from_str(auth.as_str()) {
+                    req.headers_mut().insert(http::header::HOST, v);
+                }
+            }
+            let resp = async {
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                sender.send_request(req).await
+            }
+            .await;
+            let r = match resp {
+                Ok(r) => r.map(|b| b.boxed()),
+                Err(e) => simple(StatusCode::BAD_GATEWAY, format!("target {target}: {e}")),
+            };
+            shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
+            Ok(r)
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(shared.config.load().timeouts.handshake.get())
+        .serve_connection(TokioIo::new(io), svc);
+    let reason = tokio::select! {
+        r = conn => if r.is_ok() { "closed" } else { "http_error" },
+        _ = shared.shutdown.kill.cancelled() => "shutdown",
+    };
+    ctx.log(0, reason, 0, 0);
+}

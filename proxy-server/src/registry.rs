@@ -1,0 +1,277 @@
+//! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
+
+use crate::metrics::ServerMetrics;
+use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
+use seedgate_config::server::{ClusterMode, ClusterState};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// One connected agent.
+pub struct Session {
+    pub id: u64,
+    pub cluster: String,
+    pub peer: String,
+    pub opener: Arc<dyn Opener>,
+    pub hello: Arc<Mutex<Option<AgentHello>>>,
+    /// Cancel to end the session (GOAWAY and close).
+    pub stop: CancellationToken,
+}
+
+/// A cluster's mode as the data plane applies it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mode {
+    pub mode: ClusterMode,
+    pub move_to: Vec<String>,
+    pub drain_deadline: Option<Duration>,
+    /// When the current mode was entered (drain deadlines count from here).
+    pub since: Instant,
+}
+
+impl Mode {
+    fn from_cfg(c: Option<&ClusterState>) -> Self {
+        Self {
+            mode: c.map(|c| c.state).unwrap_or_default(),
+            move_to: c.map(|c| c.move_to.iter().map(|h| h.to_string()).collect()).unwrap_or_default(),
+            drain_deadline: c.and_then(|c| c.drain_deadline).map(|d| d.get()),
+            since: Instant::now(),
+        }
+    }
+
+    fn same_as(&self, other: &Mode) -> bool {
+        self.mode == other.mode && self.move_to == other.move_to && self.drain_deadline == other.drain_deadline
+    }
+}
+
+#[derive(Default)]
+struct Cluster {
+    sessions: Vec<Arc<Session>>,
+    /// Cancelled when the cluster leaves `active`: live streams watch it to drain.
+    mode_changed: CancellationToken,
+}
+
+pub struct Registry {
+    clusters: RwLock<HashMap<String, Cluster>>,
+    modes: Arc<RwLock<BTreeMap<String, Mode>>>,
+    next_id: AtomicU64,
+    metrics: ServerMetrics,
+}
+
+impl Registry {
+    pub fn new(metrics: ServerMetrics, states: &BTreeMap<String, ClusterState>) -> Self {
+        let modes = states.iter().map(|(k, v)| (k.clone(), Mode::from_cfg(Some(v)))).collect();
+        Self {
+            clusters: RwLock::new(HashMap::new()),
+            modes: Arc::new(RwLock::new(modes)),
+            next_id: AtomicU64::new(1),
+            metrics,
+        }
+    }
+
+    pub fn mode(&self, cluster: &str) -> Mode {
+        self.modes
+            .read()
+            .expect("not poisoned")
+            .get(cluster)
+            .cloned()
+            .unwrap_or_else(|| Mode::from_cfg(None))
+    }
+
+    pub fn modes(&self) -> BTreeMap<String, Mode> {
+        self.modes.read().expect("not poisoned").clone()
+    }
+
+    /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
+    /// mode changed.
+    pub fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
+        let mut changed = Vec::new();
+        {
+            let mut modes = self.modes.write().expect("not poisoned");
+            let mut next = BTreeMap::new();
+            let names: std::collections::BTreeSet<&String> = modes.keys().chain(states.keys()).collect();
+            for name in names {
+                let new = Mode::from_cfg(states.get(name));
+                match modes.get(name) {
+                    Some(old) if old.same_as(&new) => {
+                        next.insert(name.clone(), old.clone());
+                    }
+                    old => {
+                        if old.is_some() || new.mode != ClusterMode::Active {
+                            changed.push(name.clone());
+                        }
+                        if states.contains_key(name) {
+                            next.insert(name.clone(), new);
+                        }
+                    }
+                }
+            }
+            *modes = next;
+        }
+        for name in &changed {
+            self.on_mode_change(name);
+        }
+        changed
+    }
+
+    /// Tell agents and live streams about a new mode of `cluster`.
+    fn on_mode_change(&self, cluster: &str) {
+        let mode = self.mode(cluster);
+        self.metrics.set_cluster_state(cluster, mode.mode);
+        let sessions = {
+            let mut clusters = self.clusters.write().expect("not poisoned");
+            let c = clusters.entry(cluster.to_owned()).or_default();
+            // Streams admitted under the old mode watch the old token.
+            let old = std::mem::take(&mut c.mode_changed);
+            old.cancel();
+            c.sessions.clone()
+        };
+        tracing::info!(cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
+        match mode.mode {
+            ClusterMode::Active => {}
+            ClusterMode::Draining => {
+                for s in &sessions {
+                    self.send_move(s, &mode);
+                }
+            }
+            ClusterMode::Fenced => {
+                // Fenced: this seed must not act for the cluster any more.
+                for s in &sessions {
+                    s.stop.cancel();
+                }
+            }
+        }
+    }
+
+    fn send_move(&self, s: &Session, mode: &Mode) {
+        let msg = ControlMsg::Move {
+            to: mode.move_to.clone(),
+            drain_deadline_ms: mode.drain_deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
+        };
+        if let Err(e) = s.opener.control(&msg) {
+            tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot send the move notice");
+        } else {
+            self.metrics.move_notices.with_label_values(&[&s.cluster]).inc();
+        }
+    }
+
+    /// Register a new agent session. Refused (with the reason) when the cluster is fenced.
+    pub fn add(&self, cluster: &str, peer: String, opener: Arc<dyn Opener>, hello: Arc<Mutex<Option<AgentHello>>>, stop: CancellationToken) -> Result<Arc<Session>, &'static str> {
+        let mode = self.mode(cluster);
+        if mode.mode == ClusterMode::Fenced {
+            return Err("cluster_fenced");
+        }
+        let s = Arc::new(Session {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            cluster: cluster.to_owned(),
+            peer,
+            opener,
+            hello,
+            stop,
+        });
+        let n = {
+            let mut clusters = self.clusters.write().expect("not poisoned");
+            let c = clusters.entry(cluster.to_owned()).or_default();
+            c.sessions.push(s.clone());
+            c.sessions.len()
+        };
+        self.metrics.agents.with_label_values(&[cluster]).set(n as i64);
+        if mode.mode == ClusterMode::Draining {
+            // An agent that connects to a draining seed is told to move at once.
+            self.send_move(&s, &mode);
+        }
+        Ok(s)
+    }
+
+    pub fn remove(&self, s: &Session) {
+        let n = {
+            let mut clusters = self.clusters.write().expect("not poisoned");
+            let Some(c) = clusters.get_mut(&s.cluster) else { return };
+            c.sessions.retain(|x| x.id != s.id);
+            c.sessions.len()
+        };
+        self.metrics.agents.with_label_values(&[&s.cluster]).set(n as i64);
+    }
+
+    pub fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
+        self.clusters
+            .read()
+            .expect("not poisoned")
+            .get(cluster)
+            .map(|c| c.sessions.clone())
+            .unwrap_or_default()
+    }
+
+    /// Completes when a stream admitted now must end: at once when the cluster is fenced, at
+    /// the drain deadline (counted from the start of the drain) when it drains; never while it
+    /// stays active or drains without a deadline.
+    pub fn drain_signal(&self, cluster: &str) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let token = self
+            .clusters
+            .write()
+            .expect("not poisoned")
+            .entry(cluster.to_owned())
+            .or_default()
+            .mode_changed
+            .clone();
+        let modes = self.modes.clone();
+        let cluster = cluster.to_owned();
+        async move {
+            token.cancelled().await;
+            let mode = modes.read().expect("not poisoned").get(&cluster).cloned();
+            match mode {
+                Some(Mode { mode: ClusterMode::Fenced, .. }) => {}
+                Some(Mode { mode: ClusterMode::Draining, drain_deadline: Some(d), since, .. }) => {
+                    tokio::time::sleep_until((since + d).into()).await
+                }
+                _ => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Open a stream to `target` through an agent of `cluster`: the least busy of two random
+    /// sessions; a transport failure before the agent answered is retried once on another one.
+    pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
+        match self.mode(cluster).mode {
+            ClusterMode::Fenced => {
+                return Err(DialError::Moved(format!("cluster {cluster} moved to another seed; this seed no longer serves it")))
+            }
+            ClusterMode::Active | ClusterMode::Draining => {}
+        }
+        let mut tried: Vec<u64> = Vec::new();
+        let mut last = DialError::NoAgent(format!("no agent of cluster {cluster} is connected"));
+        for _ in 0..2 {
+            let candidates: Vec<Arc<Session>> = self
+                .sessions(cluster)
+                .into_iter()
+                .filter(|s| !s.opener.is_closed() && !tried.contains(&s.id))
+                .collect();
+            let Some(s) = pick(&candidates) else { break };
+            tried.push(s.id);
+            match s.opener.open(target, timeout).await {
+                Ok(st) => return Ok(st),
+                Err(e @ DialError::Transport(_)) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Power of two choices on active streams.
+fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
+    match c.len() {
+        0 => None,
+        1 => Some(c[0].clone()),
+        n => {
+            let a = rand::random_range(0..n);
+            let mut b = rand::random_range(0..n - 1);
+            if b >= a {
+                b += 1;
+            }
+            let (x, y) = (&c[a], &c[b]);
+            Some(if y.opener.active_streams() < x.opener.active_streams() { y.clone() } else { x.clone() })
+        }
+    }
+}
