@@ -1,0 +1,29 @@
+//! testbed: what seedgate's end-to-end tests and the bench demo share to stand up a topology.
+//!
+//! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
+//! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).
+//! - [`proc`]: finding, building and running the seedgate binaries; the address-file contract.
+//! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
+//! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
+//! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
+//! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
+//! - [`tmp`]: temporary directories removed on drop.
+//!
+//! Everything async expects a tokio runtime.
+
+pub mod admin;
+pub mod backend;
+pub mod netns;
+pub mod pki;
+pub mod poll;
+pub mod proc;
+pub mod tls_client;
+pub mod tmp;
+
+pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};
+pub use backend::{HttpBackend, TcpEcho, TcpSink, TlsHttpBackend};
+pub use pki::{Ca, Issued};
+pub use poll::poll_until;
+pub use proc::{Addresses, Proc, bin_path, ensure_built};
+pub use tls_client::{TlsFailure, TlsResult, tls_handshake_error, tls_request};
+pub use tmp::TempDir;
