@@ -55,7 +55,7 @@ impl ConnLimit {
         }
     }
 
-    async fn acquire(&self) -> ConnPermit {
+    pub async fn acquire(&self) -> ConnPermit {
         // Local first: a saturated listener must not hold global slots other listeners need.
         let local = match &self.local {
             Some(s) => Some(s.clone().acquire_owned().await.expect("semaphore never closed")),

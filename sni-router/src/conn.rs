@@ -76,10 +76,16 @@ struct Pre {
     client: SocketAddr,
     dst: Option<SocketAddr>,
     proto: Proto,
-    sni: Option<String>,
-    alpn: Option<String>,
-    connect_target: Option<String>,
+    sni: Option<Box<str>>,
+    alpn: Option<Box<str>>,
+    connect_target: Option<Box<str>>,
     http_version: u8,
+    // For the access log:
+    conn_id: crate::ConnId,
+    peer: SocketAddr,
+    up_addr: Option<SocketAddr>,
+    started: Instant,
+    replayed: u64,
 }
 
 /// Read more bytes into `buf`, up to `cap` in total. `Ok(false)` at end of stream.
@@ -117,6 +123,9 @@ async fn read_proxy_headers(
     let mut dst = None;
     let mut seen = 0u8;
     let mut local_only = false;
+    // Who wrote the next header: the TCP peer for the outermost one, then the host the
+    // previous header names as its source (a load balancer relays the node's header).
+    let mut sender = peer;
     while seen < depth {
         match proxy_protocol::detect(&buf[*off..]) {
             Detect::NotProxy => break,
@@ -130,7 +139,7 @@ async fn read_proxy_headers(
                 }
             }
             Detect::ProxyV1 | Detect::ProxyV2 => {
-                if !table.trusted(peer.ip()) {
+                if !table.trusted(sender.ip()) {
                     return Err(Reject::new("pp_untrusted_source", Answer::Close));
                 }
                 let h = loop {
@@ -158,8 +167,15 @@ async fn read_proxy_headers(
                         if seen == 1 {
                             client = src;
                         }
+                        sender = src;
                         dst = Some(d);
                         local_only = false;
+                        // A destination route takes the connection without reading the
+                        // payload: when nothing follows yet, do not wait for bytes that may be
+                        // another header (a server-speaks-first upstream would never send them).
+                        if *off == buf.len() && table.by_destination(d).is_some() {
+                            break;
+                        }
                     }
                     _ => local_only = seen == 1 || local_only,
                 }
@@ -238,8 +254,8 @@ async fn route_tls(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Router
             }
         }
     };
-    pre.alpn = (!info.alpn.is_empty()).then(|| info.alpn.join(","));
-    pre.sni = info.sni;
+    pre.alpn = (!info.alpn.is_empty()).then(|| info.alpn.join(",").into_boxed_str());
+    pre.sni = info.sni.map(String::into_boxed_str);
     let route = match &pre.sni {
         Some(name) => table.by_sni(name).or_else(|| table.default_route()).ok_or_else(|| {
             Reject::new("unknown_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME))
@@ -278,7 +294,7 @@ async fn route_connect(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Ro
     let (host, port) = head
         .connect_authority()
         .map_err(|e| Reject::new(e.reason(), Answer::Http(400, format!("bad CONNECT target: {e}"))))?;
-    pre.connect_target = Some(head.target.clone());
+    pre.connect_target = Some(head.target.as_str().into());
     let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let header = |name: &str| head.header(name);
     let q = ConnectQuery {
@@ -335,15 +351,16 @@ async fn linger_close(s: &mut TcpStream) {
 }
 
 /// The PROXY header to send upstream, if the route wants one.
-fn proxy_header_out(route: &Route, pre: &Pre, local: SocketAddr, conn_id: &str) -> Option<Vec<u8>> {
+fn proxy_header_out(route: &Route, pre: &Pre, local: SocketAddr) -> Option<Vec<u8>> {
     let dst = pre.dst.unwrap_or(local);
     match route.send_proxy {
         SendProxy::Off => None,
         SendProxy::V1 => Some(proxy_protocol::encode_v1(pre.client, dst)),
         SendProxy::V2 => {
+            let id = pre.conn_id.to_string();
             let opts = V2Options {
                 authority: pre.sni.as_deref(),
-                unique_id: Some(conn_id.as_bytes()),
+                unique_id: Some(id.as_bytes()),
                 ..V2Options::default()
             };
             proxy_protocol::try_encode_v2(pre.client, dst, &opts).ok()
@@ -351,17 +368,76 @@ fn proxy_header_out(route: &Route, pre: &Pre, local: SocketAddr, conn_id: &str) 
     }
 }
 
-/// Serve one accepted connection to its end.
-pub(crate) async fn serve(shared: Arc<Shared>, lst: Arc<ListenerRt>, stream: TcpStream, peer: SocketAddr) {
-    let conn_id = shared.next_conn_id();
-    let span = tracing::info_span!("conn", id = %conn_id, listener = %lst.name);
-    serve_inner(shared, lst, stream, peer, conn_id).instrument(span).await
+/// A connection ready to relay: the two sockets and the route inline, the rest in one box.
+struct Ready {
+    client: TcpStream,
+    up: TcpStream,
+    route: Arc<Route>,
+    held: Box<Held>,
 }
 
-async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpStream, peer: SocketAddr, conn_id: String) {
+/// What a relayed connection holds but rarely touches. Kept out of the task's future so the
+/// task stays in a smaller allocation (tokio rounds task cells up to 128-byte multiples).
+struct Held {
+    /// What was learnt before the relay, for the access log (its buffer is already freed).
+    log: Pre,
+    _permit: proxy_core::accept::ConnPermit,
+    _active: crate::ActiveGuard,
+    _guard: upstream::ActiveGuard,
+    idle: std::time::Duration,
+}
+
+/// Serve one accepted connection to its end.
+pub(crate) fn serve(
+    shared: Arc<Shared>,
+    lst: Arc<ListenerRt>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: proxy_core::accept::ConnPermit,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let conn_id = shared.next_conn_id();
+    // DEBUG level: a recorded span costs ~450 B per open connection; at INFO the access-log
+    // event carries everything, and the events inside a connection are DEBUG anyway.
+    let span = tracing::debug_span!("conn", id = %conn_id, listener = %lst.name);
+    // Everything before the relay is a boxed future of its own: its state is freed when it
+    // finishes, so a long-lived (mostly idle) connection carries only the relay's small state.
+    // The span covers the phases that log (at DEBUG); the relay logs only the access event,
+    // which carries the connection id itself, so the long-lived future does not hold a span.
+    let prepare = Box::pin(prepare(shared.clone(), lst.clone(), stream, peer, conn_id, permit).instrument(span));
+    async move {
+        let Some(Ready { client, up, route, held }) = prepare.await else { return };
+        let idle = held.idle;
+        let meters = Meters {
+            to_upstream: Some(route.meters.to_upstream.clone()),
+            to_client: Some(route.meters.to_client.clone()),
+        };
+        let mut relay = transfer_tcp(client, up, idle, meters);
+        let reason = tokio::select! {
+            o = &mut relay => o.label(),
+            _ = route.end.cancelled() => if shared.shutdown.kill.is_cancelled() { "shutdown" } else { "route_drained" },
+        };
+        let (sent_up, sent_down) = relay.counts();
+        let (c, u) = relay.into_inner();
+        close_pair(c, u, reason);
+        shared.metrics.conn.closes.with_label_values(&[&lst.name, reason]).inc();
+        let log = &held.log;
+        access_log(&lst.name, log, Some(&route.name), (sent_up + log.replayed, sent_down), reason);
+    }
+}
+
+/// Pre-routing, routing, upstream connect and hand-over. `None` when the connection was
+/// refused (answered, counted and logged here).
+async fn prepare(
+    shared: Arc<Shared>,
+    lst: Arc<ListenerRt>,
+    mut client: TcpStream,
+    peer: SocketAddr,
+    conn_id: crate::ConnId,
+    permit: proxy_core::accept::ConnPermit,
+) -> Option<Ready> {
     let started = Instant::now();
+    let active = lst.active_guard();
     tune_stream(&client);
-    let _active = lst.active_guard();
     let cfg = shared.config.load_full();
     let table = lst.table.load_full();
     let m = &shared.metrics;
@@ -378,14 +454,23 @@ async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpS
         alpn: None,
         connect_target: None,
         http_version: 1,
+        conn_id,
+        peer,
+        up_addr: None,
+        started,
+        replayed: 0,
     };
     let routed = tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
     let route = match routed {
         Ok(Ok(r)) => r,
-        Ok(Err(rej)) => return reject(&shared, &conn_id, name, client, peer, &pre, None, rej, started).await,
+        Ok(Err(rej)) => {
+            reject(&shared, name, client, &pre, None, rej).await;
+            return None;
+        }
         Err(_) => {
             let rej = Reject::new("handshake_timeout", Answer::Close);
-            return reject(&shared, &conn_id, name, client, peer, &pre, None, rej, started).await;
+            reject(&shared, name, client, &pre, None, rej).await;
+            return None;
         }
     };
     m.conn.handshake_seconds.with_label_values(&[name, pre.proto.label()]).observe(started.elapsed().as_secs_f64());
@@ -396,7 +481,8 @@ async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpS
             Proto::Connect => Answer::Http(403, format!("source {} not allowed for this destination", pre.client.ip())),
             Proto::Raw | Proto::Unknown => Answer::Close,
         };
-        return reject(&shared, &conn_id, name, client, peer, &pre, Some(&route), Reject::new("source_not_allowed", answer), started).await;
+        reject(&shared, name, client, &pre, Some(&route), Reject::new("source_not_allowed", answer)).await;
+        return None;
     }
 
     let connect_timeout = cfg.timeouts.connect.get();
@@ -405,7 +491,7 @@ async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpS
         Some(f) => m.conn.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
     })
     .await;
-    let Connected { stream: mut up, addr: up_addr, guard, .. } = match connected {
+    let Connected { stream: mut up, addr: up_addr, guard } = match connected {
         Ok(c) => c,
         Err(fail) => {
             let answer = match pre.proto {
@@ -416,14 +502,16 @@ async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpS
             };
             tracing::debug!(detail = %fail.detail, "all upstreams failed");
             let rej = Reject::new(fail.last.label(), answer);
-            return reject(&shared, &conn_id, name, client, peer, &pre, Some(&route), rej, started).await;
+            reject(&shared, name, client, &pre, Some(&route), rej).await;
+            return None;
         }
     };
 
     // Hand over what we read: PROXY header (ours), then the client's bytes. A CONNECT client
     // gets its 200 first, in a write of its own, and only the bytes after its head go upstream.
     let local = client.local_addr().unwrap_or(peer);
-    let header = proxy_header_out(&route, &pre, local, &conn_id);
+    pre.up_addr = Some(up_addr);
+    let header = proxy_header_out(&route, &pre, local);
     let payload = &pre.buf[pre.off + pre.head_len..];
     let handover = async {
         if pre.proto == Proto::Connect {
@@ -442,28 +530,26 @@ async fn serve_inner(shared: Arc<Shared>, lst: Arc<ListenerRt>, mut client: TcpS
     if let Err(reason) = tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
         m.conn.rejects.with_label_values(&[name, reason]).inc();
         m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
-        access_log(&conn_id, name, peer, &pre, Some(&route.name), Some(up_addr), (0, 0), started, reason);
-        return;
+        access_log(name, &pre, Some(&route.name), (0, 0), reason);
+        return None;
     }
-    let replayed = payload.len() as u64;
-    route.meters.to_upstream.inc_by(replayed);
+    pre.replayed = payload.len() as u64;
+    route.meters.to_upstream.inc_by(pre.replayed);
+    route.meters.ok.inc();
     // The pre-routing buffer is not needed any more: an idle relay holds no buffer.
     pre.buf = Vec::new();
-    route.meters.ok.inc();
-
-    let meters = Meters { to_upstream: Some(route.meters.to_upstream.clone()), to_client: Some(route.meters.to_client.clone()) };
-    let mut relay = transfer_tcp(client, up, cfg.timeouts.idle.get(), meters);
-    let reason = tokio::select! {
-        o = &mut relay => o.label(),
-        _ = shared.shutdown.kill.cancelled() => "shutdown",
-        _ = route.drained() => "route_drained",
-    };
-    let (sent_up, sent_down) = relay.counts();
-    let (c, u) = relay.into_inner();
-    close_pair(c, u, reason);
-    drop(guard);
-    m.conn.closes.with_label_values(&[name, reason]).inc();
-    access_log(&conn_id, name, peer, &pre, Some(&route.name), Some(up_addr), (sent_up + replayed, sent_down), started, reason);
+    Some(Ready {
+        client,
+        up,
+        route,
+        held: Box::new(Held {
+            log: pre,
+            _permit: permit,
+            _active: active,
+            _guard: guard,
+            idle: cfg.timeouts.idle.get(),
+        }),
+    })
 }
 
 /// End a relay: pass a reset on as a reset, otherwise close both with a FIN.
@@ -478,55 +564,52 @@ fn close_pair(client: TcpStream, up: TcpStream, reason: &str) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn reject(
-    shared: &Shared,
-    conn_id: &str,
-    listener: &str,
-    client: TcpStream,
-    peer: SocketAddr,
-    pre: &Pre,
-    route: Option<&Arc<Route>>,
-    rej: Reject,
-    started: Instant,
-) {
+async fn reject(shared: &Shared, listener: &str, client: TcpStream, pre: &Pre, route: Option<&Arc<Route>>, rej: Reject) {
     let m = &shared.metrics.conn;
     m.rejects.with_label_values(&[listener, rej.reason]).inc();
     let route = route.map(|r| &*r.name);
     m.connections.with_label_values(&[listener, route.unwrap_or("-"), rej.reason]).inc();
-    access_log(conn_id, listener, peer, pre, route, None, (0, 0), started, rej.reason);
+    access_log(listener, pre, route, (0, 0), rej.reason);
     refuse(client, &rej.answer, pre.http_version).await;
 }
 
-#[allow(clippy::too_many_arguments)]
-fn access_log(
-    conn_id: &str,
-    listener: &str,
-    peer: SocketAddr,
-    pre: &Pre,
-    route: Option<&str>,
-    upstream: Option<SocketAddr>,
-    (bytes_up, bytes_down): (u64, u64),
-    started: Instant,
-    reason: &str,
-) {
+fn access_log(listener: &str, pre: &Pre, route: Option<&str>, (bytes_up, bytes_down): (u64, u64), reason: &str) {
     tracing::info!(
         target: "access",
-        conn_id,
+        conn_id = %pre.conn_id,
         listener,
         client = %pre.client,
-        peer = %peer,
+        peer = %pre.peer,
         proxy_destination = pre.dst.map(|d| d.to_string()).as_deref().unwrap_or("-"),
         protocol = pre.proto.label(),
         sni = pre.sni.as_deref().unwrap_or("-"),
         alpn = pre.alpn.as_deref().unwrap_or("-"),
         connect = pre.connect_target.as_deref().unwrap_or("-"),
         route = route.unwrap_or("-"),
-        upstream = upstream.map(|u| u.to_string()).as_deref().unwrap_or("-"),
+        upstream = pre.up_addr.map(|u| u.to_string()).as_deref().unwrap_or("-"),
         bytes_up,
         bytes_down,
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        duration_ms = pre.started.elapsed().as_secs_f64() * 1000.0,
         reason,
         "connection closed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn connection_future_stays_small() {
+        let shared = std::sync::Arc::new(crate::test_shared());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let rt = crate::test_listener(&shared);
+        let limit = proxy_core::accept::ConnLimit::new(std::sync::Arc::new(tokio::sync::Semaphore::new(1)), None);
+        let permit = limit.acquire().await;
+        let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap(), permit);
+        // Every byte here is held by each open connection for its whole life: keep the relay
+        // state lean (the pre-relay phases are boxed and freed before the relay).
+        let size = std::mem::size_of_val(&f);
+        eprintln!("connection future: {size} bytes");
+        assert!(size <= 512, "per-connection future grew to {size} bytes");
+    }
 }

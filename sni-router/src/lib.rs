@@ -69,14 +69,30 @@ pub(crate) struct Shared {
     pub(crate) shutdown: Shutdown,
     conn_seq: AtomicU64,
     /// Random per process, so connection ids (and PROXY v2 UNIQUE_IDs) differ across restarts.
-    id_prefix: String,
+    id_prefix: u32,
     global_limit: Arc<Semaphore>,
 }
 
 impl Shared {
-    pub(crate) fn next_conn_id(&self) -> String {
-        let n = self.conn_seq.fetch_add(1, Ordering::Relaxed);
-        format!("{}-{n}", self.id_prefix)
+    pub(crate) fn next_conn_id(&self) -> ConnId {
+        ConnId {
+            prefix: self.id_prefix,
+            n: self.conn_seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+/// A connection id, unique per process run: `<random prefix>-<sequence>`. Formatted only when
+/// logged, so an open connection holds 12 bytes for it, not a string.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnId {
+    prefix: u32,
+    n: u64,
+}
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}-{}", self.prefix, self.n)
     }
 }
 
@@ -133,14 +149,14 @@ fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
     }
 }
 
-fn build_table(m: &Metrics, cfg: &ListenerCfg, old: Option<&Table>) -> Table {
+fn build_table(m: &Metrics, kill: &CancellationToken, cfg: &ListenerCfg, old: Option<&Table>) -> Table {
     let old_routes: HashMap<&str, &Arc<Route>> = old
         .map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect())
         .unwrap_or_default();
     Table::build(
         cfg,
         |rc: &RouteCfg| old_routes.get(rc.name.as_str()).filter(|r| r.cfg == *rc).map(|r| (*r).clone()),
-        |rc: &RouteCfg| new_route(rc, route_meters(m, &cfg.name, &rc.name)),
+        |rc: &RouteCfg| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
     )
 }
 
@@ -220,7 +236,7 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, Error> {
         metrics,
         shutdown: Shutdown::new(),
         conn_seq: AtomicU64::new(0),
-        id_prefix: format!("{:08x}", rand::random::<u32>()),
+        id_prefix: rand::random::<u32>(),
     });
     let mut pending = Vec::new();
     let mut listeners = BTreeMap::new();
@@ -250,7 +266,7 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, Error> {
 }
 
 fn new_listener_rt(shared: &Arc<Shared>, l: &ListenerCfg, addr: SocketAddr, old: Option<&Table>) -> Arc<ListenerRt> {
-    let table = build_table(&shared.metrics, l, old);
+    let table = build_table(&shared.metrics, &shared.shutdown.kill, l, old);
     Arc::new(ListenerRt {
         name: Arc::from(l.name.as_str()),
         table: ArcSwap::from_pointee(table),
@@ -299,14 +315,9 @@ impl Router {
             rt.stop.clone(),
             shared.shutdown.tracker.clone(),
             move |e| errors.with_label_values(&[&name, accept_error_label(e)]).inc(),
-            move |stream, peer, permit| {
-                let shared = shared.clone();
-                let rt = rt.clone();
-                async move {
-                    conn::serve(shared, rt, stream, peer).await;
-                    drop(permit);
-                }
-            },
+            // The connection future itself is the task (no wrapper around it): every byte of
+            // it is held by each open connection.
+            move |stream, peer, permit| conn::serve(shared.clone(), rt.clone(), stream, peer, permit),
         ));
     }
 
@@ -335,7 +346,7 @@ impl Router {
             match listeners.get(l.name.as_str()) {
                 Some(rt) if rt.cfg_listen == l.listen => {
                     let old_table = rt.table.load_full();
-                    let table = build_table(&self.shared.metrics, l, Some(&old_table));
+                    let table = build_table(&self.shared.metrics, &self.shared.shutdown.kill, l, Some(&old_table));
                     retire_replaced(&old_table, Some(&table));
                     rt.table.store(Arc::new(table));
                     if let (Some(sem), Some(old_n), Some(new_n)) = (&rt.local_limit, rt.max_connections, l.max_connections) {
@@ -449,4 +460,28 @@ impl Bound {
         admin_stop.cancel();
         drained
     }
+}
+
+#[cfg(test)]
+pub(crate) fn test_shared() -> Shared {
+    let reg = Registry::new();
+    let cfg = seedgate_config::router::parse("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n", "t.yaml").expect("valid");
+    Shared {
+        global_limit: Arc::new(Semaphore::new(10)),
+        config: ArcSwap::from_pointee(cfg),
+        metrics: Metrics {
+            conn: ConnMetrics::new(&reg),
+            reload: ReloadMetrics::new(&reg),
+            routes: metrics::gauge_vec(&reg, "seedgate_routes", "r", &["listener"]),
+        },
+        shutdown: Shutdown::new(),
+        conn_seq: AtomicU64::new(0),
+        id_prefix: 0,
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn test_listener(shared: &Arc<Shared>) -> Arc<ListenerRt> {
+    let cfg = shared.config.load_full();
+    new_listener_rt(shared, &cfg.listeners[0], "127.0.0.1:1".parse().expect("addr"), None)
 }

@@ -10,7 +10,6 @@ use seedgate_config::router::{
 use seedgate_config::{CidrPort, IpCidr};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -32,10 +31,10 @@ pub struct Route {
     pub send_proxy: SendProxy,
     pub allowed_sources: Vec<IpCidr>,
     pub meters: RouteMeters,
-    /// Cancelled when a reload changed or removed this route.
-    pub retired: CancellationToken,
-    /// Deadline (ms) for live connections after retirement; 0 = none. Set before `retired` fires.
-    drain_ms: AtomicU64,
+    /// Cancelled when this route's live connections must end: at the end of the shutdown grace
+    /// (it is a child of the kill token), or `drain_deadline` after a reload changed or removed
+    /// the route. One token per route, so a connection waits on a single small future.
+    pub end: CancellationToken,
 }
 
 impl Route {
@@ -43,20 +42,17 @@ impl Route {
         self.allowed_sources.is_empty() || self.allowed_sources.iter().any(|c| c.contains(ip))
     }
 
-    /// Mark the route as changed/removed; its live connections end after `deadline` if given.
+    /// Mark the route as changed/removed; its live connections end after `deadline` if given,
+    /// otherwise they run until they close by themselves.
     pub fn retire(&self, deadline: Option<Duration>) {
-        let ms = deadline.map(|d| d.as_millis().max(1) as u64).unwrap_or(0);
-        self.drain_ms.store(ms, Ordering::SeqCst);
-        self.retired.cancel();
-    }
-
-    /// Completes when a live connection of this route must end: after retirement plus the
-    /// drain deadline. Never completes when no deadline applies.
-    pub async fn drained(&self) {
-        self.retired.cancelled().await;
-        match self.drain_ms.load(Ordering::SeqCst) {
-            0 => std::future::pending().await,
-            ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+        if let Some(d) = deadline {
+            let end = self.end.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => end.cancel(),
+                    _ = end.cancelled() => {}
+                }
+            });
         }
     }
 }
@@ -211,8 +207,8 @@ impl Table {
     }
 }
 
-/// Build a fresh route object (new upstream state, not retired).
-pub fn new_route(cfg: &RouteCfg, meters: RouteMeters) -> Arc<Route> {
+/// Build a fresh route object (new upstream state). `kill` is the shutdown kill token.
+pub fn new_route(cfg: &RouteCfg, meters: RouteMeters, kill: &CancellationToken) -> Arc<Route> {
     Arc::new(Route {
         name: Arc::from(cfg.name.as_str()),
         cfg: cfg.clone(),
@@ -221,7 +217,6 @@ pub fn new_route(cfg: &RouteCfg, meters: RouteMeters) -> Arc<Route> {
         send_proxy: cfg.send_proxy_protocol,
         allowed_sources: cfg.allowed_sources.clone(),
         meters,
-        retired: CancellationToken::new(),
-        drain_ms: AtomicU64::new(0),
+        end: kill.child_token(),
     })
 }

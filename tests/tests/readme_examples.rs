@@ -1,0 +1,165 @@
+//! The README's YAML examples are real configs: each block marked `<!-- example: NAME -->` and
+//! each "config reference" block parses with the parser of the binary it documents, and the
+//! third-party examples (kube-apiserver egress selector, Prometheus) carry the fields that
+//! connect them to proxy-server.
+
+use serde_json::Value;
+use std::path::Path;
+
+fn readme() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+/// The fenced ```yaml block starting at or after line `from` (the fence must be the first
+/// non-blank line), as text.
+fn yaml_block_after(lines: &[&str], from: usize, what: &str) -> String {
+    let mut i = from;
+    while i < lines.len() && lines[i].trim().is_empty() {
+        i += 1;
+    }
+    assert!(
+        lines.get(i).is_some_and(|l| l.trim() == "```yaml"),
+        "{what}: expected a ```yaml fence on README line {}, found {:?}",
+        i + 1,
+        lines.get(i)
+    );
+    let body: Vec<&str> = lines[i + 1..].iter().take_while(|l| l.trim() != "```").copied().collect();
+    assert!(i + 1 + body.len() < lines.len(), "{what}: the ```yaml block is not closed");
+    body.join("\n") + "\n"
+}
+
+/// The block marked `<!-- example: NAME -->`.
+fn example(name: &str) -> String {
+    let text = readme();
+    let lines: Vec<&str> = text.lines().collect();
+    let marker = format!("<!-- example: {name} -->");
+    let at: Vec<usize> = lines.iter().enumerate().filter(|(_, l)| l.trim() == marker).map(|(i, _)| i).collect();
+    assert_eq!(at.len(), 1, "README must mark exactly one block {marker}");
+    yaml_block_after(&lines, at[0] + 1, name)
+}
+
+/// The block directly under the heading `heading`.
+fn under_heading(heading: &str) -> String {
+    let text = readme();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines.iter().position(|l| l.trim() == heading).unwrap_or_else(|| panic!("README has no heading {heading:?}"));
+    yaml_block_after(&lines, at + 1, heading)
+}
+
+/// YAML documents separated by `---` lines.
+fn documents(yaml: &str) -> Vec<String> {
+    let mut docs = vec![String::new()];
+    for l in yaml.lines() {
+        if l.trim_end() == "---" {
+            docs.push(String::new());
+        } else {
+            let d = docs.last_mut().expect("never empty");
+            d.push_str(l);
+            d.push('\n');
+        }
+    }
+    docs
+}
+
+fn generic(yaml: &str, what: &str) -> Value {
+    serde_saphyr::from_str::<Value>(yaml).unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}\n{yaml}"))
+}
+
+fn show<E: std::fmt::Display>(r: Result<impl Sized, E>, what: &str, yaml: &str) {
+    if let Err(e) = r {
+        panic!("{what} does not parse:\n{e}\n--- the block ---\n{yaml}");
+    }
+}
+
+#[test]
+fn p2_proxy_protocol_example() {
+    let docs = documents(&example("p2-proxy-protocol"));
+    assert_eq!(docs.len(), 2, "agent part, then router part");
+    let agent = seedgate_config::agent::parse(&docs[0], "README p2-proxy-protocol (agent)").unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
+    let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
+    assert_eq!(ap.mode, seedgate_config::agent::Mode::ProxyProtocolV2);
+    let router = seedgate_config::router::parse(&docs[1], "README p2-proxy-protocol (router)").unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
+    let l = &router.listeners[0];
+    assert_eq!(l.proxy_protocol, seedgate_config::router::ProxyProtocolMode::Required);
+    // The router's destination route names the address the agent listens on.
+    let listen = ap.listen[0].socket_addr().expect("the agent listens on ip:port");
+    assert!(
+        l.routes.iter().any(|r| r.destination.iter().any(|d| d.matches_ip_port(listen.ip(), listen.port()))),
+        "a destination route must match the agent's listen address {listen}"
+    );
+}
+
+#[test]
+fn p2_http_connect_example() {
+    let docs = documents(&example("p2-http-connect"));
+    assert_eq!(docs.len(), 2, "agent part, then router part");
+    let agent = seedgate_config::agent::parse(&docs[0], "README p2-http-connect (agent)").unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
+    let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
+    assert_eq!(ap.mode, seedgate_config::agent::Mode::HttpConnect);
+    let dest = ap.destination.clone().expect("http-connect needs destination");
+    let router = seedgate_config::router::parse(&docs[1], "README p2-http-connect (router)").unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
+    let routes = &router.listeners[0].routes;
+    // The agent's header value is one the router lists, under the same header name.
+    assert!(
+        routes.iter().any(|r| r.connect.as_ref().is_some_and(|c| {
+            c.header.as_deref().is_some_and(|h| h.eq_ignore_ascii_case(&ap.destination_header)) && c.values.contains(&dest)
+        })),
+        "no CONNECT route lists {dest:?}"
+    );
+    // The reversed-VPN route's regex matches the value OpenVPN sends.
+    let vpn = routes.iter().find_map(|r| r.connect.as_ref().filter(|c| c.header.as_deref() == Some("Reversed-VPN")));
+    let re = vpn.and_then(|c| c.regex.clone()).expect("a Reversed-VPN regex route");
+    let re = regex_lite_match(&re, "outbound|1194||vpn-seed-server.shoot--a.svc.cluster.local");
+    assert!(re, "the Reversed-VPN regex must match the OpenVPN header value");
+}
+
+/// Tiny matcher for the README's regex, which only escapes `|` and `.`: compare it with the
+/// value after unescaping (keeps the regex crate out of the test dependencies).
+fn regex_lite_match(re: &str, value: &str) -> bool {
+    let mut out = String::new();
+    let mut chars = re.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            '|' | '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '^' | '$' => return false,
+            c => out.push(c),
+        }
+    }
+    out == value
+}
+
+#[test]
+fn config_references_parse() {
+    let y = under_heading("### sni-router config reference");
+    show(seedgate_config::router::parse(&y, "README sni-router reference"), "the sni-router reference", &y);
+    let y = under_heading("### proxy-agent config reference");
+    show(seedgate_config::agent::parse(&y, "README proxy-agent reference"), "the proxy-agent reference", &y);
+    let y = under_heading("### proxy-server config reference");
+    show(seedgate_config::server::parse(&y, "README proxy-server reference"), "the proxy-server reference", &y);
+}
+
+#[test]
+fn egress_selector_example() {
+    let v = generic(&example("egress-selector"), "egress-selector");
+    assert_eq!(v["kind"], "EgressSelectorConfiguration");
+    assert_eq!(v["apiVersion"], "apiserver.k8s.io/v1beta1");
+    let sel = &v["egressSelections"][0];
+    assert_eq!(sel["name"], "cluster");
+    assert_eq!(sel["connection"]["proxyProtocol"], "HTTPConnect");
+    let uds = sel["connection"]["transport"]["uds"]["udsName"].as_str().expect("uds.udsName");
+    assert!(uds.starts_with('/') && uds.ends_with(".sock"), "{uds}");
+    // The socket is one a proxy-server front end can listen on (the reference's example path).
+    let server_ref = under_heading("### proxy-server config reference");
+    assert!(server_ref.contains(uds), "the proxy-server reference should show unix: {uds}");
+}
+
+#[test]
+fn prometheus_proxy_url_example() {
+    let v = generic(&example("prometheus-proxy-url"), "prometheus-proxy-url");
+    let job = &v["scrape_configs"][0];
+    let url = job["proxy_url"].as_str().expect("proxy_url");
+    assert!(url.starts_with("http://") && url.rsplit(':').next().is_some_and(|p| p.parse::<u16>().is_ok()), "{url}");
+    let target = job["static_configs"][0]["targets"][0].as_str().expect("a target");
+    assert!(target.parse::<std::net::SocketAddr>().is_ok(), "{target}");
+}
