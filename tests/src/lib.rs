@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod backend;
 pub mod netns;
+pub mod peers;
 pub mod pki;
 pub mod poll;
 pub mod proc;
