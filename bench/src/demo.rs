@@ -9,13 +9,19 @@ use testbed::pki::{self, Ca};
 use testbed::tls_client::{TlsFailure, http_get_request, tls_request};
 use testbed::{Proc, TempDir, TlsHttpBackend, ensure_built, poll_until};
 
-/// The binaries the demo runs; proxy-server and proxy-agent join when their paths are shown.
-const BINARIES: &[&str] = &["sni-router"];
+/// The binaries the demo runs.
+const BINARIES: &[&str] = &["sni-router", "proxy-agent", "proxy-server"];
 
 const SHOOT_A: &str = "api.shoot-a.example.com";
 const SHOOT_B: &str = "api.shoot-b.example.com";
 const NOBODY: &str = "api.nobody.example.com";
 const CLIENT_CN: &str = "demo-client";
+/// The kube-apiserver's "advertised address" each node-local proxy listens on (loopback here).
+const P2_PP_IP: &str = "127.0.0.3";
+const P2_CONNECT_IP: &str = "127.0.0.4";
+const P2_DEST: &str = "outbound|443||kube-apiserver.shoot--a.svc.cluster.local";
+const CLUSTER: &str = "shoot-a";
+const PROXY_NAME: &str = "proxy.seed.local";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -67,6 +73,8 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     // shoot-b requires a client certificate: mTLS runs end to end through the router.
     let backend_b = TlsHttpBackend::start("shoot-b", &cert_b, Some(&ca)).await?;
 
+    // Two listeners: the public gateway (P1, SNI) and the port the node-local apiserver
+    // proxies send to (P2: PROXY v2 destination or CONNECT header), as Gardener's :443 and :8443.
     let config = format!(
         "\
 admin: {{ listen: 127.0.0.1:0 }}
@@ -78,13 +86,24 @@ listeners:
     routes:
       - name: shoot-a-api
         sni: [{SHOOT_A}]
-        upstreams: [{}]
+        upstreams: [{a}]
       - name: shoot-b
         sni: [\"*.shoot-b.example.com\"]
-        upstreams: [{}]
+        upstreams: [{b}]
+  - name: apiserver-proxy
+    listen: 127.0.0.1:0
+    proxy_protocol: optional
+    trusted_proxies: [127.0.0.0/8]
+    routes:
+      - name: shoot-a-legacy
+        destination: [{P2_PP_IP}/32]
+        upstreams: [{a}]
+      - name: shoot-a-connect
+        connect: {{ header: X-Gardener-Destination, values: [\"{P2_DEST}\"] }}
+        upstreams: [{a}]
 ",
-        backend_a.addr(),
-        backend_b.addr()
+        a = backend_a.addr(),
+        b = backend_b.addr()
     );
     let config_path = dir.write("sni-router.yaml", &config)?;
     let (mut router, addrs) = Proc::start_seedgate(router_bin, &config_path, &[]).await?;
@@ -168,8 +187,15 @@ listeners:
         }
     }
 
+    let mut others = Vec::new();
+    p2(&mut r, &args, &dir, &bins, &ca, &cfg, &addrs, &mut others).await?;
+    tunnel(&mut r, &dir, &bins, &ca, &mut others).await?;
+
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
     metrics(&mut r, admin).await;
+    for p in &mut others {
+        let _ = p.signal(libc::SIGTERM);
+    }
 
     r.heading("shutdown  (SIGTERM)");
     router.signal(libc::SIGTERM)?;
@@ -210,6 +236,172 @@ listeners:
         println!("sni-router log (last lines):\n{tail}");
         Ok(false)
     }
+}
+
+/// P2: the node-local apiserver proxy in both modes, into the router's `apiserver-proxy`
+/// listener, with a TLS client on the "node side" that must see the shoot-a apiserver.
+#[allow(clippy::too_many_arguments)]
+async fn p2(
+    r: &mut Report,
+    _args: &Args,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    cfg: &std::sync::Arc<rustls::ClientConfig>,
+    router: &testbed::Addresses,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
+    let gateway = router.listener("apiserver-proxy")?;
+    let _ = ca;
+    for (mode, ip, extra) in [
+        ("proxy-protocol-v2", P2_PP_IP, String::new()),
+        ("http-connect", P2_CONNECT_IP, format!("  destination: \"{P2_DEST}\"\n")),
+    ] {
+        let yaml = format!(
+            "admin: {{ listen: 127.0.0.1:0 }}\napiserver_proxy:\n  listen: [{ip}:0]\n  gateway: {gateway}\n  mode: {mode}\n{extra}"
+        );
+        let path = dir.write(&format!("proxy-agent-{mode}.yaml"), &yaml)?;
+        let (agent, a) = Proc::start_seedgate(&bins[1], &path, &[]).await?;
+        let listen = a.listener("apiserver-proxy")?;
+        r.heading(&format!("P2 pod -> proxy-agent {listen} ({mode}) -> sni-router {gateway} -> shoot-a apiserver"));
+        match tls_request(listen, Some(SHOOT_A), cfg.clone(), &http_get_request(SHOOT_A, "/api")).await {
+            Ok(res) => {
+                let cn = res.peer_cn.clone().unwrap_or_default();
+                r.check(cn == SHOOT_A, "certificate", &format!("CN={cn}"));
+                let body = res.body();
+                r.check(body.contains("backend=shoot-a "), "answered by", body.trim());
+            }
+            Err(e) => r.check(false, "request", &format!("{e:#}")),
+        }
+        procs.push(agent);
+    }
+    Ok(())
+}
+
+/// P3-P5: proxy-server and a proxy-agent that dials out to it; a seed-side CONNECT to a TLS
+/// backend "in the shoot", and a forward-proxied plain-HTTP GET (what Prometheus sends).
+async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, procs: &mut Vec<Proc>) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server")?;
+    let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
+    let ca_path = ca.write(dir.path(), "ca")?;
+    let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
+    let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
+    let server_yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
+        srv_crt.display(),
+        srv_key.display(),
+        ca_path.display()
+    );
+    let (server, s) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server.yaml", &server_yaml)?, &[]).await?;
+    let agents = s.listener("agents")?;
+    let egress = s.listener("egress")?;
+    let s_admin = s.admin()?;
+    let agent_yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{agents}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {PROXY_NAME} }}\n  allow: [127.0.0.0/8]\n",
+        agent_crt.display(),
+        agent_key.display(),
+        ca_path.display()
+    );
+    let (agent, _) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
+    procs.push(server);
+    procs.push(agent);
+
+    r.heading(&format!("P3 proxy-agent dials out to proxy-server {agents} (mTLS, CN={CLUSTER})"));
+    let up = poll_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+        let (code, body) = http_get(s_admin, "/readyz?verbose").await?;
+        anyhow::ensure!(code == 200, "not ready yet");
+        Ok(body)
+    })
+    .await;
+    match up {
+        Ok(body) => {
+            let line = body.lines().find(|l| l.contains("cluster-")).unwrap_or("").trim().to_owned();
+            r.check(true, "proxy-server /readyz", &line)
+        }
+        Err(e) => r.check(false, "proxy-server /readyz", &format!("{e:#}")),
+    }
+
+    r.heading(&format!("P4 CONNECT {} through proxy-server {egress} and the tunnel (kube-apiserver -> kubelet)", kubelet.addr()));
+    let connect = async {
+        let mut s = tokio::net::TcpStream::connect(egress).await?;
+        s.write_all(format!("CONNECT {} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", kubelet.addr()).as_bytes()).await?;
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            anyhow::ensure!(s.read(&mut b).await? == 1, "closed before the response head");
+            head.push(b[0]);
+        }
+        let status = String::from_utf8_lossy(&head).lines().next().unwrap_or("").to_owned();
+        let cc = pki::client_config(ca, None, &[])?;
+        let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
+        let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
+        tls.write_all(&http_get_request("kubelet.shoot-a", "/containerLogs/kube-system/etcd-0/etcd")).await?;
+        let mut resp = Vec::new();
+        let _ = tls.read_to_end(&mut resp).await;
+        anyhow::Ok((status, String::from_utf8_lossy(&resp).into_owned()))
+    };
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok((status, resp))) => {
+            r.check(status.contains(" 200 "), "proxy-server answered", &status);
+            let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned();
+            r.check(body.contains("backend=kubelet "), "TLS through the tunnel, answered by", &body);
+        }
+        Ok(Err(e)) => r.check(false, "CONNECT", &format!("{e:#}")),
+        Err(_) => r.check(false, "CONNECT", "no answer within 10s"),
+    }
+
+    r.heading(&format!("P5 GET http://{}/metrics through proxy-server (Prometheus proxy_url)", node_exporter.addr()));
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(egress).await?;
+        s.write_all(format!("GET http://{0}/metrics HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", node_exporter.addr()).as_bytes()).await?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await?;
+        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), get).await {
+        Ok(Ok(resp)) => {
+            let status = resp.lines().next().unwrap_or("").to_owned();
+            r.check(status.contains(" 200 "), "status", &status);
+            let sample = resp.lines().find(|l| l.starts_with("node_") || l.contains("up")).unwrap_or("").to_owned();
+            r.check(!sample.is_empty(), "scraped", &sample);
+        }
+        Ok(Err(e)) => r.check(false, "GET", &format!("{e:#}")),
+        Err(_) => r.check(false, "GET", "no answer within 10s"),
+    }
+
+    r.heading(&format!("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)"));
+    let refused = async {
+        let mut s = tokio::net::TcpStream::connect(egress).await?;
+        s.write_all(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await?;
+        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), refused).await {
+        Ok(Ok(resp)) => {
+            let status = resp.lines().next().unwrap_or("").to_owned();
+            let reason = resp.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned();
+            r.check(status.contains(" 403 "), "refused", &format!("{status} -- {reason}"));
+        }
+        Ok(Err(e)) => r.check(false, "CONNECT", &format!("{e:#}")),
+        Err(_) => r.check(false, "CONNECT", "no answer within 10s"),
+    }
+
+    r.heading(&format!("proxy-server metrics  (GET http://{s_admin}/metrics)"));
+    if let Ok((_, text)) = http_get(s_admin, "/metrics").await {
+        for l in text.lines().filter(|l| {
+            l.starts_with("seedgate_agents_connected")
+                || l.starts_with("seedgate_tunnel_streams_opened_total")
+                || l.starts_with("seedgate_tunnel_dial_failures_total")
+                || l.starts_with("seedgate_frontend_requests_total")
+        }) {
+            println!("       {l}");
+        }
+        let opened = metric_sum(&text, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]);
+        r.check(opened >= 2.0, "streams opened through the tunnel", &format!("{opened}"));
+    }
+    Ok(())
 }
 
 /// The counters the demo's traffic must have moved: (what, met?).

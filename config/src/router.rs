@@ -243,7 +243,8 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
         if !listener_names.insert(l.name.value.clone()) {
             p.push(l.name.at(), format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
         }
-        if !addrs.insert(l.listen.clone()) {
+        // Port 0 (the kernel picks one) never collides.
+        if l.listen.port != 0 && !addrs.insert(l.listen.clone()) {
             p.push(l.name.at(), format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
         }
         if l.proxy_protocol != ProxyProtocolMode::Off && l.trusted_proxies.is_empty() {
