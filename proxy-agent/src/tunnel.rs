@@ -34,7 +34,7 @@ impl TunnelMetrics {
     pub fn new(reg: &Registry) -> Self {
         Self {
             sessions: gauge_vec(reg, "seedgate_tunnel_sessions_connected", "1 while the session to a server is up, by server.", &["server"]),
-            reconnects: counter_vec(reg, "seedgate_tunnel_reconnects_total", "Session (re)connect attempts after the first, by server and result.", &["server", "result"]),
+            reconnects: counter_vec(reg, "seedgate_tunnel_reconnects_total", "Session (re)connect attempts after the first, by server and result (ok: the session came up, failed: it did not).", &["server", "result"]),
             streams_active: gauge(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now."),
             streams_opened: counter_vec(reg, "seedgate_tunnel_streams_opened_total", "Tunnel streams dialled successfully, by server.", &["server"]),
             dial_seconds: seconds_histogram(reg, "seedgate_tunnel_dial_duration_seconds", "Time to connect to a target in the shoot, by result.", &["result"]),
@@ -144,15 +144,18 @@ async fn session_loop(t: Arc<Tunnel>, server: HostPort, stop: CancellationToken,
             return;
         }
         let started = Instant::now();
-        let result = connect_and_serve(&t, &server, &label, stop.clone(), tracker.clone()).await;
+        let mut up = false;
+        let result = connect_and_serve(&t, &server, &label, !first, &mut up, stop.clone(), tracker.clone()).await;
         t.set_status(&label, false);
         let cfg = t.cfg.load();
         match &result {
             Ok(()) => tracing::info!(server = %label, "tunnel session closed"),
             Err(e) => tracing::warn!(server = %label, error = %e, "tunnel session failed"),
         }
-        if !first {
-            t.metrics.reconnects.with_label_values(&[label.as_str(), if result.is_ok() { "closed" } else { "failed" }]).inc();
+        // A reconnect that came up was counted at once (in connect_and_serve), not only when
+        // that session ends too; one that failed is counted here.
+        if !first && !up {
+            t.metrics.reconnects.with_label_values(&[label.as_str(), "failed"]).inc();
         }
         first = false;
         // A session that stayed up a while resets the back-off: the next failure is fresh.
@@ -169,7 +172,17 @@ async fn session_loop(t: Arc<Tunnel>, server: HostPort, stop: CancellationToken,
     }
 }
 
-async fn connect_and_serve(t: &Arc<Tunnel>, server: &HostPort, label: &str, stop: CancellationToken, tracker: TaskTracker) -> Result<(), String> {
+/// Connect, then serve the session until it ends. `up` is set once the session is established
+/// (then a `reconnect` is counted as `ok`).
+async fn connect_and_serve(
+    t: &Arc<Tunnel>,
+    server: &HostPort,
+    label: &str,
+    reconnect: bool,
+    up: &mut bool,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) -> Result<(), String> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
     let (tcp, addr) = proxy_core::net::connect_host(server, timeout).await.map_err(|e| format!("connect {server}: {e}"))?;
@@ -185,6 +198,10 @@ async fn connect_and_serve(t: &Arc<Tunnel>, server: &HostPort, label: &str, stop
     }
     tracing::info!(server = %label, %addr, "tunnel session up");
     t.set_status(label, true);
+    *up = true;
+    if reconnect {
+        t.metrics.reconnects.with_label_values(&[label, "ok"]).inc();
+    }
     let handler: Arc<dyn AgentHandler> = Arc::new(Handler { t: t.clone(), server: label.to_owned() });
     run_agent_session(tls, &settings(&cfg), handler, stop, tracker).await.map_err(|e| e.to_string())
 }

@@ -54,11 +54,36 @@ impl Ctx<'_> {
     }
 }
 
+/// A front-end connection that can end with a reset instead of an orderly close, so a reset of
+/// the tunnel stream (the target reset, or the agent's session broke mid-stream) reaches the
+/// client as one: a FIN would make a cut-off transfer look complete.
+pub trait Abort {
+    /// Make the coming close a reset (TCP: zero linger, so the close sends RST).
+    fn abort_on_close(&self);
+}
+
+impl Abort for tokio::net::TcpStream {
+    fn abort_on_close(&self) {
+        proxy_core::net::reset_on_close(self);
+    }
+}
+
+impl Abort for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    fn abort_on_close(&self) {
+        proxy_core::net::reset_on_close(self.get_ref().0);
+    }
+}
+
+/// A Unix stream socket has no reset; the close is all the client gets.
+impl Abort for tokio::net::UnixStream {
+    fn abort_on_close(&self) {}
+}
+
 /// Serve one front-end connection (after TLS, if any). `cert_cluster` is the client
 /// certificate's CN when the front end derives the cluster from it.
 pub async fn serve<S>(shared: Arc<Shared>, fe: Arc<FrontendRt>, mut io: S, peer: String, cert_cluster: Option<String>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Abort + Unpin + Send + 'static,
 {
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
@@ -180,7 +205,7 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay<S>(shared: &Shared, ctx: &Ctx<'_>, mut io: S, mut stream: TunnelStream, pipelined: Vec<u8>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Abort + Unpin + Send,
 {
     let m = &shared.metrics;
     let active = m.streams_active.with_label_values(&[ctx.cluster]);
@@ -211,6 +236,12 @@ where
     let (mut client, mut stream) = t.into_inner();
     match reason {
         "client_reset" | "client_error" => stream.reset(),
+        // The target reset, or the stream broke (e.g. the agent's session died): pass the
+        // reset on (DESIGN: a reset on one side resets the other).
+        "upstream_reset" | "upstream_error" => {
+            stream.reset();
+            client.abort_on_close();
+        }
         // A drain ends the stream cleanly: FIN towards both ends.
         "cluster_drained" | "shutdown" => {
             let _ = stream.shutdown().await;
@@ -236,6 +267,24 @@ fn simple(status: StatusCode, msg: String) -> Response<Body> {
 
 /// Hop-by-hop headers a forward proxy must not pass on (RFC 9110 §7.6.1).
 const HOP_BY_HOP: &[&str] = &["connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "te", "trailer", "upgrade"];
+
+/// Remove the hop-by-hop headers, and those the `Connection` header names, in either direction:
+/// they describe one hop (client to us, or the tunnel stream to the target), not the other.
+fn strip_hop_by_hop(h: &mut http::HeaderMap) {
+    let named: Vec<http::HeaderName> = h
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(*n);
+    }
+}
 
 async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx<'_>, io: S)
 where
@@ -268,9 +317,7 @@ where
             // Origin-form towards the target; the Host header stays as the client sent it.
             let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
             *req.uri_mut() = path.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
-            for h in HOP_BY_HOP {
-                req.headers_mut().remove(*h);
-            }
+            strip_hop_by_hop(req.headers_mut());
             if !req.headers().contains_key(http::header::HOST) {
                 if let Ok(v) = http::HeaderValue::from_str(auth.as_str()) {
                     req.headers_mut().insert(http::header::HOST, v);
@@ -285,7 +332,13 @@ where
             }
             .await;
             let r = match resp {
-                Ok(r) => r.map(|b| b.boxed()),
+                Ok(r) => {
+                    // The target's `Connection: close` ends the tunnel stream, not the client's
+                    // connection, which stays open for its next request.
+                    let mut r = r.map(|b| b.boxed());
+                    strip_hop_by_hop(r.headers_mut());
+                    r
+                }
                 Err(e) => simple(StatusCode::BAD_GATEWAY, format!("target {target}: {e}")),
             };
             shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();

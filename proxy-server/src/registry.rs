@@ -231,7 +231,8 @@ impl Registry {
     }
 
     /// Open a stream to `target` through an agent of `cluster`: the least busy of two random
-    /// sessions; a transport failure before the agent answered is retried once on another one.
+    /// sessions; a transport failure before the agent answered, or an agent that turns out to
+    /// be shutting down, is retried once on another one.
     pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
         match self.mode(cluster).mode {
             ClusterMode::Fenced => {
@@ -251,7 +252,8 @@ impl Registry {
             tried.push(s.id);
             match s.opener.open(target, timeout).await {
                 Ok(st) => return Ok(st),
-                Err(e @ DialError::Transport(_)) => last = e,
+                // Nothing reached the target: another agent may take it.
+                Err(e @ (DialError::Transport(_) | DialError::Draining(_))) => last = e,
                 Err(e) => return Err(e),
             }
         }

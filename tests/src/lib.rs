@@ -20,6 +20,7 @@ pub mod poll;
 pub mod proc;
 pub mod tls_client;
 pub mod tmp;
+pub mod tunnel_kit;
 
 pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};
 pub use backend::{HttpBackend, TcpEcho, TcpSink, TlsHttpBackend};

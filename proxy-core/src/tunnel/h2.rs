@@ -48,7 +48,23 @@ pub struct H2Opener {
     send: client::SendRequest<Bytes>,
     active: Arc<AtomicUsize>,
     closed: CancellationToken,
+    /// The agent sent GOAWAY (it is shutting down): streams it has keep going, new ones must
+    /// go to another agent.
+    draining: AtomicBool,
     control: mpsc::Sender<ControlMsg>,
+}
+
+impl H2Opener {
+    /// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried
+    /// on another agent), anything else is a transport failure.
+    fn open_error(&self, e: h2::Error) -> DialError {
+        if e.is_go_away() && e.is_remote() {
+            self.draining.store(true, Ordering::Relaxed);
+            DialError::Draining(format!("the agent is shutting down ({e})"))
+        } else {
+            DialError::Transport(e.to_string())
+        }
+    }
 }
 
 /// Counts a stream as active until dropped.
@@ -123,11 +139,9 @@ impl Opener for H2Opener {
                 .map_err(|e| DialError::BadTarget(format!("{target}: {e}")))?;
             let send = self.send.clone();
             let fut = async move {
-                let mut ready = send.ready().await.map_err(|e| DialError::Transport(e.to_string()))?;
-                let (resp, stream) = ready
-                    .send_request(req, false)
-                    .map_err(|e| DialError::Transport(e.to_string()))?;
-                let resp = resp.await.map_err(|e| DialError::Transport(e.to_string()))?;
+                let mut ready = send.ready().await.map_err(|e| self.open_error(e))?;
+                let (resp, stream) = ready.send_request(req, false).map_err(|e| self.open_error(e))?;
+                let resp = resp.await.map_err(|e| self.open_error(e))?;
                 Ok::<_, DialError>((resp, stream))
             };
             let (resp, stream) = match tokio::time::timeout(timeout, fut).await {
@@ -156,7 +170,7 @@ impl Opener for H2Opener {
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.is_cancelled()
+        self.closed.is_cancelled() || self.draining.load(Ordering::Relaxed)
     }
 }
 
@@ -195,6 +209,7 @@ where
         send: send.clone(),
         active: Arc::new(AtomicUsize::new(0)),
         closed: closed.clone(),
+        draining: AtomicBool::new(false),
         control: ctl_tx,
     });
     let hello = Arc::new(Mutex::new(None));

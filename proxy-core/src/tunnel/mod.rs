@@ -183,7 +183,8 @@ pub trait Opener: Send + Sync + 'static {
     fn control(&self, msg: &ControlMsg) -> Result<(), DialError>;
     /// Streams open on this session now.
     fn active_streams(&self) -> usize;
-    /// True once the session is gone (the transport closed or keepalive failed).
+    /// True once the session takes no new streams: it is gone (the transport closed or
+    /// keepalive failed) or the agent announced its shutdown.
     fn is_closed(&self) -> bool;
 }
 
