@@ -23,6 +23,7 @@ default_fn! {
     ka_timeout_default: Dur = Dur::secs(15);
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
+    rehome_drain_default: Dur = Dur::secs(30);
 }
 
 /// Header that carries `destination` in `http-connect` mode unless `destination_header` says otherwise.
@@ -140,6 +141,11 @@ pub struct Tunnel {
     /// Reported to the server (readiness, logs). Default: `$NODE_NAME`, else the host name.
     #[serde(default)]
     pub node_name: Option<String>,
+    /// When a server name starts resolving elsewhere, the agent opens a session to the new
+    /// address and lets the old session's streams finish for this long. (A move notice from the
+    /// server carries its own deadline.) Default `30s`.
+    #[serde(default = "rehome_drain_default")]
+    pub rehome_drain: Dur,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -315,6 +321,7 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         ("keepalive.timeout", t.keepalive.timeout),
         ("reconnect.initial", t.reconnect.initial),
         ("reconnect.max", t.reconnect.max),
+        ("rehome_drain", t.rehome_drain),
     ] {
         if d.get().is_zero() {
             p.push(at, format!("{f}.{name}"), "must be positive");

@@ -1,4 +1,4 @@
-//! The agent end of the reverse tunnel: one outbound session per configured server, and dials within the allowlist.
+//! The agent end of the reverse tunnel: one outbound session per configured server (re-homed make-before-break), and dials within the allowlist.
 
 use arc_swap::ArcSwap;
 use proxy_core::copy::{transfer, Meters, Outcome, Side};
@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,8 +55,8 @@ pub struct Tunnel {
     /// Streams open across all sessions (the `max_streams` limit applies to the sum).
     active: AtomicUsize,
     node: String,
-    /// Per-server session state for readiness.
-    pub status: Mutex<std::collections::BTreeMap<String, bool>>,
+    /// Per-server session state for readiness: up, and what it is connected to.
+    pub status: Mutex<std::collections::BTreeMap<String, (bool, String)>>,
     /// The shutdown grace is over: live streams end now.
     kill: CancellationToken,
 }
@@ -115,78 +116,42 @@ impl Tunnel {
             .lock()
             .expect("not poisoned")
             .iter()
-            .map(|(s, up)| proxy_core::admin::Check::new(format!("tunnel-{s}"), *up, if *up { "session up" } else { "not connected" }))
+            .map(|(s, (up, detail))| proxy_core::admin::Check::new(format!("tunnel-{s}"), *up, detail.clone()))
             .collect()
     }
 
-    fn set_status(&self, server: &str, up: bool) {
-        self.status.lock().expect("not poisoned").insert(server.to_owned(), up);
+    fn set_status(&self, server: &str, up: bool, detail: &str) {
+        self.status.lock().expect("not poisoned").insert(server.to_owned(), (up, detail.to_owned()));
         self.metrics.sessions.with_label_values(&[server]).set(i64::from(up));
     }
 
     /// Start one session loop per configured server.
     pub fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
         for server in self.cfg.load().servers.clone() {
-            self.set_status(&server.to_string(), false);
-            tokio::spawn(session_loop(self.clone(), server, stop.clone(), tracker.clone()));
+            self.set_status(&server.to_string(), false, "not connected yet");
+            tokio::spawn(slot_loop(self.clone(), server, stop.clone(), tracker.clone()));
         }
     }
 }
 
-/// Keep a session to `server` up: connect, serve, and after it ends reconnect with exponential
-/// back-off and jitter. The name is resolved afresh on every attempt.
-async fn session_loop(t: Arc<Tunnel>, server: HostPort, stop: CancellationToken, tracker: TaskTracker) {
-    let label = server.to_string();
-    let mut backoff = t.cfg.load().reconnect.initial.get();
-    let mut first = true;
-    loop {
-        if stop.is_cancelled() {
-            return;
-        }
-        let started = Instant::now();
-        let mut up = false;
-        let result = connect_and_serve(&t, &server, &label, !first, &mut up, stop.clone(), tracker.clone()).await;
-        t.set_status(&label, false);
-        let cfg = t.cfg.load();
-        match &result {
-            Ok(()) => tracing::info!(server = %label, "tunnel session closed"),
-            Err(e) => tracing::warn!(server = %label, error = %e, "tunnel session failed"),
-        }
-        // A reconnect that came up was counted at once (in connect_and_serve), not only when
-        // that session ends too; one that failed is counted here.
-        if !first && !up {
-            t.metrics.reconnects.with_label_values(&[label.as_str(), "failed"]).inc();
-        }
-        first = false;
-        // A session that stayed up a while resets the back-off: the next failure is fresh.
-        if started.elapsed() > cfg.reconnect.max.get() {
-            backoff = cfg.reconnect.initial.get();
-        }
-        let jitter = rand::random_range(0.5..1.0);
-        let wait = backoff.mul_f64(jitter);
-        backoff = (backoff * 2).min(cfg.reconnect.max.get());
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-    }
-}
-
-/// Connect, then serve the session until it ends. `up` is set once the session is established
-/// (then a `reconnect` is counted as `ok`).
-async fn connect_and_serve(
-    t: &Arc<Tunnel>,
-    server: &HostPort,
-    label: &str,
-    reconnect: bool,
-    up: &mut bool,
+/// A session being served in its own task.
+struct Live {
+    target: HostPort,
+    peer: SocketAddr,
+    /// Cancel to send GOAWAY: the seed opens no new stream; streams in flight continue.
     stop: CancellationToken,
-    tracker: TaskTracker,
-) -> Result<(), String> {
+    /// Cancel to end the session's streams now.
+    kill: CancellationToken,
+    done: tokio::task::JoinHandle<Result<(), String>>,
+    since: Instant,
+}
+
+/// Connect and handshake with `target` (resolved afresh).
+async fn establish(t: &Tunnel, target: &HostPort) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
-    let (tcp, addr) = proxy_core::net::connect_host(server, timeout).await.map_err(|e| format!("connect {server}: {e}"))?;
-    let name = cfg.tls.server_name.clone().unwrap_or_else(|| server.host.clone());
+    let (tcp, addr) = proxy_core::net::connect_host(target, timeout).await.map_err(|e| format!("connect {target}: {e}"))?;
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
     let connector = t.connector.load_full();
     let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
@@ -196,29 +161,202 @@ async fn connect_and_serve(
     if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
         return Err(format!("{addr} does not speak seedgate-tunnel/1"));
     }
-    tracing::info!(server = %label, %addr, "tunnel session up");
-    t.set_status(label, true);
-    *up = true;
-    if reconnect {
-        t.metrics.reconnects.with_label_values(&[label, "ok"]).inc();
+    Ok((tls, addr))
+}
+
+/// Everything a slot's sessions share.
+struct SlotCtx {
+    t: Arc<Tunnel>,
+    label: String,
+    moves: mpsc::Sender<ControlMsg>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl SlotCtx {
+    fn spawn(&self, target: HostPort, tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>, peer: SocketAddr) -> Live {
+        let stop = self.stop.child_token();
+        let kill = self.t.kill.child_token();
+        let handler: Arc<dyn AgentHandler> = Arc::new(Handler {
+            t: self.t.clone(),
+            server: self.label.clone(),
+            moves: self.moves.clone(),
+            kill: kill.clone(),
+        });
+        let settings = settings(&self.t.cfg.load());
+        let (st, tracker) = (stop.clone(), self.tracker.clone());
+        let done = tokio::spawn(async move { run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| e.to_string()) });
+        tracing::info!(server = %self.label, target = %target, %peer, "tunnel session up");
+        self.t.set_status(&self.label, true, &format!("session up to {target} ({peer})"));
+        Live { target, peer, stop, kill, done, since: Instant::now() }
     }
-    let handler: Arc<dyn AgentHandler> = Arc::new(Handler { t: t.clone(), server: label.to_owned() });
-    run_agent_session(tls, &settings(&cfg), handler, stop, tracker).await.map_err(|e| e.to_string())
+}
+
+/// End a replaced session make-before-break: GOAWAY now (the seed can open no new stream on
+/// it), let its streams finish for `drain`, then end what is left and close it.
+fn retire(label: &str, old: Live, drain: Option<Duration>) {
+    let label = label.to_owned();
+    tracing::info!(server = %label, target = %old.target, peer = %old.peer, drain = ?drain, "tunnel session replaced; draining the old one");
+    old.stop.cancel();
+    tokio::spawn(async move {
+        let mut done = old.done;
+        let finished = match drain {
+            Some(d) => tokio::time::timeout(d, &mut done).await.is_ok(),
+            None => {
+                let _ = (&mut done).await;
+                true
+            }
+        };
+        if !finished {
+            old.kill.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut done).await;
+        }
+        tracing::info!(server = %label, target = %old.target, "old tunnel session closed");
+    });
+}
+
+/// Keep one session per configured server up. After a session ends, reconnect with
+/// exponential back-off and jitter, resolving the name afresh on every attempt. On a move
+/// notice from the server, or when the server name starts resolving to other addresses, open
+/// a session to the new place first and only then retire the old one (make-before-break).
+async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken, tracker: TaskTracker) {
+    let label = configured.to_string();
+    let (moves, mut moves_rx) = mpsc::channel(4);
+    let ctx = SlotCtx { t: t.clone(), label: label.clone(), moves, stop: stop.clone(), tracker };
+    let mut target = configured.clone();
+    let mut live: Option<Live> = None;
+    let mut backoff = t.cfg.load().reconnect.initial.get();
+    let mut first = true;
+    let mut reresolve = tokio::time::interval(t.cfg.load().keepalive.interval.get());
+    reresolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let cfg = t.cfg.load_full();
+        let Some(cur) = live.as_mut() else {
+            match establish(&t, &target).await {
+                Ok((tls, peer)) => {
+                    if !first {
+                        t.metrics.reconnects.with_label_values(&[label.as_str(), "ok"]).inc();
+                    }
+                    live = Some(ctx.spawn(target.clone(), tls, peer));
+                }
+                Err(e) => {
+                    tracing::warn!(server = %label, target = %target, error = %e, "tunnel session failed");
+                    if !first {
+                        t.metrics.reconnects.with_label_values(&[label.as_str(), "failed"]).inc();
+                    }
+                    // A move target that does not answer is not kept: fall back to the name.
+                    target = configured.clone();
+                    let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
+                    backoff = (backoff * 2).min(cfg.reconnect.max.get());
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+            first = false;
+            continue;
+        };
+        tokio::select! {
+            r = &mut cur.done => {
+                let lived = cur.since.elapsed();
+                live = None;
+                t.set_status(&label, false, "not connected");
+                match r {
+                    Ok(Ok(())) => tracing::info!(server = %label, "tunnel session closed"),
+                    Ok(Err(e)) => tracing::warn!(server = %label, error = %e, "tunnel session ended"),
+                    Err(e) => tracing::warn!(server = %label, error = %e, "tunnel session task failed"),
+                }
+                // A session that stayed up a while resets the back-off: the next failure is fresh.
+                if lived > cfg.reconnect.max.get() {
+                    backoff = cfg.reconnect.initial.get();
+                }
+                let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
+                backoff = (backoff * 2).min(cfg.reconnect.max.get());
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            Some(msg) = moves_rx.recv() => {
+                let ControlMsg::Move { to, drain_deadline_ms } = msg;
+                let next = to.iter().find_map(|s| s.parse::<HostPort>().ok()).unwrap_or_else(|| configured.clone());
+                let drain = (drain_deadline_ms > 0).then(|| Duration::from_millis(drain_deadline_ms));
+                t.metrics.moves.with_label_values(&[&label]).inc();
+                // A notice that reaches us after we already moved there (e.g. DNS got us there
+                // first, and the old session delivered the notice late) changes nothing.
+                let already = tokio::time::timeout(cfg.dial_timeout.get(), proxy_core::net::resolve(&next))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .is_some_and(|addrs| addrs.contains(&cur.peer));
+                if already {
+                    tracing::info!(server = %label, to = %next, "move notice: already connected there");
+                    continue;
+                }
+                tracing::info!(server = %label, from = %cur.target, to = %next, "move notice: re-homing");
+                if let Some(target_now) = rehome(&ctx, &mut live, next, drain).await {
+                    target = target_now;
+                }
+            }
+            _ = reresolve.tick(), if cur.target.socket_addr().is_none() => {
+                // Follow DNS: the name we dialled no longer includes the address we are on.
+                let name = cur.target.clone();
+                let peer = cur.peer;
+                if let Ok(Ok(addrs)) = tokio::time::timeout(cfg.dial_timeout.get(), proxy_core::net::resolve(&name)).await {
+                    if !addrs.is_empty() && !addrs.contains(&peer) {
+                        tracing::info!(server = %label, %name, old = %peer, new = ?addrs, "server name resolves elsewhere: re-homing");
+                        t.metrics.moves.with_label_values(&[&label]).inc();
+                        if let Some(target_now) = rehome(&ctx, &mut live, name, Some(cfg.rehome_drain.get())).await {
+                            target = target_now;
+                        }
+                    }
+                }
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Make-before-break: connect to `next`; only once that session is up is the current one
+/// retired. If `next` cannot be reached the current session stays (returns `None`).
+async fn rehome(ctx: &SlotCtx, live: &mut Option<Live>, next: HostPort, drain: Option<Duration>) -> Option<HostPort> {
+    match establish(&ctx.t, &next).await {
+        Ok((tls, peer)) => {
+            let new = ctx.spawn(next.clone(), tls, peer);
+            if let Some(old) = live.replace(new) {
+                retire(&ctx.label, old, drain);
+            }
+            Some(next)
+        }
+        Err(e) => {
+            tracing::warn!(server = %ctx.label, target = %next, error = %e, "cannot reach the new server; staying on the current session");
+            None
+        }
+    }
 }
 
 struct Handler {
     t: Arc<Tunnel>,
     server: String,
+    moves: mpsc::Sender<ControlMsg>,
+    /// Ends this session's streams (re-homing drain deadline, or the shutdown grace).
+    kill: CancellationToken,
 }
 
 impl AgentHandler for Handler {
     fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()> {
-        Box::pin(serve_stream(self.t.clone(), self.server.clone(), inc))
+        Box::pin(serve_stream(self.t.clone(), self.server.clone(), self.kill.clone(), inc))
     }
 
     fn control(&self, msg: ControlMsg) {
-        self.t.metrics.moves.with_label_values(&[&self.server]).inc();
         tracing::info!(server = %self.server, ?msg, "control message");
+        if self.moves.try_send(msg).is_err() {
+            tracing::warn!(server = %self.server, "control message dropped: a move is already being handled");
+        }
     }
 
     fn hello(&self) -> AgentHello {
@@ -258,7 +396,7 @@ impl Drop for StreamSlot<'_> {
     }
 }
 
-async fn serve_stream(t: Arc<Tunnel>, server: String, inc: Incoming) {
+async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, inc: Incoming) {
     let cfg = t.cfg.load_full();
     let m = &t.metrics;
     let started = Instant::now();
@@ -311,7 +449,7 @@ async fn serve_stream(t: Arc<Tunnel>, server: String, inc: Incoming) {
     let mut relay = transfer(stream, tcp, cfg.idle_timeout.get(), meters);
     let outcome = tokio::select! {
         o = &mut relay => Some(o),
-        _ = t.kill.cancelled() => None,
+        _ = kill.cancelled() => None,
     };
     let (up, down) = relay.counts();
     let (mut stream, tcp) = relay.into_inner();
