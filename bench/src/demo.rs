@@ -189,7 +189,8 @@ listeners:
 
     let mut others = Vec::new();
     p2(&mut r, &args, &dir, &bins, &ca, &cfg, &addrs, &mut others).await?;
-    tunnel(&mut r, &dir, &bins, &ca, &mut others).await?;
+    let tw = tunnel(&mut r, &dir, &bins, &ca, &mut others).await?;
+    migration(&mut r, &dir, &bins, &ca, &tw, &mut others).await?;
 
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
     metrics(&mut r, admin).await;
@@ -280,15 +281,27 @@ async fn p2(
 
 /// P3-P5: proxy-server and a proxy-agent that dials out to it; a seed-side CONNECT to a TLS
 /// backend "in the shoot", and a forward-proxied plain-HTTP GET (what Prometheus sends).
-async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, procs: &mut Vec<Proc>) -> anyhow::Result<()> {
+/// What the migration section needs from the tunnel section.
+struct TunnelWorld {
+    server_yaml: String,
+    egress: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    kubelet: TlsHttpBackend,
+}
+
+const ADMIN_TOKEN: &str = "demo-admin-token";
+
+async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, procs: &mut Vec<Proc>) -> anyhow::Result<TunnelWorld> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server")?;
     let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
     let ca_path = ca.write(dir.path(), "ca")?;
     let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
     let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
+    let token = dir.write("admin-token", ADMIN_TOKEN)?;
     let server_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
+        "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
+        token.display(),
         srv_crt.display(),
         srv_key.display(),
         ca_path.display()
@@ -400,6 +413,77 @@ async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: 
         }
         let opened = metric_sum(&text, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]);
         r.check(opened >= 2.0, "streams opened through the tunnel", &format!("{opened}"));
+    }
+    Ok(TunnelWorld { server_yaml, egress, admin: s_admin, kubelet })
+}
+
+/// A CONNECT through `egress` to `target`: the response status line, and for 200 the body of a
+/// TLS request made through the tunnel (`Err` text for anything else).
+async fn connect_through(egress: std::net::SocketAddr, target: std::net::SocketAddr, ca: &Ca) -> anyhow::Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(egress).await?;
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        anyhow::ensure!(s.read(&mut b).await? == 1, "closed before the response head");
+        head.push(b[0]);
+    }
+    let status = String::from_utf8_lossy(&head).lines().next().unwrap_or("").to_owned();
+    if !status.contains(" 200 ") {
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body).await;
+        return Ok((status, body.trim().to_owned()));
+    }
+    let cc = pki::client_config(ca, None, &[])?;
+    let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
+    let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
+    tls.write_all(&http_get_request("kubelet.shoot-a", "/healthz")).await?;
+    let mut resp = Vec::new();
+    let _ = tls.read_to_end(&mut resp).await;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    Ok((status, text.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned()))
+}
+
+/// P6: the shoot's tunnel moves from proxy-server A (the one above) to a new proxy-server B:
+/// A drains with a move notice, the agent opens its session to B first, then A is fenced.
+async fn migration(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, tw: &TunnelWorld, procs: &mut Vec<Proc>) -> anyhow::Result<()> {
+    let b_yaml = tw.server_yaml.clone();
+    let (server_b, b) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server-b.yaml", &b_yaml)?, &[]).await?;
+    procs.push(server_b);
+    let (b_agents, b_egress, b_admin) = (b.listener("agents")?, b.listener("egress")?, b.admin()?);
+    let agents_of = |admin| async move {
+        let (_, text) = http_get(admin, "/metrics").await.ok()?;
+        testbed::metric_value(&text, "seedgate_agents_connected", &[("cluster", CLUSTER)])
+    };
+    r.heading(&format!("P6 migrate {CLUSTER}'s tunnel: proxy-server A {} -> proxy-server B {b_agents}", tw.admin));
+    let body = format!(r#"{{"state":"draining","move_to":["{b_agents}"],"drain_deadline":"5s"}}"#);
+    let put = testbed::admin::http_request(tw.admin, "PUT", &format!("/control/clusters/{CLUSTER}"), Some(&body), Some(ADMIN_TOKEN)).await?;
+    r.check(put.0 == 200, "A: PUT /control/clusters/shoot-a draining, move_to B", put.1.trim());
+    let started = std::time::Instant::now();
+    let moved = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        (agents_of(b_admin).await == Some(1.0)).then_some(())
+    })
+    .await;
+    r.check(moved.is_ok(), "agent session on B (make-before-break)", &format!("{:?} after the move notice", started.elapsed()));
+    let left = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        (agents_of(tw.admin).await == Some(0.0)).then_some(())
+    })
+    .await;
+    r.check(left.is_ok(), "old session on A closed", &format!("{:?} after the move notice", started.elapsed()));
+    let put = testbed::admin::http_request(tw.admin, "PUT", &format!("/control/clusters/{CLUSTER}"), Some(r#"{"state":"fenced"}"#), Some(ADMIN_TOKEN)).await?;
+    r.check(put.0 == 200, "A: fenced", put.1.trim());
+    match connect_through(tw.egress, tw.kubelet.addr(), ca).await {
+        Ok((status, body)) => r.check(status.contains(" 503 ") && body.contains("cluster moved"), "dial through A", &format!("{status} -- {body}")),
+        Err(e) => r.check(false, "dial through A", &format!("{e:#}")),
+    }
+    match connect_through(b_egress, tw.kubelet.addr(), ca).await {
+        Ok((status, body)) => r.check(status.contains(" 200 ") && body.contains("backend=kubelet "), "dial through B", &format!("{status} -- {body}")),
+        Err(e) => r.check(false, "dial through B", &format!("{e:#}")),
+    }
+    if let Ok((_, text)) = http_get(tw.admin, "/readyz?verbose").await {
+        let line = text.lines().find(|l| l.contains("cluster-")).unwrap_or("").trim().to_owned();
+        r.check(line.contains("fenced"), "A /readyz?verbose", &line);
     }
     Ok(())
 }

@@ -344,12 +344,17 @@ where
     let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
     tokio::pin!(ka);
     let going_away = AtomicBool::new(false);
+    // The control stream lives as long as the session; it must not keep a draining session open.
+    let mut control: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let next = tokio::select! {
             r = conn.accept() => r,
             e = &mut ka => return Err(e),
             _ = stop.cancelled(), if !going_away.load(Ordering::Relaxed) => {
                 going_away.store(true, Ordering::Relaxed);
+                if let Some(c) = control.take() {
+                    c.abort();
+                }
                 conn.graceful_shutdown();
                 continue;
             }
@@ -368,7 +373,12 @@ where
             };
             tracker.spawn(handler.incoming(inc));
         } else if parts.method == Method::POST && parts.uri.path() == CONTROL_PATH {
-            tokio::spawn(agent_control(respond, recv, handler.clone()));
+            let task = tokio::spawn(agent_control(respond, recv, handler.clone()));
+            if going_away.load(Ordering::Relaxed) {
+                task.abort();
+            } else if let Some(old) = control.replace(task) {
+                old.abort();
+            }
         } else {
             let mut respond = respond;
             respond.send_reset(Reason::REFUSED_STREAM);
