@@ -1,6 +1,6 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
-use crate::common::{default_fn, AdminConfig, CidrPort, Dur, HostPort, Located};
+use crate::common::{default_fn, valid_header_name, AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -19,8 +19,6 @@ default_fn! {
     max_streams_default: usize = 16_384;
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
-    ka_interval_default: Dur = Dur::secs(5);
-    ka_timeout_default: Dur = Dur::secs(15);
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
     rehome_drain_default: Dur = Dur::secs(30);
@@ -73,23 +71,6 @@ pub struct TunnelTls {
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct TunnelKeepalive {
-    /// PING every this long. Default `5s`.
-    #[serde(default = "ka_interval_default")]
-    pub interval: Dur,
-    /// No PING answer for this long: the session is dead and is re-established. Default `15s`.
-    #[serde(default = "ka_timeout_default")]
-    pub timeout: Dur,
-}
-
-impl Default for TunnelKeepalive {
-    fn default() -> Self {
-        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 pub struct Reconnect {
     /// First wait after a session ends or fails; doubles per failure (with jitter). Default `250ms`.
     #[serde(default = "reconnect_initial_default")]
@@ -125,7 +106,7 @@ pub struct Tunnel {
     #[serde(default = "tunnel_idle_default")]
     pub idle_timeout: Dur,
     #[serde(default)]
-    pub keepalive: TunnelKeepalive,
+    pub keepalive: Keepalive,
     #[serde(default)]
     pub reconnect: Reconnect,
     /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
@@ -275,11 +256,6 @@ pub fn parse(text: &str, file: &str) -> Result<AgentConfig, ConfigError> {
     p.finish(cfg)
 }
 
-fn valid_header_name(h: &str) -> bool {
-    !h.is_empty()
-        && h.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
 
 /// A header value we can write verbatim: visible ASCII and inner spaces, so nothing in the
 /// config can end the header early or smuggle a second one.

@@ -290,6 +290,38 @@ impl AdminConfig {
     }
 }
 
+/// Tunnel keepalive, the same on both ends: a session whose PING goes unanswered is dead.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Keepalive {
+    /// PING every this long. Default `5s`.
+    #[serde(default = "ka_interval_default")]
+    pub interval: Dur,
+    /// No PING answer for this long: the session is dead (its streams end at once; an agent
+    /// reconnects). Default `15s`.
+    #[serde(default = "ka_timeout_default")]
+    pub timeout: Dur,
+}
+
+fn ka_interval_default() -> Dur {
+    Dur::secs(5)
+}
+
+fn ka_timeout_default() -> Dur {
+    Dur::secs(15)
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
+    }
+}
+
+/// An HTTP header name (RFC 9110 token).
+pub fn valid_header_name(h: &str) -> bool {
+    !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 /// Shorthand for the per-field `#[serde(default = ...)]` functions.
 macro_rules! default_fn {
     ($($name:ident: $t:ty = $e:expr;)*) => {$(

@@ -9,7 +9,7 @@ mod error;
 pub mod router;
 pub mod server;
 
-pub use common::{canonical, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
+pub use common::{canonical, valid_header_name, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Keepalive, Located};
 pub use error::{ConfigError, Problem};
 pub use agent::AgentConfig;
 pub use router::RouterConfig;

@@ -1,6 +1,6 @@
 //! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
 
-use crate::common::{default_fn, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
+use crate::common::{default_fn, valid_header_name, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -211,11 +211,6 @@ pub fn normalize_sni_pattern(s: &str) -> Option<String> {
     ok.then_some(s)
 }
 
-fn valid_header_name(h: &str) -> bool {
-    !h.is_empty()
-        && h.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
 
 fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {

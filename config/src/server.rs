@@ -1,6 +1,6 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
-use crate::common::{default_fn, AdminConfig, Dur, HostPort, Located};
+use crate::common::{default_fn, AdminConfig, Dur, HostPort, Keepalive, Located};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -13,8 +13,6 @@ default_fn! {
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
     head_max_default: usize = 8 * 1024;
-    ka_interval_default: Dur = Dur::secs(5);
-    ka_timeout_default: Dur = Dur::secs(15);
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
 }
@@ -82,23 +80,6 @@ pub struct ServerTls {
     pub key: String,
     #[serde(default)]
     pub client_ca: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Keepalive {
-    /// PING every this long on each agent session.
-    #[serde(default = "ka_interval_default")]
-    pub interval: Dur,
-    /// A session whose PING is unanswered this long is dead: its streams end at once.
-    #[serde(default = "ka_timeout_default")]
-    pub timeout: Dur,
-}
-
-impl Default for Keepalive {
-    fn default() -> Self {
-        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
