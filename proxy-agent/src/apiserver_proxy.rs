@@ -89,7 +89,6 @@ pub async fn handle(l: Arc<Listener>, client: TcpStream, peer: SocketAddr, permi
             return;
         }
     };
-    net::tune_stream(&client);
     // One snapshot per connection: a reload changes new connections only.
     let cfg = l.shared.config.load_full();
     let span = tracing::info_span!("conn", listener = %l.name, client = %peer, local = %local);

@@ -17,10 +17,14 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_RETRIES: u32 = 6;
 
 /// Bind a TCP listener with SO_REUSEADDR (restart while old connections sit in TIME_WAIT) and a
-/// large backlog. Must be called inside a tokio runtime.
+/// large backlog. TCP_NODELAY and keepalive are set on the listening socket: Linux copies them
+/// to every accepted socket, which saves five setsockopt calls per connection.
+/// Must be called inside a tokio runtime.
 pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(&keepalive())?;
     if addr.is_ipv6() {
         socket.set_only_v6(false).ok();
     }
@@ -46,14 +50,18 @@ pub async fn resolve(hp: &HostPort) -> io::Result<Vec<SocketAddr>> {
     Ok(tokio::net::lookup_host((hp.host.as_str(), hp.port)).await?.collect())
 }
 
-/// Options applied to every proxied TCP socket (accepted or connected).
-pub fn tune_stream(s: &TcpStream) {
-    let _ = s.set_nodelay(true);
-    let ka = TcpKeepalive::new()
+fn keepalive() -> TcpKeepalive {
+    TcpKeepalive::new()
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_RETRIES);
-    let _ = SockRef::from(s).set_tcp_keepalive(&ka);
+        .with_retries(KEEPALIVE_RETRIES)
+}
+
+/// Options for a connected (upstream) socket; accepted sockets inherit them from a listener
+/// made by [`bind_tcp`].
+pub fn tune_stream(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let _ = SockRef::from(s).set_tcp_keepalive(&keepalive());
 }
 
 /// Why an upstream connect failed, as a metric label and an HTTP status class.

@@ -22,7 +22,6 @@ pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
 
 /// Serve one agent connection for its whole life.
 pub async fn serve_agent(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, stop: CancellationToken) {
-    proxy_core::net::tune_stream(&tcp);
     let m = &shared.metrics;
     let cfg = shared.config.load_full();
     let tls = match tokio::time::timeout(cfg.timeouts.handshake.get(), acceptor.accept(tcp)).await {

@@ -352,7 +352,6 @@ impl Bound {
                         let fe = fe.clone();
                         let tls = tls.clone();
                         async move {
-                            proxy_core::net::tune_stream(&tcp);
                             let active = shared.metrics.conn.active.with_label_values(&[&fe.name]);
                             active.inc();
                             match tls {

@@ -6,7 +6,7 @@ use crate::{ListenerRt, Shared};
 use proxy_core::client_hello::{self, HelloError, HelloParser, Status};
 use proxy_core::copy::{transfer_tcp, Meters};
 use proxy_core::http_head::{self, Detect3, RequestHead};
-use proxy_core::net::{reset_on_close, tune_stream, ConnectFailure};
+use proxy_core::net::{reset_on_close, ConnectFailure};
 use proxy_core::proxy_protocol::{self, Command, Detect, V2Options};
 use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use seedgate_config::RouterConfig;
@@ -351,8 +351,12 @@ async fn linger_close(s: &mut TcpStream) {
 }
 
 /// The PROXY header to send upstream, if the route wants one.
-fn proxy_header_out(route: &Route, pre: &Pre, local: SocketAddr) -> Option<Vec<u8>> {
-    let dst = pre.dst.unwrap_or(local);
+fn proxy_header_out(route: &Route, pre: &Pre, client: &TcpStream) -> Option<Vec<u8>> {
+    if route.send_proxy == SendProxy::Off {
+        return None;
+    }
+    // The original destination: the PROXY one when there was one, else our listener address.
+    let dst = pre.dst.or_else(|| client.local_addr().ok()).unwrap_or(pre.peer);
     match route.send_proxy {
         SendProxy::Off => None,
         SendProxy::V1 => Some(proxy_protocol::encode_v1(pre.client, dst)),
@@ -437,7 +441,6 @@ async fn prepare(
 ) -> Option<Ready> {
     let started = Instant::now();
     let active = lst.active_guard();
-    tune_stream(&client);
     let cfg = shared.config.load_full();
     let table = lst.table.load_full();
     let m = &shared.metrics;
@@ -509,9 +512,8 @@ async fn prepare(
 
     // Hand over what we read: PROXY header (ours), then the client's bytes. A CONNECT client
     // gets its 200 first, in a write of its own, and only the bytes after its head go upstream.
-    let local = client.local_addr().unwrap_or(peer);
     pre.up_addr = Some(up_addr);
-    let header = proxy_header_out(&route, &pre, local);
+    let header = proxy_header_out(&route, &pre, &client);
     let payload = &pre.buf[pre.off + pre.head_len..];
     let handover = async {
         if pre.proto == Proto::Connect {
@@ -557,6 +559,8 @@ fn close_pair(client: TcpStream, up: TcpStream, reason: &str) {
     match reason {
         "client_reset" => reset_on_close(&up),
         "upstream_reset" => reset_on_close(&client),
+        // Both directions already ended with a FIN passed on by the relay.
+        "closed" => {}
         _ => {
             let _ = SockRef::from(&client).shutdown(std::net::Shutdown::Write);
             let _ = SockRef::from(&up).shutdown(std::net::Shutdown::Write);
