@@ -1,13 +1,22 @@
-//! bench: the command line; each subcommand (the demo, later the benchmark scenarios) lives in its own module.
+//! bench: the command line; each subcommand (the demo, the benchmark scenarios) lives in its own module.
 
 mod demo;
+mod host;
+mod load;
+mod report;
+mod scenarios;
+mod systems;
 
 use clap::{Parser, Subcommand};
+use scenarios::Scenario;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
 #[command(about = "seedgate demo topology and side-by-side benchmarks")]
 struct Cli {
+    #[command(flatten)]
+    opts: scenarios::Opts,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -17,10 +26,67 @@ enum Cmd {
     /// Start the real binaries against stand-in kube-apiservers, send real TLS traffic through
     /// them and report what the clients saw. Exits 1 if anything expected did not happen.
     Demo(demo::Args),
+    /// Every benchmark scenario below, in this order.
+    All,
+    /// A real ClientHello with SNI, then bulk bytes to a sink, 1 and 64 streams (Gbit/s):
+    /// direct, sni-router, haproxy (with and without splice-auto), nginx ssl_preread.
+    SniBulk,
+    /// New connections/s with full TLS handshakes through SNI routing, and time to first
+    /// response byte (p50/p99/p99.9) at saturation and at a fixed offered rate.
+    SniConnrate,
+    /// Connections/s through a PROXY-v2 listener routing by destination, with the header sent
+    /// by the harness and by real senders (proxy-agent, haproxy send-proxy-v2).
+    ProxyProtocol,
+    /// HTTP CONNECT open rate and open latency, and bulk through one CONNECT tunnel:
+    /// sni-router vs squid, tinyproxy and nginx+njs.
+    Connect,
+    /// The reverse tunnel (proxy-server + proxy-agent) vs rathole and ssh -R: bulk, new
+    /// connections/s, CONNECT through a tunnel (vs squid behind rathole), 1k/10k concurrent
+    /// streams, head-of-line blocking.
+    Tunnel,
+    /// RSS per established idle proxied connection, for every system.
+    IdleMemory,
+    /// With 10,000 routes loaded: time from a config change to the new route serving, and
+    /// connections reset by the reload (sni-router vs haproxy -sf and nginx reload).
+    Reload,
+    /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
+    /// rewrite its chart (--svg), without running anything.
+    Report,
+    /// (internal) Serve TCP echo on 127.0.0.1 for the harness; writes the address to a file.
+    #[command(hide = true)]
+    ServeEcho {
+        #[arg(long)]
+        addr_file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let which = match cli.cmd {
+        Cmd::Demo(a) => return demo_main(a),
+        Cmd::ServeEcho { addr_file } => {
+            return match load::run_echo_helper(&addr_file) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench serve-echo: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Cmd::Report => return scenarios::report_main(cli.opts),
+        Cmd::All => Scenario::ALL.to_vec(),
+        Cmd::SniBulk => vec![Scenario::SniBulk],
+        Cmd::SniConnrate => vec![Scenario::SniConnrate],
+        Cmd::ProxyProtocol => vec![Scenario::ProxyProtocol],
+        Cmd::Connect => vec![Scenario::Connect],
+        Cmd::Tunnel => vec![Scenario::Tunnel],
+        Cmd::IdleMemory => vec![Scenario::IdleMemory],
+        Cmd::Reload => vec![Scenario::Reload],
+    };
+    scenarios::main(cli.opts, which)
+}
+
+fn demo_main(a: demo::Args) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -28,11 +94,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(async {
-        match cli.cmd {
-            Cmd::Demo(a) => demo::run(a).await,
-        }
-    });
+    let result = rt.block_on(demo::run(a));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

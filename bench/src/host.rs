@@ -1,0 +1,306 @@
+//! The machine: CPU pinning, the fd limit, facts for the report header, process memory, ports.
+
+use anyhow::{Context as _, ensure};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+
+/// The soft fd limit the harness raises itself (and so its children) to.
+pub const NOFILE: u64 = 20_000;
+
+/// How processes are placed on CPUs for a run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pinning {
+    /// CPU the systems under test run on (`taskset -c`), if pinning.
+    pub proxy_cpu: Option<usize>,
+    /// CPU the harness (load generators, backends, echo helper) runs on (sched_setaffinity).
+    pub load_cpu: Option<usize>,
+}
+
+impl Pinning {
+    pub fn describe(&self) -> String {
+        match (self.proxy_cpu, self.load_cpu) {
+            (Some(p), Some(l)) => format!(
+                "systems under test (every process of a proxy or tunnel, seedgate and anchors alike) on CPU {p} with `taskset -c {p}`; \
+                 load generators, backends and the echo helper on CPU {l} (sched_setaffinity); one worker thread/process per system"
+            ),
+            _ => "not pinned (fewer than 2 CPUs available)".into(),
+        }
+    }
+
+    /// `taskset -c <cpu> <program>` when pinning, else just the program.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        match self.proxy_cpu {
+            Some(cpu) => {
+                let mut c = std::process::Command::new("taskset");
+                c.arg("-c").arg(cpu.to_string()).arg(program);
+                c
+            }
+            None => std::process::Command::new(program),
+        }
+    }
+}
+
+/// CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into the zeroed set
+    // we own; CPU_ISSET only reads it.
+    #[allow(unsafe_code)]
+    unsafe {
+        let set_ptr = set.as_mut_ptr();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set_ptr) != 0 {
+            return Vec::new();
+        }
+        let set = set.assume_init();
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pin the calling thread (and every thread and process it creates afterwards) to `cpu`.
+pub fn pin_self(cpu: usize) -> anyhow::Result<()> {
+    let set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
+    // SAFETY: the set is zero-initialised and ours; CPU_SET writes inside it; sched_setaffinity
+    // reads size_of::<cpu_set_t>() bytes of it.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        let mut set = set.assume_init();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context(format!("sched_setaffinity(CPU {cpu})"));
+    }
+    Ok(())
+}
+
+/// Choose and apply the pinning: with two or more CPUs, the harness takes the second allowed
+/// CPU and the systems the first.
+pub fn pin(enabled: bool) -> anyhow::Result<Pinning> {
+    let cpus = allowed_cpus();
+    if !enabled || cpus.len() < 2 {
+        return Ok(Pinning {
+            proxy_cpu: None,
+            load_cpu: None,
+        });
+    }
+    let (proxy, load) = (cpus[0], cpus[1]);
+    pin_self(load)?;
+    Ok(Pinning {
+        proxy_cpu: Some(proxy),
+        load_cpu: Some(load),
+    })
+}
+
+/// Raise the soft RLIMIT_NOFILE to `want` (capped at the hard limit); returns the new soft limit.
+pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own, nothing else.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(std::io::Error::last_os_error()).context("getrlimit");
+        }
+        let target = want.min(lim.rlim_max);
+        if lim.rlim_cur < target {
+            lim.rlim_cur = target;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error()).context("setrlimit");
+            }
+        }
+        Ok(lim.rlim_cur)
+    }
+}
+
+/// VmRSS of one process in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// `pid` and all its descendants (nginx workers, sshd session processes, squid's kids).
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            // Fields after the command (which may contain spaces) start after the last ')'.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|v| v.parse::<u32>().ok()) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    // Breadth-first over a finite process list.
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(parent_of.iter().filter(|(_, pp)| *pp == cur).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+/// Send `sig` to `pid` (a descendant of a process the harness started); errors are ignored
+/// (it may have exited already).
+pub fn kill(pid: u32, sig: i32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Summed VmRSS (KiB) of the given processes and all their descendants.
+pub fn tree_rss_kib(pids: &[u32]) -> u64 {
+    let mut all: Vec<u32> = pids.iter().flat_map(|&p| process_tree(p)).collect();
+    all.sort_unstable();
+    all.dedup();
+    all.iter().filter_map(|&p| rss_kib(p)).sum()
+}
+
+/// A port free on `ip` right now (for anchors that cannot report what they bound).
+pub fn free_port(ip: [u8; 4]) -> anyhow::Result<SocketAddr> {
+    let l = TcpListener::bind(SocketAddr::from((ip, 0))).context("finding a free port")?;
+    Ok(l.local_addr()?)
+}
+
+/// The first existing path among `candidates`, or a program found on PATH.
+pub fn find_program(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Some(p.clone());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    // Debian puts daemons in sbin, which a non-root PATH may lack.
+    dirs.extend(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from));
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// First line of `program args` output (stdout or stderr), for version strings.
+pub fn version_of(program: &Path, args: &[&str]) -> String {
+    match std::process::Command::new(program).args(args).output() {
+        Ok(o) => {
+            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        }
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// Facts about the machine for the report header.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    pub date_utc: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub mem_gib: f64,
+    pub kernel: String,
+    pub loadavg_start: String,
+    pub loadavg_end: String,
+    pub nofile: u64,
+}
+
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+impl Machine {
+    pub fn probe(nofile: u64) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let mem_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0.0);
+        Self {
+            date_utc: utc_now(),
+            cpu_model,
+            cpus: cpuinfo.lines().filter(|l| l.starts_with("processor")).count().max(1),
+            mem_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            loadavg_start: loadavg(),
+            loadavg_end: String::new(),
+            nofile,
+        }
+    }
+}
+
+/// `YYYY-MM-DD HH:MM` UTC from the system clock (civil-from-days, no date crate needed).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
+}
+
+/// Make sure a directory exists with the given mode (for daemons that drop privileges).
+pub fn dir_with_mode(p: &Path, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    ensure!(p.is_dir());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_rss_and_tree() {
+        let me = std::process::id();
+        assert!(rss_kib(me).unwrap() > 0);
+        assert!(process_tree(me).contains(&me));
+        assert!(utc_now().ends_with("UTC"));
+    }
+}

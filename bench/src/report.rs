@@ -1,0 +1,778 @@
+//! Results: the samples each scenario records, and their Markdown table, JSON file and SVG chart.
+
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// Which way a figure is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// What a system is: the physical limit, ours, or an anchor we compare with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Direct,
+    Seedgate,
+    Anchor,
+}
+
+/// One system's samples of one figure, or why it was skipped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    pub system: String,
+    pub kind: Kind,
+    pub samples: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// Errors and other remarks seen while measuring (one line each, deduplicated).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Information about the figure that is not an error (e.g. memory by process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<String>,
+}
+
+impl Row {
+    pub fn median(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.samples.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
+    }
+
+    pub fn min_max(&self) -> Option<(f64, f64)> {
+        let v = self.samples.iter().copied().filter(|x| x.is_finite());
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for x in v {
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        lo.is_finite().then_some((lo, hi))
+    }
+}
+
+/// One figure of a scenario (e.g. "bulk, 64 streams" in Gbit/s) across systems.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Metric {
+    pub scenario: String,
+    pub name: String,
+    pub unit: String,
+    pub better: Better,
+    pub rows: Vec<Row>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// When and under what load one scenario ran (results can be merged from several runs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScenarioRun {
+    pub scenario: String,
+    pub date_utc: String,
+    pub loadavg_start: String,
+    pub loadavg_end: String,
+    pub repeats: usize,
+    pub window_s: f64,
+    pub smoke: bool,
+    pub seconds: f64,
+}
+
+impl Metric {
+    fn row(&self, kind: Kind) -> Option<&Row> {
+        self.rows.iter().find(|r| r.kind == kind && r.median().is_some())
+    }
+}
+
+/// Everything a run recorded, in the order it was recorded.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Results {
+    pub metrics: Vec<Metric>,
+    /// Scenario-level remarks (configs, caveats), by scenario.
+    pub remarks: Vec<(String, String)>,
+    #[serde(default)]
+    pub runs: Vec<ScenarioRun>,
+}
+
+/// A handle to a metric inside [`Results`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricId(usize);
+
+impl Results {
+    /// The metric `scenario`/`name`, created on first use.
+    pub fn metric(&mut self, scenario: &str, name: &str, unit: &str, better: Better) -> MetricId {
+        if let Some(i) = self
+            .metrics
+            .iter()
+            .position(|m| m.scenario == scenario && m.name == name)
+        {
+            return MetricId(i);
+        }
+        self.metrics.push(Metric {
+            scenario: scenario.into(),
+            name: name.into(),
+            unit: unit.into(),
+            better,
+            rows: Vec::new(),
+            note: None,
+        });
+        MetricId(self.metrics.len() - 1)
+    }
+
+    /// `scenario | name (unit)` of a metric, for progress lines.
+    pub fn describe(&self, m: MetricId) -> String {
+        let m = &self.metrics[m.0];
+        format!("{} | {} ({})", m.scenario, m.name, m.unit)
+    }
+
+    fn row_mut(&mut self, m: MetricId, system: &str, kind: Kind) -> &mut Row {
+        let rows = &mut self.metrics[m.0].rows;
+        if let Some(i) = rows.iter().position(|r| r.system == system) {
+            return &mut rows[i];
+        }
+        rows.push(Row {
+            system: system.into(),
+            kind,
+            samples: Vec::new(),
+            skipped: None,
+            notes: Vec::new(),
+            info: None,
+        });
+        rows.last_mut().expect("just pushed")
+    }
+
+    pub fn add(&mut self, m: MetricId, system: &str, kind: Kind, value: f64) {
+        self.row_mut(m, system, kind).samples.push(value);
+    }
+
+    pub fn skip(&mut self, m: MetricId, system: &str, kind: Kind, reason: &str) {
+        let r = self.row_mut(m, system, kind);
+        if r.skipped.is_none() {
+            r.skipped = Some(reason.into());
+        }
+    }
+
+    pub fn note(&mut self, m: MetricId, system: &str, kind: Kind, note: &str) {
+        let r = self.row_mut(m, system, kind);
+        if !r.notes.iter().any(|n| n == note) && r.notes.len() < 5 {
+            r.notes.push(note.into());
+        }
+    }
+
+    /// Replace the row's informational split (one per row; not an error).
+    pub fn note_split(&mut self, m: MetricId, system: &str, kind: Kind, text: &str) {
+        let r = self.row_mut(m, system, kind);
+        r.info = Some(text.into());
+    }
+
+    pub fn remark(&mut self, scenario: &str, text: &str) {
+        self.remarks.push((scenario.into(), text.into()));
+    }
+
+    /// Keep what `older` holds for scenarios this one does not have (a merge of runs), ordered
+    /// by `order` (scenario names; unknown ones last).
+    pub fn merge_older(&mut self, older: Results, order: &[&str]) {
+        let mine = self.scenarios();
+        let keep = |s: &String| !mine.contains(s);
+        self.metrics
+            .extend(older.metrics.into_iter().filter(|m| keep(&m.scenario)));
+        self.remarks.extend(older.remarks.into_iter().filter(|(s, _)| keep(s)));
+        self.runs.extend(older.runs.into_iter().filter(|r| keep(&r.scenario)));
+        let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
+        self.metrics.sort_by_key(|m| rank(&m.scenario));
+        self.remarks.sort_by_key(|(s, _)| rank(s));
+        self.runs.sort_by_key(|r| rank(&r.scenario));
+    }
+
+    fn scenarios(&self) -> Vec<String> {
+        let mut s: Vec<String> = Vec::new();
+        for m in &self.metrics {
+            if !s.contains(&m.scenario) {
+                s.push(m.scenario.clone());
+            }
+        }
+        s
+    }
+}
+
+/// A number with about three significant digits and thousands separators for big ones.
+pub fn fmt_num(x: f64) -> String {
+    if !x.is_finite() {
+        return "–".into();
+    }
+    let a = x.abs();
+    if a < 1000.0 && x.fract() == 0.0 {
+        return format!("{x:.0}");
+    }
+    if a >= 1000.0 {
+        let n = x.round() as i64;
+        let s = n.unsigned_abs().to_string();
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        if n < 0 {
+            out.insert(0, '-');
+        }
+        out
+    } else if a >= 100.0 {
+        format!("{x:.0}")
+    } else if a >= 10.0 {
+        format!("{x:.1}")
+    } else if a >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn ratio(x: f64) -> String {
+    if !x.is_finite() {
+        return "–".into();
+    }
+    format!("{x:.2}×")
+}
+
+/// Latency-like units, where "vs direct" reads better as an added amount than as a ratio.
+fn is_latency(unit: &str) -> bool {
+    matches!(unit, "µs" | "ms" | "s")
+}
+
+/// The Markdown report: one table per scenario, each figure's rows with median, spread, the
+/// ratio (or difference, for latencies) against direct, and seedgate's ratio to each system.
+pub fn markdown(res: &Results, header: &str) -> String {
+    let mut out = String::new();
+    out.push_str(header);
+    for sc in res.scenarios() {
+        let _ = writeln!(out, "\n### {sc}\n");
+        for r in res.runs.iter().filter(|r| r.scenario == sc) {
+            let _ = writeln!(
+                out,
+                "- ran {}{}: {} repeat(s), {:.2} s windows, {:.0} s; load average {} at start, {} at end",
+                r.date_utc,
+                if r.smoke { " (smoke)" } else { "" },
+                r.repeats,
+                r.window_s,
+                r.seconds,
+                r.loadavg_start,
+                r.loadavg_end
+            );
+        }
+        for (_, text) in res.remarks.iter().filter(|(s, _)| *s == sc) {
+            let _ = writeln!(out, "- {text}");
+        }
+        if res.remarks.iter().any(|(s, _)| *s == sc) {
+            out.push('\n');
+        }
+        out.push_str("| figure | system | median | min–max | n | vs direct | seedgate ÷ this |\n");
+        out.push_str("|---|---|---:|---:|---:|---:|---:|\n");
+        // A system skipped as a whole is shown once (at its first figure), not in every figure.
+        let mut shown_skips: Vec<&str> = Vec::new();
+        for m in res.metrics.iter().filter(|m| m.scenario == sc) {
+            let direct = m.row(Kind::Direct).and_then(Row::median);
+            let ours = m.row(Kind::Seedgate).and_then(Row::median);
+            let arrow = match m.better {
+                Better::Higher => "↑",
+                Better::Lower => "↓",
+            };
+            let fig = format!("{} ({}, {arrow})", m.name, m.unit);
+            let mut first_row = true;
+            for r in &m.rows {
+                let figcell = if first_row { fig.as_str() } else { "" };
+                let sys = match r.kind {
+                    Kind::Seedgate => format!("**{}**", r.system),
+                    _ => r.system.clone(),
+                };
+                let Some(med) = r.median() else {
+                    if r.skipped.is_some() {
+                        if shown_skips.contains(&r.system.as_str()) {
+                            continue;
+                        }
+                        shown_skips.push(&r.system);
+                    }
+                    let _ = writeln!(
+                        out,
+                        "| {figcell} | {sys} | {} | | | | |",
+                        unavailable(r).replace('|', "/")
+                    );
+                    first_row = false;
+                    continue;
+                };
+                let (lo, hi) = r.min_max().unwrap_or((med, med));
+                let vs_direct = match (direct, r.kind) {
+                    (_, Kind::Direct) => String::new(),
+                    (Some(d), _) if is_latency(&m.unit) => {
+                        let diff = med - d;
+                        format!(
+                            "{}{} {}",
+                            if diff < 0.0 { "−" } else { "+" },
+                            fmt_num(diff.abs()),
+                            m.unit
+                        )
+                    }
+                    (Some(d), _) if d != 0.0 => ratio(med / d),
+                    _ => String::new(),
+                };
+                let vs_ours = match (ours, r.kind) {
+                    (Some(o), Kind::Anchor | Kind::Direct) if med != 0.0 => ratio(o / med),
+                    _ => String::new(),
+                };
+                let mut medcell = fmt_num(med);
+                if !r.notes.is_empty() {
+                    medcell.push_str(" ⚠");
+                }
+                let _ = writeln!(
+                    out,
+                    "| {figcell} | {sys} | {medcell} | {}–{} | {} | {vs_direct} | {vs_ours} |",
+                    fmt_num(lo),
+                    fmt_num(hi),
+                    r.samples.len()
+                );
+                first_row = false;
+            }
+        }
+        // Notes under the table: errors grouped by system and first message (a failure that
+        // repeats across figures and repeats is listed once, with the figures it hit).
+        let mut notes = String::new();
+        for m in res.metrics.iter().filter(|m| m.scenario == sc) {
+            if let Some(n) = &m.note {
+                let _ = writeln!(notes, "- {}: {n}", m.name);
+            }
+        }
+        let mut groups: Vec<(String, String, Vec<String>, usize)> = Vec::new();
+        for m in res.metrics.iter().filter(|m| m.scenario == sc) {
+            for r in m.rows.iter().filter(|r| !r.notes.is_empty()) {
+                let first = r.notes[0].clone();
+                match groups.iter_mut().find(|g| g.0 == r.system && g.1 == first) {
+                    Some(g) => g.2.push(m.name.clone()),
+                    None => groups.push((r.system.clone(), first, vec![m.name.clone()], r.notes.len())),
+                }
+            }
+        }
+        for m in res.metrics.iter().filter(|m| m.scenario == sc) {
+            for r in &m.rows {
+                if let Some(i) = &r.info {
+                    let _ = writeln!(notes, "- {} / {}: {i}", m.name, r.system);
+                }
+            }
+        }
+        for (system, first, figures, n) in groups {
+            let more = if n > 1 {
+                format!(" (and {} other messages)", n - 1)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(notes, "- ⚠ {system} — {}: {first}{more}", figures.join("; "));
+        }
+        if !notes.is_empty() {
+            out.push('\n');
+            out.push_str(&notes);
+        }
+    }
+    out
+}
+
+/// Why a row has no median: skipped (not run) or failed (every repeat errored).
+fn unavailable(r: &Row) -> String {
+    match (&r.skipped, r.notes.first()) {
+        (Some(s), _) => format!("skipped: {s}"),
+        (None, Some(n)) => format!("failed: {}", n.trim_start_matches("error: ")),
+        (None, None) => "no result".into(),
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A hand-written SVG: one panel per figure, a horizontal bar per system (the median, with a
+/// min–max whisker), scaled to the largest median of that figure; skipped systems are named.
+pub fn svg(res: &Results, title: &str) -> String {
+    const W: f64 = 980.0;
+    const LABEL_W: f64 = 300.0;
+    const BAR_W: f64 = 520.0;
+    const ROW_H: f64 = 18.0;
+    const PANEL_GAP: f64 = 14.0;
+    let mut body = String::new();
+    let mut y = 52.0;
+    let mut last_sc = String::new();
+    let mut shown_skips: Vec<&str> = Vec::new();
+    for m in &res.metrics {
+        if m.scenario != last_sc {
+            shown_skips.clear();
+            y += 10.0;
+            let _ = writeln!(
+                body,
+                r##"<text x="10" y="{:.1}" font-size="16" font-weight="bold">{}</text>"##,
+                y + 14.0,
+                esc(&m.scenario)
+            );
+            y += 24.0;
+            last_sc = m.scenario.clone();
+        }
+        let arrow = match m.better {
+            Better::Higher => "higher is better",
+            Better::Lower => "lower is better",
+        };
+        let _ = writeln!(
+            body,
+            r##"<text x="20" y="{:.1}" font-size="13" font-weight="bold">{} ({}, {arrow})</text>"##,
+            y + 13.0,
+            esc(&m.name),
+            esc(&m.unit)
+        );
+        y += ROW_H + 2.0;
+        // Bars scale to the largest median; whiskers beyond the panel are clipped at its edge.
+        let max = m
+            .rows
+            .iter()
+            .filter_map(Row::median)
+            .fold(0.0f64, f64::max)
+            .max(f64::MIN_POSITIVE)
+            * 1.05;
+        let x_of = |v: f64| LABEL_W + (v / max * BAR_W).min(BAR_W + 20.0);
+        for r in &m.rows {
+            // A system skipped as a whole is named once per scenario.
+            if r.median().is_none() && r.skipped.is_some() {
+                if shown_skips.contains(&r.system.as_str()) {
+                    continue;
+                }
+                shown_skips.push(&r.system);
+            }
+            let color = match r.kind {
+                Kind::Direct => "#9e9e9e",
+                Kind::Seedgate => "#2e7d32",
+                Kind::Anchor => "#1565c0",
+            };
+            let _ = writeln!(
+                body,
+                r##"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="end">{}</text>"##,
+                LABEL_W - 6.0,
+                y + 13.0,
+                esc(&r.system)
+            );
+            match r.median() {
+                Some(med) => {
+                    let wbar = (med / max * BAR_W).max(1.0);
+                    let _ = writeln!(
+                        body,
+                        r##"<rect x="{LABEL_W}" y="{:.1}" width="{wbar:.1}" height="{:.1}" fill="{color}"/>"##,
+                        y + 2.0,
+                        ROW_H - 4.0
+                    );
+                    if let Some((lo, hi)) = r.min_max()
+                        && hi > lo
+                    {
+                        let (x0, x1) = (x_of(lo), x_of(hi));
+                        let ym = y + ROW_H / 2.0;
+                        let _ = writeln!(
+                            body,
+                            r##"<path d="M{x0:.1},{ym:.1}H{x1:.1}M{x0:.1},{:.1}V{:.1}M{x1:.1},{:.1}V{:.1}" stroke="#000" stroke-width="1"/>"##,
+                            ym - 4.0,
+                            ym + 4.0,
+                            ym - 4.0,
+                            ym + 4.0
+                        );
+                    }
+                    let _ = writeln!(
+                        body,
+                        r##"<text x="{:.1}" y="{:.1}" font-size="12">{} {}</text>"##,
+                        x_of(med).max(r.min_max().map_or(0.0, |(_, hi)| x_of(hi))) + 6.0,
+                        y + 13.0,
+                        fmt_num(med),
+                        esc(&m.unit)
+                    );
+                }
+                None => {
+                    let why: String = unavailable(r).chars().take(100).collect();
+                    let _ = writeln!(
+                        body,
+                        r##"<text x="{LABEL_W}" y="{:.1}" font-size="11" fill="#777">{}</text>"##,
+                        y + 13.0,
+                        esc(&why)
+                    );
+                }
+            }
+            y += ROW_H;
+        }
+        y += PANEL_GAP;
+    }
+    let h = y + 30.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h:.0}" viewBox="0 0 {W} {h:.0}" font-family="DejaVu Sans, Arial, sans-serif">"##
+    );
+    let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="#fff"/>"##);
+    let _ = writeln!(out, r##"<text x="10" y="22" font-size="15">{}</text>"##, esc(title));
+    let legend = [
+        ("#9e9e9e", "direct (no proxy)"),
+        ("#2e7d32", "seedgate"),
+        ("#1565c0", "anchor"),
+    ];
+    for (i, (c, t)) in legend.iter().enumerate() {
+        let x = 10.0 + i as f64 * 150.0;
+        let _ = writeln!(
+            out,
+            r##"<rect x="{x:.0}" y="36" width="12" height="12" fill="{c}"/><text x="{:.0}" y="47" font-size="12">{t}</text>"##,
+            x + 16.0
+        );
+    }
+    out.push_str(&body);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The median of the first row whose system starts with `system`, in the first metric of
+/// `scenario` whose name starts with `name`.
+fn med(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
+    res.metrics
+        .iter()
+        .filter(|m| m.scenario == scenario && m.name.starts_with(name))
+        .flat_map(|m| m.rows.iter())
+        .find(|r| r.system.starts_with(system))
+        .and_then(Row::median)
+}
+
+/// The issue's performance targets, evaluated on these results (rows whose inputs are missing
+/// are left out).
+pub fn targets(res: &Results) -> String {
+    let mut rows: Vec<(String, String, bool)> = Vec::new();
+    fn ratio_at_least(
+        rows: &mut Vec<(String, String, bool)>,
+        what: &str,
+        ours: Option<f64>,
+        theirs: Option<f64>,
+        min: f64,
+        unit: &str,
+    ) {
+        if let (Some(o), Some(t)) = (ours, theirs)
+            && t > 0.0
+        {
+            let r = o / t;
+            rows.push((
+                what.to_owned(),
+                format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)),
+                r >= min,
+            ));
+        }
+    }
+    let b = "sni-bulk";
+    ratio_at_least(
+        &mut rows,
+        "sni-router bulk (1 stream) ≥ 0.5× direct",
+        med(res, b, "bulk, 1 stream", "sni-router"),
+        med(res, b, "bulk, 1 stream", "direct"),
+        0.5,
+        "Gbit/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "sni-router bulk (64 streams) ≥ 0.5× direct",
+        med(res, b, "bulk, 64", "sni-router"),
+        med(res, b, "bulk, 64", "direct"),
+        0.5,
+        "Gbit/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "sni-router bulk (1 stream) ahead of haproxy splice-auto",
+        med(res, b, "bulk, 1 stream", "sni-router"),
+        med(res, b, "bulk, 1 stream", "haproxy splice"),
+        1.0,
+        "Gbit/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "sni-router bulk (64 streams) ahead of haproxy splice-auto",
+        med(res, b, "bulk, 64", "sni-router"),
+        med(res, b, "bulk, 64", "haproxy splice"),
+        1.0,
+        "Gbit/s",
+    );
+    let c = "sni-connrate";
+    ratio_at_least(
+        &mut rows,
+        "full-TLS connections/s ≥ 0.8× direct",
+        med(res, c, "full-TLS", "sni-router"),
+        med(res, c, "full-TLS", "direct"),
+        0.8,
+        "conn/s",
+    );
+    let p50 = |sys: &str| med(res, c, "time to first byte p50 at 200", sys);
+    let p99 = |sys: &str| med(res, c, "time to first byte p99 at 200", sys);
+    if let (Some(o), Some(d)) = (p50("sni-router"), p50("direct")) {
+        rows.push((
+            "added median latency ≤ 15 µs".into(),
+            format!("{:+.0} µs (at 200 conn/s)", o - d),
+            o - d <= 15.0,
+        ));
+    }
+    if let (Some(o), Some(h), Some(d)) = (p99("sni-router"), p99("haproxy"), p99("direct")) {
+        let (ao, ah) = (o - d, h - d);
+        rows.push((
+            "added p99 latency ≤ ½ haproxy's".into(),
+            format!("{ao:+.0} µs vs haproxy {ah:+.0} µs"),
+            ao <= ah / 2.0,
+        ));
+    }
+    let pp = "proxy-protocol";
+    let best = [
+        med(res, pp, "PROXY-v2 listener alone, connections", "haproxy"),
+        med(res, pp, "PROXY-v2 listener alone, connections", "nginx"),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+    ratio_at_least(
+        &mut rows,
+        "PROXY-v2 listener connections/s ≥ 1.5× best of haproxy/nginx",
+        med(res, pp, "PROXY-v2 listener alone, connections", "sni-router"),
+        best,
+        1.5,
+        "conn/s",
+    );
+    let im = "idle-memory";
+    if let Some(v) = med(res, im, "SNI passthrough", "sni-router") {
+        rows.push((
+            "idle memory ≤ 2 KiB per routed connection (sni-router)".into(),
+            format!("{v:.1} KiB"),
+            v <= 2.0,
+        ));
+    }
+    if let Some(v) = med(res, im, "reverse tunnel", "proxy-server") {
+        rows.push((
+            "idle memory ≤ 8 KiB per tunnel stream (both ends)".into(),
+            format!("{v:.1} KiB"),
+            v <= 8.0,
+        ));
+    }
+    let t = "tunnel";
+    ratio_at_least(
+        &mut rows,
+        "tunnel bulk (1 stream) ≥ 1.5× rathole (tcp)",
+        med(res, t, "bulk upload, 1", "proxy-server"),
+        med(res, t, "bulk upload, 1", "rathole (tcp)"),
+        1.5,
+        "Gbit/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "tunnel bulk (1 stream) ≥ 1.5× rathole (tls)",
+        med(res, t, "bulk upload, 1", "proxy-server"),
+        med(res, t, "bulk upload, 1", "rathole (tls)"),
+        1.5,
+        "Gbit/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "tunnel connections/s ≥ 1.5× rathole (tcp)",
+        med(res, t, "new connections/s", "proxy-server"),
+        med(res, t, "new connections/s", "rathole (tcp)"),
+        1.5,
+        "conn/s",
+    );
+    ratio_at_least(
+        &mut rows,
+        "CONNECT through the tunnel ≥ 2× squid+rathole opens/s",
+        med(res, t, "CONNECT through a reverse tunnel, opens", "proxy-server"),
+        med(res, t, "CONNECT through a reverse tunnel, opens", "squid"),
+        2.0,
+        "opens/s",
+    );
+    if let Some(v) = med(
+        res,
+        t,
+        "CONNECT through a reverse tunnel, open latency p99 at 200",
+        "proxy-server",
+    ) {
+        rows.push((
+            "CONNECT through the tunnel: p99 open latency ≤ 4 ms".into(),
+            format!("{:.2} ms (at 200 conn/s)", v / 1000.0),
+            v <= 4000.0,
+        ));
+    }
+    if let Some(v) = med(res, t, "head-of-line ratio", "proxy-server") {
+        rows.push(("head-of-line ratio ≥ 0.9".into(), format!("{v:.2}"), v >= 0.9));
+    }
+    for m in res
+        .metrics
+        .iter()
+        .filter(|m| m.scenario == t && m.name.starts_with("streams completing"))
+    {
+        let n: f64 = m.name.rsplit(' ').next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+        if let Some(v) = m
+            .rows
+            .iter()
+            .find(|r| r.system.starts_with("proxy-server"))
+            .and_then(Row::median)
+        {
+            rows.push((
+                format!("{n:.0} concurrent streams all complete"),
+                format!("{v:.0} of {n:.0}"),
+                v >= n,
+            ));
+        }
+    }
+    let rl = "reload";
+    if let Some(v) = med(res, rl, "connections reset", "sni-router") {
+        rows.push(("reload resets 0 connections".into(), format!("{v:.0}"), v == 0.0));
+    }
+    if let Some(v) = med(res, rl, "new route live", "sni-router") {
+        rows.push((
+            "new route live < 100 ms at 10,000 routes".into(),
+            format!("{v:.0} ms"),
+            v < 100.0,
+        ));
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\n### targets (issue 5)\n\n| target | seedgate now | met |\n|---|---|---|\n");
+    for (what, value, ok) in rows {
+        let _ = writeln!(out, "| {what} | {value} | {} |", if ok { "yes" } else { "**no**" });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_ratios_and_skips() {
+        let mut r = Results::default();
+        let m = r.metric("sni-bulk", "bulk, 1 stream", "Gbit/s", Better::Higher);
+        r.add(m, "direct", Kind::Direct, 20.0);
+        r.add(m, "sni-router", Kind::Seedgate, 10.0);
+        r.add(m, "sni-router", Kind::Seedgate, 12.0);
+        r.add(m, "haproxy", Kind::Anchor, 5.0);
+        r.skip(m, "rathole", Kind::Anchor, "not installed");
+        let l = r.metric("sni-bulk", "p50", "µs", Better::Lower);
+        r.add(l, "direct", Kind::Direct, 100.0);
+        r.add(l, "sni-router", Kind::Seedgate, 110.0);
+        let md = markdown(&r, "");
+        assert!(md.contains("| **sni-router** | 11 | 10–12 | 2 | 0.55× |  |"), "{md}");
+        assert!(md.contains("| haproxy | 5 | 5–5 | 1 | 0.25× | 2.20× |"), "{md}");
+        assert!(md.contains("skipped: not installed"), "{md}");
+        assert!(md.contains("+10 µs"), "{md}");
+        let s = svg(&r, "t");
+        assert!(s.starts_with("<svg") && s.contains("skipped: not installed"));
+        assert_eq!(fmt_num(17443.2), "17,443");
+    }
+}

@@ -1,0 +1,542 @@
+//! The side-by-side benchmark: options, the run context, the scenario list, and the runner
+//! that prints the Markdown table and writes the JSON file and the SVG chart.
+//!
+//! Every scenario runs the same load in the same run against direct (no proxy), seedgate and
+//! each anchor that can play the role; repeats are interleaved (repeat 1 of every system, then
+//! repeat 2, ...) so that drift in the machine's state spreads over all systems alike.
+
+mod connect;
+mod idle_memory;
+mod proxy_protocol;
+mod reload;
+mod sni_bulk;
+mod sni_connrate;
+mod tunnel;
+
+use crate::host::{self, Machine, Pinning};
+use crate::load::RateResult;
+use crate::report::{self, Kind, MetricId, Results};
+use crate::systems::{Anchors, Bins, Env, Running, Slot};
+use anyhow::Context as _;
+use rustls::ClientConfig;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testbed::{Ca, TempDir};
+
+/// Options shared by every scenario subcommand (also accepted before the subcommand).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Opts {
+    /// Run every scenario briefly (short windows, one repeat, fewer connections) to prove the
+    /// harness works; figures are reported, never asserted.
+    #[arg(long, global = true)]
+    pub smoke: bool,
+    /// Repeats of each measurement (default 5; 1 with --smoke).
+    #[arg(long, global = true)]
+    pub repeats: Option<usize>,
+    /// Measuring window of one throughput or rate measurement, in seconds (default 3; 0.25 with
+    /// --smoke). A warm-up of a quarter of it (at least 0.1 s) comes first.
+    #[arg(long, global = true)]
+    pub window: Option<f64>,
+    /// Where to write the results as JSON (default bench/results/latest.json, or
+    /// bench/results/smoke.json with --smoke).
+    #[arg(long, global = true)]
+    pub json: Option<PathBuf>,
+    /// Where to write the chart (default bench/results/latest.svg, or smoke.svg with --smoke).
+    #[arg(long, global = true)]
+    pub svg: Option<PathBuf>,
+    /// Merge into the JSON file: keep its results for the scenarios not run now, so that a full
+    /// table can be assembled from scenarios run one at a time (each keeps its date and machine
+    /// load); the Markdown and the chart show the merged results.
+    #[arg(long, global = true)]
+    pub merge: bool,
+    /// Do not pin processes to CPUs.
+    #[arg(long, global = true)]
+    pub no_pin: bool,
+    /// Start only the systems whose label contains this text (direct always runs): for
+    /// profiling one system (see BENCH_PERF_DIR in bench/README.md).
+    #[arg(long, global = true)]
+    pub only: Option<String>,
+    /// Keep the directory with every config and process log, and print its path.
+    #[arg(long, global = true)]
+    pub keep: bool,
+}
+
+/// The scenarios, in the order `all` runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    SniBulk,
+    SniConnrate,
+    ProxyProtocol,
+    Connect,
+    Tunnel,
+    IdleMemory,
+    Reload,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Self::SniBulk,
+        Self::SniConnrate,
+        Self::ProxyProtocol,
+        Self::Connect,
+        Self::Tunnel,
+        Self::IdleMemory,
+        Self::Reload,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SniBulk => "sni-bulk",
+            Self::SniConnrate => "sni-connrate",
+            Self::ProxyProtocol => "proxy-protocol",
+            Self::Connect => "connect",
+            Self::Tunnel => "tunnel",
+            Self::IdleMemory => "idle-memory",
+            Self::Reload => "reload",
+        }
+    }
+}
+
+/// How much load: full runs and smoke runs differ only here.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Scale {
+    pub repeats: usize,
+    pub warmup: Duration,
+    pub window: Duration,
+    /// Closed-loop workers for connection-rate runs ("saturation").
+    pub concurrency: usize,
+    /// Offered rate (connections/s) of the fixed-rate latency runs.
+    pub fixed_rate: f64,
+    /// Idle connections held per system in idle-memory.
+    pub idle_conns: usize,
+    /// Concurrent open tunnel streams (the two sizes).
+    pub streams: [usize; 2],
+    /// Routes loaded in the reload scenario, and connections streaming through the reload.
+    pub reload_routes: usize,
+    pub reload_streams: usize,
+    /// Streams of the head-of-line test.
+    pub hol_streams: usize,
+}
+
+impl Scale {
+    fn new(o: &Opts) -> Self {
+        let window = o.window.unwrap_or(if o.smoke { 0.25 } else { 3.0 }).max(0.05);
+        let s = o.smoke;
+        Self {
+            repeats: o.repeats.unwrap_or(if s { 1 } else { 5 }).max(1),
+            warmup: Duration::from_secs_f64((window / 4.0).max(0.1)),
+            window: Duration::from_secs_f64(window),
+            concurrency: 32,
+            // Well below every system's saturation, so that latency is the path's, not a queue's.
+            fixed_rate: 200.0,
+            idle_conns: if s { 300 } else { 9_000 },
+            streams: if s { [100, 1_000] } else { [1_000, 10_000] },
+            reload_routes: 10_000,
+            reload_streams: if s { 50 } else { 200 },
+            hol_streams: 50,
+        }
+    }
+}
+
+/// What every scenario gets.
+pub struct Ctx {
+    pub scale: Scale,
+    pub smoke: bool,
+    pub pin: Pinning,
+    pub bins: Bins,
+    pub anchors: Anchors,
+    pub dir: TempDir,
+    pub ca: Ca,
+    /// A rustls client trusting [`Ctx::ca`], with session resumption off (every handshake full).
+    pub tls_client: Arc<ClientConfig>,
+}
+
+impl Ctx {
+    pub fn env(&self) -> Env<'_> {
+        Env {
+            pin: &self.pin,
+            dir: self.dir.path(),
+            bins: &self.bins,
+            anchors: &self.anchors,
+            ca: &self.ca,
+        }
+    }
+}
+
+/// Record one measurement of system `label`: a value, or the error as a note on the row.
+pub fn record(res: &mut Results, m: MetricId, label: &str, kind: Kind, r: anyhow::Result<f64>) {
+    let what = res.describe(m);
+    match r {
+        Ok(v) => {
+            eprintln!("  {what} | {label} | {}", report::fmt_num(v));
+            res.add(m, label, kind, v);
+        }
+        Err(e) => {
+            let text = format!("{e:#}");
+            let first: String = text.lines().next().unwrap_or("").chars().take(200).collect();
+            eprintln!("  {what} | {label} | error: {text}");
+            res.note(m, label, kind, &format!("error: {first}"));
+        }
+    }
+}
+
+/// Record the figures of one rate run. They count if the system is still alive and at most 1%
+/// of the transactions failed (else the error is reported instead); fewer errors are noted.
+pub fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &[(MetricId, f64)]) {
+    let done = r.first_byte.len() as u64;
+    let first = r
+        .first_error
+        .as_deref()
+        .map(|e| format!(" (first: {e})"))
+        .unwrap_or_default();
+    let verdict = match sys.check_alive() {
+        Err(e) => Err(e),
+        Ok(()) if done == 0 || r.errors * 100 > done + r.errors => {
+            Err(anyhow::anyhow!("{} errors, {done} completed{first}", r.errors))
+        }
+        Ok(()) => Ok(()),
+    };
+    for &(m, v) in figs {
+        let one = match &verdict {
+            Ok(()) => Ok(v),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        };
+        record(res, m, &sys.label, sys.kind, one);
+        if verdict.is_ok() && r.errors > 0 {
+            res.note(
+                m,
+                &sys.label,
+                sys.kind,
+                &format!("{} errors of {}{first}", r.errors, done + r.errors),
+            );
+        }
+        if r.dropped > 0 {
+            res.note(
+                m,
+                &sys.label,
+                sys.kind,
+                &format!("{} fixed-rate starts dropped (too many outstanding)", r.dropped),
+            );
+        }
+    }
+}
+
+/// Add a skipped row for every skipped slot to each metric (so none is silently dropped).
+pub fn record_skips(res: &mut Results, metrics: &[MetricId], slots: &[Slot]) {
+    for s in slots {
+        if let Slot::Skipped { label, kind, reason } = s {
+            for &m in metrics {
+                res.skip(m, label, *kind, reason);
+            }
+        }
+    }
+}
+
+/// Run the scenarios (CLI entry point for everything but the demo).
+pub fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
+    match run_main(opts, which) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main(opts: Opts, which: Vec<Scenario>) -> anyhow::Result<ExitCode> {
+    // Build first (with every CPU), then pin the harness.
+    let bins = testbed::ensure_built("release", &["sni-router", "proxy-server", "proxy-agent"])?;
+    let bins = Bins {
+        router: bins[0].clone(),
+        server: bins[1].clone(),
+        agent: bins[2].clone(),
+    };
+    let nofile = host::raise_nofile(host::NOFILE)?;
+    let pin = host::pin(!opts.no_pin)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(run_async(opts, which, bins, pin, nofile))
+}
+
+async fn run_async(
+    opts: Opts,
+    which: Vec<Scenario>,
+    bins: Bins,
+    pin: Pinning,
+    nofile: u64,
+) -> anyhow::Result<ExitCode> {
+    let scale = Scale::new(&opts);
+    if let Some(o) = &opts.only {
+        let _ = crate::systems::ONLY.set(o.clone());
+    }
+    let mut machine = Machine::probe(nofile);
+    let anchors = Anchors::find();
+    let mut dir = TempDir::new("bench")?;
+    if opts.keep {
+        dir.keep();
+    }
+    let ca = Ca::new("seedgate bench CA")?;
+    let mut tls = (*testbed::pki::client_config(&ca, None, &["http/1.1"])?).clone();
+    tls.resumption = rustls::client::Resumption::disabled();
+    let ctx = Ctx {
+        scale,
+        smoke: opts.smoke,
+        pin,
+        bins,
+        anchors,
+        dir,
+        ca,
+        tls_client: Arc::new(tls),
+    };
+
+    let versions = ctx.anchors.versions();
+    eprintln!("bench: pinning: {}", ctx.pin.describe());
+    eprintln!("bench: load average at start: {}", machine.loadavg_start);
+    let mut res = Results::default();
+    let mut failed = Vec::new();
+    let started = Instant::now();
+    // SIGINT/SIGTERM end the run cleanly: the running scenario is dropped (which stops every
+    // process it started) and what was measured so far is still reported.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut interrupted = false;
+    for sc in &which {
+        eprintln!("bench: == {} ==", sc.name());
+        let t = Instant::now();
+        let (date, load0) = (host::utc_now(), host::loadavg());
+        let fut = async {
+            match sc {
+                Scenario::SniBulk => sni_bulk::run(&ctx, &mut res).await,
+                Scenario::SniConnrate => sni_connrate::run(&ctx, &mut res).await,
+                Scenario::ProxyProtocol => proxy_protocol::run(&ctx, &mut res).await,
+                Scenario::Connect => connect::run(&ctx, &mut res).await,
+                Scenario::Tunnel => tunnel::run(&ctx, &mut res).await,
+                Scenario::IdleMemory => idle_memory::run(&ctx, &mut res).await,
+                Scenario::Reload => reload::run(&ctx, &mut res).await,
+            }
+        };
+        let r = tokio::select! {
+            r = fut => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = sigterm.recv() => None,
+        };
+        res.runs.push(report::ScenarioRun {
+            scenario: sc.name().into(),
+            date_utc: date,
+            loadavg_start: load0,
+            loadavg_end: host::loadavg(),
+            repeats: ctx.scale.repeats,
+            window_s: ctx.scale.window.as_secs_f64(),
+            smoke: opts.smoke,
+            seconds: t.elapsed().as_secs_f64(),
+        });
+        match r {
+            None => {
+                eprintln!("bench: interrupted during {}", sc.name());
+                res.remark(sc.name(), "interrupted: the figures of this scenario are incomplete");
+                interrupted = true;
+                break;
+            }
+            Some(Err(e)) => {
+                eprintln!("bench: scenario {} failed: {e:#}", sc.name());
+                let first = format!("{e:#}").lines().next().unwrap_or("").to_owned();
+                res.remark(sc.name(), &format!("scenario failed: {first}"));
+                failed.push(format!("{} (scenario error)", sc.name()));
+            }
+            Some(Ok(())) => {}
+        }
+        eprintln!("bench: {} took {:.1} s", sc.name(), t.elapsed().as_secs_f64());
+    }
+    machine.loadavg_end = host::loadavg();
+    // A seedgate system that could not even start means the harness or the binaries are broken
+    // (an anchor that is missing is only skipped).
+    for m in &res.metrics {
+        for r in &m.rows {
+            if let (Kind::Seedgate, Some(why)) = (r.kind, &r.skipped)
+                && !why.contains("filtered out")
+            {
+                let what = format!("{}: {} did not start: {why}", m.scenario, r.system);
+                if !failed.contains(&what) {
+                    failed.push(what);
+                }
+            }
+        }
+    }
+
+    let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
+    let stem = if opts.smoke { "smoke" } else { "latest" };
+    let json_path = opts
+        .json
+        .clone()
+        .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
+    let svg_path = opts
+        .svg
+        .clone()
+        .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+    if opts.merge {
+        match std::fs::read(&json_path) {
+            Ok(bytes) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", json_path.display()))?;
+                let older: Results = serde_json::from_value(v["results"].clone())
+                    .with_context(|| format!("reading the results in {}", json_path.display()))?;
+                let order: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                res.merge_older(older, &order);
+            }
+            Err(e) => eprintln!("bench: --merge: nothing to merge from {} ({e})", json_path.display()),
+        }
+    }
+    let header = header(&ctx, &machine, &versions, started.elapsed(), &which);
+    let md = report::markdown(&res, &header) + &report::targets(&res);
+    println!("{md}");
+    let json = serde_json::json!({
+        "machine": machine,
+        "pinning": ctx.pin,
+        "pinning_text": ctx.pin.describe(),
+        "scale": ctx.scale,
+        "smoke": opts.smoke,
+        "scenarios": which.iter().map(|s| s.name()).collect::<Vec<_>>(),
+        "anchors": versions.iter().map(|(k, v)| serde_json::json!({"name": k, "version": v})).collect::<Vec<_>>(),
+        "duration_s": started.elapsed().as_secs_f64(),
+        "results": res,
+        "markdown": md,
+    });
+    write_file(&json_path, &serde_json::to_string_pretty(&json)?)?;
+    let title = format!(
+        "seedgate bench — {} — {} × {}, {}{}",
+        machine.date_utc,
+        machine.cpus,
+        machine.cpu_model,
+        if opts.smoke {
+            "SMOKE (not figures to quote), "
+        } else {
+            ""
+        },
+        format_args!("medians of {} (bars), min–max (whiskers)", ctx.scale.repeats)
+    );
+    write_file(&svg_path, &report::svg(&res, &title))?;
+    eprintln!("bench: wrote {} and {}", json_path.display(), svg_path.display());
+    if opts.keep {
+        eprintln!("bench: configs and logs kept in {}", ctx.dir.path().display());
+    }
+    if interrupted {
+        Ok(ExitCode::from(130))
+    } else if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("bench: FAILED:\n  {}", failed.join("\n  "));
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `bench report`: print the Markdown of a results file and rewrite its chart, without running
+/// anything (e.g. after merging scenarios run one at a time).
+pub fn report_main(opts: Opts) -> ExitCode {
+    let r = (|| -> anyhow::Result<()> {
+        let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
+        let stem = if opts.smoke { "smoke" } else { "latest" };
+        let json_path = opts
+            .json
+            .clone()
+            .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
+        let svg_path = opts
+            .svg
+            .clone()
+            .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+        let bytes = std::fs::read(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes)?;
+        let res: Results = serde_json::from_value(v["results"].clone()).context("the results in the file")?;
+        let m = &v["machine"];
+        let header = format!(
+            "## seedgate bench — {}\n\n- machine: {} × {}, {} GiB, Linux {}\n- pinning: {}\n- anchors: {}\n",
+            json_path.display(),
+            m["cpus"],
+            m["cpu_model"].as_str().unwrap_or("?"),
+            m["mem_gib"],
+            m["kernel"].as_str().unwrap_or("?"),
+            v["pinning_text"].as_str().unwrap_or("?"),
+            v["anchors"]
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .map(|x| format!(
+                        "{}: {}",
+                        x["name"].as_str().unwrap_or(""),
+                        x["version"].as_str().unwrap_or("")
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; "))
+                .unwrap_or_default(),
+        );
+        println!("{}{}", report::markdown(&res, &header), report::targets(&res));
+        let dates: Vec<&str> = res.runs.iter().map(|r| r.date_utc.as_str()).collect();
+        let title = format!(
+            "seedgate bench — {} — {} × {}, medians (bars), min–max (whiskers)",
+            dates.first().copied().unwrap_or("?"),
+            m["cpus"],
+            m["cpu_model"].as_str().unwrap_or("?"),
+        );
+        write_file(&svg_path, &report::svg(&res, &title))?;
+        eprintln!("bench: wrote {}", svg_path.display());
+        Ok(())
+    })();
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench report: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_file(p: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))
+}
+
+fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration, which: &[Scenario]) -> String {
+    let s = &ctx.scale;
+    let mut h = String::new();
+    h.push_str(&format!(
+        "## seedgate bench{} — {}\n\n",
+        if ctx.smoke {
+            " (smoke run: brief, figures are not to be quoted)"
+        } else {
+            ""
+        },
+        m.date_utc
+    ));
+    h.push_str(&format!(
+        "- machine: {} × {}, {} GiB, Linux {}; load average (1/5/15 min) {} at start, {} at end; fd limit {}\n",
+        m.cpus, m.cpu_model, m.mem_gib, m.kernel, m.loadavg_start, m.loadavg_end, m.nofile
+    ));
+    h.push_str(&format!("- pinning: {}\n", ctx.pin.describe()));
+    h.push_str(&format!(
+        "- each figure: median of {} repeat(s) (interleaved across systems), spread min–max; windows of {:.2} s after {:.2} s warm-up; \
+         connection rates closed-loop with {} concurrent clients, fixed-rate latency at {} connections/s (open loop)\n",
+        s.repeats,
+        s.window.as_secs_f64(),
+        s.warmup.as_secs_f64(),
+        s.concurrency,
+        s.fixed_rate
+    ));
+    h.push_str(
+        "- every system logs no per-connection access line (seedgate RUST_LOG=warn; haproxy without `log`; nginx stream without access_log; squid access_log none; tinyproxy LogLevel Critical; rathole RUST_LOG=error)\n",
+    );
+    h.push_str(&format!(
+        "- anchors: {}\n",
+        versions
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    h.push_str(&format!(
+        "- scenarios: {}; took {:.0} s\n- columns: `vs direct` = system ÷ direct (for latencies: the added time); `seedgate ÷ this` = the first seedgate row ÷ this row (> 1 means seedgate's number is larger: better for ↑ figures, worse for ↓ ones); ⚠ = errors, listed under the table\n",
+        which.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
+        took.as_secs_f64()
+    ));
+    h
+}

@@ -1,0 +1,439 @@
+//! tunnel: the reverse tunnel, proxy-server + proxy-agent (the agent dials out with mTLS; one
+//! HTTP/2 stream per connection), against rathole (TCP and TLS transports: one data-channel
+//! connection per forwarded connection) and `ssh -R` (one SSH connection, a channel per
+//! forwarded connection).
+//!
+//! The "shoot" side targets are the harness's backends (sink, ping, source) and the echo
+//! helper. seedgate is reached the way kube-apiserver reaches it: `CONNECT <target>` to the
+//! proxy-server front end; rathole and ssh forward one visitor port per target. Both ends of
+//! every tunnel run on the proxy CPU.
+//!
+//! Figures: bulk upload (1 and 64 streams), new connections/s and time to first byte for small
+//! requests, CONNECT through a reverse tunnel (seedgate vs squid behind rathole), memory and
+//! completion with 1,000 / 10,000 concurrent open streams, and head-of-line blocking: the
+//! aggregate download rate of 50 streams while one more stream's reader is stalled, as a ratio
+//! of the same without it.
+
+use super::{Ctx, record, record_rate, record_skips};
+use crate::load::{
+    self, Ping, Preamble, Sink, Source, Txn, bulk_download, bulk_upload, closed_loop, connect_head, open_loop,
+};
+use crate::report::{Better, Kind, MetricId, Results};
+use crate::systems::{self, Running, Slot};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SC: &str = "tunnel";
+
+/// The shoot-side targets.
+#[derive(Debug, Clone, Copy)]
+struct Targets {
+    sink: SocketAddr,
+    ping: SocketAddr,
+    source: SocketAddr,
+    echo: SocketAddr,
+}
+
+impl Targets {
+    fn get(&self, role: &str) -> SocketAddr {
+        match role {
+            "sink" => self.sink,
+            "ping" => self.ping,
+            "source" => self.source,
+            _ => self.echo,
+        }
+    }
+
+    fn services(&self) -> [(&'static str, SocketAddr); 4] {
+        [
+            ("sink", self.sink),
+            ("ping", self.ping),
+            ("source", self.source),
+            ("echo", self.echo),
+        ]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tunnel {
+    Direct,
+    Seedgate,
+    Rathole { tls: bool },
+    Ssh,
+}
+
+impl Tunnel {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Seedgate => "proxy-server + proxy-agent",
+            Self::Rathole { tls: false } => "rathole (tcp)",
+            Self::Rathole { tls: true } => "rathole (tls)",
+            Self::Ssh => "ssh -R",
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Self::Direct => Kind::Direct,
+            Self::Seedgate => Kind::Seedgate,
+            _ => Kind::Anchor,
+        }
+    }
+
+    async fn start(self, ctx: &Ctx, t: &Targets) -> anyhow::Result<Running> {
+        let env = ctx.env();
+        match self {
+            Self::Direct => Ok(Running::direct(&t.services())),
+            Self::Seedgate => systems::seedgate_tunnel(&env, self.label(), t.ping).await,
+            Self::Rathole { tls } => systems::rathole(&env, self.label(), &t.services(), tls).await,
+            Self::Ssh => systems::ssh_reverse(&env, self.label(), &t.services()).await,
+        }
+    }
+}
+
+/// How a client reaches `role` through `sys`: the address, and the preamble (a CONNECT to the
+/// target for seedgate; nothing for port forwards).
+fn route(sys: &Running, t: &Targets, role: &str) -> anyhow::Result<(SocketAddr, Preamble)> {
+    match sys.addr("frontend") {
+        Ok(fe) => Ok((fe, Preamble::Connect(connect_head(&t.get(role).to_string(), "").into()))),
+        Err(_) => Ok((sys.addr(role)?, Preamble::None)),
+    }
+}
+
+fn txn_for(sys: &Running, t: &Targets) -> anyhow::Result<Txn> {
+    Ok(match route(sys, t, "ping")? {
+        (addr, Preamble::Connect(head)) => Txn::Connect { addr, head },
+        (addr, _) => Txn::Plain {
+            addr,
+            pre: Arc::from(&b""[..]),
+        },
+    })
+}
+
+pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+    let s = &ctx.scale;
+    let sink = Sink::start().await?;
+    let ping = Ping::start().await?;
+    let source = Source::start().await?;
+    let (_echo_proc, echo) = systems::echo_helper(ctx.dir.path()).await?;
+    let t = Targets {
+        sink: sink.addr(),
+        ping: ping.addr(),
+        source: source.addr(),
+        echo,
+    };
+    let kinds = [
+        Tunnel::Direct,
+        Tunnel::Seedgate,
+        Tunnel::Rathole { tls: false },
+        Tunnel::Rathole { tls: true },
+        Tunnel::Ssh,
+    ];
+    let mut slots = Vec::new();
+    for k in kinds {
+        slots.push(Slot::from(k.label(), k.kind(), k.start(ctx, &t).await));
+    }
+
+    let m_b1 = res.metric(SC, "bulk upload, 1 stream", "Gbit/s", Better::Higher);
+    let m_b64 = res.metric(SC, "bulk upload, 64 streams", "Gbit/s", Better::Higher);
+    let m_rate = res.metric(
+        SC,
+        &format!("new connections/s, small requests ({} concurrent)", s.concurrency),
+        "conn/s",
+        Better::Higher,
+    );
+    let m_sat99 = res.metric(SC, "time to first byte p99 at saturation", "µs", Better::Lower);
+    let m50 = res.metric(
+        SC,
+        &format!("time to first byte p50 at {} conn/s", s.fixed_rate),
+        "µs",
+        Better::Lower,
+    );
+    let m99 = res.metric(
+        SC,
+        &format!("time to first byte p99 at {} conn/s", s.fixed_rate),
+        "µs",
+        Better::Lower,
+    );
+    let m_hol_base = res.metric(
+        SC,
+        &format!("download, {} streams", s.hol_streams),
+        "Gbit/s",
+        Better::Higher,
+    );
+    let m_hol_stalled = res.metric(
+        SC,
+        &format!("download, {} streams + 1 stalled reader", s.hol_streams),
+        "Gbit/s",
+        Better::Higher,
+    );
+    let m_hol = res.metric(
+        SC,
+        "head-of-line ratio (with stalled ÷ without)",
+        "ratio",
+        Better::Higher,
+    );
+    res.remark(
+        SC,
+        "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS HTTP/2 tunnel); rathole/ssh: one visitor port per target; \
+         small request = 39 bytes, answer 66 bytes, then close",
+    );
+    for _ in 0..s.repeats {
+        for slot in &mut slots {
+            let Slot::Up(sys) = slot else { continue };
+            for (m, n) in [(m_b1, 1), (m_b64, 64)] {
+                let r = async {
+                    let (addr, pre) = route(sys, &t, "sink")?;
+                    bulk_upload(addr, &pre, n, &sink, s.warmup, s.window).await
+                }
+                .await;
+                let r = r.and_then(|v| sys.check_alive().map(|()| v));
+                record(res, m, &sys.label, sys.kind, r);
+            }
+            let txn = txn_for(sys, &t)?;
+            let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
+            record_rate(
+                res,
+                sys,
+                &r,
+                &[(m_rate, r.rate), (m_sat99, r.first_byte.quantile_us(0.99))],
+            );
+            let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
+            record_rate(
+                res,
+                sys,
+                &r,
+                &[
+                    (m50, r.first_byte.quantile_us(0.5)),
+                    (m99, r.first_byte.quantile_us(0.99)),
+                ],
+            );
+            hol(
+                res,
+                sys,
+                &t,
+                s.hol_streams,
+                s.warmup,
+                s.window,
+                [m_hol_base, m_hol_stalled, m_hol],
+            )
+            .await;
+        }
+    }
+    let all = [m_b1, m_b64, m_rate, m_sat99, m50, m99, m_hol_base, m_hol_stalled, m_hol];
+    record_skips(res, &all, &slots);
+    drop(slots);
+
+    connect_through_tunnel(ctx, res, &t).await?;
+    concurrent_streams(ctx, res, &t, &kinds).await?;
+    Ok(())
+}
+
+/// Head-of-line: 50 download streams alone, then with one more stream whose reader never reads.
+async fn hol(
+    res: &mut Results,
+    sys: &mut Running,
+    t: &Targets,
+    n: usize,
+    warmup: Duration,
+    window: Duration,
+    m: [MetricId; 3],
+) {
+    let r = async {
+        let (addr, pre) = route(sys, t, "source")?;
+        let base = bulk_download(addr, &pre, n, false, warmup, window).await?;
+        let stalled = bulk_download(addr, &pre, n, true, warmup, window).await?;
+        anyhow::Ok((base, stalled))
+    }
+    .await;
+    let r = r.and_then(|v| sys.check_alive().map(|()| v));
+    match r {
+        Ok((base, stalled)) => {
+            record(res, m[0], &sys.label, sys.kind, Ok(base));
+            record(res, m[1], &sys.label, sys.kind, Ok(stalled));
+            record(
+                res,
+                m[2],
+                &sys.label,
+                sys.kind,
+                Ok(if base > 0.0 { stalled / base } else { 0.0 }),
+            );
+        }
+        Err(e) => {
+            let text = format!("{e:#}");
+            for mm in m {
+                record(res, mm, &sys.label, sys.kind, Err(anyhow::anyhow!("{text}")));
+            }
+        }
+    }
+}
+
+/// CONNECT through a reverse tunnel: seedgate's front end vs squid reached through rathole
+/// (the CONNECT proxy lives on the shoot side, behind the tunnel).
+async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> anyhow::Result<()> {
+    let s = &ctx.scale;
+    let env = ctx.env();
+    let mut slots = vec![Slot::Up(Running::direct(&t.services()))];
+    slots.push(Slot::from(
+        Tunnel::Seedgate.label(),
+        Kind::Seedgate,
+        Tunnel::Seedgate.start(ctx, t).await,
+    ));
+    let r = async {
+        let sq = systems::squid(&env, "squid (shoot side)").await?;
+        let proxy = sq.addr("proxy")?;
+        let mut rh = systems::rathole(&env, "squid + rathole", &[("proxy", proxy)], false).await?;
+        let front = rh.addr("proxy")?;
+        rh.absorb(sq, "squid-");
+        rh.set_addr("proxy", front);
+        anyhow::Ok(rh)
+    }
+    .await;
+    slots.push(Slot::from("squid + rathole", Kind::Anchor, r));
+    let m_rate = res.metric(
+        SC,
+        &format!(
+            "CONNECT through a reverse tunnel, opens/s ({} concurrent)",
+            s.concurrency
+        ),
+        "conn/s",
+        Better::Higher,
+    );
+    let m50 = res.metric(
+        SC,
+        &format!(
+            "CONNECT through a reverse tunnel, open latency p50 at {} conn/s",
+            s.fixed_rate
+        ),
+        "µs",
+        Better::Lower,
+    );
+    let m99 = res.metric(
+        SC,
+        &format!(
+            "CONNECT through a reverse tunnel, open latency p99 at {} conn/s",
+            s.fixed_rate
+        ),
+        "µs",
+        Better::Lower,
+    );
+    let m_sat99 = res.metric(
+        SC,
+        "CONNECT through a reverse tunnel, open latency p99 at saturation",
+        "µs",
+        Better::Lower,
+    );
+    for _ in 0..s.repeats {
+        for slot in &mut slots {
+            let Slot::Up(sys) = slot else { continue };
+            let head = || connect_head(&t.ping.to_string(), "").into();
+            let txn = match sys.kind {
+                Kind::Direct => Txn::Plain {
+                    addr: t.ping,
+                    pre: Arc::from(&b""[..]),
+                },
+                Kind::Seedgate => Txn::Connect {
+                    addr: sys.addr("frontend")?,
+                    head: head(),
+                },
+                Kind::Anchor => Txn::Connect {
+                    addr: sys.addr("proxy")?,
+                    head: head(),
+                },
+            };
+            let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
+            record_rate(res, sys, &r, &[(m_rate, r.rate), (m_sat99, r.open.quantile_us(0.99))]);
+            let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
+            record_rate(
+                res,
+                sys,
+                &r,
+                &[(m50, r.open.quantile_us(0.5)), (m99, r.open.quantile_us(0.99))],
+            );
+        }
+    }
+    record_skips(res, &[m_rate, m50, m99, m_sat99], &slots);
+    Ok(())
+}
+
+/// N concurrent open streams through a freshly started tunnel: the RSS growth of both ends per
+/// stream, the time to open them all, and how many then complete an echo round trip.
+async fn concurrent_streams(ctx: &Ctx, res: &mut Results, t: &Targets, kinds: &[Tunnel]) -> anyhow::Result<()> {
+    let s = &ctx.scale;
+    let mut ms = Vec::new();
+    for n in s.streams {
+        let mem = res.metric(
+            SC,
+            &format!("memory per open stream at {n} streams (both ends)"),
+            "KiB",
+            Better::Lower,
+        );
+        let open = res.metric(SC, &format!("time to open {n} streams"), "s", Better::Lower);
+        let done = res.metric(
+            SC,
+            &format!("streams completing an echo, of {n}"),
+            "streams",
+            Better::Higher,
+        );
+        ms.push((n, mem, open, done));
+    }
+    for _ in 0..s.repeats {
+        for &k in kinds {
+            for &(n, m_mem, m_open, m_done) in &ms {
+                let (label, kind) = (k.label(), k.kind());
+                let mut sys = match k.start(ctx, t).await {
+                    Ok(sys) => sys,
+                    Err(e) => {
+                        let why = format!("{e:#}");
+                        for m in [m_mem, m_open, m_done] {
+                            res.skip(m, label, kind, why.lines().next().unwrap_or(""));
+                        }
+                        continue;
+                    }
+                };
+                // Warm up the path (allocator pools, the session) before the baseline.
+                let (addr, pre) = route(&sys, t, "echo")?;
+                let _ = load::hold(addr, &pre, b"w", 1, 20, 20).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let before = sys.rss_kib();
+                let t0 = Instant::now();
+                let held = load::hold(addr, &pre, b"x", 1, n, 256).await;
+                let took = t0.elapsed().as_secs_f64();
+                match held {
+                    Ok(held) => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        let after = sys.rss_kib();
+                        record(res, m_open, label, kind, Ok(took));
+                        if kind != Kind::Direct {
+                            record(
+                                res,
+                                m_mem,
+                                label,
+                                kind,
+                                Ok(after.saturating_sub(before) as f64 / n as f64),
+                            );
+                        }
+                        let completed = load::echo_all(held, b"ping through every stream", 256).await;
+                        let alive = sys.check_alive();
+                        record(res, m_done, label, kind, alive.map(|()| completed as f64));
+                    }
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        for m in [m_mem, m_open, m_done] {
+                            if kind == Kind::Direct && m == m_mem {
+                                continue;
+                            }
+                            record(res, m, label, kind, Err(anyhow::anyhow!("{e}")));
+                        }
+                    }
+                }
+                drop(sys);
+                // Let the echo helper see the closes before the next system.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    Ok(())
+}
