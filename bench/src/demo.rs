@@ -113,10 +113,7 @@ listeners:
     println!("seedgate demo: sni-router ({})", router_bin.display());
     println!("  router   gateway {gateway}, admin {admin}");
     println!("  backend  shoot-a {} (TLS, {SHOOT_A})", backend_a.addr());
-    println!(
-        "  backend  shoot-b {} (TLS, {SHOOT_B}, requires a client certificate)",
-        backend_b.addr()
-    );
+    println!("  backend  shoot-b {} (TLS, {SHOOT_B}, requires a client certificate)", backend_b.addr());
     println!("  client   trusts the demo CA, presents CN={CLIENT_CN}, offers ALPN h2, http/1.1");
 
     let mut r = Report::default();
@@ -126,12 +123,7 @@ listeners:
 
     for (sni, title, backend, mtls) in [
         (SHOOT_A, "exact route shoot-a-api", "shoot-a", false),
-        (
-            SHOOT_B,
-            "wildcard route *.shoot-b.example.com, mTLS to the backend",
-            "shoot-b",
-            true,
-        ),
+        (SHOOT_B, "wildcard route *.shoot-b.example.com, mTLS to the backend", "shoot-b", true),
     ] {
         r.heading(&format!("P1 {sni}  ({title})"));
         match tls_request(gateway, Some(sni), cfg.clone(), &http_get_request(sni, "/version")).await {
@@ -142,11 +134,7 @@ listeners:
                     "certificate",
                     &format!("CN={cn} SAN={}", res.peer_sans.join(",")),
                 );
-                r.check(
-                    res.alpn.as_deref() == Some("http/1.1"),
-                    "ALPN",
-                    res.alpn.as_deref().unwrap_or("none"),
-                );
+                r.check(res.alpn.as_deref() == Some("http/1.1"), "ALPN", res.alpn.as_deref().unwrap_or("none"));
                 let body = res.body();
                 let line = body.trim();
                 let want_cn = if mtls { CLIENT_CN } else { "-" };
@@ -164,26 +152,11 @@ listeners:
     }
 
     r.heading(&format!("P1 {NOBODY}  (no route)"));
-    match tls_request(
-        gateway,
-        Some(NOBODY),
-        cfg.clone(),
-        &http_get_request(NOBODY, "/version"),
-    )
-    .await
-    {
-        Ok(res) => r.check(
-            false,
-            "rejected",
-            &format!("unexpectedly answered: {}", res.text().trim()),
-        ),
+    match tls_request(gateway, Some(NOBODY), cfg.clone(), &http_get_request(NOBODY, "/version")).await {
+        Ok(res) => r.check(false, "rejected", &format!("unexpectedly answered: {}", res.text().trim())),
         Err(e) => {
             let f = TlsFailure::of(&e);
-            r.check(
-                f.is_alert(AlertDescription::UnrecognisedName),
-                "rejected",
-                &f.to_string(),
-            );
+            r.check(f.is_alert(AlertDescription::UnrecognisedName), "rejected", &f.to_string());
         }
     }
 
@@ -201,11 +174,7 @@ listeners:
     r.heading("shutdown  (SIGTERM)");
     router.signal(libc::SIGTERM)?;
     match router.wait_exit(Duration::from_secs(15)).await {
-        Some(st) => r.check(
-            st.success(),
-            "exit status",
-            &format!("{st}").replace("exit status: ", ""),
-        ),
+        Some(st) => r.check(st.success(), "exit status", &format!("{st}").replace("exit status: ", "")),
         None => r.check(false, "exit status", "still running 15s after SIGTERM"),
     }
 
@@ -214,24 +183,12 @@ listeners:
         println!("demo: all {} checks passed", r.passed);
         Ok(true)
     } else {
-        println!(
-            "demo: {} of {} checks FAILED:",
-            r.failed.len(),
-            r.failed.len() + r.passed
-        );
+        println!("demo: {} of {} checks FAILED:", r.failed.len(), r.failed.len() + r.passed);
         for f in &r.failed {
             println!("  - {f}");
         }
         let mut tail = String::new();
-        for l in router
-            .log()
-            .lines()
-            .rev()
-            .take(20)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
+        for l in router.log().lines().rev().take(20).collect::<Vec<_>>().into_iter().rev() {
             let _ = writeln!(tail, "    {l}");
         }
         println!("sni-router log (last lines):\n{tail}");
@@ -291,7 +248,13 @@ struct TunnelWorld {
 
 const ADMIN_TOKEN: &str = "demo-admin-token";
 
-async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, procs: &mut Vec<Proc>) -> anyhow::Result<TunnelWorld> {
+async fn tunnel(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<TunnelWorld> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server")?;
     let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
@@ -335,7 +298,10 @@ async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: 
         Err(e) => r.check(false, "proxy-server /readyz", &format!("{e:#}")),
     }
 
-    r.heading(&format!("P4 CONNECT {} through proxy-server {egress} and the tunnel (kube-apiserver -> kubelet)", kubelet.addr()));
+    r.heading(&format!(
+        "P4 CONNECT {} through proxy-server {egress} and the tunnel (kube-apiserver -> kubelet)",
+        kubelet.addr()
+    ));
     let connect = async {
         let mut s = tokio::net::TcpStream::connect(egress).await?;
         s.write_all(format!("CONNECT {} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", kubelet.addr()).as_bytes()).await?;
@@ -367,7 +333,11 @@ async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: 
     r.heading(&format!("P5 GET http://{}/metrics through proxy-server (Prometheus proxy_url)", node_exporter.addr()));
     let get = async {
         let mut s = tokio::net::TcpStream::connect(egress).await?;
-        s.write_all(format!("GET http://{0}/metrics HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", node_exporter.addr()).as_bytes()).await?;
+        s.write_all(
+            format!("GET http://{0}/metrics HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", node_exporter.addr())
+                .as_bytes(),
+        )
+        .await?;
         let mut resp = Vec::new();
         s.read_to_end(&mut resp).await?;
         anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
@@ -419,7 +389,11 @@ async fn tunnel(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: 
 
 /// A CONNECT through `egress` to `target`: the response status line, and for 200 the body of a
 /// TLS request made through the tunnel (`Err` text for anything else).
-async fn connect_through(egress: std::net::SocketAddr, target: std::net::SocketAddr, ca: &Ca) -> anyhow::Result<(String, String)> {
+async fn connect_through(
+    egress: std::net::SocketAddr,
+    target: std::net::SocketAddr,
+    ca: &Ca,
+) -> anyhow::Result<(String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(egress).await?;
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
@@ -447,7 +421,14 @@ async fn connect_through(egress: std::net::SocketAddr, target: std::net::SocketA
 
 /// P6: the shoot's tunnel moves from proxy-server A (the one above) to a new proxy-server B:
 /// A drains with a move notice, the agent opens its session to B first, then A is fenced.
-async fn migration(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca, tw: &TunnelWorld, procs: &mut Vec<Proc>) -> anyhow::Result<()> {
+async fn migration(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    tw: &TunnelWorld,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
     let b_yaml = tw.server_yaml.clone();
     let (server_b, b) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server-b.yaml", &b_yaml)?, &[]).await?;
     procs.push(server_b);
@@ -458,27 +439,53 @@ async fn migration(r: &mut Report, dir: &TempDir, bins: &[std::path::PathBuf], c
     };
     r.heading(&format!("P6 migrate {CLUSTER}'s tunnel: proxy-server A {} -> proxy-server B {b_agents}", tw.admin));
     let body = format!(r#"{{"state":"draining","move_to":["{b_agents}"],"drain_deadline":"5s"}}"#);
-    let put = testbed::admin::http_request(tw.admin, "PUT", &format!("/control/clusters/{CLUSTER}"), Some(&body), Some(ADMIN_TOKEN)).await?;
+    let put = testbed::admin::http_request(
+        tw.admin,
+        "PUT",
+        &format!("/control/clusters/{CLUSTER}"),
+        Some(&body),
+        Some(ADMIN_TOKEN),
+    )
+    .await?;
     r.check(put.0 == 200, "A: PUT /control/clusters/shoot-a draining, move_to B", put.1.trim());
     let started = std::time::Instant::now();
     let moved = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
         (agents_of(b_admin).await == Some(1.0)).then_some(())
     })
     .await;
-    r.check(moved.is_ok(), "agent session on B (make-before-break)", &format!("{:?} after the move notice", started.elapsed()));
+    r.check(
+        moved.is_ok(),
+        "agent session on B (make-before-break)",
+        &format!("{:?} after the move notice", started.elapsed()),
+    );
     let left = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
         (agents_of(tw.admin).await == Some(0.0)).then_some(())
     })
     .await;
     r.check(left.is_ok(), "old session on A closed", &format!("{:?} after the move notice", started.elapsed()));
-    let put = testbed::admin::http_request(tw.admin, "PUT", &format!("/control/clusters/{CLUSTER}"), Some(r#"{"state":"fenced"}"#), Some(ADMIN_TOKEN)).await?;
+    let put = testbed::admin::http_request(
+        tw.admin,
+        "PUT",
+        &format!("/control/clusters/{CLUSTER}"),
+        Some(r#"{"state":"fenced"}"#),
+        Some(ADMIN_TOKEN),
+    )
+    .await?;
     r.check(put.0 == 200, "A: fenced", put.1.trim());
     match connect_through(tw.egress, tw.kubelet.addr(), ca).await {
-        Ok((status, body)) => r.check(status.contains(" 503 ") && body.contains("cluster moved"), "dial through A", &format!("{status} -- {body}")),
+        Ok((status, body)) => r.check(
+            status.contains(" 503 ") && body.contains("cluster moved"),
+            "dial through A",
+            &format!("{status} -- {body}"),
+        ),
         Err(e) => r.check(false, "dial through A", &format!("{e:#}")),
     }
     match connect_through(b_egress, tw.kubelet.addr(), ca).await {
-        Ok((status, body)) => r.check(status.contains(" 200 ") && body.contains("backend=kubelet "), "dial through B", &format!("{status} -- {body}")),
+        Ok((status, body)) => r.check(
+            status.contains(" 200 ") && body.contains("backend=kubelet "),
+            "dial through B",
+            &format!("{status} -- {body}"),
+        ),
         Err(e) => r.check(false, "dial through B", &format!("{e:#}")),
     }
     if let Ok((_, text)) = http_get(tw.admin, "/readyz?verbose").await {
@@ -494,26 +501,17 @@ fn counter_checks(t: &str) -> [(&'static str, bool); 4] {
     [
         (
             "connections counted per route",
-            sum(
-                "seedgate_connections_total",
-                &[("route", "shoot-a-api"), ("result", "ok")],
-            ) >= 1.0
+            sum("seedgate_connections_total", &[("route", "shoot-a-api"), ("result", "ok")]) >= 1.0
                 && sum("seedgate_connections_total", &[("route", "shoot-b"), ("result", "ok")]) >= 1.0,
         ),
-        (
-            "unknown name counted as a reject",
-            sum("seedgate_rejects_total", &[]) >= 1.0,
-        ),
+        ("unknown name counted as a reject", sum("seedgate_rejects_total", &[]) >= 1.0),
         (
             "bytes counted both ways",
             sum("seedgate_proxied_bytes_total", &[("direction", "to_upstream")]) > 0.0
                 && sum("seedgate_proxied_bytes_total", &[("direction", "to_client")]) > 0.0,
         ),
         // Only routed handshakes are guaranteed an observation; rejects may not be.
-        (
-            "handshakes timed",
-            sum("seedgate_handshake_duration_seconds_count", &[]) >= 2.0,
-        ),
+        ("handshakes timed", sum("seedgate_handshake_duration_seconds_count", &[]) >= 2.0),
     ]
 }
 
@@ -523,10 +521,7 @@ async fn metrics(r: &mut Report, admin: std::net::SocketAddr) {
     let polled = poll_until(Duration::from_secs(5), Duration::from_millis(50), || async {
         let (status, text) = http_get(admin, "/metrics").await?;
         anyhow::ensure!(status == 200, "/metrics answered {status}");
-        anyhow::ensure!(
-            counter_checks(&text).iter().all(|(_, ok)| *ok),
-            "counters have not moved yet"
-        );
+        anyhow::ensure!(counter_checks(&text).iter().all(|(_, ok)| *ok), "counters have not moved yet");
         Ok(text)
     })
     .await;

@@ -52,9 +52,7 @@ pub fn allowed_cpus() -> Vec<usize> {
             return Vec::new();
         }
         let set = set.assume_init();
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
     }
 }
 
@@ -80,25 +78,16 @@ pub fn pin_self(cpu: usize) -> anyhow::Result<()> {
 pub fn pin(enabled: bool) -> anyhow::Result<Pinning> {
     let cpus = allowed_cpus();
     if !enabled || cpus.len() < 2 {
-        return Ok(Pinning {
-            proxy_cpu: None,
-            load_cpu: None,
-        });
+        return Ok(Pinning { proxy_cpu: None, load_cpu: None });
     }
     let (proxy, load) = (cpus[0], cpus[1]);
     pin_self(load)?;
-    Ok(Pinning {
-        proxy_cpu: Some(proxy),
-        load_cpu: Some(load),
-    })
+    Ok(Pinning { proxy_cpu: Some(proxy), load_cpu: Some(load) })
 }
 
 /// Raise the soft RLIMIT_NOFILE to `want` (capped at the hard limit); returns the new soft limit.
 pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own, nothing else.
     #[allow(unsafe_code)]
     unsafe {
@@ -119,9 +108,7 @@ pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
 /// VmRSS of one process in KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// `pid` and all its descendants (nginx workers, sshd session processes, squid's kids).
@@ -197,12 +184,7 @@ pub fn version_of(program: &Path, args: &[&str]) -> String {
     match std::process::Command::new(program).args(args).output() {
         Ok(o) => {
             let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
-            String::from_utf8_lossy(&text)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_owned()
+            String::from_utf8_lossy(&text).lines().next().unwrap_or("").trim().to_owned()
         }
         Err(e) => format!("unknown ({e})"),
     }
@@ -233,9 +215,7 @@ impl Machine {
         let cpu_model = cpuinfo
             .lines()
             .find_map(|l| {
-                l.strip_prefix("model name")
-                    .and_then(|r| r.split_once(':'))
-                    .map(|(_, v)| v.trim().to_owned())
+                l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned())
             })
             .unwrap_or_else(|| "unknown".into());
         let mem_kib: f64 = std::fs::read_to_string("/proc/meminfo")
@@ -251,10 +231,7 @@ impl Machine {
             cpu_model,
             cpus: cpuinfo.lines().filter(|l| l.starts_with("processor")).count().max(1),
             mem_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_owned(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned(),
             loadavg_start: loadavg(),
             loadavg_end: String::new(),
             nofile,
@@ -264,10 +241,7 @@ impl Machine {
 
 /// `YYYY-MM-DD HH:MM` UTC from the system clock (civil-from-days, no date crate needed).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
     let rem = secs % 86_400;
     // Howard Hinnant's civil_from_days.

@@ -100,11 +100,7 @@ impl Sink {
                 }
             }
         });
-        Ok(Self {
-            addr,
-            bytes,
-            _serving: serving,
-        })
+        Ok(Self { addr, bytes, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -140,10 +136,7 @@ impl Ping {
                 let _ = tokio::time::timeout(TXN_TIMEOUT, s.read(&mut buf)).await;
             }
         });
-        Ok(Self {
-            addr,
-            _serving: serving,
-        })
+        Ok(Self { addr, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -178,10 +171,7 @@ impl Source {
             while w.write_all(&buf).await.is_ok() {}
             drain.abort();
         });
-        Ok(Self {
-            addr,
-            _serving: serving,
-        })
+        Ok(Self { addr, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -214,10 +204,7 @@ impl Echo {
             }
             let _ = s.shutdown().await;
         });
-        Ok(Self {
-            addr,
-            _serving: serving,
-        })
+        Ok(Self { addr, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -264,11 +251,7 @@ async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Resul
     // A head longer than 8 KiB is an error; each round reads one byte.
     while head.len() < 8192 {
         let n = r.read(&mut b).await?;
-        ensure!(
-            n == 1,
-            "EOF in the CONNECT response head ({:?})",
-            String::from_utf8_lossy(&head)
-        );
+        ensure!(n == 1, "EOF in the CONNECT response head ({:?})", String::from_utf8_lossy(&head));
         head.push(b[0]);
         if head.ends_with(b"\r\n\r\n") {
             let line = head.split(|&c| c == b'\r').next().unwrap_or_default();
@@ -282,9 +265,7 @@ async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Resul
 
 /// Connect and send the preamble (for CONNECT: wait for the 200).
 pub async fn open(addr: SocketAddr, pre: &Preamble) -> anyhow::Result<TcpStream> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting {addr}"))?;
+    let mut s = TcpStream::connect(addr).await.with_context(|| format!("connecting {addr}"))?;
     match pre {
         Preamble::None => {}
         Preamble::Raw(b) => s.write_all(b).await?,
@@ -310,11 +291,7 @@ async fn wait_up(
             let e = first_err.lock().unwrap_or_else(|e| e.into_inner()).clone();
             bail!("a stream failed to open: {}", e.unwrap_or_default());
         }
-        ensure!(
-            Instant::now() < deadline,
-            "only {} of {n} streams opened within 30s",
-            up.load(Ordering::Relaxed)
-        );
+        ensure!(Instant::now() < deadline, "only {} of {n} streams opened within 30s", up.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     Ok(())
@@ -346,10 +323,7 @@ pub async fn bulk_upload(
                 Ok(s) => s,
                 Err(e) => {
                     failed.fetch_add(1, Ordering::Relaxed);
-                    first_err
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(format!("{e:#}"));
+                    first_err.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(format!("{e:#}"));
                     return;
                 }
             };
@@ -415,22 +389,14 @@ pub async fn bulk_download(
     let first_err = Arc::new(std::sync::Mutex::new(None));
     let mut tasks = JoinSet::new();
     for _ in 0..streams {
-        let (pre, up, failed, first_err, bytes) = (
-            pre.clone(),
-            up.clone(),
-            failed.clone(),
-            first_err.clone(),
-            bytes.clone(),
-        );
+        let (pre, up, failed, first_err, bytes) =
+            (pre.clone(), up.clone(), failed.clone(), first_err.clone(), bytes.clone());
         tasks.spawn(async move {
             let mut s = match open(addr, &pre).await {
                 Ok(s) => s,
                 Err(e) => {
                     failed.fetch_add(1, Ordering::Relaxed);
-                    first_err
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(format!("{e:#}"));
+                    first_err.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(format!("{e:#}"));
                     return;
                 }
             };
@@ -466,12 +432,7 @@ pub async fn bulk_download(
 pub enum Txn {
     /// TCP connect, a full TLS handshake (configure the client without resumption), an HTTP
     /// request, the response to its end.
-    Tls {
-        addr: SocketAddr,
-        sni: ServerName<'static>,
-        cfg: Arc<ClientConfig>,
-        request: Arc<[u8]>,
-    },
+    Tls { addr: SocketAddr, sni: ServerName<'static>, cfg: Arc<ClientConfig>, request: Arc<[u8]> },
     /// TCP connect, `pre` and the request in one write, the response to EOF ([`Ping`]).
     Plain { addr: SocketAddr, pre: Arc<[u8]> },
     /// TCP connect, a CONNECT head, its 200, then the request and the response to EOF.
@@ -518,20 +479,13 @@ async fn read_to_end_after_first<R: AsyncRead + Unpin>(r: &mut R, start: Instant
 
 impl Txn {
     pub async fn run(&self) -> anyhow::Result<TxnTimes> {
-        tokio::time::timeout(TXN_TIMEOUT, self.run_inner())
-            .await
-            .context("transaction timed out")?
+        tokio::time::timeout(TXN_TIMEOUT, self.run_inner()).await.context("transaction timed out")?
     }
 
     async fn run_inner(&self) -> anyhow::Result<TxnTimes> {
         let start = Instant::now();
         match self {
-            Self::Tls {
-                addr,
-                sni,
-                cfg,
-                request,
-            } => {
+            Self::Tls { addr, sni, cfg, request } => {
                 let tcp = TcpStream::connect(addr).await?;
                 tcp.set_nodelay(true)?;
                 let connector = tokio_rustls::TlsConnector::from(cfg.clone());
@@ -857,34 +811,19 @@ mod tests {
     #[tokio::test]
     async fn generators_against_local_backends() {
         let sink = Sink::start().await.unwrap();
-        let g = bulk_upload(
-            sink.addr(),
-            &Preamble::None,
-            2,
-            &sink,
-            Duration::from_millis(20),
-            Duration::from_millis(50),
-        )
-        .await
-        .unwrap();
+        let g =
+            bulk_upload(sink.addr(), &Preamble::None, 2, &sink, Duration::from_millis(20), Duration::from_millis(50))
+                .await
+                .unwrap();
         assert!(g > 0.0);
         let src = Source::start().await.unwrap();
-        let g = bulk_download(
-            src.addr(),
-            &Preamble::None,
-            2,
-            true,
-            Duration::from_millis(20),
-            Duration::from_millis(50),
-        )
-        .await
-        .unwrap();
+        let g =
+            bulk_download(src.addr(), &Preamble::None, 2, true, Duration::from_millis(20), Duration::from_millis(50))
+                .await
+                .unwrap();
         assert!(g > 0.0);
         let ping = Ping::start().await.unwrap();
-        let txn = Txn::Plain {
-            addr: ping.addr(),
-            pre: Arc::from(&b""[..]),
-        };
+        let txn = Txn::Plain { addr: ping.addr(), pre: Arc::from(&b""[..]) };
         let r = closed_loop(&txn, 4, Duration::from_millis(20), Duration::from_millis(100)).await;
         assert!(r.rate > 0.0 && r.errors == 0, "{r:?}");
         let r = open_loop(&txn, 500.0, Duration::from_millis(20), Duration::from_millis(100), 100).await;

@@ -44,11 +44,7 @@ impl Row {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        Some(if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        })
+        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
     }
 
     pub fn min_max(&self) -> Option<(f64, f64)> {
@@ -110,11 +106,7 @@ pub struct MetricId(usize);
 impl Results {
     /// The metric `scenario`/`name`, created on first use.
     pub fn metric(&mut self, scenario: &str, name: &str, unit: &str, better: Better) -> MetricId {
-        if let Some(i) = self
-            .metrics
-            .iter()
-            .position(|m| m.scenario == scenario && m.name == name)
-        {
+        if let Some(i) = self.metrics.iter().position(|m| m.scenario == scenario && m.name == name) {
             return MetricId(i);
         }
         self.metrics.push(Metric {
@@ -183,8 +175,7 @@ impl Results {
     pub fn merge_older(&mut self, older: Results, order: &[&str]) {
         let mine = self.scenarios();
         let keep = |s: &String| !mine.contains(s);
-        self.metrics
-            .extend(older.metrics.into_iter().filter(|m| keep(&m.scenario)));
+        self.metrics.extend(older.metrics.into_iter().filter(|m| keep(&m.scenario)));
         self.remarks.extend(older.remarks.into_iter().filter(|(s, _)| keep(s)));
         self.runs.extend(older.runs.into_iter().filter(|r| keep(&r.scenario)));
         let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
@@ -302,11 +293,7 @@ pub fn markdown(res: &Results, header: &str) -> String {
                         }
                         shown_skips.push(&r.system);
                     }
-                    let _ = writeln!(
-                        out,
-                        "| {figcell} | {sys} | {} | | | | |",
-                        unavailable(r).replace('|', "/")
-                    );
+                    let _ = writeln!(out, "| {figcell} | {sys} | {} | | | | |", unavailable(r).replace('|', "/"));
                     first_row = false;
                     continue;
                 };
@@ -315,12 +302,7 @@ pub fn markdown(res: &Results, header: &str) -> String {
                     (_, Kind::Direct) => String::new(),
                     (Some(d), _) if is_latency(&m.unit) => {
                         let diff = med - d;
-                        format!(
-                            "{}{} {}",
-                            if diff < 0.0 { "−" } else { "+" },
-                            fmt_num(diff.abs()),
-                            m.unit
-                        )
+                        format!("{}{} {}", if diff < 0.0 { "−" } else { "+" }, fmt_num(diff.abs()), m.unit)
                     }
                     (Some(d), _) if d != 0.0 => ratio(med / d),
                     _ => String::new(),
@@ -369,11 +351,7 @@ pub fn markdown(res: &Results, header: &str) -> String {
             }
         }
         for (system, first, figures, n) in groups {
-            let more = if n > 1 {
-                format!(" (and {} other messages)", n - 1)
-            } else {
-                String::new()
-            };
+            let more = if n > 1 { format!(" (and {} other messages)", n - 1) } else { String::new() };
             let _ = writeln!(notes, "- ⚠ {system} — {}: {first}{more}", figures.join("; "));
         }
         if !notes.is_empty() {
@@ -394,10 +372,7 @@ fn unavailable(r: &Row) -> String {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// A hand-written SVG: one panel per figure, a horizontal bar per system (the median, with a
@@ -438,13 +413,7 @@ pub fn svg(res: &Results, title: &str) -> String {
         );
         y += ROW_H + 2.0;
         // Bars scale to the largest median; whiskers beyond the panel are clipped at its edge.
-        let max = m
-            .rows
-            .iter()
-            .filter_map(Row::median)
-            .fold(0.0f64, f64::max)
-            .max(f64::MIN_POSITIVE)
-            * 1.05;
+        let max = m.rows.iter().filter_map(Row::median).fold(0.0f64, f64::max).max(f64::MIN_POSITIVE) * 1.05;
         let x_of = |v: f64| LABEL_W + (v / max * BAR_W).min(BAR_W + 20.0);
         for r in &m.rows {
             // A system skipped as a whole is named once per scenario.
@@ -520,11 +489,7 @@ pub fn svg(res: &Results, title: &str) -> String {
     );
     let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="#fff"/>"##);
     let _ = writeln!(out, r##"<text x="10" y="22" font-size="15">{}</text>"##, esc(title));
-    let legend = [
-        ("#9e9e9e", "direct (no proxy)"),
-        ("#2e7d32", "seedgate"),
-        ("#1565c0", "anchor"),
-    ];
+    let legend = [("#9e9e9e", "direct (no proxy)"), ("#2e7d32", "seedgate"), ("#1565c0", "anchor")];
     for (i, (c, t)) in legend.iter().enumerate() {
         let x = 10.0 + i as f64 * 150.0;
         let _ = writeln!(
@@ -565,11 +530,7 @@ pub fn targets(res: &Results) -> String {
             && t > 0.0
         {
             let r = o / t;
-            rows.push((
-                what.to_owned(),
-                format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)),
-                r >= min,
-            ));
+            rows.push((what.to_owned(), format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)), r >= min));
         }
     }
     let b = "sni-bulk";
@@ -617,11 +578,7 @@ pub fn targets(res: &Results) -> String {
     let p50 = |sys: &str| med(res, c, "time to first byte p50 at 200", sys);
     let p99 = |sys: &str| med(res, c, "time to first byte p99 at 200", sys);
     if let (Some(o), Some(d)) = (p50("sni-router"), p50("direct")) {
-        rows.push((
-            "added median latency ≤ 15 µs".into(),
-            format!("{:+.0} µs (at 200 conn/s)", o - d),
-            o - d <= 15.0,
-        ));
+        rows.push(("added median latency ≤ 15 µs".into(), format!("{:+.0} µs (at 200 conn/s)", o - d), o - d <= 15.0));
     }
     if let (Some(o), Some(h), Some(d)) = (p99("sni-router"), p99("haproxy"), p99("direct")) {
         let (ao, ah) = (o - d, h - d);
@@ -649,18 +606,10 @@ pub fn targets(res: &Results) -> String {
     );
     let im = "idle-memory";
     if let Some(v) = med(res, im, "SNI passthrough", "sni-router") {
-        rows.push((
-            "idle memory ≤ 2 KiB per routed connection (sni-router)".into(),
-            format!("{v:.1} KiB"),
-            v <= 2.0,
-        ));
+        rows.push(("idle memory ≤ 2 KiB per routed connection (sni-router)".into(), format!("{v:.1} KiB"), v <= 2.0));
     }
     if let Some(v) = med(res, im, "reverse tunnel", "proxy-server") {
-        rows.push((
-            "idle memory ≤ 8 KiB per tunnel stream (both ends)".into(),
-            format!("{v:.1} KiB"),
-            v <= 8.0,
-        ));
+        rows.push(("idle memory ≤ 8 KiB per tunnel stream (both ends)".into(), format!("{v:.1} KiB"), v <= 8.0));
     }
     let t = "tunnel";
     ratio_at_least(
@@ -695,12 +644,7 @@ pub fn targets(res: &Results) -> String {
         2.0,
         "opens/s",
     );
-    if let Some(v) = med(
-        res,
-        t,
-        "CONNECT through a reverse tunnel, open latency p99 at 200",
-        "proxy-server",
-    ) {
+    if let Some(v) = med(res, t, "CONNECT through a reverse tunnel, open latency p99 at 200", "proxy-server") {
         rows.push((
             "CONNECT through the tunnel: p99 open latency ≤ 4 ms".into(),
             format!("{:.2} ms (at 200 conn/s)", v / 1000.0),
@@ -710,23 +654,10 @@ pub fn targets(res: &Results) -> String {
     if let Some(v) = med(res, t, "head-of-line ratio", "proxy-server") {
         rows.push(("head-of-line ratio ≥ 0.9".into(), format!("{v:.2}"), v >= 0.9));
     }
-    for m in res
-        .metrics
-        .iter()
-        .filter(|m| m.scenario == t && m.name.starts_with("streams completing"))
-    {
+    for m in res.metrics.iter().filter(|m| m.scenario == t && m.name.starts_with("streams completing")) {
         let n: f64 = m.name.rsplit(' ').next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
-        if let Some(v) = m
-            .rows
-            .iter()
-            .find(|r| r.system.starts_with("proxy-server"))
-            .and_then(Row::median)
-        {
-            rows.push((
-                format!("{n:.0} concurrent streams all complete"),
-                format!("{v:.0} of {n:.0}"),
-                v >= n,
-            ));
+        if let Some(v) = m.rows.iter().find(|r| r.system.starts_with("proxy-server")).and_then(Row::median) {
+            rows.push((format!("{n:.0} concurrent streams all complete"), format!("{v:.0} of {n:.0}"), v >= n));
         }
     }
     let rl = "reload";
@@ -734,11 +665,7 @@ pub fn targets(res: &Results) -> String {
         rows.push(("reload resets 0 connections".into(), format!("{v:.0}"), v == 0.0));
     }
     if let Some(v) = med(res, rl, "new route live", "sni-router") {
-        rows.push((
-            "new route live < 100 ms at 10,000 routes".into(),
-            format!("{v:.0} ms"),
-            v < 100.0,
-        ));
+        rows.push(("new route live < 100 ms at 10,000 routes".into(), format!("{v:.0} ms"), v < 100.0));
     }
     if rows.is_empty() {
         return String::new();

@@ -155,13 +155,7 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn env(&self) -> Env<'_> {
-        Env {
-            pin: &self.pin,
-            dir: self.dir.path(),
-            bins: &self.bins,
-            anchors: &self.anchors,
-            ca: &self.ca,
-        }
+        Env { pin: &self.pin, dir: self.dir.path(), bins: &self.bins, anchors: &self.anchors, ca: &self.ca }
     }
 }
 
@@ -186,11 +180,7 @@ pub fn record(res: &mut Results, m: MetricId, label: &str, kind: Kind, r: anyhow
 /// of the transactions failed (else the error is reported instead); fewer errors are noted.
 pub fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &[(MetricId, f64)]) {
     let done = r.first_byte.len() as u64;
-    let first = r
-        .first_error
-        .as_deref()
-        .map(|e| format!(" (first: {e})"))
-        .unwrap_or_default();
+    let first = r.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default();
     let verdict = match sys.check_alive() {
         Err(e) => Err(e),
         Ok(()) if done == 0 || r.errors * 100 > done + r.errors => {
@@ -205,12 +195,7 @@ pub fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &
         };
         record(res, m, &sys.label, sys.kind, one);
         if verdict.is_ok() && r.errors > 0 {
-            res.note(
-                m,
-                &sys.label,
-                sys.kind,
-                &format!("{} errors of {}{first}", r.errors, done + r.errors),
-            );
+            res.note(m, &sys.label, sys.kind, &format!("{} errors of {}{first}", r.errors, done + r.errors));
         }
         if r.dropped > 0 {
             res.note(
@@ -248,11 +233,7 @@ pub fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
 fn run_main(opts: Opts, which: Vec<Scenario>) -> anyhow::Result<ExitCode> {
     // Build first (with every CPU), then pin the harness.
     let bins = testbed::ensure_built("release", &["sni-router", "proxy-server", "proxy-agent"])?;
-    let bins = Bins {
-        router: bins[0].clone(),
-        server: bins[1].clone(),
-        agent: bins[2].clone(),
-    };
+    let bins = Bins { router: bins[0].clone(), server: bins[1].clone(), agent: bins[2].clone() };
     let nofile = host::raise_nofile(host::NOFILE)?;
     let pin = host::pin(!opts.no_pin)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -279,16 +260,7 @@ async fn run_async(
     let ca = Ca::new("seedgate bench CA")?;
     let mut tls = (*testbed::pki::client_config(&ca, None, &["http/1.1"])?).clone();
     tls.resumption = rustls::client::Resumption::disabled();
-    let ctx = Ctx {
-        scale,
-        smoke: opts.smoke,
-        pin,
-        bins,
-        anchors,
-        dir,
-        ca,
-        tls_client: Arc::new(tls),
-    };
+    let ctx = Ctx { scale, smoke: opts.smoke, pin, bins, anchors, dir, ca, tls_client: Arc::new(tls) };
 
     let versions = ctx.anchors.versions();
     eprintln!("bench: pinning: {}", ctx.pin.describe());
@@ -365,14 +337,8 @@ async fn run_async(
 
     let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
     let stem = if opts.smoke { "smoke" } else { "latest" };
-    let json_path = opts
-        .json
-        .clone()
-        .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
-    let svg_path = opts
-        .svg
-        .clone()
-        .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+    let json_path = opts.json.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
+    let svg_path = opts.svg.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
     if opts.merge {
         match std::fs::read(&json_path) {
             Ok(bytes) => {
@@ -407,11 +373,7 @@ async fn run_async(
         machine.date_utc,
         machine.cpus,
         machine.cpu_model,
-        if opts.smoke {
-            "SMOKE (not figures to quote), "
-        } else {
-            ""
-        },
+        if opts.smoke { "SMOKE (not figures to quote), " } else { "" },
         format_args!("medians of {} (bars), min–max (whiskers)", ctx.scale.repeats)
     );
     write_file(&svg_path, &report::svg(&res, &title))?;
@@ -435,14 +397,8 @@ pub fn report_main(opts: Opts) -> ExitCode {
     let r = (|| -> anyhow::Result<()> {
         let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
         let stem = if opts.smoke { "smoke" } else { "latest" };
-        let json_path = opts
-            .json
-            .clone()
-            .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
-        let svg_path = opts
-            .svg
-            .clone()
-            .unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+        let json_path = opts.json.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
+        let svg_path = opts.svg.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
         let bytes = std::fs::read(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
         let v: serde_json::Value = serde_json::from_slice(&bytes)?;
         let res: Results = serde_json::from_value(v["results"].clone()).context("the results in the file")?;
@@ -459,11 +415,7 @@ pub fn report_main(opts: Opts) -> ExitCode {
                 .as_array()
                 .map(|a| a
                     .iter()
-                    .map(|x| format!(
-                        "{}: {}",
-                        x["name"].as_str().unwrap_or(""),
-                        x["version"].as_str().unwrap_or("")
-                    ))
+                    .map(|x| format!("{}: {}", x["name"].as_str().unwrap_or(""), x["version"].as_str().unwrap_or("")))
                     .collect::<Vec<_>>()
                     .join("; "))
                 .unwrap_or_default(),
@@ -501,11 +453,7 @@ fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration,
     let mut h = String::new();
     h.push_str(&format!(
         "## seedgate bench{} — {}\n\n",
-        if ctx.smoke {
-            " (smoke run: brief, figures are not to be quoted)"
-        } else {
-            ""
-        },
+        if ctx.smoke { " (smoke run: brief, figures are not to be quoted)" } else { "" },
         m.date_utc
     ));
     h.push_str(&format!(
@@ -527,11 +475,7 @@ fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration,
     );
     h.push_str(&format!(
         "- anchors: {}\n",
-        versions
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect::<Vec<_>>()
-            .join("; ")
+        versions.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join("; ")
     ));
     h.push_str(&format!(
         "- scenarios: {}; took {:.0} s\n- columns: `vs direct` = system ÷ direct (for latencies: the added time); `seedgate ÷ this` = the first seedgate row ÷ this row (> 1 means seedgate's number is larger: better for ↑ figures, worse for ↓ ones); ⚠ = errors, listed under the table\n",

@@ -67,11 +67,7 @@ impl Anchors {
         let rathole = host::find_program("rathole", &rathole_paths)
             .ok_or_else(|| "rathole not installed (bench/install-anchors.sh; CI does not build it)".to_owned());
         let so = |p: &str, pkg: &str| {
-            if Path::new(p).is_file() {
-                Ok(())
-            } else {
-                Err(format!("{p} missing (Debian {pkg}; {INSTALL_HINT})"))
-            }
+            if Path::new(p).is_file() { Ok(()) } else { Err(format!("{p} missing (Debian {pkg}; {INSTALL_HINT})")) }
         };
         Self {
             haproxy: tool("haproxy", &["/usr/sbin/haproxy"]),
@@ -178,11 +174,7 @@ impl Running {
 
     pub fn addr(&self, role: &str) -> anyhow::Result<SocketAddr> {
         self.addrs.get(role).copied().with_context(|| {
-            format!(
-                "{} has no {role:?} address ({:?})",
-                self.label,
-                self.addrs.keys().collect::<Vec<_>>()
-            )
+            format!("{} has no {role:?} address ({:?})", self.label, self.addrs.keys().collect::<Vec<_>>())
         })
     }
 
@@ -248,32 +240,13 @@ impl Running {
                 .ok()
                 .and_then(|e| e.file_name().map(|f| f.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| "proc".into());
-            let safe: String = self
-                .label
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                .collect();
+            let safe: String = self.label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
             let out = dir.join(format!("{safe}-{bin}-{}.data", p.pid()));
             // Frame pointers are absent in release builds: BENCH_PERF_DWARF=1 unwinds with DWARF
             // (bigger files, real call stacks).
-            let graph = if std::env::var_os("BENCH_PERF_DWARF").is_some() {
-                "dwarf,16384"
-            } else {
-                "fp"
-            };
+            let graph = if std::env::var_os("BENCH_PERF_DWARF").is_some() { "dwarf,16384" } else { "fp" };
             let mut cmd = std::process::Command::new("perf");
-            cmd.args([
-                "record",
-                "-q",
-                "-F",
-                "499",
-                "--call-graph",
-                graph,
-                "-p",
-                &p.pid().to_string(),
-                "-o",
-            ])
-            .arg(&out);
+            cmd.args(["record", "-q", "-F", "499", "--call-graph", graph, "-p", &p.pid().to_string(), "-o"]).arg(&out);
             match Proc::spawn(cmd) {
                 Ok(perf) => self.profilers.push(perf),
                 Err(e) => eprintln!("bench: perf record failed to start: {e:#}"),
@@ -316,10 +289,8 @@ impl Drop for Running {
         // Proc's own drop kills and reaps the process we started; its children (nginx workers,
         // sshd session processes) would outlive it, so they are killed first, by pid.
         let roots = self.pids();
-        let mut children: Vec<u32> = roots
-            .iter()
-            .flat_map(|&p| host::process_tree(p).into_iter().filter(move |&c| c != p))
-            .collect();
+        let mut children: Vec<u32> =
+            roots.iter().flat_map(|&p| host::process_tree(p).into_iter().filter(move |&c| c != p)).collect();
         children.retain(|c| !roots.contains(c));
         for c in children {
             host::kill(c, libc::SIGKILL);
@@ -329,12 +300,7 @@ impl Drop for Running {
 
 /// The last non-empty line of a log (usually the reason a daemon gave up).
 fn last_line(s: &str) -> String {
-    s.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("(empty log)")
-        .trim()
-        .to_owned()
+    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(empty log)").trim().to_owned()
 }
 
 fn tail(s: &str, lines: usize) -> String {
@@ -352,11 +318,7 @@ async fn start_listening(cmd: std::process::Command, listen: &[SocketAddr]) -> a
         loop {
             if !p.running() {
                 let log = p.log();
-                bail!(
-                    "exited before listening on {a}: {}\nlog:\n{}",
-                    last_line(&log),
-                    tail(&log, 20)
-                );
+                bail!("exited before listening on {a}: {}\nlog:\n{}", last_line(&log), tail(&log, 20));
             }
             if tokio::net::TcpStream::connect(a).await.is_ok() {
                 break;
@@ -375,10 +337,7 @@ async fn start_listening(cmd: std::process::Command, listen: &[SocketAddr]) -> a
 fn subdir(env: &Env<'_>, label: &str) -> anyhow::Result<PathBuf> {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let safe: String = label
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
+    let safe: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     let d = env.dir.join(format!("{n:02}-{safe}"));
     // World-writable: squid and tinyproxy drop privileges and still write logs and pid files.
     host::dir_with_mode(&d, 0o777)?;
@@ -564,9 +523,7 @@ pub async fn haproxy(
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-db").arg("-f").arg(&cfg);
     let addrs: Vec<SocketAddr> = listen.iter().map(|(_, a)| *a).collect();
-    let p = start_listening(cmd, &addrs)
-        .await
-        .with_context(|| format!("starting {label}"))?;
+    let p = start_listening(cmd, &addrs).await.with_context(|| format!("starting {label}"))?;
     let mut r = Running::new(label, Kind::Anchor);
     r.procs.push(p);
     for (k, a) in listen {
@@ -587,12 +544,7 @@ pub async fn nginx(
     njs: bool,
 ) -> anyhow::Result<Running> {
     check_only(label)?;
-    let bin = if njs {
-        env.anchors.nginx_njs()
-    } else {
-        env.anchors.nginx_stream()
-    }
-    .map_err(anyhow::Error::msg)?;
+    let bin = if njs { env.anchors.nginx_njs() } else { env.anchors.nginx_stream() }.map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     let dir = d.display().to_string();
     for (name, text) in files {
@@ -612,16 +564,9 @@ pub async fn nginx(
     let cfg = d.join("nginx.conf");
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
-    cmd.arg("-p")
-        .arg(&d)
-        .arg("-e")
-        .arg(d.join("error.log"))
-        .arg("-c")
-        .arg(&cfg);
+    cmd.arg("-p").arg(&d).arg("-e").arg(d.join("error.log")).arg("-c").arg(&cfg);
     let addrs: Vec<SocketAddr> = listen.iter().map(|(_, a)| *a).collect();
-    let p = start_listening(cmd, &addrs)
-        .await
-        .with_context(|| format!("starting {label}"))?;
+    let p = start_listening(cmd, &addrs).await.with_context(|| format!("starting {label}"))?;
     let mut r = Running::new(label, Kind::Anchor);
     r.procs.push(p);
     for (k, a) in listen {
@@ -660,9 +605,7 @@ pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-N").arg("-f").arg(&cfg);
-    let p = start_listening(cmd, &[port])
-        .await
-        .with_context(|| format!("starting {label}"))?;
+    let p = start_listening(cmd, &[port]).await.with_context(|| format!("starting {label}"))?;
     let mut r = Running::new(label, Kind::Anchor);
     r.procs.push(p);
     r.set_addr("proxy", port);
@@ -687,9 +630,7 @@ pub async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-d").arg("-c").arg(&cfg);
-    let p = start_listening(cmd, &[port])
-        .await
-        .with_context(|| format!("starting {label}"))?;
+    let p = start_listening(cmd, &[port]).await.with_context(|| format!("starting {label}"))?;
     let mut r = Running::new(label, Kind::Anchor);
     r.procs.push(p);
     r.set_addr("proxy", port);
@@ -699,11 +640,7 @@ pub async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
 fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .map(|v| v.split_whitespace().next() == Some("0"))
-        })
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).map(|v| v.split_whitespace().next() == Some("0")))
         .unwrap_or(false)
 }
 
@@ -737,11 +674,7 @@ pub async fn rathole(
             .arg(&crt)
             .output()
             .context("running openssl pkcs12")?;
-        ensure!(
-            st.status.success(),
-            "openssl pkcs12: {}",
-            String::from_utf8_lossy(&st.stderr)
-        );
+        ensure!(st.status.success(), "openssl pkcs12: {}", String::from_utf8_lossy(&st.stderr));
         let _ = write!(
             server,
             "[server.transport]\ntype = \"tls\"\n[server.transport.tls]\npkcs12 = \"{}\"\npkcs12_password = \"bench\"\n",
@@ -765,9 +698,7 @@ pub async fn rathole(
     std::fs::write(&cc, client)?;
     let mut scmd = env.pin.command(&bin);
     scmd.arg("-s").arg(&sc).env("RUST_LOG", "error");
-    let sp = start_listening(scmd, &[ctrl])
-        .await
-        .with_context(|| format!("starting the {label} server"))?;
+    let sp = start_listening(scmd, &[ctrl]).await.with_context(|| format!("starting the {label} server"))?;
     let mut ccmd = env.pin.command(&bin);
     ccmd.arg("-c").arg(&cc).env("RUST_LOG", "error");
     let cp = Proc::spawn(ccmd)?;
@@ -790,11 +721,7 @@ async fn wait_listening_alive(r: &mut Running, a: SocketAddr) -> anyhow::Result<
         if tokio::net::TcpStream::connect(a).await.is_ok() {
             return Ok(());
         }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{}: nothing listening on {a}",
-            r.label
-        );
+        ensure!(tokio::time::Instant::now() < deadline, "{}: nothing listening on {a}", r.label);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -815,11 +742,7 @@ pub async fn ssh_reverse(env: &Env<'_>, label: &str, forwards: &[(&str, SocketAd
             .arg(d.join(k))
             .output()
             .context("ssh-keygen")?;
-        ensure!(
-            out.status.success(),
-            "ssh-keygen: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ensure!(out.status.success(), "ssh-keygen: {}", String::from_utf8_lossy(&out.stderr));
     }
     std::fs::copy(d.join("user_key.pub"), d.join("authorized_keys"))?;
     // sshd's privilege-separation directory (Debian's service script normally makes it).
@@ -835,14 +758,8 @@ pub async fn ssh_reverse(env: &Env<'_>, label: &str, forwards: &[(&str, SocketAd
     std::fs::write(d.join("sshd_config"), conf)?;
     let mut scmd = env.pin.command(&sshd);
     scmd.arg("-D").arg("-e").arg("-f").arg(d.join("sshd_config"));
-    let sp = start_listening(scmd, &[port])
-        .await
-        .with_context(|| format!("starting sshd for {label}"))?;
-    let user = if nix_is_root() {
-        "root".to_owned()
-    } else {
-        std::env::var("USER").unwrap_or_else(|_| "root".into())
-    };
+    let sp = start_listening(scmd, &[port]).await.with_context(|| format!("starting sshd for {label}"))?;
+    let user = if nix_is_root() { "root".to_owned() } else { std::env::var("USER").unwrap_or_else(|_| "root".into()) };
     let mut ccmd = env.pin.command(&ssh);
     ccmd.args([
         "-N",
@@ -888,21 +805,14 @@ pub async fn echo_helper(dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
     let f = file.clone();
     let addr = testbed::poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
         let f = f.clone();
-        async move {
-            std::fs::read_to_string(&f)
-                .ok()
-                .and_then(|s| s.trim().parse::<SocketAddr>().ok())
-        }
+        async move { std::fs::read_to_string(&f).ok().and_then(|s| s.trim().parse::<SocketAddr>().ok()) }
     })
     .await;
     match addr {
         Ok(a) => Ok((p, a)),
         Err(e) => {
             let alive = p.running();
-            Err(e.context(format!(
-                "echo helper (running: {alive}) wrote no address; log:\n{}",
-                p.log()
-            )))
+            Err(e.context(format!("echo helper (running: {alive}) wrote no address; log:\n{}", p.log())))
         }
     }
 }
@@ -926,20 +836,12 @@ impl Slot {
                 if !full.contains("not installed") && !full.contains("missing") && !full.contains("filtered out") {
                     eprintln!("bench: {label} did not start: {full}");
                 }
-                Self::Skipped {
-                    label: label.into(),
-                    kind,
-                    reason: first,
-                }
+                Self::Skipped { label: label.into(), kind, reason: first }
             }
         }
     }
 
     pub fn skipped(label: &str, kind: Kind, reason: &str) -> Self {
-        Self::Skipped {
-            label: label.into(),
-            kind,
-            reason: reason.into(),
-        }
+        Self::Skipped { label: label.into(), kind, reason: reason.into() }
     }
 }

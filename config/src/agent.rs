@@ -1,6 +1,6 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
-use crate::common::{default_fn, valid_header_name, AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located};
+use crate::common::{AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, default_fn, valid_header_name};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -147,11 +147,7 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self {
-            handshake: handshake_default(),
-            connect: connect_default(),
-            idle: idle_default(),
-        }
+        Self { handshake: handshake_default(), connect: connect_default(), idle: idle_default() }
     }
 }
 
@@ -165,9 +161,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_connections: max_connections_default(),
-        }
+        Self { max_connections: max_connections_default() }
     }
 }
 
@@ -240,11 +234,7 @@ pub struct ApiserverProxy {
 impl ApiserverProxy {
     /// The listener name of `listen[index]` (see the type's documentation).
     pub fn listener_name(index: usize) -> String {
-        if index == 0 {
-            "apiserver-proxy".to_owned()
-        } else {
-            format!("apiserver-proxy-{index}")
-        }
+        if index == 0 { "apiserver-proxy".to_owned() } else { format!("apiserver-proxy-{index}") }
     }
 }
 
@@ -255,7 +245,6 @@ pub fn parse(text: &str, file: &str) -> Result<AgentConfig, ConfigError> {
     validate(&cfg, &mut p);
     p.finish(cfg)
 }
-
 
 /// A header value we can write verbatim: visible ASCII and inner spaces, so nothing in the
 /// config can end the header early or smuggle a second one.
@@ -279,7 +268,11 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         }
     }
     if t.allow.is_empty() {
-        p.push(at, format!("{f}.allow"), "empty: every dial would be refused; list the node, pod and service CIDRs the seed may reach");
+        p.push(
+            at,
+            format!("{f}.allow"),
+            "empty: every dial would be refused; list the node, pod and service CIDRs the seed may reach",
+        );
     }
     if t.max_streams == 0 || t.max_streams > 1 << 20 {
         p.push(at, format!("{f}.max_streams"), "must be between 1 and 1048576");
@@ -466,7 +459,9 @@ apiserver_proxy:
 
     #[test]
     fn tunnel_problems_are_reported() {
-        let e = problems("tunnel:\n  servers: []\n  tls: { cert: c, key: k, ca: a }\n  reconnect: { initial: 10s, max: 1s }\n");
+        let e = problems(
+            "tunnel:\n  servers: []\n  tls: { cert: c, key: k, ca: a }\n  reconnect: { initial: 10s, max: 1s }\n",
+        );
         assert!(e.iter().any(|p| p.contains("tunnel.servers")), "{e:?}");
         assert!(e.iter().any(|p| p.contains("tunnel.allow")), "{e:?}");
         assert!(e.iter().any(|p| p.contains("tunnel.reconnect.max")), "{e:?}");
@@ -474,7 +469,9 @@ apiserver_proxy:
 
     #[test]
     fn unknown_field_in_section_is_located() {
-        let e = problems("apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n  mode: http-connect\n  destinaton: x\n");
+        let e = problems(
+            "apiserver_proxy:\n  listen: [10.1.2.3:443]\n  gateway: a:1\n  mode: http-connect\n  destinaton: x\n",
+        );
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].starts_with("f.yaml:5:3"), "{e:?}");
         assert!(e[0].contains("unknown field `destinaton`"), "{e:?}");

@@ -1,6 +1,6 @@
 //! Value types shared by every binary's config: durations, addresses, CIDRs, the admin section.
 
-use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -46,11 +46,7 @@ impl<T: fmt::Display> fmt::Display for Located<T> {
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Located<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
-        Ok(Self {
-            value: s.value,
-            line: s.referenced.line(),
-            column: s.referenced.column(),
-        })
+        Ok(Self { value: s.value, line: s.referenced.line(), column: s.referenced.column() })
     }
 }
 
@@ -124,18 +120,12 @@ impl FromStr for HostPort {
             return Err(bad());
         }
         let port = port.parse::<u16>().map_err(|_| bad())?;
-        Ok(Self {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
+        Ok(Self { host: host.to_ascii_lowercase(), port })
     }
 }
 
 fn valid_host(h: &str) -> bool {
-    h.len() <= 253
-        && h
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'))
+    h.len() <= 253 && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'))
 }
 
 impl fmt::Display for HostPort {
@@ -175,10 +165,7 @@ impl FromStr for IpCidr {
         let s = s.trim();
         if let Ok(net) = s.parse::<ipnet::IpNet>() {
             if net.trunc() != net {
-                return Err(format!(
-                    "CIDR {s:?} has host bits set; did you mean {}?",
-                    net.trunc()
-                ));
+                return Err(format!("CIDR {s:?} has host bits set; did you mean {}?", net.trunc()));
             }
             return Ok(Self(net));
         }
@@ -221,9 +208,7 @@ impl FromStr for CidrPort {
             let port = match port {
                 "" => None,
                 p => Some(
-                    p.strip_prefix(':')
-                        .and_then(|p| p.parse::<u16>().ok())
-                        .ok_or_else(|| bad("bad port".into()))?,
+                    p.strip_prefix(':').and_then(|p| p.parse::<u16>().ok()).ok_or_else(|| bad("bad port".into()))?,
                 ),
             };
             return Ok(Self { net: net.parse().map_err(bad)?, port });
@@ -280,13 +265,7 @@ pub struct AdminConfig {
 
 impl AdminConfig {
     pub fn on(port: u16) -> Self {
-        Self {
-            listen: Some(HostPort {
-                host: "127.0.0.1".into(),
-                port,
-            }),
-            token_file: None,
-        }
+        Self { listen: Some(HostPort { host: "127.0.0.1".into(), port }), token_file: None }
     }
 }
 

@@ -59,10 +59,7 @@ impl ConfigError {
     }
 
     pub(crate) fn from_yaml(file: &str, e: &serde_saphyr::Error) -> Self {
-        let (line, column) = e
-            .location()
-            .map(|l| (l.line(), l.column()))
-            .unwrap_or((0, 0));
+        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
         // The crate's Display repeats the location and appends a source snippet; keep the first
         // line's message and let our own prefix carry the location.
         let text = e.to_string();
@@ -72,15 +69,7 @@ impl ConfigError {
             Some((_, msg)) => msg.to_owned(),
             None => first.to_owned(),
         };
-        Self {
-            problems: vec![Problem {
-                file: file.to_owned(),
-                line,
-                column,
-                field: String::new(),
-                message,
-            }],
-        }
+        Self { problems: vec![Problem { file: file.to_owned(), line, column, field: String::new(), message }] }
     }
 }
 
@@ -92,10 +81,7 @@ pub(crate) struct Problems {
 
 impl Problems {
     pub(crate) fn new(file: &str) -> Self {
-        Self {
-            file: file.to_owned(),
-            list: Vec::new(),
-        }
+        Self { file: file.to_owned(), list: Vec::new() }
     }
 
     pub(crate) fn push(&mut self, at: (u64, u64), field: impl Into<String>, message: impl Into<String>) {
@@ -109,10 +95,6 @@ impl Problems {
     }
 
     pub(crate) fn finish<T>(self, value: T) -> Result<T, ConfigError> {
-        if self.list.is_empty() {
-            Ok(value)
-        } else {
-            Err(ConfigError { problems: self.list })
-        }
+        if self.list.is_empty() { Ok(value) } else { Err(ConfigError { problems: self.list }) }
     }
 }

@@ -1,6 +1,6 @@
 //! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
 
-use crate::common::{default_fn, valid_header_name, AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located};
+use crate::common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, default_fn, valid_header_name};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -52,11 +52,7 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self {
-            handshake: handshake_default(),
-            connect: connect_default(),
-            idle: idle_default(),
-        }
+        Self { handshake: handshake_default(), connect: connect_default(), idle: idle_default() }
     }
 }
 
@@ -204,13 +200,10 @@ pub fn normalize_sni_pattern(s: &str) -> Option<String> {
     let ok = !body.is_empty()
         && body.len() <= 253
         && body.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         });
     ok.then_some(s)
 }
-
 
 fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {
@@ -262,28 +255,46 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
                 p.push(at, format!("{rf}.name"), "must be a non-empty word without spaces");
             }
             if !route_names.insert(r.name.value.clone()) {
-                p.push(at, format!("{rf}.name"), format!("duplicate route name {:?} in listener {:?}", *r.name, *l.name));
+                p.push(
+                    at,
+                    format!("{rf}.name"),
+                    format!("duplicate route name {:?} in listener {:?}", *r.name, *l.name),
+                );
             }
             if r.upstreams.is_empty() {
                 p.push(at, format!("{rf}.upstreams"), "at least one upstream is required");
             }
             let is_default = l.default_route.as_deref() == Some(r.name.as_str());
             if r.sni.is_empty() && r.destination.is_empty() && r.connect.is_none() && !is_default {
-                p.push(at, rf.clone(), "the route matches nothing: give sni, destination or connect (or make it the default_route)");
+                p.push(
+                    at,
+                    rf.clone(),
+                    "the route matches nothing: give sni, destination or connect (or make it the default_route)",
+                );
             }
             for (i, s) in r.sni.iter().enumerate() {
                 match normalize_sni_pattern(s) {
-                    None => p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern")),
+                    None => {
+                        p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern"))
+                    }
                     Some(n) => {
                         if !snis.insert(n.clone()) {
-                            p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by another route of this listener"));
+                            p.push(
+                                at,
+                                format!("{rf}.sni[{i}]"),
+                                format!("{n:?} is routed by another route of this listener"),
+                            );
                         }
                     }
                 }
             }
             for (i, d) in r.destination.iter().enumerate() {
                 if !dests.insert(*d) {
-                    p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by another route of this listener"));
+                    p.push(
+                        at,
+                        format!("{rf}.destination[{i}]"),
+                        format!("{d} is routed by another route of this listener"),
+                    );
                 }
             }
             if let Some(c) = &r.connect {

@@ -1,6 +1,6 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
-use crate::common::{default_fn, AdminConfig, Dur, HostPort, Keepalive, Located};
+use crate::common::{AdminConfig, Dur, HostPort, Keepalive, Located, default_fn};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -158,7 +158,11 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
         p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
     }
     if cfg.agents.tls.client_ca.is_none() {
-        p.push((0, 0), "agents.tls.client_ca", "agents authenticate with client certificates: give the CA that issued them");
+        p.push(
+            (0, 0),
+            "agents.tls.client_ca",
+            "agents authenticate with client certificates: give the CA that issued them",
+        );
     }
     let ka = &cfg.agents.keepalive;
     if ka.interval.get().is_zero() || ka.timeout.get().is_zero() {
@@ -180,11 +184,15 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
         match (&f.listen, &f.unix) {
             (Some(_), Some(_)) => p.push(at, ff.clone(), "give either listen or unix, not both"),
             (None, None) => p.push(at, ff.clone(), "give listen (TCP) or unix (socket path)"),
-            (None, Some(_)) if f.tls.is_some() => p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS"),
+            (None, Some(_)) if f.tls.is_some() => {
+                p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS")
+            }
             _ => {}
         }
         match &f.cluster {
-            Some(c) if !valid_cluster_name(c) => p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name")),
+            Some(c) if !valid_cluster_name(c) => {
+                p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
+            }
             None if f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => p.push(
                 at,
                 format!("{ff}.cluster"),
@@ -205,7 +213,11 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
             p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
         }
     }
-    for (name, d) in [("timeouts.handshake", cfg.timeouts.handshake), ("timeouts.dial", cfg.timeouts.dial), ("timeouts.idle", cfg.timeouts.idle)] {
+    for (name, d) in [
+        ("timeouts.handshake", cfg.timeouts.handshake),
+        ("timeouts.dial", cfg.timeouts.dial),
+        ("timeouts.idle", cfg.timeouts.idle),
+    ] {
         if d.get().is_zero() {
             p.push((0, 0), name, "must be positive");
         }

@@ -1,9 +1,9 @@
 //! One apiserver-proxy connection: dial the gateway, say where the client wanted to go, relay, log.
 
-use crate::gateway;
 use crate::Shared;
+use crate::gateway;
 use proxy_core::accept::ConnPermit;
-use proxy_core::copy::{transfer_tcp, Meters, Outcome, Side, SplicePump, Transfer};
+use proxy_core::copy::{Meters, Outcome, Side, SplicePump, Transfer, transfer_tcp};
 use proxy_core::metrics::ConnMetrics;
 use proxy_core::net;
 use proxy_core::prometheus::{Histogram, IntCounter, IntGauge};
@@ -201,7 +201,11 @@ async fn serve(
                     Some(a) => a.to_string(),
                     None => gateway::canonical(local).to_string(),
                 };
-                let head = gateway::connect_request(&authority, &ap.destination_header, ap.destination.as_deref().unwrap_or_default());
+                let head = gateway::connect_request(
+                    &authority,
+                    &ap.destination_header,
+                    ap.destination.as_deref().unwrap_or_default(),
+                );
                 gw.write_all(&head).await?;
                 gateway::read_connect_response(&mut gw).await
             }

@@ -1,7 +1,7 @@
 //! Talking to the seed gateway: fresh resolution, connect with retries, the PROXY v2 header and the CONNECT exchange.
 
 use proxy_core::net::{self, ConnectFailure};
-use proxy_core::proxy_protocol::{encode_v2, V2Options};
+use proxy_core::proxy_protocol::{V2Options, encode_v2};
 use seedgate_config::HostPort;
 use std::io;
 use std::net::SocketAddr;
@@ -18,10 +18,9 @@ const MAX_RESPONSE_HEADERS: usize = 32;
 /// `timeout`. An empty answer is an error.
 pub async fn resolve(gateway: &HostPort, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
     match tokio::time::timeout(timeout, net::resolve(gateway)).await {
-        Ok(Ok(addrs)) if addrs.is_empty() => Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} resolved to no address", gateway.host),
-        )),
+        Ok(Ok(addrs)) if addrs.is_empty() => {
+            Err(io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", gateway.host)))
+        }
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -154,9 +153,10 @@ mod tests {
         let live = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let live_addr = live.local_addr().unwrap();
         let mut failed = Vec::new();
-        let (_s, used) = connect_any(&[dead, live_addr], 3, Duration::from_secs(5), |a, e| failed.push((a, failure_label(e))))
-            .await
-            .unwrap();
+        let (_s, used) =
+            connect_any(&[dead, live_addr], 3, Duration::from_secs(5), |a, e| failed.push((a, failure_label(e))))
+                .await
+                .unwrap();
         assert_eq!(used, live_addr);
         assert_eq!(failed, vec![(dead, "connect_refused")]);
     }

@@ -11,9 +11,9 @@ mod ready;
 mod tunnel;
 
 use arc_swap::ArcSwap;
-use proxy_core::accept::{accept_error_label, accept_loop, ConnLimit};
+use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::admin::{self, AdminHooks, AdminState, Check};
-use proxy_core::metrics::{register_build_info, ConnMetrics, ReloadMetrics};
+use proxy_core::metrics::{ConnMetrics, ReloadMetrics, register_build_info};
 use proxy_core::net;
 use proxy_core::prometheus::Registry;
 use proxy_core::reload;
@@ -159,9 +159,8 @@ pub async fn bind(cfg: AgentConfig, shutdown: Shutdown) -> Result<Bound, Error> 
     let admin = match &cfg.admin.listen {
         None => None,
         Some(hp) => {
-            let addr = net::resolve_one(hp)
-                .await
-                .map_err(|source| Error::AdminResolve { addr: hp.to_string(), source })?;
+            let addr =
+                net::resolve_one(hp).await.map_err(|source| Error::AdminResolve { addr: hp.to_string(), source })?;
             let bind_err = |source| Error::Bind { what: "admin".into(), addr: addr.to_string(), source };
             let l = admin::bind(addr).await.map_err(bind_err)?;
             addrs.admin = Some(l.local_addr().map_err(bind_err)?);
@@ -199,7 +198,8 @@ impl Bound {
     /// Serve until `shutdown.stop` is cancelled, then stop accepting and drain live connections
     /// for `drain_grace` (from the config in force at that moment) before returning.
     pub async fn run(self) {
-        let Bound { shared, shutdown, listeners, admin, admin_token, registry, reload_metrics, addrs, config_path } = self;
+        let Bound { shared, shutdown, listeners, admin, admin_token, registry, reload_metrics, addrs, config_path } =
+            self;
         let max = shared.config.load().limits.max_connections.min(Semaphore::MAX_PERMITS);
         let limit = ConnLimit::new(Arc::new(Semaphore::new(max)), None);
 
@@ -222,7 +222,8 @@ impl Bound {
         let admin_stop = CancellationToken::new();
         if let Some(listener) = admin {
             let hooks = Hooks { shared: shared.clone(), listeners: addrs.listeners.clone() };
-            let state = AdminState { registry, hooks: Arc::new(hooks), token: admin_token, draining: shutdown.stop.clone() };
+            let state =
+                AdminState { registry, hooks: Arc::new(hooks), token: admin_token, draining: shutdown.stop.clone() };
             tracing::info!(addr = ?addrs.admin, "admin listening");
             tokio::spawn(admin::serve(listener, state, admin_stop.clone()));
         }
@@ -281,8 +282,11 @@ struct Hooks {
 
 impl AdminHooks for Hooks {
     fn ready(&self) -> Vec<Check> {
-        let mut checks: Vec<Check> =
-            self.listeners.iter().map(|(name, a)| Check::new(format!("listener-{name}"), true, format!("bound {a}"))).collect();
+        let mut checks: Vec<Check> = self
+            .listeners
+            .iter()
+            .map(|(name, a)| Check::new(format!("listener-{name}"), true, format!("bound {a}")))
+            .collect();
         if let Some(ap) = &self.shared.config.load().apiserver_proxy {
             checks.push(self.shared.gateway.check(&ap.gateway));
         }

@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use clap::Parser;
 use proxy_core::cli::{self, CommonArgs};
-use proxy_core::shutdown::{termination_signal, Shutdown};
+use proxy_core::shutdown::{Shutdown, termination_signal};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -29,9 +29,7 @@ fn main() -> anyhow::Result<()> {
         let shutdown = Shutdown::new();
         // Install the signal handlers before anyone can learn our addresses (and signal us).
         let signal = termination_signal();
-        let bound = proxy_agent::bind(cfg, shutdown.clone())
-            .await?
-            .reload_from(args.common.config.clone());
+        let bound = proxy_agent::bind(cfg, shutdown.clone()).await?.reload_from(args.common.config.clone());
         if let Some(file) = &args.write_addresses {
             write_addresses(file, &bound.local_addrs().to_json())?;
         }

@@ -1,12 +1,12 @@
 //! The agent end of the reverse tunnel: one outbound session per configured server (re-homed make-before-break), and dials within the allowlist.
 
 use arc_swap::ArcSwap;
-use proxy_core::copy::{transfer, Meters, Outcome, Side};
+use proxy_core::copy::{Meters, Outcome, Side, transfer};
 use proxy_core::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::net::{connect_addr, reset_on_close, tune_stream};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
-use proxy_core::tunnel::h2::{run_agent_session, AgentHandler};
-use proxy_core::tunnel::{AgentHello, BoxFuture, ControlMsg, DialError, Incoming, TunnelSettings, ALPN_V1};
+use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
+use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, TunnelSettings};
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
@@ -34,15 +34,55 @@ pub struct TunnelMetrics {
 impl TunnelMetrics {
     pub fn new(reg: &Registry) -> Self {
         Self {
-            sessions: gauge_vec(reg, "seedgate_tunnel_sessions_connected", "1 while the session to a server is up, by server.", &["server"]),
-            reconnects: counter_vec(reg, "seedgate_tunnel_reconnects_total", "Session (re)connect attempts after the first, by server and result (ok: the session came up, failed: it did not).", &["server", "result"]),
+            sessions: gauge_vec(
+                reg,
+                "seedgate_tunnel_sessions_connected",
+                "1 while the session to a server is up, by server.",
+                &["server"],
+            ),
+            reconnects: counter_vec(
+                reg,
+                "seedgate_tunnel_reconnects_total",
+                "Session (re)connect attempts after the first, by server and result (ok: the session came up, failed: it did not).",
+                &["server", "result"],
+            ),
             streams_active: gauge(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now."),
-            streams_opened: counter_vec(reg, "seedgate_tunnel_streams_opened_total", "Tunnel streams dialled successfully, by server.", &["server"]),
-            dial_seconds: seconds_histogram(reg, "seedgate_tunnel_dial_duration_seconds", "Time to connect to a target in the shoot, by result.", &["result"]),
-            dial_failures: counter_vec(reg, "seedgate_tunnel_dial_failures_total", "Dials refused or failed, by reason.", &["reason"]),
-            bytes: counter_vec(reg, "seedgate_tunnel_bytes_total", "Bytes carried by tunnel streams, by direction (to_shoot, to_seed).", &["direction"]),
-            limit_hits: counter_vec(reg, "seedgate_tunnel_stream_limit_hits_total", "Streams refused because a limit was reached, by limit.", &["limit"]),
-            moves: counter_vec(reg, "seedgate_tunnel_move_notices_total", "Move notices received from servers, by server.", &["server"]),
+            streams_opened: counter_vec(
+                reg,
+                "seedgate_tunnel_streams_opened_total",
+                "Tunnel streams dialled successfully, by server.",
+                &["server"],
+            ),
+            dial_seconds: seconds_histogram(
+                reg,
+                "seedgate_tunnel_dial_duration_seconds",
+                "Time to connect to a target in the shoot, by result.",
+                &["result"],
+            ),
+            dial_failures: counter_vec(
+                reg,
+                "seedgate_tunnel_dial_failures_total",
+                "Dials refused or failed, by reason.",
+                &["reason"],
+            ),
+            bytes: counter_vec(
+                reg,
+                "seedgate_tunnel_bytes_total",
+                "Bytes carried by tunnel streams, by direction (to_shoot, to_seed).",
+                &["direction"],
+            ),
+            limit_hits: counter_vec(
+                reg,
+                "seedgate_tunnel_stream_limit_hits_total",
+                "Streams refused because a limit was reached, by limit.",
+                &["limit"],
+            ),
+            moves: counter_vec(
+                reg,
+                "seedgate_tunnel_move_notices_total",
+                "Move notices received from servers, by server.",
+                &["server"],
+            ),
         }
     }
 }
@@ -87,7 +127,11 @@ fn node_name(cfg: &TunnelCfg) -> String {
 }
 
 impl Tunnel {
-    pub fn new(cfg: TunnelCfg, reg: &Registry, kill: CancellationToken) -> Result<Arc<Self>, proxy_core::tls::TlsError> {
+    pub fn new(
+        cfg: TunnelCfg,
+        reg: &Registry,
+        kill: CancellationToken,
+    ) -> Result<Arc<Self>, proxy_core::tls::TlsError> {
         let conn = connector(&cfg)?;
         Ok(Arc::new(Self {
             node: node_name(&cfg),
@@ -147,12 +191,17 @@ struct Live {
 }
 
 /// Connect and handshake with `target` (resolved afresh).
-async fn establish(t: &Tunnel, target: &HostPort) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
+async fn establish(
+    t: &Tunnel,
+    target: &HostPort,
+) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
-    let (tcp, addr) = proxy_core::net::connect_host(target, timeout).await.map_err(|e| format!("connect {target}: {e}"))?;
+    let (tcp, addr) =
+        proxy_core::net::connect_host(target, timeout).await.map_err(|e| format!("connect {target}: {e}"))?;
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
-    let sni = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
+    let sni =
+        rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
     let connector = t.connector.load_full();
     let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
         .await
@@ -174,7 +223,12 @@ struct SlotCtx {
 }
 
 impl SlotCtx {
-    fn spawn(&self, target: HostPort, tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>, peer: SocketAddr) -> Live {
+    fn spawn(
+        &self,
+        target: HostPort,
+        tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        peer: SocketAddr,
+    ) -> Live {
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
         let handler: Arc<dyn AgentHandler> = Arc::new(Handler {
@@ -185,7 +239,9 @@ impl SlotCtx {
         });
         let settings = settings(&self.t.cfg.load());
         let (st, tracker) = (stop.clone(), self.tracker.clone());
-        let done = tokio::spawn(async move { run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| e.to_string()) });
+        let done = tokio::spawn(async move {
+            run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| e.to_string())
+        });
         tracing::info!(server = %self.label, target = %target, %peer, "tunnel session up");
         self.t.set_status(&self.label, true, &format!("session up to {target} ({peer})"));
         Live { target, peer, stop, kill, done, since: Instant::now() }
@@ -376,7 +432,11 @@ fn allowed(allow: &[CidrPort], addr: SocketAddr) -> bool {
 async fn resolve_allowed(allow: &[CidrPort], target: &str, timeout: Duration) -> Result<Vec<SocketAddr>, DialError> {
     let hp: HostPort = target.parse().map_err(|e: String| DialError::BadTarget(e))?;
     if let Some(sa) = hp.socket_addr() {
-        return if allowed(allow, sa) { Ok(vec![sa]) } else { Err(DialError::NotAllowed(format!("{target} is not on the agent's allowlist"))) };
+        return if allowed(allow, sa) {
+            Ok(vec![sa])
+        } else {
+            Err(DialError::NotAllowed(format!("{target} is not on the agent's allowlist")))
+        };
     }
     let addrs = tokio::time::timeout(timeout, proxy_core::net::resolve(&hp))
         .await

@@ -2,7 +2,7 @@
 
 mod common;
 
-use anyhow::{ensure, Context as _};
+use anyhow::{Context as _, ensure};
 use common::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -159,7 +159,10 @@ async fn http_connect_uses_the_configured_header_and_authority() -> anyhow::Resu
     let mut client = agent.connect().await?;
     let (mut conn, _) = within("accept", gw.accept()).await??;
     let head = within("CONNECT head", read_http_head(&mut conn)).await??;
-    assert_eq!(head, "CONNECT kubernetes.default.svc:443 HTTP/1.1\r\nHost: kubernetes.default.svc:443\r\nX-Route: shoot-a\r\n\r\n");
+    assert_eq!(
+        head,
+        "CONNECT kubernetes.default.svc:443 HTTP/1.1\r\nHost: kubernetes.default.svc:443\r\nX-Route: shoot-a\r\n\r\n"
+    );
     // HTTP/1.0 and a longer reason phrase are fine too.
     conn.write_all(b"HTTP/1.0 200 OK\r\nServer: fake\r\n\r\n").await?;
     client.write_all(b"ping").await?;
@@ -272,8 +275,10 @@ async fn an_unresolvable_gateway_is_not_ready_and_refuses_clients() -> anyhow::R
     let agent = Agent::start(&yaml).await?;
     let body = poll("resolution failure reported", || async {
         let (status, body) = agent.get("/readyz?verbose").await.ok()?;
-        (status == 503 && body.contains("[-]gateway-resolves failed: no-such-gateway.invalid:8443:") && !body.contains("not resolved yet"))
-            .then_some(body)
+        (status == 503
+            && body.contains("[-]gateway-resolves failed: no-such-gateway.invalid:8443:")
+            && !body.contains("not resolved yet"))
+        .then_some(body)
     })
     .await?;
     assert!(body.contains("readyz check failed"), "{body}");
@@ -425,7 +430,8 @@ async fn the_drain_grace_ends_connections_that_stay() -> anyhow::Result<()> {
     agent.stop().await?;
     within("client closed by the drain", read_until_closed(&mut client)).await?;
     within("gateway side closed by the drain", read_until_closed(&mut conn)).await?;
-    poll("admin listener closed after the drain", || async { TcpStream::connect(admin).await.is_err().then_some(()) }).await?;
+    poll("admin listener closed after the drain", || async { TcpStream::connect(admin).await.is_err().then_some(()) })
+        .await?;
     Ok(())
 }
 

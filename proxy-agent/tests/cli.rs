@@ -1,6 +1,6 @@
 //! The proxy-agent binary: `--check` exit codes, `--write-addresses`, serving, and exit 0 on SIGTERM.
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -34,7 +34,10 @@ fn check_exits_0_on_a_good_file_and_2_on_a_bad_one() -> anyhow::Result<()> {
     assert!(String::from_utf8(out.stdout)?.contains("valid"));
 
     let bad = dir.join("bad.yaml");
-    std::fs::write(&bad, "apiserver_proxy:\n  listen: [api.local:443]\n  gateway: a:1\n  mode: http-connect\n  retries: 0\n")?;
+    std::fs::write(
+        &bad,
+        "apiserver_proxy:\n  listen: [api.local:443]\n  gateway: a:1\n  mode: http-connect\n  retries: 0\n",
+    )?;
     let out = check(&bad)?;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8(out.stderr)?;

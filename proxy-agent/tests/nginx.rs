@@ -2,7 +2,7 @@
 
 mod common;
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use common::*;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -37,7 +37,9 @@ fn nginx_available() -> anyhow::Result<bool> {
         println!("SKIP: {missing:?} not installed (apt-get install nginx libnginx-mod-stream)");
         return Ok(false);
     }
-    bail!("{missing:?} not installed: apt-get install nginx libnginx-mod-stream, or set SEEDGATE_SKIP_MISSING=1 to skip")
+    bail!(
+        "{missing:?} not installed: apt-get install nginx libnginx-mod-stream, or set SEEDGATE_SKIP_MISSING=1 to skip"
+    )
 }
 
 async fn start_nginx() -> anyhow::Result<(Nginx, u16)> {
@@ -91,7 +93,11 @@ async fn nginx_sees_the_client_and_the_advertised_destination() -> anyhow::Resul
         // No client bytes: nginx's `return` closes at once, and unread bytes would turn its FIN into a reset.
         let (got, _) = within("nginx answer", read_until_closed(&mut client)).await?;
         let want = format!("{} {}\n", client.local_addr()?, agent.listener());
-        assert_eq!(String::from_utf8(got)?, want, "nginx's view: $proxy_protocol_addr:port $proxy_protocol_server_addr:port");
+        assert_eq!(
+            String::from_utf8(got)?,
+            want,
+            "nginx's view: $proxy_protocol_addr:port $proxy_protocol_server_addr:port"
+        );
     }
     agent.wait_metric("seedgate_connections_total", &[("result", "ok")], 3.0).await?;
     agent.stop().await

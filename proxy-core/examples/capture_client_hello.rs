@@ -33,8 +33,7 @@ async fn main() -> Result<(), BoxErr> {
         .into();
     std::fs::create_dir_all(&out)?;
 
-    let pq =
-        capture_rustls(|c| c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()]).await?;
+    let pq = capture_rustls(|c| c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()]).await?;
     save(&out, "rustls_pq.bin", &pq)?;
 
     let no_sni = capture_rustls(|c| c.enable_sni = false).await?;
@@ -50,8 +49,12 @@ async fn main() -> Result<(), BoxErr> {
 
     let openssl = capture_cmd(|port| {
         let mut c = Command::new("openssl");
-        c.args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-            .args(["-servername", OPENSSL_SNI, "-alpn", "h2"]);
+        c.args(["s_client", "-connect", &format!("127.0.0.1:{port}")]).args([
+            "-servername",
+            OPENSSL_SNI,
+            "-alpn",
+            "h2",
+        ]);
         c
     })
     .await?;
@@ -69,8 +72,12 @@ async fn main() -> Result<(), BoxErr> {
 
     let big = capture_cmd(|port| {
         let mut c = Command::new("openssl");
-        c.args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-            .args(["-servername", OPENSSL_SNI, "-alpn", &big_alpn_list()]);
+        c.args(["s_client", "-connect", &format!("127.0.0.1:{port}")]).args([
+            "-servername",
+            OPENSSL_SNI,
+            "-alpn",
+            &big_alpn_list(),
+        ]);
         c
     })
     .await?;
@@ -90,11 +97,7 @@ fn big_alpn_list() -> String {
 
 fn save(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), BoxErr> {
     std::fs::write(dir.join(name), bytes)?;
-    println!(
-        "{name}: {} bytes, {} record(s)",
-        bytes.len(),
-        refragment::split_records(bytes).len()
-    );
+    println!("{name}: {} bytes, {} record(s)", bytes.len(), refragment::split_records(bytes).len());
     Ok(())
 }
 
@@ -120,17 +123,14 @@ async fn capture_rustls(tweak: impl FnOnce(&mut rustls::ClientConfig)) -> Result
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     // Default provider (aws-lc-rs) and default kx groups, so X25519MLKEM768 is offered.
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder().with_root_certificates(rustls::RootCertStore::empty()).with_no_client_auth();
     tweak(&mut config);
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let client = tokio::spawn(async move {
         let tcp = TcpStream::connect(addr).await?;
         // Fails once the capture side closes; only the bytes it sent matter.
-        let _ = connector
-            .connect(ServerName::try_from(RUSTLS_SNI)?, tcp)
-            .await;
+        let _ = connector.connect(ServerName::try_from(RUSTLS_SNI)?, tcp).await;
         Ok::<_, BoxErr>(())
     });
     let hello = tokio::time::timeout(Duration::from_secs(10), record_hello(&listener)).await??;
@@ -141,11 +141,7 @@ async fn capture_rustls(tweak: impl FnOnce(&mut rustls::ClientConfig)) -> Result
 async fn capture_cmd(make: impl FnOnce(u16) -> Command) -> Result<Vec<u8>, BoxErr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let mut child = make(port)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut child = make(port).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
     let hello = tokio::time::timeout(Duration::from_secs(10), record_hello(&listener)).await;
     // Our own child, ended by its handle; it may already have exited after the close.
     let _ = child.kill();

@@ -31,11 +31,7 @@ fn free_port(ip: &str) -> u16 {
 
 /// Accept one connection on `l` (10 s limit), read until EOF, until `done(buf)` holds, or
 /// until 500 ms of silence; then optionally send `reply` and close.
-fn start_capture(
-    l: &TcpListener,
-    reply: Option<&'static [u8]>,
-    done: fn(&[u8]) -> bool,
-) -> mpsc::Receiver<Vec<u8>> {
+fn start_capture(l: &TcpListener, reply: Option<&'static [u8]>, done: fn(&[u8]) -> bool) -> mpsc::Receiver<Vec<u8>> {
     let l = l.try_clone().unwrap();
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
@@ -49,8 +45,7 @@ fn start_capture(
             }
         };
         s.set_nonblocking(false).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(500)))
-            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
@@ -71,9 +66,7 @@ fn start_capture(
 }
 
 fn recv(rx: mpsc::Receiver<Vec<u8>>, what: &str) -> Vec<u8> {
-    let v = rx
-        .recv_timeout(Duration::from_secs(15))
-        .unwrap_or_else(|_| panic!("{what}: nothing captured"));
+    let v = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_else(|_| panic!("{what}: nothing captured"));
     assert!(!v.is_empty(), "{what}: empty capture");
     v
 }
@@ -119,9 +112,7 @@ fn pp_header_end_lenient(b: &[u8]) -> usize {
     if b.starts_with(b"\r\n\r\n\0\r\nQUIT\n") && b.len() >= 16 {
         (16 + usize::from(u16::from_be_bytes([b[14], b[15]]))).min(b.len())
     } else {
-        b.windows(2)
-            .position(|w| w == b"\r\n")
-            .map_or(b.len(), |p| p + 2)
+        b.windows(2).position(|w| w == b"\r\n").map_or(b.len(), |p| p + 2)
     }
 }
 
@@ -140,10 +131,7 @@ fn save(dir: &Path, name: &str, bytes: &[u8]) {
 fn wait_listening(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "haproxy did not start listening on {addr}"
-        );
+        assert!(Instant::now() < deadline, "haproxy did not start listening on {addr}");
         thread::sleep(Duration::from_millis(50));
     }
 }
@@ -152,10 +140,7 @@ const HTTP_OK: &[u8] = b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: clo
 const SNI: &str = "kube-apiserver.shoot--a.svc.cluster.local";
 
 fn main() {
-    let out: PathBuf = std::env::args()
-        .nth(1)
-        .unwrap_or("tests/fixtures/pp".into())
-        .into();
+    let out: PathBuf = std::env::args().nth(1).unwrap_or("tests/fixtures/pp".into()).into();
     std::fs::create_dir_all(&out).unwrap();
     let tmp = std::env::temp_dir().join(format!("pp-capture-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
@@ -164,14 +149,7 @@ fn main() {
     let key = tmp.join("key.pem");
     let crt = tmp.join("crt.pem");
     let st = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
         .args(["-nodes", "-days", "1", "-subj", &format!("/CN={SNI}")])
         .arg("-keyout")
         .arg(&key)
@@ -290,80 +268,32 @@ backend b_chk_v1
         recv(rx, &url)
     };
 
-    save_pp(
-        &out,
-        "pp_v2_haproxy_tcp4",
-        &run(&l_v2, format!("http://127.0.0.1:{f_v2}/"), &[]),
-    );
+    save_pp(&out, "pp_v2_haproxy_tcp4", &run(&l_v2, format!("http://127.0.0.1:{f_v2}/"), &[]));
     let resolve = |p: u16| format!("{SNI}:{p}:127.0.0.1");
     let r = resolve(f_v2opts);
     save_pp(
         &out,
         "pp_v2_haproxy_tlvs_crc",
-        &run(
-            &l_v2opts,
-            format!("https://{SNI}:{f_v2opts}/"),
-            &["-k", "--resolve", &r],
-        ),
+        &run(&l_v2opts, format!("https://{SNI}:{f_v2opts}/"), &["-k", "--resolve", &r]),
     );
     let r = resolve(f_v2ssl);
     save_pp(
         &out,
         "pp_v2_haproxy_ssl_nested",
-        &run(
-            &l_v2ssl,
-            format!("https://{SNI}:{f_v2ssl}/"),
-            &["-k", "--resolve", &r],
-        ),
+        &run(&l_v2ssl, format!("https://{SNI}:{f_v2ssl}/"), &["-k", "--resolve", &r]),
     );
-    save_pp(
-        &out,
-        "pp_v1_haproxy_tcp4",
-        &run(&l_v1, format!("http://127.0.0.1:{f_v1}/"), &[]),
-    );
-    save_pp(
-        &out,
-        "pp_v2_haproxy_tcp6_crc",
-        &run(&l_v2_6, format!("http://[::1]:{f_v2_6}/"), &[]),
-    );
-    save_pp(
-        &out,
-        "pp_v1_haproxy_tcp6",
-        &run(&l_v1_6, format!("http://[::1]:{f_v1_6}/"), &[]),
-    );
-    save_pp(
-        &out,
-        "pp_v2_haproxy_check_local",
-        &recv(rx_chk_v2, "v2 health check"),
-    );
-    save_pp(
-        &out,
-        "pp_v1_haproxy_check",
-        &recv(rx_chk_v1, "v1 health check"),
-    );
+    save_pp(&out, "pp_v1_haproxy_tcp4", &run(&l_v1, format!("http://127.0.0.1:{f_v1}/"), &[]));
+    save_pp(&out, "pp_v2_haproxy_tcp6_crc", &run(&l_v2_6, format!("http://[::1]:{f_v2_6}/"), &[]));
+    save_pp(&out, "pp_v1_haproxy_tcp6", &run(&l_v1_6, format!("http://[::1]:{f_v1_6}/"), &[]));
+    save_pp(&out, "pp_v2_haproxy_check_local", &recv(rx_chk_v2, "v2 health check"));
+    save_pp(&out, "pp_v1_haproxy_check", &recv(rx_chk_v1, "v1 health check"));
     drop(haproxy);
 
     // curl speaking PROXY v1 itself, straight to our listener.
     let l = listener("127.0.0.1:0");
-    save_pp(
-        &out,
-        "pp_v1_curl_tcp4",
-        &run(
-            &l,
-            format!("http://127.0.0.1:{}/", port(&l)),
-            &["--haproxy-protocol"],
-        ),
-    );
+    save_pp(&out, "pp_v1_curl_tcp4", &run(&l, format!("http://127.0.0.1:{}/", port(&l)), &["--haproxy-protocol"]));
     let l = listener("[::1]:0");
-    save_pp(
-        &out,
-        "pp_v1_curl_tcp6",
-        &run(
-            &l,
-            format!("http://[::1]:{}/", port(&l)),
-            &["--haproxy-protocol"],
-        ),
-    );
+    save_pp(&out, "pp_v1_curl_tcp6", &run(&l, format!("http://[::1]:{}/", port(&l)), &["--haproxy-protocol"]));
 
     // Heads curl sends to an HTTP proxy; the fake proxy closes without answering.
     let proxy = listener("127.0.0.1:0");
@@ -373,11 +303,7 @@ backend b_chk_v1
         curl(args);
         recv(rx, &format!("{args:?}"))
     };
-    save(
-        &out,
-        "http_connect_curl",
-        &head(&["-p", "-x", &purl, "https://example.test:443/"]),
-    );
+    save(&out, "http_connect_curl", &head(&["-p", "-x", &purl, "https://example.test:443/"]));
     save(
         &out,
         "http_connect_curl_gardener_header",
@@ -403,11 +329,7 @@ backend b_chk_v1
             "https://vpn-seed-server:1194/",
         ]),
     );
-    save(
-        &out,
-        "http_absolute_form_curl",
-        &head(&["-x", &purl, "http://10.0.0.1:9100/metrics"]),
-    );
+    save(&out, "http_absolute_form_curl", &head(&["-x", &purl, "http://10.0.0.1:9100/metrics"]));
 
     // Hand-written heads (documented in the README).
     save(
@@ -415,11 +337,7 @@ backend b_chk_v1
         "http_connect_openvpn_http10",
         b"CONNECT vpn-seed-server:1194 HTTP/1.0\r\nReversed-VPN: outbound|1194||vpn-seed-server.shoot--a.svc.cluster.local\r\n\r\n",
     );
-    save(
-        &out,
-        "http_connect_kube_apiserver_egress",
-        b"CONNECT 10.250.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-    );
+    save(&out, "http_connect_kube_apiserver_egress", b"CONNECT 10.250.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
 
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -49,10 +49,7 @@ pub struct ConnPermit {
 
 impl ConnLimit {
     pub fn new(global: Arc<Semaphore>, local: Option<usize>) -> Self {
-        Self {
-            global,
-            local: local.map(|n| Arc::new(Semaphore::new(n))),
-        }
+        Self { global, local: local.map(|n| Arc::new(Semaphore::new(n))) }
     }
 
     pub async fn acquire(&self) -> ConnPermit {
@@ -62,20 +59,14 @@ impl ConnLimit {
             None => None,
         };
         let global = self.global.clone().acquire_owned().await.expect("semaphore never closed");
-        ConnPermit {
-            _global: global,
-            _local: local,
-        }
+        ConnPermit { _global: global, _local: local }
     }
 }
 
 /// Errors after which accepting again at once would spin: the process or system is out of file
 /// descriptors or memory. Everything else (a peer that reset before accept) is retried at once.
 fn is_resource_exhaustion(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
-    )
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
 }
 
 /// Accept until `stop` is cancelled. Each connection is handed to `handle` in a task of

@@ -22,11 +22,7 @@ pub struct Check {
 
 impl Check {
     pub fn new(name: impl Into<String>, ok: bool, detail: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            ok,
-            detail: detail.into(),
-        }
+        Self { name: name.into(), ok, detail: detail.into() }
     }
 }
 
@@ -136,11 +132,16 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
             let mut checks = state.hooks.ready();
             checks.insert(
                 0,
-                Check::new("not-draining", !state.draining.is_cancelled(), if state.draining.is_cancelled() { "draining for shutdown" } else { "" }),
+                Check::new(
+                    "not-draining",
+                    !state.draining.is_cancelled(),
+                    if state.draining.is_cancelled() { "draining for shutdown" } else { "" },
+                ),
             );
             let ok = checks.iter().all(|c| c.ok);
             let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-            let verbose = query.as_deref().is_some_and(|q| q.split('&').any(|kv| kv == "verbose" || kv.starts_with("verbose=")));
+            let verbose =
+                query.as_deref().is_some_and(|q| q.split('&').any(|kv| kv == "verbose" || kv.starts_with("verbose=")));
             if verbose {
                 let mut body = String::new();
                 for c in &checks {
@@ -148,7 +149,12 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
                     if c.detail.is_empty() {
                         body.push_str(&format!("[{mark}]{} {}\n", c.name, if c.ok { "ok" } else { "failed" }));
                     } else {
-                        body.push_str(&format!("[{mark}]{} {}: {}\n", c.name, if c.ok { "ok" } else { "failed" }, c.detail));
+                        body.push_str(&format!(
+                            "[{mark}]{} {}: {}\n",
+                            c.name,
+                            if c.ok { "ok" } else { "failed" },
+                            c.detail
+                        ));
                     }
                 }
                 body.push_str(if ok { "readyz check passed\n" } else { "readyz check failed\n" });

@@ -1,12 +1,6 @@
 //! Sans-IO, incremental parsing of a TLS ClientHello (SNI, ALPN, versions) from the first bytes of a connection, plus fatal alert bytes for rejecting a client.
 // Indexing, unwrap and panics are banned here so that hostile input can never crash the proxy.
-#![deny(
-    unsafe_code,
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
+#![deny(unsafe_code, clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 /// Cap used by the project (and by [`HelloParser::default`]): one maximal TLS record.
 pub const DEFAULT_MAX_LEN: usize = 16384;
@@ -177,9 +171,7 @@ impl HelloParser {
             if take == 0 {
                 return Ok(None);
             }
-            let chunk = buf
-                .get(self.pos..self.pos.saturating_add(take))
-                .unwrap_or_default();
+            let chunk = buf.get(self.pos..self.pos.saturating_add(take)).unwrap_or_default();
             self.pos = self.pos.saturating_add(take);
             self.absorb(chunk)?;
         }
@@ -192,20 +184,12 @@ impl HelloParser {
         if let Some(&ty) = rest.first()
             && ty != RECORD_HANDSHAKE
         {
-            return Err(if first {
-                HelloError::NotTls
-            } else {
-                HelloError::Malformed("interleaved record type")
-            });
+            return Err(if first { HelloError::NotTls } else { HelloError::Malformed("interleaved record type") });
         }
         if let Some(&major) = rest.get(1)
             && major != 3
         {
-            return Err(if first {
-                HelloError::NotTls
-            } else {
-                HelloError::Malformed("record version")
-            });
+            return Err(if first { HelloError::NotTls } else { HelloError::Malformed("record version") });
         }
         if let Some(&minor) = rest.get(2)
             && minor > 4
@@ -219,10 +203,7 @@ impl HelloParser {
         if len == 0 || len > MAX_RECORD_BODY {
             return Err(HelloError::Malformed("record length"));
         }
-        let end = self
-            .pos
-            .saturating_add(RECORD_HEADER_LEN)
-            .saturating_add(len);
+        let end = self.pos.saturating_add(RECORD_HEADER_LEN).saturating_add(len);
         if end > self.max_len {
             return Err(HelloError::TooLarge);
         }
@@ -297,9 +278,7 @@ impl HelloParser {
         } else {
             // Lower bound: the missing bytes in maximal records, each with its own header.
             let extra_records = deficit.div_ceil(MAX_RECORD_BODY);
-            self.rec_end
-                .saturating_add(deficit)
-                .saturating_add(extra_records.saturating_mul(RECORD_HEADER_LEN))
+            self.rec_end.saturating_add(deficit).saturating_add(extra_records.saturating_mul(RECORD_HEADER_LEN))
         };
         if needed_end > self.max_len {
             return Err(HelloError::TooLarge);
@@ -323,10 +302,7 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], HelloError> {
-        let (head, tail) = self
-            .rest
-            .split_at_checked(n)
-            .ok_or(HelloError::Malformed(what))?;
+        let (head, tail) = self.rest.split_at_checked(n).ok_or(HelloError::Malformed(what))?;
         self.rest = tail;
         Ok(head)
     }
@@ -412,9 +388,7 @@ fn parse_client_hello(body: &[u8]) -> Result<ClientHelloInfo, HelloError> {
         match ty {
             EXT_SERVER_NAME => info.sni = Some(parse_server_name(data)?),
             EXT_ALPN => info.alpn = parse_alpn(data)?,
-            EXT_SUPPORTED_VERSIONS => {
-                info.supported_versions_tls13 = parse_supported_versions(data)?
-            }
+            EXT_SUPPORTED_VERSIONS => info.supported_versions_tls13 = parse_supported_versions(data)?,
             _ => {}
         }
     }
@@ -460,10 +434,7 @@ fn normalize_hostname(name: &[u8]) -> Result<String, HelloError> {
         return Err(HelloError::Malformed("bad hostname"));
     }
     // All bytes are ASCII here, so this conversion cannot lose anything.
-    Ok(name
-        .iter()
-        .map(|b| char::from(b.to_ascii_lowercase()))
-        .collect())
+    Ok(name.iter().map(|b| char::from(b.to_ascii_lowercase())).collect())
 }
 
 fn parse_alpn(data: &[u8]) -> Result<Vec<String>, HelloError> {
@@ -493,7 +464,5 @@ fn parse_supported_versions(data: &[u8]) -> Result<bool, HelloError> {
     if !r.is_empty() || list.is_empty() || list.len() % 2 != 0 {
         return Err(HelloError::Malformed("supported versions length"));
     }
-    Ok(list
-        .chunks_exact(2)
-        .any(|v| matches!(v, [a, b] if u16::from_be_bytes([*a, *b]) == TLS13)))
+    Ok(list.chunks_exact(2).any(|v| matches!(v, [a, b] if u16::from_be_bytes([*a, *b]) == TLS13)))
 }

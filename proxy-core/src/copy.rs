@@ -5,7 +5,7 @@
 //! TCP sockets, [`SplicePump`], which moves bytes through a pooled pipe with splice(2) so they never
 //! enter user space. An idle connection holds no buffer and no pipe, only its sockets and state.
 
-use crate::splice::{splice, Pipe};
+use crate::splice::{Pipe, splice};
 use prometheus::IntCounter;
 use socket2::SockRef;
 use std::cell::RefCell;
@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
@@ -32,8 +32,7 @@ thread_local! {
 }
 
 fn take_buf() -> Box<[u8]> {
-    BUFS.with(|p| p.borrow_mut().pop())
-        .unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
+    BUFS.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
 }
 
 fn give_buf(b: Box<[u8]>) {
@@ -126,7 +125,8 @@ pub struct PumpError {
 pub trait Pump<R, W>: Default + Unpin {
     /// Move bytes until `r` is at end of stream and `w` is shut down (Ready(Ok)), or until
     /// nothing can move now (Pending). `moved` is increased by the bytes written.
-    fn poll_pump(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W, moved: &mut u64) -> Poll<Result<(), PumpError>>;
+    fn poll_pump(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W, moved: &mut u64)
+    -> Poll<Result<(), PumpError>>;
 }
 
 /// Buffered pump for any stream pair.
@@ -148,7 +148,13 @@ fn wr(err: io::Error) -> PumpError {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Pump<R, W> for BufPump {
-    fn poll_pump(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W, moved: &mut u64) -> Poll<Result<(), PumpError>> {
+    fn poll_pump(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: &mut R,
+        w: &mut W,
+        moved: &mut u64,
+    ) -> Poll<Result<(), PumpError>> {
         loop {
             if self.done {
                 return Poll::Ready(Ok(()));
@@ -278,18 +284,11 @@ impl Pump<TcpStream, TcpStream> for SplicePump {
 
 /// A peer that already closed both ways makes shutdown fail with ENOTCONN; nothing is lost.
 fn ignore_not_connected(e: io::Error) -> io::Result<()> {
-    if e.kind() == io::ErrorKind::NotConnected {
-        Ok(())
-    } else {
-        Err(e)
-    }
+    if e.kind() == io::ErrorKind::NotConnected { Ok(()) } else { Err(e) }
 }
 
 fn is_reset(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe
-    )
+    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe)
 }
 
 /// A relay between a client stream and an upstream stream. Poll it to completion; afterwards
@@ -320,7 +319,12 @@ where
 }
 
 /// Relay between two TCP sockets with splice(2).
-pub fn transfer_tcp(client: TcpStream, upstream: TcpStream, idle: Duration, meters: Meters) -> Transfer<TcpStream, TcpStream, SplicePump> {
+pub fn transfer_tcp(
+    client: TcpStream,
+    upstream: TcpStream,
+    idle: Duration,
+    meters: Meters,
+) -> Transfer<TcpStream, TcpStream, SplicePump> {
     Transfer::new(client, upstream, idle, meters)
 }
 
@@ -372,11 +376,7 @@ where
                 Side::Upstream => Side::Client,
             }
         };
-        if is_reset(&e.err) {
-            Outcome::Reset(side)
-        } else {
-            Outcome::Error(side, e.err)
-        }
+        if is_reset(&e.err) { Outcome::Reset(side) } else { Outcome::Error(side, e.err) }
     }
 }
 
@@ -525,7 +525,8 @@ mod tests {
     async fn reset_is_reported_by_side() {
         let (client_end, c_srv) = pair().await;
         let (u_cli, _upstream_end) = pair().await;
-        let t = tokio::spawn(async move { transfer_tcp(c_srv, u_cli, Duration::from_secs(30), Meters::default()).await });
+        let t =
+            tokio::spawn(async move { transfer_tcp(c_srv, u_cli, Duration::from_secs(30), Meters::default()).await });
         crate::net::reset_on_close(&client_end);
         drop(client_end);
         let o = t.await.unwrap();

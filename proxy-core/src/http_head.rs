@@ -57,10 +57,7 @@ impl HeadError {
 impl RequestHead {
     /// First value of header `name`, compared case-insensitively.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
     }
 
     /// Case-sensitive, as methods are.
@@ -102,11 +99,7 @@ impl RequestHead {
         let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(auth_end);
         let (host, port) = split_host_port(authority).map_err(HeadError::BadTarget)?;
-        let path = if path.starts_with('/') {
-            path.to_owned()
-        } else {
-            format!("/{path}")
-        };
+        let path = if path.starts_with('/') { path.to_owned() } else { format!("/{path}") };
         Ok((host, port.unwrap_or(80), path))
     }
 }
@@ -139,10 +132,7 @@ fn split_host_port(s: &str) -> Result<(String, Option<u16>), &'static str> {
         if host.len() > 255 {
             return Err("host too long");
         }
-        if !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
-        {
+        if !host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')) {
             return Err("invalid character in host");
         }
     }
@@ -179,11 +169,7 @@ pub fn looks_like_http(buf: &[u8]) -> Detect3 {
         match b {
             b'A'..=b'Z' if i < MAX_METHOD_LEN => {}
             b' ' if i > 0 => {
-                return if &buf[..i] == b"PROXY" {
-                    Detect3::No
-                } else {
-                    Detect3::Yes
-                };
+                return if &buf[..i] == b"PROXY" { Detect3::No } else { Detect3::Yes };
             }
             _ => return Detect3::No,
         }
@@ -202,10 +188,7 @@ pub struct HeadReader {
 
 impl HeadReader {
     pub fn new(max_len: usize) -> Self {
-        HeadReader {
-            max_len,
-            scanned: 0,
-        }
+        HeadReader { max_len, scanned: 0 }
     }
 
     /// `buf` must be the same stream as in earlier calls, only longer.
@@ -213,9 +196,7 @@ impl HeadReader {
     pub fn poll(&mut self, buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
         if let Some(&b) = buf.first() {
             if !is_tchar(b) {
-                return Err(HeadError::Malformed(
-                    "request line must start with a method",
-                ));
+                return Err(HeadError::Malformed("request line must start with a method"));
             }
         }
         let limit = buf.len().min(self.max_len);
@@ -316,11 +297,7 @@ fn map_httparse(e: httparse::Error) -> HeadError {
 }
 
 fn http_version(version: u8) -> &'static str {
-    if version == 0 {
-        "HTTP/1.0"
-    } else {
-        "HTTP/1.1"
-    }
+    if version == 0 { "HTTP/1.0" } else { "HTTP/1.1" }
 }
 
 fn reason_phrase(status: u16) -> &'static str {
@@ -348,11 +325,8 @@ fn reason_phrase(status: u16) -> &'static str {
 /// phrase "Error") with a one-line `text/plain` body and `Connection: close`.
 /// CR/LF and other control bytes in `reason_line` become spaces so the body stays one line.
 pub fn error_response(version: u8, status: u16, reason_line: &str) -> Vec<u8> {
-    let body: String = reason_line
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .chain(std::iter::once('\n'))
-        .collect();
+    let body: String =
+        reason_line.chars().map(|c| if c.is_control() { ' ' } else { c }).chain(std::iter::once('\n')).collect();
     format!(
         "{} {} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
         http_version(version),
@@ -366,11 +340,7 @@ pub fn error_response(version: u8, status: u16, reason_line: &str) -> Vec<u8> {
 
 /// `HTTP/1.x 200 Connection established` and the blank line; no body, no headers.
 pub fn connect_established(version: u8) -> Vec<u8> {
-    format!(
-        "{} 200 Connection established\r\n\r\n",
-        http_version(version)
-    )
-    .into_bytes()
+    format!("{} 200 Connection established\r\n\r\n", http_version(version)).into_bytes()
 }
 
 /// 301 to `location` with an empty body. Bytes that could break the header (controls,

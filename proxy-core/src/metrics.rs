@@ -1,8 +1,8 @@
 //! The metrics registry and the connection metrics every binary shares (prefix `seedgate_`).
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets,
 };
 
 /// Build a labelled counter and register it.
@@ -61,15 +61,55 @@ pub struct ConnMetrics {
 impl ConnMetrics {
     pub fn new(reg: &Registry) -> Self {
         Self {
-            connections: counter_vec(reg, "seedgate_connections_total", "Connections handled, by listener, route and result.", &["listener", "route", "result"]),
+            connections: counter_vec(
+                reg,
+                "seedgate_connections_total",
+                "Connections handled, by listener, route and result.",
+                &["listener", "route", "result"],
+            ),
             active: gauge_vec(reg, "seedgate_connections_active", "Connections open now, by listener.", &["listener"]),
-            bytes: counter_vec(reg, "seedgate_proxied_bytes_total", "Bytes relayed, by listener, route and direction.", &["listener", "route", "direction"]),
-            rejects: counter_vec(reg, "seedgate_rejects_total", "Connections refused before relaying, by listener and reason.", &["listener", "reason"]),
-            handshake_seconds: seconds_histogram(reg, "seedgate_handshake_duration_seconds", "Time from accept to the routing decision, by listener and protocol.", &["listener", "protocol"]),
-            connect_seconds: seconds_histogram(reg, "seedgate_upstream_connect_duration_seconds", "Upstream TCP connect time, by listener and route.", &["listener", "route"]),
-            connect_failures: counter_vec(reg, "seedgate_upstream_connect_failures_total", "Failed upstream connect attempts, by listener, route and reason.", &["listener", "route", "reason"]),
-            accept_errors: counter_vec(reg, "seedgate_accept_errors_total", "accept() errors, by listener and reason.", &["listener", "reason"]),
-            closes: counter_vec(reg, "seedgate_connection_closes_total", "How relayed connections ended, by listener and reason.", &["listener", "reason"]),
+            bytes: counter_vec(
+                reg,
+                "seedgate_proxied_bytes_total",
+                "Bytes relayed, by listener, route and direction.",
+                &["listener", "route", "direction"],
+            ),
+            rejects: counter_vec(
+                reg,
+                "seedgate_rejects_total",
+                "Connections refused before relaying, by listener and reason.",
+                &["listener", "reason"],
+            ),
+            handshake_seconds: seconds_histogram(
+                reg,
+                "seedgate_handshake_duration_seconds",
+                "Time from accept to the routing decision, by listener and protocol.",
+                &["listener", "protocol"],
+            ),
+            connect_seconds: seconds_histogram(
+                reg,
+                "seedgate_upstream_connect_duration_seconds",
+                "Upstream TCP connect time, by listener and route.",
+                &["listener", "route"],
+            ),
+            connect_failures: counter_vec(
+                reg,
+                "seedgate_upstream_connect_failures_total",
+                "Failed upstream connect attempts, by listener, route and reason.",
+                &["listener", "route", "reason"],
+            ),
+            accept_errors: counter_vec(
+                reg,
+                "seedgate_accept_errors_total",
+                "accept() errors, by listener and reason.",
+                &["listener", "reason"],
+            ),
+            closes: counter_vec(
+                reg,
+                "seedgate_connection_closes_total",
+                "How relayed connections ended, by listener and reason.",
+                &["listener", "reason"],
+            ),
         }
     }
 }
@@ -84,8 +124,17 @@ pub struct ReloadMetrics {
 impl ReloadMetrics {
     pub fn new(reg: &Registry) -> Self {
         Self {
-            reloads: counter_vec(reg, "seedgate_config_reloads_total", "Config reload attempts, by result (success, failure).", &["result"]),
-            last_success: gauge(reg, "seedgate_config_last_reload_success_timestamp_seconds", "Unix time of the last config (re)load that took effect."),
+            reloads: counter_vec(
+                reg,
+                "seedgate_config_reloads_total",
+                "Config reload attempts, by result (success, failure).",
+                &["result"],
+            ),
+            last_success: gauge(
+                reg,
+                "seedgate_config_last_reload_success_timestamp_seconds",
+                "Unix time of the last config (re)load that took effect.",
+            ),
         }
     }
 }

@@ -36,9 +36,11 @@ pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Resolve `host:port` (IP literals without a lookup) to a socket address.
 pub async fn resolve_one(hp: &HostPort) -> io::Result<SocketAddr> {
-    resolve(hp).await?.into_iter().next().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host))
-    })
+    resolve(hp)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host)))
 }
 
 /// Resolve `host:port` freshly (names are looked up on every call, never cached here, so a DNS
@@ -51,10 +53,7 @@ pub async fn resolve(hp: &HostPort) -> io::Result<Vec<SocketAddr>> {
 }
 
 fn keepalive() -> TcpKeepalive {
-    TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_RETRIES)
+    TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL).with_retries(KEEPALIVE_RETRIES)
 }
 
 /// Options for a connected (upstream) socket; accepted sockets inherit them from a listener
@@ -107,7 +106,7 @@ pub async fn connect_addr(addr: SocketAddr, timeout: Duration) -> io::Result<Tcp
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("connect to {addr} timed out after {timeout:?}"),
-            ))
+            ));
         }
     };
     tune_stream(&stream);
@@ -118,12 +117,7 @@ pub async fn connect_addr(addr: SocketAddr, timeout: Duration) -> io::Result<Tcp
 pub async fn connect_host(hp: &HostPort, timeout: Duration) -> io::Result<(TcpStream, SocketAddr)> {
     let addrs = match tokio::time::timeout(timeout, resolve(hp)).await {
         Ok(r) => r?,
-        Err(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("resolving {} timed out", hp.host),
-            ))
-        }
+        Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, format!("resolving {} timed out", hp.host))),
     };
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host));
     for addr in addrs {

@@ -138,10 +138,7 @@ pub fn detect(buf: &[u8]) -> Detect {
     if buf.is_empty() {
         return Detect::Incomplete;
     }
-    match (
-        prefix_state(buf, V1_SIGNATURE),
-        prefix_state(buf, V2_SIGNATURE),
-    ) {
+    match (prefix_state(buf, V1_SIGNATURE), prefix_state(buf, V2_SIGNATURE)) {
         (Some(true), _) => Detect::ProxyV1,
         (_, Some(true)) => Detect::ProxyV2,
         (None, None) => Detect::NotProxy,
@@ -248,10 +245,7 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         // ppp gap: ports go through u16::from_str, which accepts a leading '+' ("+80").
         // The spec grammar is digits only. ppp already rejects leading zeros.
         let text = &line[..line_len - 2];
-        let ports_ok = text
-            .split(|&b| b == b' ')
-            .skip(4)
-            .all(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+        let ports_ok = text.split(|&b| b == b' ').skip(4).all(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
         if !ports_ok {
             return Err(ProxyError::V1Malformed("port is not a decimal number"));
         }
@@ -278,9 +272,7 @@ fn map_v1_error(e: ppp::v1::BinaryParseError) -> ProxyError {
         B::Parse(p) => match p {
             P::InvalidPrefix | P::Partial | P::MissingPrefix => "bad prefix",
             P::MissingProtocol | P::InvalidProtocol => "protocol is not TCP4, TCP6 or UNKNOWN",
-            P::MissingSourceAddress | P::InvalidSourceAddress(_) => {
-                "bad source address for the protocol"
-            }
+            P::MissingSourceAddress | P::InvalidSourceAddress(_) => "bad source address for the protocol",
             P::MissingDestinationAddress | P::InvalidDestinationAddress(_) => {
                 "bad destination address for the protocol"
             }
@@ -326,10 +318,7 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     let declared = u16::from_be_bytes([buf[14], buf[15]]);
     let addr_len = v2_address_len(buf[13]);
     if usize::from(declared) < addr_len {
-        return Err(ProxyError::V2BadLength {
-            declared,
-            required: addr_len,
-        });
+        return Err(ProxyError::V2BadLength { declared, required: addr_len });
     }
     let total = V2_FIXED_LEN + usize::from(declared);
     if buf.len() < total {
@@ -345,22 +334,14 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     let datagram = hdr.protocol == ppp::v2::Protocol::Datagram;
     let (transport, addrs) = match hdr.addresses {
         ppp::v2::Addresses::IPv4(a) => (
-            if datagram {
-                Transport::Udp4
-            } else {
-                Transport::Tcp4
-            },
+            if datagram { Transport::Udp4 } else { Transport::Tcp4 },
             Some((
                 SocketAddr::from((a.source_address, a.source_port)),
                 SocketAddr::from((a.destination_address, a.destination_port)),
             )),
         ),
         ppp::v2::Addresses::IPv6(a) => (
-            if datagram {
-                Transport::Udp6
-            } else {
-                Transport::Tcp6
-            },
+            if datagram { Transport::Udp6 } else { Transport::Tcp6 },
             Some((
                 SocketAddr::from((a.source_address, a.source_port)),
                 SocketAddr::from((a.destination_address, a.destination_port)),
@@ -370,11 +351,7 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         ppp::v2::Addresses::Unspecified => (Transport::Unspec, None),
     };
     // Spec: with LOCAL the receiver must ignore the address block.
-    let addrs = if command == Command::Local {
-        None
-    } else {
-        addrs
-    };
+    let addrs = if command == Command::Local { None } else { addrs };
 
     // ppp gap: ppp validates TLVs only lazily through its iterator, treats the whole AF_UNSPEC
     // payload as "address bytes" (hiding its TLVs), and checks neither nested SSL sub-TLVs,
@@ -394,15 +371,10 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
                 if value.len() > AUTHORITY_MAX_LEN {
-                    return Err(ProxyError::TlvBadValue {
-                        tlv_type,
-                        what: "longer than 255 bytes",
-                    });
+                    return Err(ProxyError::TlvBadValue { tlv_type, what: "longer than 255 bytes" });
                 }
-                let s = std::str::from_utf8(value).map_err(|_| ProxyError::TlvBadValue {
-                    tlv_type,
-                    what: "not UTF-8",
-                })?;
+                let s =
+                    std::str::from_utf8(value).map_err(|_| ProxyError::TlvBadValue { tlv_type, what: "not UTF-8" })?;
                 authority = Some(s.to_owned());
             }
             PP2_TYPE_CRC32C => {
@@ -410,10 +382,7 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
                 if value.len() != 4 {
-                    return Err(ProxyError::TlvBadValue {
-                        tlv_type,
-                        what: "CRC32C value must be 4 bytes",
-                    });
+                    return Err(ProxyError::TlvBadValue { tlv_type, what: "CRC32C value must be 4 bytes" });
                 }
                 crc_at = Some(value_at);
             }
@@ -493,18 +462,11 @@ fn map_v2_error(e: ppp::v2::ParseError) -> ProxyError {
         P::Version(v) => ProxyError::BadVersion(v >> 4),
         P::Command(c) => ProxyError::BadCommand(c),
         P::AddressFamily(f) | P::Protocol(f) => ProxyError::BadFamily(f),
-        P::InvalidAddresses(declared, required) => ProxyError::V2BadLength {
-            declared: u16::try_from(declared).unwrap_or(u16::MAX),
-            required,
-        },
-        P::InvalidTLV(t, _) => ProxyError::TlvOverrun {
-            tlv_type: t,
-            nested: false,
-        },
-        P::Leftovers(_) => ProxyError::TlvOverrun {
-            tlv_type: 0,
-            nested: false,
-        },
+        P::InvalidAddresses(declared, required) => {
+            ProxyError::V2BadLength { declared: u16::try_from(declared).unwrap_or(u16::MAX), required }
+        }
+        P::InvalidTLV(t, _) => ProxyError::TlvOverrun { tlv_type: t, nested: false },
+        P::Leftovers(_) => ProxyError::TlvOverrun { tlv_type: 0, nested: false },
         P::Prefix | P::Incomplete(_) | P::Partial(..) => ProxyError::BadSignature,
     }
 }
@@ -518,11 +480,7 @@ fn same_family(src: SocketAddr, dst: SocketAddr) -> (SocketAddr, SocketAddr) {
             IpAddr::V6(_) => a,
         }
     }
-    if src.is_ipv4() == dst.is_ipv4() {
-        (src, dst)
-    } else {
-        (to_v6(src), to_v6(dst))
-    }
+    if src.is_ipv4() == dst.is_ipv4() { (src, dst) } else { (to_v6(src), to_v6(dst)) }
 }
 
 /// `PROXY TCP4|TCP6 src dst sport dport\r\n`. Mixed families are sent as TCP6 with the IPv4
@@ -561,18 +519,11 @@ pub fn encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> Vec<
 
 /// Fallible [`encode_v2`]: rejects what [`parse`] would reject (oversized unique id or
 /// authority, duplicate special TLVs, CRC32C in `extra_tlvs`) and headers over 64 KiB.
-pub fn try_encode_v2(
-    src: SocketAddr,
-    dst: SocketAddr,
-    opts: &V2Options<'_>,
-) -> Result<Vec<u8>, ProxyError> {
+pub fn try_encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> Result<Vec<u8>, ProxyError> {
     use ppp::v2::{Builder, Command as C, Protocol, Version};
 
     if opts.authority.is_some_and(|a| a.len() > AUTHORITY_MAX_LEN) {
-        return Err(ProxyError::TlvBadValue {
-            tlv_type: PP2_TYPE_AUTHORITY,
-            what: "longer than 255 bytes",
-        });
+        return Err(ProxyError::TlvBadValue { tlv_type: PP2_TYPE_AUTHORITY, what: "longer than 255 bytes" });
     }
     if let Some(u) = opts.unique_id {
         if u.len() > UNIQUE_ID_MAX_LEN {
@@ -590,13 +541,8 @@ pub fn try_encode_v2(
         if dup || repeated {
             return Err(ProxyError::TlvDuplicate(t));
         }
-        if t == PP2_TYPE_AUTHORITY
-            && (v.len() > AUTHORITY_MAX_LEN || std::str::from_utf8(v).is_err())
-        {
-            return Err(ProxyError::TlvBadValue {
-                tlv_type: t,
-                what: "bad authority",
-            });
+        if t == PP2_TYPE_AUTHORITY && (v.len() > AUTHORITY_MAX_LEN || std::str::from_utf8(v).is_err()) {
+            return Err(ProxyError::TlvBadValue { tlv_type: t, what: "bad authority" });
         }
         if t == PP2_TYPE_UNIQUE_ID && v.len() > UNIQUE_ID_MAX_LEN {
             return Err(ProxyError::UniqueIdTooLong(v.len()));
@@ -608,26 +554,19 @@ pub fn try_encode_v2(
     let tlv_len: usize = opts.authority.map_or(0, |a| 3 + a.len())
         + opts.unique_id.map_or(0, |u| 3 + u.len())
         + if opts.crc32c { 7 } else { 0 }
-        + opts
-            .extra_tlvs
-            .iter()
-            .map(|(_, v)| 3 + v.len())
-            .sum::<usize>();
+        + opts.extra_tlvs.iter().map(|(_, v)| 3 + v.len()).sum::<usize>();
     let total = V2_FIXED_LEN + addr_len + tlv_len;
     if total > V2_MAX_LEN {
         return Err(ProxyError::V2TooLong(total));
     }
 
     let too_long = |_| ProxyError::V2TooLong(total);
-    let mut b = Builder::with_addresses(Version::Two | C::Proxy, Protocol::Stream, pair)
-        .reserve_capacity(tlv_len);
+    let mut b = Builder::with_addresses(Version::Two | C::Proxy, Protocol::Stream, pair).reserve_capacity(tlv_len);
     if opts.crc32c {
         b = b.write_tlv(PP2_TYPE_CRC32C, &[0; 4]).map_err(too_long)?;
     }
     if let Some(a) = opts.authority {
-        b = b
-            .write_tlv(PP2_TYPE_AUTHORITY, a.as_bytes())
-            .map_err(too_long)?;
+        b = b.write_tlv(PP2_TYPE_AUTHORITY, a.as_bytes()).map_err(too_long)?;
     }
     if let Some(u) = opts.unique_id {
         b = b.write_tlv(PP2_TYPE_UNIQUE_ID, u).map_err(too_long)?;

@@ -20,11 +20,7 @@ struct Stamp {
 fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        modified: m.modified().ok(),
-        len: m.len(),
-        ino: m.ino(),
-    })
+    Some(Stamp { modified: m.modified().ok(), len: m.len(), ino: m.ino() })
 }
 
 /// Record a successful (re)load in the metrics.
@@ -43,7 +39,7 @@ pub async fn reload_loop<T>(
     metrics: ReloadMetrics,
     stop: CancellationToken,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {

@@ -35,7 +35,11 @@ impl Shutdown {
         let mut forced = 0;
         if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
             forced = self.tracker.len();
-            tracing::warn!(open = forced, grace_s = grace.as_secs_f64(), "drain grace period over, closing the remaining connections");
+            tracing::warn!(
+                open = forced,
+                grace_s = grace.as_secs_f64(),
+                "drain grace period over, closing the remaining connections"
+            );
             self.kill.cancel();
             // Tasks end promptly once killed; bound the wait anyway so exit is never blocked.
             let _ = tokio::time::timeout(Duration::from_secs(5), self.tracker.wait()).await;
@@ -48,7 +52,7 @@ impl Shutdown {
 /// when first polled), so call it before the process can be signalled, i.e. before binding.
 /// Must be called inside a tokio runtime.
 pub fn termination_signal() -> impl Future<Output = ()> + Send + 'static {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
     async move {

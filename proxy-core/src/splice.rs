@@ -50,9 +50,5 @@ pub fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
             libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
         )
     };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
 }

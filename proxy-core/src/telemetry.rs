@@ -1,6 +1,6 @@
 //! Tracing setup: text or JSON logs on stderr, filtered by `RUST_LOG` (default `info`).
 
-use tracing_subscriber::{fmt, prelude::*, EnvFilter};
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum LogFormat {

@@ -16,11 +16,7 @@ pub enum TlsError {
 }
 
 fn file_err(path: &Path, what: &'static str, e: impl std::fmt::Display) -> TlsError {
-    TlsError::File {
-        path: path.display().to_string(),
-        what,
-        detail: e.to_string(),
-    }
+    TlsError::File { path: path.display().to_string(), what, detail: e.to_string() }
 }
 
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

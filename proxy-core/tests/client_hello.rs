@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use proxy_core::client_hello::{
-    ALERT_DECODE_ERROR, ALERT_HANDSHAKE_FAILURE, ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME,
-    ClientHelloInfo, DEFAULT_MAX_LEN, HelloError, HelloParser, Status, alert_record,
+    ALERT_DECODE_ERROR, ALERT_HANDSHAKE_FAILURE, ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME, ClientHelloInfo,
+    DEFAULT_MAX_LEN, HelloError, HelloParser, Status, alert_record,
 };
 
 const RUSTLS_PQ: &[u8] = include_bytes!("fixtures/client_hello/rustls_pq.bin");
@@ -55,48 +55,21 @@ fn fixtures() -> Vec<Fixture> {
         Fixture {
             name: "rustls_fragmented",
             bytes: RUSTLS_FRAGMENTED,
-            expected: info(
-                Some("api.shoot-a.example.com"),
-                strings(&["h2"]),
-                RUSTLS_FRAGMENTED.len(),
-                3,
-            ),
+            expected: info(Some("api.shoot-a.example.com"), strings(&["h2"]), RUSTLS_FRAGMENTED.len(), 3),
         },
         Fixture {
             name: "openssl",
             bytes: OPENSSL,
-            expected: info(
-                Some("api.shoot-b.example.com"),
-                strings(&["h2"]),
-                OPENSSL.len(),
-                1,
-            ),
+            expected: info(Some("api.shoot-b.example.com"), strings(&["h2"]), OPENSSL.len(), 1),
         },
-        Fixture {
-            name: "curl",
-            bytes: CURL,
-            expected: info(Some("api.example.com"), h2_h1(), CURL.len(), 1),
-        },
-        Fixture {
-            name: "big",
-            bytes: BIG,
-            expected: info(Some("api.shoot-b.example.com"), big_alpn, BIG.len(), 1),
-        },
+        Fixture { name: "curl", bytes: CURL, expected: info(Some("api.example.com"), h2_h1(), CURL.len(), 1) },
+        Fixture { name: "big", bytes: BIG, expected: info(Some("api.shoot-b.example.com"), big_alpn, BIG.len(), 1) },
         Fixture {
             name: "multi_record",
             bytes: MULTI_RECORD,
-            expected: info(
-                Some("api.shoot-a.example.com"),
-                h2_h1(),
-                MULTI_RECORD.len(),
-                4,
-            ),
+            expected: info(Some("api.shoot-a.example.com"), h2_h1(), MULTI_RECORD.len(), 4),
         },
-        Fixture {
-            name: "no_sni",
-            bytes: NO_SNI,
-            expected: info(None, vec![], NO_SNI.len(), 1),
-        },
+        Fixture { name: "no_sni", bytes: NO_SNI, expected: info(None, vec![], NO_SNI.len(), 1) },
     ]
 }
 
@@ -124,23 +97,10 @@ fn malformed(buf: &[u8]) -> &'static str {
 fn fixtures_are_what_the_readme_says() {
     for f in fixtures() {
         // Independent framing check: each fixture is exactly one complete hello.
-        assert_eq!(
-            refragment::first_handshake_len(f.bytes),
-            Some(f.bytes.len()),
-            "{}",
-            f.name
-        );
-        assert_eq!(
-            refragment::split_records(f.bytes).len(),
-            f.expected.records,
-            "{}",
-            f.name
-        );
+        assert_eq!(refragment::first_handshake_len(f.bytes), Some(f.bytes.len()), "{}", f.name);
+        assert_eq!(refragment::split_records(f.bytes).len(), f.expected.records, "{}", f.name);
     }
-    assert!(
-        RUSTLS_PQ.len() > 1024,
-        "rustls hello should carry an ML-KEM key share"
-    );
+    assert!(RUSTLS_PQ.len() > 1024, "rustls hello should carry an ML-KEM key share");
     // X25519MLKEM768 (0x11ec) key share of 1216 bytes: group id followed by its length.
     assert!(RUSTLS_PQ.windows(4).any(|w| w == [0x11, 0xec, 0x04, 0xc0]));
     assert!(BIG.len() > 2048);
@@ -150,12 +110,7 @@ fn fixtures_are_what_the_readme_says() {
 #[test]
 fn fixtures_parse_whole() {
     for f in fixtures() {
-        assert_eq!(
-            parse_once(f.bytes, MAX),
-            Ok(Status::Complete(f.expected.clone())),
-            "{}",
-            f.name
-        );
+        assert_eq!(parse_once(f.bytes, MAX), Ok(Status::Complete(f.expected.clone())), "{}", f.name);
     }
 }
 
@@ -168,12 +123,7 @@ fn fixtures_split_at_every_point() {
             if i < f.bytes.len() {
                 assert_eq!(first, Ok(Status::Incomplete), "{} prefix {i}", f.name);
             }
-            assert_eq!(
-                p.parse(f.bytes),
-                Ok(Status::Complete(f.expected.clone())),
-                "{} split {i}",
-                f.name
-            );
+            assert_eq!(p.parse(f.bytes), Ok(Status::Complete(f.expected.clone())), "{} split {i}", f.name);
         }
     }
 }
@@ -183,26 +133,11 @@ fn fixtures_byte_by_byte() {
     for f in fixtures() {
         let mut p = HelloParser::new(MAX);
         for i in 0..f.bytes.len() {
-            assert_eq!(
-                p.parse(&f.bytes[..i]),
-                Ok(Status::Incomplete),
-                "{} at {i}",
-                f.name
-            );
+            assert_eq!(p.parse(&f.bytes[..i]), Ok(Status::Incomplete), "{} at {i}", f.name);
         }
-        assert_eq!(
-            p.parse(f.bytes),
-            Ok(Status::Complete(f.expected.clone())),
-            "{}",
-            f.name
-        );
+        assert_eq!(p.parse(f.bytes), Ok(Status::Complete(f.expected.clone())), "{}", f.name);
         // The verdict is sticky.
-        assert_eq!(
-            p.parse(f.bytes),
-            Ok(Status::Complete(f.expected.clone())),
-            "{}",
-            f.name
-        );
+        assert_eq!(p.parse(f.bytes), Ok(Status::Complete(f.expected.clone())), "{}", f.name);
     }
 }
 
@@ -212,12 +147,7 @@ fn trailing_records_after_hello_are_not_part_of_it() {
         let mut buf = f.bytes.to_vec();
         buf.extend_from_slice(&[0x14, 0x03, 0x03, 0x00, 0x01, 0x01]); // change_cipher_spec
         buf.extend_from_slice(&[0x17, 0x03, 0x03, 0x00, 0x03, 1, 2, 3]); // early data
-        assert_eq!(
-            parse_once(&buf, MAX),
-            Ok(Status::Complete(f.expected.clone())),
-            "{}",
-            f.name
-        );
+        assert_eq!(parse_once(&buf, MAX), Ok(Status::Complete(f.expected.clone())), "{}", f.name);
         let mut p = HelloParser::new(MAX);
         let mut last = Ok(Status::Incomplete);
         for i in 0..=buf.len() {
@@ -231,42 +161,21 @@ fn trailing_records_after_hello_are_not_part_of_it() {
 fn cap_exactly_at_fixture_size() {
     for f in fixtures() {
         let n = f.bytes.len();
-        assert!(
-            matches!(parse_once(f.bytes, n), Ok(Status::Complete(_))),
-            "{}",
-            f.name
-        );
-        assert_eq!(
-            parse_once(f.bytes, n - 1),
-            Err(HelloError::TooLarge),
-            "{}",
-            f.name
-        );
+        assert!(matches!(parse_once(f.bytes, n), Ok(Status::Complete(_))), "{}", f.name);
+        assert_eq!(parse_once(f.bytes, n - 1), Err(HelloError::TooLarge), "{}", f.name);
         // TooLarge must be known before the last record's body arrives.
         let last_body_start = n - refragment::split_records(f.bytes).last().unwrap().2.len();
-        let first_err = (0..=n)
-            .find(|&i| parse_once(&f.bytes[..i], n - 1).is_err())
-            .unwrap();
-        assert!(
-            first_err <= last_body_start,
-            "{}: TooLarge only at {first_err}",
-            f.name
-        );
+        let first_err = (0..=n).find(|&i| parse_once(&f.bytes[..i], n - 1).is_err()).unwrap();
+        assert!(first_err <= last_body_start, "{}: TooLarge only at {first_err}", f.name);
     }
 }
 
 #[test]
 fn uppercase_sni_in_real_hello_is_lowered() {
     let mut buf = RUSTLS_PQ.to_vec();
-    let at = buf
-        .windows(23)
-        .position(|w| w == b"api.shoot-a.example.com")
-        .unwrap();
+    let at = buf.windows(23).position(|w| w == b"api.shoot-a.example.com").unwrap();
     buf[at..at + 23].copy_from_slice(b"API.Shoot-A.Example.COM");
-    assert_eq!(
-        complete(&buf).sni.as_deref(),
-        Some("api.shoot-a.example.com")
-    );
+    assert_eq!(complete(&buf).sni.as_deref(), Some("api.shoot-a.example.com"));
 }
 
 // ---------------------------------------------------------------- rustls accepts the re-framed hello
@@ -290,32 +199,19 @@ async fn rustls_server_accepts_multi_record_fixture() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (sock, _) = listener.accept().await.unwrap();
-        let acceptor =
-            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), sock);
+        let acceptor = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), sock);
         let start = acceptor.await.unwrap();
         let hello = start.client_hello();
-        let seen = (
-            hello.server_name().map(str::to_string),
-            hello
-                .alpn()
-                .map(|a| a.map(|p| p.to_vec()).collect::<Vec<_>>()),
-        );
+        let seen =
+            (hello.server_name().map(str::to_string), hello.alpn().map(|a| a.map(|p| p.to_vec()).collect::<Vec<_>>()));
         // Proceeds to send ServerHello..Finished, then fails when the client (raw bytes) goes away.
-        let _ = start
-            .into_stream(server_config("api.shoot-a.example.com"))
-            .await;
+        let _ = start.into_stream(server_config("api.shoot-a.example.com")).await;
         seen
     });
     let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
     client.write_all(MULTI_RECORD).await.unwrap();
     let mut head = [0u8; 6];
-    tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        client.read_exact(&mut head),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), client.read_exact(&mut head)).await.unwrap().unwrap();
     assert_eq!(head[0], 0x16, "handshake record");
     assert_eq!(head[5], 2, "server_hello");
     drop(client);
@@ -352,12 +248,7 @@ fn rustls_full_handshake_with_refragmented_hello() {
             c: &rustls::pki_types::CertificateDer<'_>,
             d: &rustls::DigitallySignedStruct,
         ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
+            rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
         }
         fn verify_tls13_signature(
             &self,
@@ -365,12 +256,7 @@ fn rustls_full_handshake_with_refragmented_hello() {
             c: &rustls::pki_types::CertificateDer<'_>,
             d: &rustls::DigitallySignedStruct,
         ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
+            rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
         }
         fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
             self.0.signature_verification_algorithms.supported_schemes()
@@ -394,8 +280,7 @@ fn rustls_full_handshake_with_refragmented_hello() {
         .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
         .with_no_client_auth();
     client_cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let mut conn =
-        rustls::ClientConnection::new(Arc::new(client_cfg), name.try_into().unwrap()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(client_cfg), name.try_into().unwrap()).unwrap();
     let mut hello = Vec::new();
     while conn.wants_write() {
         conn.write_tls(&mut hello).unwrap();
@@ -406,8 +291,7 @@ fn rustls_full_handshake_with_refragmented_hello() {
     assert_eq!(parsed.sni.as_deref(), Some(name));
 
     let mut sock = std::net::TcpStream::connect(addr).unwrap();
-    sock.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
     sock.write_all(&reframed).unwrap();
     let mut tls = rustls::Stream::new(&mut conn, &mut sock);
     tls.write_all(b"ping").unwrap();
@@ -465,8 +349,7 @@ fn alpn_ext(protos: &[&[u8]]) -> Vec<u8> {
 
 fn versions_ext(v: &[u16]) -> Vec<u8> {
     let mut data = vec![(v.len() * 2) as u8];
-    v.iter()
-        .for_each(|x| data.extend_from_slice(&x.to_be_bytes()));
+    v.iter().for_each(|x| data.extend_from_slice(&x.to_be_bytes()));
     ext(43, &data)
 }
 
@@ -505,9 +388,7 @@ fn records(hs: &[u8], chunk: usize) -> Vec<u8> {
 /// Handshake message of exactly `total` bytes: `exts` followed by a padding extension (21) that fills the rest.
 fn padded_handshake(total: usize, exts: &[u8]) -> Vec<u8> {
     let base = handshake(&body_with(Some(&[exts, &ext(21, &[])].concat()))).len();
-    let hs = handshake(&body_with(Some(
-        &[exts, &ext(21, &vec![0; total - base])].concat(),
-    )));
+    let hs = handshake(&body_with(Some(&[exts, &ext(21, &vec![0; total - base])].concat())));
     assert_eq!(hs.len(), total);
     hs
 }
@@ -517,12 +398,7 @@ fn wire(body: &[u8]) -> Vec<u8> {
 }
 
 fn standard_exts() -> Vec<u8> {
-    [
-        host(b"api.example.com"),
-        alpn_ext(&[b"h2", b"http/1.1"]),
-        versions_ext(&[0x0304, 0x0303]),
-    ]
-    .concat()
+    [host(b"api.example.com"), alpn_ext(&[b"h2", b"http/1.1"]), versions_ext(&[0x0304, 0x0303])].concat()
 }
 
 fn wire_exts(exts: &[u8]) -> Vec<u8> {
@@ -543,28 +419,11 @@ fn synthetic_baseline() {
 fn sni_case_and_trailing_dot() {
     let i = complete(&wire_exts(&host(b"API.Shoot-A.Example.COM.")));
     assert_eq!(i.sni.as_deref(), Some("api.shoot-a.example.com"));
-    assert_eq!(
-        complete(&wire_exts(&host(b"_acme.x_y.Example")))
-            .sni
-            .as_deref(),
-        Some("_acme.x_y.example")
-    );
-    assert_eq!(
-        complete(&wire_exts(&host(b"10.0.0.1"))).sni.as_deref(),
-        Some("10.0.0.1")
-    );
-    let long = [
-        b"a".repeat(63),
-        b"b".repeat(63),
-        b"c".repeat(63),
-        b"d".repeat(63),
-    ]
-    .join(&b'.');
+    assert_eq!(complete(&wire_exts(&host(b"_acme.x_y.Example"))).sni.as_deref(), Some("_acme.x_y.example"));
+    assert_eq!(complete(&wire_exts(&host(b"10.0.0.1"))).sni.as_deref(), Some("10.0.0.1"));
+    let long = [b"a".repeat(63), b"b".repeat(63), b"c".repeat(63), b"d".repeat(63)].join(&b'.');
     assert_eq!(long.len(), 255);
-    assert_eq!(
-        complete(&wire_exts(&host(&long))).sni.map(|s| s.len()),
-        Some(255)
-    );
+    assert_eq!(complete(&wire_exts(&host(&long))).sni.map(|s| s.len()), Some(255));
 }
 
 #[test]
@@ -583,34 +442,18 @@ fn bad_hostnames() {
         b"a..",
         &[b'a'; 256],
     ] {
-        assert_eq!(
-            malformed(&wire_exts(&host(name))),
-            "bad hostname",
-            "{name:?}"
-        );
+        assert_eq!(malformed(&wire_exts(&host(name))), "bad hostname", "{name:?}");
     }
     assert_eq!(malformed(&wire_exts(&host(b""))), "empty hostname");
 }
 
 #[test]
 fn server_name_structure() {
-    assert_eq!(
-        malformed(&wire_exts(&ext(0, &vec16(&[])))),
-        "sni empty list"
-    );
+    assert_eq!(malformed(&wire_exts(&ext(0, &vec16(&[])))), "sni empty list");
     assert_eq!(malformed(&wire_exts(&ext(0, &[]))), "sni list length");
-    assert_eq!(
-        malformed(&wire_exts(&sni_ext(&[(1, b"example.com")]))),
-        "sni name type"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&sni_ext(&[(0, b"a.com"), (1, b"b.com")]))),
-        "sni name type"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&sni_ext(&[(0, b"a.com"), (0, b"b.com")]))),
-        "duplicate sni host name"
-    );
+    assert_eq!(malformed(&wire_exts(&sni_ext(&[(1, b"example.com")]))), "sni name type");
+    assert_eq!(malformed(&wire_exts(&sni_ext(&[(0, b"a.com"), (1, b"b.com")]))), "sni name type");
+    assert_eq!(malformed(&wire_exts(&sni_ext(&[(0, b"a.com"), (0, b"b.com")]))), "duplicate sni host name");
     // List length says more than the extension holds, and less.
     let mut over = host(b"a.com");
     over[5] += 1;
@@ -626,22 +469,10 @@ fn server_name_structure() {
 
 #[test]
 fn alpn_structure() {
-    assert_eq!(
-        malformed(&wire_exts(&ext(16, &vec16(&[])))),
-        "alpn empty list"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&ext(16, &vec16(&[2, b'h', b'2', 0])))),
-        "alpn empty protocol"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&ext(16, &vec16(&[3, b'h', b'2'])))),
-        "alpn overrun"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&ext(16, &[0, 9, 2, b'h', b'2']))),
-        "alpn list length"
-    );
+    assert_eq!(malformed(&wire_exts(&ext(16, &vec16(&[])))), "alpn empty list");
+    assert_eq!(malformed(&wire_exts(&ext(16, &vec16(&[2, b'h', b'2', 0])))), "alpn empty protocol");
+    assert_eq!(malformed(&wire_exts(&ext(16, &vec16(&[3, b'h', b'2'])))), "alpn overrun");
+    assert_eq!(malformed(&wire_exts(&ext(16, &[0, 9, 2, b'h', b'2']))), "alpn list length");
     // Non-UTF-8 names are kept, lossily.
     let i = complete(&wire_exts(&alpn_ext(&[&[0xff, b'x'], b"h2"])));
     assert_eq!(i.alpn, strings(&["\u{fffd}x", "h2"]));
@@ -651,30 +482,16 @@ fn alpn_structure() {
 fn supported_versions_structure() {
     assert!(!complete(&wire_exts(&versions_ext(&[0x0303]))).supported_versions_tls13);
     assert!(complete(&wire_exts(&versions_ext(&[0x0a0a, 0x0304]))).supported_versions_tls13);
-    assert_eq!(
-        malformed(&wire_exts(&ext(43, &[3, 3, 4, 3]))),
-        "supported versions length"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&ext(43, &[0]))),
-        "supported versions length"
-    );
-    assert_eq!(
-        malformed(&wire_exts(&ext(43, &[4, 3, 4]))),
-        "supported versions length"
-    );
+    assert_eq!(malformed(&wire_exts(&ext(43, &[3, 3, 4, 3]))), "supported versions length");
+    assert_eq!(malformed(&wire_exts(&ext(43, &[0]))), "supported versions length");
+    assert_eq!(malformed(&wire_exts(&ext(43, &[4, 3, 4]))), "supported versions length");
 }
 
 #[test]
 fn extension_framing() {
+    assert_eq!(malformed(&wire_exts(&[host(b"a.com"), host(b"b.com")].concat())), "duplicate extension");
     assert_eq!(
-        malformed(&wire_exts(&[host(b"a.com"), host(b"b.com")].concat())),
-        "duplicate extension"
-    );
-    assert_eq!(
-        malformed(&wire_exts(
-            &[ext(0xff01, &[0]), alpn_ext(&[b"h2"]), ext(0xff01, &[0])].concat()
-        )),
+        malformed(&wire_exts(&[ext(0xff01, &[0]), alpn_ext(&[b"h2"]), ext(0xff01, &[0])].concat())),
         "duplicate extension"
     );
     // An extension whose length runs past the block.
@@ -687,10 +504,7 @@ fn extension_framing() {
     assert_eq!(malformed(&wire_exts(&dangling)), "extension overrun");
     // No extensions at all, and an empty block, are both fine.
     let none = complete(&wire(&body_with(None)));
-    assert_eq!(
-        (none.sni, none.alpn, none.supported_versions_tls13),
-        (None, vec![], false)
-    );
+    assert_eq!((none.sni, none.alpn, none.supported_versions_tls13), (None, vec![], false));
     assert_eq!(complete(&wire_exts(&[])).sni, None);
 }
 
@@ -711,14 +525,8 @@ fn body_length_fields() {
     assert_eq!(patch(COMP_LEN, &[0]), "compression methods");
     assert_eq!(patch(COMP_LEN, &[0xff]), "compression methods");
     let exts_len = u16::from_be_bytes([good[EXTS_LEN], good[EXTS_LEN + 1]]);
-    assert_eq!(
-        patch(EXTS_LEN, &(exts_len + 1).to_be_bytes()),
-        "extensions length"
-    );
-    assert_eq!(
-        patch(EXTS_LEN, &(exts_len - 1).to_be_bytes()),
-        "extensions length"
-    );
+    assert_eq!(patch(EXTS_LEN, &(exts_len + 1).to_be_bytes()), "extensions length");
+    assert_eq!(patch(EXTS_LEN, &(exts_len - 1).to_be_bytes()), "extensions length");
     assert_eq!(patch(0, &[0x02, 0x00]), "client version");
     // Bodies cut short inside the fixed fields.
     for (cut, why) in [
@@ -737,10 +545,7 @@ fn handshake_and_record_length_fields() {
     // Handshake length one short: the body loses its last byte.
     let mut short = w.clone();
     short[8] -= 1;
-    assert!(matches!(
-        parse_once(&short, MAX),
-        Err(HelloError::Malformed(_))
-    ));
+    assert!(matches!(parse_once(&short, MAX), Err(HelloError::Malformed(_))));
     // Handshake length one long: waits for another record, then finds a stray byte.
     let mut long = w.clone();
     long[8] += 1;
@@ -753,10 +558,7 @@ fn handshake_and_record_length_fields() {
     assert_eq!(malformed(&zero[..5]), "record length");
     let mut huge = w.clone();
     huge[3..5].copy_from_slice(&16385u16.to_be_bytes());
-    assert_eq!(
-        parse_once(&huge[..5], 20_000),
-        Err(HelloError::Malformed("record length"))
-    );
+    assert_eq!(parse_once(&huge[..5], 20_000), Err(HelloError::Malformed("record length")));
     let mut more = w.clone();
     more[4] += 1;
     assert_eq!(parse_once(&more, MAX), Ok(Status::Incomplete));
@@ -841,26 +643,16 @@ fn declared_handshake_length_above_cap_is_too_large_early() {
 #[test]
 fn default_parser_uses_project_cap() {
     let w = records(&padded_handshake(16379, &[]), 16384);
-    assert!(matches!(
-        HelloParser::default().parse(&w),
-        Ok(Status::Complete(_))
-    ));
+    assert!(matches!(HelloParser::default().parse(&w), Ok(Status::Complete(_))));
     let w = records(&padded_handshake(16380, &[]), 16384);
-    assert_eq!(
-        HelloParser::default().parse(&w[..5]),
-        Err(HelloError::TooLarge)
-    );
+    assert_eq!(HelloParser::default().parse(&w[..5]), Err(HelloError::TooLarge));
 }
 
 /// Byte-by-byte feeding of 16 KiB hellos stays linear (a re-scanning parser would make this test crawl).
 #[test]
 fn byte_by_byte_16k_is_cheap() {
     let hs = padded_handshake(16379, &host(b"big.example"));
-    for (w, cap) in [
-        (records(&hs, 16384), MAX),
-        (records(&hs, 16), 40_000),
-        (records(&hs, 1), 100_000),
-    ] {
+    for (w, cap) in [(records(&hs, 16384), MAX), (records(&hs, 16), 40_000), (records(&hs, 1), 100_000)] {
         let start = std::time::Instant::now();
         let mut p = HelloParser::new(cap);
         for i in 0..w.len() {
@@ -871,12 +663,7 @@ fn byte_by_byte_16k_is_cheap() {
             other => panic!("{other:?}"),
         };
         assert_eq!((i.len, i.sni.as_deref()), (w.len(), Some("big.example")));
-        eprintln!(
-            "{} bytes in {} records byte-by-byte: {:?}",
-            w.len(),
-            i.records,
-            start.elapsed()
-        );
+        eprintln!("{} bytes in {} records byte-by-byte: {:?}", w.len(), i.records, start.elapsed());
     }
 }
 
@@ -895,11 +682,7 @@ fn non_tls_is_rejected_on_first_byte() {
         b"\x00\x00\x00\x00",
         b"\xff",
     ] {
-        assert_eq!(
-            parse_once(&input[..1], MAX),
-            Err(HelloError::NotTls),
-            "{input:?}"
-        );
+        assert_eq!(parse_once(&input[..1], MAX), Err(HelloError::NotTls), "{input:?}");
         assert_eq!(parse_once(input, MAX), Err(HelloError::NotTls), "{input:?}");
     }
     assert_eq!(parse_once(b"", MAX), Ok(Status::Incomplete));
@@ -907,10 +690,7 @@ fn non_tls_is_rejected_on_first_byte() {
     assert_eq!(parse_once(b"\x16\x04", MAX), Err(HelloError::NotTls));
     assert_eq!(parse_once(b"\x16\x02\x00", MAX), Err(HelloError::NotTls));
     for minor in 0..=4 {
-        assert_eq!(
-            parse_once(&[0x16, 3, minor, 0], MAX),
-            Ok(Status::Incomplete)
-        );
+        assert_eq!(parse_once(&[0x16, 3, minor, 0], MAX), Ok(Status::Incomplete));
     }
 }
 
@@ -922,20 +702,14 @@ fn errors_are_sticky_and_labelled() {
     assert_eq!(HelloError::NotTls.reason(), "not_tls");
     assert_eq!(HelloError::TooLarge.reason(), "too_large");
     assert_eq!(HelloError::Malformed("x").reason(), "malformed");
-    assert_eq!(
-        HelloError::Malformed("bad hostname").to_string(),
-        "malformed TLS ClientHello: bad hostname"
-    );
+    assert_eq!(HelloError::Malformed("bad hostname").to_string(), "malformed TLS ClientHello: bad hostname");
     assert!(!HelloError::NotTls.to_string().is_empty());
     assert!(!HelloError::TooLarge.to_string().is_empty());
 }
 
 #[test]
 fn alert_records() {
-    assert_eq!(
-        alert_record(ALERT_UNRECOGNIZED_NAME),
-        [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 112]
-    );
+    assert_eq!(alert_record(ALERT_UNRECOGNIZED_NAME), [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 112]);
     assert_eq!(alert_record(ALERT_DECODE_ERROR)[6], 50);
     assert_eq!(alert_record(ALERT_HANDSHAKE_FAILURE)[6], 40);
     assert_eq!(alert_record(ALERT_INTERNAL_ERROR)[6], 80);
@@ -947,10 +721,7 @@ fn shrinking_buffer_restarts() {
     let mut p = HelloParser::new(MAX);
     assert_eq!(p.parse(&OPENSSL[..100]), Ok(Status::Incomplete));
     assert_eq!(p.parse(&OPENSSL[..10]), Ok(Status::Incomplete));
-    assert_eq!(
-        p.parse(OPENSSL),
-        Ok(Status::Complete(fixtures()[2].expected.clone()))
-    );
+    assert_eq!(p.parse(OPENSSL), Ok(Status::Complete(fixtures()[2].expected.clone())));
 }
 
 // ---------------------------------------------------------------- fuzz
@@ -1023,24 +794,15 @@ fn fuzz_mutated_fixtures() {
     for iter in 0..20_000 {
         let mut buf = all[rng.below(all.len())].to_vec();
         mutate(&mut rng, &mut buf, &all);
-        let cap = if rng.below(4) == 0 {
-            rng.below(4000)
-        } else {
-            MAX
-        };
+        let cap = if rng.below(4) == 0 { rng.below(4000) } else { MAX };
         let whole = parse_once(&buf, cap);
         match &whole {
             Ok(Status::Complete(i)) => {
                 completes += 1;
-                assert!(
-                    i.len <= buf.len() && i.records >= 1 && i.len <= cap,
-                    "iter {iter}: {i:?}"
-                );
+                assert!(i.len <= buf.len() && i.records >= 1 && i.len <= cap, "iter {iter}: {i:?}");
                 if let Some(s) = &i.sni {
                     assert!(!s.is_empty() && s.len() <= 255 && !s.ends_with('.'));
-                    assert!(s.bytes().all(|b| b.is_ascii_lowercase()
-                        || b.is_ascii_digit()
-                        || b"-._".contains(&b)));
+                    assert!(s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b)));
                 }
             }
             Ok(Status::Incomplete) => incompletes += 1,
@@ -1048,9 +810,7 @@ fn fuzz_mutated_fixtures() {
         }
         // Same verdict when the same bytes arrive in a few random reads.
         let mut p = HelloParser::new(cap);
-        let mut cuts: Vec<usize> = (0..rng.below(4))
-            .map(|_| rng.below(buf.len() + 1))
-            .collect();
+        let mut cuts: Vec<usize> = (0..rng.below(4)).map(|_| rng.below(buf.len() + 1)).collect();
         cuts.sort_unstable();
         for c in cuts {
             let r = p.parse(&buf[..c]);

@@ -35,11 +35,7 @@ fn parse_incrementally(head: &[u8]) -> RequestHead {
         assert_eq!(parse(&stream).unwrap().as_ref(), Some(&full));
         let mut r = HeadReader::new(DEFAULT_MAX_LEN);
         assert_eq!(r.poll(&stream[..i]), Ok(None));
-        assert_eq!(
-            r.poll(&stream).unwrap().as_ref(),
-            Some(&full),
-            "split at {i}"
-        );
+        assert_eq!(r.poll(&stream).unwrap().as_ref(), Some(&full), "split at {i}");
     }
     // Byte by byte through one reader.
     let mut r = HeadReader::new(DEFAULT_MAX_LEN);
@@ -69,10 +65,7 @@ fn every_fixture_every_prefix_then_identical_result() {
 #[test]
 fn curl_connect() {
     let h = parse_incrementally(&fixture("http_connect_curl"));
-    assert_eq!(
-        (h.method.as_str(), h.target.as_str(), h.version),
-        ("CONNECT", "example.test:443", 1)
-    );
+    assert_eq!((h.method.as_str(), h.target.as_str(), h.version), ("CONNECT", "example.test:443", 1));
     assert!(h.is_connect());
     assert_eq!(h.connect_authority(), Ok(("example.test".to_owned(), 443)));
     assert_eq!(h.header("host"), Some(&b"example.test:443"[..]));
@@ -86,10 +79,7 @@ fn curl_connect() {
 #[test]
 fn curl_connect_gardener_header() {
     let h = parse_incrementally(&fixture("http_connect_curl_gardener_header"));
-    assert_eq!(
-        h.connect_authority(),
-        Ok(("kube-apiserver.shoot--a.svc.cluster.local".to_owned(), 443))
-    );
+    assert_eq!(h.connect_authority(), Ok(("kube-apiserver.shoot--a.svc.cluster.local".to_owned(), 443)));
     assert_eq!(
         h.header("x-gardener-destination"),
         Some(&b"outbound|443||kube-apiserver.shoot--a.svc.cluster.local"[..])
@@ -98,20 +88,11 @@ fn curl_connect_gardener_header() {
 
 #[test]
 fn http10_connect_reversed_vpn() {
-    for name in [
-        "http_connect_curl_http10_reversed_vpn",
-        "http_connect_openvpn_http10",
-    ] {
+    for name in ["http_connect_curl_http10_reversed_vpn", "http_connect_openvpn_http10"] {
         let h = parse_incrementally(&fixture(name));
         assert_eq!(h.version, 0, "{name}");
-        assert_eq!(
-            h.connect_authority(),
-            Ok(("vpn-seed-server".to_owned(), 1194))
-        );
-        assert_eq!(
-            h.header("Reversed-VPN"),
-            Some(&b"outbound|1194||vpn-seed-server.shoot--a.svc.cluster.local"[..])
-        );
+        assert_eq!(h.connect_authority(), Ok(("vpn-seed-server".to_owned(), 1194)));
+        assert_eq!(h.header("Reversed-VPN"), Some(&b"outbound|1194||vpn-seed-server.shoot--a.svc.cluster.local"[..]));
         assert!(connect_established(h.version).starts_with(b"HTTP/1.0 200 "));
     }
 }
@@ -128,15 +109,9 @@ fn kube_apiserver_egress_connect() {
 #[test]
 fn curl_absolute_form() {
     let h = parse_incrementally(&fixture("http_absolute_form_curl"));
-    assert_eq!(
-        (h.method.as_str(), h.target.as_str()),
-        ("GET", "http://10.0.0.1:9100/metrics")
-    );
+    assert_eq!((h.method.as_str(), h.target.as_str()), ("GET", "http://10.0.0.1:9100/metrics"));
     assert!(!h.is_connect());
-    assert_eq!(
-        h.absolute_form(),
-        Ok(("10.0.0.1".to_owned(), 9100, "/metrics".to_owned()))
-    );
+    assert_eq!(h.absolute_form(), Ok(("10.0.0.1".to_owned(), 9100, "/metrics".to_owned())));
     assert_eq!(h.connect_authority(), Err(HeadError::NotConnect));
 }
 
@@ -149,10 +124,7 @@ fn head_with_target(method: &str, target: &str) -> RequestHead {
 fn connect_authority_forms() {
     let ok = |t: &str| head_with_target("CONNECT", t).connect_authority();
     assert_eq!(ok("[::1]:443"), Ok(("::1".to_owned(), 443)));
-    assert_eq!(
-        ok("[2001:db8::5]:6443"),
-        Ok(("2001:db8::5".to_owned(), 6443))
-    );
+    assert_eq!(ok("[2001:db8::5]:6443"), Ok(("2001:db8::5".to_owned(), 6443)));
     assert_eq!(ok("a_b.svc:65535"), Ok(("a_b.svc".to_owned(), 65535)));
     for bad in [
         "example.test",   // no port
@@ -175,10 +147,7 @@ fn connect_authority_forms() {
         let e = ok(bad).unwrap_err();
         assert_eq!(e.reason(), "head_bad_authority", "{bad}: {e:?}");
     }
-    assert_eq!(
-        ok("example.test"),
-        Err(HeadError::BadAuthority("missing port"))
-    );
+    assert_eq!(ok("example.test"), Err(HeadError::BadAuthority("missing port")));
     // Origin-form target on CONNECT.
     assert_eq!(ok("/").unwrap_err().reason(), "head_bad_authority");
 }
@@ -187,18 +156,9 @@ fn connect_authority_forms() {
 fn absolute_form_variants() {
     let af = |t: &str| head_with_target("GET", t).absolute_form();
     assert_eq!(af("http://host"), Ok(("host".into(), 80, "/".into())));
-    assert_eq!(
-        af("http://host?x=1"),
-        Ok(("host".into(), 80, "/?x=1".into()))
-    );
-    assert_eq!(
-        af("HTTP://Host:8080/a/b?c"),
-        Ok(("Host".into(), 8080, "/a/b?c".into()))
-    );
-    assert_eq!(
-        af("http://[::1]:8080/x"),
-        Ok(("::1".into(), 8080, "/x".into()))
-    );
+    assert_eq!(af("http://host?x=1"), Ok(("host".into(), 80, "/?x=1".into())));
+    assert_eq!(af("HTTP://Host:8080/a/b?c"), Ok(("Host".into(), 8080, "/a/b?c".into())));
+    assert_eq!(af("http://[::1]:8080/x"), Ok(("::1".into(), 8080, "/x".into())));
     assert_eq!(af("http://[::1]/x"), Ok(("::1".into(), 80, "/x".into())));
     for bad in [
         "https://host/",
@@ -237,10 +197,7 @@ fn size_limit_is_enforced_at_max_len() {
     big.resize(64 * 1024, b'a');
     big.extend_from_slice(b"\r\n\r\n");
     assert_eq!(parse_request_head(&big[..max - 1], max), Ok(None));
-    assert_eq!(
-        parse_request_head(&big[..max], max),
-        Err(HeadError::TooLarge)
-    );
+    assert_eq!(parse_request_head(&big[..max], max), Err(HeadError::TooLarge));
     assert_eq!(parse_request_head(&big, max), Err(HeadError::TooLarge));
     assert_eq!(HeadError::TooLarge.reason(), "head_too_large");
     let mut r = HeadReader::new(max);
@@ -259,10 +216,7 @@ fn size_limit_is_enforced_at_max_len() {
     assert_eq!(parse_request_head(&over, max), Err(HeadError::TooLarge));
     // Payload after an exact-size head does not count against the limit.
     let with_payload = [exact.as_slice(), TLS_BYTES].concat();
-    assert_eq!(
-        parse_request_head(&with_payload, max).unwrap().unwrap().len,
-        max
-    );
+    assert_eq!(parse_request_head(&with_payload, max).unwrap().unwrap().len, max);
 }
 
 #[test]
@@ -275,10 +229,7 @@ fn header_count_limit() {
         s.push_str("\r\n");
         s.into_bytes()
     };
-    assert_eq!(
-        parse(&build(MAX_HEADERS)).unwrap().unwrap().headers.len(),
-        MAX_HEADERS
-    );
+    assert_eq!(parse(&build(MAX_HEADERS)).unwrap().unwrap().headers.len(), MAX_HEADERS);
     let e = parse(&build(MAX_HEADERS + 1)).unwrap_err();
     assert_eq!(e, HeadError::TooManyHeaders);
     assert_eq!(e.reason(), "head_too_many_headers");
@@ -287,7 +238,7 @@ fn header_count_limit() {
 #[test]
 fn malformed_heads() {
     let cases: &[&[u8]] = &[
-        b"CONNECT a:1 HTTP/1.1\r\nX: a\0b\r\n\r\n", // NUL in value
+        b"CONNECT a:1 HTTP/1.1\r\nX: a\0b\r\n\r\n",         // NUL in value
         b"CONNECT a:1 HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", // obs-fold
         b"CONNECT a:1 HTTP/1.1\r\nX: a\r\n\tfolded\r\n\r\n",
         b"CONNECT a:1 HTTP/1.1\r\nBad Name: a\r\n\r\n",
@@ -300,12 +251,7 @@ fn malformed_heads() {
     ];
     for c in cases {
         let e = parse(c).unwrap_err();
-        assert_eq!(
-            e.reason(),
-            "head_malformed",
-            "{:?}: {e:?}",
-            String::from_utf8_lossy(c)
-        );
+        assert_eq!(e.reason(), "head_malformed", "{:?}: {e:?}", String::from_utf8_lossy(c));
     }
     // Leading junk is rejected on the first byte.
     assert_eq!(parse(b"\x16").unwrap_err().reason(), "head_malformed");
@@ -331,26 +277,14 @@ fn looks_like_http_answers_early() {
     assert_eq!(looks_like_http(b"CONNECT "), Detect3::Yes);
     assert_eq!(looks_like_http(b"GET /"), Detect3::Yes);
     assert_eq!(looks_like_http(&[0x16]), Detect3::No, "TLS on byte 0");
-    assert_eq!(
-        looks_like_http(b"\r\n\r\n\0\r\nQUIT\n"),
-        Detect3::No,
-        "PROXY v2 on byte 0"
-    );
-    assert_eq!(
-        looks_like_http(b"PROXY "),
-        Detect3::No,
-        "PROXY v1 is not a method"
-    );
+    assert_eq!(looks_like_http(b"\r\n\r\n\0\r\nQUIT\n"), Detect3::No, "PROXY v2 on byte 0");
+    assert_eq!(looks_like_http(b"PROXY "), Detect3::No, "PROXY v1 is not a method");
     assert_eq!(looks_like_http(b"PROXYX "), Detect3::Yes);
     assert_eq!(looks_like_http(b" GET"), Detect3::No);
     assert_eq!(looks_like_http(b"Get "), Detect3::No);
     assert_eq!(looks_like_http(b"GET/"), Detect3::No);
     assert_eq!(looks_like_http(b"ABCDEFGHIJKLMNOP"), Detect3::Incomplete);
-    assert_eq!(
-        looks_like_http(b"ABCDEFGHIJKLMNOPQ"),
-        Detect3::No,
-        "method too long"
-    );
+    assert_eq!(looks_like_http(b"ABCDEFGHIJKLMNOPQ"), Detect3::No, "method too long");
 }
 
 #[test]
@@ -361,14 +295,8 @@ fn response_heads() {
         b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: 24\r\nConnection: close\r\n\r\ndestination not allowed\n"
     );
     assert!(error_response(0, 502, "x").starts_with(b"HTTP/1.0 502 Bad Gateway\r\n"));
-    assert_eq!(
-        connect_established(1),
-        b"HTTP/1.1 200 Connection established\r\n\r\n"
-    );
-    assert_eq!(
-        connect_established(0),
-        b"HTTP/1.0 200 Connection established\r\n\r\n"
-    );
+    assert_eq!(connect_established(1), b"HTTP/1.1 200 Connection established\r\n\r\n");
+    assert_eq!(connect_established(0), b"HTTP/1.0 200 Connection established\r\n\r\n");
     assert_eq!(
         redirect_response(1, "https://example.test:443/"),
         b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://example.test:443/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -394,13 +322,7 @@ fn response_heads() {
         let cl = resp.headers.iter().find(|h| h.name == "Content-Length");
         let body = &r[n..];
         match cl {
-            Some(h) => assert_eq!(
-                std::str::from_utf8(h.value)
-                    .unwrap()
-                    .parse::<usize>()
-                    .unwrap(),
-                body.len()
-            ),
+            Some(h) => assert_eq!(std::str::from_utf8(h.value).unwrap().parse::<usize>().unwrap(), body.len()),
             None => assert!(body.is_empty()),
         }
         if resp.code == Some(400) {
@@ -427,10 +349,7 @@ fn error_reasons_are_snake_case_labels() {
     let mut seen = std::collections::HashSet::new();
     for e in all {
         let r = e.reason();
-        assert!(
-            r.starts_with("head_") && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
-            "{r}"
-        );
+        assert!(r.starts_with("head_") && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{r}");
         assert!(seen.insert(r), "duplicate {r}");
         assert!(!e.to_string().is_empty());
     }
@@ -484,10 +403,7 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         if let Ok(Some(h)) = &full {
             accepted += 1;
             assert!(h.len <= b.len() && h.len <= max);
-            assert_eq!(
-                parse_request_head(&b[..h.len], max).as_ref(),
-                Ok(&Some(h.clone()))
-            );
+            assert_eq!(parse_request_head(&b[..h.len], max).as_ref(), Ok(&Some(h.clone())));
             let _ = h.connect_authority();
             let _ = h.absolute_form();
             if cut < h.len {
@@ -499,12 +415,7 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         }
         // An error on a prefix is final.
         if let Err(pe) = &prefix {
-            assert_eq!(
-                full.as_ref().err(),
-                Some(pe),
-                "{:?}",
-                String::from_utf8_lossy(&b)
-            );
+            assert_eq!(full.as_ref().err(), Some(pe), "{:?}", String::from_utf8_lossy(&b));
         }
         // The stateful reader agrees with the stateless function.
         let mut r = HeadReader::new(max);

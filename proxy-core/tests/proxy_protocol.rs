@@ -33,10 +33,7 @@ fn v1_expected(raw: &[u8]) -> (SocketAddr, SocketAddr) {
     let line = std::str::from_utf8(raw).unwrap().trim_end();
     let f: Vec<&str> = line.split(' ').collect();
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-    (
-        SocketAddr::new(ip(f[2]), f[4].parse().unwrap()),
-        SocketAddr::new(ip(f[3]), f[5].parse().unwrap()),
-    )
+    (SocketAddr::new(ip(f[2]), f[4].parse().unwrap()), SocketAddr::new(ip(f[3]), f[5].parse().unwrap()))
 }
 
 /// Parse a known-good input the way a server would: every prefix is "need more", and the
@@ -74,14 +71,7 @@ fn every_fixture_every_prefix_then_identical_result() {
         assert!(s.starts_with(&h), "{name}");
         let parsed = parse_incrementally(&h, &s);
         assert_eq!(parsed.len, h.len(), "{name}");
-        assert_eq!(
-            detect(&h),
-            if h[0] == b'P' {
-                Detect::ProxyV1
-            } else {
-                Detect::ProxyV2
-            }
-        );
+        assert_eq!(detect(&h), if h[0] == b'P' { Detect::ProxyV1 } else { Detect::ProxyV2 });
     }
 }
 
@@ -108,10 +98,7 @@ fn haproxy_v2_tcp4() {
     assert_eq!(h.command, Command::Proxy);
     assert_eq!(h.transport, Transport::Tcp4);
     assert_eq!(h.source, Some(SocketAddr::from(([127, 0, 0, 1], port(24)))));
-    assert_eq!(
-        h.destination,
-        Some(SocketAddr::from(([127, 0, 0, 1], port(26))))
-    );
+    assert_eq!(h.destination, Some(SocketAddr::from(([127, 0, 0, 1], port(26)))));
     assert!(h.tlvs.is_empty() && h.authority.is_none() && h.unique_id.is_none());
 }
 
@@ -127,10 +114,7 @@ fn haproxy_v2_authority_unique_id_crc() {
     assert_eq!(uid.split('_').count(), 4, "{uid}");
     let types: Vec<u8> = h.tlvs.iter().map(|t| t.0).collect();
     // HAProxy writes CRC32C first.
-    assert_eq!(
-        types,
-        [PP2_TYPE_CRC32C, PP2_TYPE_AUTHORITY, PP2_TYPE_UNIQUE_ID]
-    );
+    assert_eq!(types, [PP2_TYPE_CRC32C, PP2_TYPE_AUTHORITY, PP2_TYPE_UNIQUE_ID]);
     assert_eq!(h.tlvs[0].1.len(), 4);
 }
 
@@ -178,26 +162,15 @@ fn haproxy_health_check_is_local_without_addresses() {
 
 #[test]
 fn v1_fixtures_match_text() {
-    for name in [
-        "pp_v1_haproxy_tcp4",
-        "pp_v1_haproxy_tcp6",
-        "pp_v1_haproxy_check",
-        "pp_v1_curl_tcp4",
-        "pp_v1_curl_tcp6",
-    ] {
+    for name in
+        ["pp_v1_haproxy_tcp4", "pp_v1_haproxy_tcp6", "pp_v1_haproxy_check", "pp_v1_curl_tcp4", "pp_v1_curl_tcp6"]
+    {
         let raw = fixture(name);
         let h = parse(&raw).unwrap().unwrap();
         let (s, d) = v1_expected(&raw);
         assert_eq!(h.version, 1);
         assert_eq!(h.command, Command::Proxy);
-        assert_eq!(
-            h.transport,
-            if s.is_ipv4() {
-                Transport::Tcp4
-            } else {
-                Transport::Tcp6
-            }
-        );
+        assert_eq!(h.transport, if s.is_ipv4() { Transport::Tcp4 } else { Transport::Tcp6 });
         assert_eq!((h.source, h.destination), (Some(s), Some(d)), "{name}");
     }
 }
@@ -231,7 +204,8 @@ fn detect_rejects_on_first_differing_byte() {
 #[test]
 fn v1_length_limit() {
     // Longest possible real line: 104 bytes.
-    let max = "PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n";
+    let max =
+        "PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n";
     assert_eq!(parse(max.as_bytes()).unwrap().unwrap().len, max.len());
 
     // 107 bytes without CRLF: rejected right there, without waiting for more.
@@ -249,10 +223,7 @@ fn v1_length_limit() {
     let mut exact = long[..V1_MAX_LEN - 2].to_vec();
     exact.extend_from_slice(b"\r\n");
     let h = parse(&exact).unwrap().unwrap();
-    assert_eq!(
-        (h.len, h.transport, h.source),
-        (V1_MAX_LEN, Transport::Unspec, None)
-    );
+    assert_eq!((h.len, h.transport, h.source), (V1_MAX_LEN, Transport::Unspec, None));
 }
 
 #[test]
@@ -304,21 +275,11 @@ fn v1_malformed_fields() {
     }
     // CR not followed by LF: decided on the byte after the CR.
     assert_eq!(parse(b"PROXY TCP4 1.2.3.4 1.2.3.4 1 2\r"), Ok(None));
-    assert_eq!(
-        parse(b"PROXY TCP4 1.2.3.4 1.2.3.4 1 2\rX")
-            .unwrap_err()
-            .reason(),
-        "pp_v1_malformed"
-    );
+    assert_eq!(parse(b"PROXY TCP4 1.2.3.4 1.2.3.4 1 2\rX").unwrap_err().reason(), "pp_v1_malformed");
     // Non-printable byte before any CRLF: rejected early.
-    assert_eq!(
-        parse(b"PROXY TCP4 1.2.3.4\x00").unwrap_err(),
-        ProxyError::V1Malformed("non-printable byte")
-    );
+    assert_eq!(parse(b"PROXY TCP4 1.2.3.4\x00").unwrap_err(), ProxyError::V1Malformed("non-printable byte"));
     // Port 0 and the full range are fine.
-    let h = parse(b"PROXY TCP4 1.2.3.4 5.6.7.8 0 65535\r\n")
-        .unwrap()
-        .unwrap();
+    let h = parse(b"PROXY TCP4 1.2.3.4 5.6.7.8 0 65535\r\n").unwrap().unwrap();
     assert_eq!(h.source, Some(sa("1.2.3.4:0")));
     assert_eq!(h.destination, Some(sa("5.6.7.8:65535")));
 }
@@ -356,9 +317,7 @@ fn v2_bad_version_command_family_decided_early() {
     assert_eq!(parse(&h).unwrap_err().reason(), "pp_bad_command");
     h[12] = 0x21;
     // ppp accepts 0x01, 0x02, 0x10, 0x20, 0x30; the spec does not.
-    for fam in [
-        0x01u8, 0x02, 0x03, 0x10, 0x13, 0x20, 0x23, 0x30, 0x33, 0x41, 0x51, 0xff,
-    ] {
+    for fam in [0x01u8, 0x02, 0x03, 0x10, 0x13, 0x20, 0x23, 0x30, 0x33, 0x41, 0x51, 0xff] {
         h[13] = fam;
         assert_eq!(parse(&h[..14]), Err(ProxyError::BadFamily(fam)), "{fam:#x}");
         assert_eq!(parse(&h).unwrap_err().reason(), "pp_bad_family");
@@ -367,24 +326,11 @@ fn v2_bad_version_command_family_decided_early() {
 
 #[test]
 fn v2_length_smaller_than_address_block() {
-    for (fam, need) in [
-        (0x11u8, 12usize),
-        (0x12, 12),
-        (0x21, 36),
-        (0x22, 36),
-        (0x31, 216),
-        (0x32, 216),
-    ] {
+    for (fam, need) in [(0x11u8, 12usize), (0x12, 12), (0x21, 36), (0x22, 36), (0x31, 216), (0x32, 216)] {
         let h = v2(0x21, fam, &vec![0; need - 1]);
         // Rejected as soon as the length field is in, not after the body.
         let e = parse(&h[..16]).unwrap_err();
-        assert_eq!(
-            e,
-            ProxyError::V2BadLength {
-                declared: u16::try_from(need - 1).unwrap(),
-                required: need
-            }
-        );
+        assert_eq!(e, ProxyError::V2BadLength { declared: u16::try_from(need - 1).unwrap(), required: need });
         assert_eq!(e.reason(), "pp_v2_bad_length");
         assert!(parse(&v2(0x21, fam, &vec![0; need])).unwrap().is_some());
     }
@@ -393,20 +339,12 @@ fn v2_length_smaller_than_address_block() {
 #[test]
 fn v2_unspec_unix_udp_local() {
     // UNSPEC + PROXY: accepted, no addresses, TLVs start right after the fixed block.
-    let h = parse(&v2(0x21, 0x00, &tlv(PP2_TYPE_AUTHORITY, b"a.example")))
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (h.command, h.transport, h.source),
-        (Command::Proxy, Transport::Unspec, None)
-    );
+    let h = parse(&v2(0x21, 0x00, &tlv(PP2_TYPE_AUTHORITY, b"a.example"))).unwrap().unwrap();
+    assert_eq!((h.command, h.transport, h.source), (Command::Proxy, Transport::Unspec, None));
     assert_eq!(h.authority.as_deref(), Some("a.example"));
     // UNIX: accepted, addresses not decoded.
     let h = parse(&v2(0x21, 0x31, &[b'x'; 216])).unwrap().unwrap();
-    assert_eq!(
-        (h.transport, h.source, h.destination),
-        (Transport::Unix, None, None)
-    );
+    assert_eq!((h.transport, h.source, h.destination), (Transport::Unix, None, None));
     // UDP4: addresses decoded.
     let h = parse(&v2(0x21, 0x12, &ADDR4)).unwrap().unwrap();
     assert_eq!(h.transport, Transport::Udp4);
@@ -416,17 +354,11 @@ fn v2_unspec_unix_udp_local() {
     assert_eq!(h.transport, Transport::Udp6);
     // LOCAL with a real address block: the addresses are ignored.
     let h = parse(&v2(0x20, 0x11, &ADDR4)).unwrap().unwrap();
-    assert_eq!(
-        (h.command, h.transport, h.source),
-        (Command::Local, Transport::Tcp4, None)
-    );
+    assert_eq!((h.command, h.transport, h.source), (Command::Local, Transport::Tcp4, None));
     // Our LOCAL writer.
     let l = encode_v2_local();
     let h = parse(&l).unwrap().unwrap();
-    assert_eq!(
-        (h.command, h.transport, h.len),
-        (Command::Local, Transport::Unspec, 16)
-    );
+    assert_eq!((h.command, h.transport, h.len), (Command::Local, Transport::Unspec, 16));
     // Same bytes haproxy's health check sends, minus its CRC TLV.
     let hc = fixture("pp_v2_haproxy_check_local");
     assert_eq!(l[..14], hc[..14]);
@@ -456,13 +388,7 @@ fn v2_tlv_overruns() {
     t[2] = 5;
     let mut body = ADDR4.to_vec();
     body.extend(&t);
-    assert_eq!(
-        parse(&v2(0x21, 0x11, &body)),
-        Err(ProxyError::TlvOverrun {
-            tlv_type: PP2_TYPE_NOOP,
-            nested: false
-        })
-    );
+    assert_eq!(parse(&v2(0x21, 0x11, &body)), Err(ProxyError::TlvOverrun { tlv_type: PP2_TYPE_NOOP, nested: false }));
     // One or two stray bytes: not even a TLV head.
     for extra in [&[0x04u8][..], &[0x04, 0x00]] {
         let mut body = ADDR4.to_vec();
@@ -479,33 +405,18 @@ fn v2_tlv_overruns() {
     body.extend(tlv(PP2_TYPE_SSL, &ssl));
     body.extend(tlv(PP2_TYPE_NOOP, &[0; 32]));
     let e = parse(&v2(0x21, 0x11, &body)).unwrap_err();
-    assert_eq!(
-        e,
-        ProxyError::TlvOverrun {
-            tlv_type: 0x21,
-            nested: true
-        }
-    );
+    assert_eq!(e, ProxyError::TlvOverrun { tlv_type: 0x21, nested: true });
     assert_eq!(e.reason(), "pp_tlv_overrun");
     // SSL TLV too short for its fixed part.
     let mut body = ADDR4.to_vec();
     body.extend(tlv(PP2_TYPE_SSL, &[1, 0, 0]));
-    assert_eq!(
-        parse(&v2(0x21, 0x11, &body)).unwrap_err().reason(),
-        "pp_tlv_bad_value"
-    );
+    assert_eq!(parse(&v2(0x21, 0x11, &body)).unwrap_err().reason(), "pp_tlv_bad_value");
     // Overrun in the haproxy fixture: grow the last TLV's length by one.
     let mut raw = fixture("pp_v2_haproxy_tlvs_crc");
     let uid_at = raw.len() - 46 - 3;
     assert_eq!(raw[uid_at], PP2_TYPE_UNIQUE_ID);
     raw[uid_at + 2] += 1;
-    assert_eq!(
-        parse(&raw),
-        Err(ProxyError::TlvOverrun {
-            tlv_type: PP2_TYPE_UNIQUE_ID,
-            nested: false
-        })
-    );
+    assert_eq!(parse(&raw), Err(ProxyError::TlvOverrun { tlv_type: PP2_TYPE_UNIQUE_ID, nested: false }));
 }
 
 #[test]
@@ -517,29 +428,11 @@ fn v2_special_tlv_values() {
         }
         parse(&v2(0x21, 0x11, &body))
     };
-    assert!(with(&[tlv(PP2_TYPE_UNIQUE_ID, &[7; 128])])
-        .unwrap()
-        .is_some());
-    assert_eq!(
-        with(&[tlv(PP2_TYPE_UNIQUE_ID, &[7; 129])]),
-        Err(ProxyError::UniqueIdTooLong(129))
-    );
-    assert_eq!(
-        with(&[tlv(PP2_TYPE_AUTHORITY, b"\xff\xfe")])
-            .unwrap_err()
-            .reason(),
-        "pp_tlv_bad_value"
-    );
-    assert_eq!(
-        with(&[tlv(PP2_TYPE_AUTHORITY, &[b'a'; 256])])
-            .unwrap_err()
-            .reason(),
-        "pp_tlv_bad_value"
-    );
-    assert_eq!(
-        with(&[tlv(PP2_TYPE_CRC32C, &[0; 3])]).unwrap_err().reason(),
-        "pp_tlv_bad_value"
-    );
+    assert!(with(&[tlv(PP2_TYPE_UNIQUE_ID, &[7; 128])]).unwrap().is_some());
+    assert_eq!(with(&[tlv(PP2_TYPE_UNIQUE_ID, &[7; 129])]), Err(ProxyError::UniqueIdTooLong(129)));
+    assert_eq!(with(&[tlv(PP2_TYPE_AUTHORITY, b"\xff\xfe")]).unwrap_err().reason(), "pp_tlv_bad_value");
+    assert_eq!(with(&[tlv(PP2_TYPE_AUTHORITY, &[b'a'; 256])]).unwrap_err().reason(), "pp_tlv_bad_value");
+    assert_eq!(with(&[tlv(PP2_TYPE_CRC32C, &[0; 3])]).unwrap_err().reason(), "pp_tlv_bad_value");
     assert_eq!(
         with(&[tlv(PP2_TYPE_AUTHORITY, b"a"), tlv(PP2_TYPE_AUTHORITY, b"b")]),
         Err(ProxyError::TlvDuplicate(PP2_TYPE_AUTHORITY))
@@ -549,27 +442,15 @@ fn v2_special_tlv_values() {
         Err(ProxyError::TlvDuplicate(PP2_TYPE_CRC32C))
     );
     // Unknown and repeated ordinary TLVs are kept in order.
-    let h = with(&[tlv(0xE0, b"x"), tlv(0xE0, b"y"), tlv(PP2_TYPE_NETNS, b"ns")])
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        h.tlvs,
-        vec![
-            (0xE0, b"x".to_vec()),
-            (0xE0, b"y".to_vec()),
-            (0x30, b"ns".to_vec())
-        ]
-    );
+    let h = with(&[tlv(0xE0, b"x"), tlv(0xE0, b"y"), tlv(PP2_TYPE_NETNS, b"ns")]).unwrap().unwrap();
+    assert_eq!(h.tlvs, vec![(0xE0, b"x".to_vec()), (0xE0, b"y".to_vec()), (0x30, b"ns".to_vec())]);
 }
 
 #[test]
 fn crc_mismatch_on_any_flipped_byte() {
-    for name in [
-        "pp_v2_haproxy_tlvs_crc",
-        "pp_v2_haproxy_tcp6_crc",
-        "pp_v2_haproxy_ssl_nested",
-        "pp_v2_haproxy_check_local",
-    ] {
+    for name in
+        ["pp_v2_haproxy_tlvs_crc", "pp_v2_haproxy_tcp6_crc", "pp_v2_haproxy_ssl_nested", "pp_v2_haproxy_check_local"]
+    {
         let raw = fixture(name);
         assert!(parse(&raw).unwrap().is_some());
         // Flip each byte after the fixed block (addresses, TLV values, the CRC itself):
@@ -609,10 +490,7 @@ fn encode_v1_roundtrip() {
     ] {
         let b = encode_v1(sa(s), sa(d));
         let h = parse(&b).unwrap().unwrap();
-        assert_eq!(
-            (h.source, h.destination, h.transport),
-            (Some(sa(s)), Some(sa(d)), t)
-        );
+        assert_eq!((h.source, h.destination, h.transport), (Some(sa(s)), Some(sa(d)), t));
         assert_eq!(h.len, b.len());
     }
     assert_eq!(
@@ -623,10 +501,7 @@ fn encode_v1_roundtrip() {
     let b = encode_v1(sa("192.0.2.1:5"), sa("[2001:db8::2]:6"));
     assert_eq!(b, b"PROXY TCP6 ::ffff:192.0.2.1 2001:db8::2 5 6\r\n");
     let h = parse(&b).unwrap().unwrap();
-    assert_eq!(
-        h.source.unwrap().ip(),
-        IpAddr::V6(Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped())
-    );
+    assert_eq!(h.source.unwrap().ip(), IpAddr::V6(Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped()));
 }
 
 #[test]
@@ -644,22 +519,9 @@ fn encode_v2_roundtrip_and_ppp_agrees() {
     ];
     let options = [
         V2Options::default(),
-        V2Options {
-            crc32c: true,
-            ..Default::default()
-        },
-        V2Options {
-            authority: Some(SNI),
-            unique_id: Some(b"req-1"),
-            crc32c: true,
-            extra_tlvs: &extra,
-        },
-        V2Options {
-            authority: Some(SNI),
-            unique_id: Some(&[9; 128]),
-            crc32c: false,
-            extra_tlvs: &extra,
-        },
+        V2Options { crc32c: true, ..Default::default() },
+        V2Options { authority: Some(SNI), unique_id: Some(b"req-1"), crc32c: true, extra_tlvs: &extra },
+        V2Options { authority: Some(SNI), unique_id: Some(&[9; 128]), crc32c: false, extra_tlvs: &extra },
     ];
     for (s, d) in pairs {
         for o in &options {
@@ -675,26 +537,14 @@ fn encode_v2_roundtrip_and_ppp_agrees() {
                 (m(s), m(d))
             };
             assert_eq!((h.source, h.destination), (Some(es), Some(ed)));
-            assert_eq!(
-                h.transport,
-                if es.is_ipv4() {
-                    Transport::Tcp4
-                } else {
-                    Transport::Tcp6
-                }
-            );
+            assert_eq!(h.transport, if es.is_ipv4() { Transport::Tcp4 } else { Transport::Tcp6 });
             assert_eq!(h.authority.as_deref(), o.authority);
             assert_eq!(h.unique_id.as_deref(), o.unique_id);
             assert_eq!(h.tlvs.iter().any(|t| t.0 == PP2_TYPE_CRC32C), o.crc32c);
             let others: Vec<(u8, &[u8])> = h
                 .tlvs
                 .iter()
-                .filter(|t| {
-                    !matches!(
-                        t.0,
-                        PP2_TYPE_CRC32C | PP2_TYPE_AUTHORITY | PP2_TYPE_UNIQUE_ID
-                    )
-                })
+                .filter(|t| !matches!(t.0, PP2_TYPE_CRC32C | PP2_TYPE_AUTHORITY | PP2_TYPE_UNIQUE_ID))
                 .map(|t| (t.0, t.1.as_slice()))
                 .collect();
             assert_eq!(others, o.extra_tlvs);
@@ -721,56 +571,22 @@ fn encode_v2_roundtrip_and_ppp_agrees() {
 fn encode_v2_rejects_what_parse_rejects() {
     let (s, d) = (sa("192.0.2.1:1"), sa("192.0.2.2:2"));
     let e = |o: V2Options<'_>| try_encode_v2(s, d, &o).unwrap_err().reason();
-    assert_eq!(
-        e(V2Options {
-            unique_id: Some(&[0; 129]),
-            ..Default::default()
-        }),
-        "pp_unique_id_too_long"
-    );
+    assert_eq!(e(V2Options { unique_id: Some(&[0; 129]), ..Default::default() }), "pp_unique_id_too_long");
     let long = "a".repeat(256);
+    assert_eq!(e(V2Options { authority: Some(&long), ..Default::default() }), "pp_tlv_bad_value");
     assert_eq!(
-        e(V2Options {
-            authority: Some(&long),
-            ..Default::default()
-        }),
-        "pp_tlv_bad_value"
-    );
-    assert_eq!(
-        e(V2Options {
-            crc32c: true,
-            extra_tlvs: &[(PP2_TYPE_CRC32C, &[0; 4])],
-            ..Default::default()
-        }),
+        e(V2Options { crc32c: true, extra_tlvs: &[(PP2_TYPE_CRC32C, &[0; 4])], ..Default::default() }),
         "pp_tlv_duplicate"
     );
     assert_eq!(
-        e(V2Options {
-            authority: Some("a"),
-            extra_tlvs: &[(PP2_TYPE_AUTHORITY, b"b")],
-            ..Default::default()
-        }),
+        e(V2Options { authority: Some("a"), extra_tlvs: &[(PP2_TYPE_AUTHORITY, b"b")], ..Default::default() }),
         "pp_tlv_duplicate"
     );
     let big = vec![0u8; 65535];
-    assert_eq!(
-        e(V2Options {
-            extra_tlvs: &[(0xE0, &big)],
-            ..Default::default()
-        }),
-        "pp_v2_too_long"
-    );
+    assert_eq!(e(V2Options { extra_tlvs: &[(0xE0, &big)], ..Default::default() }), "pp_v2_too_long");
     // Largest TLV that fits: 65535 - 12 (addresses) - 3 (TLV head).
     let fits = vec![0u8; 65520];
-    let b = try_encode_v2(
-        s,
-        d,
-        &V2Options {
-            extra_tlvs: &[(0xE0, &fits)],
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = try_encode_v2(s, d, &V2Options { extra_tlvs: &[(0xE0, &fits)], ..Default::default() }).unwrap();
     assert_eq!(b.len(), V2_MAX_LEN);
     assert_eq!(parse(&b).unwrap().unwrap().len, V2_MAX_LEN);
 }
@@ -784,33 +600,19 @@ fn error_reasons_are_snake_case_labels() {
         ProxyError::BadVersion(1),
         ProxyError::BadCommand(2),
         ProxyError::BadFamily(3),
-        ProxyError::V2BadLength {
-            declared: 1,
-            required: 12,
-        },
+        ProxyError::V2BadLength { declared: 1, required: 12 },
         ProxyError::V2TooLong(70000),
-        ProxyError::TlvOverrun {
-            tlv_type: 1,
-            nested: true,
-        },
-        ProxyError::TlvBadValue {
-            tlv_type: 2,
-            what: "x",
-        },
+        ProxyError::TlvOverrun { tlv_type: 1, nested: true },
+        ProxyError::TlvBadValue { tlv_type: 2, what: "x" },
         ProxyError::TlvDuplicate(3),
-        ProxyError::CrcMismatch {
-            expected: 1,
-            computed: 2,
-        },
+        ProxyError::CrcMismatch { expected: 1, computed: 2 },
         ProxyError::UniqueIdTooLong(129),
     ];
     let mut seen = std::collections::HashSet::new();
     for e in all {
         let r = e.reason();
         assert!(
-            r.starts_with("pp_")
-                && r.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b == b'_' || b.is_ascii_digit()),
+            r.starts_with("pp_") && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_' || b.is_ascii_digit()),
             "{r}"
         );
         assert!(seen.insert(r), "duplicate label {r}");
@@ -834,10 +636,8 @@ impl Rng {
 
 #[test]
 fn mutation_loop_never_panics_and_stays_consistent() {
-    let corpus: Vec<Vec<u8>> = PP_FIXTURES
-        .iter()
-        .flat_map(|n| [fixture(n), fixture(&format!("{n}.with_payload"))])
-        .collect();
+    let corpus: Vec<Vec<u8>> =
+        PP_FIXTURES.iter().flat_map(|n| [fixture(n), fixture(&format!("{n}.with_payload"))]).collect();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut accepted = 0;
     for _ in 0..20_000 {
@@ -883,17 +683,10 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         }
         // Errors on a prefix must persist however the input continues.
         if let Err(pe) = &prefix {
-            assert_eq!(
-                full.as_ref().err(),
-                Some(pe),
-                "prefix error not final: {b:?}"
-            );
+            assert_eq!(full.as_ref().err(), Some(pe), "prefix error not final: {b:?}");
         }
     }
-    assert!(
-        accepted > 100,
-        "mutations too destructive to be useful: {accepted}"
-    );
+    assert!(accepted > 100, "mutations too destructive to be useful: {accepted}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -937,17 +730,10 @@ mod haproxy {
                 eprintln!("SKIPPED: {BIN} not installed (PP_SKIP_HAPROXY set)");
                 return None;
             }
-            panic!(
-                "{BIN} not installed: install haproxy or set PP_SKIP_HAPROXY=1 to skip this test"
-            );
+            panic!("{BIN} not installed: install haproxy or set PP_SKIP_HAPROXY=1 to skip this test");
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir =
-            std::env::temp_dir().join(format!("pp-haproxy-test-{}-{port}", std::process::id()));
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = std::env::temp_dir().join(format!("pp-haproxy-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = format!(
             r#"global
@@ -972,11 +758,7 @@ frontend echo
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn haproxy");
-        let h = Haproxy {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            _dir: TempDir(dir),
-        };
+        let h = Haproxy { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), _dir: TempDir(dir) };
         let deadline = Instant::now() + Duration::from_secs(10);
         // A bare connect+close is harmless to an accept-proxy frontend.
         while TcpStream::connect_timeout(&h.addr, Duration::from_millis(200)).is_err() {
@@ -999,10 +781,7 @@ frontend echo
     }
 
     pub fn body(resp: &str) -> &str {
-        assert!(
-            resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"),
-            "{resp:?}"
-        );
+        assert!(resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"), "{resp:?}");
         resp.split("\r\n\r\n").nth(1).unwrap()
     }
 }
@@ -1013,31 +792,14 @@ fn haproxy_accepts_our_headers() {
     let (s, d) = (sa("192.0.2.10:40000"), sa("198.51.100.7:443"));
 
     // v2 with CRC32C, AUTHORITY and UNIQUE_ID: haproxy verifies the CRC and exposes the TLVs.
-    let opts = V2Options {
-        authority: Some(SNI),
-        unique_id: Some(b"uid-123"),
-        crc32c: true,
-        extra_tlvs: &[(0xE0, b"x")],
-    };
+    let opts =
+        V2Options { authority: Some(SNI), unique_id: Some(b"uid-123"), crc32c: true, extra_tlvs: &[(0xE0, b"x")] };
     let r = haproxy::exchange(hp.addr, &encode_v2(s, d, &opts));
-    assert_eq!(
-        haproxy::body(&r),
-        format!("192.0.2.10 40000 198.51.100.7 443 {SNI} uid-123")
-    );
+    assert_eq!(haproxy::body(&r), format!("192.0.2.10 40000 198.51.100.7 443 {SNI} uid-123"));
 
     // v2 IPv6.
     let (s6, d6) = (sa("[2001:db8::1]:1234"), sa("[2001:db8::2]:6443"));
-    let r = haproxy::exchange(
-        hp.addr,
-        &encode_v2(
-            s6,
-            d6,
-            &V2Options {
-                crc32c: true,
-                ..Default::default()
-            },
-        ),
-    );
+    let r = haproxy::exchange(hp.addr, &encode_v2(s6, d6, &V2Options { crc32c: true, ..Default::default() }));
     assert_eq!(haproxy::body(&r), "2001:db8::1 1234 2001:db8::2 6443  ");
 
     // v1.
@@ -1046,10 +808,7 @@ fn haproxy_accepts_our_headers() {
 
     // Mixed families -> IPv4-mapped.
     let r = haproxy::exchange(hp.addr, &encode_v1(s, d6));
-    assert_eq!(
-        haproxy::body(&r),
-        "::ffff:192.0.2.10 40000 2001:db8::2 6443  "
-    );
+    assert_eq!(haproxy::body(&r), "::ffff:192.0.2.10 40000 2001:db8::2 6443  ");
 
     // LOCAL: haproxy keeps the real connection addresses.
     let r = haproxy::exchange(hp.addr, &encode_v2_local());

@@ -2,7 +2,7 @@
 
 use crate::Shared;
 use proxy_core::tunnel::h2::run_seed_session;
-use proxy_core::tunnel::{Opener, TunnelSettings, ALPN_V1};
+use proxy_core::tunnel::{ALPN_V1, Opener, TunnelSettings};
 use seedgate_config::server::valid_cluster_name;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +21,13 @@ pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
 }
 
 /// Serve one agent connection for its whole life.
-pub async fn serve_agent(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, stop: CancellationToken) {
+pub async fn serve_agent(
+    shared: Arc<Shared>,
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    stop: CancellationToken,
+) {
     let m = &shared.metrics;
     let cfg = shared.config.load_full();
     let tls = match tokio::time::timeout(cfg.timeouts.handshake.get(), acceptor.accept(tcp)).await {

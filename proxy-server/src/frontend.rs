@@ -3,10 +3,10 @@
 use crate::Shared;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use proxy_core::copy::{transfer, Meters};
+use proxy_core::copy::{Meters, transfer};
 use proxy_core::http_head::{self, RequestHead};
 use proxy_core::io::Prefixed;
 use proxy_core::tunnel::{DialError, TunnelStream};
@@ -104,7 +104,13 @@ where
             match http_head::parse_request_head(&buf, cap) {
                 Ok(Some(h)) => return Ok(h),
                 Ok(None) => {}
-                Err(e) => return Err((e.reason(), if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 }, e.to_string())),
+                Err(e) => {
+                    return Err((
+                        e.reason(),
+                        if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 },
+                        e.to_string(),
+                    ));
+                }
             }
             let old = buf.len();
             buf.resize(old + READ_CHUNK.min(cap + 1 - old), 0);
@@ -141,7 +147,8 @@ where
             Ok((h, p)) if h.contains(':') => format!("[{h}]:{p}"),
             Ok((h, p)) => format!("{h}:{p}"),
             Err(e) => {
-                reply_error(&shared, &ctx, &mut io, head.version, 400, e.reason(), &format!("bad CONNECT target: {e}")).await;
+                reply_error(&shared, &ctx, &mut io, head.version, 400, e.reason(), &format!("bad CONNECT target: {e}"))
+                    .await;
                 return;
             }
         };
@@ -176,7 +183,15 @@ where
     }
 }
 
-async fn reply_error<S: AsyncWrite + Unpin>(shared: &Shared, ctx: &Ctx<'_>, io: &mut S, version: u8, status: u16, reason: &str, msg: &str) {
+async fn reply_error<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    ctx: &Ctx<'_>,
+    io: &mut S,
+    version: u8,
+    status: u16,
+    reason: &str,
+    msg: &str,
+) {
     let m = &shared.metrics;
     m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &status.to_string()]).inc();
     m.conn.rejects.with_label_values(&[&ctx.fe.name, reason]).inc();
@@ -266,7 +281,16 @@ fn simple(status: StatusCode, msg: String) -> Response<Body> {
 }
 
 /// Hop-by-hop headers a forward proxy must not pass on (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &["connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "te", "trailer", "upgrade"];
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 /// Remove the hop-by-hop headers, and those the `Connection` header names, in either direction:
 /// they describe one hop (client to us, or the tunnel stream to the target), not the other.
@@ -309,7 +333,8 @@ where
             let stream = match dial(&shared, &cluster, &target).await {
                 Ok(s) => s,
                 Err(e) => {
-                    let r = simple(StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string());
+                    let r =
+                        simple(StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string());
                     shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
                     return Ok(r);
                 }

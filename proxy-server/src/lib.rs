@@ -11,14 +11,14 @@ mod registry;
 
 use arc_swap::ArcSwap;
 use frontend::FrontendRt;
-use proxy_core::accept::{accept_error_label, accept_loop, ConnLimit};
+use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::addrs::Addresses;
 use proxy_core::admin::{self, AdminHooks, AdminState, Check, ControlRequest};
 use proxy_core::prometheus::Registry as PromRegistry;
 use proxy_core::shutdown::{Drained, Shutdown};
 use registry::Registry;
-use seedgate_config::server::{ClusterMode, ClusterState, Frontend};
 use seedgate_config::ServerConfig;
+use seedgate_config::server::{ClusterMode, ClusterState, Frontend};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -106,7 +106,11 @@ fn resolve_listen(what: &str, hp: &seedgate_config::HostPort) -> Result<SocketAd
 
 fn bind_tcp(what: &str, hp: &seedgate_config::HostPort) -> Result<TcpListener, Error> {
     let addr = resolve_listen(what, hp)?;
-    proxy_core::net::bind_tcp(addr).map_err(|source| Error::Bind { what: what.to_owned(), addr: hp.to_string(), source })
+    proxy_core::net::bind_tcp(addr).map_err(|source| Error::Bind {
+        what: what.to_owned(),
+        addr: hp.to_string(),
+        source,
+    })
 }
 
 fn frontend_tls(f: &Frontend) -> Result<Option<TlsAcceptor>, Error> {
@@ -130,7 +134,11 @@ pub async fn bind(cfg: ServerConfig, opts: Options) -> Result<Bound, Error> {
         None => None,
         Some(hp) => {
             let addr = resolve_listen("admin", hp)?;
-            Some(admin::bind(addr).await.map_err(|source| Error::Bind { what: "admin".into(), addr: hp.to_string(), source })?)
+            Some(admin::bind(addr).await.map_err(|source| Error::Bind {
+                what: "admin".into(),
+                addr: hp.to_string(),
+                source,
+            })?)
         }
     };
     let t = &cfg.agents.tls;
@@ -142,10 +150,7 @@ pub async fn bind(cfg: ServerConfig, opts: Options) -> Result<Bound, Error> {
         true,
     )?);
     let agents = bind_tcp("agents listener", &cfg.agents.listen)?;
-    let mut addrs = Addresses {
-        admin: admin.as_ref().and_then(|a| a.local_addr().ok()),
-        listeners: BTreeMap::new(),
-    };
+    let mut addrs = Addresses { admin: admin.as_ref().and_then(|a| a.local_addr().ok()), listeners: BTreeMap::new() };
     addrs.listeners.insert("agents".into(), agents.local_addr().map(|a| a.to_string()).unwrap_or_default());
     let mut frontends = Vec::new();
     for f in &cfg.frontends {
@@ -241,14 +246,17 @@ impl AdminHooks for Hooks {
                 let nodes: Vec<String> = sessions
                     .iter()
                     .map(|s| {
-                        let node = s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
+                        let node =
+                            s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
                         format!("{}{}", s.peer, if node.is_empty() { String::new() } else { format!(" ({node})") })
                     })
                     .collect();
                 let state = format!("{:?}", mode.mode).to_lowercase();
                 match mode.mode {
                     // A fenced cluster is served elsewhere: no agent is expected here.
-                    ClusterMode::Fenced => Check::new(format!("cluster-{c}"), true, format!("fenced: {} agents", sessions.len())),
+                    ClusterMode::Fenced => {
+                        Check::new(format!("cluster-{c}"), true, format!("fenced: {} agents", sessions.len()))
+                    }
                     _ => Check::new(
                         format!("cluster-{c}"),
                         !sessions.is_empty(),
@@ -261,7 +269,8 @@ impl AdminHooks for Hooks {
 
     fn config(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(&**self.0.config.load()).unwrap_or_default();
-        v["cluster_overrides"] = serde_json::to_value(&*self.0.overrides.lock().expect("not poisoned")).unwrap_or_default();
+        v["cluster_overrides"] =
+            serde_json::to_value(&*self.0.overrides.lock().expect("not poisoned")).unwrap_or_default();
         v
     }
 
@@ -275,7 +284,14 @@ impl AdminHooks for Hooks {
             Method::PUT | Method::POST => {
                 let state: ClusterState = match serde_json::from_slice(req.body) {
                     Ok(s) => s,
-                    Err(e) => return Some((StatusCode::BAD_REQUEST, format!("body must be JSON like {{\"state\":\"draining\",\"move_to\":[\"host:8132\"],\"drain_deadline\":\"30s\"}}: {e}\n"))),
+                    Err(e) => {
+                        return Some((
+                            StatusCode::BAD_REQUEST,
+                            format!(
+                                "body must be JSON like {{\"state\":\"draining\",\"move_to\":[\"host:8132\"],\"drain_deadline\":\"30s\"}}: {e}\n"
+                            ),
+                        ));
+                    }
                 };
                 self.0.overrides.lock().expect("not poisoned").insert(name.to_owned(), state);
             }
@@ -360,15 +376,30 @@ impl Bound {
                                     let hs = shared.config.load().timeouts.handshake.get();
                                     match tokio::time::timeout(hs, acc.accept(tcp)).await {
                                         Ok(Ok(s)) => {
-                                            let cn = s.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(proxy_core::tls::common_name);
+                                            let cn = s
+                                                .get_ref()
+                                                .1
+                                                .peer_certificates()
+                                                .and_then(|c| c.first())
+                                                .and_then(proxy_core::tls::common_name);
                                             frontend::serve(shared.clone(), fe, s, peer.to_string(), cn).await
                                         }
                                         Ok(Err(e)) => {
                                             tracing::debug!(%peer, error = %e, "front-end TLS handshake failed");
-                                            shared.metrics.conn.rejects.with_label_values(&[&fe.name, "tls_handshake_failed"]).inc();
+                                            shared
+                                                .metrics
+                                                .conn
+                                                .rejects
+                                                .with_label_values(&[&fe.name, "tls_handshake_failed"])
+                                                .inc();
                                         }
                                         Err(_) => {
-                                            shared.metrics.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
+                                            shared
+                                                .metrics
+                                                .conn
+                                                .rejects
+                                                .with_label_values(&[&fe.name, "handshake_timeout"])
+                                                .inc();
                                         }
                                     }
                                 }
@@ -411,7 +442,11 @@ impl Bound {
             _ = shared.shutdown.stop.cancelled() => {}
         }
         let grace = shared.config.load().drain_grace.get();
-        tracing::info!(grace_s = grace.as_secs_f64(), open = shared.shutdown.tracker.len(), "stopped accepting; draining");
+        tracing::info!(
+            grace_s = grace.as_secs_f64(),
+            open = shared.shutdown.tracker.len(),
+            "stopped accepting; draining"
+        );
         let drained = shared.shutdown.drain(grace).await;
         sessions_stop.cancel();
         tracing::info!(forced = drained.forced, "drained");

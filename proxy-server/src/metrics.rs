@@ -1,6 +1,6 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
-use proxy_core::metrics::{counter_vec, gauge_vec, seconds_histogram, ConnMetrics, ReloadMetrics};
+use proxy_core::metrics::{ConnMetrics, ReloadMetrics, counter_vec, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
 use seedgate_config::server::ClusterMode;
 
@@ -26,22 +26,79 @@ impl ServerMetrics {
         Self {
             conn: ConnMetrics::new(reg),
             reload: ReloadMetrics::new(reg),
-            agents: gauge_vec(reg, "seedgate_agents_connected", "Agent sessions connected now, by cluster.", &["cluster"]),
-            agent_sessions: counter_vec(reg, "seedgate_agent_sessions_total", "Agent session attempts, by cluster and result (accepted or the reason it was refused).", &["cluster", "result"]),
-            streams_active: gauge_vec(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now, by cluster.", &["cluster"]),
-            streams_opened: counter_vec(reg, "seedgate_tunnel_streams_opened_total", "Tunnel streams opened (agent dial succeeded), by cluster.", &["cluster"]),
-            dial_seconds: seconds_histogram(reg, "seedgate_tunnel_dial_duration_seconds", "Time from sending a dial to the agent's answer, by cluster.", &["cluster"]),
-            dial_failures: counter_vec(reg, "seedgate_tunnel_dial_failures_total", "Failed dials, by cluster and reason.", &["cluster", "reason"]),
-            tunnel_bytes: counter_vec(reg, "seedgate_tunnel_bytes_total", "Bytes carried by tunnel streams, by cluster and direction (to_shoot, to_seed).", &["cluster", "direction"]),
-            requests: counter_vec(reg, "seedgate_frontend_requests_total", "Front-end requests, by front end, kind (connect, forward) and status code.", &["frontend", "kind", "code"]),
-            cluster_state: gauge_vec(reg, "seedgate_cluster_state", "1 for the state each known cluster is in (active, draining, fenced).", &["cluster", "state"]),
-            move_notices: counter_vec(reg, "seedgate_agent_move_notices_total", "Move notices sent to agents, by cluster.", &["cluster"]),
-            stream_drains: counter_vec(reg, "seedgate_tunnel_streams_drained_total", "Live streams ended by a drain deadline or fencing, by cluster.", &["cluster"]),
+            agents: gauge_vec(
+                reg,
+                "seedgate_agents_connected",
+                "Agent sessions connected now, by cluster.",
+                &["cluster"],
+            ),
+            agent_sessions: counter_vec(
+                reg,
+                "seedgate_agent_sessions_total",
+                "Agent session attempts, by cluster and result (accepted or the reason it was refused).",
+                &["cluster", "result"],
+            ),
+            streams_active: gauge_vec(
+                reg,
+                "seedgate_tunnel_streams_active",
+                "Tunnel streams open now, by cluster.",
+                &["cluster"],
+            ),
+            streams_opened: counter_vec(
+                reg,
+                "seedgate_tunnel_streams_opened_total",
+                "Tunnel streams opened (agent dial succeeded), by cluster.",
+                &["cluster"],
+            ),
+            dial_seconds: seconds_histogram(
+                reg,
+                "seedgate_tunnel_dial_duration_seconds",
+                "Time from sending a dial to the agent's answer, by cluster.",
+                &["cluster"],
+            ),
+            dial_failures: counter_vec(
+                reg,
+                "seedgate_tunnel_dial_failures_total",
+                "Failed dials, by cluster and reason.",
+                &["cluster", "reason"],
+            ),
+            tunnel_bytes: counter_vec(
+                reg,
+                "seedgate_tunnel_bytes_total",
+                "Bytes carried by tunnel streams, by cluster and direction (to_shoot, to_seed).",
+                &["cluster", "direction"],
+            ),
+            requests: counter_vec(
+                reg,
+                "seedgate_frontend_requests_total",
+                "Front-end requests, by front end, kind (connect, forward) and status code.",
+                &["frontend", "kind", "code"],
+            ),
+            cluster_state: gauge_vec(
+                reg,
+                "seedgate_cluster_state",
+                "1 for the state each known cluster is in (active, draining, fenced).",
+                &["cluster", "state"],
+            ),
+            move_notices: counter_vec(
+                reg,
+                "seedgate_agent_move_notices_total",
+                "Move notices sent to agents, by cluster.",
+                &["cluster"],
+            ),
+            stream_drains: counter_vec(
+                reg,
+                "seedgate_tunnel_streams_drained_total",
+                "Live streams ended by a drain deadline or fencing, by cluster.",
+                &["cluster"],
+            ),
         }
     }
 
     pub fn set_cluster_state(&self, cluster: &str, mode: ClusterMode) {
-        for (m, label) in [(ClusterMode::Active, "active"), (ClusterMode::Draining, "draining"), (ClusterMode::Fenced, "fenced")] {
+        for (m, label) in
+            [(ClusterMode::Active, "active"), (ClusterMode::Draining, "draining"), (ClusterMode::Fenced, "fenced")]
+        {
             self.cluster_state.with_label_values(&[cluster, label]).set(i64::from(m == mode));
         }
     }

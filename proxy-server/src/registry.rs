@@ -71,12 +71,7 @@ impl Registry {
     }
 
     pub fn mode(&self, cluster: &str) -> Mode {
-        self.modes
-            .read()
-            .expect("not poisoned")
-            .get(cluster)
-            .cloned()
-            .unwrap_or_else(|| Mode::from_cfg(None))
+        self.modes.read().expect("not poisoned").get(cluster).cloned().unwrap_or_else(|| Mode::from_cfg(None))
     }
 
     pub fn modes(&self) -> BTreeMap<String, Mode> {
@@ -157,7 +152,14 @@ impl Registry {
     }
 
     /// Register a new agent session. Refused (with the reason) when the cluster is fenced.
-    pub fn add(&self, cluster: &str, peer: String, opener: Arc<dyn Opener>, hello: Arc<Mutex<Option<AgentHello>>>, stop: CancellationToken) -> Result<Arc<Session>, &'static str> {
+    pub fn add(
+        &self,
+        cluster: &str,
+        peer: String,
+        opener: Arc<dyn Opener>,
+        hello: Arc<Mutex<Option<AgentHello>>>,
+        stop: CancellationToken,
+    ) -> Result<Arc<Session>, &'static str> {
         let mode = self.mode(cluster);
         if mode.mode == ClusterMode::Fenced {
             return Err("cluster_fenced");
@@ -195,26 +197,15 @@ impl Registry {
     }
 
     pub fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
-        self.clusters
-            .read()
-            .expect("not poisoned")
-            .get(cluster)
-            .map(|c| c.sessions.clone())
-            .unwrap_or_default()
+        self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
     }
 
     /// Completes when a stream admitted now must end: at once when the cluster is fenced, at
     /// the drain deadline (counted from the start of the drain) when it drains; never while it
     /// stays active or drains without a deadline.
     pub fn drain_signal(&self, cluster: &str) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let token = self
-            .clusters
-            .write()
-            .expect("not poisoned")
-            .entry(cluster.to_owned())
-            .or_default()
-            .mode_changed
-            .clone();
+        let token =
+            self.clusters.write().expect("not poisoned").entry(cluster.to_owned()).or_default().mode_changed.clone();
         let modes = self.modes.clone();
         let cluster = cluster.to_owned();
         async move {
@@ -236,7 +227,9 @@ impl Registry {
     pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
         match self.mode(cluster).mode {
             ClusterMode::Fenced => {
-                return Err(DialError::Moved(format!("cluster {cluster} moved to another seed; this seed no longer serves it")))
+                return Err(DialError::Moved(format!(
+                    "cluster {cluster} moved to another seed; this seed no longer serves it"
+                )));
             }
             ClusterMode::Active | ClusterMode::Draining => {}
         }

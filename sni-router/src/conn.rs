@@ -4,12 +4,12 @@ use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
 use crate::{ListenerRt, Shared};
 use proxy_core::client_hello::{self, HelloError, HelloParser, Status};
-use proxy_core::copy::{transfer_tcp, Meters};
+use proxy_core::copy::{Meters, transfer_tcp};
 use proxy_core::http_head::{self, Detect3, RequestHead};
-use proxy_core::net::{reset_on_close, ConnectFailure};
+use proxy_core::net::{ConnectFailure, reset_on_close};
 use proxy_core::proxy_protocol::{self, Command, Detect, V2Options};
-use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use seedgate_config::RouterConfig;
+use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use socket2::SockRef;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -257,9 +257,10 @@ async fn route_tls(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Router
     pre.alpn = (!info.alpn.is_empty()).then(|| info.alpn.join(",").into_boxed_str());
     pre.sni = info.sni.map(String::into_boxed_str);
     let route = match &pre.sni {
-        Some(name) => table.by_sni(name).or_else(|| table.default_route()).ok_or_else(|| {
-            Reject::new("unknown_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME))
-        })?,
+        Some(name) => table
+            .by_sni(name)
+            .or_else(|| table.default_route())
+            .ok_or_else(|| Reject::new("unknown_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME)))?,
         None => table
             .default_route()
             .ok_or_else(|| Reject::new("no_sni", Answer::Alert(client_hello::ALERT_UNRECOGNIZED_NAME)))?,
@@ -267,7 +268,12 @@ async fn route_tls(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Router
     Ok(route.clone())
 }
 
-async fn route_connect(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &RouterConfig) -> Result<Arc<Route>, Reject> {
+async fn route_connect(
+    s: &mut TcpStream,
+    pre: &mut Pre,
+    table: &Table,
+    cfg: &RouterConfig,
+) -> Result<Arc<Route>, Reject> {
     let cap = cfg.limits.connect_head_max;
     let head: RequestHead = loop {
         match http_head::parse_request_head(&pre.buf[pre.off..], cap) {
@@ -297,10 +303,7 @@ async fn route_connect(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Ro
     pre.connect_target = Some(head.target.as_str().into());
     let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let header = |name: &str| head.header(name);
-    let q = ConnectQuery {
-        authority: &authority,
-        header: &header,
-    };
+    let q = ConnectQuery { authority: &authority, header: &header };
     // CONNECT never falls back to the default route: the allowlist is strict.
     match table.by_connect(&q) {
         Some(r) => Ok(r.clone()),
@@ -314,7 +317,9 @@ async fn route_connect(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &Ro
                 ConnectUnmatched::Forbidden => {
                     Reject::new("connect_no_route", Answer::Http(403, format!("no route for {asked}")))
                 }
-                ConnectUnmatched::Redirect => Reject::new("connect_no_route", Answer::Redirect(format!("https://{host}:443"))),
+                ConnectUnmatched::Redirect => {
+                    Reject::new("connect_no_route", Answer::Redirect(format!("https://{host}:443")))
+                }
             })
         }
     }
@@ -362,11 +367,8 @@ fn proxy_header_out(route: &Route, pre: &Pre, client: &TcpStream) -> Option<Vec<
         SendProxy::V1 => Some(proxy_protocol::encode_v1(pre.client, dst)),
         SendProxy::V2 => {
             let id = pre.conn_id.to_string();
-            let opts = V2Options {
-                authority: pre.sni.as_deref(),
-                unique_id: Some(id.as_bytes()),
-                ..V2Options::default()
-            };
+            let opts =
+                V2Options { authority: pre.sni.as_deref(), unique_id: Some(id.as_bytes()), ..V2Options::default() };
             proxy_protocol::try_encode_v2(pre.client, dst, &opts).ok()
         }
     }
@@ -463,7 +465,8 @@ async fn prepare(
         started,
         replayed: 0,
     };
-    let routed = tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
+    let routed =
+        tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
     let route = match routed {
         Ok(Ok(r)) => r,
         Ok(Err(rej)) => {
@@ -489,17 +492,22 @@ async fn prepare(
     }
 
     let connect_timeout = cfg.timeouts.connect.get();
-    let connected = upstream::connect(&route.upstreams, route.balance, connect_timeout, cfg.upstream_eject.get(), |took, fail| match fail {
-        None => m.conn.connect_seconds.with_label_values(&[name, &route.name]).observe(took.as_secs_f64()),
-        Some(f) => m.conn.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
-    })
-    .await;
+    let connected =
+        upstream::connect(&route.upstreams, route.balance, connect_timeout, cfg.upstream_eject.get(), |took, fail| {
+            match fail {
+                None => m.conn.connect_seconds.with_label_values(&[name, &route.name]).observe(took.as_secs_f64()),
+                Some(f) => m.conn.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
+            }
+        })
+        .await;
     let Connected { stream: mut up, addr: up_addr, guard } = match connected {
         Ok(c) => c,
         Err(fail) => {
             let answer = match pre.proto {
                 Proto::Tls => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
-                Proto::Connect if fail.last == ConnectFailure::Timeout => Answer::Http(504, format!("upstream timed out: {}", fail.detail)),
+                Proto::Connect if fail.last == ConnectFailure::Timeout => {
+                    Answer::Http(504, format!("upstream timed out: {}", fail.detail))
+                }
                 Proto::Connect => Answer::Http(502, format!("upstream unavailable: {}", fail.detail)),
                 Proto::Raw | Proto::Unknown => Answer::Close,
             };
@@ -517,7 +525,10 @@ async fn prepare(
     let payload = &pre.buf[pre.off + pre.head_len..];
     let handover = async {
         if pre.proto == Proto::Connect {
-            client.write_all(&http_head::connect_established(pre.http_version)).await.map_err(|_| "client_write_error")?;
+            client
+                .write_all(&http_head::connect_established(pre.http_version))
+                .await
+                .map_err(|_| "client_write_error")?;
         }
         match header {
             Some(mut h) => {
@@ -568,7 +579,14 @@ fn close_pair(client: TcpStream, up: TcpStream, reason: &str) {
     }
 }
 
-async fn reject(shared: &Shared, listener: &str, client: TcpStream, pre: &Pre, route: Option<&Arc<Route>>, rej: Reject) {
+async fn reject(
+    shared: &Shared,
+    listener: &str,
+    client: TcpStream,
+    pre: &Pre,
+    route: Option<&Arc<Route>>,
+    rej: Reject,
+) {
     let m = &shared.metrics.conn;
     m.rejects.with_label_values(&[listener, rej.reason]).inc();
     let route = route.map(|r| &*r.name);

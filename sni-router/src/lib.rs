@@ -9,21 +9,21 @@ mod table;
 mod upstream;
 
 use arc_swap::ArcSwap;
-use proxy_core::accept::{accept_error_label, accept_loop, ConnLimit};
+use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::addrs::Addresses;
 use proxy_core::admin::{self, AdminHooks, AdminState, Check};
 use proxy_core::metrics::{self, ConnMetrics, ReloadMetrics};
 use proxy_core::prometheus::{IntGauge, IntGaugeVec, Registry};
 use proxy_core::shutdown::{Drained, Shutdown};
-use seedgate_config::router::{Listener as ListenerCfg, Route as RouteCfg};
 use seedgate_config::RouterConfig;
+use seedgate_config::router::{Listener as ListenerCfg, Route as RouteCfg};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use table::{new_route, Route, RouteMeters, Table};
+use table::{Route, RouteMeters, Table, new_route};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -32,11 +32,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("listener {name}: cannot bind {addr}: {source}")]
-    Bind {
-        name: String,
-        addr: String,
-        source: std::io::Error,
-    },
+    Bind { name: String, addr: String, source: std::io::Error },
     #[error("admin listener: cannot bind {addr}: {source}")]
     Admin { addr: String, source: std::io::Error },
     #[error("admin token: {0}")]
@@ -75,10 +71,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn next_conn_id(&self) -> ConnId {
-        ConnId {
-            prefix: self.id_prefix,
-            n: self.conn_seq.fetch_add(1, Ordering::Relaxed),
-        }
+        ConnId { prefix: self.id_prefix, n: self.conn_seq.fetch_add(1, Ordering::Relaxed) }
     }
 }
 
@@ -150,9 +143,8 @@ fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
 }
 
 fn build_table(m: &Metrics, kill: &CancellationToken, cfg: &ListenerCfg, old: Option<&Table>) -> Table {
-    let old_routes: HashMap<&str, &Arc<Route>> = old
-        .map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect())
-        .unwrap_or_default();
+    let old_routes: HashMap<&str, &Arc<Route>> =
+        old.map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect()).unwrap_or_default();
     Table::build(
         cfg,
         |rc: &RouteCfg| old_routes.get(rc.name.as_str()).filter(|r| r.cfg == *rc).map(|r| (*r).clone()),
@@ -166,7 +158,8 @@ fn retire_replaced(old: &Table, new: Option<&Table>) {
     // Indexed once: a reload of a 10,000-route table must not compare every pair.
     let kept: std::collections::HashSet<*const Route> =
         new.map(|t| t.routes.iter().map(Arc::as_ptr).collect()).unwrap_or_default();
-    let by_name: HashMap<&str, &Arc<Route>> = new.map(|t| t.routes.iter().map(|n| (&*n.name, n)).collect()).unwrap_or_default();
+    let by_name: HashMap<&str, &Arc<Route>> =
+        new.map(|t| t.routes.iter().map(|n| (&*n.name, n)).collect()).unwrap_or_default();
     for r in &old.routes {
         if kept.contains(&Arc::as_ptr(r)) {
             continue;
@@ -177,11 +170,7 @@ fn retire_replaced(old: &Table, new: Option<&Table>) {
 }
 
 fn bind_listener(l: &ListenerCfg) -> Result<(TcpListener, SocketAddr), Error> {
-    let err = |source| Error::Bind {
-        name: l.name.value.clone(),
-        addr: l.listen.to_string(),
-        source,
-    };
+    let err = |source| Error::Bind { name: l.name.value.clone(), addr: l.listen.to_string(), source };
     let addr = match l.listen.socket_addr() {
         Some(a) => a,
         None => std::net::ToSocketAddrs::to_socket_addrs(&(l.listen.host.as_str(), l.listen.port))
@@ -226,7 +215,9 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, Error> {
     let admin = match &cfg.admin.listen {
         None => None,
         Some(hp) => {
-            let addr = proxy_core::net::resolve_one(hp).await.map_err(|source| Error::Admin { addr: hp.to_string(), source })?;
+            let addr = proxy_core::net::resolve_one(hp)
+                .await
+                .map_err(|source| Error::Admin { addr: hp.to_string(), source })?;
             Some(admin::bind(addr).await.map_err(|source| Error::Admin { addr: hp.to_string(), source })?)
         }
     };
@@ -255,14 +246,7 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, Error> {
     router.update_route_gauges();
     proxy_core::reload::mark_loaded(&router.shared.metrics.reload);
     router.write_addresses().map_err(Error::AddressesFile)?;
-    Ok(Bound {
-        router,
-        pending,
-        admin,
-        admin_token,
-        registry,
-        config_path: opts.config_path,
-    })
+    Ok(Bound { router, pending, admin, admin_token, registry, config_path: opts.config_path })
 }
 
 fn new_listener_rt(shared: &Arc<Shared>, l: &ListenerCfg, addr: SocketAddr, old: Option<&Table>) -> Arc<ListenerRt> {
@@ -283,7 +267,13 @@ impl Router {
     fn addresses(&self) -> Addresses {
         Addresses {
             admin: self.admin_addr,
-            listeners: self.listeners.lock().expect("not poisoned").iter().map(|(n, l)| (n.clone(), l.addr.to_string())).collect(),
+            listeners: self
+                .listeners
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .map(|(n, l)| (n.clone(), l.addr.to_string()))
+                .collect(),
         }
     }
 
@@ -302,10 +292,7 @@ impl Router {
 
     fn start(self: &Arc<Self>, rt: Arc<ListenerRt>, sock: TcpListener) {
         let shared = self.shared.clone();
-        let limit = ConnLimit {
-            global: shared.global_limit.clone(),
-            local: rt.local_limit.clone(),
-        };
+        let limit = ConnLimit { global: shared.global_limit.clone(), local: rt.local_limit.clone() };
         let errors = shared.metrics.conn.accept_errors.clone();
         let name = rt.name.clone();
         tracing::info!(listener = %rt.name, addr = %rt.addr, "listening");
@@ -349,7 +336,9 @@ impl Router {
                     let table = build_table(&self.shared.metrics, &self.shared.shutdown.kill, l, Some(&old_table));
                     retire_replaced(&old_table, Some(&table));
                     rt.table.store(Arc::new(table));
-                    if let (Some(sem), Some(old_n), Some(new_n)) = (&rt.local_limit, rt.max_connections, l.max_connections) {
+                    if let (Some(sem), Some(old_n), Some(new_n)) =
+                        (&rt.local_limit, rt.max_connections, l.max_connections)
+                    {
                         resize(sem, old_n, new_n);
                     } else if rt.max_connections != l.max_connections {
                         tracing::warn!(listener = %l.name, "adding or removing max_connections takes effect when the listener is re-bound (change of listen address or restart)");
@@ -454,7 +443,11 @@ impl Bound {
             _ = shared.shutdown.stop.cancelled() => {}
         }
         let grace = shared.config.load().drain_grace.get();
-        tracing::info!(grace_s = grace.as_secs_f64(), open = shared.shutdown.tracker.len(), "stopped accepting; draining");
+        tracing::info!(
+            grace_s = grace.as_secs_f64(),
+            open = shared.shutdown.tracker.len(),
+            "stopped accepting; draining"
+        );
         let drained = shared.shutdown.drain(grace).await;
         tracing::info!(forced = drained.forced, "drained");
         admin_stop.cancel();
@@ -465,7 +458,8 @@ impl Bound {
 #[cfg(test)]
 pub(crate) fn test_shared() -> Shared {
     let reg = Registry::new();
-    let cfg = seedgate_config::router::parse("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n", "t.yaml").expect("valid");
+    let cfg =
+        seedgate_config::router::parse("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n", "t.yaml").expect("valid");
     Shared {
         global_limit: Arc::new(Semaphore::new(10)),
         config: ArcSwap::from_pointee(cfg),

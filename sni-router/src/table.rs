@@ -4,8 +4,8 @@ use crate::upstream::Upstream;
 use proxy_core::prometheus::IntCounter;
 use regex::Regex;
 use seedgate_config::router::{
-    normalize_sni_pattern, Balance, ConnectUnmatched, Listener as ListenerCfg, ProxyProtocolMode, Route as RouteCfg,
-    SendProxy,
+    Balance, ConnectUnmatched, Listener as ListenerCfg, ProxyProtocolMode, Route as RouteCfg, SendProxy,
+    normalize_sni_pattern,
 };
 use seedgate_config::{CidrPort, IpCidr};
 use std::collections::HashMap;
@@ -136,8 +136,7 @@ impl Table {
             }
         }
         // Longest prefix first; among equal prefixes a port-specific entry first.
-        t.dest_prefix
-            .sort_by_key(|(c, _)| (std::cmp::Reverse(c.net.prefix_len()), c.port.is_none()));
+        t.dest_prefix.sort_by_key(|(c, _)| (std::cmp::Reverse(c.net.prefix_len()), c.port.is_none()));
         t
     }
 
@@ -177,10 +176,7 @@ impl Table {
         if let Some(&i) = self.dest_exact.get(&(ip, dst.port())) {
             return Some(&self.routes[i]);
         }
-        self.dest_prefix
-            .iter()
-            .find(|(c, _)| c.matches_ip_port(ip, dst.port()))
-            .map(|&(_, i)| &self.routes[i])
+        self.dest_prefix.iter().find(|(c, _)| c.matches_ip_port(ip, dst.port())).map(|&(_, i)| &self.routes[i])
     }
 
     /// First CONNECT rule (in config order) whose every given condition holds.

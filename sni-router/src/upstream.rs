@@ -1,8 +1,8 @@
 //! Upstream choice and connect: power-of-two-choices or least-connections, skip after failure, retry before the first byte.
 
-use proxy_core::net::{connect_host, ConnectFailure};
-use seedgate_config::router::Balance;
+use proxy_core::net::{ConnectFailure, connect_host};
 use seedgate_config::HostPort;
+use seedgate_config::router::Balance;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,11 +28,7 @@ fn now_ms() -> u64 {
 
 impl Upstream {
     pub fn new(addr: HostPort) -> Self {
-        Self {
-            addr,
-            active: AtomicUsize::new(0),
-            skip_until_ms: AtomicU64::new(0),
-        }
+        Self { addr, active: AtomicUsize::new(0), skip_until_ms: AtomicU64::new(0) }
     }
 
     pub fn active(&self) -> usize {
@@ -120,10 +116,7 @@ pub async fn connect(
     eject: Duration,
     mut on_attempt: impl FnMut(Duration, Option<ConnectFailure>),
 ) -> Result<Connected, AllFailed> {
-    let mut last = AllFailed {
-        last: ConnectFailure::Other,
-        detail: "route has no upstream".into(),
-    };
+    let mut last = AllFailed { last: ConnectFailure::Other, detail: "route has no upstream".into() };
     for up in attempt_order(ups, balance) {
         let started = Instant::now();
         match connect_host(&up.addr, timeout).await {
@@ -137,10 +130,7 @@ pub async fn connect(
                 on_attempt(started.elapsed(), Some(kind));
                 tracing::debug!(upstream = %up.addr, error = %e, "upstream connect failed");
                 up.eject(eject);
-                last = AllFailed {
-                    last: kind,
-                    detail: format!("{}: {e}", up.addr),
-                };
+                last = AllFailed { last: kind, detail: format!("{}: {e}", up.addr) };
             }
         }
     }

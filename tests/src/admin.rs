@@ -39,10 +39,7 @@ pub async fn http_request(
         req.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
     if let Some(b) = body {
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        ));
+        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
     }
     req.push_str("\r\n");
     req.push_str(body.unwrap_or(""));
@@ -62,10 +59,7 @@ pub async fn http_request(
 
 /// Split an HTTP/1.1 response read to EOF into status and body (Content-Length or chunked).
 pub fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-    let head_end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("response has no complete head")?;
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").context("response has no complete head")?;
     let head = std::str::from_utf8(&raw[..head_end]).context("response head is not UTF-8")?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
@@ -103,10 +97,7 @@ fn dechunk(mut b: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::new();
     // Each round consumes at least one line, so the input length bounds the loop.
     for _ in 0..=b.len() {
-        let eol = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("truncated chunk size")?;
+        let eol = b.windows(2).position(|w| w == b"\r\n").context("truncated chunk size")?;
         let size_text = std::str::from_utf8(&b[..eol])?.split(';').next().unwrap_or("").trim();
         let size = usize::from_str_radix(size_text, 16).with_context(|| format!("bad chunk size {size_text:?}"))?;
         b = &b[eol + 2..];
@@ -202,10 +193,7 @@ fn labels_match(have: &[(String, String)], want: &[(&str, &str)]) -> bool {
 
 /// The value of the first sample of `name` whose labels include all of `labels`.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter_map(parse_sample)
-        .find(|(n, l, _)| *n == name && labels_match(l, labels))
-        .map(|(_, _, v)| v)
+    text.lines().filter_map(parse_sample).find(|(n, l, _)| *n == name && labels_match(l, labels)).map(|(_, _, v)| v)
 }
 
 /// The sum over every sample of `name` whose labels include all of `labels` (0 when none).
@@ -234,27 +222,12 @@ seedgate_build_info 1
 
     #[test]
     fn metric_lookup_by_label_subset() {
-        assert_eq!(
-            metric_value(TEXT, "seedgate_connections_total", &[("route", "b")]),
-            Some(4.0)
-        );
-        assert_eq!(
-            metric_value(TEXT, "seedgate_connections_total", &[("route", "c")]),
-            None
-        );
-        assert_eq!(
-            metric_sum(TEXT, "seedgate_connections_total", &[("listener", "gateway")]),
-            7.0
-        );
+        assert_eq!(metric_value(TEXT, "seedgate_connections_total", &[("route", "b")]), Some(4.0));
+        assert_eq!(metric_value(TEXT, "seedgate_connections_total", &[("route", "c")]), None);
+        assert_eq!(metric_sum(TEXT, "seedgate_connections_total", &[("listener", "gateway")]), 7.0);
         assert_eq!(metric_sum(TEXT, "seedgate_connections_total", &[]), 8.0);
-        assert_eq!(
-            metric_value(TEXT, "seedgate_handshake_duration_seconds_count", &[]),
-            Some(7.0)
-        );
-        assert_eq!(
-            metric_value(TEXT, "seedgate_handshake_duration_seconds_bucket", &[("le", "+Inf")]),
-            Some(7.0)
-        );
+        assert_eq!(metric_value(TEXT, "seedgate_handshake_duration_seconds_count", &[]), Some(7.0));
+        assert_eq!(metric_value(TEXT, "seedgate_handshake_duration_seconds_bucket", &[("le", "+Inf")]), Some(7.0));
         assert_eq!(metric_value(TEXT, "weird", &[("a", "x\"y,z}"), ("b", "\\")]), Some(2.5));
         assert_eq!(metric_value(TEXT, "seedgate_build_info", &[]), Some(1.0));
         // A name is matched whole, not as a prefix.

@@ -117,10 +117,9 @@ async fn read_proxy_header(s: &mut TcpStream) -> anyhow::Result<Option<SocketAdd
             s.read_exact(&mut body).await?;
             let local = hdr[12] & 0x0f == 0;
             Ok(match (local, hdr[13] >> 4) {
-                (false, 1) if len >= 12 => Some(SocketAddr::from((
-                    <[u8; 4]>::try_from(&body[0..4])?,
-                    u16::from_be_bytes([body[8], body[9]]),
-                ))),
+                (false, 1) if len >= 12 => {
+                    Some(SocketAddr::from((<[u8; 4]>::try_from(&body[0..4])?, u16::from_be_bytes([body[8], body[9]]))))
+                }
                 (false, 2) if len >= 36 => Some(SocketAddr::from((
                     <[u8; 16]>::try_from(&body[0..16])?,
                     u16::from_be_bytes([body[32], body[33]]),
@@ -182,9 +181,7 @@ impl TlsHttpBackend {
 
     /// Serve with any rustls config (ALPN, client auth) on `addr`.
     pub async fn start_with(name: &str, cfg: Arc<rustls::ServerConfig>, addr: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
         let echoed = Arc::new(AtomicU64::new(0));
@@ -198,12 +195,7 @@ impl TlsHttpBackend {
                 let _ = tls_http_conn(s, acceptor, &name, &echoed).await;
             }
         });
-        Ok(Self {
-            addr,
-            accepted,
-            echoed,
-            _serving: serving,
-        })
+        Ok(Self { addr, accepted, echoed, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -232,10 +224,7 @@ async fn tls_http_conn(
     let (_, conn) = tls.get_ref();
     let sni = conn.server_name().map(str::to_owned);
     let alpn = conn.alpn_protocol().map(|a| String::from_utf8_lossy(a).into_owned());
-    let client_cn = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(|c| pki::cert_names(c).0);
+    let client_cn = conn.peer_certificates().and_then(|c| c.first()).and_then(|c| pki::cert_names(c).0);
     let (head, rest) = read_head(&mut tls).await?;
     let path = request_path(&head).to_owned();
     let line = format!(
@@ -246,8 +235,7 @@ async fn tls_http_conn(
         proxy.map_or_else(|| "-".to_owned(), |a| a.to_string()),
     );
     if path == "/echo" {
-        tls.write_all(format!("HTTP/1.1 200 OK\r\nx-testbed: {line}\r\n\r\n").as_bytes())
-            .await?;
+        tls.write_all(format!("HTTP/1.1 200 OK\r\nx-testbed: {line}\r\n\r\n").as_bytes()).await?;
         tls.write_all(&rest).await?;
         echoed.fetch_add(rest.len() as u64, Ordering::Relaxed);
         let (mut r, mut w) = tokio::io::split(tls);
@@ -279,9 +267,7 @@ impl TcpEcho {
     }
 
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
         let echoed = Arc::new(AtomicU64::new(0));
@@ -293,12 +279,7 @@ impl TcpEcho {
                 let _ = echo(&mut r, &mut w, &echoed).await;
             }
         });
-        Ok(Self {
-            addr,
-            accepted,
-            echoed,
-            _serving: serving,
-        })
+        Ok(Self { addr, accepted, echoed, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -330,9 +311,7 @@ impl TcpSink {
     }
 
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
         let bytes = Arc::new(AtomicU64::new(0));
@@ -357,13 +336,7 @@ impl TcpSink {
                 }
             }
         });
-        Ok(Self {
-            addr,
-            accepted,
-            bytes,
-            completed,
-            _serving: serving,
-        })
+        Ok(Self { addr, accepted, bytes, completed, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -409,9 +382,7 @@ impl HttpBackend {
     }
 
     pub async fn start_on(addr: SocketAddr, content_type: &str, body: &str) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
         let heads = Arc::new(Mutex::new(Vec::new()));
@@ -437,12 +408,7 @@ impl HttpBackend {
                 let _ = s.shutdown().await;
             }
         });
-        Ok(Self {
-            addr,
-            accepted,
-            heads,
-            _serving: serving,
-        })
+        Ok(Self { addr, accepted, heads, _serving: serving })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -470,48 +436,31 @@ mod tests {
     #[tokio::test]
     async fn tls_backend_reports_what_it_saw() {
         let ca = Ca::new("ca").unwrap();
-        let b = TlsHttpBackend::start("a", &ca.server(&["api.a.test", "127.0.0.1"]).unwrap(), None)
+        let b = TlsHttpBackend::start("a", &ca.server(&["api.a.test", "127.0.0.1"]).unwrap(), None).await.unwrap();
+        let cfg = pki::client_config(&ca, None, &["h2", "http/1.1"]).unwrap();
+        let r = tls_request(b.addr(), Some("api.a.test"), cfg.clone(), &http_get_request("api.a.test", "/x"))
             .await
             .unwrap();
-        let cfg = pki::client_config(&ca, None, &["h2", "http/1.1"]).unwrap();
-        let r = tls_request(
-            b.addr(),
-            Some("api.a.test"),
-            cfg.clone(),
-            &http_get_request("api.a.test", "/x"),
-        )
-        .await
-        .unwrap();
         assert_eq!(r.peer_cn.as_deref(), Some("api.a.test"));
         assert_eq!(r.peer_sans, ["api.a.test", "127.0.0.1"]);
         assert_eq!(r.alpn.as_deref(), Some("http/1.1"));
         assert_eq!(r.status(), Some(200));
-        assert_eq!(
-            r.body(),
-            "backend=a sni=api.a.test alpn=http/1.1 client_cn=- path=/x proxy=-\n"
-        );
+        assert_eq!(r.body(), "backend=a sni=api.a.test alpn=http/1.1 client_cn=- path=/x proxy=-\n");
 
         // No SNI: verified against the IP SAN, and the backend saw none.
-        let r = tls_request(b.addr(), None, cfg.clone(), &http_get_request("x", "/"))
-            .await
-            .unwrap();
+        let r = tls_request(b.addr(), None, cfg.clone(), &http_get_request("x", "/")).await.unwrap();
         assert!(r.body().contains("sni=- "), "{}", r.body());
 
         // A name the certificate does not carry fails on the client side, not with an alert.
         let f = tls_handshake_error(b.addr(), Some("other.test"), cfg).await.unwrap();
-        assert!(
-            matches!(f, TlsFailure::Other(ref s) if s.contains("not valid for name")),
-            "{f}"
-        );
+        assert!(matches!(f, TlsFailure::Other(ref s) if s.contains("not valid for name")), "{f}");
         assert_eq!(b.connections(), 3);
     }
 
     #[tokio::test]
     async fn mtls_backend_requires_a_client_certificate() {
         let ca = Ca::new("ca").unwrap();
-        let b = TlsHttpBackend::start("b", &ca.server(&["api.b.test"]).unwrap(), Some(&ca))
-            .await
-            .unwrap();
+        let b = TlsHttpBackend::start("b", &ca.server(&["api.b.test"]).unwrap(), Some(&ca)).await.unwrap();
         let req = http_get_request("api.b.test", "/");
         let with = pki::client_config(&ca, Some(&ca.client("shoot--b").unwrap()), &[]).unwrap();
         let r = tls_request(b.addr(), Some("api.b.test"), with, &req).await.unwrap();
@@ -520,9 +469,7 @@ mod tests {
 
         // TLS 1.3: the client's handshake completes first; the alert arrives on the first read.
         let without = pki::client_config(&ca, None, &[]).unwrap();
-        let e = tls_request(b.addr(), Some("api.b.test"), without, &req)
-            .await
-            .unwrap_err();
+        let e = tls_request(b.addr(), Some("api.b.test"), without, &req).await.unwrap_err();
         let f = TlsFailure::of(&e);
         assert!(f.is_alert(AlertDescription::CertificateRequired), "{f}");
         assert_eq!(f.to_string(), "alert certificate_required");
@@ -530,18 +477,14 @@ mod tests {
         // A certificate from another CA is refused too.
         let other = Ca::new("other").unwrap();
         let wrong = pki::client_config(&ca, Some(&other.client("x").unwrap()), &[]).unwrap();
-        let e = tls_request(b.addr(), Some("api.b.test"), wrong, &req)
-            .await
-            .unwrap_err();
+        let e = tls_request(b.addr(), Some("api.b.test"), wrong, &req).await.unwrap_err();
         assert!(matches!(TlsFailure::of(&e), TlsFailure::Alert(_)), "{e:#}");
     }
 
     #[tokio::test]
     async fn tls_echo_half_close_and_proxy_header() {
         let ca = Ca::new("ca").unwrap();
-        let b = TlsHttpBackend::start("e", &ca.server(&["e.test"]).unwrap(), None)
-            .await
-            .unwrap();
+        let b = TlsHttpBackend::start("e", &ca.server(&["e.test"]).unwrap(), None).await.unwrap();
         let cfg = pki::client_config(&ca, None, &[]).unwrap();
 
         // A PROXY v2 header before the ClientHello, as the router's send_proxy_protocol writes it.
@@ -558,21 +501,13 @@ mod tests {
 
         // /echo: the head, then our bytes back; our close_notify ends it and the backend closes.
         let mut tls = tls_connect(b.addr(), Some("e.test"), cfg).await.unwrap();
-        tls.write_all(b"GET /echo HTTP/1.1\r\nHost: e.test\r\n\r\nearly ")
-            .await
-            .unwrap();
+        tls.write_all(b"GET /echo HTTP/1.1\r\nHost: e.test\r\n\r\nearly ").await.unwrap();
         tls.write_all(b"late").await.unwrap();
         tls.shutdown().await.unwrap();
         let mut out = String::new();
-        tokio::time::timeout(DEADLINE, tls.read_to_string(&mut out))
-            .await
-            .unwrap()
-            .unwrap();
+        tokio::time::timeout(DEADLINE, tls.read_to_string(&mut out)).await.unwrap().unwrap();
         let (head, body) = out.split_once("\r\n\r\n").unwrap();
-        assert!(
-            head.starts_with("HTTP/1.1 200") && head.contains("x-testbed: backend=e"),
-            "{head}"
-        );
+        assert!(head.starts_with("HTTP/1.1 200") && head.contains("x-testbed: backend=e"), "{head}");
         assert_eq!(body, "early late");
         assert_eq!(b.echoed_bytes(), 10);
     }
@@ -584,35 +519,23 @@ mod tests {
         s.write_all(b"hello").await.unwrap();
         s.shutdown().await.unwrap(); // half-close: the echo must still answer, then FIN
         let mut out = Vec::new();
-        tokio::time::timeout(DEADLINE, s.read_to_end(&mut out))
-            .await
-            .unwrap()
-            .unwrap();
+        tokio::time::timeout(DEADLINE, s.read_to_end(&mut out)).await.unwrap().unwrap();
         assert_eq!(out, b"hello");
 
         let sink = TcpSink::start().await.unwrap();
         let mut s = TcpStream::connect(sink.addr()).await.unwrap();
         s.write_all(&[7u8; 100_000]).await.unwrap();
         drop(s);
-        crate::poll_until(DEADLINE, Duration::from_millis(5), || async {
-            (sink.completed() == 1).then_some(())
-        })
-        .await
-        .unwrap();
+        crate::poll_until(DEADLINE, Duration::from_millis(5), || async { (sink.completed() == 1).then_some(()) })
+            .await
+            .unwrap();
         assert_eq!((sink.bytes(), sink.connections()), (100_000, 1));
 
         let h = HttpBackend::metrics("node-1").await.unwrap();
         let (status, body) = crate::http_get(h.addr(), "/metrics").await.unwrap();
         assert_eq!(status, 200);
-        assert_eq!(
-            crate::metric_value(&body, "testbed_up", &[("target", "node-1")]),
-            Some(1.0)
-        );
-        assert!(
-            h.requests()[0].starts_with("GET /metrics HTTP/1.1\r\nHost: "),
-            "{:?}",
-            h.requests()
-        );
+        assert_eq!(crate::metric_value(&body, "testbed_up", &[("target", "node-1")]), Some(1.0));
+        assert!(h.requests()[0].starts_with("GET /metrics HTTP/1.1\r\nHost: "), "{:?}", h.requests());
     }
 
     #[tokio::test]
@@ -621,21 +544,9 @@ mod tests {
         let ca = Ca::new("ca").unwrap();
         let ca_path = ca.write(dir.path(), "ca").unwrap();
         let (c, k) = ca.client("shoot--a").unwrap().write(dir.path(), "agent").unwrap();
-        assert!(
-            std::fs::read_to_string(ca_path)
-                .unwrap()
-                .starts_with("-----BEGIN CERTIFICATE-----")
-        );
-        assert!(
-            std::fs::read_to_string(c)
-                .unwrap()
-                .starts_with("-----BEGIN CERTIFICATE-----")
-        );
-        assert!(
-            std::fs::read_to_string(k)
-                .unwrap()
-                .starts_with("-----BEGIN PRIVATE KEY-----")
-        );
+        assert!(std::fs::read_to_string(ca_path).unwrap().starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(std::fs::read_to_string(c).unwrap().starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(std::fs::read_to_string(k).unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
         let issued = ca.client("shoot--a").unwrap();
         assert_eq!(pki::cert_names(&issued.cert_der), (Some("shoot--a".into()), vec![]));
     }

@@ -16,9 +16,7 @@ static CLEANUP: Once = Once::new();
 pub fn require_root() -> bool {
     // The effective uid is the 'Uid:' line's second field in /proc/self/status (no libc call).
     let euid = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
     });
     let root = euid.as_deref() == Some("0");
     if !root {
@@ -31,11 +29,7 @@ pub fn require_root() -> bool {
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -142,11 +136,7 @@ pub fn veth(ns_a: Option<&Netns>, ns_b: Option<&Netns>, addr_a: &str, addr_b: &s
     // Interface names are limited to 15 bytes: "sg" + pid (<= 7 digits) + "v" + n + "a|b".
     let base = format!("sg{}v{n}", std::process::id());
     anyhow::ensure!(base.len() <= 14, "interface name {base} too long");
-    let v = Veth {
-        a: format!("{base}a"),
-        b: format!("{base}b"),
-        ns_a: ns_a.map(|n| n.name.clone()),
-    };
+    let v = Veth { a: format!("{base}a"), b: format!("{base}b"), ns_a: ns_a.map(|n| n.name.clone()) };
     ip(&["link", "add", &v.a, "type", "veth", "peer", "name", &v.b])?;
     for (end, ns, addr) in [(&v.a, ns_a, addr_a), (&v.b, ns_b, addr_b)] {
         let in_ns = |args: &[&str]| match ns {
@@ -185,11 +175,9 @@ mod tests {
         let _ab = veth(Some(&a), Some(&b), "10.231.1.1/24", "10.231.1.2/24").unwrap();
         // The test's own namespace hosts a backend that a client inside `a` reaches by name.
         let _root_a = veth(None, Some(&a), "10.231.2.1/24", "10.231.2.2/24").unwrap();
-        let page = crate::HttpBackend::start_on("10.231.2.1:0".parse().unwrap(), "text/plain", "from root\n")
-            .await
-            .unwrap();
-        a.set_hosts(&[("10.231.2.1", "root.test"), ("10.231.1.2", "b.test")])
-            .unwrap();
+        let page =
+            crate::HttpBackend::start_on("10.231.2.1:0".parse().unwrap(), "text/plain", "from root\n").await.unwrap();
+        a.set_hosts(&[("10.231.2.1", "root.test"), ("10.231.1.2", "b.test")]).unwrap();
         let url = format!("http://root.test:{}/", page.addr().port());
         let ns = a.name().to_owned();
         // Blocking child processes run off the runtime so the in-process backend can answer.

@@ -159,9 +159,7 @@ pub async fn start_nginx(stream_block: &str, listens: &[SocketAddr]) -> anyhow::
     let cfg = dir.write("nginx.conf", &conf)?;
     let cfg_s = cfg.to_string_lossy().into_owned();
     let err_log = format!("{d}/error.log");
-    let check = std::process::Command::new(&bin)
-        .args(["-t", "-p", &d, "-e", &err_log, "-c", &cfg_s])
-        .output()?;
+    let check = std::process::Command::new(&bin).args(["-t", "-p", &d, "-e", &err_log, "-c", &cfg_s]).output()?;
     anyhow::ensure!(
         check.status.success(),
         "nginx -t rejects the config:\n{conf}\n{}",

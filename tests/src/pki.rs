@@ -57,11 +57,7 @@ impl Ca {
         let mut p = CertificateParams::new(Vec::<String>::new())?;
         p.distinguished_name.push(DnType::CommonName, name);
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         validity(&mut p);
         let key = KeyPair::generate()?;
         let cert = p.self_signed(&key)?;
@@ -115,8 +111,7 @@ impl Ca {
     /// A root store holding only this CA.
     pub fn roots(&self) -> RootCertStore {
         let mut r = RootCertStore::empty();
-        r.add(self.cert_der.clone())
-            .expect("a CA certificate we just made parses");
+        r.add(self.cert_der.clone()).expect("a CA certificate we just made parses");
         r
     }
 }
@@ -171,9 +166,7 @@ pub fn client_config(ca: &Ca, client_cert: Option<&Issued>, alpn: &[&str]) -> an
         .with_root_certificates(ca.roots());
     let mut cfg = match client_cert {
         None => b.with_no_client_auth(),
-        Some(c) => b
-            .with_client_auth_cert(c.chain(), c.key())
-            .context("client certificate")?,
+        Some(c) => b.with_client_auth_cert(c.chain(), c.key()).context("client certificate")?,
     };
     cfg.alpn_protocols = alpn_list(alpn);
     Ok(Arc::new(cfg))
@@ -184,12 +177,7 @@ pub fn cert_names(der: &[u8]) -> (Option<String>, Vec<String>) {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return (None, Vec::new());
     };
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|a| a.as_str().ok())
-        .map(str::to_owned);
+    let cn = cert.subject().iter_common_name().next().and_then(|a| a.as_str().ok()).map(str::to_owned);
     let mut sans = Vec::new();
     if let Ok(Some(ext)) = cert.subject_alternative_name() {
         for n in &ext.value.general_names {
@@ -197,12 +185,8 @@ pub fn cert_names(der: &[u8]) -> (Option<String>, Vec<String>) {
                 x509_parser::extensions::GeneralName::DNSName(d) => sans.push((*d).to_owned()),
                 x509_parser::extensions::GeneralName::IPAddress(b) => {
                     let ip = match b.len() {
-                        4 => <[u8; 4]>::try_from(*b)
-                            .ok()
-                            .map(|a| std::net::IpAddr::from(a).to_string()),
-                        16 => <[u8; 16]>::try_from(*b)
-                            .ok()
-                            .map(|a| std::net::IpAddr::from(a).to_string()),
+                        4 => <[u8; 4]>::try_from(*b).ok().map(|a| std::net::IpAddr::from(a).to_string()),
+                        16 => <[u8; 16]>::try_from(*b).ok().map(|a| std::net::IpAddr::from(a).to_string()),
                         _ => None,
                     };
                     sans.extend(ip);

@@ -19,10 +19,7 @@ pub const START_DEADLINE: Duration = Duration::from_secs(20);
 /// live in `<target>/<profile>/deps/`, binaries and examples one level up or in `examples/`.
 fn current_profile_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("current_exe")?;
-    let mut dir = exe
-        .parent()
-        .context("executable has no parent directory")?
-        .to_path_buf();
+    let mut dir = exe.parent().context("executable has no parent directory")?.to_path_buf();
     if matches!(dir.file_name().and_then(OsStr::to_str), Some("deps" | "examples")) {
         dir.pop();
     }
@@ -33,11 +30,7 @@ fn current_profile_dir() -> anyhow::Result<PathBuf> {
 pub fn target_dir() -> anyhow::Result<PathBuf> {
     if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
         let d = PathBuf::from(d);
-        return Ok(if d.is_relative() {
-            Path::new(WORKSPACE).join(d)
-        } else {
-            d
-        });
+        return Ok(if d.is_relative() { Path::new(WORKSPACE).join(d) } else { d });
     }
     let p = current_profile_dir()?;
     Ok(p.parent().context("profile directory has no parent")?.to_path_buf())
@@ -97,14 +90,8 @@ fn newest_source(pkg: &str) -> Option<SystemTime> {
 /// with `--target-dir <target>`, printing the command. Returns the binaries' paths, in order.
 /// With `SEEDGATE_BIN_DIR` set, only checks that the binaries are there.
 pub fn ensure_built(profile: &str, bins: &[&str]) -> anyhow::Result<Vec<PathBuf>> {
-    anyhow::ensure!(
-        matches!(profile, "debug" | "release"),
-        "profile must be debug or release, not {profile:?}"
-    );
-    let paths = bins
-        .iter()
-        .map(|b| bin_path_in(profile, b))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(matches!(profile, "debug" | "release"), "profile must be debug or release, not {profile:?}");
+    let paths = bins.iter().map(|b| bin_path_in(profile, b)).collect::<anyhow::Result<Vec<_>>>()?;
     if bin_dir_override().is_some() {
         for p in &paths {
             anyhow::ensure!(p.exists(), "{} missing (from ${BIN_DIR_ENV})", p.display());
@@ -133,11 +120,7 @@ pub fn ensure_built(profile: &str, bins: &[&str]) -> anyhow::Result<Vec<PathBuf>
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(&cargo);
-    cmd.current_dir(WORKSPACE)
-        .arg("build")
-        .arg("--bins")
-        .arg("--target-dir")
-        .arg(target_dir()?);
+    cmd.current_dir(WORKSPACE).arg("build").arg("--bins").arg("--target-dir").arg(target_dir()?);
     if profile == "release" {
         cmd.arg("--release");
     }
@@ -176,13 +159,16 @@ impl Addresses {
     /// The socket path of a Unix-socket listener.
     pub fn unix(&self, name: &str) -> anyhow::Result<PathBuf> {
         let a = self.raw(name)?;
-        a.strip_prefix("unix:").map(PathBuf::from).with_context(|| format!("listener {name:?} is {a:?}, not unix:<path>"))
+        a.strip_prefix("unix:")
+            .map(PathBuf::from)
+            .with_context(|| format!("listener {name:?} is {a:?}, not unix:<path>"))
     }
 
     fn raw(&self, name: &str) -> anyhow::Result<&str> {
-        self.listeners.get(name).map(String::as_str).with_context(|| {
-            format!("no listener {name:?} in {:?}", self.listeners.keys().collect::<Vec<_>>())
-        })
+        self.listeners
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("no listener {name:?} in {:?}", self.listeners.keys().collect::<Vec<_>>()))
     }
 }
 
@@ -226,19 +212,10 @@ impl Proc {
             cmd.env("NO_COLOR", "1");
         }
         let mut cmd = tokio::process::Command::from(cmd);
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let pid = child.id().context("child has no pid")?;
-        Ok(Self {
-            child,
-            pid,
-            label,
-            log_path,
-            dir,
-        })
+        Ok(Self { child, pid, label, log_path, dir })
     }
 
     /// Start a seedgate binary with `--config <config> --write-addresses <file> extra_args...`
@@ -256,11 +233,7 @@ impl Proc {
         // The file lives next to the log; its name is fixed before spawning so it can go on argv.
         let addr_dir = TempDir::new("addresses")?;
         let file = addr_dir.join("addresses.json");
-        cmd.arg("--config")
-            .arg(config)
-            .arg("--write-addresses")
-            .arg(&file)
-            .args(extra_args);
+        cmd.arg("--config").arg(config).arg("--write-addresses").arg(&file).args(extra_args);
         let mut p = Self::spawn(cmd)?;
         let addrs = p.wait_addresses(&file).await;
         drop(addr_dir);
@@ -277,10 +250,7 @@ impl Proc {
             let label = &label;
             async move {
                 if let Ok(Some(st)) = exited {
-                    return Ok(Err(anyhow::anyhow!(
-                        "{label} exited with {st} before writing {}",
-                        file.display()
-                    )));
+                    return Ok(Err(anyhow::anyhow!("{label} exited with {st} before writing {}", file.display())));
                 }
                 // The binary writes FILE.tmp and renames it, so a file that exists is complete.
                 match read {
@@ -331,9 +301,7 @@ impl Proc {
 
     /// Everything the child wrote to stdout and stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read(&self.log_path)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
+        std::fs::read(&self.log_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
     }
 
     pub fn log_path(&self) -> &Path {
@@ -349,10 +317,7 @@ impl Proc {
     /// (Access-log events are written when a connection closes, so they trail the client.)
     pub async fn wait_log_line(&self, needles: &[&str], deadline: Duration) -> anyhow::Result<String> {
         crate::poll::poll_until(deadline, Duration::from_millis(20), || async {
-            self.log()
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-                .map(str::to_owned)
+            self.log().lines().find(|l| needles.iter().all(|n| l.contains(n))).map(str::to_owned)
         })
         .await
         .with_context(|| format!("no log line of {} with {needles:?}; log:\n{}", self.label, self.log()))
@@ -401,10 +366,7 @@ mod tests {
         let p = Proc::start("/bin/sh", &["-c", "exec sleep 1000"], &[]).unwrap();
         let pid = p.pid();
         drop(p);
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists(),
-            "killed and reaped on drop"
-        );
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped on drop");
     }
 
     #[tokio::test]
@@ -418,9 +380,7 @@ exec sleep 1000"#;
             c.args(["-c", script, "sh"]);
             c
         };
-        let (_p, a) = Proc::spawn_seedgate(cmd, Path::new("/nonexistent.yaml"), &[])
-            .await
-            .unwrap();
+        let (_p, a) = Proc::spawn_seedgate(cmd, Path::new("/nonexistent.yaml"), &[]).await.unwrap();
         assert_eq!(a.admin().unwrap().port(), 9901);
         assert_eq!(a.listener("gateway").unwrap().port(), 8443);
         assert!(a.listener("nope").is_err());
@@ -435,10 +395,6 @@ exec sleep 1000"#;
     #[test]
     fn paths_follow_the_target_dir() {
         let p = bin_path("sni-router").unwrap();
-        assert!(
-            p.ends_with("debug/sni-router") || p.ends_with("release/sni-router"),
-            "{}",
-            p.display()
-        );
+        assert!(p.ends_with("debug/sni-router") || p.ends_with("release/sni-router"), "{}", p.display());
     }
 }

@@ -111,10 +111,7 @@ pub async fn tls_connect(
     cfg: Arc<ClientConfig>,
 ) -> anyhow::Result<TlsStream<TcpStream>> {
     let (name, cfg) = match sni {
-        Some(s) => (
-            ServerName::try_from(s.to_owned()).with_context(|| format!("bad SNI {s:?}"))?,
-            cfg,
-        ),
+        Some(s) => (ServerName::try_from(s.to_owned()).with_context(|| format!("bad SNI {s:?}"))?, cfg),
         None => {
             let mut c = (*cfg).clone();
             c.enable_sni = false;
@@ -123,9 +120,7 @@ pub async fn tls_connect(
     };
     let connector = tokio_rustls::TlsConnector::from(cfg);
     tokio::time::timeout(STEP_TIMEOUT, async {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting {addr}"))?;
+        let tcp = TcpStream::connect(addr).await.with_context(|| format!("connecting {addr}"))?;
         let tls = connector.connect(name, tcp).await.context("TLS handshake")?;
         anyhow::Ok(tls)
     })
@@ -136,11 +131,7 @@ pub async fn tls_connect(
 /// The peer certificate's CN and SANs, and the negotiated ALPN, of a connected stream.
 pub fn peer_info(tls: &TlsStream<TcpStream>) -> (Option<String>, Vec<String>, Option<String>) {
     let conn = tls.get_ref().1;
-    let (cn, sans) = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| pki::cert_names(c))
-        .unwrap_or_default();
+    let (cn, sans) = conn.peer_certificates().and_then(|c| c.first()).map(|c| pki::cert_names(c)).unwrap_or_default();
     let alpn = conn.alpn_protocol().map(|a| String::from_utf8_lossy(a).into_owned());
     (cn, sans, alpn)
 }
@@ -168,12 +159,7 @@ pub async fn tls_request(
     {
         return Err(anyhow::Error::new(e).context(format!("TLS request to {addr}")));
     }
-    Ok(TlsResult {
-        peer_cn,
-        peer_sans,
-        alpn,
-        response,
-    })
+    Ok(TlsResult { peer_cn, peer_sans, alpn, response })
 }
 
 /// A minimal HTTP/1.1 GET for [`tls_request`].

@@ -21,10 +21,7 @@ impl TempDir {
         // A leftover from a killed run with a recycled pid would otherwise leak stale files in.
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Self {
-            path,
-            keep: std::env::var_os("SEEDGATE_KEEP_TMP").is_some(),
-        })
+        Ok(Self { path, keep: std::env::var_os("SEEDGATE_KEEP_TMP").is_some() })
     }
 
     pub fn path(&self) -> &Path {

@@ -182,7 +182,8 @@ pub fn agent_yaml(pki: &TunnelPki, o: &AgentOpts) -> anyhow::Result<String> {
 /// are; `cargo build --workspace --bins` before `cargo test` makes it one).
 pub fn ensure_binaries() -> anyhow::Result<()> {
     let p = bin_path("proxy-server")?;
-    let profile = if p.parent().and_then(Path::file_name).is_some_and(|n| n == "release") { "release" } else { "debug" };
+    let profile =
+        if p.parent().and_then(Path::file_name).is_some_and(|n| n == "release") { "release" } else { "debug" };
     crate::proc::ensure_built(profile, &["proxy-server", "proxy-agent"])?;
     Ok(())
 }
@@ -195,7 +196,12 @@ pub async fn start_server(dir: &TempDir, stem: &str, yaml: &str) -> anyhow::Resu
 }
 
 /// Start proxy-agent with `yaml`, inside `ns` when given.
-pub async fn start_agent(dir: &TempDir, stem: &str, yaml: &str, ns: Option<&crate::netns::Netns>) -> anyhow::Result<(Proc, Addresses)> {
+pub async fn start_agent(
+    dir: &TempDir,
+    stem: &str,
+    yaml: &str,
+    ns: Option<&crate::netns::Netns>,
+) -> anyhow::Result<(Proc, Addresses)> {
     ensure_binaries()?;
     let cfg = dir.write(&format!("{stem}.yaml"), yaml)?;
     let bin = bin_path("proxy-agent")?;
@@ -403,7 +409,11 @@ struct Prefixed {
 }
 
 impl AsyncRead for Prefixed {
-    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         let this = &mut *self;
         if this.pos < this.prefix.len() {
             let n = (this.prefix.len() - this.pos).min(buf.remaining());
@@ -416,13 +426,23 @@ impl AsyncRead for Prefixed {
 }
 
 impl AsyncWrite for Prefixed {
-    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
-    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
@@ -773,7 +793,12 @@ pub struct TlsPage {
 }
 
 impl TlsPage {
-    pub async fn start_on(addr: SocketAddr, cfg: Arc<rustls::ServerConfig>, content_type: &str, body: &str) -> anyhow::Result<Self> {
+    pub async fn start_on(
+        addr: SocketAddr,
+        cfg: Arc<rustls::ServerConfig>,
+        content_type: &str,
+        body: &str,
+    ) -> anyhow::Result<Self> {
         let l = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let addr = l.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
@@ -846,7 +871,8 @@ impl SilentPort {
         sock.bind(addr)?;
         let listener = sock.listen(0)?;
         let addr = listener.local_addr()?;
-        let filler = tokio::time::timeout(STEP, TcpStream::connect(addr)).await.context("filler connect timed out")??;
+        let filler =
+            tokio::time::timeout(STEP, TcpStream::connect(addr)).await.context("filler connect timed out")??;
         // The queue is full once the kernel counts the filler in the listener's backlog
         // (the rx_queue of a LISTEN socket in /proc/net/tcp is the accept-queue length).
         crate::poll::poll_until(STEP, Duration::from_millis(5), || async { listen_queue(addr).filter(|&n| n >= 1) })
@@ -884,7 +910,11 @@ pub struct RouteGuard(Vec<String>);
 impl RouteGuard {
     /// E.g. `RouteGuard::add(&["unreachable", "10.250.7.0/24"])`.
     pub fn add(spec: &[&str]) -> anyhow::Result<Self> {
-        let out = std::process::Command::new("ip").args(["route", "add"]).args(spec).output().context("running ip route add")?;
+        let out = std::process::Command::new("ip")
+            .args(["route", "add"])
+            .args(spec)
+            .output()
+            .context("running ip route add")?;
         anyhow::ensure!(out.status.success(), "ip route add {spec:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
         Ok(Self(spec.iter().map(|s| s.to_string()).collect()))
     }

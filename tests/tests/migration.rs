@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::admin::http_request;
-use testbed::netns::{require_root, veth, Netns, Veth};
+use testbed::netns::{Netns, Veth, require_root, veth};
 use testbed::pki::client_config;
 use testbed::tls_client::http_get_request;
-use testbed::{bin_path, http_get, metric_value, poll_until, tls_request, Ca, Proc, TempDir};
+use testbed::{Ca, Proc, TempDir, bin_path, http_get, metric_value, poll_until, tls_request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -77,7 +77,14 @@ fn router_yaml(upstream: &str, handoff: bool) -> String {
     )
 }
 
-async fn start_seed(dir: &TempDir, ca: &Ca, name: &'static str, ns: Netns, mgmt_ip: &'static str, shoot_ip: &'static str) -> anyhow::Result<Seed> {
+async fn start_seed(
+    dir: &TempDir,
+    ca: &Ca,
+    name: &'static str,
+    ns: Netns,
+    mgmt_ip: &'static str,
+    shoot_ip: &'static str,
+) -> anyhow::Result<Seed> {
     let (api_crt, api_key) = ca.server(&[API_NAME])?.write(dir.path(), &format!("apiserver-{name}"))?;
     let mut api = ns.command(bin_path("stand-in")?);
     api.args(["tls-http", "--listen", "127.0.0.1:7443", "--name", &format!("apiserver-{name}"), "--cert"])
@@ -197,12 +204,17 @@ fn start_pod_load(ca: &Ca, stop: Arc<AtomicBool>) -> anyhow::Result<(Arc<PodLoad
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             tick.tick().await;
-            let r = tokio::time::timeout(Duration::from_secs(10), tls_request(addr, Some(API_NAME), cfg.clone(), &http_get_request(API_NAME, "/api"))).await;
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                tls_request(addr, Some(API_NAME), cfg.clone(), &http_get_request(API_NAME, "/api")),
+            )
+            .await;
             match r {
                 Ok(Ok(res)) if res.status() == Some(200) => {
                     l.ok.fetch_add(1, Ordering::Relaxed);
                     let body = res.body();
-                    let who = body.split_whitespace().find_map(|w| w.strip_prefix("backend=")).unwrap_or("?").to_owned();
+                    let who =
+                        body.split_whitespace().find_map(|w| w.strip_prefix("backend=")).unwrap_or("?").to_owned();
                     *l.answered_by.lock().expect("lock").entry(who).or_default() += 1;
                 }
                 other => {
@@ -326,20 +338,23 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
     std::fs::write(&w.a.router_cfg, router_yaml("10.92.3.2:8443", true))?;
     poll_until(WAIT, TICK, || async { (reload_count(&w.a).await > before).then_some(()) }).await?;
     // 2. Drain the tunnel on A, telling the agents where to go.
-    let opened_before_drain = server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(0.0);
+    let opened_before_drain =
+        server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(0.0);
     let notice = Instant::now();
     put_cluster(&w.a, r#"{"state":"draining","move_to":["10.92.2.2:8132"],"drain_deadline":"3s"}"#).await?;
     let rehomed = wait_agents(&w.b, 1.0).await?;
     // 3. DNS: the shoot's names point at B (the node-local proxy follows on its next connection).
     switch_dns(&w.shoot, &w.b)?;
     // 4. A's long-lived stream ends cleanly at its drain deadline.
-    let (end, ended_at) = tokio::time::timeout(Duration::from_secs(30), long_task).await.context("long stream hung")??;
+    let (end, ended_at) =
+        tokio::time::timeout(Duration::from_secs(30), long_task).await.context("long stream hung")??;
     assert_eq!(end, StreamEnd::CleanEof, "the exec stream must end with a clean close at the drain deadline");
     let long_lived = ended_at.duration_since(notice);
     // 5. Fence A. From now on A accepts no stream for the cluster.
     put_cluster(&w.a, r#"{"state":"fenced"}"#).await?;
     wait_agents(&w.a, 0.0).await?;
-    let opened_at_fence = server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
+    let opened_at_fence =
+        server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
     let refused = connect_echo(&w.a).await?;
     let refusal = refused.err().context("a fenced seed must refuse the dial")?;
     assert!(refusal.starts_with("HTTP/1.1 503") && refusal.contains("cluster moved"), "{refusal}");
@@ -352,7 +367,8 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     pods_task.await?;
     dials.await?;
-    let opened_after = server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
+    let opened_after =
+        server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
 
     let by = pods.answered_by.lock().expect("lock").clone();
     let dial_codes = dial_results.lock().expect("lock").clone();
@@ -367,10 +383,18 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
         dial_codes.len(),
         dial_codes.iter().filter(|c| c.contains(" 200 ")).count()
     );
-    assert_eq!(pods.failed.load(Ordering::Relaxed), 0, "failed in-cluster requests: {:?}", pods.errors.lock().expect("lock"));
+    assert_eq!(
+        pods.failed.load(Ordering::Relaxed),
+        0,
+        "failed in-cluster requests: {:?}",
+        pods.errors.lock().expect("lock")
+    );
     assert!(by.contains_key("apiserver-a") && by.contains_key("apiserver-b"), "both control planes answered: {by:?}");
     assert_eq!(opened_after, opened_at_fence, "a fenced seed accepted new streams");
-    assert!(long_lived >= Duration::from_millis(2500), "the exec stream ended before its drain deadline: {long_lived:?}");
+    assert!(
+        long_lived >= Duration::from_millis(2500),
+        "the exec stream ended before its drain deadline: {long_lived:?}"
+    );
     // The agent keeps its tunnel on B, and its /readyz says so.
     let _ = &w.agent;
     Ok(())

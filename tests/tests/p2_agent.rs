@@ -8,7 +8,7 @@ use std::time::Duration;
 use testbed::peers::{connect_from, free_port, read_to_close, start_haproxy, start_nginx, tls_over};
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
-use testbed::{bin_path, http_get, metric_value, Addresses, Ca, Proc, TempDir, TlsHttpBackend};
+use testbed::{Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -43,7 +43,13 @@ async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(Proc, A
 }
 
 /// A proxy-agent running only the apiserver proxy on `listen` (port 0), towards `gateway`.
-async fn start_agent(dir: &TempDir, name: &str, listen: &[&str], gateway: SocketAddr, mode: &str) -> anyhow::Result<(Proc, Addresses)> {
+async fn start_agent(
+    dir: &TempDir,
+    name: &str,
+    listen: &[&str],
+    gateway: SocketAddr,
+    mode: &str,
+) -> anyhow::Result<(Proc, Addresses)> {
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\n\
          apiserver_proxy:\n  listen: [{}]\n  gateway: {gateway}\n  {mode}\n",
@@ -93,26 +99,32 @@ async fn agent_proxy_protocol_v2_into_router_destination_routes() -> anyhow::Res
     );
     let (router, raddrs) = start_router(&w.dir, &listeners).await?;
     let gw = raddrs.listener("apiserver-proxy")?;
-    let (agent, aaddrs) = start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
+    let (agent, aaddrs) =
+        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
     let (to_a, to_b) = (aaddrs.listener("apiserver-proxy")?, aaddrs.listener("apiserver-proxy-1")?);
 
     let (me, cn, resp) = pod_request(&w, to_a, "/a").await?;
     assert_eq!(cn.as_deref(), Some(CN_A), "{resp}");
     // The router's own PROXY header to A carries the pod, as the agent reported it.
     assert!(resp.contains("backend=shoot-a ") && resp.contains(&format!("proxy={me}\n")), "{resp}");
-    access_line(&router, &[&format!("client={me} "), &format!("proxy_destination=\"{to_a}\""), "route=\"shoot-a\""]).await?;
+    access_line(&router, &[&format!("client={me} "), &format!("proxy_destination=\"{to_a}\""), "route=\"shoot-a\""])
+        .await?;
     access_line(&agent, &[&format!("client={me} "), &format!("local={to_a} ")]).await?;
 
     let (me, cn, resp) = pod_request(&w, to_b, "/b").await?;
     assert_eq!(cn.as_deref(), Some(CN_B), "{resp}");
     assert!(resp.contains("backend=shoot-b ") && resp.contains("proxy=-"), "{resp}");
-    access_line(&router, &[&format!("client={me} "), &format!("proxy_destination=\"{to_b}\""), "route=\"shoot-b\""]).await?;
+    access_line(&router, &[&format!("client={me} "), &format!("proxy_destination=\"{to_b}\""), "route=\"shoot-b\""])
+        .await?;
 
     let m = metrics(&raddrs).await?;
     assert_eq!(metric_value(&m, "seedgate_connections_total", &[("route", "shoot-a"), ("result", "ok")]), Some(1.0));
     assert_eq!(metric_value(&m, "seedgate_connections_total", &[("route", "shoot-b"), ("result", "ok")]), Some(1.0));
     let m = metrics(&aaddrs).await?;
-    assert_eq!(metric_value(&m, "seedgate_connections_total", &[("listener", "apiserver-proxy"), ("result", "ok")]), Some(1.0));
+    assert_eq!(
+        metric_value(&m, "seedgate_connections_total", &[("listener", "apiserver-proxy"), ("result", "ok")]),
+        Some(1.0)
+    );
     Ok(())
 }
 
@@ -134,7 +146,8 @@ async fn agent_http_connect_into_router_connect_route() -> anyhow::Result<()> {
     assert_eq!(cn.as_deref(), Some(CN_A), "{resp}");
     assert!(resp.contains("backend=shoot-a ") && resp.contains("path=/connect"), "{resp}");
     // The CONNECT target defaults to the address the pod connected to.
-    access_line(&router, &[&format!("connect=\"{to_a}\""), "route=\"shoot-a-connect\"", "protocol=\"connect\""]).await?;
+    access_line(&router, &[&format!("connect=\"{to_a}\""), "route=\"shoot-a-connect\"", "protocol=\"connect\""])
+        .await?;
     access_line(&agent, &[&format!("client={me} "), "mode=", "http-connect"]).await?;
 
     // An agent whose destination the router does not list: the router answers 403, the agent
@@ -170,7 +183,8 @@ async fn router_proxy_out_after_the_agent_is_what_nginx_reads() -> anyhow::Resul
     );
     let (router, raddrs) = start_router(&w.dir, &listeners).await?;
     let gw = raddrs.listener("apiserver-proxy")?;
-    let (_agent, aaddrs) = start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
+    let (_agent, aaddrs) =
+        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
 
     for listener in ["apiserver-proxy", "apiserver-proxy-1"] {
         let node = aaddrs.listener(listener)?;
@@ -181,7 +195,11 @@ async fn router_proxy_out_after_the_agent_is_what_nginx_reads() -> anyhow::Resul
     }
     let m = metrics(&raddrs).await?;
     for route in ["nginx-v1", "nginx-v2"] {
-        assert_eq!(metric_value(&m, "seedgate_connections_total", &[("route", route), ("result", "ok")]), Some(1.0), "{m}");
+        assert_eq!(
+            metric_value(&m, "seedgate_connections_total", &[("route", route), ("result", "ok")]),
+            Some(1.0),
+            "{m}"
+        );
     }
     Ok(())
 }
@@ -210,7 +228,8 @@ async fn stacked_headers_outer_source_inner_destination() -> anyhow::Result<()> 
          backend router\n    server r {gw} source 127.0.0.7 send-proxy-v2\n"
     );
     let Some(_haproxy) = start_haproxy(&hcfg, &[lb]).await? else { return Ok(()) };
-    let (_agent, aaddrs) = start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], lb, "mode: proxy-protocol-v2").await?;
+    let (_agent, aaddrs) =
+        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], lb, "mode: proxy-protocol-v2").await?;
     let (to_a, to_b) = (aaddrs.listener("apiserver-proxy")?, aaddrs.listener("apiserver-proxy-1")?);
 
     let (me, cn, resp) = pod_request(&w, to_a, "/stacked").await?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use testbed::peers::{self, read_response_head, read_to_close, tls_over};
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
-use testbed::{bin_path, http_get, metric_value, poll_until, Addresses, Ca, Proc, TempDir, TlsHttpBackend};
+use testbed::{Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -196,7 +196,8 @@ async fn exchange(addr: SocketAddr, req: &[u8]) -> anyhow::Result<String> {
 /// Status code, and the body which must be exactly one line.
 fn status_and_line(resp: &str) -> (u16, String) {
     let (head, body) = resp.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in {resp:?}"));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line in {resp:?}"));
+    let status =
+        head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line in {resp:?}"));
     assert!(head.contains("Connection: close"), "{resp:?}");
     (status, body.to_owned())
 }
@@ -215,19 +216,30 @@ async fn curl_connect_with_proxy_header_reaches_the_apiserver() -> anyhow::Resul
     let proxy = format!("http://{}", w.connect_addr());
     let header = format!("X-Gardener-Destination: {API_DEST}");
     let url = format!("https://{API_HOST}:443/version");
-    let Some(out) = peers::curl(&["-sS", "--fail", "-p", "-x", &proxy, "--proxy-header", &header, "--cacert", &ca, &url]).await? else {
+    let Some(out) =
+        peers::curl(&["-sS", "--fail", "-p", "-x", &proxy, "--proxy-header", &header, "--cacert", &ca, &url]).await?
+    else {
         return Ok(());
     };
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "curl: {}\n{}", String::from_utf8_lossy(&out.stderr), w.router.log());
     assert!(body.contains("backend=shoot-a ") && body.contains(&format!("sni={API_HOST} ")), "{body}");
     w.router
-        .wait_log_line(&["connection closed", "route=\"shoot-a-api\"", &format!("connect=\"{API_HOST}:443\""), "protocol=\"connect\""], WAIT)
+        .wait_log_line(
+            &[
+                "connection closed",
+                "route=\"shoot-a-api\"",
+                &format!("connect=\"{API_HOST}:443\""),
+                "protocol=\"connect\"",
+            ],
+            WAIT,
+        )
         .await?;
 
     // curl with a value nobody listed: 403, and curl says so.
     let header = "X-Gardener-Destination: outbound|443||kube-apiserver.shoot--zzz.svc.cluster.local";
-    let Some(out) = peers::curl(&["-sS", "-p", "-x", &proxy, "--proxy-header", header, "--cacert", &ca, &url]).await? else {
+    let Some(out) = peers::curl(&["-sS", "-p", "-x", &proxy, "--proxy-header", header, "--cacert", &ca, &url]).await?
+    else {
         return Ok(());
     };
     assert!(!out.status.success());
@@ -243,7 +255,9 @@ async fn openvpn_style_connect_gets_a_lone_200_and_pipelined_bytes_arrive() -> a
     let w = world().await?;
     for (version, early) in [("1.0", "EARLY-BYTES"), ("1.1", "")] {
         let mut s = TcpStream::connect(w.connect_addr()).await?;
-        let head = format!("CONNECT vpn-seed-server:1194 HTTP/{version}\r\nHost: vpn-seed-server:1194\r\nReversed-VPN: {VPN_DEST}\r\n\r\n");
+        let head = format!(
+            "CONNECT vpn-seed-server:1194 HTTP/{version}\r\nHost: vpn-seed-server:1194\r\nReversed-VPN: {VPN_DEST}\r\n\r\n"
+        );
         // The head and the first tunnel bytes in one write, as a client that does not wait.
         s.write_all(format!("{head}{early}").as_bytes()).await?;
         let got = read_response_head(&mut s).await?;
@@ -263,16 +277,27 @@ async fn openvpn_style_connect_gets_a_lone_200_and_pipelined_bytes_arrive() -> a
     seen.sort();
     assert_eq!(seen, vec![b"EARLY-BYTESLATE".to_vec(), b"LATE".to_vec()], "upstream got exactly the tunnel bytes");
     w.router
-        .wait_log_line(&["connection closed", "route=\"shoot-a-vpn\"", "connect=\"vpn-seed-server:1194\"", "bytes_up=15 "], WAIT)
+        .wait_log_line(
+            &["connection closed", "route=\"shoot-a-vpn\"", "connect=\"vpn-seed-server:1194\"", "bytes_up=15 "],
+            WAIT,
+        )
         .await?;
     let m = w.metrics().await?;
-    assert_eq!(metric_value(&m, "seedgate_connections_total", &[("route", "shoot-a-vpn"), ("result", "ok")]), Some(2.0));
+    assert_eq!(
+        metric_value(&m, "seedgate_connections_total", &[("route", "shoot-a-vpn"), ("result", "ok")]),
+        Some(2.0)
+    );
     w.assert_no_fallback();
 
     // And a TLS client through the same kind of tunnel (HTTP/1.1, X-Gardener-Destination).
     let mut s = TcpStream::connect(w.connect_addr()).await?;
-    s.write_all(format!("CONNECT {API_HOST}:443 HTTP/1.1\r\nHost: {API_HOST}:443\r\nX-Gardener-Destination: {API_DEST}\r\n\r\n").as_bytes())
-        .await?;
+    s.write_all(
+        format!(
+            "CONNECT {API_HOST}:443 HTTP/1.1\r\nHost: {API_HOST}:443\r\nX-Gardener-Destination: {API_DEST}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await?;
     let got = read_response_head(&mut s).await?;
     assert_eq!(got, b"HTTP/1.1 200 Connection established\r\n\r\n");
     let mut tls = tls_over(s, API_HOST, client_config(&w.ca, None, &[])?).await?;
@@ -301,7 +326,9 @@ async fn unrouted_connects_get_403_or_301_and_upstream_failures_502_504() -> any
     assert_eq!(status, 403, "{resp}");
     assert!(one_line(&body).contains(&api.to_string()), "{body}");
     // HTTP/1.0 client: answered in HTTP/1.0.
-    let resp = exchange(gw, b"CONNECT vpn:1194 HTTP/1.0\r\nReversed-VPN: outbound|1194||vpn-seed-server.shoot--zzz\r\n\r\n").await?;
+    let resp =
+        exchange(gw, b"CONNECT vpn:1194 HTTP/1.0\r\nReversed-VPN: outbound|1194||vpn-seed-server.shoot--zzz\r\n\r\n")
+            .await?;
     assert!(resp.starts_with("HTTP/1.0 403 "), "{resp}");
     assert_eq!(w.api.connections(), 0, "never a fall-back to the authority");
     assert_eq!(w.vpn.accepted(), 0);
@@ -310,7 +337,11 @@ async fn unrouted_connects_get_403_or_301_and_upstream_failures_502_504() -> any
 
     // connect_unmatched: redirect.
     let redirect = w.addrs.listener("redirect")?;
-    let resp = exchange(redirect, b"CONNECT api.shoot--x.example.com:443 HTTP/1.1\r\nHost: api.shoot--x.example.com:443\r\n\r\n").await?;
+    let resp = exchange(
+        redirect,
+        b"CONNECT api.shoot--x.example.com:443 HTTP/1.1\r\nHost: api.shoot--x.example.com:443\r\n\r\n",
+    )
+    .await?;
     assert!(resp.starts_with("HTTP/1.1 301 "), "{resp}");
     assert!(resp.contains("\r\nLocation: https://api.shoot--x.example.com:443\r\n"), "{resp}");
 
@@ -329,7 +360,11 @@ async fn unrouted_connects_get_403_or_301_and_upstream_failures_502_504() -> any
     assert_eq!(w.rejects("connect_timeout").await?, 1.0);
     let m = w.metrics().await?;
     assert_eq!(
-        metric_value(&m, "seedgate_upstream_connect_failures_total", &[("route", "silent"), ("reason", "connect_timeout")]),
+        metric_value(
+            &m,
+            "seedgate_upstream_connect_failures_total",
+            &[("route", "silent"), ("reason", "connect_timeout")]
+        ),
         Some(1.0),
         "{m}"
     );
@@ -372,8 +407,11 @@ async fn bad_connect_heads_are_answered_and_counted() -> anyhow::Result<()> {
     assert_eq!(read_to_close(&mut s).await?, b"got 0");
 
     let m = w.metrics().await?;
-    for (reason, n) in [("head_too_large", 1.0), ("head_malformed", 1.0), ("not_connect", 1.0), ("handshake_timeout", 1.0)] {
-        let got = metric_value(&m, "seedgate_rejects_total", &[("listener", "connect"), ("reason", reason)]).unwrap_or(0.0);
+    for (reason, n) in
+        [("head_too_large", 1.0), ("head_malformed", 1.0), ("not_connect", 1.0), ("handshake_timeout", 1.0)]
+    {
+        let got =
+            metric_value(&m, "seedgate_rejects_total", &[("listener", "connect"), ("reason", reason)]).unwrap_or(0.0);
         assert_eq!(got, n, "{reason}\n{m}");
     }
     w.assert_no_fallback();

@@ -8,7 +8,9 @@ use std::time::Duration;
 use testbed::peers::{self, connect_from, free_port, read_to_close, start_haproxy, tls_over};
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
-use testbed::{bin_path, http_get, metric_value, tls_handshake_error, tls_request, Addresses, Ca, Proc, TempDir, TlsHttpBackend};
+use testbed::{
+    Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, tls_handshake_error, tls_request,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -132,7 +134,19 @@ async fn haproxy_v2_and_curl_v1_route_by_destination() -> anyhow::Result<()> {
     let ca = ca.to_string_lossy();
     let url = format!("https://{IN_CLUSTER}:{}/via-curl", gw.port());
     let resolve = format!("{IN_CLUSTER}:{}:{}", gw.port(), gw.ip());
-    let out = peers::curl(&["-sS", "--fail", "--haproxy-protocol", "--interface", "127.0.0.9", "--cacert", &ca, "--resolve", &resolve, &url]).await?;
+    let out = peers::curl(&[
+        "-sS",
+        "--fail",
+        "--haproxy-protocol",
+        "--interface",
+        "127.0.0.9",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        &url,
+    ])
+    .await?;
     let Some(out) = out else { return Ok(()) };
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "curl failed: {}\n{}", String::from_utf8_lossy(&out.stderr), router.log());
@@ -144,7 +158,10 @@ async fn haproxy_v2_and_curl_v1_route_by_destination() -> anyhow::Result<()> {
         let ok = metric_value(&m, "seedgate_connections_total", &[("route", route), ("result", "ok")]);
         assert_eq!(ok, Some(1.0), "{route}\n{m}");
     }
-    assert_eq!(metric_value(&m, "seedgate_handshake_duration_seconds_count", &[("protocol", "proxy_destination")]), Some(3.0));
+    assert_eq!(
+        metric_value(&m, "seedgate_handshake_duration_seconds_count", &[("protocol", "proxy_destination")]),
+        Some(3.0)
+    );
     Ok(())
 }
 
@@ -171,10 +188,15 @@ async fn untrusted_sender_missing_header_and_optional_mode() -> anyhow::Result<(
     let ca = ca.to_string_lossy();
     let url = format!("https://{IN_CLUSTER}:{}/", untrusted.port());
     let resolve = format!("{IN_CLUSTER}:{}:127.0.0.1", untrusted.port());
-    let Some(out) = peers::curl(&["-sS", "--haproxy-protocol", "--cacert", &ca, "--resolve", &resolve, &url]).await? else {
+    let Some(out) = peers::curl(&["-sS", "--haproxy-protocol", "--cacert", &ca, "--resolve", &resolve, &url]).await?
+    else {
         return Ok(());
     };
-    assert!(!out.status.success(), "an untrusted PROXY header must be refused: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "an untrusted PROXY header must be refused: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(w.a.connections(), 0, "nothing may reach the upstream");
     access_line(&router, &["client=127.0.0.1:", "reason=\"pp_untrusted_source\""]).await?;
 
@@ -199,8 +221,19 @@ async fn untrusted_sender_missing_header_and_optional_mode() -> anyhow::Result<(
     // optional + a header (curl, v1): still routed by SNI (no destination route), real client logged.
     let url = format!("https://{IN_CLUSTER}:{}/optional-v1", optional.port());
     let resolve = format!("{IN_CLUSTER}:{}:{}", optional.port(), optional.ip());
-    let Some(out) =
-        peers::curl(&["-sS", "--fail", "--haproxy-protocol", "--interface", "127.0.0.9", "--cacert", &ca, "--resolve", &resolve, &url]).await?
+    let Some(out) = peers::curl(&[
+        "-sS",
+        "--fail",
+        "--haproxy-protocol",
+        "--interface",
+        "127.0.0.9",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        &url,
+    ])
+    .await?
     else {
         return Ok(());
     };

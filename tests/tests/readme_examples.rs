@@ -43,7 +43,8 @@ fn example(name: &str) -> String {
 fn under_heading(heading: &str) -> String {
     let text = readme();
     let lines: Vec<&str> = text.lines().collect();
-    let at = lines.iter().position(|l| l.trim() == heading).unwrap_or_else(|| panic!("README has no heading {heading:?}"));
+    let at =
+        lines.iter().position(|l| l.trim() == heading).unwrap_or_else(|| panic!("README has no heading {heading:?}"));
     yaml_block_after(&lines, at + 1, heading)
 }
 
@@ -76,10 +77,12 @@ fn show<E: std::fmt::Display>(r: Result<impl Sized, E>, what: &str, yaml: &str) 
 fn p2_proxy_protocol_example() {
     let docs = documents(&example("p2-proxy-protocol"));
     assert_eq!(docs.len(), 2, "agent part, then router part");
-    let agent = seedgate_config::agent::parse(&docs[0], "README p2-proxy-protocol (agent)").unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
+    let agent = seedgate_config::agent::parse(&docs[0], "README p2-proxy-protocol (agent)")
+        .unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
     let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
     assert_eq!(ap.mode, seedgate_config::agent::Mode::ProxyProtocolV2);
-    let router = seedgate_config::router::parse(&docs[1], "README p2-proxy-protocol (router)").unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
+    let router = seedgate_config::router::parse(&docs[1], "README p2-proxy-protocol (router)")
+        .unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
     let l = &router.listeners[0];
     assert_eq!(l.proxy_protocol, seedgate_config::router::ProxyProtocolMode::Required);
     // The router's destination route names the address the agent listens on.
@@ -94,16 +97,19 @@ fn p2_proxy_protocol_example() {
 fn p2_http_connect_example() {
     let docs = documents(&example("p2-http-connect"));
     assert_eq!(docs.len(), 2, "agent part, then router part");
-    let agent = seedgate_config::agent::parse(&docs[0], "README p2-http-connect (agent)").unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
+    let agent = seedgate_config::agent::parse(&docs[0], "README p2-http-connect (agent)")
+        .unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
     let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
     assert_eq!(ap.mode, seedgate_config::agent::Mode::HttpConnect);
     let dest = ap.destination.clone().expect("http-connect needs destination");
-    let router = seedgate_config::router::parse(&docs[1], "README p2-http-connect (router)").unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
+    let router = seedgate_config::router::parse(&docs[1], "README p2-http-connect (router)")
+        .unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
     let routes = &router.listeners[0].routes;
     // The agent's header value is one the router lists, under the same header name.
     assert!(
         routes.iter().any(|r| r.connect.as_ref().is_some_and(|c| {
-            c.header.as_deref().is_some_and(|h| h.eq_ignore_ascii_case(&ap.destination_header)) && c.values.contains(&dest)
+            c.header.as_deref().is_some_and(|h| h.eq_ignore_ascii_case(&ap.destination_header))
+                && c.values.contains(&dest)
         })),
         "no CONNECT route lists {dest:?}"
     );

@@ -8,8 +8,8 @@ use std::time::Duration;
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, tls_connect};
 use testbed::{
-    bin_path, http_get, metric_sum, metric_value, poll_until, tls_handshake_error, tls_request, Addresses, Ca, Proc,
-    TcpEcho, TempDir, TlsHttpBackend,
+    Addresses, Ca, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_sum, metric_value, poll_until,
+    tls_handshake_error, tls_request,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,7 +32,9 @@ async fn world() -> anyhow::Result<World> {
     let ca = Ca::new("seedgate-test-ca")?;
     let a = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
     // Backend B requires a client certificate: mTLS must pass through the router untouched.
-    let b = TlsHttpBackend::start("shoot-b", &ca.server(&["api.shoot-b.example.com", "x.shoot-b.example.com"])?, Some(&ca)).await?;
+    let b =
+        TlsHttpBackend::start("shoot-b", &ca.server(&["api.shoot-b.example.com", "x.shoot-b.example.com"])?, Some(&ca))
+            .await?;
     Ok(World { dir, ca, a, b })
 }
 
@@ -69,26 +71,43 @@ async fn routes_by_sni_and_passes_mtls_through() -> anyhow::Result<()> {
     let gw = addrs.listener("gateway")?;
     let client_id = w.ca.client("kubectl-user")?;
 
-    let r = tls_request(gw, Some("api.shoot-a.example.com"), client_config(&w.ca, None, &["h2", "http/1.1"])?, &http_get_request("api.shoot-a.example.com", "/version")).await?;
+    let r = tls_request(
+        gw,
+        Some("api.shoot-a.example.com"),
+        client_config(&w.ca, None, &["h2", "http/1.1"])?,
+        &http_get_request("api.shoot-a.example.com", "/version"),
+    )
+    .await?;
     assert_eq!(r.peer_cn.as_deref(), Some("api.shoot-a.example.com"));
     assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
     assert!(r.body().contains("sni=api.shoot-a.example.com"), "{}", r.text());
 
     // Wildcard, upper case and a trailing dot all land on B; B sees the client certificate.
     for sni in ["x.shoot-b.example.com", "X.Shoot-B.Example.COM"] {
-        let r = tls_request(gw, Some(sni), client_config(&w.ca, Some(&client_id), &[])?, &http_get_request(sni, "/")).await?;
+        let r = tls_request(gw, Some(sni), client_config(&w.ca, Some(&client_id), &[])?, &http_get_request(sni, "/"))
+            .await?;
         assert_eq!(r.peer_cn.as_deref(), Some("api.shoot-b.example.com"), "{sni}");
         assert!(r.body().contains("client_cn=kubectl-user"), "{}", r.text());
     }
     // B refuses a client without a certificate: the router does not terminate TLS.
-    let e = tls_request(gw, Some("x.shoot-b.example.com"), client_config(&w.ca, None, &[])?, &http_get_request("x", "/")).await;
-    assert!(e.is_err() || !e.as_ref().unwrap().body().contains("backend=shoot-b"), "backend B must require the client cert");
+    let e =
+        tls_request(gw, Some("x.shoot-b.example.com"), client_config(&w.ca, None, &[])?, &http_get_request("x", "/"))
+            .await;
+    assert!(
+        e.is_err() || !e.as_ref().unwrap().body().contains("backend=shoot-b"),
+        "backend B must require the client cert"
+    );
 
     let m = metrics(&addrs).await?;
     assert_eq!(metric_value(&m, "seedgate_connections_total", &[("route", "shoot-a"), ("result", "ok")]), Some(1.0));
     assert!(metric_sum(&m, "seedgate_proxied_bytes_total", &[("route", "shoot-b"), ("direction", "to_client")]) > 0.0);
-    assert!(metric_value(&m, "seedgate_handshake_duration_seconds_count", &[("protocol", "tls")]).unwrap_or(0.0) >= 3.0);
-    assert!(metric_value(&m, "seedgate_upstream_connect_duration_seconds_count", &[("route", "shoot-a")]).unwrap_or(0.0) >= 1.0);
+    assert!(
+        metric_value(&m, "seedgate_handshake_duration_seconds_count", &[("protocol", "tls")]).unwrap_or(0.0) >= 3.0
+    );
+    assert!(
+        metric_value(&m, "seedgate_upstream_connect_duration_seconds_count", &[("route", "shoot-a")]).unwrap_or(0.0)
+            >= 1.0
+    );
     Ok(())
 }
 
@@ -99,7 +118,8 @@ async fn unknown_name_no_sni_and_garbage_are_refused_and_counted() -> anyhow::Re
     let gw = addrs.listener("gateway")?;
     let cc = client_config(&w.ca, None, &[])?;
 
-    let f = tls_handshake_error(gw, Some("api.nobody.example.com"), cc.clone()).await.context("unknown SNI must fail")?;
+    let f =
+        tls_handshake_error(gw, Some("api.nobody.example.com"), cc.clone()).await.context("unknown SNI must fail")?;
     assert!(f.is_alert(AlertDescription::UnrecognisedName), "{f:?}");
     let f = tls_handshake_error(gw, None, cc.clone()).await.context("no SNI must fail")?;
     assert!(f.is_alert(AlertDescription::UnrecognisedName), "{f:?}");
@@ -166,7 +186,13 @@ async fn hello_one_byte_at_a_time_routes_and_a_stuck_hello_is_cut() -> anyhow::R
         let down = tokio::io::copy(&mut rr, &mut cw);
         let _ = tokio::join!(up, down);
     });
-    let r = tls_request(relay_addr, Some("api.shoot-a.example.com"), client_config(&w.ca, None, &[])?, &http_get_request("a", "/")).await?;
+    let r = tls_request(
+        relay_addr,
+        Some("api.shoot-a.example.com"),
+        client_config(&w.ca, None, &[])?,
+        &http_get_request("a", "/"),
+    )
+    .await?;
     assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
 
     // Half a ClientHello, then silence: the router ends it at the handshake deadline (2 s).
@@ -253,7 +279,9 @@ async fn reload_switches_a_route_and_keeps_live_connections() -> anyhow::Result<
     let dir = TempDir::new("sni-reload")?;
     let echo_a = TcpEcho::start().await?;
     let echo_b = TcpEcho::start().await?;
-    let route = |up: SocketAddr| format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{up}]\n");
+    let route = |up: SocketAddr| {
+        format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{up}]\n")
+    };
     let (mut p, addrs, cfg) = start_router(&dir, &router_config("", &route(echo_a.addr()))).await?;
     let gw = addrs.listener("gateway")?;
 
@@ -286,7 +314,8 @@ async fn reload_switches_a_route_and_keeps_live_connections() -> anyhow::Result<
     p.signal(libc::SIGHUP)?;
     poll_until(WAIT, TICK, || async {
         let m = metrics(&addrs).await.ok()?;
-        (metric_value(&m, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0) >= 2.0).then_some(())
+        (metric_value(&m, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0) >= 2.0)
+            .then_some(())
     })
     .await?;
 
@@ -306,7 +335,8 @@ async fn reload_switches_a_route_and_keeps_live_connections() -> anyhow::Result<
 async fn sigterm_stops_accepting_and_drains() -> anyhow::Result<()> {
     let dir = TempDir::new("sni-drain")?;
     let echo = TcpEcho::start().await?;
-    let routes = format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
+    let routes =
+        format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
     let yaml = router_config("", &routes).replace("drain_grace: 5s", "drain_grace: 30s");
     let (mut p, addrs, _) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
@@ -327,7 +357,10 @@ async fn sigterm_stops_accepting_and_drains() -> anyhow::Result<()> {
         Ok(mut s) => {
             let _ = s.write_all(HELLO_SHOOT_B).await;
             let mut b = Vec::new();
-            matches!(tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut b)).await, Ok(Ok(0)) | Ok(Err(_)) | Err(_))
+            matches!(
+                tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut b)).await,
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_)
+            )
         }
     };
     assert!(refused, "a new connection during the drain must not be proxied");
@@ -347,7 +380,8 @@ async fn sigterm_stops_accepting_and_drains() -> anyhow::Result<()> {
 async fn drain_grace_ends_connections_that_outlive_it() -> anyhow::Result<()> {
     let dir = TempDir::new("sni-grace")?;
     let echo = TcpEcho::start().await?;
-    let routes = format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
+    let routes =
+        format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
     let yaml = router_config("", &routes).replace("drain_grace: 5s", "drain_grace: 1s");
     let (mut p, addrs, _) = start_router(&dir, &yaml).await?;
     let mut live = TcpStream::connect(addrs.listener("gateway")?).await?;
@@ -418,7 +452,11 @@ async fn third_party_clients_curl_and_openssl() -> anyhow::Result<()> {
         .await
         .context("curl must be installed (.ci/run installs it)")?;
     let body = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && body.contains("backend=shoot-a"), "curl: {body} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && body.contains("backend=shoot-a"),
+        "curl: {body} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let out = tokio::process::Command::new("openssl")
         .args(["s_client", "-connect", &gw.to_string(), "-servername", "x.shoot-b.example.com", "-CAfile"])
@@ -447,7 +485,12 @@ async fn check_flag_validates_configs() -> anyhow::Result<()> {
     let good = dir.write("good.yaml", "listeners:\n  - name: a\n    listen: 127.0.0.1:0\n    routes: []\n")?;
     let bad = dir.write("bad.yaml", "listeners:\n  - name: a\n    listen: 127.0.0.1:0\n    routes:\n      - name: r\n        sni: [ok.example]\n        upstreams: []\n        bogus: 1\n")?;
     let run = |f: PathBuf| async move {
-        tokio::process::Command::new(bin_path("sni-router").expect("binary")).arg("--check").arg("--config").arg(f).output().await
+        tokio::process::Command::new(bin_path("sni-router").expect("binary"))
+            .arg("--check")
+            .arg("--config")
+            .arg(f)
+            .output()
+            .await
     };
     let ok = run(good).await?;
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
@@ -475,7 +518,9 @@ async fn admin_endpoints() -> anyhow::Result<()> {
     assert_eq!(metric_value(&m, "seedgate_routes", &[("listener", "gateway")]), Some(2.0));
     assert_eq!(http_get(admin, "/nope").await?.0, 404);
     // An established TLS session counts as active while it lasts.
-    let _tls = tls_connect(addrs.listener("gateway")?, Some("api.shoot-a.example.com"), client_config(&w.ca, None, &[])?).await?;
+    let _tls =
+        tls_connect(addrs.listener("gateway")?, Some("api.shoot-a.example.com"), client_config(&w.ca, None, &[])?)
+            .await?;
     poll_until(WAIT, TICK, || async {
         let m = metrics(&addrs).await.ok()?;
         (metric_value(&m, "seedgate_connections_active", &[("listener", "gateway")]) == Some(1.0)).then_some(())

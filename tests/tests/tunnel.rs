@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, ChecksumSink, Dialer, End, Fe, FeKind, Fnv, Pattern, SpeakFirst, Stall, TunnelPki, Watcher,
-    FRONTEND_NAME, STEP, agent_yaml, connect, connect_strict, connect_tcp, fd_count, metrics, parse_sum_line,
-    read_checksum, refusal_of, server_yaml, start_agent, start_server, tls_get_over, wait_agents, write_pattern,
+    AgentOpts, ChecksumSink, Dialer, End, FRONTEND_NAME, Fe, FeKind, Fnv, Pattern, STEP, SpeakFirst, Stall, TunnelPki,
+    Watcher, agent_yaml, connect, connect_strict, connect_tcp, fd_count, metrics, parse_sum_line, read_checksum,
+    refusal_of, server_yaml, start_agent, start_server, tls_get_over, wait_agents, write_pattern,
 };
-use testbed::{http_get, metric_sum, metric_value, poll_until, Addresses, HttpBackend, Proc, TcpEcho, TempDir, TlsHttpBackend};
+use testbed::{
+    Addresses, HttpBackend, Proc, TcpEcho, TempDir, TlsHttpBackend, http_get, metric_sum, metric_value, poll_until,
+};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 
 const TICK: Duration = Duration::from_millis(20);
@@ -34,10 +36,16 @@ impl World {
         Self::start_with(frontends, "", |_| {}, allow).await
     }
 
-    async fn start_with(frontends: &[Fe], server_extra: &str, agent: impl FnOnce(&mut AgentOpts), allow: &[&str]) -> anyhow::Result<Self> {
+    async fn start_with(
+        frontends: &[Fe],
+        server_extra: &str,
+        agent: impl FnOnce(&mut AgentOpts),
+        allow: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new("tunnel")?;
         let pki = TunnelPki::new(dir.path())?;
-        let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", frontends, server_extra)).await?;
+        let (server, saddrs) =
+            start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", frontends, server_extra)).await?;
         let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, allow);
         agent(&mut o);
         let (agent, aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
@@ -84,7 +92,12 @@ async fn curl(args: &[&str]) -> anyhow::Result<String> {
     .await
     .context("curl did not finish")?
     .context("running curl (Debian package curl)")?;
-    anyhow::ensure!(out.status.success(), "curl {args:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "curl {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -112,11 +125,18 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
         let s = connect_strict(d, &target).await.with_context(|| format!("{what}\n{}", w.logs()))?;
         let resp = tls_get_over(s, &w.pki.ca, "kubelet.shoot-a.test", "/containerLogs/x").await.context(what)?;
         assert!(resp.starts_with("HTTP/1.1 200"), "{what}: {resp}");
-        assert!(resp.contains("backend=kubelet sni=kubelet.shoot-a.test") && resp.contains("path=/containerLogs/x"), "{what}: {resp}");
+        assert!(
+            resp.contains("backend=kubelet sni=kubelet.shoot-a.test") && resp.contains("path=/containerLogs/x"),
+            "{what}: {resp}"
+        );
     }
 
     // Without a client certificate the mTLS front end refuses the handshake.
-    let anon = Dialer::Tls(w.saddrs.listener("egress-mtls")?, testbed::pki::client_config(&w.pki.ca, None, &[])?, FRONTEND_NAME.into());
+    let anon = Dialer::Tls(
+        w.saddrs.listener("egress-mtls")?,
+        testbed::pki::client_config(&w.pki.ca, None, &[])?,
+        FRONTEND_NAME.into(),
+    );
     let e = match connect_strict(&anon, &target).await {
         Ok(_) => panic!("an anonymous client got through the mTLS front end"),
         Err(e) => e,
@@ -126,7 +146,8 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
     // curl -p: CONNECT, then TLS end to end (curl verifies the kubelet's certificate).
     let fe = w.saddrs.listener("egress")?;
     let ca = w.pki.ca_file.display().to_string();
-    let body = curl(&["-p", "-x", &format!("http://{fe}"), "--cacert", &ca, &format!("https://{target}/healthz")]).await?;
+    let body =
+        curl(&["-p", "-x", &format!("http://{fe}"), "--cacert", &ca, &format!("https://{target}/healthz")]).await?;
     assert!(body.starts_with("backend=kubelet sni=- ") && body.contains("path=/healthz"), "{body}");
 
     // curl with an absolute-form request to a plain-HTTP target; keep-alive to the front end.
@@ -141,7 +162,10 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
     let sadmin = w.saddrs.admin()?;
     poll_until(STEP, TICK, || async {
         let m = metrics(sadmin).await?;
-        anyhow::ensure!(metric_value(&m, "seedgate_connections_active", &[("listener", "egress")]) == Some(0.0), "front-end connections still open");
+        anyhow::ensure!(
+            metric_value(&m, "seedgate_connections_active", &[("listener", "egress")]) == Some(0.0),
+            "front-end connections still open"
+        );
         Ok(())
     })
     .await?;
@@ -155,9 +179,33 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
     }
 
     let m = metrics(w.saddrs.admin()?).await?;
-    assert_eq!(metric_value(&m, "seedgate_frontend_requests_total", &[("frontend", "egress-mtls"), ("kind", "connect"), ("code", "200")]), Some(1.0), "{m}");
-    assert_eq!(metric_value(&m, "seedgate_frontend_requests_total", &[("frontend", "egress-uds"), ("kind", "connect"), ("code", "200")]), Some(1.0), "{m}");
-    assert_eq!(metric_value(&m, "seedgate_frontend_requests_total", &[("frontend", "egress"), ("kind", "forward"), ("code", "200")]), Some(2.0), "{m}");
+    assert_eq!(
+        metric_value(
+            &m,
+            "seedgate_frontend_requests_total",
+            &[("frontend", "egress-mtls"), ("kind", "connect"), ("code", "200")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "seedgate_frontend_requests_total",
+            &[("frontend", "egress-uds"), ("kind", "connect"), ("code", "200")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "seedgate_frontend_requests_total",
+            &[("frontend", "egress"), ("kind", "forward"), ("code", "200")]
+        ),
+        Some(2.0),
+        "{m}"
+    );
     Ok(())
 }
 
@@ -197,7 +245,10 @@ async fn stalled_stream_does_not_block_the_others() -> anyhow::Result<()> {
         }
     }
     let stalled_bytes = written.load(Ordering::Relaxed);
-    assert!(blocked, "writes to a stream whose reader never reads never blocked ({stalled_bytes} bytes buffered somewhere)");
+    assert!(
+        blocked,
+        "writes to a stream whose reader never reads never blocked ({stalled_bytes} bytes buffered somewhere)"
+    );
     eprintln!("the stalled stream took {stalled_bytes} bytes before its writes blocked");
     assert_eq!(stall.connections(), 1);
 
@@ -216,7 +267,10 @@ async fn stalled_stream_does_not_block_the_others() -> anyhow::Result<()> {
             let mut line = String::new();
             r.read_line(&mut line).await?;
             let (n, sum) = parse_sum_line(&line)?;
-            anyhow::ensure!((n, sum) == (up, sent), "stream {i}: backend got {n} bytes sum {sum:?}, sent {up} sum {sent:?}");
+            anyhow::ensure!(
+                (n, sum) == (up, sent),
+                "stream {i}: backend got {n} bytes sum {sum:?}, sent {up} sum {sent:?}"
+            );
             let down = read_checksum(&mut r).await?;
             let want = if up == 1 { (LEN, Pattern::checksum(1, LEN)) } else { (0, Fnv::default()) };
             anyhow::ensure!(down == want, "stream {i}: received {down:?}, want {want:?}");
@@ -270,7 +324,12 @@ async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
                 std::io::Result::Ok(f)
             };
             let (sent, got) = tokio::try_join!(writer, read_checksum(&mut r))?;
-            anyhow::ensure!(got == (LEN, sent), "stream {i}: got back {} bytes {:?}, sent {LEN} {sent:?}", got.0, got.1);
+            anyhow::ensure!(
+                got == (LEN, sent),
+                "stream {i}: got back {} bytes {:?}, sent {LEN} {sent:?}",
+                got.0,
+                got.1
+            );
             anyhow::Ok(())
         });
     }
@@ -284,8 +343,14 @@ async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
     .with_context(|| format!("transfers did not finish\n{}", w.logs()))??;
     assert_eq!(echo.echoed_bytes(), N * LEN);
     let m = metrics(w.saddrs.admin()?).await?;
-    assert_eq!(metric_value(&m, "seedgate_tunnel_bytes_total", &[("cluster", "shoot-a"), ("direction", "to_shoot")]), Some((N * LEN) as f64));
-    assert_eq!(metric_value(&m, "seedgate_tunnel_bytes_total", &[("cluster", "shoot-a"), ("direction", "to_seed")]), Some((N * LEN) as f64));
+    assert_eq!(
+        metric_value(&m, "seedgate_tunnel_bytes_total", &[("cluster", "shoot-a"), ("direction", "to_shoot")]),
+        Some((N * LEN) as f64)
+    );
+    assert_eq!(
+        metric_value(&m, "seedgate_tunnel_bytes_total", &[("cluster", "shoot-a"), ("direction", "to_seed")]),
+        Some((N * LEN) as f64)
+    );
     Ok(())
 }
 
@@ -294,7 +359,8 @@ async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
 async fn half_close_both_ways() -> anyhow::Result<()> {
     let tmp = TempDir::new("tunnel-hc")?;
     let sock = tmp.join("hc.sock");
-    let w = World::start(&[plain_fe(), Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone()))], &["127.0.0.1/32"]).await?;
+    let w =
+        World::start(&[plain_fe(), Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone()))], &["127.0.0.1/32"]).await?;
     const TRAILER: u64 = 3 * MIB;
     let sink = ChecksumSink::start_on("127.0.0.1:0".parse()?, TRAILER).await?;
     let speaker = SpeakFirst::start_on("127.0.0.1:0".parse()?, 2 * MIB).await?;
@@ -307,7 +373,9 @@ async fn half_close_both_ways() -> anyhow::Result<()> {
         wr.shutdown().await?;
         let mut r = BufReader::new(r);
         let mut line = String::new();
-        tokio::time::timeout(STEP, r.read_line(&mut line)).await.with_context(|| format!("{what}: our FIN never reached the backend"))??;
+        tokio::time::timeout(STEP, r.read_line(&mut line))
+            .await
+            .with_context(|| format!("{what}: our FIN never reached the backend"))??;
         assert_eq!(parse_sum_line(&line)?, (2 * MIB, sent), "{what}");
         let got = tokio::time::timeout(STEP, read_checksum(&mut r)).await.context(what)??;
         assert_eq!(got, (TRAILER, Pattern::checksum(2 * MIB, TRAILER)), "{what}: what the backend sent after our FIN");
@@ -317,9 +385,13 @@ async fn half_close_both_ways() -> anyhow::Result<()> {
         let before = speaker.received().len();
         let s = connect(&d, &speaker.addr().to_string()).await?;
         let (mut r, mut wr) = tokio::io::split(s);
-        let got = tokio::time::timeout(STEP, read_checksum(&mut r)).await.with_context(|| format!("{what}: the backend's FIN never arrived"))??;
+        let got = tokio::time::timeout(STEP, read_checksum(&mut r))
+            .await
+            .with_context(|| format!("{what}: the backend's FIN never arrived"))??;
         assert_eq!(got, (2 * MIB, Pattern::checksum(SpeakFirst::SEED, 2 * MIB)), "{what}");
-        let sent = write_pattern(&mut wr, 9, 3 * MIB).await.with_context(|| format!("{what}: writing after the backend's FIN"))?;
+        let sent = write_pattern(&mut wr, 9, 3 * MIB)
+            .await
+            .with_context(|| format!("{what}: writing after the backend's FIN"))?;
         wr.shutdown().await?;
         let rec = poll_until(STEP, TICK, || async { speaker.received().get(before).copied() }).await.context(what)?;
         assert_eq!(rec, (3 * MIB, sent), "{what}: what the backend got after its FIN");
@@ -392,7 +464,9 @@ async fn server_restart_agent_reconnects() -> anyhow::Result<()> {
     tokio::time::timeout(STEP, live.read_exact(&mut b)).await.context("echo during the drain")??;
     assert_eq!(&b, b"during the drain");
     let mut rest = Vec::new();
-    tokio::time::timeout(STEP, live.read_to_end(&mut rest)).await.context("the live stream outlived the drain grace")??;
+    tokio::time::timeout(STEP, live.read_to_end(&mut rest))
+        .await
+        .context("the live stream outlived the drain grace")??;
     let st = server.wait_exit(Duration::from_secs(20)).await.context("proxy-server did not exit on SIGTERM")?;
     assert!(st.success(), "proxy-server exited with {st}\n{}", server.log());
     drop(server);
@@ -408,7 +482,8 @@ async fn server_restart_agent_reconnects() -> anyhow::Result<()> {
     assert_eq!(saddrs.listener("agents")?.port(), port);
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| format!("agent log:\n{}", agent.log()))?;
     testbed::wait_ready(aaddrs.admin()?, STEP).await?;
-    echo_roundtrip(&Dialer::Tcp(saddrs.listener("egress")?), echo.addr(), b"after restart").await
+    echo_roundtrip(&Dialer::Tcp(saddrs.listener("egress")?), echo.addr(), b"after restart")
+        .await
         .with_context(|| format!("server log:\n{}\nagent log:\n{}", server.log(), agent.log()))?;
     let after = reconnects(&metrics(aaddrs.admin()?).await?);
     assert!(after > before, "seedgate_tunnel_reconnects_total did not move: {before} -> {after}");
@@ -427,8 +502,12 @@ async fn two_clusters_never_see_each_others_streams() -> anyhow::Result<()> {
     let (echo_a, echo_b) = (TcpEcho::start().await?, TcpEcho::start().await?);
     let allow_a = format!("127.0.0.1/32:{}", echo_a.addr().port());
     let allow_b = format!("127.0.0.1/32:{}", echo_b.addr().port());
-    let (agent_a, a_addrs) = start_agent(&dir, "agent-a", &agent_yaml(&pki, &AgentOpts::new("shoot-a", agents_addr, &[&allow_a]))?, None).await?;
-    let (agent_b, b_addrs) = start_agent(&dir, "agent-b", &agent_yaml(&pki, &AgentOpts::new("shoot-b", agents_addr, &[&allow_b]))?, None).await?;
+    let (agent_a, a_addrs) =
+        start_agent(&dir, "agent-a", &agent_yaml(&pki, &AgentOpts::new("shoot-a", agents_addr, &[&allow_a]))?, None)
+            .await?;
+    let (agent_b, b_addrs) =
+        start_agent(&dir, "agent-b", &agent_yaml(&pki, &AgentOpts::new("shoot-b", agents_addr, &[&allow_b]))?, None)
+            .await?;
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await?;
     wait_agents(saddrs.admin()?, "shoot-b", 1.0).await?;
     let fe_a = Dialer::Tcp(saddrs.listener("fe-a")?);
@@ -450,14 +529,24 @@ async fn two_clusters_never_see_each_others_streams() -> anyhow::Result<()> {
     let m = metrics(saddrs.admin()?).await?;
     for c in ["shoot-a", "shoot-b"] {
         assert_eq!(metric_value(&m, "seedgate_tunnel_streams_opened_total", &[("cluster", c)]), Some(1.0), "{c}\n{m}");
-        assert_eq!(metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("cluster", c), ("reason", "not_allowed")]), Some(1.0), "{c}\n{m}");
+        assert_eq!(
+            metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("cluster", c), ("reason", "not_allowed")]),
+            Some(1.0),
+            "{c}\n{m}"
+        );
     }
     // Each agent saw exactly its own cluster's two dials: one opened, one refused.
-    for (agent, addrs, own, other) in [(&agent_a, &a_addrs, echo_a.addr(), echo_b.addr()), (&agent_b, &b_addrs, echo_b.addr(), echo_a.addr())] {
+    for (agent, addrs, own, other) in
+        [(&agent_a, &a_addrs, echo_a.addr(), echo_b.addr()), (&agent_b, &b_addrs, echo_b.addr(), echo_a.addr())]
+    {
         let m = metrics(addrs.admin()?).await?;
         assert_eq!(metric_sum(&m, "seedgate_tunnel_streams_opened_total", &[]), 1.0, "{m}");
         assert_eq!(metric_sum(&m, "seedgate_tunnel_dial_failures_total", &[]), 1.0, "{m}");
-        assert_eq!(metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("reason", "not_allowed")]), Some(1.0), "{m}");
+        assert_eq!(
+            metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("reason", "not_allowed")]),
+            Some(1.0),
+            "{m}"
+        );
         agent.wait_log_line(&["stream closed", &format!("target={own}")], STEP).await?;
         agent.wait_log_line(&["dial refused", &format!("target={other}"), "reason=\"not_allowed\""], STEP).await?;
         let log = agent.log();
@@ -499,7 +588,8 @@ async fn thousands_of_short_connections_leave_nothing_behind() -> anyhow::Result
     let next = Arc::new(AtomicU64::new(0));
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
-        let (d, next, echo, closed, page) = (d.clone(), next.clone(), echo.addr(), closed_port.to_string(), page.addr());
+        let (d, next, echo, closed, page) =
+            (d.clone(), next.clone(), echo.addr(), closed_port.to_string(), page.addr());
         set.spawn(async move {
             // Each worker takes the next number until all are taken (at most TOTAL rounds).
             for _ in 0..TOTAL {
@@ -523,10 +613,20 @@ async fn thousands_of_short_connections_leave_nothing_behind() -> anyhow::Result
                     // Absolute-form (forward proxy): one tunnel stream per request.
                     2 => {
                         let mut s = d.connect().await?;
-                        s.write_all(format!("GET http://{page}/{i} HTTP/1.1\r\nHost: {page}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+                        s.write_all(
+                            format!("GET http://{page}/{i} HTTP/1.1\r\nHost: {page}\r\nConnection: close\r\n\r\n")
+                                .as_bytes(),
+                        )
+                        .await?;
                         let mut out = Vec::new();
-                        tokio::time::timeout(STEP, s.read_to_end(&mut out)).await.context("forward request timed out")??;
-                        anyhow::ensure!(out.starts_with(b"HTTP/1.1 200") && out.ends_with(b"page\n"), "{}", String::from_utf8_lossy(&out));
+                        tokio::time::timeout(STEP, s.read_to_end(&mut out))
+                            .await
+                            .context("forward request timed out")??;
+                        anyhow::ensure!(
+                            out.starts_with(b"HTTP/1.1 200") && out.ends_with(b"page\n"),
+                            "{}",
+                            String::from_utf8_lossy(&out)
+                        );
                     }
                     _ => echo_roundtrip(&d, echo, format!("conn {i}").as_bytes()).await?,
                 }
@@ -551,14 +651,21 @@ async fn thousands_of_short_connections_leave_nothing_behind() -> anyhow::Result
     const SLACK: usize = 5;
     let counts = poll_until(STEP, TICK, || async {
         let now = (fd_count(w.server.pid())?, fd_count(w.agent.pid())?);
-        anyhow::ensure!(now.0 <= base.0 + SLACK && now.1 <= base.1 + SLACK, "fds (server, agent): baseline {base:?}, now {now:?}");
+        anyhow::ensure!(
+            now.0 <= base.0 + SLACK && now.1 <= base.1 + SLACK,
+            "fds (server, agent): baseline {base:?}, now {now:?}"
+        );
         Ok(now)
     })
     .await
     .with_context(|| w.logs())?;
     eprintln!("fds (server, agent): baseline {base:?}, after {TOTAL} connections {counts:?}");
     let m = metrics(sadmin).await?;
-    assert_eq!(metric_value(&m, "seedgate_agents_connected", &[("cluster", "shoot-a")]), Some(1.0), "the session survived");
+    assert_eq!(
+        metric_value(&m, "seedgate_agents_connected", &[("cluster", "shoot-a")]),
+        Some(1.0),
+        "the session survived"
+    );
     assert!(metric_sum(&m, "seedgate_tunnel_streams_opened_total", &[]) >= (TOTAL * 5 / 6) as f64, "{m}");
     assert_eq!(page.connections(), TOTAL / 6);
     Ok(())
@@ -570,7 +677,8 @@ async fn thousands_of_short_connections_leave_nothing_behind() -> anyhow::Result
 async fn readiness_follows_agent_sessions() -> anyhow::Result<()> {
     let dir = TempDir::new("tunnel-ready")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (mut server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[plain_fe()], "")).await?;
+    let (mut server, saddrs) =
+        start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[plain_fe()], "")).await?;
     let sadmin = saddrs.admin()?;
     let (code, body) = http_get(sadmin, "/readyz?verbose").await?;
     assert_eq!(code, 503, "{body}");
@@ -719,7 +827,8 @@ async fn keepalive_detects_a_frozen_peer() -> anyhow::Result<()> {
 /// reason; once a stream ends there is room again.
 #[tokio::test]
 async fn agent_stream_limit_answers_503() -> anyhow::Result<()> {
-    let w = World::start_with(&[plain_fe()], "", |o| o.tunnel_extra = "  max_streams: 2\n".into(), &["127.0.0.1/32"]).await?;
+    let w = World::start_with(&[plain_fe()], "", |o| o.tunnel_extra = "  max_streams: 2\n".into(), &["127.0.0.1/32"])
+        .await?;
     let d = w.plain("egress")?;
     let echo = TcpEcho::start().await?;
     let target = echo.addr().to_string();
@@ -730,7 +839,11 @@ async fn agent_stream_limit_answers_503() -> anyhow::Result<()> {
     assert_eq!(r.status, 503, "{r}");
     assert!(r.body.contains("stream limit") && r.body.trim_end().lines().count() == 1, "{r}");
     let m = metrics(w.aaddrs.admin()?).await?;
-    assert_eq!(metric_value(&m, "seedgate_tunnel_stream_limit_hits_total", &[("limit", "max_streams")]), Some(1.0), "{m}");
+    assert_eq!(
+        metric_value(&m, "seedgate_tunnel_stream_limit_hits_total", &[("limit", "max_streams")]),
+        Some(1.0),
+        "{m}"
+    );
     drop(a);
     poll_until(STEP, TICK, || async {
         let m = metrics(w.aaddrs.admin()?).await?;

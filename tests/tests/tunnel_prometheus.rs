@@ -6,10 +6,10 @@ use anyhow::Context as _;
 use std::path::Path;
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, Fe, FeKind, TlsPage, TunnelPki, agent_yaml, metrics, metrics_page, server_yaml, start_agent, start_server,
-    wait_agents,
+    AgentOpts, Fe, FeKind, TlsPage, TunnelPki, agent_yaml, metrics, metrics_page, server_yaml, start_agent,
+    start_server, wait_agents,
 };
-use testbed::{http_get, metric_value, poll_until, HttpBackend, Proc, TempDir};
+use testbed::{HttpBackend, Proc, TempDir, http_get, metric_value, poll_until};
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 
@@ -35,11 +35,18 @@ async fn prometheus_scrapes_http_and_https_targets_through_the_tunnel() -> anyho
             eprintln!("SKIP: {PROMETHEUS} missing (SEEDGATE_SKIP_MISSING=1)");
             return Ok(());
         }
-        panic!("{PROMETHEUS} is missing: install the Debian package prometheus (.ci/run does), or set SEEDGATE_SKIP_MISSING=1 to skip");
+        panic!(
+            "{PROMETHEUS} is missing: install the Debian package prometheus (.ci/run does), or set SEEDGATE_SKIP_MISSING=1 to skip"
+        );
     }
     let dir = TempDir::new("tunnel-prom")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[Fe::new("prom", "shoot-a", FeKind::Plain)], "")).await?;
+    let (server, saddrs) = start_server(
+        &dir,
+        "server",
+        &server_yaml(&pki, "127.0.0.1:0", &[Fe::new("prom", "shoot-a", FeKind::Plain)], ""),
+    )
+    .await?;
     let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
     let (agent, _aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await?;
@@ -95,7 +102,14 @@ scrape_configs:
     .await
     .with_context(|| format!("prometheus log:\n{}", prom.log()))?;
 
-    let logs = || format!("--- prometheus:\n{}\n--- proxy-server:\n{}\n--- proxy-agent:\n{}", prom.log(), server.log(), agent.log());
+    let logs = || {
+        format!(
+            "--- prometheus:\n{}\n--- proxy-server:\n{}\n--- proxy-agent:\n{}",
+            prom.log(),
+            server.log(),
+            agent.log()
+        )
+    };
     poll_until(Duration::from_secs(60), Duration::from_millis(200), || async {
         let up = query(web, "up").await?;
         let value = |job: &str| up.iter().find(|(m, _)| m["job"] == job).map(|(_, v)| *v);
@@ -107,15 +121,23 @@ scrape_configs:
     .with_context(logs)?;
     // What was scraped is the targets' content, not just a reachable socket.
     let t = query(web, "testbed_up").await?;
-    let mut names: Vec<String> = t.iter().filter(|(_, v)| *v == 1.0).filter_map(|(m, _)| m["target"].as_str().map(str::to_owned)).collect();
+    let mut names: Vec<String> =
+        t.iter().filter(|(_, v)| *v == 1.0).filter_map(|(m, _)| m["target"].as_str().map(str::to_owned)).collect();
     names.sort();
     assert_eq!(names, ["kubelet", "node-exporter"], "{t:?}");
 
     // Both kinds of proxy request went through the tunnel.
     let m = metrics(saddrs.admin()?).await?;
-    let n = |kind| metric_value(&m, "seedgate_frontend_requests_total", &[("frontend", "prom"), ("kind", kind), ("code", "200")]).unwrap_or(0.0);
+    let n = |kind| {
+        metric_value(&m, "seedgate_frontend_requests_total", &[("frontend", "prom"), ("kind", kind), ("code", "200")])
+            .unwrap_or(0.0)
+    };
     assert!(n("forward") >= 1.0 && n("connect") >= 1.0, "{m}");
-    assert!(node_exporter.requests().iter().all(|h| h.starts_with("GET /metrics HTTP/1.1\r\n")), "{:?}", node_exporter.requests());
+    assert!(
+        node_exporter.requests().iter().all(|h| h.starts_with("GET /metrics HTTP/1.1\r\n")),
+        "{:?}",
+        node_exporter.requests()
+    );
     assert!(kubelet.connections() >= 1);
     Ok(())
 }

@@ -4,12 +4,12 @@
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
-use testbed::netns::{require_root, veth, Netns};
+use testbed::netns::{Netns, require_root, veth};
 use testbed::tunnel_kit::{
-    AgentOpts, Dialer, Fe, FeKind, RouteGuard, SilentPort, TunnelPki, FRONTEND_NAME, STEP, agent_yaml, connect,
+    AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, RouteGuard, STEP, SilentPort, TunnelPki, agent_yaml, connect,
     connect_strict, metrics, refusal_of, server_yaml, start_agent, start_server, tls_get_over, wait_agents,
 };
-use testbed::{bin_path, metric_value, Proc, TempDir};
+use testbed::{Proc, TempDir, bin_path, metric_value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Start the stand-in binary inside `ns`; returns it and the address it bound.
@@ -44,7 +44,17 @@ async fn shoot_backend_is_reachable_only_through_the_tunnel() -> anyhow::Result<
     let (_, cert, key) = pki.backend("kubelet", &["kubelet.shoot-a.test", "10.214.1.5"])?;
     let (_kubelet, kubelet) = stand_in(
         &shoot,
-        &["tls-http", "--listen", "10.214.1.5:0", "--cert", &cert.display().to_string(), "--key", &key.display().to_string(), "--name", "kubelet"],
+        &[
+            "tls-http",
+            "--listen",
+            "10.214.1.5:0",
+            "--cert",
+            &cert.display().to_string(),
+            "--key",
+            &key.display().to_string(),
+            "--name",
+            "kubelet",
+        ],
     )
     .await?;
     let (_echo, echo) = stand_in(&shoot, &["echo", "--listen", "10.214.1.5:0"]).await?;
@@ -61,9 +71,14 @@ async fn shoot_backend_is_reachable_only_through_the_tunnel() -> anyhow::Result<
     let _ = aaddrs;
 
     let mtls = Dialer::Tls(saddrs.listener("egress-mtls")?, pki.apiserver_tls()?, FRONTEND_NAME.into());
-    let s = connect_strict(&mtls, &kubelet.to_string()).await.with_context(|| format!("server:\n{}\nagent:\n{}", server.log(), agent.log()))?;
+    let s = connect_strict(&mtls, &kubelet.to_string())
+        .await
+        .with_context(|| format!("server:\n{}\nagent:\n{}", server.log(), agent.log()))?;
     let resp = tls_get_over(s, &pki.ca, "kubelet.shoot-a.test", "/logs/").await?;
-    assert!(resp.starts_with("HTTP/1.1 200") && resp.contains("backend=kubelet") && resp.contains("path=/logs/"), "{resp}");
+    assert!(
+        resp.starts_with("HTTP/1.1 200") && resp.contains("backend=kubelet") && resp.contains("path=/logs/"),
+        "{resp}"
+    );
 
     let mut s = connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.to_string()).await?;
     s.write_all(b"through the tunnel").await?;
@@ -99,7 +114,10 @@ async fn dial_errors_map_to_statuses() -> anyhow::Result<()> {
     let mut shoot = Netns::create("shoot")?;
     let _link = veth(None, Some(&shoot), "10.213.2.1/24", "10.213.2.2/24")?;
     shoot.set_hosts(&[("169.254.169.254", "metadata.shoot.test")])?;
-    std::fs::write(format!("/etc/netns/{}/resolv.conf", shoot.name()), "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")?;
+    std::fs::write(
+        format!("/etc/netns/{}/resolv.conf", shoot.name()),
+        "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
+    )?;
 
     let fes = [Fe::new("egress", "shoot-a", FeKind::Plain), Fe::new("nobody", "shoot-nobody", FeKind::Plain)];
     let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "10.213.2.1:0", &fes, "")).await?;
@@ -128,22 +146,32 @@ async fn dial_errors_map_to_statuses() -> anyhow::Result<()> {
         };
         let r = refusal_of(&e).with_context(|| format!("{target}: {e:#}"))?;
         assert_eq!(r.status, status, "{target}: {r}\n{}", agent.log());
-        assert!(r.body.ends_with('\n') && r.body.trim_end().lines().count() == 1 && r.body.len() > 1, "{target}: not a one-line reason: {r}");
+        assert!(
+            r.body.ends_with('\n') && r.body.trim_end().lines().count() == 1 && r.body.len() > 1,
+            "{target}: not a one-line reason: {r}"
+        );
         assert!(r.body.to_lowercase().contains(text), "{target}: reason {:?} does not say {text:?}", r.body);
         let cluster = if status == 503 { "shoot-nobody" } else { "shoot-a" };
         let m = metrics(saddrs.admin()?).await?;
         assert!(
-            metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("cluster", cluster), ("reason", code)]).unwrap_or(0.0) >= 1.0,
+            metric_value(&m, "seedgate_tunnel_dial_failures_total", &[("cluster", cluster), ("reason", code)])
+                .unwrap_or(0.0)
+                >= 1.0,
             "{target}: no dial failure {code} counted\n{m}"
         );
     }
     // The agent itself classified its failures (the server did not time out first).
     agent.wait_log_line(&["dial refused", &format!("target={silent_target}"), "reason=\"dial_timeout\""], STEP).await?;
-    agent.wait_log_line(&["dial refused", "target=no-such-host.shoot.invalid:443", "reason=\"resolve_failed\""], STEP).await?;
+    agent
+        .wait_log_line(&["dial refused", "target=no-such-host.shoot.invalid:443", "reason=\"resolve_failed\""], STEP)
+        .await?;
 
     // The same answers for absolute-form requests (Prometheus' plain-HTTP targets).
     let mut s = egress.connect().await?;
-    s.write_all(b"GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\nHost: 169.254.169.254\r\nConnection: close\r\n\r\n").await?;
+    s.write_all(
+        b"GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\nHost: 169.254.169.254\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
     let mut out = Vec::new();
     tokio::time::timeout(STEP, s.read_to_end(&mut out)).await??;
     let out = String::from_utf8_lossy(&out);
@@ -165,7 +193,8 @@ async fn server_dial_timeout_answers_504() -> anyhow::Result<()> {
     let shoot = Netns::create("shoot")?;
     let _link = veth(None, Some(&shoot), "10.213.3.1/24", "10.213.3.2/24")?;
     let fes = [Fe::new("egress", "shoot-a", FeKind::Plain)];
-    let (_server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "10.213.3.1:0", &fes, "timeouts: { dial: 1s }\n")).await?;
+    let (_server, saddrs) =
+        start_server(&dir, "server", &server_yaml(&pki, "10.213.3.1:0", &fes, "timeouts: { dial: 1s }\n")).await?;
     let silent = SilentPort::start_on("10.213.3.1:0".parse()?).await?;
     let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["10.213.3.0/24"]);
     o.dial_timeout = "30s".into();

@@ -100,32 +100,19 @@ pub fn head(target: SocketAddr, dest: &str) -> Arc<[u8]> {
 pub async fn connect_systems(ctx: &Ctx, ping: SocketAddr, sink: SocketAddr) -> Vec<Slot> {
     let env = ctx.env();
     let mut slots = Vec::new();
-    let r = systems::sni_router(&env, "sni-router", &router_connect_listener(ping, sink))
-        .await
-        .and_then(|mut r| {
-            let a = r.addr("gateway")?;
-            r.set_addr("proxy", a);
-            Ok(r)
-        });
+    let r = systems::sni_router(&env, "sni-router", &router_connect_listener(ping, sink)).await.and_then(|mut r| {
+        let a = r.addr("gateway")?;
+        r.set_addr("proxy", a);
+        Ok(r)
+    });
     slots.push(Slot::from("sni-router", Kind::Seedgate, r));
     slots.push(Slot::from("squid", Kind::Anchor, systems::squid(&env, "squid").await));
-    slots.push(Slot::from(
-        "tinyproxy",
-        Kind::Anchor,
-        systems::tinyproxy(&env, "tinyproxy").await,
-    ));
+    slots.push(Slot::from("tinyproxy", Kind::Anchor, systems::tinyproxy(&env, "tinyproxy").await));
     let r = async {
         let listen = host::free_port([127, 0, 0, 1])?;
         let body = nginx_connect_server(listen, ping, sink);
-        systems::nginx(
-            &env,
-            "nginx njs",
-            &body,
-            &[("connect.js", CONNECT_JS.to_owned())],
-            &[("proxy", listen)],
-            true,
-        )
-        .await
+        systems::nginx(&env, "nginx njs", &body, &[("connect.js", CONNECT_JS.to_owned())], &[("proxy", listen)], true)
+            .await
     }
     .await;
     slots.push(Slot::from("nginx njs", Kind::Anchor, r));
@@ -136,30 +123,12 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let ping = Ping::start().await?;
     let sink = Sink::start().await?;
-    let mut slots = vec![Slot::Up(Running::direct(&[
-        ("ping", ping.addr()),
-        ("sink", sink.addr()),
-    ]))];
+    let mut slots = vec![Slot::Up(Running::direct(&[("ping", ping.addr()), ("sink", sink.addr())]))];
     slots.extend(connect_systems(ctx, ping.addr(), sink.addr()).await);
-    let m_rate = res.metric(
-        SC,
-        &format!("CONNECT opens/s ({} concurrent)", s.concurrency),
-        "conn/s",
-        Better::Higher,
-    );
+    let m_rate = res.metric(SC, &format!("CONNECT opens/s ({} concurrent)", s.concurrency), "conn/s", Better::Higher);
     let m_sat99 = res.metric(SC, "open latency p99 at saturation", "µs", Better::Lower);
-    let m50 = res.metric(
-        SC,
-        &format!("open latency p50 at {} conn/s", s.fixed_rate),
-        "µs",
-        Better::Lower,
-    );
-    let m99 = res.metric(
-        SC,
-        &format!("open latency p99 at {} conn/s", s.fixed_rate),
-        "µs",
-        Better::Lower,
-    );
+    let m50 = res.metric(SC, &format!("open latency p50 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let m99 = res.metric(SC, &format!("open latency p99 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
     let m_bulk = res.metric(SC, "bulk through one CONNECT tunnel", "Gbit/s", Better::Higher);
     res.remark(
         SC,
@@ -169,21 +138,11 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         for slot in &mut slots {
             let Slot::Up(sys) = slot else { continue };
             let (txn, bulk_addr, bulk_pre) = if sys.kind == Kind::Direct {
-                (
-                    Txn::Plain {
-                        addr: sys.addr("ping")?,
-                        pre: Arc::from(&b""[..]),
-                    },
-                    sys.addr("sink")?,
-                    Preamble::None,
-                )
+                (Txn::Plain { addr: sys.addr("ping")?, pre: Arc::from(&b""[..]) }, sys.addr("sink")?, Preamble::None)
             } else {
                 let proxy = sys.addr("proxy")?;
                 (
-                    Txn::Connect {
-                        addr: proxy,
-                        head: head(ping.addr(), DEST_PING),
-                    },
+                    Txn::Connect { addr: proxy, head: head(ping.addr(), DEST_PING) },
                     proxy,
                     Preamble::Connect(head(sink.addr(), DEST_SINK)),
                 )
@@ -191,12 +150,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
             record_rate(res, sys, &r, &[(m_rate, r.rate), (m_sat99, r.open.quantile_us(0.99))]);
             let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
-            record_rate(
-                res,
-                sys,
-                &r,
-                &[(m50, r.open.quantile_us(0.5)), (m99, r.open.quantile_us(0.99))],
-            );
+            record_rate(res, sys, &r, &[(m50, r.open.quantile_us(0.5)), (m99, r.open.quantile_us(0.99))]);
             let r = bulk_upload(bulk_addr, &bulk_pre, 1, &sink, s.warmup, s.window).await;
             let r = r.and_then(|v| sys.check_alive().map(|()| v));
             record(res, m_bulk, &sys.label, sys.kind, r);

@@ -102,10 +102,7 @@ impl Sys {
             }
             Self::HaproxySni => {
                 let front = host::free_port([127, 0, 0, 1])?;
-                let body = format!(
-                    "{}backend be_up\n    server up {echo}\n",
-                    haproxy_sni_frontend(front, "sni.map")
-                );
+                let body = format!("{}backend be_up\n    server up {echo}\n", haproxy_sni_frontend(front, "sni.map"));
                 let r = systems::haproxy(
                     &env,
                     label,
@@ -163,11 +160,7 @@ impl Sys {
                 // The tunnel's readiness probe needs a server that answers a request: echo does.
                 let r = systems::seedgate_tunnel(&env, label, echo).await?;
                 let a = r.addr("frontend")?;
-                (
-                    r,
-                    a,
-                    Preamble::Connect(load::connect_head(&echo.to_string(), "").into()),
-                )
+                (r, a, Preamble::Connect(load::connect_head(&echo.to_string(), "").into()))
             }
             Self::Rathole { tls } => {
                 let r = systems::rathole(&env, label, &[("echo", echo)], tls).await?;
@@ -189,24 +182,9 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let (_helper, echo) = systems::echo_helper(ctx.dir.path()).await?;
     let hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), SNI)?.into();
     let metrics: [MetricId; 3] = [
-        res.metric(
-            SC,
-            &format!("SNI passthrough: RSS per idle connection, {n} held"),
-            "KiB",
-            Better::Lower,
-        ),
-        res.metric(
-            SC,
-            &format!("HTTP CONNECT: RSS per idle connection, {n} held"),
-            "KiB",
-            Better::Lower,
-        ),
-        res.metric(
-            SC,
-            &format!("reverse tunnel: RSS per idle stream, {n} held (both ends)"),
-            "KiB",
-            Better::Lower,
-        ),
+        res.metric(SC, &format!("SNI passthrough: RSS per idle connection, {n} held"), "KiB", Better::Lower),
+        res.metric(SC, &format!("HTTP CONNECT: RSS per idle connection, {n} held"), "KiB", Better::Lower),
+        res.metric(SC, &format!("reverse tunnel: RSS per idle stream, {n} held (both ends)"), "KiB", Better::Lower),
     ];
     res.remark(
         SC,

@@ -42,10 +42,7 @@ async fn haproxy_receiver(ctx: &Ctx, up: SocketAddr) -> anyhow::Result<Running> 
     );
     let files = [
         ("trusted.lst", "127.0.0.0/8\n".to_owned()),
-        (
-            "dst.map",
-            "10.1.2.3/32 be_pp\n127.0.0.3/32 be_pp\n127.0.0.4/32 be_pp\n".to_owned(),
-        ),
+        ("dst.map", "10.1.2.3/32 be_pp\n127.0.0.3/32 be_pp\n127.0.0.4/32 be_pp\n".to_owned()),
     ];
     systems::haproxy(&ctx.env(), "haproxy", &body, &files, &[("pp", front)], false).await
 }
@@ -76,24 +73,12 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let mut recv = vec![Slot::Up(Running::direct(&[("pp", ping.addr())]))];
     let router = systems::sni_router(&env, "sni-router", &receivers_yaml(ping.addr())).await;
     recv.push(Slot::from("sni-router", Kind::Seedgate, router));
-    recv.push(Slot::from(
-        "haproxy",
-        Kind::Anchor,
-        haproxy_receiver(ctx, ping.addr()).await,
-    ));
-    recv.push(Slot::from(
-        "nginx",
-        Kind::Anchor,
-        nginx_receiver(ctx, ping.addr()).await,
-    ));
+    recv.push(Slot::from("haproxy", Kind::Anchor, haproxy_receiver(ctx, ping.addr()).await));
+    recv.push(Slot::from("nginx", Kind::Anchor, nginx_receiver(ctx, ping.addr()).await));
 
     // Sender → receiver pairs.
     let mut pairs = vec![Slot::Up(Running::direct(&[("listen", ping.addr())]))];
-    for (rlabel, rkind) in [
-        ("sni-router", Kind::Seedgate),
-        ("haproxy", Kind::Anchor),
-        ("nginx", Kind::Anchor),
-    ] {
+    for (rlabel, rkind) in [("sni-router", Kind::Seedgate), ("haproxy", Kind::Anchor), ("nginx", Kind::Anchor)] {
         let gw = recv.iter().find_map(|sl| match sl {
             Slot::Up(r) if r.label == rlabel => r.addr("pp").ok(),
             _ => None,
@@ -132,28 +117,17 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     );
     let m_l50 = res.metric(
         SC,
-        &format!(
-            "PROXY-v2 listener alone, time to first byte p50 at {} conn/s",
-            s.fixed_rate
-        ),
+        &format!("PROXY-v2 listener alone, time to first byte p50 at {} conn/s", s.fixed_rate),
         "µs",
         Better::Lower,
     );
     let m_l99 = res.metric(
         SC,
-        &format!(
-            "PROXY-v2 listener alone, time to first byte p99 at {} conn/s",
-            s.fixed_rate
-        ),
+        &format!("PROXY-v2 listener alone, time to first byte p99 at {} conn/s", s.fixed_rate),
         "µs",
         Better::Lower,
     );
-    let m_p = res.metric(
-        SC,
-        "node proxy → gateway (sender + receiver), connections/s",
-        "conn/s",
-        Better::Higher,
-    );
+    let m_p = res.metric(SC, "node proxy → gateway (sender + receiver), connections/s", "conn/s", Better::Higher);
     res.remark(
         SC,
         "transaction = new TCP connection + 39-byte request + 66-byte answer + close; listener alone: the harness writes the PROXY v2 header \
@@ -163,15 +137,8 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     for _ in 0..s.repeats {
         for slot in &mut recv {
             let Slot::Up(sys) = slot else { continue };
-            let pre: Arc<[u8]> = if sys.kind == Kind::Direct {
-                Arc::from(&b""[..])
-            } else {
-                header.clone()
-            };
-            let txn = Txn::Plain {
-                addr: sys.addr("pp")?,
-                pre,
-            };
+            let pre: Arc<[u8]> = if sys.kind == Kind::Direct { Arc::from(&b""[..]) } else { header.clone() };
+            let txn = Txn::Plain { addr: sys.addr("pp")?, pre };
             let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
             record_rate(res, sys, &r, &[(m_l, r.rate)]);
             let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
@@ -179,18 +146,12 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
                 res,
                 sys,
                 &r,
-                &[
-                    (m_l50, r.first_byte.quantile_us(0.5)),
-                    (m_l99, r.first_byte.quantile_us(0.99)),
-                ],
+                &[(m_l50, r.first_byte.quantile_us(0.5)), (m_l99, r.first_byte.quantile_us(0.99))],
             );
         }
         for slot in &mut pairs {
             let Slot::Up(sys) = slot else { continue };
-            let txn = Txn::Plain {
-                addr: sys.addr("listen")?,
-                pre: Arc::from(&b""[..]),
-            };
+            let txn = Txn::Plain { addr: sys.addr("listen")?, pre: Arc::from(&b""[..]) };
             let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
             record_rate(res, sys, &r, &[(m_p, r.rate)]);
         }

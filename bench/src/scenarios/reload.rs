@@ -55,11 +55,7 @@ impl Sys {
     }
 
     fn kind(self) -> Kind {
-        if self == Self::Router {
-            Kind::Seedgate
-        } else {
-            Kind::Anchor
-        }
+        if self == Self::Router { Kind::Seedgate } else { Kind::Anchor }
     }
 }
 
@@ -170,11 +166,7 @@ fn reload(
             let bin = ctx.anchors.haproxy.clone().map_err(anyhow::Error::msg)?;
             let old_pid = t.run.pids().last().copied().context("no haproxy process")?;
             let mut cmd = ctx.pin.command(&bin);
-            cmd.arg("-db")
-                .arg("-f")
-                .arg(t.run.dir.join("haproxy.cfg"))
-                .arg("-sf")
-                .arg(old_pid.to_string());
+            cmd.arg("-db").arg("-f").arg(t.run.dir.join("haproxy.cfg")).arg("-sf").arg(old_pid.to_string());
             t.run.push_proc(Proc::spawn(cmd)?);
             Ok(())
         }
@@ -189,10 +181,7 @@ async fn routed(front: SocketAddr, hello: &Arc<[u8]>) -> bool {
         s.read_exact(&mut b).await?;
         anyhow::Ok(b == PING_RESPONSE)
     };
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), attempt).await,
-        Ok(Ok(true))
-    )
+    matches!(tokio::time::timeout(Duration::from_millis(500), attempt).await, Ok(Ok(true)))
 }
 
 /// Start `n` streaming connections; returns them with the count of broken ones.
@@ -243,11 +232,7 @@ async fn streams(
         ensure!(Instant::now() < deadline, "streams did not open within 20 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    ensure!(
-        broken.load(Ordering::Relaxed) == 0,
-        "{} streams failed before the reload",
-        broken.load(Ordering::Relaxed)
-    );
+    ensure!(broken.load(Ordering::Relaxed) == 0, "{} streams failed before the reload", broken.load(Ordering::Relaxed));
     Ok((set, broken))
 }
 
@@ -257,18 +242,9 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let echo = Echo::start().await?;
     let ping = Ping::start().await?;
     let stream_hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), STREAM_SNI)?.into();
-    let m_time = res.metric(
-        SC,
-        &format!("new route live after a config change, {n} routes"),
-        "ms",
-        Better::Lower,
-    );
-    let m_stall = res.metric(
-        SC,
-        "longest echo round trip of a streaming connection across the reload",
-        "ms",
-        Better::Lower,
-    );
+    let m_time = res.metric(SC, &format!("new route live after a config change, {n} routes"), "ms", Better::Lower);
+    let m_stall =
+        res.metric(SC, "longest echo round trip of a streaming connection across the reload", "ms", Better::Lower);
     let m_reset = res.metric(
         SC,
         &format!("connections reset by the reload, of {} streaming", s.reload_streams),
@@ -296,22 +272,9 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
                 continue;
             }
         };
-        eprintln!(
-            "bench: {label} with {n} routes up in {:.2} s",
-            t0.elapsed().as_secs_f64()
-        );
+        eprintln!("bench: {label} with {n} routes up in {:.2} s", t0.elapsed().as_secs_f64());
         for rep in 0..s.repeats {
-            let r = one_reload(
-                ctx,
-                &mut t,
-                n,
-                rep,
-                echo.addr(),
-                ping.addr(),
-                &stream_hello,
-                s.reload_streams,
-            )
-            .await;
+            let r = one_reload(ctx, &mut t, n, rep, echo.addr(), ping.addr(), &stream_hello, s.reload_streams).await;
             match r {
                 Ok((ms, resets, stall)) => {
                     record(res, m_time, label, kind, Ok(ms));
@@ -342,14 +305,10 @@ async fn one_reload(
     nstreams: usize,
 ) -> anyhow::Result<(f64, usize, f64)> {
     let new_hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), &new_name(rep))?.into();
-    ensure!(
-        !routed(t.front, &new_hello).await,
-        "the new route answers before the reload"
-    );
+    ensure!(!routed(t.front, &new_hello).await, "the new route answers before the reload");
     let stop = Arc::new(AtomicBool::new(false));
     let max_rtt_us = Arc::new(AtomicU64::new(0));
-    let (mut set, broken) =
-        streams(t.front, stream_hello.clone(), nstreams, stop.clone(), max_rtt_us.clone()).await?;
+    let (mut set, broken) = streams(t.front, stream_hello.clone(), nstreams, stop.clone(), max_rtt_us.clone()).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     // From here on: the longest round trip of any stream (a reload that blocks the data plane
     // shows up here).

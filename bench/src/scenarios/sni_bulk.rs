@@ -37,9 +37,7 @@ pub fn nginx_sni_server(listen: std::net::SocketAddr, entries: &str) -> String {
 pub fn router_sni_listener(routes: &[(String, String, std::net::SocketAddr)]) -> String {
     let mut y = String::from("  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n");
     for (name, sni, up) in routes {
-        y.push_str(&format!(
-            "      - name: {name}\n        sni: [{sni}]\n        upstreams: [{up}]\n"
-        ));
+        y.push_str(&format!("      - name: {name}\n        sni: [{sni}]\n        upstreams: [{up}]\n"));
     }
     y
 }
@@ -56,27 +54,14 @@ pub async fn sni_systems(ctx: &Ctx, sni: &str, upstream: std::net::SocketAddr, s
         Ok(r)
     });
     slots.push(Slot::from("sni-router", Kind::Seedgate, r));
-    let variants: &[(&str, bool)] = if splice_too {
-        &[("haproxy", false), ("haproxy splice-auto", true)]
-    } else {
-        &[("haproxy", false)]
-    };
+    let variants: &[(&str, bool)] =
+        if splice_too { &[("haproxy", false), ("haproxy splice-auto", true)] } else { &[("haproxy", false)] };
     for &(label, splice) in variants {
         let r = async {
             let front = host::free_port([127, 0, 0, 1])?;
-            let body = format!(
-                "{}backend be_up\n    server up {upstream}\n",
-                haproxy_sni_frontend(front, "sni.map")
-            );
-            systems::haproxy(
-                &env,
-                label,
-                &body,
-                &[("sni.map", format!("{sni} be_up\n"))],
-                &[("front", front)],
-                splice,
-            )
-            .await
+            let body = format!("{}backend be_up\n    server up {upstream}\n", haproxy_sni_frontend(front, "sni.map"));
+            systems::haproxy(&env, label, &body, &[("sni.map", format!("{sni} be_up\n"))], &[("front", front)], splice)
+                .await
         }
         .await;
         slots.push(Slot::from(label, Kind::Anchor, r));

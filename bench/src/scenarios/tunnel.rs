@@ -46,12 +46,7 @@ impl Targets {
     }
 
     fn services(&self) -> [(&'static str, SocketAddr); 4] {
-        [
-            ("sink", self.sink),
-            ("ping", self.ping),
-            ("source", self.source),
-            ("echo", self.echo),
-        ]
+        [("sink", self.sink), ("ping", self.ping), ("source", self.source), ("echo", self.echo)]
     }
 }
 
@@ -105,10 +100,7 @@ fn route(sys: &Running, t: &Targets, role: &str) -> anyhow::Result<(SocketAddr, 
 fn txn_for(sys: &Running, t: &Targets) -> anyhow::Result<Txn> {
     Ok(match route(sys, t, "ping")? {
         (addr, Preamble::Connect(head)) => Txn::Connect { addr, head },
-        (addr, _) => Txn::Plain {
-            addr,
-            pre: Arc::from(&b""[..]),
-        },
+        (addr, _) => Txn::Plain { addr, pre: Arc::from(&b""[..]) },
     })
 }
 
@@ -118,19 +110,9 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let ping = Ping::start().await?;
     let source = Source::start().await?;
     let (_echo_proc, echo) = systems::echo_helper(ctx.dir.path()).await?;
-    let t = Targets {
-        sink: sink.addr(),
-        ping: ping.addr(),
-        source: source.addr(),
-        echo,
-    };
-    let kinds = [
-        Tunnel::Direct,
-        Tunnel::Seedgate,
-        Tunnel::Rathole { tls: false },
-        Tunnel::Rathole { tls: true },
-        Tunnel::Ssh,
-    ];
+    let t = Targets { sink: sink.addr(), ping: ping.addr(), source: source.addr(), echo };
+    let kinds =
+        [Tunnel::Direct, Tunnel::Seedgate, Tunnel::Rathole { tls: false }, Tunnel::Rathole { tls: true }, Tunnel::Ssh];
     let mut slots = Vec::new();
     for k in kinds {
         slots.push(Slot::from(k.label(), k.kind(), k.start(ctx, &t).await));
@@ -145,36 +127,12 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         Better::Higher,
     );
     let m_sat99 = res.metric(SC, "time to first byte p99 at saturation", "µs", Better::Lower);
-    let m50 = res.metric(
-        SC,
-        &format!("time to first byte p50 at {} conn/s", s.fixed_rate),
-        "µs",
-        Better::Lower,
-    );
-    let m99 = res.metric(
-        SC,
-        &format!("time to first byte p99 at {} conn/s", s.fixed_rate),
-        "µs",
-        Better::Lower,
-    );
-    let m_hol_base = res.metric(
-        SC,
-        &format!("download, {} streams", s.hol_streams),
-        "Gbit/s",
-        Better::Higher,
-    );
-    let m_hol_stalled = res.metric(
-        SC,
-        &format!("download, {} streams + 1 stalled reader", s.hol_streams),
-        "Gbit/s",
-        Better::Higher,
-    );
-    let m_hol = res.metric(
-        SC,
-        "head-of-line ratio (with stalled ÷ without)",
-        "ratio",
-        Better::Higher,
-    );
+    let m50 = res.metric(SC, &format!("time to first byte p50 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let m99 = res.metric(SC, &format!("time to first byte p99 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let m_hol_base = res.metric(SC, &format!("download, {} streams", s.hol_streams), "Gbit/s", Better::Higher);
+    let m_hol_stalled =
+        res.metric(SC, &format!("download, {} streams + 1 stalled reader", s.hol_streams), "Gbit/s", Better::Higher);
+    let m_hol = res.metric(SC, "head-of-line ratio (with stalled ÷ without)", "ratio", Better::Higher);
     res.remark(
         SC,
         "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS HTTP/2 tunnel); rathole/ssh: one visitor port per target; \
@@ -194,32 +152,10 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             }
             let txn = txn_for(sys, &t)?;
             let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
-            record_rate(
-                res,
-                sys,
-                &r,
-                &[(m_rate, r.rate), (m_sat99, r.first_byte.quantile_us(0.99))],
-            );
+            record_rate(res, sys, &r, &[(m_rate, r.rate), (m_sat99, r.first_byte.quantile_us(0.99))]);
             let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
-            record_rate(
-                res,
-                sys,
-                &r,
-                &[
-                    (m50, r.first_byte.quantile_us(0.5)),
-                    (m99, r.first_byte.quantile_us(0.99)),
-                ],
-            );
-            hol(
-                res,
-                sys,
-                &t,
-                s.hol_streams,
-                s.warmup,
-                s.window,
-                [m_hol_base, m_hol_stalled, m_hol],
-            )
-            .await;
+            record_rate(res, sys, &r, &[(m50, r.first_byte.quantile_us(0.5)), (m99, r.first_byte.quantile_us(0.99))]);
+            hol(res, sys, &t, s.hol_streams, s.warmup, s.window, [m_hol_base, m_hol_stalled, m_hol]).await;
         }
     }
     let all = [m_b1, m_b64, m_rate, m_sat99, m50, m99, m_hol_base, m_hol_stalled, m_hol];
@@ -253,13 +189,7 @@ async fn hol(
         Ok((base, stalled)) => {
             record(res, m[0], &sys.label, sys.kind, Ok(base));
             record(res, m[1], &sys.label, sys.kind, Ok(stalled));
-            record(
-                res,
-                m[2],
-                &sys.label,
-                sys.kind,
-                Ok(if base > 0.0 { stalled / base } else { 0.0 }),
-            );
+            record(res, m[2], &sys.label, sys.kind, Ok(if base > 0.0 { stalled / base } else { 0.0 }));
         }
         Err(e) => {
             let text = format!("{e:#}");
@@ -276,11 +206,7 @@ async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> an
     let s = &ctx.scale;
     let env = ctx.env();
     let mut slots = vec![Slot::Up(Running::direct(&t.services()))];
-    slots.push(Slot::from(
-        Tunnel::Seedgate.label(),
-        Kind::Seedgate,
-        Tunnel::Seedgate.start(ctx, t).await,
-    ));
+    slots.push(Slot::from(Tunnel::Seedgate.label(), Kind::Seedgate, Tunnel::Seedgate.start(ctx, t).await));
     let r = async {
         let sq = systems::squid(&env, "squid (shoot side)").await?;
         let proxy = sq.addr("proxy")?;
@@ -294,64 +220,37 @@ async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> an
     slots.push(Slot::from("squid + rathole", Kind::Anchor, r));
     let m_rate = res.metric(
         SC,
-        &format!(
-            "CONNECT through a reverse tunnel, opens/s ({} concurrent)",
-            s.concurrency
-        ),
+        &format!("CONNECT through a reverse tunnel, opens/s ({} concurrent)", s.concurrency),
         "conn/s",
         Better::Higher,
     );
     let m50 = res.metric(
         SC,
-        &format!(
-            "CONNECT through a reverse tunnel, open latency p50 at {} conn/s",
-            s.fixed_rate
-        ),
+        &format!("CONNECT through a reverse tunnel, open latency p50 at {} conn/s", s.fixed_rate),
         "µs",
         Better::Lower,
     );
     let m99 = res.metric(
         SC,
-        &format!(
-            "CONNECT through a reverse tunnel, open latency p99 at {} conn/s",
-            s.fixed_rate
-        ),
+        &format!("CONNECT through a reverse tunnel, open latency p99 at {} conn/s", s.fixed_rate),
         "µs",
         Better::Lower,
     );
-    let m_sat99 = res.metric(
-        SC,
-        "CONNECT through a reverse tunnel, open latency p99 at saturation",
-        "µs",
-        Better::Lower,
-    );
+    let m_sat99 =
+        res.metric(SC, "CONNECT through a reverse tunnel, open latency p99 at saturation", "µs", Better::Lower);
     for _ in 0..s.repeats {
         for slot in &mut slots {
             let Slot::Up(sys) = slot else { continue };
             let head = || connect_head(&t.ping.to_string(), "").into();
             let txn = match sys.kind {
-                Kind::Direct => Txn::Plain {
-                    addr: t.ping,
-                    pre: Arc::from(&b""[..]),
-                },
-                Kind::Seedgate => Txn::Connect {
-                    addr: sys.addr("frontend")?,
-                    head: head(),
-                },
-                Kind::Anchor => Txn::Connect {
-                    addr: sys.addr("proxy")?,
-                    head: head(),
-                },
+                Kind::Direct => Txn::Plain { addr: t.ping, pre: Arc::from(&b""[..]) },
+                Kind::Seedgate => Txn::Connect { addr: sys.addr("frontend")?, head: head() },
+                Kind::Anchor => Txn::Connect { addr: sys.addr("proxy")?, head: head() },
             };
             let r = closed_loop(&txn, s.concurrency, s.warmup, s.window).await;
             record_rate(res, sys, &r, &[(m_rate, r.rate), (m_sat99, r.open.quantile_us(0.99))]);
             let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
-            record_rate(
-                res,
-                sys,
-                &r,
-                &[(m50, r.open.quantile_us(0.5)), (m99, r.open.quantile_us(0.99))],
-            );
+            record_rate(res, sys, &r, &[(m50, r.open.quantile_us(0.5)), (m99, r.open.quantile_us(0.99))]);
         }
     }
     record_skips(res, &[m_rate, m50, m99, m_sat99], &slots);
@@ -364,19 +263,9 @@ async fn concurrent_streams(ctx: &Ctx, res: &mut Results, t: &Targets, kinds: &[
     let s = &ctx.scale;
     let mut ms = Vec::new();
     for n in s.streams {
-        let mem = res.metric(
-            SC,
-            &format!("memory per open stream at {n} streams (both ends)"),
-            "KiB",
-            Better::Lower,
-        );
+        let mem = res.metric(SC, &format!("memory per open stream at {n} streams (both ends)"), "KiB", Better::Lower);
         let open = res.metric(SC, &format!("time to open {n} streams"), "s", Better::Lower);
-        let done = res.metric(
-            SC,
-            &format!("streams completing an echo, of {n}"),
-            "streams",
-            Better::Higher,
-        );
+        let done = res.metric(SC, &format!("streams completing an echo, of {n}"), "streams", Better::Higher);
         ms.push((n, mem, open, done));
     }
     for _ in 0..s.repeats {
@@ -407,13 +296,7 @@ async fn concurrent_streams(ctx: &Ctx, res: &mut Results, t: &Targets, kinds: &[
                         let after = sys.rss_kib();
                         record(res, m_open, label, kind, Ok(took));
                         if kind != Kind::Direct {
-                            record(
-                                res,
-                                m_mem,
-                                label,
-                                kind,
-                                Ok(after.saturating_sub(before) as f64 / n as f64),
-                            );
+                            record(res, m_mem, label, kind, Ok(after.saturating_sub(before) as f64 / n as f64));
                         }
                         let completed = load::echo_all(held, b"ping through every stream", 256).await;
                         let alive = sys.check_alive();

@@ -1,7 +1,7 @@
 //! Test helpers: an in-process agent, admin scraping, polling with a deadline, fake-gateway reads.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use anyhow::{anyhow, bail, Context as _};
+use anyhow::{Context as _, anyhow, bail};
 use proxy_agent::Addresses;
 use proxy_core::proxy_protocol::{self, ProxyHeader};
 use proxy_core::shutdown::Shutdown;

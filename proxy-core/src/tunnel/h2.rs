@@ -1,11 +1,11 @@
 //! The HTTP/2 transport of the tunnel, roles reversed: the seed is the h2 client on the agent's TLS connection.
 
 use super::{
-    AgentHello, BoxFuture, ControlMsg, DialError, H2Stream, Incoming, Opener, Responder, TunnelSettings, TunnelStream,
-    CONTROL_PATH, ERROR_HEADER, REASON_HEADER,
+    AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener,
+    REASON_HEADER, Responder, TunnelSettings, TunnelStream,
 };
 use bytes::{Bytes, BytesMut};
-use h2::{client, server, Ping, PingPong, Reason};
+use h2::{Ping, PingPong, Reason, client, server};
 use http::{Method, Request, Response, StatusCode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,7 +103,10 @@ impl AsyncWrite for ActiveStream {
     ) -> std::task::Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
     fn poll_shutdown(
@@ -146,7 +149,9 @@ impl Opener for H2Opener {
             };
             let (resp, stream) = match tokio::time::timeout(timeout, fut).await {
                 Ok(r) => r?,
-                Err(_) => return Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}"))),
+                Err(_) => {
+                    return Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}")));
+                }
             };
             if resp.status() != StatusCode::OK {
                 return Err(dial_error_from_response(&resp));
@@ -160,9 +165,7 @@ impl Opener for H2Opener {
     }
 
     fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.control
-            .try_send(msg.clone())
-            .map_err(|e| DialError::Transport(format!("control queue: {e}")))
+        self.control.try_send(msg.clone()).map_err(|e| DialError::Transport(format!("control queue: {e}")))
     }
 
     fn active_streams(&self) -> usize {
@@ -213,10 +216,7 @@ where
         control: ctl_tx,
     });
     let hello = Arc::new(Mutex::new(None));
-    on_ready(SeedSession {
-        opener: opener.clone(),
-        hello: hello.clone(),
-    });
+    on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
     let control = tokio::spawn(seed_control(send, ctl_rx, hello, closed.clone()));
     let result = tokio::select! {
         r = &mut conn => r.map_err(SessionError::H2),
@@ -236,11 +236,7 @@ async fn seed_control(
     closed: CancellationToken,
 ) {
     let run = async {
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("https://agent{CONTROL_PATH}"))
-            .body(())
-            .ok()?;
+        let req = Request::builder().method(Method::POST).uri(format!("https://agent{CONTROL_PATH}")).body(()).ok()?;
         let mut ready = send.ready().await.ok()?;
         let (resp, mut stream) = ready.send_request(req, false).ok()?;
         let resp = resp.await.ok()?;
@@ -289,10 +285,8 @@ struct H2Responder {
 
 impl Responder for H2Responder {
     fn accept(mut self: Box<Self>) -> Result<TunnelStream, DialError> {
-        let send = self
-            .respond
-            .send_response(Response::new(()), false)
-            .map_err(|e| DialError::Transport(e.to_string()))?;
+        let send =
+            self.respond.send_response(Response::new(()), false).map_err(|e| DialError::Transport(e.to_string()))?;
         let H2Responder { recv, .. } = *self;
         Ok(TunnelStream::new(H2Stream::new(send, recv)))
     }
@@ -367,10 +361,7 @@ where
         let (parts, recv) = req.into_parts();
         if parts.method == Method::CONNECT {
             let target = parts.uri.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
-            let inc = Incoming {
-                target,
-                responder: Box::new(H2Responder { respond, recv }),
-            };
+            let inc = Incoming { target, responder: Box::new(H2Responder { respond, recv }) };
             tracker.spawn(handler.incoming(inc));
         } else if parts.method == Method::POST && parts.uri.path() == CONTROL_PATH {
             let task = tokio::spawn(agent_control(respond, recv, handler.clone()));
@@ -386,7 +377,11 @@ where
     }
 }
 
-async fn agent_control(mut respond: server::SendResponse<Bytes>, mut recv: h2::RecvStream, handler: Arc<dyn AgentHandler>) {
+async fn agent_control(
+    mut respond: server::SendResponse<Bytes>,
+    mut recv: h2::RecvStream,
+    handler: Arc<dyn AgentHandler>,
+) {
     let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
     let mut hello = serde_json::to_vec(&handler.hello()).unwrap_or_default();
     hello.push(b'\n');

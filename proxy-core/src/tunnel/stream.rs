@@ -5,7 +5,7 @@ use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use std::io;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Largest chunk handed to h2 per write: one frame's worth keeps framing overhead low while
@@ -36,13 +36,7 @@ fn h2_to_io(e: h2::Error) -> io::Error {
 
 impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
-        Self {
-            send,
-            recv,
-            pending: Bytes::new(),
-            read_eof: false,
-            write_closed: false,
-        }
+        Self { send, recv, pending: Bytes::new(), read_eof: false, write_closed: false }
     }
 }
 
@@ -90,9 +84,7 @@ impl AsyncWrite for H2Stream {
             let cap = this.send.capacity();
             if cap > 0 {
                 let n = cap.min(buf.len());
-                this.send
-                    .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                    .map_err(h2_to_io)?;
+                this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(h2_to_io)?;
                 return Poll::Ready(Ok(n));
             }
             match ready!(this.send.poll_capacity(cx)) {

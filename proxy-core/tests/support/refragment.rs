@@ -52,11 +52,7 @@ pub fn refragment(wire: &[u8], sizes: &[usize]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut rest = &hs[..];
     for (i, &size) in sizes.iter().enumerate() {
-        let n = if i + 1 == sizes.len() {
-            rest.len()
-        } else {
-            size.min(rest.len())
-        };
+        let n = if i + 1 == sizes.len() { rest.len() } else { size.min(rest.len()) };
         assert!(n > 0 && n <= 16384, "fragment sizes do not fit the hello");
         out.push(0x16);
         out.extend_from_slice(&version);
