@@ -353,7 +353,7 @@ async fn tunnel(
         Err(_) => r.check(false, "GET", "no answer within 10s"),
     }
 
-    r.heading(&format!("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)"));
+    r.heading("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)");
     let refused = async {
         let mut s = tokio::net::TcpStream::connect(egress).await?;
         s.write_all(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await?;

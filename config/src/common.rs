@@ -214,11 +214,11 @@ impl FromStr for CidrPort {
             return Ok(Self { net: net.parse().map_err(bad)?, port });
         }
         // IPv4 (or a bare IPv6 without port): a colon after the address part is the port.
-        if s.contains('.') {
-            if let Some((net, port)) = s.rsplit_once(':') {
-                let port = port.parse::<u16>().map_err(|_| bad("bad port".into()))?;
-                return Ok(Self { net: net.parse().map_err(bad)?, port: Some(port) });
-            }
+        if s.contains('.')
+            && let Some((net, port)) = s.rsplit_once(':')
+        {
+            let port = port.parse::<u16>().map_err(|_| bad("bad port".into()))?;
+            return Ok(Self { net: net.parse().map_err(bad)?, port: Some(port) });
         }
         Ok(Self { net: s.parse().map_err(bad)?, port: None })
     }

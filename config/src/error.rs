@@ -46,6 +46,19 @@ impl fmt::Display for ConfigError {
 }
 
 impl ConfigError {
+    /// A failure outside the file itself (e.g. the parsing task could not run).
+    pub fn internal(file: &str, what: &str) -> Self {
+        Self {
+            problems: vec![Problem {
+                file: file.to_owned(),
+                line: 0,
+                column: 0,
+                field: String::new(),
+                message: what.to_owned(),
+            }],
+        }
+    }
+
     pub(crate) fn io(file: &str, e: std::io::Error) -> Self {
         Self {
             problems: vec![Problem {

@@ -314,10 +314,10 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
                     }
                     _ => {}
                 }
-                if let Some(re) = &c.regex {
-                    if let Err(e) = regex::Regex::new(&format!("^(?:{re})$")) {
-                        p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
-                    }
+                if let Some(re) = &c.regex
+                    && let Err(e) = regex::Regex::new(&format!("^(?:{re})$"))
+                {
+                    p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
                 }
                 for (i, a) in c.authority.iter().enumerate() {
                     if a.parse::<HostPort>().is_err() {
@@ -325,16 +325,16 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
                     }
                 }
             }
-            if let Some(d) = r.drain_deadline {
-                if d.get().is_zero() {
-                    p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
-                }
+            if let Some(d) = r.drain_deadline
+                && d.get().is_zero()
+            {
+                p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
             }
         }
-        if let Some(d) = &l.default_route {
-            if !l.routes.iter().any(|r| r.name.as_str() == d) {
-                p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
-            }
+        if let Some(d) = &l.default_route
+            && !l.routes.iter().any(|r| r.name.as_str() == d)
+        {
+            p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
         }
     }
     for (name, d) in [

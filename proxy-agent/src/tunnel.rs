@@ -365,15 +365,14 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
                 // Follow DNS: the name we dialled no longer includes the address we are on.
                 let name = cur.target.clone();
                 let peer = cur.peer;
-                if let Ok(Ok(addrs)) = tokio::time::timeout(cfg.dial_timeout.get(), proxy_core::net::resolve(&name)).await {
-                    if !addrs.is_empty() && !addrs.contains(&peer) {
+                if let Ok(Ok(addrs)) = tokio::time::timeout(cfg.dial_timeout.get(), proxy_core::net::resolve(&name)).await
+                    && !addrs.is_empty() && !addrs.contains(&peer) {
                         tracing::info!(server = %label, %name, old = %peer, new = ?addrs, "server name resolves elsewhere: re-homing");
                         t.metrics.moves.with_label_values(&[&label]).inc();
                         if let Some(target_now) = rehome(&ctx, &mut live, name, Some(cfg.rehome_drain.get())).await {
                             target = target_now;
                         }
                     }
-                }
             }
             _ = stop.cancelled() => return,
         }

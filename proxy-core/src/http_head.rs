@@ -194,10 +194,10 @@ impl HeadReader {
     /// `buf` must be the same stream as in earlier calls, only longer.
     /// `Ok(None)` = need more bytes.
     pub fn poll(&mut self, buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
-        if let Some(&b) = buf.first() {
-            if !is_tchar(b) {
-                return Err(HeadError::Malformed("request line must start with a method"));
-            }
+        if let Some(&b) = buf.first()
+            && !is_tchar(b)
+        {
+            return Err(HeadError::Malformed("request line must start with a method"));
         }
         let limit = buf.len().min(self.max_len);
         let end = match self.find_end(&buf[..limit]) {

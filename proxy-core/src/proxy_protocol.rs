@@ -207,20 +207,20 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     let line = &buf[..line_len];
     // ppp gap: the spec says a receiver must ignore whatever follows "UNKNOWN" up to the
     // CRLF, but ppp fails on five or more extra fields. Handle UNKNOWN here.
-    if let Some(rest) = line.strip_prefix(b"PROXY UNKNOWN".as_slice()) {
-        if rest[0] == b' ' || rest[0] == b'\r' {
-            return Ok(Some(ProxyHeader {
-                version: 1,
-                command: Command::Proxy,
-                transport: Transport::Unspec,
-                source: None,
-                destination: None,
-                authority: None,
-                unique_id: None,
-                tlvs: Vec::new(),
-                len: line_len,
-            }));
-        }
+    if let Some(rest) = line.strip_prefix(b"PROXY UNKNOWN".as_slice())
+        && (rest[0] == b' ' || rest[0] == b'\r')
+    {
+        return Ok(Some(ProxyHeader {
+            version: 1,
+            command: Command::Proxy,
+            transport: Transport::Unspec,
+            source: None,
+            destination: None,
+            authority: None,
+            unique_id: None,
+            tlvs: Vec::new(),
+            len: line_len,
+        }));
     }
     let header = Header::try_from(line).map_err(map_v1_error)?;
 
@@ -525,10 +525,10 @@ pub fn try_encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> 
     if opts.authority.is_some_and(|a| a.len() > AUTHORITY_MAX_LEN) {
         return Err(ProxyError::TlvBadValue { tlv_type: PP2_TYPE_AUTHORITY, what: "longer than 255 bytes" });
     }
-    if let Some(u) = opts.unique_id {
-        if u.len() > UNIQUE_ID_MAX_LEN {
-            return Err(ProxyError::UniqueIdTooLong(u.len()));
-        }
+    if let Some(u) = opts.unique_id
+        && u.len() > UNIQUE_ID_MAX_LEN
+    {
+        return Err(ProxyError::UniqueIdTooLong(u.len()));
     }
     for &(t, v) in opts.extra_tlvs {
         let dup = match t {

@@ -32,7 +32,7 @@ pub fn mark_loaded(metrics: &ReloadMetrics) {
 /// Watch `path` and SIGHUP until `stop`; on each trigger parse the file and hand the result to
 /// `apply`. A file that fails to parse or validate, or that `apply` refuses, is logged and counted
 /// as a failure and the running config stays.
-pub async fn reload_loop<T>(
+pub async fn reload_loop<T: Send + 'static>(
     path: PathBuf,
     parse: fn(&str, &str) -> Result<T, ConfigError>,
     mut apply: impl FnMut(T) -> Result<(), String>,
@@ -63,7 +63,13 @@ pub async fn reload_loop<T>(
             }
         };
         last = stamp(&path);
-        let result = seedgate_config::load(&path, parse).map_err(|e| e.to_string()).and_then(&mut apply);
+        // Reading and parsing (tens of ms for 10,000 routes) run off the runtime's workers, so
+        // live connections are not held up; only the swap itself runs here.
+        let p = path.clone();
+        let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&p, parse)).await.unwrap_or_else(|e| {
+            Err(seedgate_config::ConfigError::internal(&path.display().to_string(), &e.to_string()))
+        });
+        let result = loaded.map_err(|e| e.to_string()).and_then(&mut apply);
         match result {
             Ok(()) => {
                 metrics.reloads.with_label_values(&["success"]).inc();

@@ -24,24 +24,24 @@ pub struct FrontendRt {
 }
 
 /// Everything known about one front-end connection, for its access log.
-struct Ctx<'a> {
+struct Ctx {
     conn_id: String,
-    fe: &'a FrontendRt,
-    peer: &'a str,
-    cluster: &'a str,
+    fe: Arc<FrontendRt>,
+    peer: String,
+    cluster: String,
     kind: &'static str,
     target: String,
     started: Instant,
 }
 
-impl Ctx<'_> {
+impl Ctx {
     fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
         tracing::info!(
             target: "access",
             conn_id = %self.conn_id,
             frontend = %self.fe.name,
-            client = self.peer,
-            cluster = self.cluster,
+            client = %self.peer,
+            cluster = %self.cluster,
             kind = self.kind,
             target = %self.target,
             code,
@@ -79,12 +79,95 @@ impl Abort for tokio::net::UnixStream {
     fn abort_on_close(&self) {}
 }
 
-/// Serve one front-end connection (after TLS, if any). `cert_cluster` is the client
-/// certificate's CN when the front end derives the cluster from it.
-pub async fn serve<S>(shared: Arc<Shared>, fe: Arc<FrontendRt>, mut io: S, peer: String, cert_cluster: Option<String>)
-where
-    S: AsyncRead + AsyncWrite + Abort + Unpin + Send + 'static,
-{
+/// A front-end stream of any kind (TCP, TLS over TCP, Unix socket).
+pub trait FrontIo: AsyncRead + AsyncWrite + Abort + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Abort + Unpin + Send> FrontIo for T {}
+
+/// Boxed, so every kind of front end shares one (small) relay future.
+type BoxIo = Box<dyn FrontIo>;
+
+impl Abort for BoxIo {
+    fn abort_on_close(&self) {
+        (**self).abort_on_close()
+    }
+}
+
+/// An accepted front-end connection, before any handshake.
+pub enum Accepted {
+    Tcp(tokio::net::TcpStream, Option<tokio_rustls::TlsAcceptor>),
+    Unix(tokio::net::UnixStream),
+}
+
+/// A CONNECT that was answered 200: what the relay needs.
+struct Ready {
+    io: BoxIo,
+    stream: TunnelStream,
+    pipelined: Vec<u8>,
+    ctx: Box<Ctx>,
+}
+
+/// Serve one accepted front-end connection to its end. The handshake, the request head and
+/// the dial run in a boxed future that is freed before the relay, so a long-lived (mostly
+/// idle) stream holds only the relay's state.
+pub fn connection(
+    shared: Arc<Shared>,
+    fe: Arc<FrontendRt>,
+    conn: Accepted,
+    peer: String,
+    permit: proxy_core::accept::ConnPermit,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let active = shared.metrics.conn.active.with_label_values(&[&fe.name]);
+    active.inc();
+    let prepare = Box::pin(prepare(shared.clone(), fe, conn, peer));
+    async move {
+        let _permit = permit;
+        if let Some(r) = prepare.await {
+            relay(&shared, r).await;
+        }
+        active.dec();
+    }
+}
+
+async fn prepare(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Accepted, peer: String) -> Option<Ready> {
+    match conn {
+        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None).await,
+        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None).await,
+        Accepted::Tcp(tcp, Some(acc)) => {
+            let hs = shared.config.load().timeouts.handshake.get();
+            match tokio::time::timeout(hs, acc.accept(tcp)).await {
+                Ok(Ok(s)) => {
+                    let cn = s
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(proxy_core::tls::common_name);
+                    serve(shared, fe, Box::new(s), peer, cn).await
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "front-end TLS handshake failed");
+                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "tls_handshake_failed"]).inc();
+                    None
+                }
+                Err(_) => {
+                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Serve one front-end connection (after TLS, if any) up to the relay. `cert_cluster` is the
+/// client certificate's CN when the front end derives the cluster from it. `Some` for a CONNECT
+/// that was answered 200; everything else is answered (and logged) here.
+async fn serve(
+    shared: Arc<Shared>,
+    fe: Arc<FrontendRt>,
+    mut io: BoxIo,
+    peer: String,
+    cert_cluster: Option<String>,
+) -> Option<Ready> {
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
     let conn_id = shared.next_conn_id();
@@ -92,9 +175,10 @@ where
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
         m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
         let _ = io.write_all(&http_head::error_response(1, 403, "client certificate names no cluster")).await;
-        return;
+        return None;
     };
-    let mut ctx = Ctx { conn_id, fe: &fe, peer: &peer, cluster: &cluster, kind: "-", target: "-".into(), started };
+    let mut ctx =
+        Ctx { conn_id, fe: fe.clone(), peer, cluster: cluster.clone(), kind: "-", target: "-".into(), started };
 
     // Read the request head under the handshake deadline.
     let cap = cfg.limits.request_head_max;
@@ -131,12 +215,12 @@ where
                 let _ = io.write_all(&http_head::error_response(1, status, &format!("bad request: {msg}"))).await;
             }
             ctx.log(status, reason, 0, 0);
-            return;
+            return None;
         }
         Err(_) => {
             m.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
             ctx.log(0, "handshake_timeout", 0, 0);
-            return;
+            return None;
         }
     };
 
@@ -149,7 +233,7 @@ where
             Err(e) => {
                 reply_error(&shared, &ctx, &mut io, head.version, 400, e.reason(), &format!("bad CONNECT target: {e}"))
                     .await;
-                return;
+                return None;
             }
         };
         // The target, never the Host header, says where to go.
@@ -157,18 +241,17 @@ where
             Ok(s) => s,
             Err(e) => {
                 reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
-                return;
+                return None;
             }
         };
         // 200 alone in its write: the egress dialer fails if tunnel bytes follow the head.
         if io.write_all(&http_head::connect_established(head.version)).await.is_err() {
             ctx.log(200, "client_write_error", 0, 0);
-            return;
+            return None;
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        drop(buf);
-        relay(&shared, &ctx, io, stream, pipelined).await;
+        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx) })
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();
@@ -177,15 +260,17 @@ where
         // forwards each request through its own tunnel stream (keep-alive works as usual).
         let io = Prefixed::new(buf, io);
         forward(shared.clone(), &ctx, io).await;
+        None
     } else {
         let msg = format!("{} {} is neither CONNECT nor an absolute-form http:// request", head.method, head.target);
         reply_error(&shared, &ctx, &mut io, head.version, 400, "not_a_proxy_request", &msg).await;
+        None
     }
 }
 
 async fn reply_error<S: AsyncWrite + Unpin>(
     shared: &Shared,
-    ctx: &Ctx<'_>,
+    ctx: &Ctx,
     io: &mut S,
     version: u8,
     status: u16,
@@ -218,12 +303,10 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
 
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
-async fn relay<S>(shared: &Shared, ctx: &Ctx<'_>, mut io: S, mut stream: TunnelStream, pipelined: Vec<u8>)
-where
-    S: AsyncRead + AsyncWrite + Abort + Unpin + Send,
-{
+async fn relay(shared: &Shared, r: Ready) {
+    let Ready { mut io, mut stream, pipelined, ctx } = r;
     let m = &shared.metrics;
-    let active = m.streams_active.with_label_values(&[ctx.cluster]);
+    let active = m.streams_active.with_label_values(&[&ctx.cluster]);
     active.inc();
     let replayed = pipelined.len() as u64;
     if !pipelined.is_empty() && stream.write_all(&pipelined).await.is_err() {
@@ -233,17 +316,17 @@ where
     }
     drop(pipelined);
     let meters = Meters {
-        to_upstream: Some(m.tunnel_bytes.with_label_values(&[ctx.cluster, "to_shoot"])),
-        to_client: Some(m.tunnel_bytes.with_label_values(&[ctx.cluster, "to_seed"])),
+        to_upstream: Some(m.tunnel_bytes.with_label_values(&[&ctx.cluster, "to_shoot"])),
+        to_client: Some(m.tunnel_bytes.with_label_values(&[&ctx.cluster, "to_seed"])),
     };
-    let cfg = shared.config.load_full();
-    let drained = shared.registry.drain_signal(ctx.cluster);
-    let mut t = transfer(io, stream, cfg.timeouts.idle.get(), meters);
+    let idle = shared.config.load().timeouts.idle.get();
+    let drained = shared.registry.drain_signal(&ctx.cluster);
+    let mut t = transfer(io, stream, idle, meters);
     let reason = tokio::select! {
         o = &mut t => o.label(),
         _ = shared.shutdown.kill.cancelled() => "shutdown",
         _ = drained => {
-            m.stream_drains.with_label_values(&[ctx.cluster]).inc();
+            m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
             "cluster_drained"
         }
     };
@@ -310,11 +393,11 @@ fn strip_hop_by_hop(h: &mut http::HeaderMap) {
     }
 }
 
-async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx<'_>, io: S)
+async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx, io: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let cluster = ctx.cluster.to_owned();
+    let cluster = ctx.cluster.clone();
     let fe_name = ctx.fe.name.clone();
     let sh = shared.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -343,10 +426,10 @@ where
             let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
             *req.uri_mut() = path.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
             strip_hop_by_hop(req.headers_mut());
-            if !req.headers().contains_key(http::header::HOST) {
-                if let Ok(v) = http::HeaderValue::from_str(auth.as_str()) {
-                    req.headers_mut().insert(http::header::HOST, v);
-                }
+            if !req.headers().contains_key(http::header::HOST)
+                && let Ok(v) = http::HeaderValue::from_str(auth.as_str())
+            {
+                req.headers_mut().insert(http::header::HOST, v);
             }
             let resp = async {
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;

@@ -364,65 +364,22 @@ impl Bound {
                     let shared = shared.clone();
                     tracing::info!(frontend = %fe.name, addr = ?l.local_addr().ok(), tls = tls.is_some(), "front end listening");
                     tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |tcp, peer, permit| {
-                        let shared = shared.clone();
-                        let fe = fe.clone();
-                        let tls = tls.clone();
-                        async move {
-                            let active = shared.metrics.conn.active.with_label_values(&[&fe.name]);
-                            active.inc();
-                            match tls {
-                                None => frontend::serve(shared.clone(), fe, tcp, peer.to_string(), None).await,
-                                Some(acc) => {
-                                    let hs = shared.config.load().timeouts.handshake.get();
-                                    match tokio::time::timeout(hs, acc.accept(tcp)).await {
-                                        Ok(Ok(s)) => {
-                                            let cn = s
-                                                .get_ref()
-                                                .1
-                                                .peer_certificates()
-                                                .and_then(|c| c.first())
-                                                .and_then(proxy_core::tls::common_name);
-                                            frontend::serve(shared.clone(), fe, s, peer.to_string(), cn).await
-                                        }
-                                        Ok(Err(e)) => {
-                                            tracing::debug!(%peer, error = %e, "front-end TLS handshake failed");
-                                            shared
-                                                .metrics
-                                                .conn
-                                                .rejects
-                                                .with_label_values(&[&fe.name, "tls_handshake_failed"])
-                                                .inc();
-                                        }
-                                        Err(_) => {
-                                            shared
-                                                .metrics
-                                                .conn
-                                                .rejects
-                                                .with_label_values(&[&fe.name, "handshake_timeout"])
-                                                .inc();
-                                        }
-                                    }
-                                }
-                            }
-                            active.dec();
-                            drop(permit);
-                        }
+                        let conn = frontend::Accepted::Tcp(tcp, tls.clone());
+                        frontend::connection(shared.clone(), fe.clone(), conn, peer.to_string(), permit)
                     }));
                 }
                 FrontendSock::Unix(l, path) => {
                     let shared = shared.clone();
                     tracing::info!(frontend = %fe.name, path = %path.display(), "front end listening");
+                    let peer = format!("unix:{}", path.display());
                     tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |s, _addr, permit| {
-                        let shared = shared.clone();
-                        let fe = fe.clone();
-                        let peer = format!("unix:{}", path.display());
-                        async move {
-                            let active = shared.metrics.conn.active.with_label_values(&[&fe.name]);
-                            active.inc();
-                            frontend::serve(shared, fe, s, peer, None).await;
-                            active.dec();
-                            drop(permit);
-                        }
+                        frontend::connection(
+                            shared.clone(),
+                            fe.clone(),
+                            frontend::Accepted::Unix(s),
+                            peer.clone(),
+                            permit,
+                        )
                     }));
                 }
             }

@@ -196,11 +196,11 @@ async fn preroute(s: &mut TcpStream, pre: &mut Pre, table: &Table, cfg: &RouterC
         pre.client = client;
         pre.dst = dst;
     }
-    if let Some(d) = pre.dst {
-        if let Some(r) = table.by_destination(d) {
-            pre.proto = Proto::Raw;
-            return Ok(r.clone());
-        }
+    if let Some(d) = pre.dst
+        && let Some(r) = table.by_destination(d)
+    {
+        pre.proto = Proto::Raw;
+        return Ok(r.clone());
     }
     // Detect what follows: a TLS handshake record or an HTTP request line.
     loop {

@@ -3,11 +3,13 @@
 //! Topology (all addresses made here; the test process plays the shoot's pods and the operator):
 //!
 //! ```text
-//!  test ── 10.92.0.0/24 ── shoot (proxy-agent: tunnel + apiserver proxy on 10.92.0.2:6443, echo backend)
-//!  test ── 10.92.10.0/24 ── seed A (sni-router :8443, proxy-server :8132/egress :9443, apiserver stand-in)
-//!  test ── 10.92.20.0/24 ── seed B (the same)
-//!  shoot ── 10.92.1.0/24 ── seed A      shoot ── 10.92.2.0/24 ── seed B      A ── 10.92.3.0/24 ── B
+//!  test ── 10.N.0.0/24 ── shoot (proxy-agent: tunnel + apiserver proxy on 10.N.0.2:6443, echo backend)
+//!  test ── 10.N.10.0/24 ── seed A (sni-router :8443, proxy-server :8132/egress :9443, apiserver stand-in)
+//!  test ── 10.N.20.0/24 ── seed B (the same)
+//!  shoot ── 10.N.1.0/24 ── seed A      shoot ── 10.N.2.0/24 ── seed B      A ── 10.N.3.0/24 ── B
 //! ```
+//! Each test has its own N: the test-side ends of the veth pairs live in the one root namespace,
+//! and two worlds on the same subnets would steal each other's traffic.
 //! The shoot finds its seed by name (`api.seed.test`, `proxy.seed.test`) through a hosts file the
 //! test rewrites in place (what `ip netns exec` bind-mounts over /etc/hosts).
 
@@ -29,17 +31,32 @@ const TICK: Duration = Duration::from_millis(20);
 const CLUSTER: &str = "shoot-a";
 const API_NAME: &str = "kubernetes.default.svc";
 const TOKEN: &str = "migration-test-token";
-/// Where the pods reach the kube-apiserver: the node-local proxy's listen address.
-const POD_API: &str = "10.92.0.2:6443";
+
+/// One test's address plan, `10.<n>.<subnet>.<host>`.
+#[derive(Clone, Copy)]
+struct Net(u8);
+
+impl Net {
+    fn ip(self, subnet: u8, host: u8) -> String {
+        format!("10.{}.{subnet}.{host}", self.0)
+    }
+    fn cidr(self, subnet: u8, host: u8) -> String {
+        format!("{}/24", self.ip(subnet, host))
+    }
+    /// Where the pods reach the kube-apiserver: the node-local proxy's listen address.
+    fn pod_api(self) -> String {
+        format!("{}:6443", self.ip(0, 2))
+    }
+}
 const ECHO: &str = "127.0.0.1:7000";
 
 struct Seed {
     name: &'static str,
     _ns: Netns,
     /// The address the test reaches this seed's admin and egress front end on.
-    mgmt_ip: &'static str,
+    mgmt_ip: String,
     /// The address the shoot reaches it on.
-    shoot_ip: &'static str,
+    shoot_ip: String,
     _router: Proc,
     router_cfg: std::path::PathBuf,
     server: Proc,
@@ -59,6 +76,7 @@ impl Seed {
 }
 
 struct World {
+    net: Net,
     dir: TempDir,
     ca: Ca,
     shoot: Netns,
@@ -69,21 +87,23 @@ struct World {
     _links: Vec<Veth>,
 }
 
-fn router_yaml(upstream: &str, handoff: bool) -> String {
+fn router_yaml(net: Net, upstream: &str, handoff: bool) -> String {
     let extra = if handoff { "        send_proxy_protocol: v2\n        drain_deadline: 2s\n" } else { "" };
     format!(
-        "admin: {{ listen: 0.0.0.0:9901 }}\ndrain_grace: 2s\nlisteners:\n  - name: p2\n    listen: 0.0.0.0:8443\n    proxy_protocol: optional\n    trusted_proxies: [10.92.0.0/16]\n    routes:\n      - name: shoot-a-api\n        destination: [{}/32]\n        upstreams: [{upstream}]\n{extra}",
-        POD_API.split(':').next().expect("ip")
+        "admin: {{ listen: 0.0.0.0:9901 }}\ndrain_grace: 2s\nlisteners:\n  - name: p2\n    listen: 0.0.0.0:8443\n    proxy_protocol: optional\n    trusted_proxies: [10.{n}.0.0/16]\n    routes:\n      - name: shoot-a-api\n        destination: [{}/32]\n        upstreams: [{upstream}]\n{extra}",
+        net.ip(0, 2),
+        n = net.0
     )
 }
 
 async fn start_seed(
     dir: &TempDir,
     ca: &Ca,
+    net: Net,
     name: &'static str,
     ns: Netns,
-    mgmt_ip: &'static str,
-    shoot_ip: &'static str,
+    mgmt_ip: String,
+    shoot_ip: String,
 ) -> anyhow::Result<Seed> {
     let (api_crt, api_key) = ca.server(&[API_NAME])?.write(dir.path(), &format!("apiserver-{name}"))?;
     let mut api = ns.command(bin_path("stand-in")?);
@@ -94,7 +114,7 @@ async fn start_seed(
     let apiserver = Proc::spawn(api)?;
     apiserver.wait_log_line(&["listening"], WAIT).await?;
 
-    let router_cfg = dir.write(&format!("router-{name}.yaml"), &router_yaml("127.0.0.1:7443", false))?;
+    let router_cfg = dir.write(&format!("router-{name}.yaml"), router_yaml(net, "127.0.0.1:7443", false))?;
     let (router, _) = Proc::spawn_seedgate(ns.command(bin_path("sni-router")?), &router_cfg, &[]).await?;
 
     let (srv_crt, srv_key) = ca.server(&["proxy.seed.test"])?.write(dir.path(), &format!("proxy-server-{name}"))?;
@@ -127,7 +147,7 @@ fn switch_dns(shoot: &Netns, seed: &Seed) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn world(label: &str) -> anyhow::Result<Option<World>> {
+async fn world(label: &str, net: Net) -> anyhow::Result<Option<World>> {
     if !require_root() {
         return Ok(None);
     }
@@ -137,17 +157,17 @@ async fn world(label: &str) -> anyhow::Result<Option<World>> {
     let na = Netns::create("seeda")?;
     let nb = Netns::create("seedb")?;
     let links = vec![
-        veth(None, Some(&shoot), "10.92.0.1/24", "10.92.0.2/24")?,
-        veth(None, Some(&na), "10.92.10.1/24", "10.92.10.2/24")?,
-        veth(None, Some(&nb), "10.92.20.1/24", "10.92.20.2/24")?,
-        veth(Some(&shoot), Some(&na), "10.92.1.1/24", "10.92.1.2/24")?,
-        veth(Some(&shoot), Some(&nb), "10.92.2.1/24", "10.92.2.2/24")?,
-        veth(Some(&na), Some(&nb), "10.92.3.1/24", "10.92.3.2/24")?,
+        veth(None, Some(&shoot), &net.cidr(0, 1), &net.cidr(0, 2))?,
+        veth(None, Some(&na), &net.cidr(10, 1), &net.cidr(10, 2))?,
+        veth(None, Some(&nb), &net.cidr(20, 1), &net.cidr(20, 2))?,
+        veth(Some(&shoot), Some(&na), &net.cidr(1, 1), &net.cidr(1, 2))?,
+        veth(Some(&shoot), Some(&nb), &net.cidr(2, 1), &net.cidr(2, 2))?,
+        veth(Some(&na), Some(&nb), &net.cidr(3, 1), &net.cidr(3, 2))?,
     ];
-    let a = start_seed(&dir, &ca, "a", na, "10.92.10.2", "10.92.1.2").await?;
-    let b = start_seed(&dir, &ca, "b", nb, "10.92.20.2", "10.92.2.2").await?;
+    let a = start_seed(&dir, &ca, net, "a", na, net.ip(10, 2), net.ip(1, 2)).await?;
+    let b = start_seed(&dir, &ca, net, "b", nb, net.ip(20, 2), net.ip(2, 2)).await?;
     // The hosts file must exist before the agent starts: `ip netns exec` mounts it then.
-    shoot.set_hosts(&[(a.shoot_ip, "api.seed.test"), (a.shoot_ip, "proxy.seed.test")])?;
+    shoot.set_hosts(&[(&a.shoot_ip, "api.seed.test"), (&a.shoot_ip, "proxy.seed.test")])?;
     anyhow::ensure!(hosts_text(&a).len() == hosts_text(&b).len(), "in-place DNS switch needs equal lengths");
     switch_dns(&shoot, &a)?;
 
@@ -158,7 +178,8 @@ async fn world(label: &str) -> anyhow::Result<Option<World>> {
 
     let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent")?;
     let agent_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\napiserver_proxy:\n  listen: [{POD_API}]\n  gateway: api.seed.test:8443\n  mode: proxy-protocol-v2\ntunnel:\n  servers: [proxy.seed.test:8132]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: 3s\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\napiserver_proxy:\n  listen: [{}]\n  gateway: api.seed.test:8443\n  mode: proxy-protocol-v2\ntunnel:\n  servers: [proxy.seed.test:8132]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: 3s\n",
+        net.pod_api(),
         agent_crt.display(),
         agent_key.display(),
         ca.write(dir.path(), "ca")?.display()
@@ -166,7 +187,7 @@ async fn world(label: &str) -> anyhow::Result<Option<World>> {
     let agent_cfg = dir.write("agent.yaml", &agent_yaml)?;
     let (agent, _) = Proc::spawn_seedgate(shoot.command(bin_path("proxy-agent")?), &agent_cfg, &[]).await?;
     wait_agents(&a, 1.0).await?;
-    Ok(Some(World { dir, ca, shoot, a, b, agent, _shoot_echo: shoot_echo, _links: links }))
+    Ok(Some(World { net, dir, ca, shoot, a, b, agent, _shoot_echo: shoot_echo, _links: links }))
 }
 
 async fn server_metric(seed: &Seed, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -193,12 +214,16 @@ struct PodLoad {
     errors: Mutex<Vec<String>>,
 }
 
-fn start_pod_load(ca: &Ca, stop: Arc<AtomicBool>) -> anyhow::Result<(Arc<PodLoad>, tokio::task::JoinHandle<()>)> {
+fn start_pod_load(
+    ca: &Ca,
+    net: Net,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(Arc<PodLoad>, tokio::task::JoinHandle<()>)> {
     let load = Arc::new(PodLoad::default());
     let cfg = client_config(ca, None, &["http/1.1"])?;
     let l = load.clone();
     let h = tokio::spawn(async move {
-        let addr: SocketAddr = POD_API.parse().expect("addr");
+        let addr: SocketAddr = net.pod_api().parse().expect("addr");
         // Bounded: at most one request every 20 ms, and the loop ends when told (or after 2 min).
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -278,7 +303,9 @@ async fn watch_long_stream(mut s: TcpStream, stop: Arc<AtomicBool>) -> (StreamEn
                 let _ = tokio::time::timeout(Duration::from_secs(1), s.read(&mut b)).await;
             }
             Ok(Err(e)) => return (StreamEnd::Reset(e.to_string()), Instant::now()),
-            Err(_) => return (StreamEnd::Reset("hung: no echo for 5s".into()), Instant::now()),
+            Err(_) => {
+                return (StreamEnd::Reset("hung: no echo for 5s".into()), Instant::now());
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -293,15 +320,19 @@ async fn put_cluster(seed: &Seed, body: &str) -> anyhow::Result<()> {
 }
 
 async fn reload_count(seed: &Seed) -> f64 {
-    let Ok((_, text)) = http_get(seed.router_admin(), "/metrics").await else { return -1.0 };
+    let Ok((_, text)) = http_get(seed.router_admin(), "/metrics").await else {
+        return -1.0;
+    };
     metric_value(&text, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0)
 }
 
 #[tokio::test]
 async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
-    let Some(w) = world("migration").await? else { return Ok(()) };
+    let Some(w) = world("migration", Net(92)).await? else {
+        return Ok(());
+    };
     let stop = Arc::new(AtomicBool::new(false));
-    let (pods, pods_task) = start_pod_load(&w.ca, stop.clone())?;
+    let (pods, pods_task) = start_pod_load(&w.ca, w.net, stop.clone())?;
 
     // The exec stand-in: a stream through A opened before the move.
     let mut long = connect_echo(&w.a).await?.map_err(anyhow::Error::msg)?;
@@ -335,13 +366,17 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
 
     // 1. Router hand-off on A: the route now goes to B's gateway with PROXY v2 (B trusts A).
     let before = reload_count(&w.a).await;
-    std::fs::write(&w.a.router_cfg, router_yaml("10.92.3.2:8443", true))?;
+    std::fs::write(&w.a.router_cfg, router_yaml(w.net, &format!("{}:8443", w.net.ip(3, 2)), true))?;
     poll_until(WAIT, TICK, || async { (reload_count(&w.a).await > before).then_some(()) }).await?;
     // 2. Drain the tunnel on A, telling the agents where to go.
     let opened_before_drain =
         server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(0.0);
     let notice = Instant::now();
-    put_cluster(&w.a, r#"{"state":"draining","move_to":["10.92.2.2:8132"],"drain_deadline":"3s"}"#).await?;
+    put_cluster(
+        &w.a,
+        &format!(r#"{{"state":"draining","move_to":["{}:8132"],"drain_deadline":"3s"}}"#, w.net.ip(2, 2)),
+    )
+    .await?;
     let rehomed = wait_agents(&w.b, 1.0).await?;
     // 3. DNS: the shoot's names point at B (the node-local proxy follows on its next connection).
     switch_dns(&w.shoot, &w.b)?;
@@ -402,9 +437,11 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn source_proxy_server_killed_agents_find_b_by_name() -> anyhow::Result<()> {
-    let Some(mut w) = world("migration-bad").await? else { return Ok(()) };
+    let Some(mut w) = world("migration-bad", Net(93)).await? else {
+        return Ok(());
+    };
     let stop = Arc::new(AtomicBool::new(false));
-    let (pods, pods_task) = start_pod_load(&w.ca, stop.clone())?;
+    let (pods, pods_task) = start_pod_load(&w.ca, w.net, stop.clone())?;
     poll_until(WAIT, TICK, || async { (pods.ok.load(Ordering::Relaxed) >= 10).then_some(()) }).await?;
     // The bad case: A cannot be told anything. DNS moves to B, then A's proxy-server dies.
     switch_dns(&w.shoot, &w.b)?;

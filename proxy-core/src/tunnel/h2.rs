@@ -245,10 +245,10 @@ async fn seed_control(
             return None;
         }
         let mut body = resp.into_body();
-        if let Some(line) = read_line(&mut body).await {
-            if let Ok(h) = serde_json::from_slice::<AgentHello>(&line) {
-                *hello.lock().expect("not poisoned") = Some(h);
-            }
+        if let Some(line) = read_line(&mut body).await
+            && let Ok(h) = serde_json::from_slice::<AgentHello>(&line)
+        {
+            *hello.lock().expect("not poisoned") = Some(h);
         }
         while let Some(msg) = rx.recv().await {
             let mut line = serde_json::to_vec(&msg).ok()?;
