@@ -46,7 +46,7 @@ impl fmt::Display for ConfigError {
 }
 
 impl ConfigError {
-    /// A failure outside the file itself (e.g. the parsing task could not run).
+    /// A problem with no position in the file (it cannot be read, or the parsing task could not run).
     pub fn internal(file: &str, what: &str) -> Self {
         Self {
             problems: vec![Problem {
@@ -60,15 +60,7 @@ impl ConfigError {
     }
 
     pub(crate) fn io(file: &str, e: std::io::Error) -> Self {
-        Self {
-            problems: vec![Problem {
-                file: file.to_owned(),
-                line: 0,
-                column: 0,
-                field: String::new(),
-                message: format!("cannot read: {e}"),
-            }],
-        }
+        Self::internal(file, &format!("cannot read: {e}"))
     }
 
     pub(crate) fn from_yaml(file: &str, e: &serde_saphyr::Error) -> Self {

@@ -66,15 +66,18 @@ pub async fn reload_loop<T: Send + 'static>(
         // Reading and parsing (tens of ms for 10,000 routes) run off the runtime's workers, so
         // live connections are not held up; only the swap itself runs here.
         let p = path.clone();
+        let started = std::time::Instant::now();
         let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&p, parse)).await.unwrap_or_else(|e| {
             Err(seedgate_config::ConfigError::internal(&path.display().to_string(), &e.to_string()))
         });
+        let parsed = started.elapsed();
         let result = loaded.map_err(|e| e.to_string()).and_then(&mut apply);
+        let (parse_ms, total_ms) = (parsed.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3);
         match result {
             Ok(()) => {
                 metrics.reloads.with_label_values(&["success"]).inc();
                 mark_loaded(&metrics);
-                tracing::info!(trigger = why, file = %path.display(), "config reloaded");
+                tracing::info!(trigger = why, file = %path.display(), parse_ms, total_ms, "config reloaded");
             }
             Err(e) => {
                 metrics.reloads.with_label_values(&["failure"]).inc();
