@@ -315,6 +315,8 @@ impl Router {
         if new.admin.listen != old_cfg.admin.listen || new.admin.token_file != old_cfg.admin.token_file {
             return Err("admin settings cannot change at runtime; restart to apply them".into());
         }
+        // Shared, not cloned: a 10,000-route config is a few MB of strings.
+        let new = Arc::new(new);
         let mut listeners = self.listeners.lock().expect("not poisoned");
         // Phase 1: bind what needs a new socket.
         let mut fresh = Vec::new();
@@ -327,7 +329,7 @@ impl Router {
         }
         // Phase 2: commit. Tables first, so a rebinding listener starts with the new routes.
         resize(&self.shared.global_limit, old_cfg.limits.max_connections, new.limits.max_connections);
-        self.shared.config.store(Arc::new(new.clone()));
+        self.shared.config.store(new.clone());
         let mut next: BTreeMap<String, Arc<ListenerRt>> = BTreeMap::new();
         for l in &new.listeners {
             match listeners.get(l.name.as_str()) {
