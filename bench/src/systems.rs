@@ -490,6 +490,23 @@ pub async fn agent_pp_sender(
     Ok(r)
 }
 
+/// Start a one-process anchor and wait until it listens on every address of `listen`, each
+/// exposed under its role name.
+async fn start_anchor(
+    label: &str,
+    cmd: std::process::Command,
+    listen: &[(&str, SocketAddr)],
+) -> anyhow::Result<Running> {
+    let addrs: Vec<SocketAddr> = listen.iter().map(|(_, a)| *a).collect();
+    let p = start_listening(cmd, &addrs).await.with_context(|| format!("starting {label}"))?;
+    let mut r = Running::new(label, Kind::Anchor);
+    r.procs.push(p);
+    for (k, a) in listen {
+        r.set_addr(k, *a);
+    }
+    Ok(r)
+}
+
 /// haproxy in the foreground (`-db`), one thread, with `body` (frontends and backends) after
 /// a global/defaults section; `splice` adds `option splice-auto` to the defaults.
 /// `listen` names the addresses to wait for (and to expose as roles).
@@ -522,13 +539,7 @@ pub async fn haproxy(
     std::fs::write(&cfg, text)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-db").arg("-f").arg(&cfg);
-    let addrs: Vec<SocketAddr> = listen.iter().map(|(_, a)| *a).collect();
-    let p = start_listening(cmd, &addrs).await.with_context(|| format!("starting {label}"))?;
-    let mut r = Running::new(label, Kind::Anchor);
-    r.procs.push(p);
-    for (k, a) in listen {
-        r.set_addr(k, *a);
-    }
+    let mut r = start_anchor(label, cmd, listen).await?;
     r.dir = d;
     Ok(r)
 }
@@ -565,13 +576,7 @@ pub async fn nginx(
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-p").arg(&d).arg("-e").arg(d.join("error.log")).arg("-c").arg(&cfg);
-    let addrs: Vec<SocketAddr> = listen.iter().map(|(_, a)| *a).collect();
-    let p = start_listening(cmd, &addrs).await.with_context(|| format!("starting {label}"))?;
-    let mut r = Running::new(label, Kind::Anchor);
-    r.procs.push(p);
-    for (k, a) in listen {
-        r.set_addr(k, *a);
-    }
+    let mut r = start_anchor(label, cmd, listen).await?;
     r.dir = d;
     Ok(r)
 }
@@ -605,11 +610,7 @@ pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-N").arg("-f").arg(&cfg);
-    let p = start_listening(cmd, &[port]).await.with_context(|| format!("starting {label}"))?;
-    let mut r = Running::new(label, Kind::Anchor);
-    r.procs.push(p);
-    r.set_addr("proxy", port);
-    Ok(r)
+    start_anchor(label, cmd, &[("proxy", port)]).await
 }
 
 /// tinyproxy as a CONNECT proxy (any port allowed, loopback clients). Address: `proxy`.
@@ -630,11 +631,7 @@ pub async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     std::fs::write(&cfg, conf)?;
     let mut cmd = env.pin.command(&bin);
     cmd.arg("-d").arg("-c").arg(&cfg);
-    let p = start_listening(cmd, &[port]).await.with_context(|| format!("starting {label}"))?;
-    let mut r = Running::new(label, Kind::Anchor);
-    r.procs.push(p);
-    r.set_addr("proxy", port);
-    Ok(r)
+    start_anchor(label, cmd, &[("proxy", port)]).await
 }
 
 fn nix_is_root() -> bool {

@@ -23,7 +23,7 @@ fn localhost() -> SocketAddr {
 /// The accept loop of one stand-in. Dropping it aborts the loop, and with it (through the
 /// JoinSet it owns) every connection it is serving.
 #[derive(Debug)]
-struct Serving(tokio::task::JoinHandle<()>);
+pub(crate) struct Serving(tokio::task::JoinHandle<()>);
 
 impl Drop for Serving {
     fn drop(&mut self) {
@@ -31,7 +31,7 @@ impl Drop for Serving {
     }
 }
 
-fn serve<F, Fut>(listener: TcpListener, accepted: Arc<AtomicU64>, handle: F) -> Serving
+pub(crate) fn serve<F, Fut>(listener: TcpListener, accepted: Arc<AtomicU64>, handle: F) -> Serving
 where
     F: Fn(TcpStream) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,

@@ -4,13 +4,13 @@
 //! speak-first, TLS page), a checksum, process metrics and descriptor counts.
 
 use crate::admin::http_get;
+use crate::backend::{Serving, serve};
 use crate::pki::{self, Ca, Issued};
 use crate::proc::{Addresses, Proc, bin_path};
 use crate::tmp::TempDir;
 use anyhow::{Context as _, bail};
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
-use tokio::task::JoinSet;
 
 /// The name on the agents' listener certificate; agents verify it through `tunnel.tls.server_name`.
 pub const SERVER_NAME: &str = "proxy.seed.test";
@@ -385,7 +384,7 @@ pub async fn connect(dialer: &Dialer, target: &str) -> anyhow::Result<BoxStream>
     if status != 200 {
         return Err(refusal(&mut s, status, head, rest).await.into());
     }
-    Ok(Box::new(Prefixed { prefix: rest, pos: 0, inner: s }))
+    Ok(Box::new(proxy_core::io::Prefixed::new(rest, s)))
 }
 
 /// [`connect`] over plain TCP, keeping the TcpStream (for socket options such as a zero linger);
@@ -399,52 +398,6 @@ pub async fn connect_tcp(frontend: SocketAddr, target: &str) -> anyhow::Result<(
         return Err(refusal(&mut s, status, head, rest).await.into());
     }
     Ok((s, rest))
-}
-
-/// A stream that yields `prefix` before the inner stream's bytes.
-struct Prefixed {
-    prefix: Vec<u8>,
-    pos: usize,
-    inner: BoxStream,
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        if this.pos < this.prefix.len() {
-            let n = (this.prefix.len() - this.pos).min(buf.remaining());
-            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
-            this.pos += n;
-            return std::task::Poll::Ready(Ok(()));
-        }
-        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 /// The [`Refusal`] in an error from [`connect`] / [`connect_strict`], if that is what it was.
@@ -567,39 +520,6 @@ pub async fn read_checksum<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> std::io:
 
 // ---------------------------------------------------------------------------------------------
 // Backends
-
-/// An accept loop that stops (with all its connections) when dropped.
-#[derive(Debug)]
-struct Serving(tokio::task::JoinHandle<()>);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn serve<F, Fut>(listener: TcpListener, accepted: Arc<AtomicU64>, handle: F) -> Serving
-where
-    F: Fn(TcpStream) -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Serving(tokio::spawn(async move {
-        let mut conns = JoinSet::new();
-        // Runs until the handle is dropped; each round reaps or accepts.
-        loop {
-            tokio::select! {
-                Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                r = listener.accept() => match r {
-                    Ok((s, _)) => {
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                        conns.spawn(handle(s));
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                },
-            }
-        }
-    }))
-}
 
 /// Reads every byte until EOF, then answers `<bytes> <fnv hex>\n`, then `trailer` pattern bytes
 /// (seed = the byte count), then closes. So a client learns that its FIN arrived (the answer
