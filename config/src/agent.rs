@@ -325,13 +325,8 @@ fn validate(cfg: &AgentConfig, p: &mut Problems) {
     }
     let mut seen = HashSet::new();
     for (i, l) in ap.listen.iter().enumerate() {
-        if l.socket_addr().is_none() {
-            p.push(
-                l.at(),
-                format!("{f}.listen[{i}]"),
-                format!("{} must be an IP address and port (the apiserver's advertised address), not a name", l.value),
-            );
-        } else if l.port != 0 && !seen.insert(l.value.clone()) {
+        // A host name is allowed: it is resolved (once, at bind) like every listen address.
+        if l.port != 0 && !seen.insert(l.value.clone()) {
             p.push(l.at(), format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
         }
     }
@@ -494,14 +489,14 @@ apiserver_proxy:
         let y = "limits: { max_connections: 0 }\ntimeouts: { handshake: 0s }\napiserver_proxy:\n  listen:\n    - 10.1.2.3:443\n    - api.local:443\n    - 10.1.2.3:443\n  gateway: a:1\n  mode: http-connect\n  destination_header: 'Bad Header'\n  retries: 0\n";
         let e = problems(y);
         let has = |s: &str| e.iter().any(|p| p.contains(s));
-        assert!(has("f.yaml:6:7: apiserver_proxy.listen[1]: api.local:443 must be an IP"), "{e:#?}");
+        assert!(!has("api.local"), "a host name is a valid listen address: {e:#?}");
         assert!(has("f.yaml:7:7: apiserver_proxy.listen[2]: 10.1.2.3:443 is listed twice"), "{e:#?}");
         assert!(has("f.yaml:4:3: apiserver_proxy.destination: required in http-connect"), "{e:#?}");
         assert!(has("apiserver_proxy.destination_header: \"Bad Header\""), "{e:#?}");
         assert!(has("apiserver_proxy.retries: must be between 1 and 16"), "{e:#?}");
         assert!(has("limits.max_connections"), "{e:#?}");
         assert!(has("timeouts.handshake: must be positive"), "{e:#?}");
-        assert_eq!(e.len(), 7, "{e:#?}");
+        assert_eq!(e.len(), 6, "{e:#?}");
     }
 
     #[test]

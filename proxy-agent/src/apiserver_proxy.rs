@@ -3,17 +3,17 @@
 use crate::Shared;
 use crate::gateway;
 use proxy_core::accept::ConnPermit;
-use proxy_core::copy::{Meters, Outcome, Side, SplicePump, Transfer, transfer_tcp};
+use proxy_core::copy::{Meters, Stop, transfer_tcp};
+use proxy_core::guard::Active;
 use proxy_core::metrics::ConnMetrics;
 use proxy_core::net;
 use proxy_core::prometheus::{Histogram, IntCounter, IntGauge};
+use proxy_core::relay;
 use seedgate_config::agent::{ApiserverProxy, Mode, Timeouts};
 use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -48,22 +48,6 @@ impl Listener {
     }
 }
 
-/// Keeps `seedgate_connections_active` right however the task ends.
-struct ActiveGuard(IntGauge);
-
-impl ActiveGuard {
-    fn new(g: &IntGauge) -> Self {
-        g.inc();
-        Self(g.clone())
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// What the access log says about a connection; filled in as the connection progresses.
 struct Record {
     gateway: Option<SocketAddr>,
@@ -75,12 +59,20 @@ struct Record {
     reason: Cow<'static, str>,
 }
 
+/// One accepted client connection, before the gateway is chosen.
+struct Client {
+    stream: TcpStream,
+    peer: SocketAddr,
+    /// The address the client connected to: the PROXY destination / CONNECT authority.
+    local: SocketAddr,
+    started: Instant,
+}
+
 /// Serve one accepted client connection until it closes or the drain grace runs out.
-pub async fn handle(l: Arc<Listener>, client: TcpStream, peer: SocketAddr, permit: ConnPermit) {
-    let _permit = permit;
-    let _active = ActiveGuard::new(&l.active);
+pub async fn handle(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr, permit: ConnPermit) {
+    let _held = (permit, Active::new(l.active.clone()));
     let started = Instant::now();
-    let local = match client.local_addr() {
+    let local = match stream.local_addr() {
         Ok(a) => a,
         Err(e) => {
             // The client is already gone (reset between accept and here).
@@ -101,17 +93,29 @@ pub async fn handle(l: Arc<Listener>, client: TcpStream, peer: SocketAddr, permi
         };
         let mut rec = Record { gateway: None, to_gateway: 0, to_client: 0, early: 0, relayed: false, reason: "".into() };
         let kill = l.shared.kill.clone();
-        tokio::select! {
-            () = serve(&l, ap, &cfg.timeouts, client, peer, local, started, &mut rec) => {}
+        let client = Client { stream, peer, local, started };
+        // The end of the drain grace cuts the phases before the relay; the relay itself ends by
+        // the shared policy (a FIN both ways).
+        let ready = tokio::select! {
+            r = prepare(&l, ap, &cfg.timeouts, client, &mut rec) => r,
             () = kill.cancelled() => {
-                if !rec.relayed {
-                    reject(&l, "shutdown");
-                }
+                reject(&l, "shutdown");
                 rec.reason = "shutdown".into();
+                None
             }
-        }
-        if rec.relayed {
-            l.metrics.closes.with_label_values(&[l.name.as_str(), rec.reason.as_ref()]).inc();
+        };
+        if let Some((client, gw)) = ready {
+            let meters = Meters { to_upstream: Some(l.to_gateway.clone()), to_client: Some(l.to_client.clone()) };
+            let mut relay = transfer_tcp(client, gw, cfg.timeouts.idle.get(), meters);
+            let stop = std::pin::pin!(async {
+                kill.cancelled().await;
+                Stop::Shutdown
+            });
+            let done = relay::run(&mut relay, stop).await;
+            rec.to_gateway = done.to_upstream;
+            rec.to_client = rec.early + done.to_client;
+            rec.reason = done.outcome.label().into();
+            l.metrics.closes.with_label_values(&[l.name.as_str(), done.outcome.label()]).inc();
         }
         tracing::info!(
             target: "access",
@@ -137,28 +141,20 @@ fn reject(l: &Listener, reason: &str) {
     l.metrics.connections.with_label_values(&[&l.name, ROUTE, reason]).inc();
 }
 
+fn fail<T>(l: &Listener, rec: &mut Record, reason: Cow<'static, str>) -> Option<T> {
+    reject(l, &reason);
+    rec.reason = reason;
+    None
+}
+
 /// Run `f` until `deadline`; `None` when the time ran out.
 async fn until<T>(deadline: tokio::time::Instant, f: impl Future<Output = T>) -> Option<T> {
     tokio::time::timeout_at(deadline, f).await.ok()
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    l: &Listener,
-    ap: &ApiserverProxy,
-    t: &Timeouts,
-    mut client: TcpStream,
-    peer: SocketAddr,
-    local: SocketAddr,
-    started: Instant,
-    rec: &mut Record,
-) {
-    let fail = |rec: &mut Record, reason: Cow<'static, str>| {
-        reject(l, &reason);
-        rec.reason = reason;
-    };
-
-    // Resolve on every connection: this is how clients follow the gateway to another seed.
+/// Resolve the gateway (on every connection: this is how clients follow it to another seed)
+/// and connect, retrying other addresses before any byte was sent.
+async fn connect_gateway(l: &Listener, ap: &ApiserverProxy, t: &Timeouts, rec: &mut Record) -> Option<TcpStream> {
     let resolved = gateway::resolve(&ap.gateway, t.connect.get()).await;
     l.shared.gateway.record(&ap.gateway, &resolved);
     let addrs = match resolved {
@@ -166,40 +162,51 @@ async fn serve(
         Err(e) => {
             tracing::warn!(gateway = %ap.gateway, error = %e, "gateway name does not resolve");
             l.metrics.connect_failures.with_label_values(&[&l.name, ROUTE, "resolve_failed"]).inc();
-            return fail(rec, "gateway_unreachable".into());
+            return fail(l, rec, "gateway_unreachable".into());
         }
     };
     let connect_started = Instant::now();
-    let connected = gateway::connect_any(&addrs, ap.retries, t.connect.get(), |addr, e| {
+    let connected = net::connect_in_turn(&addrs, ap.retries as usize, t.connect.get(), |addr, e| {
         tracing::debug!(gateway = %addr, error = %e, "gateway connect attempt failed");
         l.metrics.connect_failures.with_label_values(&[&l.name, ROUTE, gateway::failure_label(e)]).inc();
     })
     .await;
-    let mut gw = match connected {
+    match connected {
         Ok((s, addr)) => {
             l.connect_seconds.observe(connect_started.elapsed().as_secs_f64());
             rec.gateway = Some(addr);
-            s
+            Some(s)
         }
         Err(e) => {
             tracing::warn!(gateway = %ap.gateway, attempts = ap.retries, error = %e, "gateway unreachable");
-            return fail(rec, "gateway_unreachable".into());
+            fail(l, rec, "gateway_unreachable".into())
         }
-    };
+    }
+}
 
+/// Everything before the relay: gateway connect, then the PROXY header or the CONNECT exchange.
+/// `Some` = both sockets ready to relay; otherwise the connection was refused (and counted).
+async fn prepare(
+    l: &Listener,
+    ap: &ApiserverProxy,
+    t: &Timeouts,
+    mut client: Client,
+    rec: &mut Record,
+) -> Option<(TcpStream, TcpStream)> {
+    let mut gw = connect_gateway(l, ap, t, rec).await?;
     // The handshake: nothing is read from the client meanwhile, so its early bytes wait in the
     // socket buffer (bounded by the kernel) and follow the head in order once the relay starts.
     let deadline = tokio::time::Instant::now() + t.handshake.get();
     let handshake = async {
         match ap.mode {
             Mode::ProxyProtocolV2 => {
-                gw.write_all(&gateway::proxy_v2_header(peer, local)).await?;
+                gw.write_all(&gateway::proxy_v2_header(client.peer, client.local)).await?;
                 Ok(Vec::new())
             }
             Mode::HttpConnect => {
                 let authority = match &ap.authority {
                     Some(a) => a.to_string(),
-                    None => gateway::canonical(local).to_string(),
+                    None => gateway::canonical(client.local).to_string(),
                 };
                 let head = gateway::connect_request(
                     &authority,
@@ -214,59 +221,30 @@ async fn serve(
     let early = match until(deadline, handshake).await {
         None => {
             tracing::warn!(gateway = ?rec.gateway, timeout = ?t.handshake.get(), "gateway handshake timed out");
-            return fail(rec, "handshake_timeout".into());
+            return fail(l, rec, "handshake_timeout".into());
         }
         Some(Err(e)) => {
             tracing::warn!(gateway = ?rec.gateway, error = %e, "gateway handshake failed");
-            return fail(rec, e.reason().into());
+            return fail(l, rec, e.reason().into());
         }
         Some(Ok(early)) => early,
     };
     // Tunnel bytes the gateway sent together with its 200 belong to the client.
     if !early.is_empty() {
-        match until(deadline, client.write_all(&early)).await {
+        match until(deadline, client.stream.write_all(&early)).await {
             Some(Ok(())) => {
                 rec.early = early.len() as u64;
-                rec.to_client = rec.early;
-                l.to_client.inc_by(early.len() as u64);
+                l.to_client.inc_by(rec.early);
             }
-            Some(Err(_)) => return fail(rec, "client_gone".into()),
-            None => return fail(rec, "handshake_timeout".into()),
+            Some(Err(_)) => return fail(l, rec, "client_gone".into()),
+            None => return fail(l, rec, "handshake_timeout".into()),
         }
     }
-    l.metrics.handshake_seconds.with_label_values(&[&l.name, ap.mode.label()]).observe(started.elapsed().as_secs_f64());
+    l.metrics
+        .handshake_seconds
+        .with_label_values(&[&l.name, ap.mode.label()])
+        .observe(client.started.elapsed().as_secs_f64());
     l.metrics.connections.with_label_values(&[&l.name, ROUTE, "ok"]).inc();
     rec.relayed = true;
-
-    let meters = Meters { to_upstream: Some(l.to_gateway.clone()), to_client: Some(l.to_client.clone()) };
-    let mut relay = transfer_tcp(client, gw, t.idle.get(), meters);
-    // Counted as they move, so a drain kill in the middle still logs what was relayed.
-    let outcome = RelayCounts { relay: &mut relay, rec }.await;
-    rec.reason = outcome.label().into();
-    let (client, gw) = relay.into_inner();
-    // Pass a reset (or a broken stream) on to the other side instead of a clean FIN.
-    match outcome {
-        Outcome::Reset(Side::Client) | Outcome::Error(Side::Client, _) => net::reset_on_close(&gw),
-        Outcome::Reset(Side::Upstream) | Outcome::Error(Side::Upstream, _) => net::reset_on_close(&client),
-        Outcome::Closed | Outcome::Idle => {}
-    }
-}
-
-/// Polls the relay and copies its byte counts into the access-log record after every poll.
-struct RelayCounts<'a> {
-    relay: &'a mut Transfer<TcpStream, TcpStream, SplicePump>,
-    rec: &'a mut Record,
-}
-
-impl Future for RelayCounts<'_> {
-    type Output = Outcome;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut *this.relay).poll(cx);
-        let (up, down) = this.relay.counts();
-        this.rec.to_gateway = up;
-        this.rec.to_client = this.rec.early + down;
-        r
-    }
+    Some((client.stream, gw))
 }

@@ -17,38 +17,7 @@ const MAX_RESPONSE_HEADERS: usize = 32;
 /// Resolve the gateway afresh (no cache: a DNS change moves the next connection), bounded by
 /// `timeout`. An empty answer is an error.
 pub async fn resolve(gateway: &HostPort, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
-    match tokio::time::timeout(timeout, net::resolve(gateway)).await {
-        Ok(Ok(addrs)) if addrs.is_empty() => {
-            Err(io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", gateway.host)))
-        }
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("resolving {} timed out after {timeout:?}", gateway.host),
-        )),
-    }
-}
-
-/// Connect to `addrs` in turn (wrapping around) for at most `attempts` attempts in total, each
-/// bounded by `timeout`. Nothing has been written when an attempt fails, so retrying is always
-/// safe. `on_failure` hears about every failed attempt (for metrics).
-pub async fn connect_any(
-    addrs: &[SocketAddr],
-    attempts: u32,
-    timeout: Duration,
-    mut on_failure: impl FnMut(SocketAddr, &io::Error),
-) -> io::Result<(TcpStream, SocketAddr)> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no gateway address to connect to");
-    for &addr in addrs.iter().cycle().take(attempts as usize) {
-        match net::connect_addr(addr, timeout).await {
-            Ok(s) => return Ok((s, addr)),
-            Err(e) => {
-                on_failure(addr, &e);
-                last = e;
-            }
-        }
-    }
-    Err(last)
+    net::resolve_within(gateway, timeout).await
 }
 
 /// Metric label for a failed connect attempt.
@@ -140,42 +109,6 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
-
-    async fn refused_addr() -> SocketAddr {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        l.local_addr().unwrap()
-        // dropped: nothing listens there any more, so a connect is refused at once
-    }
-
-    #[tokio::test]
-    async fn retry_moves_to_the_next_address() {
-        let dead = refused_addr().await;
-        let live = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let live_addr = live.local_addr().unwrap();
-        let mut failed = Vec::new();
-        let (_s, used) =
-            connect_any(&[dead, live_addr], 3, Duration::from_secs(5), |a, e| failed.push((a, failure_label(e))))
-                .await
-                .unwrap();
-        assert_eq!(used, live_addr);
-        assert_eq!(failed, vec![(dead, "connect_refused")]);
-    }
-
-    #[tokio::test]
-    async fn retries_bound_the_attempts_and_wrap_around() {
-        let dead = refused_addr().await;
-        let mut n = 0;
-        let e = connect_any(&[dead], 3, Duration::from_secs(5), |_, _| n += 1).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
-        assert_eq!(n, 3, "one address, three attempts");
-
-        let live = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut n = 0;
-        let r = connect_any(&[dead, live.local_addr().unwrap()], 1, Duration::from_secs(5), |_, _| n += 1).await;
-        assert!(r.is_err(), "a single attempt never reaches the second address");
-        assert_eq!(n, 1);
-        assert!(connect_any(&[], 3, Duration::from_secs(1), |_, _| {}).await.is_err());
-    }
 
     #[test]
     fn response_heads() {

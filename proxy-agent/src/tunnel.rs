@@ -1,10 +1,13 @@
 //! The agent end of the reverse tunnel: one outbound session per configured server (re-homed make-before-break), and dials within the allowlist.
 
 use arc_swap::ArcSwap;
-use proxy_core::copy::{Meters, Outcome, Side, transfer};
+use proxy_core::backoff::Backoff;
+use proxy_core::copy::{Meters, Stop, transfer};
+use proxy_core::guard::Active;
 use proxy_core::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
-use proxy_core::net::{connect_addr, reset_on_close, tune_stream};
+use proxy_core::net::connect_in_turn;
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::relay;
 use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
 use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, TunnelSettings};
 use seedgate_config::agent::Tunnel as TunnelCfg;
@@ -284,7 +287,8 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
     let ctx = SlotCtx { t: t.clone(), label: label.clone(), moves, stop: stop.clone(), tracker };
     let mut target = configured.clone();
     let mut live: Option<Live> = None;
-    let mut backoff = t.cfg.load().reconnect.initial.get();
+    let rc = t.cfg.load().reconnect.clone();
+    let mut backoff = Backoff::new(rc.initial.get(), rc.max.get());
     let mut first = true;
     let mut reresolve = tokio::time::interval(t.cfg.load().keepalive.interval.get());
     reresolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -308,8 +312,8 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
                     }
                     // A move target that does not answer is not kept: fall back to the name.
                     target = configured.clone();
-                    let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
-                    backoff = (backoff * 2).min(cfg.reconnect.max.get());
+                    backoff.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get());
+                    let wait = backoff.next_wait();
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(wait) => {}
@@ -330,11 +334,11 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
                     Err(e) => tracing::warn!(server = %label, error = %e, "tunnel session task failed"),
                 }
                 // A session that stayed up a while resets the back-off: the next failure is fresh.
+                backoff.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get());
                 if lived > cfg.reconnect.max.get() {
-                    backoff = cfg.reconnect.initial.get();
+                    backoff.reset();
                 }
-                let wait = backoff.mul_f64(rand::random_range(0.5..1.0));
-                backoff = (backoff * 2).min(cfg.reconnect.max.get());
+                let wait = backoff.next_wait();
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
@@ -448,16 +452,6 @@ async fn resolve_allowed(allow: &[CidrPort], target: &str, timeout: Duration) ->
     Ok(ok)
 }
 
-/// Decrements the active-stream count when a stream ends.
-struct StreamSlot<'a>(&'a Tunnel);
-
-impl Drop for StreamSlot<'_> {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.streams_active.dec();
-    }
-}
-
 async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, inc: Incoming) {
     let cfg = t.cfg.load_full();
     let m = &t.metrics;
@@ -469,19 +463,12 @@ async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, i
         inc.responder.refuse(&DialError::Limit(format!("{} streams open", cfg.max_streams)));
         return;
     }
-    m.streams_active.inc();
-    let _slot = StreamSlot(&t);
+    // Counted once above (the limit check); released with the stream.
+    let _slot = (Active::new(m.streams_active.clone()), Active::adopt(&t.active));
     let timeout = cfg.dial_timeout.get();
     let dialled = async {
         let addrs = resolve_allowed(&cfg.allow, &target, timeout).await?;
-        let mut last = DialError::Unreachable(target.clone());
-        for a in addrs {
-            match connect_addr(a, timeout).await {
-                Ok(s) => return Ok((s, a)),
-                Err(e) => last = DialError::from_connect(&target, &e),
-            }
-        }
-        Err(last)
+        connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await.map_err(|e| DialError::from_connect(&target, &e))
     }
     .await;
     let (tcp, addr) = match dialled {
@@ -503,43 +490,26 @@ async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, i
         }
     };
     m.streams_opened.with_label_values(&[&server]).inc();
-    tune_stream(&tcp);
     let meters = Meters {
         to_upstream: Some(m.bytes.with_label_values(&["to_shoot"])),
         to_client: Some(m.bytes.with_label_values(&["to_seed"])),
     };
     let mut relay = transfer(stream, tcp, cfg.idle_timeout.get(), meters);
-    let outcome = tokio::select! {
-        o = &mut relay => Some(o),
-        _ = kill.cancelled() => None,
-    };
-    let (up, down) = relay.counts();
-    let (mut stream, tcp) = relay.into_inner();
-    // Pass a reset on to the other side; an orderly end was already passed on by the relay.
-    let reason = match &outcome {
-        Some(o @ (Outcome::Reset(Side::Client) | Outcome::Error(Side::Client, _))) => {
-            reset_on_close(&tcp);
-            o.label()
-        }
-        Some(o @ (Outcome::Reset(Side::Upstream) | Outcome::Error(Side::Upstream, _) | Outcome::Idle)) => {
-            stream.reset();
-            o.label()
-        }
-        Some(o @ Outcome::Closed) => o.label(),
-        None => {
-            stream.reset();
-            "shutdown"
-        }
-    };
+    // The session's kill token: its re-homing drain passed, or the shutdown grace is over.
+    let stop = std::pin::pin!(async {
+        kill.cancelled().await;
+        if t.kill.is_cancelled() { Stop::Shutdown } else { Stop::SessionDrained }
+    });
+    let done = relay::run(&mut relay, stop).await;
     tracing::info!(
         target: "access",
         server = %server,
         target = %target,
         upstream = %addr,
-        bytes_to_shoot = up,
-        bytes_to_seed = down,
+        bytes_to_shoot = done.to_upstream,
+        bytes_to_seed = done.to_client,
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        reason,
+        reason = done.outcome.label(),
         "stream closed"
     );
 }

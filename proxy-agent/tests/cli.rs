@@ -42,7 +42,7 @@ fn check_exits_0_on_a_good_file_and_2_on_a_bad_one() -> anyhow::Result<()> {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8(out.stderr)?;
     let b = bad.display();
-    assert!(err.contains(&format!("{b}:2:12: apiserver_proxy.listen[0]: api.local:443 must be an IP")), "{err}");
+    assert!(!err.contains("api.local"), "a host name is a valid listen address: {err}");
     assert!(err.contains(&format!("{b}:2:3: apiserver_proxy.destination: required")), "{err}");
     assert!(err.contains("apiserver_proxy.retries"), "{err}");
 

@@ -1,9 +1,10 @@
 //! The accept loop: a connection permit before `accept`, back-off on fd exhaustion, spawn at once.
 
+use crate::backoff::Backoff;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -34,31 +35,85 @@ impl Acceptor for UnixListener {
     }
 }
 
-/// Connection limits: one process-wide semaphore and an optional per-listener one.
+/// Connection slots whose number can change while connections hold them (a reload of
+/// `max_connections`). Growing adds slots at once; shrinking takes free slots at once and the
+/// rest as live connections end, so no live connection is ever cut by it.
+#[derive(Debug)]
+pub struct Slots {
+    sem: Arc<Semaphore>,
+    size: Mutex<usize>,
+}
+
+/// "No limit" for a listener without its own `max_connections`.
+pub const UNLIMITED: usize = Semaphore::MAX_PERMITS;
+
+impl Slots {
+    pub fn new(size: usize) -> Arc<Self> {
+        let size = size.min(UNLIMITED);
+        Arc::new(Self { sem: Arc::new(Semaphore::new(size)), size: Mutex::new(size) })
+    }
+
+    pub fn size(&self) -> usize {
+        *self.size.lock().expect("not poisoned")
+    }
+
+    /// Slots free now.
+    pub fn available(&self) -> usize {
+        self.sem.available_permits()
+    }
+
+    /// Change the number of slots to `new`. Must be called inside a tokio runtime (a shrink
+    /// below the slots in use waits in a task for connections to end).
+    pub fn resize(&self, new: usize) {
+        let new = new.min(UNLIMITED);
+        let mut size = self.size.lock().expect("not poisoned");
+        let old = std::mem::replace(&mut *size, new);
+        if new > old {
+            self.sem.add_permits(new - old);
+        } else if new < old {
+            let want = old - new;
+            let mut owed = want - self.sem.forget_permits(want);
+            while owed > 0 {
+                let n = owed.min(u32::MAX as usize);
+                owed -= n;
+                let sem = self.sem.clone();
+                tokio::spawn(async move {
+                    if let Ok(p) = sem.acquire_many_owned(n as u32).await {
+                        p.forget();
+                    }
+                });
+            }
+        }
+    }
+
+    async fn acquire(&self) -> OwnedSemaphorePermit {
+        self.sem.clone().acquire_owned().await.expect("semaphore never closed")
+    }
+}
+
+/// Connection limits: the process-wide slots and the listener's own.
 #[derive(Clone)]
 pub struct ConnLimit {
-    pub global: Arc<Semaphore>,
-    pub local: Option<Arc<Semaphore>>,
+    pub global: Arc<Slots>,
+    pub local: Arc<Slots>,
 }
 
 /// Held by a connection task for its whole life; dropping it frees the slot.
 pub struct ConnPermit {
     _global: OwnedSemaphorePermit,
-    _local: Option<OwnedSemaphorePermit>,
+    _local: OwnedSemaphorePermit,
 }
 
 impl ConnLimit {
-    pub fn new(global: Arc<Semaphore>, local: Option<usize>) -> Self {
-        Self { global, local: local.map(|n| Arc::new(Semaphore::new(n))) }
+    /// `local`: the listener's own limit, `None` for none (only the global one applies).
+    pub fn new(global: Arc<Slots>, local: Option<usize>) -> Self {
+        Self { global, local: Slots::new(local.unwrap_or(UNLIMITED)) }
     }
 
     pub async fn acquire(&self) -> ConnPermit {
         // Local first: a saturated listener must not hold global slots other listeners need.
-        let local = match &self.local {
-            Some(s) => Some(s.clone().acquire_owned().await.expect("semaphore never closed")),
-            None => None,
-        };
-        let global = self.global.clone().acquire_owned().await.expect("semaphore never closed");
+        let local = self.local.acquire().await;
+        let global = self.global.acquire().await;
         ConnPermit { _global: global, _local: local }
     }
 }
@@ -85,7 +140,7 @@ pub async fn accept_loop<A, F, Fut>(
     F: FnMut(A::Conn, A::Addr, ConnPermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
     loop {
         let permit = tokio::select! {
             biased;
@@ -99,18 +154,18 @@ pub async fn accept_loop<A, F, Fut>(
         };
         match accepted {
             Ok((conn, addr)) => {
-                backoff = Duration::from_millis(5);
+                backoff.reset();
                 tracker.spawn(handle(conn, addr, permit));
             }
             Err(e) => {
                 on_error(&e);
                 if is_resource_exhaustion(&e) {
-                    tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed, backing off");
+                    let wait = backoff.next_wait();
+                    tracing::warn!(error = %e, backoff_ms = wait.as_millis() as u64, "accept failed, backing off");
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 } else {
                     tracing::debug!(error = %e, "accept error");
                 }
@@ -125,5 +180,35 @@ pub fn accept_error_label(e: &io::Error) -> &'static str {
         Some(libc::EMFILE) | Some(libc::ENFILE) => "fd_exhausted",
         Some(libc::ENOBUFS) | Some(libc::ENOMEM) => "no_memory",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_grow_and_shrink_without_touching_holders() {
+        let s = Slots::new(2);
+        let limit = ConnLimit { global: s.clone(), local: Slots::new(UNLIMITED) };
+        let a = limit.acquire().await;
+        let b = limit.acquire().await;
+        assert_eq!(s.available(), 0);
+        s.resize(3);
+        assert_eq!(s.available(), 1);
+        // Shrink below what is held: nothing is taken from the holders, the slots are
+        // retired as they come back.
+        s.resize(1);
+        assert_eq!((s.size(), s.available()), (1, 0));
+        drop(a);
+        tokio::task::yield_now().await;
+        drop(b);
+        for _ in 0..100 {
+            if s.available() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(s.available(), 1, "one slot after shrinking to 1 and releasing both");
     }
 }

@@ -47,13 +47,16 @@ pub trait AdminHooks: Send + Sync + 'static {
     }
 }
 
+/// The bearer token of `/control/` (`admin.token_file`), replaced when a reload reads a new one.
+pub type Token = Arc<std::sync::RwLock<Option<Arc<str>>>>;
+
 /// Everything the admin listener serves from.
 #[derive(Clone)]
 pub struct AdminState {
     pub registry: Registry,
     pub hooks: Arc<dyn AdminHooks>,
-    /// Bearer token for `/control/`; without one those endpoints answer 403.
-    pub token: Option<Arc<str>>,
+    /// Bearer token for `/control/`; without one those endpoints answer 403. Swapped on reload.
+    pub token: Token,
     /// Cancelled when the process drains: `/readyz` then fails so load balancers move away.
     pub draining: CancellationToken,
 }
@@ -108,8 +111,8 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
         .expect("valid response")
 }
 
-fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
-    let Some(token) = &state.token else { return false };
+fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
+    let Some(token) = token else { return false };
     let Some(given) = req.headers().get("authorization").and_then(|v| v.to_str().ok()) else {
         return false;
     };
@@ -171,10 +174,11 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
                 .expect("valid response")
         }
         (_, p) if p.starts_with("/control/") => {
-            if state.token.is_none() {
+            let token = state.token.read().expect("not poisoned").clone();
+            if token.is_none() {
                 return text(StatusCode::FORBIDDEN, "control endpoints are disabled: set admin.token_file\n");
             }
-            if !authorized(state, &req) {
+            if !authorized(token.as_deref(), &req) {
                 return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
             }
             let method = req.method().clone();

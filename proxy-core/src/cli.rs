@@ -16,6 +16,19 @@ pub struct CommonArgs {
     /// Log format on stderr. The level comes from RUST_LOG (default: info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// After binding (and after every reload), write the bound addresses as JSON to FILE
+    /// (atomically): {"admin": "ip:port" or null, "listeners": {"<name>": "ip:port", ...}}.
+    #[arg(long, value_name = "FILE")]
+    pub write_addresses: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// Parse the process arguments for the binary `name`; `--help` shows `about`.
+    pub fn parse_for(name: &'static str, about: &'static str) -> Self {
+        use clap::{Args, FromArgMatches};
+        let cmd = Self::augment_args(clap::Command::new(name).about(about).version(env!("CARGO_PKG_VERSION")));
+        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// Exit code of `--check` and of a start with an invalid config.

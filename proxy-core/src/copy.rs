@@ -81,7 +81,21 @@ impl Side {
     }
 }
 
-/// How a relay ended.
+/// Why a relay was ended from outside, on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The shutdown grace period ran out.
+    Shutdown,
+    /// The route changed or went away on reload, and its `drain_deadline` passed.
+    RouteDrained,
+    /// The cluster drains to another seed (deadline passed) or is fenced.
+    ClusterDrained,
+    /// The tunnel session carrying the stream was replaced (re-homing) and its drain passed.
+    SessionDrained,
+}
+
+/// How a relay ended. [`crate::relay`] decides from it how both ends close; logs and metrics
+/// take their reason from [`Outcome::label`].
 #[derive(Debug)]
 pub enum Outcome {
     /// Both directions finished with an orderly end of stream.
@@ -92,6 +106,8 @@ pub enum Outcome {
     Reset(Side),
     /// Reading from or writing to `side` failed.
     Error(Side, io::Error),
+    /// Ended from outside (drain deadline, shutdown); never produced by [`Transfer`] itself.
+    Stopped(Stop),
 }
 
 impl Outcome {
@@ -104,6 +120,10 @@ impl Outcome {
             Outcome::Reset(Side::Upstream) => "upstream_reset",
             Outcome::Error(Side::Client, _) => "client_error",
             Outcome::Error(Side::Upstream, _) => "upstream_error",
+            Outcome::Stopped(Stop::Shutdown) => "shutdown",
+            Outcome::Stopped(Stop::RouteDrained) => "route_drained",
+            Outcome::Stopped(Stop::ClusterDrained) => "cluster_drained",
+            Outcome::Stopped(Stop::SessionDrained) => "session_drained",
         }
     }
 }
@@ -353,6 +373,11 @@ where
     /// Bytes written to the upstream and to the client so far.
     pub fn counts(&self) -> (u64, u64) {
         (self.sent_up, self.sent_down)
+    }
+
+    /// Both ends, to close them once the relay is over.
+    pub fn ends_mut(&mut self) -> (&mut C, &mut U) {
+        (&mut self.client, &mut self.upstream)
     }
 
     pub fn into_inner(self) -> (C, U) {

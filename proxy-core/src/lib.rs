@@ -1,20 +1,26 @@
 //! proxy-core: the data plane shared by sni-router, proxy-server and proxy-agent.
 //!
-//! Sockets and the accept loop, upstream connects, the byte relay, shutdown, config reload,
-//! metrics and the admin listener, tracing, and the sans-IO protocol readers (TLS ClientHello,
-//! PROXY protocol, HTTP request heads).
+//! The process lifecycle ([`app`]), sockets and the accept loop, upstream connects, the byte
+//! relay and how it ends ([`relay`]), shutdown, config reload, metrics and the admin listener,
+//! tracing, TLS files and the tunnel.
 
 pub mod accept;
 pub mod addrs;
 pub mod admin;
+pub mod app;
+pub mod backoff;
+pub mod balance;
 pub mod cli;
 pub mod client_hello;
 pub mod copy;
+pub mod guard;
 pub mod http_head;
+pub mod ids;
 pub mod io;
 pub mod metrics;
 pub mod net;
 pub mod proxy_protocol;
+pub mod relay;
 pub mod reload;
 pub mod shutdown;
 mod splice;

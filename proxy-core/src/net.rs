@@ -34,7 +34,8 @@ pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Resolve `host:port` (IP literals without a lookup) to a socket address.
+/// Resolve `host:port` to one socket address: IP literals without a lookup, names through
+/// tokio's resolver (on a blocking thread, never a runtime worker). Listen addresses use it too.
 pub async fn resolve_one(hp: &HostPort) -> io::Result<SocketAddr> {
     resolve(hp)
         .await?
@@ -113,23 +114,92 @@ pub async fn connect_addr(addr: SocketAddr, timeout: Duration) -> io::Result<Tcp
     Ok(stream)
 }
 
-/// Resolve `hp` and connect to its addresses in turn, each attempt bounded by `timeout`.
-pub async fn connect_host(hp: &HostPort, timeout: Duration) -> io::Result<(TcpStream, SocketAddr)> {
-    let addrs = match tokio::time::timeout(timeout, resolve(hp)).await {
-        Ok(r) => r?,
-        Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, format!("resolving {} timed out", hp.host))),
-    };
-    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host));
-    for addr in addrs {
+/// Connect to `addrs` in turn, wrapping around, for at most `attempts` attempts in total, each
+/// bounded by `timeout`. Nothing has been written when an attempt fails, so moving on is always
+/// safe. `on_failure` hears about every failed attempt (for metrics and logs).
+pub async fn connect_in_turn(
+    addrs: &[SocketAddr],
+    attempts: usize,
+    timeout: Duration,
+    mut on_failure: impl FnMut(SocketAddr, &io::Error),
+) -> io::Result<(TcpStream, SocketAddr)> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address to connect to");
+    for &addr in addrs.iter().cycle().take(attempts) {
         match connect_addr(addr, timeout).await {
             Ok(s) => return Ok((s, addr)),
-            Err(e) => last = e,
+            Err(e) => {
+                on_failure(addr, &e);
+                last = e;
+            }
         }
     }
     Err(last)
 }
 
+/// Resolve `hp` (bounded by `timeout`) and connect to its addresses in turn, each attempt
+/// bounded by `timeout`.
+pub async fn connect_host(hp: &HostPort, timeout: Duration) -> io::Result<(TcpStream, SocketAddr)> {
+    let addrs = resolve_within(hp, timeout).await?;
+    connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await
+}
+
+/// [`resolve`] bounded by `timeout`; an empty answer is an error.
+pub async fn resolve_within(hp: &HostPort, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
+    match tokio::time::timeout(timeout, resolve(hp)).await {
+        Ok(Ok(addrs)) if addrs.is_empty() => {
+            Err(io::Error::new(io::ErrorKind::NotFound, format!("{} resolved to no address", hp.host)))
+        }
+        Ok(r) => r,
+        Err(_) => {
+            Err(io::Error::new(io::ErrorKind::TimedOut, format!("resolving {} timed out after {timeout:?}", hp.host)))
+        }
+    }
+}
+
 /// Close `s` with a TCP RST instead of a FIN, to pass a peer's reset on.
 pub fn reset_on_close(s: &TcpStream) {
     let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    async fn refused_addr() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+        // dropped: nothing listens there any more, so a connect is refused at once
+    }
+
+    #[tokio::test]
+    async fn retry_moves_to_the_next_address() {
+        let dead = refused_addr().await;
+        let live = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live_addr = live.local_addr().unwrap();
+        let mut failed = Vec::new();
+        let (_s, used) = connect_in_turn(&[dead, live_addr], 3, Duration::from_secs(5), |a, e| {
+            failed.push((a, ConnectFailure::classify(e).label()))
+        })
+        .await
+        .unwrap();
+        assert_eq!(used, live_addr);
+        assert_eq!(failed, vec![(dead, "connect_refused")]);
+    }
+
+    #[tokio::test]
+    async fn retries_bound_the_attempts_and_wrap_around() {
+        let dead = refused_addr().await;
+        let mut n = 0;
+        let e = connect_in_turn(&[dead], 3, Duration::from_secs(5), |_, _| n += 1).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(n, 3, "one address, three attempts");
+
+        let live = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut n = 0;
+        let r = connect_in_turn(&[dead, live.local_addr().unwrap()], 1, Duration::from_secs(5), |_, _| n += 1).await;
+        assert!(r.is_err(), "a single attempt never reaches the second address");
+        assert_eq!(n, 1);
+        assert!(connect_in_turn(&[], 3, Duration::from_secs(1), |_, _| {}).await.is_err());
+    }
 }

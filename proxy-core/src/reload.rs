@@ -1,10 +1,9 @@
-//! Config reload: SIGHUP or a change of the config file triggers parse, validate and apply; a bad file changes nothing.
+//! What triggers a config reload: SIGHUP, or a change of the config file (polled, following symlink swaps).
 
 use crate::metrics::ReloadMetrics;
-use seedgate_config::ConfigError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio_util::sync::CancellationToken;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// How often the file's metadata is checked. Polling (rather than inotify) also follows the
 /// symlink swap Kubernetes uses to update a mounted ConfigMap.
@@ -19,6 +18,7 @@ struct Stamp {
 
 fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
+    // `metadata` follows symlinks: a swapped `..data` link changes the inode seen here.
     let m = std::fs::metadata(path).ok()?;
     Some(Stamp { modified: m.modified().ok(), len: m.len(), ino: m.ino() })
 }
@@ -29,60 +29,103 @@ pub fn mark_loaded(metrics: &ReloadMetrics) {
     metrics.last_success.set(now as i64);
 }
 
-/// Watch `path` and SIGHUP until `stop`; on each trigger parse the file and hand the result to
-/// `apply`. A file that fails to parse or validate, or that `apply` refuses, is logged and counted
-/// as a failure and the running config stays.
-pub async fn reload_loop<T: Send + 'static>(
-    path: PathBuf,
-    parse: fn(&str, &str) -> Result<T, ConfigError>,
-    mut apply: impl FnMut(T) -> Result<(), String>,
-    metrics: ReloadMetrics,
-    stop: CancellationToken,
-) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install SIGHUP handler; reload only on file change");
-            return;
+/// Why a reload was triggered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Signal,
+    FileChanged,
+}
+
+impl Trigger {
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Signal => "SIGHUP",
+            Trigger::FileChanged => "file changed",
         }
-    };
-    let mut last = stamp(&path);
-    let mut tick = tokio::time::interval(POLL_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let why = tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = hup.recv() => "SIGHUP",
-            _ = tick.tick() => {
-                let now = stamp(&path);
-                if now == last || now.is_none() {
-                    continue;
-                }
-                "file changed"
+    }
+}
+
+/// Watches one config file and SIGHUP.
+pub struct Watch {
+    path: PathBuf,
+    last: Option<Stamp>,
+    hup: Option<Signal>,
+    tick: tokio::time::Interval,
+}
+
+impl Watch {
+    /// Must be called inside a tokio runtime. Without a SIGHUP handler (it cannot be installed)
+    /// only file changes trigger.
+    pub fn new(path: PathBuf) -> Self {
+        let hup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot install the SIGHUP handler; reloading only on file change");
+                None
             }
         };
-        last = stamp(&path);
-        // Reading and parsing (tens of ms for 10,000 routes) run off the runtime's workers, so
-        // live connections are not held up; only the swap itself runs here.
-        let p = path.clone();
-        let started = std::time::Instant::now();
-        let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&p, parse)).await.unwrap_or_else(|e| {
-            Err(seedgate_config::ConfigError::internal(&path.display().to_string(), &e.to_string()))
-        });
-        let parsed = started.elapsed();
-        let result = loaded.map_err(|e| e.to_string()).and_then(&mut apply);
-        let (parse_ms, total_ms) = (parsed.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3);
-        match result {
-            Ok(()) => {
-                metrics.reloads.with_label_values(&["success"]).inc();
-                mark_loaded(&metrics);
-                tracing::info!(trigger = why, file = %path.display(), parse_ms, total_ms, "config reloaded");
-            }
-            Err(e) => {
-                metrics.reloads.with_label_values(&["failure"]).inc();
-                tracing::error!(trigger = why, file = %path.display(), error = %e, "config reload refused; the running config stays in force");
-            }
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { last: stamp(&path), path, hup, tick }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The next trigger. A file that vanished (mid-swap) is not a change; its reappearance is.
+    pub async fn next(&mut self) -> Trigger {
+        loop {
+            let hup = async {
+                match &mut self.hup {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let why = tokio::select! {
+                _ = hup => Trigger::Signal,
+                _ = self.tick.tick() => {
+                    let now = stamp(&self.path);
+                    if now == self.last || now.is_none() {
+                        continue;
+                    }
+                    Trigger::FileChanged
+                }
+            };
+            self.last = stamp(&self.path);
+            return why;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_change_and_a_symlink_swap_trigger_but_a_vanished_file_does_not() {
+        let dir = std::env::temp_dir().join(format!("seedgate-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("v1")).unwrap();
+        std::fs::create_dir_all(dir.join("v2")).unwrap();
+        std::fs::write(dir.join("v1/c.yaml"), "a: 1\n").unwrap();
+        std::fs::write(dir.join("v2/c.yaml"), "a: 2\n").unwrap();
+        std::os::unix::fs::symlink("v1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/c.yaml", dir.join("c.yaml")).unwrap();
+        let mut w = Watch::new(dir.join("c.yaml"));
+        async fn next(w: &mut Watch) -> Option<Trigger> {
+            tokio::time::timeout(Duration::from_secs(10), w.next()).await.ok()
+        }
+        // The way Kubernetes updates a mounted ConfigMap: a new `..data` link renamed over the old.
+        std::os::unix::fs::symlink("v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        assert_eq!(next(&mut w).await, Some(Trigger::FileChanged));
+        // Gone, then back with other content: one trigger, for the reappearance.
+        std::fs::remove_file(dir.join("c.yaml")).unwrap();
+        let quiet = tokio::time::timeout(POLL_INTERVAL * 3, w.next()).await;
+        assert!(quiet.is_err(), "a vanished file is not a change");
+        std::fs::write(dir.join("c.yaml"), "a: 3\n").unwrap();
+        assert_eq!(next(&mut w).await, Some(Trigger::FileChanged));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -6,9 +6,12 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use proxy_core::copy::{Meters, transfer};
+use proxy_core::copy::{Meters, Outcome, Stop, transfer};
+use proxy_core::guard::Active;
 use proxy_core::http_head::{self, RequestHead};
+use proxy_core::ids::ConnId;
 use proxy_core::io::Prefixed;
+use proxy_core::relay::Abort;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +28,7 @@ pub struct FrontendRt {
 
 /// Everything known about one front-end connection, for its access log.
 struct Ctx {
-    conn_id: String,
+    conn_id: ConnId,
     fe: Arc<FrontendRt>,
     peer: String,
     cluster: String,
@@ -54,43 +57,12 @@ impl Ctx {
     }
 }
 
-/// A front-end connection that can end with a reset instead of an orderly close, so a reset of
-/// the tunnel stream (the target reset, or the agent's session broke mid-stream) reaches the
-/// client as one: a FIN would make a cut-off transfer look complete.
-pub trait Abort {
-    /// Make the coming close a reset (TCP: zero linger, so the close sends RST).
-    fn abort_on_close(&self);
-}
-
-impl Abort for tokio::net::TcpStream {
-    fn abort_on_close(&self) {
-        proxy_core::net::reset_on_close(self);
-    }
-}
-
-impl Abort for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
-    fn abort_on_close(&self) {
-        proxy_core::net::reset_on_close(self.get_ref().0);
-    }
-}
-
-/// A Unix stream socket has no reset; the close is all the client gets.
-impl Abort for tokio::net::UnixStream {
-    fn abort_on_close(&self) {}
-}
-
 /// A front-end stream of any kind (TCP, TLS over TCP, Unix socket).
 pub trait FrontIo: AsyncRead + AsyncWrite + Abort + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Abort + Unpin + Send> FrontIo for T {}
 
 /// Boxed, so every kind of front end shares one (small) relay future.
 type BoxIo = Box<dyn FrontIo>;
-
-impl Abort for BoxIo {
-    fn abort_on_close(&self) {
-        (**self).abort_on_close()
-    }
-}
 
 /// An accepted front-end connection, before any handshake.
 pub enum Accepted {
@@ -116,15 +88,13 @@ pub fn connection(
     peer: String,
     permit: proxy_core::accept::ConnPermit,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let active = shared.metrics.conn.active.with_label_values(&[&fe.name]);
-    active.inc();
+    let active = Active::new(shared.metrics.conn.active.with_label_values(&[&fe.name]));
     let prepare = Box::pin(prepare(shared.clone(), fe, conn, peer));
     async move {
-        let _permit = permit;
+        let _held = (permit, active);
         if let Some(r) = prepare.await {
             relay(&shared, r).await;
         }
-        active.dec();
     }
 }
 
@@ -170,7 +140,7 @@ async fn serve(
 ) -> Option<Ready> {
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
-    let conn_id = shared.next_conn_id();
+    let conn_id = shared.ids.next();
     let started = Instant::now();
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
         m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
@@ -304,13 +274,11 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay(shared: &Shared, r: Ready) {
-    let Ready { mut io, mut stream, pipelined, ctx } = r;
+    let Ready { io, mut stream, pipelined, ctx } = r;
     let m = &shared.metrics;
-    let active = m.streams_active.with_label_values(&[&ctx.cluster]);
-    active.inc();
+    let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let replayed = pipelined.len() as u64;
     if !pipelined.is_empty() && stream.write_all(&pipelined).await.is_err() {
-        active.dec();
         ctx.log(200, "tunnel_write_error", 0, 0);
         return;
     }
@@ -322,35 +290,17 @@ async fn relay(shared: &Shared, r: Ready) {
     let idle = shared.config.load().timeouts.idle.get();
     let drained = shared.registry.drain_signal(&ctx.cluster);
     let mut t = transfer(io, stream, idle, meters);
-    let reason = tokio::select! {
-        o = &mut t => o.label(),
-        _ = shared.shutdown.kill.cancelled() => "shutdown",
-        _ = drained => {
-            m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
-            "cluster_drained"
+    let stop = std::pin::pin!(async {
+        tokio::select! {
+            _ = shared.shutdown.kill.cancelled() => Stop::Shutdown,
+            _ = drained => Stop::ClusterDrained,
         }
-    };
-    let (up, down) = t.counts();
-    let (mut client, mut stream) = t.into_inner();
-    match reason {
-        "client_reset" | "client_error" => stream.reset(),
-        // The target reset, or the stream broke (e.g. the agent's session died): pass the
-        // reset on (DESIGN: a reset on one side resets the other).
-        "upstream_reset" | "upstream_error" => {
-            stream.reset();
-            client.abort_on_close();
-        }
-        // A drain ends the stream cleanly: FIN towards both ends.
-        "cluster_drained" | "shutdown" => {
-            let _ = stream.shutdown().await;
-            let _ = client.shutdown().await;
-        }
-        _ => {}
+    });
+    let done = proxy_core::relay::run(&mut t, stop).await;
+    if matches!(done.outcome, Outcome::Stopped(Stop::ClusterDrained)) {
+        m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
     }
-    io = client;
-    drop(io);
-    active.dec();
-    ctx.log(200, reason, up + replayed, down);
+    ctx.log(200, done.outcome.label(), done.to_upstream + replayed, done.to_client);
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;

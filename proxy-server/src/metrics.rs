@@ -1,13 +1,12 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
-use proxy_core::metrics::{ConnMetrics, ReloadMetrics, counter_vec, gauge_vec, seconds_histogram};
+use proxy_core::metrics::{ConnMetrics, counter_vec, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
 use seedgate_config::server::ClusterMode;
 
 #[derive(Clone)]
 pub struct ServerMetrics {
     pub conn: ConnMetrics,
-    pub reload: ReloadMetrics,
     pub agents: IntGaugeVec,
     pub agent_sessions: IntCounterVec,
     pub streams_active: IntGaugeVec,
@@ -25,7 +24,6 @@ impl ServerMetrics {
     pub fn new(reg: &Registry) -> Self {
         Self {
             conn: ConnMetrics::new(reg),
-            reload: ReloadMetrics::new(reg),
             agents: gauge_vec(
                 reg,
                 "seedgate_agents_connected",

@@ -256,17 +256,5 @@ impl Registry {
 
 /// Power of two choices on active streams.
 fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
-    match c.len() {
-        0 => None,
-        1 => Some(c[0].clone()),
-        n => {
-            let a = rand::random_range(0..n);
-            let mut b = rand::random_range(0..n - 1);
-            if b >= a {
-                b += 1;
-            }
-            let (x, y) = (&c[a], &c[b]);
-            Some(if y.opener.active_streams() < x.opener.active_streams() { y.clone() } else { x.clone() })
-        }
-    }
+    proxy_core::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
 }

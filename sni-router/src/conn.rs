@@ -1,12 +1,15 @@
 //! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
 
+use crate::Shared;
+use crate::listeners::ListenerRt;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
-use crate::{ListenerRt, Shared};
 use proxy_core::client_hello::{self, HelloError, HelloParser, Status};
-use proxy_core::copy::{Meters, transfer_tcp};
+use proxy_core::copy::{Meters, Stop, transfer_tcp};
 use proxy_core::http_head::{self, Detect3, RequestHead};
-use proxy_core::net::{ConnectFailure, reset_on_close};
+use proxy_core::ids::ConnId;
+use proxy_core::net::ConnectFailure;
+use proxy_core::prometheus::IntGauge;
 use proxy_core::proxy_protocol::{self, Command, Detect, V2Options};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
@@ -81,7 +84,7 @@ struct Pre {
     connect_target: Option<Box<str>>,
     http_version: u8,
     // For the access log:
-    conn_id: crate::ConnId,
+    conn_id: ConnId,
     peer: SocketAddr,
     up_addr: Option<SocketAddr>,
     started: Instant,
@@ -388,8 +391,8 @@ struct Held {
     /// What was learnt before the relay, for the access log (its buffer is already freed).
     log: Pre,
     _permit: proxy_core::accept::ConnPermit,
-    _active: crate::ActiveGuard,
-    _guard: upstream::ActiveGuard,
+    _active: proxy_core::guard::Active<IntGauge>,
+    _guard: upstream::UpstreamGuard,
     idle: std::time::Duration,
 }
 
@@ -401,7 +404,7 @@ pub(crate) fn serve(
     peer: SocketAddr,
     permit: proxy_core::accept::ConnPermit,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let conn_id = shared.next_conn_id();
+    let conn_id = shared.ids.next();
     // DEBUG level: a recorded span costs ~450 B per open connection; at INFO the access-log
     // event carries everything, and the events inside a connection are DEBUG anyway.
     let span = tracing::debug_span!("conn", id = %conn_id, listener = %lst.name);
@@ -412,22 +415,22 @@ pub(crate) fn serve(
     let prepare = Box::pin(prepare(shared.clone(), lst.clone(), stream, peer, conn_id, permit).instrument(span));
     async move {
         let Some(Ready { client, up, route, held }) = prepare.await else { return };
-        let idle = held.idle;
         let meters = Meters {
             to_upstream: Some(route.meters.to_upstream.clone()),
             to_client: Some(route.meters.to_client.clone()),
         };
-        let mut relay = transfer_tcp(client, up, idle, meters);
-        let reason = tokio::select! {
-            o = &mut relay => o.label(),
-            _ = route.end.cancelled() => if shared.shutdown.kill.is_cancelled() { "shutdown" } else { "route_drained" },
-        };
-        let (sent_up, sent_down) = relay.counts();
-        let (c, u) = relay.into_inner();
-        close_pair(c, u, reason);
+        let mut relay = transfer_tcp(client, up, held.idle, meters);
+        // The route's token ends its connections: at a drain deadline after a reload changed the
+        // route, or (as a child of the kill token) at the end of the shutdown grace.
+        let stop = std::pin::pin!(async {
+            route.end.cancelled().await;
+            if shared.shutdown.kill.is_cancelled() { Stop::Shutdown } else { Stop::RouteDrained }
+        });
+        let done = proxy_core::relay::run(&mut relay, stop).await;
+        let reason = done.outcome.label();
         shared.metrics.conn.closes.with_label_values(&[&lst.name, reason]).inc();
         let log = &held.log;
-        access_log(&lst.name, log, Some(&route.name), (sent_up + log.replayed, sent_down), reason);
+        access_log(&lst.name, log, Some(&route.name), (done.to_upstream + log.replayed, done.to_client), reason);
     }
 }
 
@@ -438,7 +441,7 @@ async fn prepare(
     lst: Arc<ListenerRt>,
     mut client: TcpStream,
     peer: SocketAddr,
-    conn_id: crate::ConnId,
+    conn_id: ConnId,
     permit: proxy_core::accept::ConnPermit,
 ) -> Option<Ready> {
     let started = Instant::now();
@@ -565,20 +568,6 @@ async fn prepare(
     })
 }
 
-/// End a relay: pass a reset on as a reset, otherwise close both with a FIN.
-fn close_pair(client: TcpStream, up: TcpStream, reason: &str) {
-    match reason {
-        "client_reset" => reset_on_close(&up),
-        "upstream_reset" => reset_on_close(&client),
-        // Both directions already ended with a FIN passed on by the relay.
-        "closed" => {}
-        _ => {
-            let _ = SockRef::from(&client).shutdown(std::net::Shutdown::Write);
-            let _ = SockRef::from(&up).shutdown(std::net::Shutdown::Write);
-        }
-    }
-}
-
 async fn reject(
     shared: &Shared,
     listener: &str,
@@ -624,8 +613,8 @@ mod tests {
         let shared = std::sync::Arc::new(crate::test_shared());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let rt = crate::test_listener(&shared);
-        let limit = proxy_core::accept::ConnLimit::new(std::sync::Arc::new(tokio::sync::Semaphore::new(1)), None);
+        let rt = crate::listeners::test_listener(&shared);
+        let limit = proxy_core::accept::ConnLimit::new(proxy_core::accept::Slots::new(1), None);
         let permit = limit.acquire().await;
         let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap(), permit);
         // Every byte here is held by each open connection for its whole life: keep the relay

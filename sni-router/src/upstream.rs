@@ -1,5 +1,7 @@
 //! Upstream choice and connect: power-of-two-choices or least-connections, skip after failure, retry before the first byte.
 
+use proxy_core::balance::p2c;
+use proxy_core::guard::Active;
 use proxy_core::net::{ConnectFailure, connect_host};
 use seedgate_config::HostPort;
 use seedgate_config::router::Balance;
@@ -44,21 +46,17 @@ impl Upstream {
     }
 }
 
+impl proxy_core::guard::Tally for Upstream {
+    fn up(&self) {
+        self.active.up();
+    }
+    fn down(&self) {
+        self.active.down();
+    }
+}
+
 /// Counts a connection against its upstream while it lives.
-pub struct ActiveGuard(Arc<Upstream>);
-
-impl ActiveGuard {
-    fn new(u: Arc<Upstream>) -> Self {
-        u.active.fetch_add(1, Ordering::Relaxed);
-        Self(u)
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+pub type UpstreamGuard = Active<Arc<Upstream>>;
 
 /// The order in which to try a route's upstreams: the balancer's pick first, then the other
 /// healthy ones by load, then the skipped ones (a skip is a preference, never a hard block, so a
@@ -73,15 +71,7 @@ pub fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstrea
             // min_by_key keeps the first of equals: ties go to the earlier listed upstream.
             healthy.iter().enumerate().min_by_key(|(_, u)| u.active()).map(|(i, _)| i).unwrap_or(0)
         }
-        Balance::PowerOfTwo => {
-            let n = healthy.len();
-            let a = rand::random_range(0..n);
-            let mut b = rand::random_range(0..n - 1);
-            if b >= a {
-                b += 1;
-            }
-            if healthy[b].active() < healthy[a].active() { b } else { a }
-        }
+        Balance::PowerOfTwo => p2c(healthy.len(), |i| healthy[i].active()).unwrap_or(0),
     };
     let mut order = Vec::with_capacity(ups.len());
     if !healthy.is_empty() {
@@ -97,7 +87,7 @@ pub fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstrea
 pub struct Connected {
     pub stream: TcpStream,
     pub addr: SocketAddr,
-    pub guard: ActiveGuard,
+    pub guard: UpstreamGuard,
 }
 
 /// Every attempt failed; `last` says how the last one failed.
@@ -122,7 +112,7 @@ pub async fn connect(
         match connect_host(&up.addr, timeout).await {
             Ok((stream, addr)) => {
                 on_attempt(started.elapsed(), None);
-                let guard = ActiveGuard::new(up.clone());
+                let guard = Active::new(up.clone());
                 return Ok(Connected { stream, addr, guard });
             }
             Err(e) => {
@@ -148,7 +138,7 @@ mod tests {
     #[test]
     fn least_connections_prefers_idle_and_first_on_ties() {
         let u = ups(3);
-        let _g1 = ActiveGuard::new(u[0].clone());
+        let _g1 = Active::new(u[0].clone());
         let order = attempt_order(&u, Balance::LeastConnections);
         assert_eq!(order[0].addr.port, 1001);
         assert_eq!(order.len(), 3);
@@ -157,7 +147,7 @@ mod tests {
     #[test]
     fn power_of_two_never_picks_the_busier_of_two() {
         let u = ups(2);
-        let _g: Vec<_> = (0..5).map(|_| ActiveGuard::new(u[1].clone())).collect();
+        let _g: Vec<_> = (0..5).map(|_| Active::new(u[1].clone())).collect();
         for _ in 0..200 {
             assert_eq!(attempt_order(&u, Balance::PowerOfTwo)[0].addr.port, 1000);
         }
@@ -187,7 +177,7 @@ mod tests {
     fn guard_counts_active() {
         let u = ups(1);
         {
-            let _g = ActiveGuard::new(u[0].clone());
+            let _g = Active::new(u[0].clone());
             assert_eq!(u[0].active(), 1);
         }
         assert_eq!(u[0].active(), 0);

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use anyhow::{Context as _, anyhow, bail};
-use proxy_agent::Addresses;
+use proxy_core::addrs::Addresses;
 use proxy_core::proxy_protocol::{self, ProxyHeader};
 use proxy_core::shutdown::Shutdown;
 use std::future::Future;
@@ -67,19 +67,19 @@ impl Agent {
             proxy_core::telemetry::init(proxy_core::telemetry::LogFormat::Text);
         }
         let cfg = seedgate_config::agent::parse(yaml, "test.yaml")?;
-        let shutdown = Shutdown::new();
-        let mut bound = proxy_agent::bind(cfg, shutdown.clone()).await?;
-        if let Some(p) = watch {
-            bound = bound.reload_from(p);
-        }
+        let opts = proxy_agent::Options { config_path: watch, ..Default::default() };
+        let bound = proxy_agent::bind(cfg, opts).await?;
+        let shutdown = bound.shutdown();
         let addrs = bound.local_addrs();
-        let task = tokio::spawn(bound.run());
+        let task = tokio::spawn(async move {
+            bound.run(std::future::pending()).await;
+        });
         Ok(Self { addrs, shutdown, task })
     }
 
     /// The address of the `apiserver-proxy` listener (`listen[0]`).
     pub fn listener(&self) -> SocketAddr {
-        self.addrs.listeners["apiserver-proxy"]
+        self.addrs.listener("apiserver-proxy").expect("the apiserver-proxy listener")
     }
 
     pub async fn connect(&self) -> anyhow::Result<TcpStream> {

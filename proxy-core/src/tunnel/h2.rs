@@ -4,6 +4,7 @@ use super::{
     AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener,
     REASON_HEADER, Responder, TunnelSettings, TunnelStream,
 };
+use crate::guard::Active;
 use bytes::{Bytes, BytesMut};
 use h2::{Ping, PingPong, Reason, client, server};
 use http::{Method, Request, Response, StatusCode};
@@ -70,13 +71,7 @@ impl H2Opener {
 /// Counts a stream as active until dropped.
 struct ActiveStream {
     inner: H2Stream,
-    active: Arc<AtomicUsize>,
-}
-
-impl Drop for ActiveStream {
-    fn drop(&mut self) {
-        self.active.fetch_sub(1, Ordering::Relaxed);
-    }
+    _active: Active<Arc<AtomicUsize>>,
 }
 
 impl super::Io for ActiveStream {
@@ -156,10 +151,9 @@ impl Opener for H2Opener {
             if resp.status() != StatusCode::OK {
                 return Err(dial_error_from_response(&resp));
             }
-            self.active.fetch_add(1, Ordering::Relaxed);
             Ok(TunnelStream::new(ActiveStream {
                 inner: H2Stream::new(stream, resp.into_body()),
-                active: self.active.clone(),
+                _active: Active::new(self.active.clone()),
             }))
         })
     }

@@ -1,0 +1,459 @@
+//! The process lifecycle every binary shares: bind, serve, reload, drain — and the whole `main`.
+//!
+//! A binary implements [`Service`] (what is particular to it: its sockets, how it applies a new
+//! config, its readiness checks); this module does the rest the same way for all three: the admin
+//! listener, the metrics registry, the connection slots, the reload loop (parse off the runtime,
+//! refuse restart-only changes naming the key, apply, count, log), signals, the drain and the
+//! addresses file. The shape follows mini-redis's `run(listener, shutdown)` and linkerd2-proxy's
+//! build → spawn → drain.
+
+use crate::accept::Slots;
+use crate::addrs::Addresses;
+use crate::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
+use crate::metrics::{self, ReloadMetrics};
+use crate::reload::{self, Trigger, Watch};
+use crate::shutdown::{Drained, Shutdown};
+use crate::tls::TlsError;
+use prometheus::Registry;
+use seedgate_config::{AdminConfig, ConfigError, HostPort};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Where the config came from (for reloads) and where to report the bound addresses.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The config file; watched for changes and re-read on SIGHUP. `None`: no reloads.
+    pub config_path: Option<PathBuf>,
+    /// Write the bound addresses here (JSON) after binding and after every reload.
+    pub write_addresses: Option<PathBuf>,
+    /// Use this registry (tests run several binaries in one process); default: a new one.
+    pub registry: Option<Registry>,
+}
+
+/// Why a binary could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{what}: cannot resolve {addr}: {source}")]
+    Resolve {
+        what: String,
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{what}: cannot listen on {addr}: {source}")]
+    Bind {
+        what: String,
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("admin.token_file: {0}")]
+    Token(#[source] io::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("writing the addresses file {path}: {source}")]
+    AddressesFile {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The keys every binary's config has, as the lifecycle needs them.
+#[derive(Debug, Clone, Copy)]
+pub struct Common<'a> {
+    pub admin: &'a AdminConfig,
+    pub drain_grace: Duration,
+    /// `limits.max_connections`: the process-wide connection slots ([`Ctx::connections`]).
+    pub max_connections: usize,
+}
+
+/// What the lifecycle hands a service when it binds.
+#[derive(Clone)]
+pub struct Ctx {
+    pub registry: Registry,
+    pub shutdown: Shutdown,
+    /// Process-wide connection slots (`limits.max_connections`), resized on reload.
+    pub connections: Arc<Slots>,
+}
+
+/// What is particular to one binary. Everything else about the process is [`bind`] and
+/// [`Bound::run`].
+pub trait Service: Sized + Send + Sync + 'static {
+    type Config: Serialize + Send + Sync + 'static;
+    /// The binary's name (logs, `seedgate_build_info`, messages, `--help`).
+    const NAME: &'static str;
+
+    fn parse(text: &str, file: &str) -> Result<Self::Config, ConfigError>;
+    fn common(cfg: &Self::Config) -> Common<'_>;
+    /// The parts of the config only a restart can change, each under its key path. A reload that
+    /// changes one is refused with a message naming the key that differs (never accepted and
+    /// ignored). The `admin` section is handled by the lifecycle and must not be listed.
+    fn restart_only(_cfg: &Self::Config) -> Vec<(&'static str, serde_json::Value)> {
+        Vec::new()
+    }
+    /// Open every socket of `cfg`; serve nothing yet.
+    fn bind(cfg: Arc<Self::Config>, ctx: Ctx) -> impl Future<Output = Result<Self, StartError>> + Send;
+    /// Start serving: accept loops and background tasks. Called once, inside the runtime.
+    fn start(self: &Arc<Self>);
+    /// Take a reloaded config (valid, restart-only parts unchanged). On `Err` nothing may have
+    /// changed: the running config stays in force.
+    fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), String>> + Send;
+    /// Every listening socket by name (`ip:port`, or `unix:<path>`).
+    fn listeners(&self) -> BTreeMap<String, String>;
+    /// Readiness checks; the process is ready when all pass (and it is not draining).
+    fn ready(&self) -> Vec<Check>;
+    /// `/config`: the running config with secrets redacted.
+    fn show_config(&self, running: &Self::Config) -> serde_json::Value {
+        serde_json::to_value(running).unwrap_or_default()
+    }
+    /// Authenticated `/control/` endpoints; `None` = no such endpoint.
+    fn control(&self, _req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+        None
+    }
+    /// After the connections drained: end what does not drain with them (e.g. tunnel sessions).
+    fn stopped(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// One entry of [`Service::restart_only`]: `value` under its key path.
+pub fn fixed<T: Serialize + ?Sized>(key: &'static str, value: &T) -> (&'static str, serde_json::Value) {
+    (key, serde_json::to_value(value).unwrap_or_default())
+}
+
+/// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
+pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
+    let addr = crate::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
+        what: what.to_owned(),
+        addr: hp.to_string(),
+        source,
+    })?;
+    let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
+    let sock = crate::net::bind_tcp(addr).map_err(bind_err)?;
+    let local = sock.local_addr().map_err(bind_err)?;
+    Ok((sock, local))
+}
+
+/// The running admin listener.
+struct AdminRt {
+    listen: Option<HostPort>,
+    addr: Option<SocketAddr>,
+    stop: CancellationToken,
+}
+
+struct App<S: Service> {
+    service: Arc<S>,
+    ctx: Ctx,
+    running: Mutex<Arc<S::Config>>,
+    reload: ReloadMetrics,
+    admin: Mutex<AdminRt>,
+    token: Token,
+    write_addresses: Option<PathBuf>,
+}
+
+/// A binary whose sockets are bound; [`Bound::run`] serves.
+pub struct Bound<S: Service> {
+    app: Arc<App<S>>,
+    admin: Option<TcpListener>,
+    watch: Option<Watch>,
+}
+
+fn load_token(admin: &AdminConfig) -> Result<Option<Arc<str>>, StartError> {
+    admin::load_token(admin.token_file.as_deref()).map_err(StartError::Token)
+}
+
+async fn bind_admin(admin: &AdminConfig) -> Result<Option<(TcpListener, SocketAddr)>, StartError> {
+    match &admin.listen {
+        None => Ok(None),
+        Some(hp) => listen_tcp("admin listener", hp).await.map(Some),
+    }
+}
+
+/// Bind everything `cfg` asks for: the admin listener, then the service's sockets.
+pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>, StartError> {
+    // Watched from here, not from when the reload task first runs: a change made between start
+    // and then would otherwise go unnoticed.
+    let watch = opts.config_path.map(Watch::new);
+    let registry = opts.registry.unwrap_or_default();
+    metrics::register_build_info(&registry, S::NAME);
+    let reload = ReloadMetrics::new(&registry);
+    let cfg = Arc::new(cfg);
+    let common = S::common(&cfg);
+    let token = Arc::new(std::sync::RwLock::new(load_token(common.admin)?));
+    let admin = bind_admin(common.admin).await?;
+    let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(common.max_connections) };
+    let service = Arc::new(S::bind(cfg.clone(), ctx.clone()).await?);
+    let app = Arc::new(App {
+        service,
+        ctx,
+        admin: Mutex::new(AdminRt {
+            listen: common.admin.listen.clone(),
+            addr: admin.as_ref().map(|(_, a)| *a),
+            stop: CancellationToken::new(),
+        }),
+        running: Mutex::new(cfg),
+        reload,
+        token,
+        write_addresses: opts.write_addresses,
+    });
+    reload::mark_loaded(&app.reload);
+    app.write_addresses().map_err(|source| StartError::AddressesFile {
+        path: app.write_addresses.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+        source,
+    })?;
+    Ok(Bound { app, admin: admin.map(|(l, _)| l), watch })
+}
+
+impl<S: Service> Bound<S> {
+    pub fn local_addrs(&self) -> Addresses {
+        self.app.addresses()
+    }
+
+    /// The shutdown handle: cancelling `stop` has the same effect as the signal given to `run`.
+    pub fn shutdown(&self) -> Shutdown {
+        self.app.ctx.shutdown.clone()
+    }
+
+    pub fn service(&self) -> &Arc<S> {
+        &self.app.service
+    }
+
+    /// Serve until `signal` completes (or `shutdown().stop` is cancelled), then stop accepting,
+    /// drain for `drain_grace` (of the config in force then) and stop.
+    pub async fn run(self, signal: impl Future<Output = ()>) -> Drained {
+        let app = self.app;
+        let shutdown = app.ctx.shutdown.clone();
+        if let Some(l) = self.admin {
+            app.serve_admin(l, app.admin.lock().expect("not poisoned").stop.clone());
+        }
+        app.service.start();
+        if let Some(watch) = self.watch {
+            tokio::spawn(app.clone().reload_loop(watch));
+        }
+        tokio::select! {
+            _ = signal => {}
+            _ = shutdown.stop.cancelled() => {}
+        }
+        let grace = S::common(&app.running()).drain_grace;
+        tracing::info!(grace_s = grace.as_secs_f64(), open = shutdown.tracker.len(), "stopped accepting; draining");
+        let drained = shutdown.drain(grace).await;
+        app.service.stopped().await;
+        tracing::info!(forced = drained.forced, "drained");
+        app.admin.lock().expect("not poisoned").stop.cancel();
+        drained
+    }
+}
+
+impl<S: Service> App<S> {
+    fn running(&self) -> Arc<S::Config> {
+        self.running.lock().expect("not poisoned").clone()
+    }
+
+    fn addresses(&self) -> Addresses {
+        Addresses { admin: self.admin.lock().expect("not poisoned").addr, listeners: self.service.listeners() }
+    }
+
+    fn write_addresses(&self) -> io::Result<()> {
+        match &self.write_addresses {
+            Some(p) => crate::addrs::write(p, &self.addresses()),
+            None => Ok(()),
+        }
+    }
+
+    fn serve_admin(self: &Arc<Self>, l: TcpListener, stop: CancellationToken) {
+        let state = AdminState {
+            registry: self.ctx.registry.clone(),
+            hooks: Arc::new(Hooks(self.clone())),
+            token: self.token.clone(),
+            draining: self.ctx.shutdown.stop.clone(),
+        };
+        tracing::info!(addr = ?l.local_addr().ok(), "admin listening");
+        tokio::spawn(admin::serve(l, state, stop));
+    }
+
+    async fn reload_loop(self: Arc<Self>, mut watch: Watch) {
+        let stop = self.ctx.shutdown.stop.clone();
+        loop {
+            let why = tokio::select! {
+                _ = stop.cancelled() => return,
+                w = watch.next() => w,
+            };
+            self.reload(why, &watch).await;
+        }
+    }
+
+    /// Parse (off the runtime: tens of ms for 10,000 routes), check, apply; count and log.
+    async fn reload(self: &Arc<Self>, why: Trigger, watch: &Watch) {
+        let started = Instant::now();
+        let path = watch.path().to_owned();
+        let file = path.display().to_string();
+        let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&path, S::parse))
+            .await
+            .unwrap_or_else(|e| Err(ConfigError::internal(&file, &e.to_string())));
+        let parse_ms = started.elapsed().as_secs_f64() * 1e3;
+        let result = match loaded {
+            Ok(cfg) => self.apply(Arc::new(cfg)).await,
+            Err(e) => Err(e.to_string()),
+        };
+        let total_ms = started.elapsed().as_secs_f64() * 1e3;
+        match result {
+            Ok(()) => {
+                self.reload.reloads.with_label_values(&["success"]).inc();
+                reload::mark_loaded(&self.reload);
+                tracing::info!(trigger = why.label(), %file, parse_ms, total_ms, "config reloaded");
+            }
+            Err(e) => {
+                self.reload.reloads.with_label_values(&["failure"]).inc();
+                tracing::error!(trigger = why.label(), %file, error = %e, "config reload refused; the running config stays in force");
+            }
+        }
+    }
+
+    /// Apply `new`, or change nothing. Public to tests through [`Bound`]'s reload path only.
+    async fn apply(self: &Arc<Self>, new: Arc<S::Config>) -> Result<(), String> {
+        let old = self.running();
+        for ((key, was), (_, now)) in S::restart_only(&old).into_iter().zip(S::restart_only(&new)) {
+            if let Some(path) = first_difference(key, &was, &now) {
+                return Err(format!("{path} cannot change at runtime; restart {} to apply it", S::NAME));
+            }
+        }
+        let (old_c, new_c) = (S::common(&old), S::common(&new));
+        // Admin first (bind before anything changes), committed only if the service applies.
+        let token = load_token(new_c.admin).map_err(|e| e.to_string())?;
+        let admin = if old_c.admin.listen != new_c.admin.listen {
+            Some(bind_admin(new_c.admin).await.map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        self.service.apply(new.clone()).await?;
+        *self.token.write().expect("not poisoned") = token;
+        if let Some(bound) = admin {
+            self.move_admin(new_c.admin.listen.clone(), bound);
+        }
+        if new_c.max_connections != old_c.max_connections {
+            self.ctx.connections.resize(new_c.max_connections);
+        }
+        *self.running.lock().expect("not poisoned") = new;
+        if let Err(e) = self.write_addresses() {
+            tracing::warn!(error = %e, "cannot write the addresses file");
+        }
+        Ok(())
+    }
+
+    fn move_admin(self: &Arc<Self>, listen: Option<HostPort>, bound: Option<(TcpListener, SocketAddr)>) {
+        let stop = CancellationToken::new();
+        let old = {
+            let mut a = self.admin.lock().expect("not poisoned");
+            let old = std::mem::replace(&mut a.stop, stop.clone());
+            a.listen = listen;
+            a.addr = bound.as_ref().map(|(_, addr)| *addr);
+            old
+        };
+        old.cancel();
+        if let Some((l, _)) = bound {
+            self.serve_admin(l, stop);
+        }
+    }
+}
+
+/// The key path of the first difference between `a` and `b` under `key`, descending into
+/// objects and equally long arrays, so a message names `agents.tls.cert`, not `agents`.
+pub fn first_difference(key: &str, a: &serde_json::Value, b: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    if a == b {
+        return None;
+    }
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let (p, q) = (x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null));
+                first_difference(&format!("{key}.{k}"), p, q)
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(&format!("{key}[{i}]"), p, q))
+        }
+        _ => Some(key.to_owned()),
+    }
+}
+
+struct Hooks<S: Service>(Arc<App<S>>);
+
+impl<S: Service> AdminHooks for Hooks<S> {
+    fn ready(&self) -> Vec<Check> {
+        self.0.service.ready()
+    }
+
+    fn config(&self) -> serde_json::Value {
+        self.0.service.show_config(&self.0.running())
+    }
+
+    fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+        self.0.service.control(req)
+    }
+}
+
+/// The whole `main` of a binary: flags, logging, config (`--check` exits here), bind, serve
+/// until SIGTERM/SIGINT, drain. Exit codes: 0 after a drain, 2 for an invalid config, 1 when the
+/// binary cannot start (the reason on stderr).
+pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let args = crate::cli::CommonArgs::parse_for(S::NAME, about);
+    crate::telemetry::init(args.log_format);
+    let cfg = crate::cli::load_or_exit(&args, S::parse);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{}: cannot start the async runtime: {e}", S::NAME);
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(async {
+        // Handlers first: the addresses file tells others we are up and may be signalled.
+        let signal = crate::shutdown::termination_signal();
+        let opts =
+            Options { config_path: Some(args.config.clone()), write_addresses: args.write_addresses, registry: None };
+        match bind::<S>(cfg, opts).await {
+            Ok(bound) => {
+                bound.run(signal).await;
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start");
+                eprintln!("{}: {e}", S::NAME);
+                ExitCode::FAILURE
+            }
+        }
+    });
+    // A DNS lookup still running on a blocking thread must not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_difference;
+    use serde_json::json;
+
+    #[test]
+    fn names_the_deepest_key_that_differs() {
+        let a = json!({"listen": "127.0.0.1:1", "tls": {"cert": "a.crt", "key": "k"}});
+        let b = json!({"listen": "127.0.0.1:1", "tls": {"cert": "b.crt", "key": "k"}});
+        assert_eq!(first_difference("agents", &a, &b).as_deref(), Some("agents.tls.cert"));
+        assert_eq!(first_difference("agents", &a, &a), None);
+        let (x, y) = (json!([{"n": 1}, {"n": 2}]), json!([{"n": 1}, {"n": 3}]));
+        assert_eq!(first_difference("frontends", &x, &y).as_deref(), Some("frontends[1].n"));
+        assert_eq!(first_difference("frontends", &x, &json!([])).as_deref(), Some("frontends"));
+        assert_eq!(first_difference("t", &json!({"a": 1}), &json!({})).as_deref(), Some("t.a"));
+    }
+}

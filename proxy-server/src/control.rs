@@ -1,0 +1,79 @@
+//! The admin endpoints particular to proxy-server: readiness by cluster, and setting a cluster's state (migration).
+
+use crate::Shared;
+use proxy_core::admin::{Check, ControlRequest};
+use seedgate_config::server::{ClusterMode, ClusterState};
+
+/// Clusters the operator cares about: those with a front end or a configured state.
+fn clusters(shared: &Shared) -> Vec<String> {
+    let cfg = shared.config.load();
+    let mut v: Vec<String> = cfg.frontends.iter().filter_map(|f| f.cluster.clone()).collect();
+    v.extend(shared.effective_states().keys().cloned());
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Ready when each cluster the operator cares about has an agent (a fenced one needs none).
+pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
+    let reg = &shared.registry;
+    clusters(shared)
+        .into_iter()
+        .map(|c| {
+            let mode = reg.mode(&c);
+            let sessions = reg.sessions(&c);
+            let nodes: Vec<String> = sessions
+                .iter()
+                .map(|s| {
+                    let node =
+                        s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
+                    format!("{}{}", s.peer, if node.is_empty() { String::new() } else { format!(" ({node})") })
+                })
+                .collect();
+            let state = format!("{:?}", mode.mode).to_lowercase();
+            match mode.mode {
+                // A fenced cluster is served elsewhere: no agent is expected here.
+                ClusterMode::Fenced => {
+                    Check::new(format!("cluster-{c}"), true, format!("fenced: {} agents", sessions.len()))
+                }
+                _ => Check::new(
+                    format!("cluster-{c}"),
+                    !sessions.is_empty(),
+                    format!("{state}: {} agents [{}]", sessions.len(), nodes.join(", ")),
+                ),
+            }
+        })
+        .collect()
+}
+
+/// `PUT|POST|DELETE /control/clusters/<name>`: set or clear an admin override of a cluster's state.
+pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+    use http::{Method, StatusCode};
+    let name = req.path.strip_prefix("/control/clusters/")?;
+    if !seedgate_config::server::valid_cluster_name(name) {
+        return Some((StatusCode::BAD_REQUEST, format!("{name:?} is not a cluster name\n")));
+    }
+    match *req.method {
+        Method::PUT | Method::POST => {
+            let state: ClusterState = match serde_json::from_slice(req.body) {
+                Ok(s) => s,
+                Err(e) => {
+                    return Some((
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "body must be JSON like {{\"state\":\"draining\",\"move_to\":[\"host:8132\"],\"drain_deadline\":\"30s\"}}: {e}\n"
+                        ),
+                    ));
+                }
+            };
+            shared.overrides.lock().expect("not poisoned").insert(name.to_owned(), state);
+        }
+        Method::DELETE => {
+            shared.overrides.lock().expect("not poisoned").remove(name);
+        }
+        _ => return Some((StatusCode::METHOD_NOT_ALLOWED, "use PUT or DELETE\n".into())),
+    }
+    shared.registry.set_modes(&shared.effective_states());
+    let mode = shared.registry.mode(name);
+    Some((StatusCode::OK, format!("cluster {name}: {:?}\n", mode.mode).to_lowercase()))
+}

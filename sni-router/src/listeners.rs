@@ -1,0 +1,215 @@
+//! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
+
+use crate::table::{Route, RouteMeters, Table, new_route};
+use crate::{Metrics, Shared};
+use arc_swap::ArcSwap;
+use proxy_core::accept::{ConnLimit, UNLIMITED, accept_error_label, accept_loop};
+use proxy_core::admin::Check;
+use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::guard::Active;
+use proxy_core::prometheus::IntGauge;
+use seedgate_config::RouterConfig;
+use seedgate_config::router::{Listener as ListenerCfg, Route as RouteCfg};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A running listener: its routing table (swapped by reloads), limits and accept-loop switch.
+pub(crate) struct ListenerRt {
+    pub(crate) name: Arc<str>,
+    pub(crate) table: ArcSwap<Table>,
+    addr: SocketAddr,
+    cfg_listen: seedgate_config::HostPort,
+    limit: ConnLimit,
+    stop: CancellationToken,
+    active: IntGauge,
+}
+
+impl ListenerRt {
+    /// Counts the connection in `seedgate_connections_active` while it lives.
+    pub(crate) fn active_guard(&self) -> Active<IntGauge> {
+        Active::new(self.active.clone())
+    }
+}
+
+fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
+    RouteMeters {
+        ok: m.conn.connections.with_label_values(&[listener, route, "ok"]),
+        to_upstream: m.conn.bytes.with_label_values(&[listener, route, "to_upstream"]),
+        to_client: m.conn.bytes.with_label_values(&[listener, route, "to_client"]),
+    }
+}
+
+fn build_table(m: &Metrics, kill: &CancellationToken, cfg: &ListenerCfg, old: Option<&Table>) -> Table {
+    let old_routes: HashMap<&str, &Arc<Route>> =
+        old.map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect()).unwrap_or_default();
+    Table::build(
+        cfg,
+        |rc: &RouteCfg| old_routes.get(rc.name.as_str()).filter(|r| r.cfg == *rc).map(|r| (*r).clone()),
+        |rc: &RouteCfg| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
+    )
+}
+
+/// Retire the routes of `old` that `new` does not carry over, so their live connections
+/// drain by the deadline the new config gives the route (or the old one, if it was removed).
+fn retire_replaced(old: &Table, new: Option<&Table>) {
+    // Indexed once: a reload of a 10,000-route table must not compare every pair.
+    let kept: HashSet<*const Route> = new.map(|t| t.routes.iter().map(Arc::as_ptr).collect()).unwrap_or_default();
+    let by_name: HashMap<&str, &Arc<Route>> =
+        new.map(|t| t.routes.iter().map(|n| (&*n.name, n)).collect()).unwrap_or_default();
+    for r in &old.routes {
+        if kept.contains(&Arc::as_ptr(r)) {
+            continue;
+        }
+        let deadline = by_name.get(&*r.name).map(|n| n.cfg.drain_deadline).unwrap_or(r.cfg.drain_deadline);
+        r.retire(deadline.map(|d| d.get()));
+    }
+}
+
+async fn bind_listener(l: &ListenerCfg) -> Result<(TcpListener, SocketAddr), StartError> {
+    listen_tcp(&format!("listener {}", *l.name), &l.listen).await
+}
+
+/// Every listener of the router, and the sockets bound but not yet serving.
+#[derive(Default)]
+pub(crate) struct Listeners {
+    running: Mutex<BTreeMap<String, Arc<ListenerRt>>>,
+    pending: Mutex<Vec<(Arc<ListenerRt>, TcpListener)>>,
+}
+
+fn new_listener_rt(shared: &Shared, l: &ListenerCfg, addr: SocketAddr, old: Option<&Table>) -> Arc<ListenerRt> {
+    let table = build_table(&shared.metrics, &shared.shutdown.kill, l, old);
+    Arc::new(ListenerRt {
+        name: Arc::from(l.name.as_str()),
+        table: ArcSwap::from_pointee(table),
+        addr,
+        cfg_listen: l.listen.clone(),
+        limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
+        stop: shared.shutdown.stop.child_token(),
+        active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
+    })
+}
+
+impl Listeners {
+    /// Bind every listener of `cfg` (serving starts with [`Listeners::start`]).
+    pub(crate) async fn bind(shared: &Shared, cfg: &RouterConfig) -> Result<Self, StartError> {
+        let this = Self::default();
+        for l in &cfg.listeners {
+            let (sock, addr) = bind_listener(l).await?;
+            let rt = new_listener_rt(shared, l, addr, None);
+            this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
+            this.pending.lock().expect("not poisoned").push((rt, sock));
+        }
+        this.update_route_gauges(shared);
+        Ok(this)
+    }
+
+    pub(crate) fn start(&self, shared: &Arc<Shared>) {
+        for (rt, sock) in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
+            serve(shared, rt, sock);
+        }
+    }
+
+    pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
+        self.running.lock().expect("not poisoned").iter().map(|(n, l)| (n.clone(), l.addr.to_string())).collect()
+    }
+
+    pub(crate) fn ready(&self) -> Vec<Check> {
+        self.running
+            .lock()
+            .expect("not poisoned")
+            .values()
+            .map(|l| {
+                let routes = l.table.load().routes.len();
+                Check::new(format!("listener-{}", l.name), true, format!("{} ({routes} routes)", l.addr))
+            })
+            .collect()
+    }
+
+    fn update_route_gauges(&self, shared: &Shared) {
+        for (name, l) in self.running.lock().expect("not poisoned").iter() {
+            shared.metrics.routes.with_label_values(&[name]).set(l.table.load().routes.len() as i64);
+        }
+    }
+
+    /// Apply a new, validated config. Sockets for new or moved listeners are bound first; if any
+    /// bind fails nothing changes. Unchanged routes keep their state; live connections of
+    /// changed or removed routes drain by the route's `drain_deadline` (or run on without one).
+    pub(crate) async fn apply(&self, shared: &Arc<Shared>, new: Arc<RouterConfig>) -> Result<(), String> {
+        // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
+        let moved: Vec<&ListenerCfg> = {
+            let running = self.running.lock().expect("not poisoned");
+            new.listeners
+                .iter()
+                .filter(|l| running.get(l.name.as_str()).is_none_or(|rt| rt.cfg_listen != l.listen))
+                .collect()
+        };
+        let mut fresh = Vec::new();
+        for l in moved {
+            let (sock, addr) = bind_listener(l).await.map_err(|e| e.to_string())?;
+            fresh.push((l, sock, addr));
+        }
+        // Phase 2: commit. Tables first, so a rebinding listener starts with the new routes.
+        shared.config.store(new.clone());
+        let mut running = self.running.lock().expect("not poisoned");
+        let mut next: BTreeMap<String, Arc<ListenerRt>> = BTreeMap::new();
+        for l in &new.listeners {
+            if let Some(rt) = running.get(l.name.as_str()).filter(|rt| rt.cfg_listen == l.listen) {
+                let old_table = rt.table.load_full();
+                let table = build_table(&shared.metrics, &shared.shutdown.kill, l, Some(&old_table));
+                retire_replaced(&old_table, Some(&table));
+                rt.table.store(Arc::new(table));
+                rt.limit.local.resize(l.max_connections.unwrap_or(UNLIMITED));
+                next.insert(l.name.value.clone(), rt.clone());
+            }
+        }
+        for (l, sock, addr) in fresh {
+            let old_table = running.get(l.name.as_str()).map(|rt| rt.table.load_full());
+            let rt = new_listener_rt(shared, l, addr, old_table.as_deref());
+            if let Some(t) = &old_table {
+                retire_replaced(t, Some(&rt.table.load()));
+            }
+            next.insert(l.name.value.clone(), rt.clone());
+            serve(shared, rt, sock);
+        }
+        // Listeners that are gone or moved stop accepting; their live connections continue.
+        for (name, rt) in running.iter() {
+            if !next.get(name).is_some_and(|n| Arc::ptr_eq(n, rt)) {
+                rt.stop.cancel();
+                tracing::info!(listener = %name, addr = %rt.addr, "listener stopped accepting");
+                if !next.contains_key(name) {
+                    retire_replaced(&rt.table.load(), None);
+                }
+            }
+        }
+        *running = next;
+        drop(running);
+        self.update_route_gauges(shared);
+        Ok(())
+    }
+}
+
+fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: TcpListener) {
+    let shared = shared.clone();
+    let errors = shared.metrics.conn.accept_errors.clone();
+    let name = rt.name.clone();
+    tracing::info!(listener = %rt.name, addr = %rt.addr, "listening");
+    tokio::spawn(accept_loop(
+        sock,
+        rt.limit.clone(),
+        rt.stop.clone(),
+        shared.shutdown.tracker.clone(),
+        move |e| errors.with_label_values(&[&name, accept_error_label(e)]).inc(),
+        // The connection future itself is the task (no wrapper around it): every byte of
+        // it is held by each open connection.
+        move |stream, peer, permit| crate::conn::serve(shared.clone(), rt.clone(), stream, peer, permit),
+    ));
+}
+
+#[cfg(test)]
+pub(crate) fn test_listener(shared: &Arc<Shared>) -> Arc<ListenerRt> {
+    let cfg = shared.config.load_full();
+    new_listener_rt(shared, &cfg.listeners[0], "127.0.0.1:1".parse().expect("addr"), None)
+}
