@@ -1,7 +1,8 @@
 //! Talking to the seed gateway: fresh resolution, connect with retries, the PROXY v2 header and the CONNECT exchange.
 
 use proxy_core::net::{self, ConnectFailure};
-use proxy_core::proxy_protocol::{V2Options, encode_v2};
+use proxy_wire::http_head::{ResponseHeadError, ResponseHeadReader};
+use proxy_wire::proxy_protocol::{V2Options, encode_v2};
 use seedgate_config::HostPort;
 use std::io;
 use std::net::SocketAddr;
@@ -11,8 +12,6 @@ use tokio::net::TcpStream;
 
 /// Largest gateway response head to a CONNECT we buffer; a gateway answer is a few lines.
 pub const MAX_RESPONSE_HEAD: usize = 8 * 1024;
-/// Headers a CONNECT response may carry before we call it malformed.
-const MAX_RESPONSE_HEADERS: usize = 32;
 
 /// Resolve the gateway afresh (no cache: a DNS change moves the next connection), bounded by
 /// `timeout`. An empty answer is an error.
@@ -69,16 +68,12 @@ impl HandshakeError {
     }
 }
 
-/// Sans-IO: the status and head length of a complete response head at the start of `buf`,
-/// `None` if more bytes are needed.
-pub fn parse_response_head(buf: &[u8]) -> Result<Option<(u16, usize)>, HandshakeError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => Ok(Some((resp.code.unwrap_or(0), len))),
-        Ok(httparse::Status::Partial) if buf.len() >= MAX_RESPONSE_HEAD => Err(HandshakeError::TooLarge),
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(HandshakeError::BadResponse(e)),
+impl From<ResponseHeadError> for HandshakeError {
+    fn from(e: ResponseHeadError) -> Self {
+        match e {
+            ResponseHeadError::Malformed(e) => Self::BadResponse(e),
+            ResponseHeadError::TooLarge => Self::TooLarge,
+        }
     }
 }
 
@@ -87,18 +82,20 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<(u16, usize)>, Handshake
 pub async fn read_connect_response(gw: &mut TcpStream) -> Result<Vec<u8>, HandshakeError> {
     let mut buf = vec![0u8; MAX_RESPONSE_HEAD];
     let mut len = 0;
+    // One reader across reads: each call looks only at the bytes the last read added.
+    let mut reader = ResponseHeadReader::new(MAX_RESPONSE_HEAD);
     loop {
         let n = gw.read(&mut buf[len..]).await?;
         if n == 0 {
             return Err(HandshakeError::Closed);
         }
         len += n;
-        if let Some((status, head_len)) = parse_response_head(&buf[..len])? {
-            if status != 200 {
-                return Err(HandshakeError::Status(status));
+        if let Some(head) = reader.poll(&buf[..len])? {
+            if head.status != 200 {
+                return Err(HandshakeError::Status(head.status));
             }
             buf.truncate(len);
-            buf.drain(..head_len);
+            buf.drain(..head.len);
             return Ok(buf);
         }
     }
@@ -111,13 +108,14 @@ mod tests {
     use tokio::net::TcpListener;
 
     #[test]
-    fn response_heads() {
-        assert_eq!(parse_response_head(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
-        assert_eq!(parse_response_head(b"HTTP/1.1 200 OK\r\n\r\nxyz").unwrap(), Some((200, 19)));
-        assert_eq!(parse_response_head(b"HTTP/1.0 403 Forbidden\r\nA: b\r\n\r\n").unwrap(), Some((403, 32)));
-        assert!(matches!(parse_response_head(b"SSH-2.0-x\r\n\r\n"), Err(HandshakeError::BadResponse(_))));
-        let long = [b"HTTP/1.1 200 OK\r\nX: ".as_slice(), &vec![b'a'; MAX_RESPONSE_HEAD]].concat();
-        assert!(matches!(parse_response_head(&long), Err(HandshakeError::TooLarge)));
+    fn handshake_errors() {
+        // The response head itself is read (and tested) in proxy_wire::http_head.
+        let bad = HandshakeError::from(ResponseHeadError::Malformed(httparse::Error::Version));
+        assert!(matches!(bad, HandshakeError::BadResponse(httparse::Error::Version)));
+        assert_eq!(bad.reason(), "gateway_bad_response");
+        let big = HandshakeError::from(ResponseHeadError::TooLarge);
+        assert_eq!(big.reason(), "gateway_response_too_large");
+        assert_eq!(big.to_string(), format!("gateway response head exceeds {MAX_RESPONSE_HEAD} bytes"));
         assert_eq!(HandshakeError::Status(503).reason(), "gateway_status_503");
     }
 
@@ -128,8 +126,8 @@ mod tests {
             b"CONNECT 10.1.2.3:443 HTTP/1.1\r\nHost: 10.1.2.3:443\r\nX-Gardener-Destination: outbound|443||k.svc\r\n\r\n"
         );
         let h = proxy_v2_header("[::ffff:10.0.0.9]:40000".parse().unwrap(), "[::ffff:10.1.2.3]:443".parse().unwrap());
-        let p = proxy_core::proxy_protocol::parse(&h).unwrap().unwrap();
-        assert_eq!(p.transport, proxy_core::proxy_protocol::Transport::Tcp4);
+        let p = proxy_wire::proxy_protocol::parse(&h).unwrap().unwrap();
+        assert_eq!(p.transport, proxy_wire::proxy_protocol::Transport::Tcp4);
         assert_eq!(p.source, Some("10.0.0.9:40000".parse().unwrap()));
         assert_eq!(p.destination, Some("10.1.2.3:443".parse().unwrap()));
     }
@@ -151,5 +149,17 @@ mod tests {
         let (s, _) = l2.accept().await.unwrap();
         drop(s);
         assert!(matches!(read_connect_response(&mut c).await, Err(HandshakeError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn non_http_gateway_is_refused_before_it_closes() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        // A server-speaks-first peer that then waits: the banner alone must settle it.
+        s.write_all(b"SSH-2.0-OpenSSH_9.2").await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), read_connect_response(&mut c)).await;
+        assert!(matches!(r, Ok(Err(HandshakeError::BadResponse(httparse::Error::Version)))), "{r:?}");
+        drop(s);
     }
 }

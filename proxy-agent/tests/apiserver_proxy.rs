@@ -34,8 +34,8 @@ async fn proxy_v2_names_the_client_and_the_advertised_address() -> anyhow::Resul
 
     let h = gw_task.await??;
     assert_eq!(h.version, 2);
-    assert_eq!(h.command, proxy_core::proxy_protocol::Command::Proxy);
-    assert_eq!(h.transport, proxy_core::proxy_protocol::Transport::Tcp4);
+    assert_eq!(h.command, proxy_wire::proxy_protocol::Command::Proxy);
+    assert_eq!(h.transport, proxy_wire::proxy_protocol::Transport::Tcp4);
     assert_eq!(h.source, Some(client.local_addr()?), "source = the client as the agent saw it");
     assert_eq!(h.destination, Some(agent.listener()), "destination = the address the client connected to");
 

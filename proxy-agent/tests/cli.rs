@@ -128,7 +128,7 @@ fn the_binary_serves_and_exits_0_after_sigterm() -> anyhow::Result<()> {
     conn.set_read_timeout(Some(DEADLINE))?;
     let mut buf = Vec::new();
     let header = loop {
-        if let Some(h) = proxy_core::proxy_protocol::parse(&buf)? {
+        if let Some(h) = proxy_wire::proxy_protocol::parse(&buf)? {
             break h;
         }
         let mut chunk = [0u8; 256];

@@ -1,9 +1,11 @@
-//! Captures real ClientHellos as raw wire bytes into tests/fixtures/ (see tests/fixtures/README.md).
+//! Captures real ClientHellos as raw wire bytes into wire/tests/fixtures/client_hello/ (see its README.md).
 //!
-//! `cargo run --example capture [-- OUT_DIR]`: listens on 127.0.0.1:0, points each client at it,
-//! records what the client sends until its whole first handshake message has arrived, then closes.
+//! `cargo run -p proxy-core --example capture_client_hello [-- OUT_DIR]`: listens on 127.0.0.1:0, points
+//! each client at it, records what the client sends until its whole first handshake message has arrived,
+//! then closes. It lives here rather than beside the fixtures because it needs tokio and rustls, which
+//! proxy-wire must not depend on.
 
-#[path = "../tests/support/refragment.rs"]
+#[path = "../../wire/tests/support/refragment.rs"]
 mod refragment;
 
 use std::path::{Path, PathBuf};
@@ -29,7 +31,7 @@ type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 async fn main() -> Result<(), BoxErr> {
     let out: PathBuf = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/client_hello").into())
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../wire/tests/fixtures/client_hello").into())
         .into();
     std::fs::create_dir_all(&out)?;
 

@@ -2,7 +2,8 @@
 //!
 //! The process lifecycle ([`app`]), sockets and the accept loop, upstream connects, the byte
 //! relay and how it ends ([`relay`]), shutdown, config reload, metrics and the admin listener,
-//! tracing, TLS files and the tunnel.
+//! tracing, TLS files and the tunnel protocol. The sans-IO readers of untrusted bytes live in the
+//! `proxy-wire` crate.
 
 pub mod accept;
 pub mod addrs;
@@ -11,15 +12,12 @@ pub mod app;
 pub mod backoff;
 pub mod balance;
 pub mod cli;
-pub mod client_hello;
 pub mod copy;
 pub mod guard;
-pub mod http_head;
 pub mod ids;
 pub mod io;
 pub mod metrics;
 pub mod net;
-pub mod proxy_protocol;
 pub mod relay;
 pub mod reload;
 pub mod shutdown;

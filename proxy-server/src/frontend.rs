@@ -8,11 +8,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxy_core::copy::{Meters, Outcome, Stop, transfer};
 use proxy_core::guard::Active;
-use proxy_core::http_head::{self, RequestHead};
 use proxy_core::ids::ConnId;
 use proxy_core::io::Prefixed;
 use proxy_core::relay::Abort;
 use proxy_core::tunnel::{DialError, TunnelStream};
+use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -153,9 +153,11 @@ async fn serve(
     // Read the request head under the handshake deadline.
     let cap = cfg.limits.request_head_max;
     let mut buf = Vec::with_capacity(1024);
+    // One reader across reads, so each read costs only its new bytes.
+    let mut reader = HeadReader::new(cap);
     let read_head = async {
         loop {
-            match http_head::parse_request_head(&buf, cap) {
+            match reader.poll(&buf) {
                 Ok(Some(h)) => return Ok(h),
                 Ok(None) => {}
                 Err(e) => {

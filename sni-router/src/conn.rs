@@ -4,13 +4,13 @@ use crate::Shared;
 use crate::listeners::ListenerRt;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
-use proxy_core::client_hello::{self, HelloError, HelloParser, Status};
 use proxy_core::copy::{Meters, Stop, transfer_tcp};
-use proxy_core::http_head::{self, Detect3, RequestHead};
 use proxy_core::ids::ConnId;
 use proxy_core::net::ConnectFailure;
 use proxy_core::prometheus::IntGauge;
-use proxy_core::proxy_protocol::{self, Command, Detect, V2Options};
+use proxy_wire::client_hello::{self, HelloError, HelloParser, Status};
+use proxy_wire::http_head::{self, Detect3, HeadReader, RequestHead};
+use proxy_wire::proxy_protocol::{self, Command, Detect, V2Options};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use socket2::SockRef;
@@ -278,8 +278,10 @@ async fn route_connect(
     cfg: &RouterConfig,
 ) -> Result<Arc<Route>, Reject> {
     let cap = cfg.limits.connect_head_max;
+    // One reader across reads, so each read costs only its new bytes.
+    let mut reader = HeadReader::new(cap);
     let head: RequestHead = loop {
-        match http_head::parse_request_head(&pre.buf[pre.off..], cap) {
+        match reader.poll(&pre.buf[pre.off..]) {
             Ok(Some(h)) => break h,
             Ok(None) => {
                 if !fill(s, &mut pre.buf, pre.off + cap).await.map_err(read_failed)? {

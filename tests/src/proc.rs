@@ -67,7 +67,7 @@ pub fn bin_path_in(profile: &str, name: &str) -> anyhow::Result<PathBuf> {
 fn newest_source(pkg: &str) -> Option<SystemTime> {
     let ws = Path::new(WORKSPACE);
     let mut newest = None;
-    let mut stack: Vec<PathBuf> = vec![ws.join(pkg), ws.join("proxy-core"), ws.join("config")];
+    let mut stack: Vec<PathBuf> = vec![ws.join(pkg), ws.join("wire"), ws.join("proxy-core"), ws.join("config")];
     for f in ["Cargo.toml", "Cargo.lock"] {
         stack.push(ws.join(f));
     }

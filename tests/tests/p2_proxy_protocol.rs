@@ -203,7 +203,7 @@ async fn untrusted_sender_missing_header_and_optional_mode() -> anyhow::Result<(
     // The trusted sender 127.0.0.2: its header's source is the client the router logs.
     let mut tcp = connect_from(IpAddr::V4(ip(2)), untrusted).await?;
     let claimed: SocketAddr = "192.0.2.10:5555".parse()?;
-    let hdr = proxy_core::proxy_protocol::encode_v2(claimed, "10.1.2.3:443".parse()?, &Default::default());
+    let hdr = proxy_wire::proxy_protocol::encode_v2(claimed, "10.1.2.3:443".parse()?, &Default::default());
     tcp.write_all(&hdr).await?;
     let (cn, resp) = tls_get(tcp, &w, "/trusted").await?;
     assert_eq!(cn.as_deref(), Some(CN_A));
@@ -280,8 +280,8 @@ async fn bad_proxy_input_is_closed_and_counted() -> anyhow::Result<()> {
     let pp = addrs.listener("pp")?;
     let src: SocketAddr = "192.0.2.7:40000".parse()?;
     let dst: SocketAddr = "10.1.2.3:443".parse()?;
-    let opts = proxy_core::proxy_protocol::V2Options { crc32c: true, ..Default::default() };
-    let good = proxy_core::proxy_protocol::encode_v2(src, dst, &opts);
+    let opts = proxy_wire::proxy_protocol::V2Options { crc32c: true, ..Default::default() };
+    let good = proxy_wire::proxy_protocol::encode_v2(src, dst, &opts);
 
     // Truncated headers (v2 and v1), then silence: closed at the 1 s handshake deadline.
     for partial in [&good[..20], b"PROXY TCP4 192.0.2.7 ".as_slice()] {
@@ -296,18 +296,18 @@ async fn bad_proxy_input_is_closed_and_counted() -> anyhow::Result<()> {
     bad_sig[8] = b'q';
     assert!(send_and_wait_close(pp, &bad_sig).await?.is_empty());
     // A TLV whose length runs past the header (NOOP, says 10 bytes, 2 present).
-    let mut overrun = proxy_core::proxy_protocol::V2_SIGNATURE.to_vec();
+    let mut overrun = proxy_wire::proxy_protocol::V2_SIGNATURE.to_vec();
     overrun.extend_from_slice(&[0x21, 0x11, 0, 12 + 5]);
     overrun.extend_from_slice(&[192, 0, 2, 7, 10, 1, 2, 3, 0x9c, 0x40, 0x01, 0xbb]);
-    overrun.extend_from_slice(&[proxy_core::proxy_protocol::PP2_TYPE_NOOP, 0, 10, 0xaa, 0xbb]);
+    overrun.extend_from_slice(&[proxy_wire::proxy_protocol::PP2_TYPE_NOOP, 0, 10, 0xaa, 0xbb]);
     assert!(send_and_wait_close(pp, &overrun).await?.is_empty());
     // CRC32C that does not match (the first TLV, right after the 12 address bytes).
     let mut bad_crc = good.clone();
-    assert_eq!(bad_crc[28], proxy_core::proxy_protocol::PP2_TYPE_CRC32C, "encoder puts CRC32C first");
+    assert_eq!(bad_crc[28], proxy_wire::proxy_protocol::PP2_TYPE_CRC32C, "encoder puts CRC32C first");
     bad_crc[31] ^= 0xff;
     assert!(send_and_wait_close(pp, &bad_crc).await?.is_empty());
     // A LOCAL header (a load balancer's health check) and then the close.
-    let local = proxy_core::proxy_protocol::encode_v2_local();
+    let local = proxy_wire::proxy_protocol::encode_v2_local();
     {
         let mut s = TcpStream::connect(pp).await?;
         s.write_all(&local).await?;
@@ -317,11 +317,11 @@ async fn bad_proxy_input_is_closed_and_counted() -> anyhow::Result<()> {
 
     // Stacked headers: the inner one was written by the host the outer one names, which must
     // be trusted too (here 192.0.2.7 is not; 127.0.0.2 is).
-    let outer_untrusted = proxy_core::proxy_protocol::encode_v2(src, "127.0.0.1:443".parse()?, &Default::default());
+    let outer_untrusted = proxy_wire::proxy_protocol::encode_v2(src, "127.0.0.1:443".parse()?, &Default::default());
     assert!(send_and_wait_close(pp, &[outer_untrusted, good.clone()].concat()).await?.is_empty());
     let node: SocketAddr = "127.0.0.2:31000".parse()?;
-    let outer = proxy_core::proxy_protocol::encode_v2(node, "127.0.0.1:443".parse()?, &Default::default());
-    let inner = proxy_core::proxy_protocol::encode_v1("10.250.0.8:42000".parse()?, dst);
+    let outer = proxy_wire::proxy_protocol::encode_v2(node, "127.0.0.1:443".parse()?, &Default::default());
+    let inner = proxy_wire::proxy_protocol::encode_v1("10.250.0.8:42000".parse()?, dst);
     let mut tcp = TcpStream::connect(pp).await?;
     tcp.write_all(&[outer, inner].concat()).await?;
     let (cn, _) = tls_get(tcp, &w, "/stacked").await?;
@@ -344,7 +344,7 @@ async fn bad_proxy_input_is_closed_and_counted() -> anyhow::Result<()> {
     // A header alone, the client then waits for the server's greeting: a destination route is
     // taken without waiting for payload (or for a second, stacked header that never comes).
     let mut s = TcpStream::connect(pp).await?;
-    s.write_all(&proxy_core::proxy_protocol::encode_v2(src, "10.1.2.4:22".parse()?, &Default::default())).await?;
+    s.write_all(&proxy_wire::proxy_protocol::encode_v2(src, "10.1.2.4:22".parse()?, &Default::default())).await?;
     let mut hello = [0u8; 17];
     tokio::time::timeout(WAIT, s.read_exact(&mut hello)).await??;
     assert_eq!(&hello, b"SSH-2.0-greeter\r\n");

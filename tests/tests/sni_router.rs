@@ -18,7 +18,7 @@ const WAIT: Duration = Duration::from_secs(15);
 const TICK: Duration = Duration::from_millis(20);
 
 /// A real ClientHello (openssl s_client, SNI api.shoot-b.example.com) for raw-socket tests.
-const HELLO_SHOOT_B: &[u8] = include_bytes!("../../proxy-core/tests/fixtures/client_hello/openssl.bin");
+const HELLO_SHOOT_B: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/openssl.bin");
 
 struct World {
     dir: TempDir,
@@ -417,7 +417,7 @@ async fn sends_proxy_v2_with_the_client_address_and_fails_over() -> anyhow::Resu
         let n = tokio::time::timeout(WAIT, s.read(&mut b)).await??;
         anyhow::ensure!(n > 0, "upstream closed before the PROXY header");
         got.extend_from_slice(&b[..n]);
-        if let Some(h) = proxy_core::proxy_protocol::parse(&got)? {
+        if let Some(h) = proxy_wire::proxy_protocol::parse(&got)? {
             break h;
         }
     };

@@ -3,8 +3,8 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use proxy_core::addrs::Addresses;
-use proxy_core::proxy_protocol::{self, ProxyHeader};
 use proxy_core::shutdown::Shutdown;
+use proxy_wire::proxy_protocol::{self, ProxyHeader};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
-//! Tests for the CONNECT / absolute-form request-head reader against curl captures and hand-written heads.
+//! Tests for the HTTP/1.x head readers (CONNECT / absolute-form requests against curl captures and hand-written heads; upstream response heads against httparse) and the response writers.
 
-use proxy_core::http_head::*;
+use proxy_wire::http_head::*;
 
 fn fixture(name: &str) -> Vec<u8> {
     let p = format!("{}/tests/fixtures/pp/{name}.bin", env!("CARGO_MANIFEST_DIR"));
@@ -19,18 +19,23 @@ const HEAD_FIXTURES: &[&str] = &[
 /// Start of a TLS ClientHello, as a client would pipeline after CONNECT.
 const TLS_BYTES: &[u8] = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03";
 
-fn parse(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
-    parse_request_head(buf, DEFAULT_MAX_LEN)
+/// One-shot parse: a fresh reader on the whole buffer.
+fn parse_with(buf: &[u8], max_len: usize) -> Result<Option<RequestHead>, HeadError> {
+    HeadReader::new(max_len).poll(buf)
 }
 
-/// Every prefix is "need more" (stateless and stateful), the end gives one result, and
-/// trailing bytes are not part of it.
+fn parse(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
+    parse_with(buf, DEFAULT_MAX_LEN)
+}
+
+/// Every prefix is "need more" (fresh reader and one reader across calls), the end gives one
+/// result, and trailing bytes are not part of it.
 fn parse_incrementally(head: &[u8]) -> RequestHead {
     let full = parse(head).unwrap().expect("complete head");
     assert_eq!(full.len, head.len());
     let stream = [head, TLS_BYTES].concat();
     for i in 0..head.len() {
-        // Split point: prefix then full, stateless and with one reader across both calls.
+        // Split point: prefix then full, each with a fresh reader and with one reader across both calls.
         assert_eq!(parse(&head[..i]), Ok(None), "prefix {i}");
         assert_eq!(parse(&stream).unwrap().as_ref(), Some(&full));
         let mut r = HeadReader::new(DEFAULT_MAX_LEN);
@@ -196,9 +201,9 @@ fn size_limit_is_enforced_at_max_len() {
     let mut big = b"CONNECT a:1 HTTP/1.1\r\nX-Pad: ".to_vec();
     big.resize(64 * 1024, b'a');
     big.extend_from_slice(b"\r\n\r\n");
-    assert_eq!(parse_request_head(&big[..max - 1], max), Ok(None));
-    assert_eq!(parse_request_head(&big[..max], max), Err(HeadError::TooLarge));
-    assert_eq!(parse_request_head(&big, max), Err(HeadError::TooLarge));
+    assert_eq!(parse_with(&big[..max - 1], max), Ok(None));
+    assert_eq!(parse_with(&big[..max], max), Err(HeadError::TooLarge));
+    assert_eq!(parse_with(&big, max), Err(HeadError::TooLarge));
     assert_eq!(HeadError::TooLarge.reason(), "head_too_large");
     let mut r = HeadReader::new(max);
     for i in (1..max).step_by(7) {
@@ -210,13 +215,13 @@ fn size_limit_is_enforced_at_max_len() {
     let mut exact = b"CONNECT a:1 HTTP/1.1\r\nX-Pad: ".to_vec();
     exact.resize(max - 4, b'a');
     exact.extend_from_slice(b"\r\n\r\n");
-    assert_eq!(parse_request_head(&exact, max).unwrap().unwrap().len, max);
+    assert_eq!(parse_with(&exact, max).unwrap().unwrap().len, max);
     let mut over = exact.clone();
     over.insert(30, b'a');
-    assert_eq!(parse_request_head(&over, max), Err(HeadError::TooLarge));
+    assert_eq!(parse_with(&over, max), Err(HeadError::TooLarge));
     // Payload after an exact-size head does not count against the limit.
     let with_payload = [exact.as_slice(), TLS_BYTES].concat();
-    assert_eq!(parse_request_head(&with_payload, max).unwrap().unwrap().len, max);
+    assert_eq!(parse_with(&with_payload, max).unwrap().unwrap().len, max);
 }
 
 #[test]
@@ -397,13 +402,13 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         }
         let max = 64 + rng.below(256);
         let _ = looks_like_http(&b);
-        let full = parse_request_head(&b, max);
+        let full = parse_with(&b, max);
         let cut = rng.below(b.len() + 1);
-        let prefix = parse_request_head(&b[..cut], max);
+        let prefix = parse_with(&b[..cut], max);
         if let Ok(Some(h)) = &full {
             accepted += 1;
             assert!(h.len <= b.len() && h.len <= max);
-            assert_eq!(parse_request_head(&b[..h.len], max).as_ref(), Ok(&Some(h.clone())));
+            assert_eq!(parse_with(&b[..h.len], max).as_ref(), Ok(&Some(h.clone())));
             let _ = h.connect_authority();
             let _ = h.absolute_form();
             if cut < h.len {
@@ -417,7 +422,7 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         if let Err(pe) = &prefix {
             assert_eq!(full.as_ref().err(), Some(pe), "{:?}", String::from_utf8_lossy(&b));
         }
-        // The stateful reader agrees with the stateless function.
+        // One reader across the prefix and the whole agrees with a fresh reader on the whole.
         let mut r = HeadReader::new(max);
         let _ = r.poll(&b[..cut]);
         if prefix == Ok(None) {
@@ -425,4 +430,194 @@ fn mutation_loop_never_panics_and_stays_consistent() {
         }
     }
     assert!(accepted > 100, "mutations too destructive: {accepted}");
+}
+
+// ---------------------------------------------------------------- response heads read from upstream
+
+/// The agent's buffer for a gateway's answer to CONNECT.
+const RESPONSE_MAX: usize = 8 * 1024;
+
+fn parse_response(buf: &[u8]) -> Result<Option<(u16, usize)>, ResponseHeadError> {
+    ResponseHeadReader::new(RESPONSE_MAX).poll(buf).map(|h| h.map(|h| (h.status, h.len)))
+}
+
+/// What httparse says of the whole buffer at once: the verdict the incremental reader must give.
+fn one_shot_response(buf: &[u8], max_len: usize) -> Result<Option<ResponseHead>, ResponseHeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => Ok(Some(ResponseHead { status: resp.code.unwrap_or(0), len })),
+        Ok(httparse::Status::Partial) if buf.len() >= max_len => Err(ResponseHeadError::TooLarge),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(e) => Err(ResponseHeadError::Malformed(e)),
+    }
+}
+
+#[test]
+fn response_heads_read() {
+    assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
+    assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n\r\nxyz").unwrap(), Some((200, 19)));
+    assert_eq!(parse_response(b"HTTP/1.0 403 Forbidden\r\nA: b\r\n\r\n").unwrap(), Some((403, 32)));
+    assert!(matches!(parse_response(b"SSH-2.0-x\r\n\r\n"), Err(ResponseHeadError::Malformed(_))));
+    let long = [b"HTTP/1.1 200 OK\r\nX: ".as_slice(), &vec![b'a'; RESPONSE_MAX]].concat();
+    assert!(matches!(parse_response(&long), Err(ResponseHeadError::TooLarge)));
+    // Exactly at the limit still fits.
+    let mut exact = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+    exact.resize(RESPONSE_MAX - 4, b'a');
+    exact.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(parse_response(&exact), Ok(Some((200, RESPONSE_MAX))));
+    assert_eq!(parse_response(&[exact.as_slice(), b"tunnel"].concat()), Ok(Some((200, RESPONSE_MAX))));
+}
+
+/// Every split point and byte by byte: one reader across calls gives what a fresh one gives on
+/// the whole, exactly when the head is complete; bytes after the head are not part of it.
+#[test]
+fn response_heads_every_split_point() {
+    let heads: Vec<Vec<u8>> = vec![
+        connect_established(1),
+        connect_established(0),
+        b"HTTP/1.1 200 OK\r\nServer: x\r\nVia: 1.1 gw\r\n\r\n".to_vec(),
+        b"HTTP/1.1 200 OK\nA: b\n\n".to_vec(),
+        b"HTTP/1.1 200\r\n\r\n".to_vec(),
+        b"\r\n\nHTTP/1.1 407 Proxy Authentication Required\r\n\r\n".to_vec(),
+        b"HTTP/1.1 200 \xe9t\xe9\r\nX-Obs: caf\xe9\r\n\r\n".to_vec(),
+    ];
+    for head in heads {
+        let stream = [head.as_slice(), TLS_BYTES].concat();
+        let full = ResponseHeadReader::new(RESPONSE_MAX).poll(&stream).unwrap().expect("complete head");
+        assert_eq!(full.len, head.len(), "{:?}", String::from_utf8_lossy(&head));
+        assert_eq!(Ok(Some(full)), one_shot_response(&stream, RESPONSE_MAX));
+        for i in 0..head.len() {
+            assert_eq!(ResponseHeadReader::new(RESPONSE_MAX).poll(&stream[..i]), Ok(None), "prefix {i}");
+            let mut r = ResponseHeadReader::new(RESPONSE_MAX);
+            assert_eq!(r.poll(&stream[..i]), Ok(None));
+            assert_eq!(r.poll(&stream), Ok(Some(full)), "split at {i}");
+        }
+        let mut r = ResponseHeadReader::new(RESPONSE_MAX);
+        for i in 1..=stream.len() {
+            match r.poll(&stream[..i]).unwrap() {
+                None => assert!(i < head.len()),
+                Some(h) => {
+                    assert_eq!(i, head.len(), "complete exactly at the end of the head");
+                    assert_eq!(h, full);
+                    break;
+                }
+            }
+        }
+    }
+    // What we write, we read back.
+    let err = error_response(1, 502, "upstream down");
+    let h = ResponseHeadReader::new(RESPONSE_MAX).poll(&err).unwrap().unwrap();
+    assert_eq!(h.status, 502);
+    assert_eq!(&err[h.len..], b"upstream down\n");
+}
+
+#[test]
+fn non_http_peer_is_refused_on_its_first_bytes() {
+    for bad in [&b"S"[..], b"SSH-2.0-OpenSSH_9.2", b"\x16\x03\x01", b"HTTP/2", b"HTTP/1.2", b"http/1.1", b"\r\nX"] {
+        assert_eq!(
+            parse_response(bad),
+            Err(ResponseHeadError::Malformed(httparse::Error::Version)),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+        assert_eq!(one_shot_response(bad, RESPONSE_MAX), Err(ResponseHeadError::Malformed(httparse::Error::Version)));
+    }
+    for fine in [&b""[..], b"H", b"HTTP/1.", b"HTTP/1.1", b"\r", b"\r\n", b"\n\r\nHTTP/1.0"] {
+        assert_eq!(parse_response(fine), Ok(None), "{:?}", String::from_utf8_lossy(fine));
+    }
+}
+
+#[test]
+fn response_errors_once_their_line_is_complete() {
+    let cases: &[(&[u8], httparse::Error)] = &[
+        (b"HTTP/1.1 2x0 OK\r\n", httparse::Error::Status),
+        (b"HTTP/1.1 200 O\x01K\r\n", httparse::Error::Status),
+        (b"HTTP/1.1 200 OK\rX\n", httparse::Error::Status),
+        (b"HTTP/1.1 200 OK\r\nBad Name: x\r\n", httparse::Error::HeaderName),
+        (b"HTTP/1.1 200 OK\r\nA: b\r\n folded\r\n", httparse::Error::HeaderName),
+        (b"HTTP/1.1 200 OK\r\nA: b\0c\r\n", httparse::Error::HeaderValue),
+        (b"HTTP/1.1 200 OK\r\n\rX\n", httparse::Error::NewLine),
+    ];
+    for (raw, want) in cases {
+        let want = ResponseHeadError::Malformed(*want);
+        assert_eq!(parse_response(raw), Err(want), "{:?}", String::from_utf8_lossy(raw));
+        assert_eq!(one_shot_response(raw, RESPONSE_MAX).err(), Some(want));
+        // Until the line ends, the reader is still waiting.
+        assert_eq!(parse_response(&raw[..raw.len() - 1]), Ok(None));
+    }
+
+    let build = |n: usize| {
+        let mut s = String::from("HTTP/1.1 200 OK\r\n");
+        for i in 0..n {
+            s.push_str(&format!("X-{i}: v\r\n"));
+        }
+        s.push_str("\r\n");
+        s.into_bytes()
+    };
+    let ok = build(MAX_RESPONSE_HEADERS);
+    assert_eq!(parse_response(&ok), Ok(Some((200, ok.len()))));
+    let too_many = build(MAX_RESPONSE_HEADERS + 1);
+    let want = ResponseHeadError::Malformed(httparse::Error::TooManyHeaders);
+    assert_eq!(parse_response(&too_many), Err(want));
+    assert_eq!(one_shot_response(&too_many, RESPONSE_MAX).err(), Some(want));
+}
+
+#[test]
+fn response_mutations_agree_with_httparse_on_the_whole_buffer() {
+    let corpus: Vec<Vec<u8>> = vec![
+        [connect_established(1).as_slice(), TLS_BYTES].concat(),
+        b"HTTP/1.0 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nno\r\n".to_vec(),
+        b"HTTP/1.1 200 OK\nA: b\n\nxyz".to_vec(),
+        error_response(1, 431, "too big"),
+        redirect_response(0, "https://a/"),
+    ];
+    let interesting = b"\r\n :/\0\t\x7f\x80HTP1.02";
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut complete = 0;
+    for _ in 0..20_000 {
+        let mut b = corpus[rng.below(corpus.len())].clone();
+        for _ in 0..=rng.below(4) {
+            let i = rng.below(b.len());
+            match rng.below(5) {
+                0 if !b.is_empty() => b[i] = interesting[rng.below(interesting.len())],
+                1 if !b.is_empty() => b[i] ^= 1 << rng.below(8),
+                2 => b.truncate(i),
+                3 => b.insert(i.min(b.len()), interesting[rng.below(interesting.len())]),
+                _ if !b.is_empty() => {
+                    b.remove(i);
+                }
+                _ => {}
+            }
+        }
+        let reference = one_shot_response(&b, RESPONSE_MAX);
+        let fresh = ResponseHeadReader::new(RESPONSE_MAX).poll(&b);
+        match &reference {
+            Ok(Some(_)) | Ok(None) => assert_eq!(fresh, reference, "{:?}", String::from_utf8_lossy(&b)),
+            // httparse rejects a bad byte at once; the reader when its line ends.
+            Err(_) => {
+                assert!(fresh == reference || fresh == Ok(None), "{fresh:?} vs {reference:?}: {b:?}");
+                let ended = ResponseHeadReader::new(RESPONSE_MAX).poll(&[b.as_slice(), b"\n"].concat());
+                assert_eq!(ended, reference, "{:?}", String::from_utf8_lossy(&b));
+            }
+        }
+        complete += usize::from(matches!(reference, Ok(Some(_))));
+
+        // One reader fed a prefix, then the whole, or byte by byte, answers as a fresh one.
+        let cut = rng.below(b.len() + 1);
+        let mut r = ResponseHeadReader::new(RESPONSE_MAX);
+        if r.poll(&b[..cut]) == Ok(None) {
+            assert_eq!(r.poll(&b), fresh);
+        }
+        let mut r = ResponseHeadReader::new(RESPONSE_MAX);
+        let mut last = Ok(None);
+        for i in 1..=b.len() {
+            last = r.poll(&b[..i]);
+            if last != Ok(None) {
+                break;
+            }
+        }
+        assert_eq!(last, fresh, "{:?}", String::from_utf8_lossy(&b));
+    }
+    assert!(complete > 100, "mutations too destructive: {complete}");
 }

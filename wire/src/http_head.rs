@@ -1,9 +1,11 @@
-//! Sans-IO HTTP/1.x request-head reader for CONNECT and absolute-form proxy requests, and the response heads the proxy writes back.
+//! Sans-IO HTTP/1.x heads: the request-head reader for CONNECT and absolute-form proxy requests, the response heads the proxy writes back, and the reader of an upstream's response head.
 
 use std::net::Ipv6Addr;
 
-/// Most headers accepted in one head.
+/// Most headers accepted in one request head.
 pub const MAX_HEADERS: usize = 64;
+/// Most headers accepted in one response head (an answer to CONNECT is a few lines).
+pub const MAX_RESPONSE_HEADERS: usize = 32;
 /// Suggested `max_len` for callers without their own limit.
 pub const DEFAULT_MAX_LEN: usize = 8192;
 /// Longest method token [`looks_like_http`] waits for before answering `No`.
@@ -177,8 +179,18 @@ pub fn looks_like_http(buf: &[u8]) -> Detect3 {
     Detect3::Incomplete
 }
 
-/// Incremental head reader: remembers how far the end-of-head search got, so feeding a
-/// slowly growing buffer costs O(new bytes) per call until the head is complete.
+/// Incremental request-head reader: remembers how far the end-of-head search got, so feeding a
+/// slowly growing buffer costs O(new bytes) per call until the head is complete. Keep one reader
+/// per connection across reads; a fresh reader on a whole buffer is a one-shot parse.
+///
+/// Behaviour worth knowing:
+/// * Methods are case-sensitive (RFC 9110 §9.1): `connect` parses as a request but
+///   [`RequestHead::is_connect`] is false and [`looks_like_http`] answers `No`.
+/// * Line endings follow httparse: bare LF is accepted (`len` then covers `\n\n`);
+///   obs-fold (a header line starting with SP/HTAB) is rejected, as are NUL bytes in
+///   header values and versions other than HTTP/1.0 and HTTP/1.1.
+/// * The request line must start at byte 0 (no leading empty lines); a first byte that
+///   cannot start a method is rejected at once.
 #[derive(Debug, Clone)]
 pub struct HeadReader {
     max_len: usize,
@@ -191,8 +203,12 @@ impl HeadReader {
         HeadReader { max_len, scanned: 0 }
     }
 
-    /// `buf` must be the same stream as in earlier calls, only longer.
-    /// `Ok(None)` = need more bytes.
+    /// Parse the request head at the start of `buf`. `Ok(None)` = need more bytes.
+    ///
+    /// `buf` must be the same stream as in earlier calls, only longer. Bytes after the head
+    /// (e.g. a TLS ClientHello pipelined after CONNECT) are not part of it: they start at
+    /// `buf[head.len..]`. A buffer that reaches `max_len` bytes without the end of the head
+    /// fails with [`HeadError::TooLarge`] at once.
     pub fn poll(&mut self, buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
         if let Some(&b) = buf.first()
             && !is_tchar(b)
@@ -227,26 +243,6 @@ impl HeadReader {
         self.scanned = buf.len();
         None
     }
-}
-
-/// Parse a request head at the start of `buf`. `Ok(None)` = need more bytes.
-///
-/// Call with growing prefixes of the same stream. Bytes after the head (e.g. a TLS
-/// ClientHello pipelined after CONNECT) are not part of it: they start at `buf[head.len..]`.
-/// A buffer that reaches `max_len` bytes without the end of the head fails with
-/// [`HeadError::TooLarge`] at once. Stateless: rescans `buf` each call; use [`HeadReader`]
-/// when feeding many small increments.
-///
-/// Behaviour worth knowing:
-/// * Methods are case-sensitive (RFC 9110 §9.1): `connect` parses as a request but
-///   [`RequestHead::is_connect`] is false and [`looks_like_http`] answers `No`.
-/// * Line endings follow httparse: bare LF is accepted (`len` then covers `\n\n`);
-///   obs-fold (a header line starting with SP/HTAB) is rejected, as are NUL bytes in
-///   header values and versions other than HTTP/1.0 and HTTP/1.1.
-/// * The request line must start at byte 0 (no leading empty lines); a first byte that
-///   cannot start a method is rejected at once.
-pub fn parse_request_head(buf: &[u8], max_len: usize) -> Result<Option<RequestHead>, HeadError> {
-    HeadReader::new(max_len).poll(buf)
 }
 
 fn is_tchar(b: u8) -> bool {
@@ -360,4 +356,119 @@ pub fn redirect_response(version: u8, location: &str) -> Vec<u8> {
         loc
     )
     .into_bytes()
+}
+
+/// Status and size of a response head read by [`ResponseHeadReader`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    /// Bytes of the head including the blank line that ends it; what the peer sent after it
+    /// (e.g. the first tunnel bytes after a 200 to CONNECT) starts at `buf[len..]`.
+    pub len: usize,
+}
+
+#[derive(thiserror::Error, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseHeadError {
+    /// httparse's own verdict, kept so callers can report exactly what was wrong.
+    #[error("response head is not valid HTTP: {0}")]
+    Malformed(httparse::Error),
+    #[error("response head exceeds the size limit")]
+    TooLarge,
+}
+
+/// Incremental response-head reader, e.g. for the answer to a CONNECT sent upstream.
+///
+/// Gives httparse's verdict on the head (at most [`MAX_RESPONSE_HEADERS`] headers; empty lines
+/// before the status line are skipped, as httparse does), but checks each line once, when its
+/// `\n` arrives, so feeding a slowly growing buffer costs O(new bytes) per call. An error is
+/// therefore reported once the line holding it is complete, except in the version at the start
+/// of the status line: that is checked byte by byte, so a peer that does not speak HTTP (an SSH
+/// banner, a TLS record) is refused on its first bytes, without waiting for a line end.
+#[derive(Debug, Clone)]
+pub struct ResponseHeadReader {
+    max_len: usize,
+    /// Start of the first line not checked yet.
+    line: usize,
+    status_line_seen: bool,
+    headers: usize,
+}
+
+impl ResponseHeadReader {
+    pub fn new(max_len: usize) -> Self {
+        ResponseHeadReader { max_len, line: 0, status_line_seen: false, headers: 0 }
+    }
+
+    /// Parse the response head at the start of `buf`. `Ok(None)` = need more bytes.
+    ///
+    /// `buf` must be the same stream as in earlier calls, only longer. A buffer that reaches
+    /// `max_len` bytes without the end of the head fails with [`ResponseHeadError::TooLarge`].
+    pub fn poll(&mut self, buf: &[u8]) -> Result<Option<ResponseHead>, ResponseHeadError> {
+        let limit = buf.len().min(self.max_len);
+        while let Some(rel) = buf.get(self.line..limit).and_then(|rest| memchr::memchr(b'\n', rest)) {
+            let end = self.line + rel + 1;
+            let line = &buf[self.line..end];
+            let blank = line == b"\n" || line == b"\r\n";
+            if !self.status_line_seen {
+                if !blank {
+                    check_status_line(&buf[..end])?;
+                    self.status_line_seen = true;
+                }
+            } else if blank {
+                return parse_complete_response(&buf[..end]).map(Some);
+            } else {
+                self.headers += 1;
+                check_header_line(line, self.headers)?;
+            }
+            self.line = end;
+        }
+        if !self.status_line_seen {
+            check_version_prefix(buf.get(self.line..limit).unwrap_or_default())?;
+        }
+        if buf.len() >= self.max_len { Err(ResponseHeadError::TooLarge) } else { Ok(None) }
+    }
+}
+
+/// The unfinished status line could still start with `HTTP/1.0` or `HTTP/1.1` (the check
+/// httparse makes on a partial version).
+fn check_version_prefix(partial: &[u8]) -> Result<(), ResponseHeadError> {
+    // An empty line in the making: httparse skips it or rejects a lone CR once the line ends.
+    if matches!(partial.first(), None | Some(b'\r' | b'\n')) {
+        return Ok(());
+    }
+    let n = partial.len().min(8);
+    if partial[..n] == b"HTTP/1.0"[..n] || partial[..n] == b"HTTP/1.1"[..n] {
+        Ok(())
+    } else {
+        Err(ResponseHeadError::Malformed(httparse::Error::Version))
+    }
+}
+
+/// `upto` ends with the status line (possibly after empty lines).
+fn check_status_line(upto: &[u8]) -> Result<(), ResponseHeadError> {
+    // No header slots: only the status line is parsed, and httparse answers Partial if it is good.
+    let mut none: [httparse::Header<'_>; 0] = [];
+    httparse::Response::new(&mut none).parse(upto).map(drop).map_err(ResponseHeadError::Malformed)
+}
+
+/// `line` is the `count`-th header line, complete and not empty.
+fn check_header_line(line: &[u8], count: usize) -> Result<(), ResponseHeadError> {
+    let mut one = [httparse::EMPTY_HEADER; 1];
+    httparse::parse_headers(line, &mut one).map_err(ResponseHeadError::Malformed)?;
+    // After the line's own checks, as httparse counts a header only once it has parsed it.
+    if count > MAX_RESPONSE_HEADERS {
+        return Err(ResponseHeadError::Malformed(httparse::Error::TooManyHeaders));
+    }
+    Ok(())
+}
+
+/// httparse on a buffer known to hold exactly one complete response head, every line of it checked.
+fn parse_complete_response(head: &[u8]) -> Result<ResponseHead, ResponseHeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(head).map_err(ResponseHeadError::Malformed)? {
+        httparse::Status::Complete(len) => Ok(ResponseHead { status: resp.code.unwrap_or(0), len }),
+        // Cannot happen (the blank line after checked lines ends the head for httparse too);
+        // answered as the broken line ending it would be.
+        httparse::Status::Partial => Err(ResponseHeadError::Malformed(httparse::Error::NewLine)),
+    }
 }

@@ -1,6 +1,6 @@
-//! Captures the real-world fixtures in tests/fixtures/ from haproxy and curl (see its README).
+//! Captures the real-world PROXY protocol and HTTP head fixtures in wire/tests/fixtures/pp/ from haproxy and curl (see its README).
 //!
-//! Run: `cargo run --example capture_pp_http -- tests/fixtures/pp`
+//! Run: `cargo run -p proxy-wire --example capture_pp_http [-- OUT_DIR]`
 //! Needs /usr/sbin/haproxy, curl and openssl. Only loopback addresses are used; haproxy is
 //! killed before exit (also on panic, via the guard's Drop).
 
@@ -140,7 +140,10 @@ const HTTP_OK: &[u8] = b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: clo
 const SNI: &str = "kube-apiserver.shoot--a.svc.cluster.local";
 
 fn main() {
-    let out: PathBuf = std::env::args().nth(1).unwrap_or("tests/fixtures/pp".into()).into();
+    let out: PathBuf = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pp").into())
+        .into();
     std::fs::create_dir_all(&out).unwrap();
     let tmp = std::env::temp_dir().join(format!("pp-capture-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();

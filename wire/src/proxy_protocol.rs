@@ -295,8 +295,43 @@ fn v2_address_len(fam: u8) -> usize {
 }
 
 fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
-    // Validate the fixed block byte by byte as it arrives so a bad header is rejected without
-    // waiting for its (possibly 64 KiB) declared length.
+    let Some(total) = v2_header_len(buf)? else {
+        return Ok(None);
+    };
+    let raw = &buf[..total];
+
+    let hdr = ppp::v2::Header::try_from(raw).map_err(map_v2_error)?;
+    let command = match hdr.command {
+        ppp::v2::Command::Local => Command::Local,
+        ppp::v2::Command::Proxy => Command::Proxy,
+    };
+    let (transport, addrs) = v2_addresses(&hdr);
+    // Spec: with LOCAL the receiver must ignore the address block.
+    let addrs = if command == Command::Local { None } else { addrs };
+
+    let tlvs = walk_tlvs(raw, V2_FIXED_LEN + v2_address_len(raw[13]))?;
+    if let Some(at) = tlvs.crc_at {
+        check_crc(raw, at)?;
+    }
+
+    Ok(Some(ProxyHeader {
+        version: 2,
+        command,
+        transport,
+        source: addrs.map(|a| a.0),
+        destination: addrs.map(|a| a.1),
+        authority: tlvs.authority,
+        unique_id: tlvs.unique_id,
+        tlvs: tlvs.all,
+        len: total,
+    }))
+}
+
+/// Total length of the v2 header starting `buf` once all of it has arrived, `None` before.
+///
+/// The fixed block is validated byte by byte as it arrives so a bad header is rejected without
+/// waiting for its (possibly 64 KiB) declared length.
+fn v2_header_len(buf: &[u8]) -> Result<Option<usize>, ProxyError> {
     if let Some(&ver_cmd) = buf.get(12) {
         if ver_cmd >> 4 != 0x2 {
             return Err(ProxyError::BadVersion(ver_cmd >> 4));
@@ -321,18 +356,13 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         return Err(ProxyError::V2BadLength { declared, required: addr_len });
     }
     let total = V2_FIXED_LEN + usize::from(declared);
-    if buf.len() < total {
-        return Ok(None);
-    }
-    let raw = &buf[..total];
+    Ok((buf.len() >= total).then_some(total))
+}
 
-    let hdr = ppp::v2::Header::try_from(raw).map_err(map_v2_error)?;
-    let command = match hdr.command {
-        ppp::v2::Command::Local => Command::Local,
-        ppp::v2::Command::Proxy => Command::Proxy,
-    };
+/// Transport and (source, destination) as ppp decoded them from the address block.
+fn v2_addresses(hdr: &ppp::v2::Header<'_>) -> (Transport, Option<(SocketAddr, SocketAddr)>) {
     let datagram = hdr.protocol == ppp::v2::Protocol::Datagram;
-    let (transport, addrs) = match hdr.addresses {
+    match hdr.addresses {
         ppp::v2::Addresses::IPv4(a) => (
             if datagram { Transport::Udp4 } else { Transport::Tcp4 },
             Some((
@@ -349,25 +379,33 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         ),
         ppp::v2::Addresses::Unix(_) => (Transport::Unix, None),
         ppp::v2::Addresses::Unspecified => (Transport::Unspec, None),
-    };
-    // Spec: with LOCAL the receiver must ignore the address block.
-    let addrs = if command == Command::Local { None } else { addrs };
+    }
+}
 
-    // ppp gap: ppp validates TLVs only lazily through its iterator, treats the whole AF_UNSPEC
-    // payload as "address bytes" (hiding its TLVs), and checks neither nested SSL sub-TLVs,
-    // CRC32C, UNIQUE_ID length nor AUTHORITY encoding. So the TLV walk is done here.
-    let mut tlvs = Vec::new();
-    let mut authority = None;
-    let mut unique_id = None;
-    let mut crc_at = None;
-    let mut off = V2_FIXED_LEN + addr_len;
-    while off < total {
-        let (tlv_type, value) = next_tlv(raw, off, total, false)?;
+/// What the TLV walk keeps: every TLV, the decoded special ones, and where the CRC32C value sits.
+struct Tlvs {
+    all: Vec<(u8, Vec<u8>)>,
+    authority: Option<String>,
+    unique_id: Option<Vec<u8>>,
+    /// Offset of the 4-byte CRC32C value in the header.
+    crc_at: Option<usize>,
+}
+
+/// Walk the TLVs of `raw` (one whole header) from `start` to its end.
+///
+/// ppp gap: ppp validates TLVs only lazily through its iterator, treats the whole AF_UNSPEC
+/// payload as "address bytes" (hiding its TLVs), and checks neither nested SSL sub-TLVs,
+/// CRC32C, UNIQUE_ID length nor AUTHORITY encoding. So the TLV walk is done here.
+fn walk_tlvs(raw: &[u8], start: usize) -> Result<Tlvs, ProxyError> {
+    let mut t = Tlvs { all: Vec::new(), authority: None, unique_id: None, crc_at: None };
+    let mut off = start;
+    while off < raw.len() {
+        let (tlv_type, value) = next_tlv(raw, off, raw.len(), false)?;
         let value_at = off + 3;
         off = value_at + value.len();
         match tlv_type {
             PP2_TYPE_AUTHORITY => {
-                if authority.is_some() {
+                if t.authority.is_some() {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
                 if value.len() > AUTHORITY_MAX_LEN {
@@ -375,64 +413,59 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
                 }
                 let s =
                     std::str::from_utf8(value).map_err(|_| ProxyError::TlvBadValue { tlv_type, what: "not UTF-8" })?;
-                authority = Some(s.to_owned());
+                t.authority = Some(s.to_owned());
             }
             PP2_TYPE_CRC32C => {
-                if crc_at.is_some() {
+                if t.crc_at.is_some() {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
                 if value.len() != 4 {
                     return Err(ProxyError::TlvBadValue { tlv_type, what: "CRC32C value must be 4 bytes" });
                 }
-                crc_at = Some(value_at);
+                t.crc_at = Some(value_at);
             }
             PP2_TYPE_UNIQUE_ID => {
-                if unique_id.is_some() {
+                if t.unique_id.is_some() {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
                 if value.len() > UNIQUE_ID_MAX_LEN {
                     return Err(ProxyError::UniqueIdTooLong(value.len()));
                 }
-                unique_id = Some(value.to_vec());
+                t.unique_id = Some(value.to_vec());
             }
-            PP2_TYPE_SSL => {
-                // struct pp2_tlv_ssl { u8 client; u32 verify; struct pp2_tlv sub_tlv[]; }
-                if value.len() < 5 {
-                    return Err(ProxyError::TlvBadValue {
-                        tlv_type,
-                        what: "SSL TLV shorter than its 5-byte fixed part",
-                    });
-                }
-                let mut sub = 5;
-                while sub < value.len() {
-                    let (_, v) = next_tlv(value, sub, value.len(), true)?;
-                    sub += 3 + v.len();
-                }
-            }
+            PP2_TYPE_SSL => check_ssl_tlv(value)?,
             _ => {}
         }
-        tlvs.push((tlv_type, value.to_vec()));
+        t.all.push((tlv_type, value.to_vec()));
     }
+    Ok(t)
+}
 
-    if let Some(at) = crc_at {
-        let expected = u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
-        let computed = crc32c_with_zeroed(raw, at);
-        if expected != computed {
-            return Err(ProxyError::CrcMismatch { expected, computed });
-        }
+/// PP2_TYPE_SSL value: `struct pp2_tlv_ssl { u8 client; u32 verify; struct pp2_tlv sub_tlv[]; }`,
+/// every sub-TLV within the value.
+fn check_ssl_tlv(value: &[u8]) -> Result<(), ProxyError> {
+    if value.len() < 5 {
+        return Err(ProxyError::TlvBadValue {
+            tlv_type: PP2_TYPE_SSL,
+            what: "SSL TLV shorter than its 5-byte fixed part",
+        });
     }
+    let mut sub = 5;
+    while sub < value.len() {
+        let (_, v) = next_tlv(value, sub, value.len(), true)?;
+        sub += 3 + v.len();
+    }
+    Ok(())
+}
 
-    Ok(Some(ProxyHeader {
-        version: 2,
-        command,
-        transport,
-        source: addrs.map(|a| a.0),
-        destination: addrs.map(|a| a.1),
-        authority,
-        unique_id,
-        tlvs,
-        len: total,
-    }))
+/// The CRC32C TLV whose value sits at `raw[at..at + 4]` matches the header (spec section 2.2.5).
+fn check_crc(raw: &[u8], at: usize) -> Result<(), ProxyError> {
+    let expected = u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    let computed = crc32c_with_zeroed(raw, at);
+    if expected != computed {
+        return Err(ProxyError::CrcMismatch { expected, computed });
+    }
+    Ok(())
 }
 
 /// One TLV at `buf[off..end]`; errors if its 3-byte head or its value crosses `end`.

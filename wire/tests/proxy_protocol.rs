@@ -1,6 +1,6 @@
 //! Tests for the PROXY protocol reader/writer against real haproxy/curl captures and haproxy itself.
 
-use proxy_core::proxy_protocol::*;
+use proxy_wire::proxy_protocol::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 fn fixture(name: &str) -> Vec<u8> {
