@@ -24,6 +24,8 @@ const CONTROL_LINE_MAX: usize = 64 * 1024;
 pub enum SessionError {
     #[error("HTTP/2 handshake failed: {0}")]
     Handshake(h2::Error),
+    #[error("HTTP/2 handshake: no preface from the peer within {0:?}")]
+    HandshakeTimeout(Duration),
     #[error("keepalive: no PING answer within {0:?}")]
     KeepaliveTimeout(Duration),
     #[error("session failed: {0}")]
@@ -179,7 +181,8 @@ pub struct SeedSession {
 }
 
 /// Run the seed side of a session on an established TLS connection. Returns the opener at once
-/// (through `on_ready`) and completes when the session ends. `stop` ends it early (GOAWAY).
+/// (through `on_ready`) and completes when the session ends. `stop` ends it early: the
+/// connection closes (the h2 client side cannot send a GOAWAY), so streams in flight are cut.
 pub async fn run_seed_session<T>(
     io: T,
     settings: &TunnelSettings,
@@ -238,8 +241,8 @@ async fn seed_control(
             tracing::warn!(status = %resp.status(), "agent refused the control stream");
             return None;
         }
-        let mut body = resp.into_body();
-        if let Some(line) = read_line(&mut body).await
+        let mut lines = Lines::new(resp.into_body());
+        if let Some(line) = lines.next().await
             && let Ok(h) = serde_json::from_slice::<AgentHello>(&line)
         {
             *hello.lock().expect("not poisoned") = Some(h);
@@ -257,18 +260,36 @@ async fn seed_control(
     }
 }
 
-async fn read_line(body: &mut h2::RecvStream) -> Option<Vec<u8>> {
-    let mut buf = BytesMut::new();
-    loop {
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            return Some(buf.split_to(i + 1)[..i].to_vec());
+/// JSON lines on a control stream. The buffer lives across lines: one DATA frame may carry
+/// several lines, or the end of one and the start of the next.
+struct Lines {
+    recv: h2::RecvStream,
+    buf: BytesMut,
+}
+
+impl Lines {
+    fn new(recv: h2::RecvStream) -> Self {
+        Self { recv, buf: BytesMut::new() }
+    }
+
+    /// The next line without its `\n`; `None` at the end of the stream, on an error, or when a
+    /// line is longer than [`CONTROL_LINE_MAX`] (the stream is then useless: it is dropped).
+    async fn next(&mut self) -> Option<Vec<u8>> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                if i > CONTROL_LINE_MAX {
+                    return None;
+                }
+                let line = self.buf.split_to(i + 1);
+                return Some(line[..i].to_vec());
+            }
+            if self.buf.len() > CONTROL_LINE_MAX {
+                return None;
+            }
+            let chunk = self.recv.data().await?.ok()?;
+            let _ = self.recv.flow_control().release_capacity(chunk.len());
+            self.buf.extend_from_slice(&chunk);
         }
-        if buf.len() > CONTROL_LINE_MAX {
-            return None;
-        }
-        let chunk = body.data().await?.ok()?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        buf.extend_from_slice(&chunk);
     }
 }
 
@@ -318,15 +339,19 @@ pub async fn run_agent_session<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut conn = server::Builder::new()
+    let handshake = server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_concurrent_streams(settings.max_streams)
         .max_concurrent_reset_streams(1024)
         .max_send_buffer_size(settings.stream_window as usize)
-        .handshake::<_, Bytes>(io)
+        .handshake::<_, Bytes>(io);
+    // The seed's preface must come within the keepalive timeout: keepalive runs only once the
+    // session is up, and a seed that finished TLS and then says nothing must not hold the agent.
+    let mut conn = tokio::time::timeout(settings.keepalive_timeout, handshake)
         .await
+        .map_err(|_| SessionError::HandshakeTimeout(settings.keepalive_timeout))?
         .map_err(SessionError::Handshake)?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
@@ -373,7 +398,7 @@ where
 
 async fn agent_control(
     mut respond: server::SendResponse<Bytes>,
-    mut recv: h2::RecvStream,
+    recv: h2::RecvStream,
     handler: Arc<dyn AgentHandler>,
 ) {
     let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
@@ -382,7 +407,8 @@ async fn agent_control(
     if send.send_data(Bytes::from(hello), false).is_err() {
         return;
     }
-    while let Some(line) = read_line(&mut recv).await {
+    let mut lines = Lines::new(recv);
+    while let Some(line) = lines.next().await {
         match serde_json::from_slice::<ControlMsg>(&line) {
             Ok(msg) => handler.control(msg),
             Err(e) => tracing::warn!(error = %e, "unknown control message ignored"),
