@@ -196,7 +196,7 @@ impl Mode {
 ///
 /// A reload applies `gateway`, `mode`, `destination`, `destination_header`, `authority` and
 /// `retries` (and `timeouts`, `drain_grace`) to new connections; live connections keep going.
-/// `listen` (and `admin`, `limits`) cannot change on reload: such a reload is refused and the
+/// `listen` cannot change on reload: such a reload is refused (naming the key) and the
 /// agent must be restarted.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -15,6 +15,40 @@ pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;
 pub use server::ServerConfig;
 
+/// What every binary's config has, and how its file is read: the process lifecycle needs no more.
+pub trait BinaryConfig: Sized {
+    /// Parse and validate one config file's text (`file` names it in messages).
+    fn parse(text: &str, file: &str) -> Result<Self, ConfigError>;
+    fn admin(&self) -> &AdminConfig;
+    /// After SIGTERM: how long live connections may continue.
+    fn drain_grace(&self) -> std::time::Duration;
+    /// `limits.max_connections`: connections the process holds at once.
+    fn max_connections(&self) -> usize;
+}
+
+macro_rules! binary_config {
+    ($t:ty, $parse:path) => {
+        impl $crate::BinaryConfig for $t {
+            fn parse(text: &str, file: &str) -> Result<Self, $crate::ConfigError> {
+                $parse(text, file)
+            }
+            fn admin(&self) -> &$crate::AdminConfig {
+                &self.admin
+            }
+            fn drain_grace(&self) -> std::time::Duration {
+                self.drain_grace.get()
+            }
+            fn max_connections(&self) -> usize {
+                self.limits.max_connections
+            }
+        }
+    };
+}
+
+binary_config!(RouterConfig, router::parse);
+binary_config!(ServerConfig, server::parse);
+binary_config!(AgentConfig, agent::parse);
+
 /// Read `path` and parse it with `parse` (one of the `parse_*` functions of this crate).
 pub fn load<T>(path: &std::path::Path, parse: fn(&str, &str) -> Result<T, ConfigError>) -> Result<T, ConfigError> {
     let file = path.display().to_string();

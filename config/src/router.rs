@@ -209,25 +209,11 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {
         p.push((0, 0), "listeners", "at least one listener is required");
     }
-    if cfg.limits.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
-    }
-    if cfg.limits.client_hello_max < 512 || cfg.limits.client_hello_max > 256 * 1024 {
-        p.push((0, 0), "limits.client_hello_max", "must be between 512 and 262144 bytes");
-    }
-    if cfg.limits.connect_head_max < 256 || cfg.limits.connect_head_max > 64 * 1024 {
-        p.push((0, 0), "limits.connect_head_max", "must be between 256 and 65536 bytes");
-    }
-    if cfg.limits.proxy_protocol_depth == 0 || cfg.limits.proxy_protocol_depth > 4 {
-        p.push((0, 0), "limits.proxy_protocol_depth", "must be between 1 and 4");
-    }
+    validate_limits(&cfg.limits, p);
     let mut listener_names = HashSet::new();
     let mut addrs = HashSet::new();
     for (li, l) in cfg.listeners.iter().enumerate() {
         let lf = format!("listeners[{li}]");
-        if l.name.is_empty() || !l.name.bytes().all(|b| b.is_ascii_graphic()) {
-            p.push(l.name.at(), format!("{lf}.name"), "must be a non-empty word without spaces");
-        }
         if !listener_names.insert(l.name.value.clone()) {
             p.push(l.name.at(), format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
         }
@@ -235,107 +221,7 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
         if l.listen.port != 0 && !addrs.insert(l.listen.clone()) {
             p.push(l.name.at(), format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
         }
-        if l.proxy_protocol != ProxyProtocolMode::Off && l.trusted_proxies.is_empty() {
-            p.push(
-                l.name.at(),
-                format!("{lf}.trusted_proxies"),
-                "proxy_protocol is on but no peer is trusted to send it; list the load balancers' CIDRs",
-            );
-        }
-        if l.max_connections == Some(0) {
-            p.push(l.name.at(), format!("{lf}.max_connections"), "must be at least 1");
-        }
-        let mut route_names = HashSet::new();
-        let mut snis = HashSet::new();
-        let mut dests = HashSet::new();
-        for (ri, r) in l.routes.iter().enumerate() {
-            let rf = format!("{lf}.routes[{ri}]");
-            let at = r.name.at();
-            if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_graphic()) {
-                p.push(at, format!("{rf}.name"), "must be a non-empty word without spaces");
-            }
-            if !route_names.insert(r.name.value.clone()) {
-                p.push(
-                    at,
-                    format!("{rf}.name"),
-                    format!("duplicate route name {:?} in listener {:?}", *r.name, *l.name),
-                );
-            }
-            if r.upstreams.is_empty() {
-                p.push(at, format!("{rf}.upstreams"), "at least one upstream is required");
-            }
-            let is_default = l.default_route.as_deref() == Some(r.name.as_str());
-            if r.sni.is_empty() && r.destination.is_empty() && r.connect.is_none() && !is_default {
-                p.push(
-                    at,
-                    rf.clone(),
-                    "the route matches nothing: give sni, destination or connect (or make it the default_route)",
-                );
-            }
-            for (i, s) in r.sni.iter().enumerate() {
-                match normalize_sni_pattern(s) {
-                    None => {
-                        p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern"))
-                    }
-                    Some(n) => {
-                        if !snis.insert(n.clone()) {
-                            p.push(
-                                at,
-                                format!("{rf}.sni[{i}]"),
-                                format!("{n:?} is routed by another route of this listener"),
-                            );
-                        }
-                    }
-                }
-            }
-            for (i, d) in r.destination.iter().enumerate() {
-                if !dests.insert(*d) {
-                    p.push(
-                        at,
-                        format!("{rf}.destination[{i}]"),
-                        format!("{d} is routed by another route of this listener"),
-                    );
-                }
-            }
-            if let Some(c) = &r.connect {
-                let cf = format!("{rf}.connect");
-                match &c.header {
-                    Some(h) if !valid_header_name(h) => {
-                        p.push(at, format!("{cf}.header"), format!("{h:?} is not a valid HTTP header name"))
-                    }
-                    Some(_) if c.values.is_empty() && c.regex.is_none() => {
-                        p.push(at, cf.clone(), "a header match needs values or regex")
-                    }
-                    None if !c.values.is_empty() || c.regex.is_some() => {
-                        p.push(at, cf.clone(), "values/regex need a header name")
-                    }
-                    None if c.authority.is_empty() => {
-                        p.push(at, cf.clone(), "give a header (with values or regex) or authority")
-                    }
-                    _ => {}
-                }
-                if let Some(re) = &c.regex
-                    && let Err(e) = regex::Regex::new(&format!("^(?:{re})$"))
-                {
-                    p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
-                }
-                for (i, a) in c.authority.iter().enumerate() {
-                    if a.parse::<HostPort>().is_err() {
-                        p.push(at, format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
-                    }
-                }
-            }
-            if let Some(d) = r.drain_deadline
-                && d.get().is_zero()
-            {
-                p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
-            }
-        }
-        if let Some(d) = &l.default_route
-            && !l.routes.iter().any(|r| r.name.as_str() == d)
-        {
-            p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
-        }
+        validate_listener(l, &lf, p);
     }
     for (name, d) in [
         ("timeouts.handshake", cfg.timeouts.handshake),
@@ -344,6 +230,121 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
     ] {
         if d.get().is_zero() {
             p.push((0, 0), name, "must be positive");
+        }
+    }
+}
+
+fn validate_limits(l: &Limits, p: &mut Problems) {
+    if l.max_connections == 0 {
+        p.push((0, 0), "limits.max_connections", "must be at least 1");
+    }
+    if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
+        p.push((0, 0), "limits.client_hello_max", "must be between 512 and 262144 bytes");
+    }
+    if l.connect_head_max < 256 || l.connect_head_max > 64 * 1024 {
+        p.push((0, 0), "limits.connect_head_max", "must be between 256 and 65536 bytes");
+    }
+    if l.proxy_protocol_depth == 0 || l.proxy_protocol_depth > 4 {
+        p.push((0, 0), "limits.proxy_protocol_depth", "must be between 1 and 4");
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Names, SNI patterns and destinations already routed within one listener.
+#[derive(Default)]
+struct Seen {
+    routes: HashSet<String>,
+    snis: HashSet<String>,
+    dests: HashSet<CidrPort>,
+}
+
+/// One listener (`lf` is its field path), its routes included.
+fn validate_listener(l: &Listener, lf: &str, p: &mut Problems) {
+    if !valid_name(&l.name) {
+        p.push(l.name.at(), format!("{lf}.name"), "must be a non-empty word without spaces");
+    }
+    if l.proxy_protocol != ProxyProtocolMode::Off && l.trusted_proxies.is_empty() {
+        p.push(
+            l.name.at(),
+            format!("{lf}.trusted_proxies"),
+            "proxy_protocol is on but no peer is trusted to send it; list the load balancers' CIDRs",
+        );
+    }
+    if l.max_connections == Some(0) {
+        p.push(l.name.at(), format!("{lf}.max_connections"), "must be at least 1");
+    }
+    let mut seen = Seen::default();
+    for (ri, r) in l.routes.iter().enumerate() {
+        let is_default = l.default_route.as_deref() == Some(r.name.as_str());
+        validate_route(r, &format!("{lf}.routes[{ri}]"), &l.name, is_default, &mut seen, p);
+    }
+    if let Some(d) = &l.default_route
+        && !l.routes.iter().any(|r| r.name.as_str() == d)
+    {
+        p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
+    }
+}
+
+/// One route (`rf` is its field path) of listener `listener`.
+fn validate_route(r: &Route, rf: &str, listener: &str, is_default: bool, seen: &mut Seen, p: &mut Problems) {
+    let at = r.name.at();
+    if !valid_name(&r.name) {
+        p.push(at, format!("{rf}.name"), "must be a non-empty word without spaces");
+    }
+    if !seen.routes.insert(r.name.value.clone()) {
+        p.push(at, format!("{rf}.name"), format!("duplicate route name {:?} in listener {listener:?}", *r.name));
+    }
+    if r.upstreams.is_empty() {
+        p.push(at, format!("{rf}.upstreams"), "at least one upstream is required");
+    }
+    if r.sni.is_empty() && r.destination.is_empty() && r.connect.is_none() && !is_default {
+        p.push(at, rf, "the route matches nothing: give sni, destination or connect (or make it the default_route)");
+    }
+    for (i, s) in r.sni.iter().enumerate() {
+        match normalize_sni_pattern(s) {
+            None => p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern")),
+            Some(n) if !seen.snis.insert(n.clone()) => {
+                p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by another route of this listener"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (i, d) in r.destination.iter().enumerate() {
+        if !seen.dests.insert(*d) {
+            p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by another route of this listener"));
+        }
+    }
+    if let Some(c) = &r.connect {
+        validate_connect(c, &format!("{rf}.connect"), at, p);
+    }
+    if let Some(d) = r.drain_deadline
+        && d.get().is_zero()
+    {
+        p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
+    }
+}
+
+fn validate_connect(c: &ConnectMatch, cf: &str, at: (u64, u64), p: &mut Problems) {
+    match &c.header {
+        Some(h) if !valid_header_name(h) => {
+            p.push(at, format!("{cf}.header"), format!("{h:?} is not a valid HTTP header name"))
+        }
+        Some(_) if c.values.is_empty() && c.regex.is_none() => p.push(at, cf, "a header match needs values or regex"),
+        None if !c.values.is_empty() || c.regex.is_some() => p.push(at, cf, "values/regex need a header name"),
+        None if c.authority.is_empty() => p.push(at, cf, "give a header (with values or regex) or authority"),
+        _ => {}
+    }
+    if let Some(re) = &c.regex
+        && let Err(e) = regex::Regex::new(&format!("^(?:{re})$"))
+    {
+        p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
+    }
+    for (i, a) in c.authority.iter().enumerate() {
+        if a.parse::<HostPort>().is_err() {
+            p.push(at, format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
         }
     }
 }

@@ -13,7 +13,7 @@ mod tunnel;
 use arc_swap::ArcSwap;
 use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::admin::Check;
-use proxy_core::app::{self, Common, Ctx, Service, StartError, fixed, listen_tcp};
+use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
 use proxy_core::metrics::ConnMetrics;
 use seedgate_config::agent::ApiserverProxy;
 use std::collections::BTreeMap;
@@ -60,14 +60,6 @@ fn gateway_of(c: &AgentConfig) -> Option<&seedgate_config::HostPort> {
 impl Service for Agent {
     type Config = AgentConfig;
     const NAME: &'static str = "proxy-agent";
-
-    fn parse(text: &str, file: &str) -> Result<AgentConfig, seedgate_config::ConfigError> {
-        seedgate_config::agent::parse(text, file)
-    }
-
-    fn common(cfg: &AgentConfig) -> Common<'_> {
-        Common { admin: &cfg.admin, drain_grace: cfg.drain_grace.get(), max_connections: cfg.limits.max_connections }
-    }
 
     /// Listen addresses are bound at start; the tunnel's server list is what its sessions are.
     fn restart_only(cfg: &AgentConfig) -> Vec<(&'static str, serde_json::Value)> {

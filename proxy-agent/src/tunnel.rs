@@ -149,9 +149,6 @@ impl Tunnel {
 
     /// Take a reloaded tunnel config (allowlist, timeouts, TLS files) for new sessions/streams.
     pub fn reconfigure(&self, cfg: TunnelCfg) -> Result<(), String> {
-        if cfg.servers != self.cfg.load().servers {
-            return Err("tunnel.servers cannot change at runtime; restart to apply".into());
-        }
         let conn = connector(&cfg).map_err(|e| e.to_string())?;
         self.connector.store(Arc::new(conn));
         self.cfg.store(Arc::new(cfg));

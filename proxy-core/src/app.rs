@@ -15,7 +15,7 @@ use crate::reload::{self, Trigger, Watch};
 use crate::shutdown::{Drained, Shutdown};
 use crate::tls::TlsError;
 use prometheus::Registry;
-use seedgate_config::{AdminConfig, ConfigError, HostPort};
+use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, HostPort};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -67,15 +67,6 @@ pub enum StartError {
     },
 }
 
-/// The keys every binary's config has, as the lifecycle needs them.
-#[derive(Debug, Clone, Copy)]
-pub struct Common<'a> {
-    pub admin: &'a AdminConfig,
-    pub drain_grace: Duration,
-    /// `limits.max_connections`: the process-wide connection slots ([`Ctx::connections`]).
-    pub max_connections: usize,
-}
-
 /// What the lifecycle hands a service when it binds.
 #[derive(Clone)]
 pub struct Ctx {
@@ -88,12 +79,10 @@ pub struct Ctx {
 /// What is particular to one binary. Everything else about the process is [`bind`] and
 /// [`Bound::run`].
 pub trait Service: Sized + Send + Sync + 'static {
-    type Config: Serialize + Send + Sync + 'static;
+    type Config: BinaryConfig + Serialize + Send + Sync + 'static;
     /// The binary's name (logs, `seedgate_build_info`, messages, `--help`).
     const NAME: &'static str;
 
-    fn parse(text: &str, file: &str) -> Result<Self::Config, ConfigError>;
-    fn common(cfg: &Self::Config) -> Common<'_>;
     /// The parts of the config only a restart can change, each under its key path. A reload that
     /// changes one is refused with a message naming the key that differs (never accepted and
     /// ignored). The `admin` section is handled by the lifecycle and must not be listed.
@@ -187,16 +176,15 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     metrics::register_build_info(&registry, S::NAME);
     let reload = ReloadMetrics::new(&registry);
     let cfg = Arc::new(cfg);
-    let common = S::common(&cfg);
-    let token = Arc::new(std::sync::RwLock::new(load_token(common.admin)?));
-    let admin = bind_admin(common.admin).await?;
-    let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(common.max_connections) };
+    let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));
+    let admin = bind_admin(cfg.admin()).await?;
+    let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(cfg.max_connections()) };
     let service = Arc::new(S::bind(cfg.clone(), ctx.clone()).await?);
     let app = Arc::new(App {
         service,
         ctx,
         admin: Mutex::new(AdminRt {
-            listen: common.admin.listen.clone(),
+            listen: cfg.admin().listen.clone(),
             addr: admin.as_ref().map(|(_, a)| *a),
             stop: CancellationToken::new(),
         }),
@@ -243,7 +231,7 @@ impl<S: Service> Bound<S> {
             _ = signal => {}
             _ = shutdown.stop.cancelled() => {}
         }
-        let grace = S::common(&app.running()).drain_grace;
+        let grace = app.running().drain_grace();
         tracing::info!(grace_s = grace.as_secs_f64(), open = shutdown.tracker.len(), "stopped accepting; draining");
         let drained = shutdown.drain(grace).await;
         app.service.stopped().await;
@@ -296,7 +284,7 @@ impl<S: Service> App<S> {
         let started = Instant::now();
         let path = watch.path().to_owned();
         let file = path.display().to_string();
-        let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&path, S::parse))
+        let loaded = tokio::task::spawn_blocking(move || seedgate_config::load(&path, S::Config::parse))
             .await
             .unwrap_or_else(|e| Err(ConfigError::internal(&file, &e.to_string())));
         let parse_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -326,21 +314,20 @@ impl<S: Service> App<S> {
                 return Err(format!("{path} cannot change at runtime; restart {} to apply it", S::NAME));
             }
         }
-        let (old_c, new_c) = (S::common(&old), S::common(&new));
         // Admin first (bind before anything changes), committed only if the service applies.
-        let token = load_token(new_c.admin).map_err(|e| e.to_string())?;
-        let admin = if old_c.admin.listen != new_c.admin.listen {
-            Some(bind_admin(new_c.admin).await.map_err(|e| e.to_string())?)
+        let token = load_token(new.admin()).map_err(|e| e.to_string())?;
+        let admin = if old.admin().listen != new.admin().listen {
+            Some(bind_admin(new.admin()).await.map_err(|e| e.to_string())?)
         } else {
             None
         };
         self.service.apply(new.clone()).await?;
         *self.token.write().expect("not poisoned") = token;
         if let Some(bound) = admin {
-            self.move_admin(new_c.admin.listen.clone(), bound);
+            self.move_admin(new.admin().listen.clone(), bound);
         }
-        if new_c.max_connections != old_c.max_connections {
-            self.ctx.connections.resize(new_c.max_connections);
+        if new.max_connections() != old.max_connections() {
+            self.ctx.connections.resize(new.max_connections());
         }
         *self.running.lock().expect("not poisoned") = new;
         if let Err(e) = self.write_addresses() {
@@ -410,7 +397,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
     let args = crate::cli::CommonArgs::parse_for(S::NAME, about);
     crate::telemetry::init(args.log_format);
-    let cfg = crate::cli::load_or_exit(&args, S::parse);
+    let cfg = crate::cli::load_or_exit(&args, S::Config::parse);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

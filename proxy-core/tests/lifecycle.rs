@@ -4,9 +4,9 @@
 //! the grace).
 
 use proxy_core::admin::Check;
-use proxy_core::app::{self, Common, Ctx, Service, StartError, fixed};
+use proxy_core::app::{self, Ctx, Service, StartError, fixed};
 use proxy_core::shutdown::Shutdown;
-use seedgate_config::{AdminConfig, ConfigError, Dur};
+use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, Dur};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +32,21 @@ fn grace() -> Dur {
     Dur::secs(30)
 }
 
+impl BinaryConfig for Cfg {
+    fn parse(text: &str, _file: &str) -> Result<Cfg, ConfigError> {
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::internal("toy.yaml", &e.to_string()))
+    }
+    fn admin(&self) -> &AdminConfig {
+        &self.admin
+    }
+    fn drain_grace(&self) -> Duration {
+        self.drain_grace.get()
+    }
+    fn max_connections(&self) -> usize {
+        10
+    }
+}
+
 /// Applies `value`, refuses 13, and cannot change `fixed` at runtime.
 struct Toy {
     value: AtomicU32,
@@ -41,14 +56,6 @@ struct Toy {
 impl Service for Toy {
     type Config = Cfg;
     const NAME: &'static str = "toy";
-
-    fn parse(text: &str, _file: &str) -> Result<Cfg, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::internal("toy.yaml", &e.to_string()))
-    }
-
-    fn common(cfg: &Cfg) -> Common<'_> {
-        Common { admin: &cfg.admin, drain_grace: cfg.drain_grace.get(), max_connections: 10 }
-    }
 
     fn restart_only(cfg: &Cfg) -> Vec<(&'static str, serde_json::Value)> {
         vec![fixed("fixed", &cfg.fixed)]
@@ -123,7 +130,7 @@ impl World {
         let file = dir.join("toy.yaml");
         std::fs::write(&file, yaml).unwrap();
         let addrs_file = dir.join("addresses.json");
-        let cfg = Toy::parse(yaml, "toy.yaml").unwrap();
+        let cfg = Cfg::parse(yaml, "toy.yaml").unwrap();
         let opts =
             app::Options { config_path: Some(file.clone()), write_addresses: Some(addrs_file.clone()), registry: None };
         let bound = app::bind::<Toy>(cfg, opts).await.unwrap();

@@ -151,34 +151,8 @@ async fn serve(
         Ctx { conn_id, fe: fe.clone(), peer, cluster: cluster.clone(), kind: "-", target: "-".into(), started };
 
     // Read the request head under the handshake deadline.
-    let cap = cfg.limits.request_head_max;
     let mut buf = Vec::with_capacity(1024);
-    // One reader across reads, so each read costs only its new bytes.
-    let mut reader = HeadReader::new(cap);
-    let read_head = async {
-        loop {
-            match reader.poll(&buf) {
-                Ok(Some(h)) => return Ok(h),
-                Ok(None) => {}
-                Err(e) => {
-                    return Err((
-                        e.reason(),
-                        if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 },
-                        e.to_string(),
-                    ));
-                }
-            }
-            let old = buf.len();
-            buf.resize(old + READ_CHUNK.min(cap + 1 - old), 0);
-            match io.read(&mut buf[old..]).await {
-                Ok(0) | Err(_) => {
-                    buf.truncate(old);
-                    return Err(("client_closed_early", 0, String::new()));
-                }
-                Ok(n) => buf.truncate(old + n),
-            }
-        }
-    };
+    let read_head = read_head(&mut io, &mut buf, cfg.limits.request_head_max);
     let head: RequestHead = match tokio::time::timeout(cfg.timeouts.handshake.get(), read_head).await {
         Ok(Ok(h)) => h,
         Ok(Err((reason, status, msg))) => {
@@ -237,6 +211,32 @@ async fn serve(
         let msg = format!("{} {} is neither CONNECT nor an absolute-form http:// request", head.method, head.target);
         reply_error(&shared, &ctx, &mut io, head.version, 400, "not_a_proxy_request", &msg).await;
         None
+    }
+}
+
+/// Read a request head into `buf` (which keeps any bytes after it). On failure: the reject
+/// reason, the status to answer (0: none, the client is gone) and a message.
+async fn read_head(io: &mut BoxIo, buf: &mut Vec<u8>, cap: usize) -> Result<RequestHead, (&'static str, u16, String)> {
+    // One reader across reads, so each read costs only its new bytes.
+    let mut reader = HeadReader::new(cap);
+    loop {
+        match reader.poll(buf) {
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) => {}
+            Err(e) => {
+                let status = if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 };
+                return Err((e.reason(), status, e.to_string()));
+            }
+        }
+        let old = buf.len();
+        buf.resize(old + READ_CHUNK.min(cap + 1 - old), 0);
+        match io.read(&mut buf[old..]).await {
+            Ok(0) | Err(_) => {
+                buf.truncate(old);
+                return Err(("client_closed_early", 0, String::new()));
+            }
+            Ok(n) => buf.truncate(old + n),
+        }
     }
 }
 

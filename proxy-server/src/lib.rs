@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use listeners::Listeners;
 use proxy_core::accept::Slots;
 use proxy_core::admin::{Check, ControlRequest};
-use proxy_core::app::{self, Common, Ctx, Service, StartError, fixed};
+use proxy_core::app::{self, Ctx, Service, StartError, fixed};
 use proxy_core::ids::ConnIds;
 use proxy_core::shutdown::Shutdown;
 use registry::Registry;
@@ -66,14 +66,6 @@ pub async fn bind(cfg: ServerConfig, opts: Options) -> Result<Bound, StartError>
 impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
-
-    fn parse(text: &str, file: &str) -> Result<ServerConfig, seedgate_config::ConfigError> {
-        seedgate_config::server::parse(text, file)
-    }
-
-    fn common(cfg: &ServerConfig) -> Common<'_> {
-        Common { admin: &cfg.admin, drain_grace: cfg.drain_grace.get(), max_connections: cfg.limits.max_connections }
-    }
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![

@@ -91,6 +91,28 @@ struct Pre {
     replayed: u64,
 }
 
+impl Pre {
+    fn new(conn_id: ConnId, peer: SocketAddr, started: Instant) -> Self {
+        Self {
+            buf: Vec::with_capacity(2048),
+            off: 0,
+            head_len: 0,
+            client: peer,
+            dst: None,
+            proto: Proto::Unknown,
+            sni: None,
+            alpn: None,
+            connect_target: None,
+            http_version: 1,
+            conn_id,
+            peer,
+            up_addr: None,
+            started,
+            replayed: 0,
+        }
+    }
+}
+
 /// Read more bytes into `buf`, up to `cap` in total. `Ok(false)` at end of stream.
 async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> std::io::Result<bool> {
     let old = buf.len();
@@ -453,23 +475,7 @@ async fn prepare(
     let m = &shared.metrics;
     let name = &*lst.name;
 
-    let mut pre = Pre {
-        buf: Vec::with_capacity(2048),
-        off: 0,
-        head_len: 0,
-        client: peer,
-        dst: None,
-        proto: Proto::Unknown,
-        sni: None,
-        alpn: None,
-        connect_target: None,
-        http_version: 1,
-        conn_id,
-        peer,
-        up_addr: None,
-        started,
-        replayed: 0,
-    };
+    let mut pre = Pre::new(conn_id, peer, started);
     let routed =
         tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
     let route = match routed {
@@ -497,61 +503,26 @@ async fn prepare(
     }
 
     let connect_timeout = cfg.timeouts.connect.get();
-    let connected =
-        upstream::connect(&route.upstreams, route.balance, connect_timeout, cfg.upstream_eject.get(), |took, fail| {
-            match fail {
-                None => m.conn.connect_seconds.with_label_values(&[name, &route.name]).observe(took.as_secs_f64()),
-                Some(f) => m.conn.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
+    let Connected { stream: mut up, addr: up_addr, guard } =
+        match connect_upstream(&shared, name, &route, &pre, &cfg).await {
+            Ok(c) => c,
+            Err(rej) => {
+                reject(&shared, name, client, &pre, Some(&route), rej).await;
+                return None;
             }
-        })
-        .await;
-    let Connected { stream: mut up, addr: up_addr, guard } = match connected {
-        Ok(c) => c,
-        Err(fail) => {
-            let answer = match pre.proto {
-                Proto::Tls => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
-                Proto::Connect if fail.last == ConnectFailure::Timeout => {
-                    Answer::Http(504, format!("upstream timed out: {}", fail.detail))
-                }
-                Proto::Connect => Answer::Http(502, format!("upstream unavailable: {}", fail.detail)),
-                Proto::Raw | Proto::Unknown => Answer::Close,
-            };
-            tracing::debug!(detail = %fail.detail, "all upstreams failed");
-            let rej = Reject::new(fail.last.label(), answer);
-            reject(&shared, name, client, &pre, Some(&route), rej).await;
+        };
+    pre.up_addr = Some(up_addr);
+    let handover = hand_over(&mut client, &mut up, &route, &pre);
+    let replayed = match tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
+        Ok(n) => n,
+        Err(reason) => {
+            m.conn.rejects.with_label_values(&[name, reason]).inc();
+            m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
+            access_log(name, &pre, Some(&route.name), (0, 0), reason);
             return None;
         }
     };
-
-    // Hand over what we read: PROXY header (ours), then the client's bytes. A CONNECT client
-    // gets its 200 first, in a write of its own, and only the bytes after its head go upstream.
-    pre.up_addr = Some(up_addr);
-    let header = proxy_header_out(&route, &pre, &client);
-    let payload = &pre.buf[pre.off + pre.head_len..];
-    let handover = async {
-        if pre.proto == Proto::Connect {
-            client
-                .write_all(&http_head::connect_established(pre.http_version))
-                .await
-                .map_err(|_| "client_write_error")?;
-        }
-        match header {
-            Some(mut h) => {
-                h.extend_from_slice(payload);
-                up.write_all(&h).await
-            }
-            None if payload.is_empty() => Ok(()),
-            None => up.write_all(payload).await,
-        }
-        .map_err(|_| "upstream_write_error")
-    };
-    if let Err(reason) = tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
-        m.conn.rejects.with_label_values(&[name, reason]).inc();
-        m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
-        access_log(name, &pre, Some(&route.name), (0, 0), reason);
-        return None;
-    }
-    pre.replayed = payload.len() as u64;
+    pre.replayed = replayed;
     route.meters.to_upstream.inc_by(pre.replayed);
     route.meters.ok.inc();
     // The pre-routing buffer is not needed any more: an idle relay holds no buffer.
@@ -568,6 +539,62 @@ async fn prepare(
             idle: cfg.timeouts.idle.get(),
         }),
     })
+}
+
+/// Connect to one of the route's upstreams, or say how to refuse the client.
+async fn connect_upstream(
+    shared: &Shared,
+    name: &str,
+    route: &Route,
+    pre: &Pre,
+    cfg: &RouterConfig,
+) -> Result<Connected, Reject> {
+    let m = &shared.metrics.conn;
+    let timeout = cfg.timeouts.connect.get();
+    let connected = upstream::connect(
+        &route.upstreams,
+        route.balance,
+        timeout,
+        cfg.upstream_eject.get(),
+        |took, fail| match fail {
+            None => m.connect_seconds.with_label_values(&[name, &route.name]).observe(took.as_secs_f64()),
+            Some(f) => m.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
+        },
+    )
+    .await;
+    connected.map_err(|fail| {
+        let answer = match pre.proto {
+            Proto::Tls => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
+            Proto::Connect if fail.last == ConnectFailure::Timeout => {
+                Answer::Http(504, format!("upstream timed out: {}", fail.detail))
+            }
+            Proto::Connect => Answer::Http(502, format!("upstream unavailable: {}", fail.detail)),
+            Proto::Raw | Proto::Unknown => Answer::Close,
+        };
+        tracing::debug!(detail = %fail.detail, "all upstreams failed");
+        Reject::new(fail.last.label(), answer)
+    })
+}
+
+/// Hand over what was read: our PROXY header (if the route sends one), then the client's bytes.
+/// A CONNECT client gets its 200 first, in a write of its own, and only the bytes after its head
+/// go upstream. Returns the client bytes replayed.
+async fn hand_over(client: &mut TcpStream, up: &mut TcpStream, route: &Route, pre: &Pre) -> Result<u64, &'static str> {
+    let header = proxy_header_out(route, pre, client);
+    let payload = &pre.buf[pre.off + pre.head_len..];
+    if pre.proto == Proto::Connect {
+        client.write_all(&http_head::connect_established(pre.http_version)).await.map_err(|_| "client_write_error")?;
+    }
+    match header {
+        Some(mut h) => {
+            h.extend_from_slice(payload);
+            up.write_all(&h).await
+        }
+        None if payload.is_empty() => Ok(()),
+        None => up.write_all(payload).await,
+    }
+    .map_err(|_| "upstream_write_error")?;
+    Ok(payload.len() as u64)
 }
 
 async fn reject(

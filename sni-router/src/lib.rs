@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use listeners::Listeners;
 use proxy_core::accept::Slots;
 use proxy_core::admin::Check;
-use proxy_core::app::{self, Common, Ctx, Service, StartError};
+use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::ids::ConnIds;
 use proxy_core::metrics::{self, ConnMetrics};
 use proxy_core::prometheus::IntGaugeVec;
@@ -68,14 +68,6 @@ fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
 impl Service for Router {
     type Config = RouterConfig;
     const NAME: &'static str = "sni-router";
-
-    fn parse(text: &str, file: &str) -> Result<RouterConfig, seedgate_config::ConfigError> {
-        seedgate_config::router::parse(text, file)
-    }
-
-    fn common(cfg: &RouterConfig) -> Common<'_> {
-        Common { admin: &cfg.admin, drain_grace: cfg.drain_grace.get(), max_connections: cfg.limits.max_connections }
-    }
 
     async fn bind(cfg: Arc<RouterConfig>, ctx: Ctx) -> Result<Self, StartError> {
         let shared = Arc::new(new_shared(cfg.clone(), &ctx));

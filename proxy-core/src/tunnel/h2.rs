@@ -396,11 +396,7 @@ where
     }
 }
 
-async fn agent_control(
-    mut respond: server::SendResponse<Bytes>,
-    recv: h2::RecvStream,
-    handler: Arc<dyn AgentHandler>,
-) {
+async fn agent_control(mut respond: server::SendResponse<Bytes>, recv: h2::RecvStream, handler: Arc<dyn AgentHandler>) {
     let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
     let mut hello = serde_json::to_vec(&handler.hello()).unwrap_or_default();
     hello.push(b'\n');
