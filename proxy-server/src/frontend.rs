@@ -290,13 +290,11 @@ async fn relay(shared: &Shared, r: Ready) {
         to_client: Some(m.tunnel_bytes.with_label_values(&[&ctx.cluster, "to_seed"])),
     };
     let idle = shared.config.load().timeouts.idle.get();
-    let drained = shared.registry.drain_signal(&ctx.cluster);
+    let end = shared.registry.stream_end(&ctx.cluster);
     let mut t = transfer(io, stream, idle, meters);
     let stop = std::pin::pin!(async {
-        tokio::select! {
-            _ = shared.shutdown.kill.cancelled() => Stop::Shutdown,
-            _ = drained => Stop::ClusterDrained,
-        }
+        end.cancelled().await;
+        if shared.shutdown.kill.is_cancelled() { Stop::Shutdown } else { Stop::ClusterDrained }
     });
     let done = proxy_core::relay::run(&mut t, stop).await;
     if matches!(done.outcome, Outcome::Stopped(Stop::ClusterDrained)) {
@@ -414,4 +412,23 @@ where
         _ = shared.shutdown.kill.cancelled() => "shutdown",
     };
     ctx.log(0, reason, 0, 0);
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn connection_future_stays_small() {
+        let shared = crate::test_shared();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let fe = std::sync::Arc::new(super::FrontendRt { name: "fe".into(), cluster: Some("c".into()) });
+        let limit = proxy_core::accept::ConnLimit::new(proxy_core::accept::Slots::new(1), None);
+        let permit = limit.acquire().await;
+        let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), permit);
+        // Every byte here is held by each open tunnel stream for its whole life (the pre-relay
+        // phases are boxed and freed before the relay).
+        let size = std::mem::size_of_val(&f);
+        eprintln!("front-end connection future: {size} bytes");
+        assert!(size <= 768, "per-connection future grew to {size} bytes");
+    }
 }

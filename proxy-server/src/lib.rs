@@ -79,7 +79,7 @@ impl Service for Server {
         let listeners = Listeners::bind(&cfg).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let shared = Arc::new(Shared {
-            registry: Registry::new(metrics.clone(), &cfg.clusters),
+            registry: Registry::new(metrics.clone(), &cfg.clusters, ctx.shutdown.kill.clone()),
             config: ArcSwap::new(cfg),
             metrics,
             shutdown: ctx.shutdown,
@@ -126,4 +126,24 @@ impl Service for Server {
     async fn stopped(&self) {
         self.sessions_stop.cancel();
     }
+}
+
+#[cfg(test)]
+pub(crate) fn test_shared() -> Arc<Shared> {
+    let cfg = seedgate_config::server::parse(
+        "agents: { listen: 127.0.0.1:0, tls: { cert: c, key: k, client_ca: ca } }\n",
+        "t.yaml",
+    )
+    .expect("valid");
+    let reg = proxy_core::prometheus::Registry::new();
+    let metrics = ServerMetrics::new(&reg);
+    Arc::new(Shared {
+        registry: Registry::new(metrics.clone(), &cfg.clusters, CancellationToken::new()),
+        config: ArcSwap::from_pointee(cfg),
+        metrics,
+        shutdown: Shutdown::new(),
+        ids: ConnIds::default(),
+        connections: Slots::new(10),
+        overrides: Mutex::new(BTreeMap::new()),
+    })
 }

@@ -45,25 +45,43 @@ impl Mode {
     }
 }
 
-#[derive(Default)]
 struct Cluster {
     sessions: Vec<Arc<Session>>,
-    /// Cancelled when the cluster leaves `active`: live streams watch it to drain.
-    mode_changed: CancellationToken,
+    /// Ends the cluster's live streams: cancelled when the cluster is fenced, or at the drain
+    /// deadline; then replaced by a fresh one for streams admitted later. A child of the
+    /// shutdown kill token, so the end of the grace period ends the streams too. One token per
+    /// cluster keeps an idle stream's wait to a single small future.
+    end: CancellationToken,
+    /// Bumped by every mode change, so a drain timer of an earlier mode does nothing.
+    generation: u64,
+}
+
+impl Cluster {
+    fn new(kill: &CancellationToken) -> Self {
+        Self { sessions: Vec::new(), end: kill.child_token(), generation: 0 }
+    }
+
+    /// End every stream admitted so far.
+    fn end_streams(&mut self, kill: &CancellationToken) {
+        std::mem::replace(&mut self.end, kill.child_token()).cancel();
+    }
 }
 
 pub struct Registry {
-    clusters: RwLock<HashMap<String, Cluster>>,
+    clusters: Arc<RwLock<HashMap<String, Cluster>>>,
+    /// The shutdown kill token (the streams' end tokens are its children).
+    kill: CancellationToken,
     modes: Arc<RwLock<BTreeMap<String, Mode>>>,
     next_id: AtomicU64,
     metrics: ServerMetrics,
 }
 
 impl Registry {
-    pub fn new(metrics: ServerMetrics, states: &BTreeMap<String, ClusterState>) -> Self {
+    pub fn new(metrics: ServerMetrics, states: &BTreeMap<String, ClusterState>, kill: CancellationToken) -> Self {
         let modes = states.iter().map(|(k, v)| (k.clone(), Mode::from_cfg(Some(v)))).collect();
         Self {
-            clusters: RwLock::new(HashMap::new()),
+            clusters: Arc::new(RwLock::new(HashMap::new())),
+            kill,
             modes: Arc::new(RwLock::new(modes)),
             next_id: AtomicU64::new(1),
             metrics,
@@ -116,10 +134,13 @@ impl Registry {
         self.metrics.set_cluster_state(cluster, mode.mode);
         let sessions = {
             let mut clusters = self.clusters.write().expect("not poisoned");
-            let c = clusters.entry(cluster.to_owned()).or_default();
-            // Streams admitted under the old mode watch the old token.
-            let old = std::mem::take(&mut c.mode_changed);
-            old.cancel();
+            let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
+            c.generation += 1;
+            match (mode.mode, mode.drain_deadline) {
+                (ClusterMode::Fenced, _) => c.end_streams(&self.kill),
+                (ClusterMode::Draining, Some(d)) => self.end_streams_at(cluster, c.generation, mode.since + d),
+                _ => {}
+            }
             c.sessions.clone()
         };
         tracing::info!(cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
@@ -174,7 +195,7 @@ impl Registry {
         });
         let n = {
             let mut clusters = self.clusters.write().expect("not poisoned");
-            let c = clusters.entry(cluster.to_owned()).or_default();
+            let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
             c.sessions.push(s.clone());
             c.sessions.len()
         };
@@ -200,25 +221,27 @@ impl Registry {
         self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
     }
 
-    /// Completes when a stream admitted now must end: at once when the cluster is fenced, at
-    /// the drain deadline (counted from the start of the drain) when it drains; never while it
-    /// stays active or drains without a deadline.
-    pub fn drain_signal(&self, cluster: &str) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let token =
-            self.clusters.write().expect("not poisoned").entry(cluster.to_owned()).or_default().mode_changed.clone();
-        let modes = self.modes.clone();
-        let cluster = cluster.to_owned();
-        async move {
-            token.cancelled().await;
-            let mode = modes.read().expect("not poisoned").get(&cluster).cloned();
-            match mode {
-                Some(Mode { mode: ClusterMode::Fenced, .. }) => {}
-                Some(Mode { mode: ClusterMode::Draining, drain_deadline: Some(d), since, .. }) => {
-                    tokio::time::sleep_until((since + d).into()).await
-                }
-                _ => std::future::pending().await,
+    /// At `at` (the drain deadline), end the cluster's live streams, unless its mode changed again.
+    fn end_streams_at(&self, cluster: &str, generation: u64, at: Instant) {
+        let (clusters, kill, cluster) = (self.clusters.clone(), self.kill.clone(), cluster.to_owned());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep_until(at.into()) => {}
+                _ = kill.cancelled() => return,
             }
-        }
+            let mut clusters = clusters.write().expect("not poisoned");
+            if let Some(c) = clusters.get_mut(&cluster).filter(|c| c.generation == generation) {
+                c.end_streams(&kill);
+            }
+        });
+    }
+
+    /// The token that ends a stream admitted now: cancelled at once when the cluster is fenced,
+    /// at the drain deadline when it drains with one, at the end of the shutdown grace; never
+    /// while the cluster stays active or drains without a deadline.
+    pub fn stream_end(&self, cluster: &str) -> CancellationToken {
+        let mut clusters = self.clusters.write().expect("not poisoned");
+        clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
     }
 
     /// Open a stream to `target` through an agent of `cluster`: the least busy of two random
@@ -257,4 +280,50 @@ impl Registry {
 /// Power of two choices on active streams.
 fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
     proxy_core::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        let metrics = ServerMetrics::new(&proxy_core::prometheus::Registry::new());
+        Registry::new(metrics, &BTreeMap::new(), CancellationToken::new())
+    }
+
+    fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
+        let s =
+            ClusterState { state: mode, move_to: Vec::new(), drain_deadline: deadline.map(seedgate_config::Dur::secs) };
+        BTreeMap::from([("a".to_owned(), s)])
+    }
+
+    #[tokio::test]
+    async fn a_fence_after_a_drain_without_deadline_ends_streams_admitted_while_active() {
+        let r = registry();
+        let end = r.stream_end("a");
+        r.set_modes(&state(ClusterMode::Draining, None));
+        tokio::task::yield_now().await;
+        assert!(!end.is_cancelled(), "a drain without a deadline ends nothing");
+        r.set_modes(&state(ClusterMode::Fenced, None));
+        assert!(end.is_cancelled(), "fencing ends every live stream");
+        assert!(!r.stream_end("a").is_cancelled(), "streams admitted later get a fresh token");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_deadline_ends_streams_unless_the_cluster_came_back() {
+        let r = registry();
+        let end = r.stream_end("a");
+        r.set_modes(&state(ClusterMode::Draining, Some(30)));
+        let during = r.stream_end("a");
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(!end.is_cancelled());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(end.is_cancelled() && during.is_cancelled(), "at the deadline every live stream ends");
+
+        let end = r.stream_end("a");
+        r.set_modes(&state(ClusterMode::Draining, Some(30)));
+        r.set_modes(&BTreeMap::new());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!end.is_cancelled(), "a drain rolled back before its deadline ends nothing");
+    }
 }
