@@ -8,6 +8,7 @@ use proxy_core::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::net::connect_in_turn;
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_core::relay;
+use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
 use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, TunnelSettings};
 use seedgate_config::agent::Tunnel as TunnelCfg;
@@ -94,7 +95,9 @@ impl TunnelMetrics {
 pub struct Tunnel {
     pub cfg: ArcSwap<TunnelCfg>,
     pub metrics: TunnelMetrics,
-    connector: ArcSwap<TlsConnector>,
+    /// The agent's certificate and the servers' CA, reloaded when the files change.
+    tls: ArcSwap<ClientTls>,
+    tls_metrics: TlsMetrics,
     /// Streams open across all sessions (the `max_streams` limit applies to the sum).
     active: AtomicUsize,
     node: String,
@@ -115,10 +118,24 @@ pub fn settings(cfg: &TunnelCfg) -> TunnelSettings {
     }
 }
 
-pub fn connector(cfg: &TunnelCfg) -> Result<TlsConnector, proxy_core::tls::TlsError> {
+/// The tunnel's client TLS material and the watcher that reloads it.
+struct ClientTls {
+    material: Arc<Reloading<rustls::ClientConfig>>,
+    /// Stops the watcher when other files replace these (a config reload).
+    watching: CancellationToken,
+}
+
+impl Drop for ClientTls {
+    fn drop(&mut self) {
+        self.watching.cancel();
+    }
+}
+
+fn client_tls(cfg: &TunnelCfg, metrics: &TlsMetrics) -> Result<ClientTls, proxy_core::tls::TlsError> {
     let t = &cfg.tls;
-    let cc = proxy_core::tls::client_config(t.ca.as_ref(), Some((t.cert.as_ref(), t.key.as_ref())), &[ALPN_V1], true)?;
-    Ok(TlsConnector::from(cc))
+    let material =
+        tls_watch::client("tunnel", t.ca.as_ref(), t.cert.as_ref(), t.key.as_ref(), &[ALPN_V1], true, metrics)?;
+    Ok(ClientTls { material, watching: CancellationToken::new() })
 }
 
 fn node_name(cfg: &TunnelCfg) -> String {
@@ -135,10 +152,12 @@ impl Tunnel {
         reg: &Registry,
         kill: CancellationToken,
     ) -> Result<Arc<Self>, proxy_core::tls::TlsError> {
-        let conn = connector(&cfg)?;
+        let tls_metrics = TlsMetrics::new(reg);
+        let tls = client_tls(&cfg, &tls_metrics)?;
         Ok(Arc::new(Self {
             node: node_name(&cfg),
-            connector: ArcSwap::from_pointee(conn),
+            tls: ArcSwap::from_pointee(tls),
+            tls_metrics,
             cfg: ArcSwap::from_pointee(cfg),
             metrics: TunnelMetrics::new(reg),
             active: AtomicUsize::new(0),
@@ -147,10 +166,14 @@ impl Tunnel {
         }))
     }
 
-    /// Take a reloaded tunnel config (allowlist, timeouts, TLS files) for new sessions/streams.
+    /// Take a reloaded tunnel config (allowlist, timeouts, TLS file paths) for new sessions and
+    /// streams. Changed TLS contents need no reload: they are watched.
     pub fn reconfigure(&self, cfg: TunnelCfg) -> Result<(), String> {
-        let conn = connector(&cfg).map_err(|e| e.to_string())?;
-        self.connector.store(Arc::new(conn));
+        if cfg.tls != self.cfg.load().tls {
+            let tls = client_tls(&cfg, &self.tls_metrics).map_err(|e| format!("tunnel.tls: {e}"))?;
+            tls.material.watch(tls.watching.clone());
+            self.tls.store(Arc::new(tls));
+        }
         self.cfg.store(Arc::new(cfg));
         Ok(())
     }
@@ -171,6 +194,8 @@ impl Tunnel {
 
     /// Start one session loop per configured server.
     pub fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
+        let tls = self.tls.load();
+        tls.material.watch(tls.watching.clone());
         for server in self.cfg.load().servers.clone() {
             self.set_status(&server.to_string(), false, "not connected yet");
             tokio::spawn(slot_loop(self.clone(), server, stop.clone(), tracker.clone()));
@@ -202,7 +227,7 @@ async fn establish(
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni =
         rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
-    let connector = t.connector.load_full();
+    let connector = TlsConnector::from(t.tls.load().material.current());
     let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
         .await
         .map_err(|_| format!("TLS handshake with {addr} timed out"))?

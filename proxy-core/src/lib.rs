@@ -24,6 +24,7 @@ pub mod shutdown;
 mod splice;
 pub mod telemetry;
 pub mod tls;
+pub mod tls_watch;
 pub mod tunnel;
 
 pub use prometheus;

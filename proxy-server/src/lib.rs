@@ -18,6 +18,7 @@ use proxy_core::admin::{Check, ControlRequest};
 use proxy_core::app::{self, Ctx, Service, StartError, fixed};
 use proxy_core::ids::ConnIds;
 use proxy_core::shutdown::Shutdown;
+use proxy_core::tls_watch::TlsMetrics;
 use registry::Registry;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
@@ -76,7 +77,7 @@ impl Service for Server {
     }
 
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {
-        let listeners = Listeners::bind(&cfg).await?;
+        let listeners = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry)).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let shared = Arc::new(Shared {
             registry: Registry::new(metrics.clone(), &cfg.clusters, ctx.shutdown.kill.clone()),

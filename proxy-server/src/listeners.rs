@@ -4,6 +4,8 @@ use crate::Shared;
 use crate::frontend::{self, FrontendRt};
 use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, accept_error_label, accept_loop};
 use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
+use proxy_core::tunnel::ALPN_V1;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::Frontend;
 use std::collections::BTreeMap;
@@ -13,8 +15,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+/// The TLS material of a listener, reloaded from its files when they change.
+type Tls = Arc<Reloading<rustls::ServerConfig>>;
+
 enum Sock {
-    Tcp(TcpListener, Option<TlsAcceptor>),
+    Tcp(TcpListener, Option<Tls>),
     Unix(UnixListener, PathBuf),
 }
 
@@ -26,20 +31,15 @@ pub(crate) struct Listeners {
 
 struct Pending {
     agents: TcpListener,
-    agents_tls: TlsAcceptor,
+    agents_tls: Tls,
     frontends: Vec<(Arc<FrontendRt>, Sock)>,
 }
 
-fn frontend_tls(f: &Frontend) -> Result<Option<TlsAcceptor>, StartError> {
+fn frontend_tls(f: &Frontend, metrics: &TlsMetrics) -> Result<Option<Tls>, StartError> {
     let Some(t) = &f.tls else { return Ok(None) };
-    let cfg = proxy_core::tls::server_config(
-        t.cert.as_ref(),
-        t.key.as_ref(),
-        t.client_ca.as_deref().map(AsRef::as_ref),
-        &[b"http/1.1"],
-        false,
-    )?;
-    Ok(Some(TlsAcceptor::from(cfg)))
+    let client_ca = t.client_ca.as_deref().map(AsRef::as_ref);
+    let use_ = format!("frontend {}", *f.name);
+    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), client_ca, &[b"http/1.1"], false, metrics)?))
 }
 
 fn bind_unix(name: &str, path: &str) -> Result<UnixListener, StartError> {
@@ -53,15 +53,11 @@ fn bind_unix(name: &str, path: &str) -> Result<UnixListener, StartError> {
 }
 
 impl Listeners {
-    pub(crate) async fn bind(cfg: &ServerConfig) -> Result<Self, StartError> {
+    pub(crate) async fn bind(cfg: &ServerConfig, metrics: &TlsMetrics) -> Result<Self, StartError> {
         let t = &cfg.agents.tls;
-        let agents_tls = TlsAcceptor::from(proxy_core::tls::server_config(
-            t.cert.as_ref(),
-            t.key.as_ref(),
-            t.client_ca.as_deref().map(AsRef::as_ref),
-            &[proxy_core::tunnel::ALPN_V1],
-            true,
-        )?);
+        let client_ca = t.client_ca.as_deref().map(AsRef::as_ref);
+        let agents_tls =
+            tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), client_ca, &[ALPN_V1], true, metrics)?;
         let (agents, agents_addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
         let mut addrs = BTreeMap::from([("agents".to_owned(), agents_addr.to_string())]);
         let mut frontends = Vec::new();
@@ -71,7 +67,7 @@ impl Listeners {
                 (Some(hp), _) => {
                     let (l, addr) = listen_tcp(&format!("front end {}", *f.name), hp).await?;
                     addrs.insert(f.name.value.clone(), addr.to_string());
-                    Sock::Tcp(l, frontend_tls(f)?)
+                    Sock::Tcp(l, frontend_tls(f, metrics)?)
                 }
                 (None, Some(path)) => {
                     let l = bind_unix(&f.name, path)?;
@@ -94,10 +90,17 @@ impl Listeners {
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken) {
         let Some(p) = self.pending.lock().expect("not poisoned").take() else { return };
         let stop = shared.shutdown.stop.clone();
+        // Certificates and CAs are watched for as long as new handshakes can happen.
+        p.agents_tls.watch(stop.clone());
+        for (_, sock) in &p.frontends {
+            if let Sock::Tcp(_, Some(tls)) = sock {
+                tls.watch(stop.clone());
+            }
+        }
         let errors = shared.metrics.conn.accept_errors.clone();
         // Agents: not counted against the front-end limit, not part of the front-end drain.
         {
-            let (shared, acceptor, sessions) = (shared.clone(), p.agents_tls, sessions_stop.clone());
+            let (shared, tls, sessions) = (shared.clone(), p.agents_tls, sessions_stop.clone());
             let errors = errors.clone();
             tracing::info!(addr = ?p.agents.local_addr().ok(), "agents listener up");
             tokio::spawn(accept_loop(
@@ -107,7 +110,8 @@ impl Listeners {
                 tokio_util::task::TaskTracker::new(),
                 move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
                 move |tcp, peer, permit| {
-                    let fut = crate::agents::serve_agent(shared.clone(), acceptor.clone(), tcp, peer, sessions.clone());
+                    let acceptor = TlsAcceptor::from(tls.current());
+                    let fut = crate::agents::serve_agent(shared.clone(), acceptor, tcp, peer, sessions.clone());
                     async move {
                         fut.await;
                         drop(permit);
@@ -126,7 +130,7 @@ impl Listeners {
                 Sock::Tcp(l, tls) => {
                     tracing::info!(frontend = %fe.name, addr = ?l.local_addr().ok(), tls = tls.is_some(), "front end listening");
                     tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, permit| {
-                        let conn = frontend::Accepted::Tcp(tcp, tls.clone());
+                        let conn = frontend::Accepted::Tcp(tcp, tls.as_ref().map(|t| TlsAcceptor::from(t.current())));
                         frontend::connection(shared.clone(), fe.clone(), conn, peer.to_string(), permit)
                     }));
                 }
