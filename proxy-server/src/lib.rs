@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use listeners::Listeners;
 use proxy_core::accept::Slots;
 use proxy_core::admin::{Check, ControlRequest};
-use proxy_core::app::{self, Ctx, Service, StartError, fixed};
+use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::ids::ConnIds;
 use proxy_core::shutdown::Shutdown;
 use proxy_core::tls_watch::TlsMetrics;
@@ -68,14 +68,6 @@ impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
 
-    fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
-        vec![
-            fixed("agents.listen", &cfg.agents.listen),
-            fixed("agents.tls", &cfg.agents.tls),
-            fixed("frontends", &cfg.frontends),
-        ]
-    }
-
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {
         let listeners = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry)).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
@@ -98,8 +90,9 @@ impl Service for Server {
         self.listeners.start(&self.shared, &self.sessions_stop);
     }
 
-    /// Timeouts, limits and cluster states apply at once (sockets and TLS are restart-only).
+    /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
     async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), String> {
+        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.config.store(new);
         self.shared.registry.set_modes(&self.shared.effective_states());
         Ok(())

@@ -1,148 +1,365 @@
-//! proxy-server's sockets: the agents' listener (mTLS) and the front ends (TCP with or without TLS, Unix sockets).
+//! proxy-server's sockets — the agents' listener (mTLS) and the front ends (TCP with or without TLS, Unix sockets) — and how a reload changes them.
+//!
+//! A reload binds what needs a new socket first (if a bind fails, nothing changes), then swaps
+//! in what new connections use: a front end whose socket stays keeps it and takes its new
+//! cluster and TLS files at once; a moved one starts on its new socket and stops accepting on
+//! the old; a removed one stops accepting. Live connections of a moved or removed front end and
+//! agent sessions on a moved agents listener are never cut: they end by themselves (or at the
+//! end of the shutdown grace).
 
 use crate::Shared;
 use crate::frontend::{self, FrontendRt};
+use arc_swap::ArcSwap;
 use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, accept_error_label, accept_loop};
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::ALPN_V1;
-use seedgate_config::ServerConfig;
-use seedgate_config::server::Frontend;
+use seedgate_config::server::{Frontend, ServerTls};
+use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The TLS material of a listener, reloaded from its files when they change.
-type Tls = Arc<Reloading<rustls::ServerConfig>>;
+/// TLS material reloaded from its files while the guard lives.
+struct Tls {
+    material: Arc<Reloading<rustls::ServerConfig>>,
+    _watching: DropGuard,
+}
+
+impl Tls {
+    fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.material.current())
+    }
+}
+
+fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationToken) -> Tls {
+    let watching = stop.child_token();
+    material.watch(watching.clone());
+    Tls { material, _watching: watching.drop_guard() }
+}
+
+fn agents_tls(t: &ServerTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
+    let ca = t.client_ca.as_deref().map(AsRef::as_ref);
+    Ok(tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
+}
+
+fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rustls::ServerConfig>>>, StartError> {
+    let Some(t) = &f.tls else { return Ok(None) };
+    let ca = t.client_ca.as_deref().map(AsRef::as_ref);
+    let use_ = format!("frontend {}", *f.name);
+    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, &[b"http/1.1"], false, m)?))
+}
+
+/// Where a front end listens: its socket is kept across a reload while this stays the same.
+#[derive(Clone, PartialEq, Eq)]
+enum Place {
+    Tcp(HostPort),
+    Unix(String),
+}
+
+fn place(f: &Frontend) -> Place {
+    match (&f.listen, &f.unix) {
+        (Some(hp), _) => Place::Tcp(hp.clone()),
+        (None, Some(p)) => Place::Unix(p.clone()),
+        (None, None) => unreachable!("validated: listen or unix"),
+    }
+}
 
 enum Sock {
-    Tcp(TcpListener, Option<Tls>),
-    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+    Unix(UnixListener),
 }
 
-/// Every socket, bound at start; served from [`Listeners::start`].
+async fn bind_place(name: &str, p: &Place) -> Result<(Sock, String), StartError> {
+    match p {
+        Place::Tcp(hp) => {
+            let (l, addr) = listen_tcp(&format!("front end {name}"), hp).await?;
+            Ok((Sock::Tcp(l), addr.to_string()))
+        }
+        Place::Unix(path) => {
+            // A stale socket file from a previous run would make bind fail.
+            let _ = std::fs::remove_file(path);
+            let l = UnixListener::bind(path).map_err(|source| StartError::Bind {
+                what: format!("front end {name}"),
+                addr: path.clone(),
+                source,
+            })?;
+            Ok((Sock::Unix(l), format!("unix:{path}")))
+        }
+    }
+}
+
+/// What a front end's new connections use; swapped whole on reload.
+struct Served {
+    rt: Arc<FrontendRt>,
+    tls: Option<Tls>,
+}
+
+/// A running front end.
+struct FrontendEntry {
+    cfg: Frontend,
+    addr: String,
+    served: Arc<ArcSwap<Served>>,
+    /// Stops its accept loop.
+    stop: CancellationToken,
+}
+
+/// The agents' listener.
+struct AgentsEntry {
+    listen: HostPort,
+    addr: String,
+    tls_cfg: ServerTls,
+    tls: Arc<ArcSwap<Tls>>,
+    stop: CancellationToken,
+}
+
+/// Every socket of the server.
 pub(crate) struct Listeners {
-    addrs: BTreeMap<String, String>,
-    pending: Mutex<Option<Pending>>,
+    metrics: TlsMetrics,
+    agents: Mutex<Option<AgentsEntry>>,
+    frontends: Mutex<BTreeMap<String, FrontendEntry>>,
+    /// Bound by [`Listeners::bind`], served from [`Listeners::start`].
+    pending: Mutex<Vec<Pending>>,
 }
 
-struct Pending {
-    agents: TcpListener,
-    agents_tls: Tls,
-    frontends: Vec<(Arc<FrontendRt>, Sock)>,
-}
-
-fn frontend_tls(f: &Frontend, metrics: &TlsMetrics) -> Result<Option<Tls>, StartError> {
-    let Some(t) = &f.tls else { return Ok(None) };
-    let client_ca = t.client_ca.as_deref().map(AsRef::as_ref);
-    let use_ = format!("frontend {}", *f.name);
-    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), client_ca, &[b"http/1.1"], false, metrics)?))
-}
-
-fn bind_unix(name: &str, path: &str) -> Result<UnixListener, StartError> {
-    // A stale socket file from a previous run would make bind fail.
-    let _ = std::fs::remove_file(path);
-    UnixListener::bind(path).map_err(|source| StartError::Bind {
-        what: format!("front end {name}"),
-        addr: path.to_owned(),
-        source,
-    })
+enum Pending {
+    Agents(TcpListener, Arc<Reloading<rustls::ServerConfig>>, ServerTls, HostPort, String),
+    Frontend(Frontend, Sock, String),
 }
 
 impl Listeners {
     pub(crate) async fn bind(cfg: &ServerConfig, metrics: &TlsMetrics) -> Result<Self, StartError> {
-        let t = &cfg.agents.tls;
-        let client_ca = t.client_ca.as_deref().map(AsRef::as_ref);
-        let agents_tls =
-            tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), client_ca, &[ALPN_V1], true, metrics)?;
-        let (agents, agents_addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
-        let mut addrs = BTreeMap::from([("agents".to_owned(), agents_addr.to_string())]);
-        let mut frontends = Vec::new();
+        let material = agents_tls(&cfg.agents.tls, metrics)?;
+        let (agents, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
+        let mut pending = vec![Pending::Agents(
+            agents,
+            material,
+            cfg.agents.tls.clone(),
+            cfg.agents.listen.clone(),
+            addr.to_string(),
+        )];
         for f in &cfg.frontends {
-            let rt = Arc::new(FrontendRt { name: Arc::from(f.name.as_str()), cluster: f.cluster.clone() });
-            let sock = match (&f.listen, &f.unix) {
-                (Some(hp), _) => {
-                    let (l, addr) = listen_tcp(&format!("front end {}", *f.name), hp).await?;
-                    addrs.insert(f.name.value.clone(), addr.to_string());
-                    Sock::Tcp(l, frontend_tls(f, metrics)?)
-                }
-                (None, Some(path)) => {
-                    let l = bind_unix(&f.name, path)?;
-                    addrs.insert(f.name.value.clone(), format!("unix:{path}"));
-                    Sock::Unix(l, PathBuf::from(path))
-                }
-                (None, None) => unreachable!("validated: listen or unix"),
-            };
-            frontends.push((rt, sock));
+            // TLS files are checked before the socket is bound, so a bad file fails the start.
+            frontend_tls(f, metrics)?;
+            let (sock, addr) = bind_place(&f.name, &place(f)).await?;
+            pending.push(Pending::Frontend(f.clone(), sock, addr));
         }
-        Ok(Self { addrs, pending: Mutex::new(Some(Pending { agents, agents_tls, frontends })) })
+        Ok(Self {
+            metrics: metrics.clone(),
+            agents: Mutex::new(None),
+            frontends: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(pending),
+        })
     }
 
     pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
-        self.addrs.clone()
+        let mut out: BTreeMap<String, String> =
+            self.frontends.lock().expect("not poisoned").iter().map(|(n, f)| (n.clone(), f.addr.clone())).collect();
+        if let Some(a) = &*self.agents.lock().expect("not poisoned") {
+            out.insert("agents".into(), a.addr.clone());
+        }
+        for p in self.pending.lock().expect("not poisoned").iter() {
+            match p {
+                Pending::Agents(.., addr) => out.insert("agents".into(), addr.clone()),
+                Pending::Frontend(f, _, addr) => out.insert(f.name.value.clone(), addr.clone()),
+            };
+        }
+        out
     }
 
     /// Start the accept loops. Agent sessions end with `sessions_stop` (after the front ends
     /// drained); front-end connections drain with the process.
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken) {
-        let Some(p) = self.pending.lock().expect("not poisoned").take() else { return };
-        let stop = shared.shutdown.stop.clone();
-        // Certificates and CAs are watched for as long as new handshakes can happen.
-        p.agents_tls.watch(stop.clone());
-        for (_, sock) in &p.frontends {
-            if let Sock::Tcp(_, Some(tls)) = sock {
-                tls.watch(stop.clone());
-            }
-        }
-        let errors = shared.metrics.conn.accept_errors.clone();
-        // Agents: not counted against the front-end limit, not part of the front-end drain.
-        {
-            let (shared, tls, sessions) = (shared.clone(), p.agents_tls, sessions_stop.clone());
-            let errors = errors.clone();
-            tracing::info!(addr = ?p.agents.local_addr().ok(), "agents listener up");
-            tokio::spawn(accept_loop(
-                p.agents,
-                ConnLimit::new(Slots::new(UNLIMITED), None),
-                stop.clone(),
-                tokio_util::task::TaskTracker::new(),
-                move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
-                move |tcp, peer, permit| {
-                    let acceptor = TlsAcceptor::from(tls.current());
-                    let fut = crate::agents::serve_agent(shared.clone(), acceptor, tcp, peer, sessions.clone());
-                    async move {
-                        fut.await;
-                        drop(permit);
+        for p in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
+            match p {
+                Pending::Agents(l, material, tls_cfg, listen, addr) => {
+                    let entry = self.serve_agents(shared, sessions_stop, l, material, tls_cfg, listen, addr);
+                    *self.agents.lock().expect("not poisoned") = Some(entry);
+                }
+                Pending::Frontend(f, sock, addr) => {
+                    // Built at bind time already; a failure now (a file changed meanwhile) is logged.
+                    match frontend_tls(&f, &self.metrics) {
+                        Ok(tls) => {
+                            let entry = self.serve_frontend(shared, f, sock, addr, tls);
+                            self.frontends.lock().expect("not poisoned").insert(entry.cfg.name.value.clone(), entry);
+                        }
+                        Err(e) => tracing::error!(frontend = %f.name, error = %e, "front end not started"),
                     }
-                },
-            ));
-        }
-        for (fe, sock) in p.frontends {
-            let limit = ConnLimit::new(shared.connections.clone(), None);
-            let errors = errors.clone();
-            let name = fe.name.clone();
-            let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
-            let tracker = shared.shutdown.tracker.clone();
-            let shared = shared.clone();
-            match sock {
-                Sock::Tcp(l, tls) => {
-                    tracing::info!(frontend = %fe.name, addr = ?l.local_addr().ok(), tls = tls.is_some(), "front end listening");
-                    tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, permit| {
-                        let conn = frontend::Accepted::Tcp(tcp, tls.as_ref().map(|t| TlsAcceptor::from(t.current())));
-                        frontend::connection(shared.clone(), fe.clone(), conn, peer.to_string(), permit)
-                    }));
-                }
-                Sock::Unix(l, path) => {
-                    tracing::info!(frontend = %fe.name, path = %path.display(), "front end listening");
-                    let peer = format!("unix:{}", path.display());
-                    tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, permit| {
-                        let conn = frontend::Accepted::Unix(s);
-                        frontend::connection(shared.clone(), fe.clone(), conn, peer.clone(), permit)
-                    }));
                 }
             }
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn serve_agents(
+        &self,
+        shared: &Arc<Shared>,
+        sessions_stop: &CancellationToken,
+        l: TcpListener,
+        material: Arc<Reloading<rustls::ServerConfig>>,
+        tls_cfg: ServerTls,
+        listen: HostPort,
+        addr: String,
+    ) -> AgentsEntry {
+        let stop = shared.shutdown.stop.child_token();
+        let tls = Arc::new(ArcSwap::from_pointee(watched(material, &shared.shutdown.stop)));
+        let errors = shared.metrics.conn.accept_errors.clone();
+        let (sh, t, sessions) = (shared.clone(), tls.clone(), sessions_stop.clone());
+        tracing::info!(%addr, "agents listener up");
+        // Agents: not counted against the front-end limit, not part of the front-end drain.
+        tokio::spawn(accept_loop(
+            l,
+            ConnLimit::new(Slots::new(UNLIMITED), None),
+            stop.clone(),
+            tokio_util::task::TaskTracker::new(),
+            move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
+            move |tcp, peer, permit| {
+                let fut = crate::agents::serve_agent(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
+                async move {
+                    fut.await;
+                    drop(permit);
+                }
+            },
+        ));
+        AgentsEntry { listen, addr, tls_cfg, tls, stop }
+    }
+
+    fn served(&self, shared: &Shared, f: &Frontend, tls: Option<Arc<Reloading<rustls::ServerConfig>>>) -> Served {
+        let rt = Arc::new(FrontendRt { name: Arc::from(f.name.as_str()), cluster: f.cluster.clone() });
+        Served { rt, tls: tls.map(|m| watched(m, &shared.shutdown.stop)) }
+    }
+
+    fn serve_frontend(
+        &self,
+        shared: &Arc<Shared>,
+        f: Frontend,
+        sock: Sock,
+        addr: String,
+        tls: Option<Arc<Reloading<rustls::ServerConfig>>>,
+    ) -> FrontendEntry {
+        let served = Arc::new(ArcSwap::from_pointee(self.served(shared, &f, tls)));
+        let stop = shared.shutdown.stop.child_token();
+        let limit = ConnLimit::new(shared.connections.clone(), None);
+        let errors = shared.metrics.conn.accept_errors.clone();
+        let name: Arc<str> = Arc::from(f.name.as_str());
+        let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
+        let tracker = shared.shutdown.tracker.clone();
+        let (sh, sv) = (shared.clone(), served.clone());
+        tracing::info!(frontend = %f.name, %addr, tls = f.tls.is_some(), "front end listening");
+        match sock {
+            Sock::Tcp(l) => {
+                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, permit| {
+                    let s = sv.load();
+                    let conn = frontend::Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
+                    frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), permit)
+                }));
+            }
+            Sock::Unix(l) => {
+                let peer = addr.clone();
+                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, permit| {
+                    let rt = sv.load().rt.clone();
+                    frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), permit)
+                }));
+            }
+        }
+        FrontendEntry { cfg: f, addr, served, stop }
+    }
+
+    /// Apply a new config's sockets and TLS files, or change nothing.
+    pub(crate) async fn apply(
+        &self,
+        shared: &Arc<Shared>,
+        sessions_stop: &CancellationToken,
+        new: &ServerConfig,
+    ) -> Result<(), String> {
+        // Phase 1: everything that can fail — TLS files read, new sockets bound.
+        let (agents_now, frontends_now): (Option<(HostPort, ServerTls)>, BTreeMap<String, Frontend>) = {
+            let a = self.agents.lock().expect("not poisoned");
+            let f = self.frontends.lock().expect("not poisoned");
+            (
+                a.as_ref().map(|a| (a.listen.clone(), a.tls_cfg.clone())),
+                f.iter().map(|(n, e)| (n.clone(), e.cfg.clone())).collect(),
+            )
+        };
+        let Some((agents_listen, agents_tls_cfg)) = agents_now else { return Err("not started yet".into()) };
+        let e = |e: StartError| e.to_string();
+        let agents_material = if new.agents.tls != agents_tls_cfg {
+            Some(agents_tls(&new.agents.tls, &self.metrics).map_err(e)?)
+        } else {
+            None
+        };
+        let agents_sock = if new.agents.listen != agents_listen {
+            Some(listen_tcp("agents listener", &new.agents.listen).await.map_err(e)?)
+        } else {
+            None
+        };
+        let mut fresh = Vec::new();
+        for f in &new.frontends {
+            let old = frontends_now.get(f.name.as_str());
+            if old == Some(f) {
+                continue;
+            }
+            let tls = frontend_tls(f, &self.metrics).map_err(e)?;
+            let sock = match old {
+                Some(o) if place(o) == place(f) => None,
+                _ => Some(bind_place(&f.name, &place(f)).await.map_err(e)?),
+            };
+            fresh.push((f.clone(), tls, sock));
+        }
+        // Phase 2: commit.
+        {
+            let mut agents = self.agents.lock().expect("not poisoned");
+            let a = agents.as_mut().expect("checked above");
+            if let Some(m) = agents_material {
+                a.tls.store(Arc::new(watched(m, &shared.shutdown.stop)));
+                a.tls_cfg = new.agents.tls.clone();
+            }
+            if let Some((l, addr)) = agents_sock {
+                let material = a.tls.load().material.clone();
+                let moved = self.serve_agents(
+                    shared,
+                    sessions_stop,
+                    l,
+                    material,
+                    a.tls_cfg.clone(),
+                    new.agents.listen.clone(),
+                    addr.to_string(),
+                );
+                let old = std::mem::replace(a, moved);
+                old.stop.cancel();
+                tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
+            }
+        }
+        let mut frontends = self.frontends.lock().expect("not poisoned");
+        for (f, tls, sock) in fresh {
+            let name = f.name.value.clone();
+            match sock {
+                None => {
+                    let entry = frontends.get_mut(&name).expect("an unchanged place has a running entry");
+                    entry.served.store(Arc::new(self.served(shared, &f, tls)));
+                    entry.cfg = f;
+                    tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
+                }
+                Some((sock, addr)) => {
+                    let entry = self.serve_frontend(shared, f, sock, addr, tls);
+                    if let Some(old) = frontends.insert(name.clone(), entry) {
+                        old.stop.cancel();
+                        tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
+                    }
+                }
+            }
+        }
+        let keep: std::collections::HashSet<&str> = new.frontends.iter().map(|f| f.name.as_str()).collect();
+        frontends.retain(|name, entry| {
+            let kept = keep.contains(name.as_str());
+            if !kept {
+                entry.stop.cancel();
+                tracing::info!(frontend = %name, addr = %entry.addr, "front end removed: stopped accepting; its live connections continue");
+            }
+            kept
+        });
+        Ok(())
     }
 }

@@ -398,3 +398,66 @@ exec sleep 1000"#;
         assert!(p.ends_with("debug/sni-router") || p.ends_with("release/sni-router"), "{}", p.display());
     }
 }
+
+/// Polling bound for [`Running`].
+const RUNNING_DEADLINE: Duration = Duration::from_secs(20);
+const RUNNING_TICK: Duration = Duration::from_millis(20);
+
+/// One of the three binaries, started with `--write-addresses` on a file that outlives the start
+/// (so rewrites after a reload can be read).
+pub struct Running {
+    pub proc: Proc,
+    pub config: PathBuf,
+    pub addresses: PathBuf,
+}
+
+impl Running {
+    pub async fn start(dir: &crate::TempDir, bin: &str, yaml: &str) -> anyhow::Result<Self> {
+        crate::tunnel_kit::ensure_binaries()?;
+        ensure_built("debug", &["sni-router"]).ok();
+        let config = dir.write(&format!("{bin}.yaml"), yaml)?;
+        let addresses = dir.join(format!("{bin}.addresses.json"));
+        let mut cmd = std::process::Command::new(bin_path(bin)?);
+        cmd.arg("--config").arg(&config).arg("--write-addresses").arg(&addresses);
+        let proc = Proc::spawn(cmd)?;
+        let r = Self { proc, config, addresses };
+        r.addresses_where(|_| true).await.with_context(|| format!("{bin} log:\n{}", r.proc.log()))?;
+        Ok(r)
+    }
+
+    pub fn read_addresses(&self) -> Option<Addresses> {
+        serde_json::from_slice(&std::fs::read(&self.addresses).ok()?).ok()
+    }
+
+    /// Poll the addresses file until `pred` holds.
+    pub async fn addresses_where(&self, pred: impl Fn(&Addresses) -> bool) -> anyhow::Result<Addresses> {
+        crate::poll_until(RUNNING_DEADLINE, RUNNING_TICK, || {
+            let a = self.read_addresses();
+            let ok = a.as_ref().is_some_and(&pred);
+            async move { if ok { Ok(a.expect("checked")) } else { Err(anyhow::anyhow!("not yet")) } }
+        })
+        .await
+        .with_context(|| format!("addresses file now: {:?}\nlog:\n{}", self.read_addresses(), self.proc.log()))
+    }
+
+    pub async fn reload_with(&self, yaml: &str) -> anyhow::Result<()> {
+        // Written aside and renamed over, as tools and ConfigMap updates do.
+        let tmp = self.config.with_extension("new");
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, &self.config)?;
+        Ok(())
+    }
+
+    pub async fn reloads(&self, admin: SocketAddr, result: &str) -> f64 {
+        let text = crate::http_get(admin, "/metrics").await.map(|(_, b)| b).unwrap_or_default();
+        crate::metric_value(&text, "seedgate_config_reloads_total", &[("result", result)]).unwrap_or(0.0)
+    }
+
+    pub async fn wait_reloads(&self, admin: SocketAddr, result: &str, n: f64) -> anyhow::Result<()> {
+        crate::poll_until(RUNNING_DEADLINE, RUNNING_TICK, || async move {
+            if self.reloads(admin, result).await >= n { Ok(()) } else { Err(anyhow::anyhow!("not yet")) }
+        })
+        .await
+        .with_context(|| format!("no {result} reload counted; log:\n{}", self.proc.log()))
+    }
+}

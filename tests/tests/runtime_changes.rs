@@ -1,0 +1,104 @@
+//! Changes that take effect without a restart, end to end: a proxy-server front end added and
+//! removed by a config change (a live stream on the removed one keeps going), and the agents
+//! listener moved while a session holds on.
+
+use anyhow::Context as _;
+use std::time::Duration;
+use testbed::proc::Running;
+use testbed::tunnel_kit::{AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, connect_tcp, server_yaml, wait_agents};
+use testbed::{TcpEcho, TempDir, poll_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const TICK: Duration = Duration::from_millis(20);
+
+async fn echo_once(s: &mut TcpStream, msg: &[u8]) -> anyhow::Result<()> {
+    s.write_all(msg).await?;
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut back)).await.context("no echo")??;
+    anyhow::ensure!(back == msg, "echo corrupted");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_front_end_added_then_removed_by_config_change() -> anyhow::Result<()> {
+    let dir = TempDir::new("runtime-frontends")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let echo = TcpEcho::start().await?;
+    let base = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("first", "shoot-a", FeKind::Plain)], "");
+    let server = Running::start(&dir, "proxy-server", &base).await?;
+    let a = server.read_addresses().context("addresses")?;
+    let agent_cfg = agent_yaml(&pki, &AgentOpts::new("shoot-a", a.listener("agents")?, &["127.0.0.0/8"]))?;
+    let agent = Running::start(&dir, "proxy-agent", &agent_cfg).await?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+
+    // Added: it listens and dials through the tunnel.
+    let two = server_yaml(
+        &pki,
+        "127.0.0.1:0",
+        &[Fe::new("first", "shoot-a", FeKind::Plain), Fe::new("late", "shoot-a", FeKind::Plain)],
+        "",
+    );
+    server.reload_with(&two).await?;
+    let added = server.addresses_where(|a| a.listeners.contains_key("late")).await?;
+    let late = added.listener("late")?;
+    anyhow::ensure!(added.listener("first")? == a.listener("first")?, "an unchanged front end keeps its socket");
+    let target = echo.addr().to_string();
+    let (mut live, _) = connect_tcp(late, &target).await.context("CONNECT through the added front end")?;
+    echo_once(&mut live, b"through the new front end").await?;
+
+    // Removed: it stops accepting; the stream opened on it keeps going.
+    server.reload_with(&base).await?;
+    server.addresses_where(|a| !a.listeners.contains_key("late")).await?;
+    poll_until(DEADLINE, TICK, || async move {
+        match TcpStream::connect(late).await {
+            Err(_) => Ok(()),
+            Ok(_) => Err(anyhow::anyhow!("the removed front end still accepts")),
+        }
+    })
+    .await?;
+    for i in 0..5 {
+        echo_once(&mut live, format!("still alive {i}").as_bytes()).await.context("the live stream was cut")?;
+    }
+    let (mut other, _) = connect_tcp(a.listener("first")?, &target).await?;
+    echo_once(&mut other, b"the other front end is untouched").await?;
+    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_agents_listener_moves_and_sessions_on_the_old_one_hold() -> anyhow::Result<()> {
+    let dir = TempDir::new("runtime-agents")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let echo = TcpEcho::start().await?;
+    let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &fe, "");
+    let server = Running::start(&dir, "proxy-server", &yaml).await?;
+    let a = server.read_addresses().context("addresses")?;
+    let old = a.listener("agents")?;
+    let agent =
+        Running::start(&dir, "proxy-agent", &agent_yaml(&pki, &AgentOpts::new("shoot-a", old, &["127.0.0.0/8"]))?)
+            .await?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    let (mut live, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
+    echo_once(&mut live, b"before the move").await?;
+
+    let moved = server_yaml(&pki, "127.0.0.2:0", &fe, "");
+    server.reload_with(&moved).await?;
+    let b = server.addresses_where(|x| x.listener("agents").is_ok_and(|l| l.ip().to_string() == "127.0.0.2")).await?;
+    // New agents can reach the new address; the old one no longer accepts.
+    TcpStream::connect(b.listener("agents")?).await.context("the moved agents listener")?;
+    poll_until(DEADLINE, TICK, || async move {
+        match TcpStream::connect(old).await {
+            Err(_) => Ok(()),
+            Ok(_) => Err(anyhow::anyhow!("the old agents listener still accepts")),
+        }
+    })
+    .await?;
+    // The agent's session, made on the old listener, still carries streams.
+    echo_once(&mut live, b"after the move").await?;
+    let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
+    echo_once(&mut fresh, b"a new stream over the held session").await?;
+    Ok(())
+}
