@@ -340,65 +340,6 @@ impl Drop for Proc {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn captures_output_and_exit() {
-        let mut p = Proc::start("/bin/sh", &["-c", "echo hi; echo err >&2; exit 3"], &[]).unwrap();
-        let st = p.wait_exit(Duration::from_secs(10)).await.expect("exits");
-        assert_eq!(st.code(), Some(3));
-        assert_eq!(p.log(), "hi\nerr\n");
-        assert!(p.signal(libc::SIGTERM).is_err(), "no signal to a reaped child");
-    }
-
-    #[tokio::test]
-    async fn signal_and_kill_on_drop() {
-        let mut p = Proc::start("/bin/sh", &["-c", "echo up; exec sleep 1000"], &[]).unwrap();
-        p.wait_log_line(&["up"], Duration::from_secs(10)).await.unwrap();
-        assert!(p.running());
-        p.signal(libc::SIGTERM).unwrap();
-        let st = p.wait_exit(Duration::from_secs(10)).await.expect("exits on SIGTERM");
-        use std::os::unix::process::ExitStatusExt as _;
-        assert_eq!(st.signal(), Some(libc::SIGTERM));
-
-        let p = Proc::start("/bin/sh", &["-c", "exec sleep 1000"], &[]).unwrap();
-        let pid = p.pid();
-        drop(p);
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped on drop");
-    }
-
-    #[tokio::test]
-    async fn address_file_contract() {
-        // A stand-in for a seedgate binary: writes the file the way the contract says.
-        let script = r#"f=""; while [ $# -gt 0 ]; do [ "$1" = --write-addresses ] && f="$2"; shift; done
-printf '{"admin":"127.0.0.1:9901","listeners":{"gateway":"127.0.0.1:8443"}}' > "$f.tmp" && mv "$f.tmp" "$f"
-exec sleep 1000"#;
-        let cmd = {
-            let mut c = std::process::Command::new("/bin/sh");
-            c.args(["-c", script, "sh"]);
-            c
-        };
-        let (_p, a) = Proc::spawn_seedgate(cmd, Path::new("/nonexistent.yaml"), &[]).await.unwrap();
-        assert_eq!(a.admin().unwrap().port(), 9901);
-        assert_eq!(a.listener("gateway").unwrap().port(), 8443);
-        assert!(a.listener("nope").is_err());
-
-        let mut c = std::process::Command::new("/bin/sh");
-        c.args(["-c", "echo config is broken >&2; exit 2", "sh"]);
-        let e = Proc::spawn_seedgate(c, Path::new("/x.yaml"), &[]).await.unwrap_err();
-        let e = format!("{e:#}");
-        assert!(e.contains("exited") && e.contains("config is broken"), "{e}");
-    }
-
-    #[test]
-    fn paths_follow_the_target_dir() {
-        let p = bin_path("sni-router").unwrap();
-        assert!(p.ends_with("debug/sni-router") || p.ends_with("release/sni-router"), "{}", p.display());
-    }
-}
-
 /// Polling bound for [`Running`].
 const RUNNING_DEADLINE: Duration = Duration::from_secs(20);
 const RUNNING_TICK: Duration = Duration::from_millis(20);
@@ -459,5 +400,64 @@ impl Running {
         })
         .await
         .with_context(|| format!("no {result} reload counted; log:\n{}", self.proc.log()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn captures_output_and_exit() {
+        let mut p = Proc::start("/bin/sh", &["-c", "echo hi; echo err >&2; exit 3"], &[]).unwrap();
+        let st = p.wait_exit(Duration::from_secs(10)).await.expect("exits");
+        assert_eq!(st.code(), Some(3));
+        assert_eq!(p.log(), "hi\nerr\n");
+        assert!(p.signal(libc::SIGTERM).is_err(), "no signal to a reaped child");
+    }
+
+    #[tokio::test]
+    async fn signal_and_kill_on_drop() {
+        let mut p = Proc::start("/bin/sh", &["-c", "echo up; exec sleep 1000"], &[]).unwrap();
+        p.wait_log_line(&["up"], Duration::from_secs(10)).await.unwrap();
+        assert!(p.running());
+        p.signal(libc::SIGTERM).unwrap();
+        let st = p.wait_exit(Duration::from_secs(10)).await.expect("exits on SIGTERM");
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(st.signal(), Some(libc::SIGTERM));
+
+        let p = Proc::start("/bin/sh", &["-c", "exec sleep 1000"], &[]).unwrap();
+        let pid = p.pid();
+        drop(p);
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "killed and reaped on drop");
+    }
+
+    #[tokio::test]
+    async fn address_file_contract() {
+        // A stand-in for a seedgate binary: writes the file the way the contract says.
+        let script = r#"f=""; while [ $# -gt 0 ]; do [ "$1" = --write-addresses ] && f="$2"; shift; done
+printf '{"admin":"127.0.0.1:9901","listeners":{"gateway":"127.0.0.1:8443"}}' > "$f.tmp" && mv "$f.tmp" "$f"
+exec sleep 1000"#;
+        let cmd = {
+            let mut c = std::process::Command::new("/bin/sh");
+            c.args(["-c", script, "sh"]);
+            c
+        };
+        let (_p, a) = Proc::spawn_seedgate(cmd, Path::new("/nonexistent.yaml"), &[]).await.unwrap();
+        assert_eq!(a.admin().unwrap().port(), 9901);
+        assert_eq!(a.listener("gateway").unwrap().port(), 8443);
+        assert!(a.listener("nope").is_err());
+
+        let mut c = std::process::Command::new("/bin/sh");
+        c.args(["-c", "echo config is broken >&2; exit 2", "sh"]);
+        let e = Proc::spawn_seedgate(c, Path::new("/x.yaml"), &[]).await.unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains("exited") && e.contains("config is broken"), "{e}");
+    }
+
+    #[test]
+    fn paths_follow_the_target_dir() {
+        let p = bin_path("sni-router").unwrap();
+        assert!(p.ends_with("debug/sni-router") || p.ends_with("release/sni-router"), "{}", p.display());
     }
 }
