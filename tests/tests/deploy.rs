@@ -238,6 +238,91 @@ fn every_embedded_config_passes_check_and_matches_its_workload() -> anyhow::Resu
     Ok(())
 }
 
+const BINARIES: [&str; 3] = ["sni-router", "proxy-server", "proxy-agent"];
+
+/// What can be checked of the image without a container runtime: it builds and copies the workspace's
+/// three binaries to where the manifests run them, and its user is the manifests' runAsUser.
+#[test]
+fn image_holds_the_binaries_the_manifests_run() -> anyhow::Result<()> {
+    let Some(kubectl) = tool("kubectl") else { return Ok(()) };
+    let cf = std::fs::read_to_string(deploy().join("image/Containerfile"))?;
+    for bin in BINARIES {
+        ensure!(bin_path(bin).is_ok(), "{bin} is not a binary of the workspace");
+        ensure!(cf.contains(&format!("-p {bin}")), "the Containerfile does not build {bin}");
+        ensure!(cf.contains(&format!("target/release/{bin}")), "the Containerfile does not copy {bin}");
+    }
+    ensure!(cf.contains("/usr/local/bin/") && cf.contains("USER 65532:65532"), "destination or user changed");
+    for o in ["seed", "shoot"] {
+        let objects = docs(&render(&kubectl, &deploy().join("overlays").join(o))?)?;
+        for w in
+            objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")))
+        {
+            let spec = &w["spec"]["template"]["spec"];
+            ensure!(
+                spec["securityContext"]["runAsUser"] == 65532,
+                "{}: runAsUser is not the image's",
+                w["metadata"]["name"]
+            );
+            for c in spec["containers"].as_array().context("containers")? {
+                let cmd = c["command"][0].as_str().context("command")?;
+                let bin =
+                    cmd.strip_prefix("/usr/local/bin/").with_context(|| format!("{cmd} is not in /usr/local/bin"))?;
+                ensure!(BINARIES.contains(&bin), "{cmd} is not one of the image's binaries");
+                ensure!(c["image"].as_str().is_some_and(|i| i.contains("seedgate")), "{}: image {}", bin, c["image"]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The EgressSelectorConfiguration in the seed overlay reaches proxy-server's mTLS `egress` front end
+/// through a Service port, and that front end takes the cluster from the client certificate.
+#[test]
+fn egress_selector_points_at_the_egress_front_end() -> anyhow::Result<()> {
+    let Some(kubectl) = tool("kubectl") else { return Ok(()) };
+    let objects = docs(&render(&kubectl, &deploy().join("overlays/seed"))?)?;
+    let cm = |name: &str| objects.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == name);
+    let es = cm("seedgate-egress-selector").context("no seedgate-egress-selector ConfigMap")?;
+    let es: Value =
+        serde_saphyr::from_str(es["data"]["egress-selector.yaml"].as_str().context("egress-selector.yaml")?)?;
+    ensure!(es["kind"] == "EgressSelectorConfiguration", "kind {}", es["kind"]);
+    let cluster =
+        es["egressSelections"].as_array().context("egressSelections")?.iter().find(|e| e["name"] == "cluster");
+    let conn = &cluster.context("no `cluster` egress selection")?["connection"];
+    ensure!(conn["proxyProtocol"] == "HTTPConnect", "proxyProtocol {}", conn["proxyProtocol"]);
+    let url = conn["transport"]["tcp"]["url"].as_str().context("transport.tcp.url")?;
+    let hostport = url.strip_prefix("https://").context("the egress URL must be https (mTLS)")?;
+    let (host, port) = hostport.split_once(':').context("port in the egress URL")?;
+    let port: i64 = port.parse()?;
+    let mut labels = host.split('.');
+    let (svc, ns) = (labels.next().unwrap_or_default(), labels.next().unwrap_or_default());
+    let service = objects.iter().find(|o| o["kind"] == "Service" && o["metadata"]["name"] == svc);
+    let service = service.with_context(|| format!("no Service {svc}"))?;
+    ensure!(service["metadata"]["namespace"] == ns, "Service {svc} is not in {ns}");
+    let sp = service["spec"]["ports"].as_array().context("ports")?.iter().find(|p| p["port"] == port);
+    let target = sp.with_context(|| format!("Service {svc} has no port {port}"))?["targetPort"].clone();
+    let cfg: Value = serde_saphyr::from_str(
+        cm("proxy-server-config").context("proxy-server-config")?["data"]["config.yaml"]
+            .as_str()
+            .context("config.yaml")?,
+    )?;
+    let sts = objects.iter().find(|o| o["kind"] == "StatefulSet").context("StatefulSet")?;
+    let cports = sts["spec"]["template"]["spec"]["containers"][0]["ports"].as_array().context("ports")?;
+    let cport = cports.iter().find(|p| p["name"] == target || p["containerPort"] == target).context("target port")?;
+    let fe = cfg["frontends"]
+        .as_array()
+        .context("frontends")?
+        .iter()
+        .find(|f| f["listen"].as_str().and_then(|l| port_of(l).ok()).is_some_and(|p| cport["containerPort"] == p));
+    let fe = fe.with_context(|| format!("no front end listens on {}", cport["containerPort"]))?;
+    ensure!(fe["tls"]["client_ca"].is_string(), "the egress front end must require client certificates");
+    ensure!(fe["cluster"].is_null(), "the egress front end must take the cluster from the client certificate's CN");
+    for k in ["caBundle", "clientCert", "clientKey"] {
+        ensure!(conn["transport"]["tcp"]["tlsConfig"][k].is_string(), "tlsConfig.{k} missing");
+    }
+    Ok(())
+}
+
 /// The rule groups of a PrometheusRule file, as a promtool rules file (JSON is YAML).
 fn rule_groups(file: &Path) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(file)?;
