@@ -203,6 +203,14 @@ fn check_workload(w: &Value, cm: &str, bin: &str, cfg: &Value) -> anyhow::Result
     ensure!(sc["allowPrivilegeEscalation"] == false && sc["readOnlyRootFilesystem"] == true, "{bin}: {sc}");
     ensure!(sc["capabilities"]["drop"] == serde_json::json!(["ALL"]), "{bin}: capabilities {}", sc["capabilities"]);
     ensure!(spec["securityContext"]["runAsNonRoot"] == true, "{bin}: runAsNonRoot");
+    // Non-root everywhere but proxy-agent, which binds port 443 on the host network as UID 0 with
+    // NET_BIND_SERVICE as its only capability; nothing else adds one.
+    let added = &sc["capabilities"]["add"];
+    if bin == "proxy-agent" {
+        ensure!(added == &serde_json::json!(["NET_BIND_SERVICE"]), "{bin}: capabilities added {added}");
+    } else {
+        ensure!(added.is_null() && sc["runAsNonRoot"] == true, "{bin}: must run as non-root without capabilities");
+    }
     ensure!(c["resources"]["limits"]["memory"].is_string(), "{bin}: memory limit");
     Ok(())
 }
