@@ -260,6 +260,27 @@ fn image_holds_the_binaries_the_manifests_run() -> anyhow::Result<()> {
         ensure!(cf.contains(&format!("target/release/{bin}")), "the Containerfile does not copy {bin}");
     }
     ensure!(cf.contains("/usr/local/bin/") && cf.contains("USER 65532:65532"), "destination or user changed");
+    // The build stage's toolchain is at least every locked package's rust-version.
+    let version = |s: &str| -> [u64; 3] {
+        let mut v = [0; 3];
+        for (i, p) in s.split('.').take(3).map_while(|p| p.parse().ok()).enumerate() {
+            v[i] = p;
+        }
+        v
+    };
+    let from =
+        cf.lines().find_map(|l| l.strip_prefix("FROM docker.io/library/rust:")).context("no rust build stage")?;
+    let toolchain = version(from.split('-').next().unwrap_or_default());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let (ok, meta, err) =
+        run(Command::new(cargo).args(["metadata", "--format-version", "1", "--offline"]).current_dir(repo()))?;
+    ensure!(ok, "cargo metadata: {err}");
+    let meta: Value = serde_json::from_str(&meta)?;
+    for p in meta["packages"].as_array().context("packages")? {
+        if let Some(rv) = p["rust_version"].as_str() {
+            ensure!(version(rv) <= toolchain, "{} needs Rust {rv}; the Containerfile builds with {from}", p["name"]);
+        }
+    }
     for o in ["seed", "shoot"] {
         let objects = docs(&render(&kubectl, &deploy().join("overlays").join(o))?)?;
         for w in
