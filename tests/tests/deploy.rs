@@ -372,6 +372,16 @@ fn alert_rules_load_in_promtool() -> anyhow::Result<()> {
         ensure!(ok, "promtool check rules {f}:\n{out}{err}");
         println!("{f}: {}", out.trim());
     }
+    // The unit tests of the deployed rules: alerts fire when they should, and not when they should not.
+    let groups = rule_groups(&deploy().join("monitoring/prometheusrule.yaml"))?;
+    dir.write("prometheusrule.rules.json", serde_json::to_vec_pretty(&groups)?)?;
+    let tests = dir.write(
+        "prometheusrule.test.yaml",
+        std::fs::read_to_string(deploy().join("monitoring/prometheusrule.test.yaml"))?,
+    )?;
+    let (ok, out, err) = run(Command::new(&promtool).args(["test", "rules"]).arg(&tests).current_dir(dir.path()))?;
+    ensure!(ok, "promtool test rules:\n{out}{err}");
+    println!("prometheusrule.test.yaml: {}", out.trim());
     Ok(())
 }
 
