@@ -352,6 +352,66 @@ fn egress_selector_points_at_the_egress_front_end() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `deploy/pki/make-test-secrets.sh` makes every Secret the overlays mount, in their namespaces, with the
+/// keys the configs read, and certificates that chain to the CAs the other side trusts.
+#[test]
+fn pki_script_makes_the_secrets_the_overlays_mount() -> anyhow::Result<()> {
+    let (Some(kubectl), Some(openssl)) = (tool("kubectl"), tool("openssl")) else { return Ok(()) };
+    let dir = TempDir::new("deploy-pki")?;
+    let out = dir.join("out");
+    let path =
+        format!("{}:{}", kubectl.parent().context("kubectl dir")?.display(), std::env::var("PATH").unwrap_or_default());
+    let (ok, o, e) =
+        run(Command::new(deploy().join("pki/make-test-secrets.sh")).arg(&out).arg("shoot-a").env("PATH", &path))?;
+    ensure!(ok, "make-test-secrets.sh failed:\n{o}{e}");
+    // (namespace, name) -> keys of every Secret written.
+    let mut made: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for sub in ["seed", "shoot-a"] {
+        for f in std::fs::read_dir(out.join(sub))? {
+            for d in docs(&std::fs::read_to_string(f?.path())?)? {
+                if d["kind"] == "Secret" {
+                    let key = (
+                        d["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
+                        d["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    );
+                    made.insert(key, d["data"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default());
+                }
+            }
+        }
+    }
+    let mut mounted = 0;
+    for o in ["seed", "shoot"] {
+        for w in docs(&render(&kubectl, &deploy().join("overlays").join(o))?)? {
+            let ns = w["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+            for v in w["spec"]["template"]["spec"]["volumes"].as_array().into_iter().flatten() {
+                let Some(name) = v["secret"]["secretName"].as_str() else { continue };
+                let keys =
+                    made.get(&(ns.clone(), name.to_string())).with_context(|| format!("no Secret {ns}/{name} made"))?;
+                let want: &[&str] =
+                    if name.ends_with("-token") { &["token"] } else { &["tls.crt", "tls.key", "ca.crt"] };
+                ensure!(want.iter().all(|k| keys.contains(*k)), "{ns}/{name} has {keys:?}, want {want:?}");
+                mounted += 1;
+            }
+        }
+    }
+    ensure!(mounted == 6, "expected 6 Secret volumes in the overlays, found {mounted}");
+    let pki = out.join("pki");
+    for (ca, leaf) in [
+        ("agents-ca", "agent-shoot-a"),
+        ("egress-ca", "egress-shoot-a"),
+        ("server-ca", "agents-listener"),
+        ("server-ca", "egress-frontend"),
+    ] {
+        let (ok, o, e) = run(Command::new(&openssl)
+            .arg("verify")
+            .arg("-CAfile")
+            .arg(pki.join(format!("{ca}.crt")))
+            .arg(pki.join(format!("{leaf}.crt"))))?;
+        ensure!(ok, "{leaf} does not chain to {ca}: {o}{e}");
+    }
+    Ok(())
+}
+
 /// The rule groups of a PrometheusRule file, as a promtool rules file (JSON is YAML).
 fn rule_groups(file: &Path) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(file)?;
