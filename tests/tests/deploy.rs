@@ -520,6 +520,7 @@ async fn expect_refused(fe: std::net::SocketAddr, target: &str) -> anyhow::Resul
 async fn every_metric_in_rules_and_dashboard_exists_on_the_binaries() -> anyhow::Result<()> {
     let mon = deploy().join("monitoring");
     let mut used = seedgate_names(&std::fs::read_to_string(mon.join("prometheusrule.yaml"))?);
+    used.extend(seedgate_names(&std::fs::read_to_string(mon.join("prometheusrule-certificates.yaml"))?));
     used.extend(seedgate_names(&std::fs::read_to_string(mon.join("dashboard.json"))?));
     ensure!(used.len() > 20, "only {} metric names found in the rules and dashboard", used.len());
 
