@@ -8,6 +8,7 @@
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
+//! - [`secret_volume`]: a directory laid out like a mounted Kubernetes secret (atomic `..data` swaps).
 //!
 //! Everything async expects a tokio runtime.
 
@@ -18,6 +19,7 @@ pub mod peers;
 pub mod pki;
 pub mod poll;
 pub mod proc;
+pub mod secret_volume;
 pub mod tls_client;
 pub mod tmp;
 pub mod tunnel_kit;

@@ -354,11 +354,24 @@ pub struct Running {
 
 impl Running {
     pub async fn start(dir: &crate::TempDir, bin: &str, yaml: &str) -> anyhow::Result<Self> {
+        Self::start_in(dir, bin, yaml, None).await
+    }
+
+    /// [`Running::start`] inside the network namespace `ns` when given.
+    pub async fn start_in(
+        dir: &crate::TempDir,
+        bin: &str,
+        yaml: &str,
+        ns: Option<&crate::netns::Netns>,
+    ) -> anyhow::Result<Self> {
         crate::tunnel_kit::ensure_binaries()?;
         ensure_built("debug", &["sni-router"]).ok();
         let config = dir.write(&format!("{bin}.yaml"), yaml)?;
         let addresses = dir.join(format!("{bin}.addresses.json"));
-        let mut cmd = std::process::Command::new(bin_path(bin)?);
+        let mut cmd = match ns {
+            Some(ns) => ns.command(bin_path(bin)?),
+            None => std::process::Command::new(bin_path(bin)?),
+        };
         cmd.arg("--config").arg(&config).arg("--write-addresses").arg(&addresses);
         let proc = Proc::spawn(cmd)?;
         let r = Self { proc, config, addresses };
