@@ -100,7 +100,6 @@ pub struct Tunnel {
     tls_metrics: TlsMetrics,
     /// Streams open across all sessions (the `max_streams` limit applies to the sum).
     active: AtomicUsize,
-    node: String,
     /// Per-server session state for readiness: up, and what it is connected to.
     pub status: Mutex<std::collections::BTreeMap<String, (bool, String)>>,
     /// The shutdown grace is over: live streams end now.
@@ -155,7 +154,6 @@ impl Tunnel {
         let tls_metrics = TlsMetrics::new(reg);
         let tls = client_tls(&cfg, &tls_metrics)?;
         Ok(Arc::new(Self {
-            node: node_name(&cfg),
             tls: ArcSwap::from_pointee(tls),
             tls_metrics,
             cfg: ArcSwap::from_pointee(cfg),
@@ -444,7 +442,8 @@ impl AgentHandler for Handler {
     }
 
     fn hello(&self) -> AgentHello {
-        AgentHello { node: self.t.node.clone(), version: env!("CARGO_PKG_VERSION").into() }
+        // From the config in force: a reload of `node_name` shows in the next session's hello.
+        AgentHello { node: node_name(&self.t.cfg.load()), version: env!("CARGO_PKG_VERSION").into() }
     }
 }
 
