@@ -670,7 +670,7 @@ pub fn targets(res: &Results) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let mut out = String::from("\n### targets (issue 5)\n\n| target | seedgate now | met |\n|---|---|---|\n");
+    let mut out = String::from("\n### targets\n\n| target | seedgate now | met |\n|---|---|---|\n");
     for (what, value, ok) in rows {
         let _ = writeln!(out, "| {what} | {value} | {} |", if ok { "yes" } else { "**no**" });
     }

@@ -367,7 +367,7 @@ fn validate(cfg: &AgentConfig, p: &mut Problems) {
 mod tests {
     use super::*;
 
-    /// The DESIGN.md proxy-agent example, apiserver proxy part.
+    /// The contract proxy-agent example, apiserver proxy part.
     const CONTRACT: &str = r#"
 admin: { listen: 127.0.0.1:9903 }
 apiserver_proxy:

@@ -1,7 +1,7 @@
 //! connect: HTTP CONNECT open rate, open latency, and bulk through one CONNECT tunnel.
 //!
 //! Every system gets the same bytes: `CONNECT <backend ip:port> HTTP/1.1`, `Host`, and
-//! `X-Gardener-Destination: <value>`. sni-router and nginx (njs, the config from anchors.md)
+//! `X-Gardener-Destination: <value>`. sni-router and nginx (njs)
 //! route by the header; squid and tinyproxy by the authority. A transaction is: connect, the
 //! CONNECT head, its `200` ("open" latency), a small request through the tunnel, the answer,
 //! close. Direct is the same exchange without a proxy (open = TCP connect).
@@ -19,9 +19,9 @@ pub const HEADER: &str = "X-Gardener-Destination";
 pub const DEST_PING: &str = "outbound|443||kube-apiserver.shoot--bench.svc.cluster.local";
 pub const DEST_SINK: &str = "outbound|1194||vpn-seed-server.shoot--bench.svc.cluster.local";
 
-/// The njs CONNECT handler described in anchors.md (njs 0.7.9): preread until the blank line,
+/// The njs CONNECT handler for njs 0.7.9: preread until the blank line,
 /// take the destination header, and let the filter answer 200 and drop the head.
-pub const CONNECT_JS: &str = r#"// CONNECT termination for nginx stream (njs 0.7.9), as described in anchors.md.
+pub const CONNECT_JS: &str = r#"// CONNECT termination for nginx stream (njs 0.7.9).
 function preread(s) {
     s.on('upstream', function (data, flags) {
         // In the preread phase every call sees the whole buffer read so far.
@@ -71,7 +71,7 @@ function filter(s) {
 export default {preread, filter};
 "#;
 
-/// The nginx stream server for CONNECT (anchors.md), mapping the two destinations.
+/// The nginx stream server for CONNECT, mapping the two destinations.
 pub fn nginx_connect_server(listen: SocketAddr, ping: SocketAddr, sink: SocketAddr) -> String {
     format!(
         "    js_import cn from @DIR@/connect.js;\n    js_var $connect_dest;\n    js_var $connect_hdr_len;\n\

@@ -14,7 +14,7 @@ use std::sync::Arc;
 const SC: &str = "sni-bulk";
 const SNI: &str = "bulk.bench.example";
 
-/// haproxy's SNI frontend from anchors.md (inspect-delay, ClientHello check, SNI map).
+/// haproxy's SNI frontend (inspect-delay, ClientHello check, SNI map).
 pub fn haproxy_sni_frontend(listen: std::net::SocketAddr, map_file: &str) -> String {
     format!(
         "frontend fe_sni\n    bind {listen}\n    tcp-request inspect-delay 5s\n    tcp-request content accept if {{ req.ssl_hello_type 1 }}\n\
@@ -24,7 +24,7 @@ pub fn haproxy_sni_frontend(listen: std::net::SocketAddr, map_file: &str) -> Str
     )
 }
 
-/// nginx's ssl_preread server from anchors.md, with the map's entries.
+/// nginx's ssl_preread server, with the map's entries.
 pub fn nginx_sni_server(listen: std::net::SocketAddr, entries: &str) -> String {
     format!(
         "    map_hash_bucket_size 128;\n    map_hash_max_size 65536;\n    map $ssl_preread_server_name $sni_upstream {{\n        hostnames;\n{entries}        default unix:@DIR@/reject.sock;\n    }}\n\
