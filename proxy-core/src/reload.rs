@@ -9,14 +9,15 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 /// symlink swap Kubernetes uses to update a mounted ConfigMap.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// What tells a file changed: modification time, length and inode (after following symlinks).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
+pub(crate) struct Stamp {
     modified: Option<SystemTime>,
     len: u64,
     ino: u64,
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     // `metadata` follows symlinks: a swapped `..data` link changes the inode seen here.
     let m = std::fs::metadata(path).ok()?;

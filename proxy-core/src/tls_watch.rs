@@ -9,13 +9,13 @@
 //! so after a change of the trusted CAs no peer can resume a session verified against the old
 //! set.
 
+use crate::reload::{Stamp, stamp};
 use crate::tls::TlsError;
 use arc_swap::ArcSwap;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How often the files are checked: rotations show up within this (plus the build time).
@@ -47,19 +47,6 @@ impl TlsMetrics {
         reg.register(Box::new(expiry.clone())).expect("metric registered once");
         Self { reloads, expiry }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
-    modified: Option<SystemTime>,
-    len: u64,
-    ino: u64,
-}
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    // `metadata` follows symlinks: a swapped `..data` link shows as another inode.
-    let m = std::fs::metadata(path).ok()?;
-    Some(Stamp { modified: m.modified().ok(), len: m.len(), ino: m.ino() })
 }
 
 /// The certificates in `path` with their subject CN and expiry (for the expiry metric).
