@@ -3,7 +3,8 @@
 use crate::common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, default_fn, valid_header_name};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9901);
@@ -33,6 +34,10 @@ pub struct RouterConfig {
     /// How long an upstream that refused or timed out a connect is skipped.
     #[serde(default = "eject_default")]
     pub upstream_eject: Dur,
+    /// A directory of route files (`*.yaml`, one per shoot), watched and merged with the
+    /// listeners' own routes; `null` (the default): none.
+    #[serde(default)]
+    pub routes_dir: Option<String>,
     pub listeners: Vec<Listener>,
 }
 
@@ -149,6 +154,9 @@ pub struct Listener {
 #[serde(deny_unknown_fields)]
 pub struct Route {
     pub name: Located<String>,
+    /// Only in a file of `routes_dir`: the listener this route belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<Located<String>>,
     /// Exact names or `*.suffix` (one label), case-insensitive, trailing dot ignored.
     #[serde(default)]
     pub sni: Vec<String>,
@@ -279,7 +287,11 @@ fn validate_listener(l: &Listener, lf: &str, p: &mut Problems) {
     let mut seen = Seen::default();
     for (ri, r) in l.routes.iter().enumerate() {
         let is_default = l.default_route.as_deref() == Some(r.name.as_str());
-        validate_route(r, &format!("{lf}.routes[{ri}]"), &l.name, is_default, &mut seen, p);
+        let rf = format!("{lf}.routes[{ri}]");
+        if let Some(k) = &r.listener {
+            p.push(k.at(), format!("{rf}.listener"), "only routes in the files of routes_dir name their listener");
+        }
+        validate_route(r, &rf, &l.name, is_default, &mut seen, p);
     }
     if let Some(d) = &l.default_route
         && !l.routes.iter().any(|r| r.name.as_str() == d)
@@ -345,6 +357,145 @@ fn validate_connect(c: &ConnectMatch, cf: &str, at: (u64, u64), p: &mut Problems
     for (i, a) in c.authority.iter().enumerate() {
         if a.parse::<HostPort>().is_err() {
             p.push(at, format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
+        }
+    }
+}
+
+/// The contents of one file of `routes_dir`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteFile {
+    #[serde(default)]
+    routes: Vec<Route>,
+}
+
+/// Parse and validate one file of `routes_dir` on its own: every route names its listener, is a
+/// valid route, and no two routes of the file collide. Collisions with the main config and the
+/// other files are [`Claims::check`]'s, so a changed file never re-validates the others.
+pub fn parse_route_file(text: &str, file: &str) -> Result<Vec<Route>, ConfigError> {
+    // An empty file (e.g. truncated before being rewritten) holds no routes.
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let f: RouteFile = crate::from_yaml(text, file)?;
+    let mut p = Problems::new(file);
+    let mut seen: HashMap<String, Seen> = HashMap::new();
+    for (ri, r) in f.routes.iter().enumerate() {
+        let rf = format!("routes[{ri}]");
+        let Some(listener) = &r.listener else {
+            p.push(r.name.at(), format!("{rf}.listener"), "name the listener this route belongs to");
+            continue;
+        };
+        let seen = seen.entry(listener.value.clone()).or_default();
+        validate_route(r, &rf, listener, false, seen, &mut p);
+    }
+    p.finish(f.routes)
+}
+
+/// Who owns each listener's route names, SNI patterns and destinations: the main config or one
+/// route file. A changed file is checked against everything else in time proportional to its
+/// own routes, whatever the total.
+#[derive(Debug, Default, Clone)]
+pub struct Claims {
+    listeners: HashMap<String, ListenerClaims>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ListenerClaims {
+    names: HashMap<String, Arc<str>>,
+    snis: HashMap<String, Arc<str>>,
+    dests: HashMap<CidrPort, Arc<str>>,
+}
+
+impl ListenerClaims {
+    fn add(&mut self, r: &Route, owner: &Arc<str>) {
+        self.names.insert(r.name.value.clone(), owner.clone());
+        for n in r.sni.iter().filter_map(|s| normalize_sni_pattern(s)) {
+            self.snis.insert(n, owner.clone());
+        }
+        for d in &r.destination {
+            self.dests.insert(*d, owner.clone());
+        }
+    }
+}
+
+impl Claims {
+    /// The listeners and routes of a validated main config, owned by `owner`.
+    pub fn of_config(cfg: &RouterConfig, owner: &str) -> Self {
+        let owner: Arc<str> = Arc::from(owner);
+        let mut c = Self::default();
+        for l in &cfg.listeners {
+            let lc = c.listeners.entry(l.name.value.clone()).or_default();
+            for r in &l.routes {
+                lc.add(r, &owner);
+            }
+        }
+        c
+    }
+
+    /// Whether the routes of `file` (parsed by [`parse_route_file`], replacing whatever that file
+    /// had) fit with the rest: each names a known listener and claims no route name, SNI pattern
+    /// or destination that another file or the main config has.
+    pub fn check(&self, routes: &[Route], file: &str) -> Result<(), ConfigError> {
+        let mut p = Problems::new(file);
+        for (ri, r) in routes.iter().enumerate() {
+            let (rf, at) = (format!("routes[{ri}]"), r.name.at());
+            let Some(l) = &r.listener else { continue };
+            let Some(lc) = self.listeners.get(l.as_str()) else {
+                p.push(l.at(), format!("{rf}.listener"), format!("no listener named {:?}", l.value));
+                continue;
+            };
+            let other = |o: Option<&Arc<str>>| o.filter(|o| &***o != file).cloned();
+            if let Some(o) = other(lc.names.get(r.name.as_str())) {
+                p.push(
+                    at,
+                    format!("{rf}.name"),
+                    format!("route {:?} of listener {:?} is already in {o}", *r.name, **l),
+                );
+            }
+            for (i, s) in r.sni.iter().enumerate() {
+                let Some(n) = normalize_sni_pattern(s) else { continue };
+                if let Some(o) = other(lc.snis.get(&n)) {
+                    p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by a route in {o}"));
+                }
+            }
+            for (i, d) in r.destination.iter().enumerate() {
+                if let Some(o) = other(lc.dests.get(d)) {
+                    p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by a route in {o}"));
+                }
+            }
+        }
+        p.finish(())
+    }
+
+    /// Record the routes of `file` (after [`Claims::check`] passed).
+    pub fn insert(&mut self, routes: &[Route], file: &str) {
+        let owner: Arc<str> = Arc::from(file);
+        for r in routes {
+            if let Some(lc) = r.listener.as_ref().and_then(|l| self.listeners.get_mut(l.as_str())) {
+                lc.add(r, &owner);
+            }
+        }
+    }
+
+    /// Forget the routes of `file` (what an earlier [`Claims::insert`] recorded).
+    pub fn remove(&mut self, routes: &[Route], file: &str) {
+        for r in routes {
+            let Some(lc) = r.listener.as_ref().and_then(|l| self.listeners.get_mut(l.as_str())) else { continue };
+            let mine = |o: Option<&Arc<str>>| o.is_some_and(|o| &**o == file);
+            if mine(lc.names.get(r.name.as_str())) {
+                lc.names.remove(r.name.as_str());
+            }
+            for n in r.sni.iter().filter_map(|s| normalize_sni_pattern(s)) {
+                if mine(lc.snis.get(&n)) {
+                    lc.snis.remove(&n);
+                }
+            }
+            for d in &r.destination {
+                if mine(lc.dests.get(d)) {
+                    lc.dests.remove(d);
+                }
+            }
         }
     }
 }
@@ -438,6 +589,49 @@ listeners:
         assert_eq!(normalize_sni_pattern("a.*.y"), None);
         assert_eq!(normalize_sni_pattern("*"), None);
         assert_eq!(normalize_sni_pattern("a..b"), None);
+    }
+
+    const FILE_MAIN: &str = "listeners:\n  - name: gw\n    listen: 127.0.0.1:1\n    routes:\n      - name: main\n        sni: [main.example]\n        upstreams: [x:1]\n";
+
+    #[test]
+    fn route_files_are_validated_alone_then_cross_checked() {
+        let main = parse(FILE_MAIN, "router.yaml").unwrap();
+        let mut claims = Claims::of_config(&main, "router.yaml");
+        let a = parse_route_file(
+            "routes:\n  - listener: gw\n    name: a\n    sni: [a.example]\n    upstreams: [x:1]\n",
+            "a.yaml",
+        )
+        .unwrap();
+        claims.check(&a, "a.yaml").unwrap();
+        claims.insert(&a, "a.yaml");
+        // The same file again (changed in place) does not collide with itself.
+        claims.check(&a, "a.yaml").unwrap();
+        let b = "routes:\n  - listener: gw\n    name: a\n    sni: [main.example, b.example]\n    upstreams: [x:1]\n  - listener: nope\n    name: c\n    sni: [c.example]\n    upstreams: [x:1]\n";
+        let e = claims.check(&parse_route_file(b, "b.yaml").unwrap(), "b.yaml").unwrap_err().to_string();
+        assert!(e.contains("b.yaml:3:11: routes[0].name: route \"a\" of listener \"gw\" is already in a.yaml"), "{e}");
+        assert!(e.contains("routes[0].sni[0]: \"main.example\" is routed by a route in router.yaml"), "{e}");
+        assert!(e.contains("b.yaml:6:15: routes[1].listener: no listener named \"nope\""), "{e}");
+        claims.remove(&a, "a.yaml");
+        let b = "routes:\n  - listener: gw\n    name: a\n    sni: [b.example]\n    upstreams: [x:1]\n";
+        claims.check(&parse_route_file(b, "b.yaml").unwrap(), "b.yaml").unwrap();
+    }
+
+    #[test]
+    fn route_file_problems() {
+        let e = parse_route_file("routes:\n  - name: a\n    sni: [a.example]\n    upstreams: [x:1]\n", "f.yaml")
+            .unwrap_err();
+        assert!(e.to_string().contains("f.yaml:2:11: routes[0].listener: name the listener"), "{e}");
+        let y = "routes:\n  - listener: gw\n    name: a\n    sni: [a.example]\n    upstreams: [x:1]\n  - listener: gw\n    name: a\n    sni: [a.example]\n    upstreams: []\n";
+        let e = parse_route_file(y, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("f.yaml:7:11: routes[1].name: duplicate route name"), "{e}");
+        assert!(e.contains("routes[1].sni[0]"), "{e}");
+        assert!(e.contains("routes[1].upstreams"), "{e}");
+        assert!(parse_route_file("routez: []\n", "f.yaml").is_err());
+        assert!(parse_route_file("", "f.yaml").unwrap().is_empty());
+        let e = problems(
+            "listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    routes:\n      - name: r\n        listener: a\n        sni: [a.example]\n        upstreams: [x:1]\n",
+        );
+        assert!(e.iter().any(|p| p.contains("routes[0].listener: only routes in the files")), "{e:?}");
     }
 
     #[test]

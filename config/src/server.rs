@@ -34,6 +34,10 @@ pub struct ServerConfig {
     /// Per-cluster state for control-plane migration; a cluster not listed is `active`.
     #[serde(default)]
     pub clusters: BTreeMap<String, ClusterState>,
+    /// A directory of cluster-state files (`*.yaml`), watched and merged with `clusters`;
+    /// `null` (the default): none.
+    #[serde(default)]
+    pub clusters_dir: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -202,16 +206,7 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
         }
     }
     for (name, c) in &cfg.clusters {
-        let cf = format!("clusters.{name}");
-        if !valid_cluster_name(name) {
-            p.push((0, 0), cf.clone(), "not a valid cluster name");
-        }
-        if c.state != ClusterMode::Draining && !c.move_to.is_empty() {
-            p.push((0, 0), format!("{cf}.move_to"), "move_to only applies to state draining");
-        }
-        if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
-            p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
-        }
+        validate_cluster(name, c, p);
     }
     for (name, d) in [
         ("timeouts.handshake", cfg.timeouts.handshake),
@@ -224,8 +219,52 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
     }
 }
 
+fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
+    let cf = format!("clusters.{name}");
+    if !valid_cluster_name(name) {
+        p.push((0, 0), cf.clone(), "not a valid cluster name");
+    }
+    if c.state != ClusterMode::Draining && !c.move_to.is_empty() {
+        p.push((0, 0), format!("{cf}.move_to"), "move_to only applies to state draining");
+    }
+    if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
+        p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+    }
+}
+
+/// The contents of one file of `clusters_dir`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    #[serde(default)]
+    clusters: BTreeMap<String, ClusterState>,
+}
+
+/// Parse and validate one file of `clusters_dir`: its cluster states, each checked as the main
+/// config's `clusters` are. A cluster also defined elsewhere is the merging caller's to refuse.
+pub fn parse_cluster_file(text: &str, file: &str) -> Result<BTreeMap<String, ClusterState>, ConfigError> {
+    if text.trim().is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let f: ClusterFile = crate::from_yaml(text, file)?;
+    let mut p = Problems::new(file);
+    for (name, c) in &f.clusters {
+        validate_cluster(name, c, &mut p);
+    }
+    p.finish(f.clusters)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cluster_files() {
+        let c = parse_cluster_file("clusters:\n  shoot-a: { state: fenced }\n", "a.yaml").unwrap();
+        assert_eq!(c["shoot-a"].state, ClusterMode::Fenced);
+        let e = parse_cluster_file("clusters:\n  a: { state: active, move_to: [x:1] }\n", "a.yaml").unwrap_err();
+        assert!(e.to_string().contains("a.yaml: clusters.a.move_to: move_to only applies"), "{e}");
+        assert!(parse_cluster_file("clusterz: {}\n", "a.yaml").is_err());
+    }
+
     use super::*;
 
     const CONTRACT: &str = r#"

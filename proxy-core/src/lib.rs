@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod balance;
 pub mod cli;
 pub mod copy;
+pub mod dirwatch;
 pub mod guard;
 pub mod ids;
 pub mod io;

@@ -12,7 +12,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// What tells a file changed: modification time, length and inode (after following symlinks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Stamp {
-    modified: Option<SystemTime>,
+    pub(crate) modified: Option<SystemTime>,
     len: u64,
     ino: u64,
 }

@@ -5,6 +5,7 @@
 //! front-end connections drain for the grace period, then the agent sessions close.
 
 mod agents;
+mod cluster_files;
 mod control;
 mod frontend;
 mod listeners;
@@ -12,10 +13,12 @@ mod metrics;
 mod registry;
 
 use arc_swap::ArcSwap;
+use cluster_files::ClusterFiles;
 use listeners::Listeners;
 use proxy_core::accept::Slots;
 use proxy_core::admin::{Check, ControlRequest};
 use proxy_core::app::{self, Ctx, Service, StartError};
+use proxy_core::dirwatch::{DirWatch, FileMetrics};
 use proxy_core::ids::ConnIds;
 use proxy_core::shutdown::Shutdown;
 use proxy_core::tls_watch::TlsMetrics;
@@ -38,16 +41,23 @@ pub(crate) struct Shared {
     connections: Arc<Slots>,
     /// Cluster states set through the admin endpoint; they override the config's until cleared.
     overrides: Mutex<BTreeMap<String, ClusterState>>,
+    /// Cluster states from the files of `clusters_dir`.
+    cluster_files: Mutex<ClusterFiles>,
 }
 
 impl Shared {
-    /// Config states with the admin overrides on top.
+    /// Config states (main config and cluster files) with the admin overrides on top.
     fn effective_states(&self) -> BTreeMap<String, ClusterState> {
         let mut s = self.config.load().clusters.clone();
+        let files = self.cluster_files.lock().expect("not poisoned");
+        s.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
+        drop(files);
         s.extend(self.overrides.lock().expect("not poisoned").clone());
         s
     }
 }
+
+type States = BTreeMap<String, ClusterState>;
 
 /// proxy-server as a [`Service`] of the shared lifecycle.
 pub struct Server {
@@ -55,6 +65,8 @@ pub struct Server {
     listeners: Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
+    /// Taken by `start`, which watches `clusters_dir` from then on.
+    watch: Mutex<Option<DirWatch<States>>>,
 }
 
 pub type Bound = app::Bound<Server>;
@@ -68,30 +80,67 @@ impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
 
+    fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
+        vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
+    }
+
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {
         let listeners = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry)).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
+        let (files, watch) = match &cfg.clusters_dir {
+            None => (ClusterFiles::new(None), None),
+            Some(dir) => {
+                let (watch, first) = DirWatch::start(dir, seedgate_config::server::parse_cluster_file).await;
+                let mut files = ClusterFiles::new(Some(FileMetrics::new(&ctx.registry, "cluster")));
+                files.absorb(first, &cfg.clusters);
+                (files, Some(watch))
+            }
+        };
+        let mut states = cfg.clusters.clone();
+        states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
-            registry: Registry::new(metrics.clone(), &cfg.clusters, ctx.shutdown.kill.clone()),
+            registry: Registry::new(metrics.clone(), &states, ctx.shutdown.kill.clone()),
             config: ArcSwap::new(cfg),
             metrics,
             shutdown: ctx.shutdown,
             ids: ConnIds::default(),
             connections: ctx.connections,
             overrides: Mutex::new(BTreeMap::new()),
+            cluster_files: Mutex::new(files),
         });
         for (name, mode) in shared.registry.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
         }
-        Ok(Self { shared, listeners, sessions_stop: CancellationToken::new() })
+        Ok(Self { shared, listeners, sessions_stop: CancellationToken::new(), watch: Mutex::new(watch) })
     }
 
     fn start(self: &Arc<Self>) {
         self.listeners.start(&self.shared, &self.sessions_stop);
+        if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
+            let shared = self.shared.clone();
+            let stop = shared.shutdown.stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let up = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        up = watch.next() => up,
+                    };
+                    let main = shared.config.load_full();
+                    let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
+                    if changed {
+                        // As a config reload of the states: admin overrides still win.
+                        shared.registry.set_modes(&shared.effective_states());
+                    }
+                }
+            });
+        }
     }
 
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
     async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), String> {
+        if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
+            return Err(e);
+        }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.config.store(new);
         self.shared.registry.set_modes(&self.shared.effective_states());
@@ -103,13 +152,22 @@ impl Service for Server {
     }
 
     fn ready(&self) -> Vec<Check> {
-        control::ready(&self.shared)
+        let mut checks = control::ready(&self.shared);
+        if let Some(dir) = &self.shared.config.load().clusters_dir {
+            let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
+            let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
+            checks.push(Check::new("cluster-files", true, detail));
+        }
+        checks
     }
 
     fn show_config(&self, running: &ServerConfig) -> serde_json::Value {
         let mut v = serde_json::to_value(running).unwrap_or_default();
         v["cluster_overrides"] =
             serde_json::to_value(&*self.shared.overrides.lock().expect("not poisoned")).unwrap_or_default();
+        if running.clusters_dir.is_some() {
+            v["cluster_files"] = self.shared.cluster_files.lock().expect("not poisoned").show();
+        }
         v
     }
 
@@ -139,5 +197,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         ids: ConnIds::default(),
         connections: Slots::new(10),
         overrides: Mutex::new(BTreeMap::new()),
+        cluster_files: Mutex::new(ClusterFiles::new(None)),
     })
 }

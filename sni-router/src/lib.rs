@@ -5,22 +5,26 @@
 //! see the new routes, live connections keep the route they were admitted with.
 
 mod conn;
+mod files;
 mod listeners;
 mod table;
 mod upstream;
 
 use arc_swap::ArcSwap;
+use files::RouteFiles;
 use listeners::Listeners;
 use proxy_core::accept::Slots;
 use proxy_core::admin::Check;
 use proxy_core::app::{self, Ctx, Service, StartError};
+use proxy_core::dirwatch::{DirWatch, FileMetrics};
 use proxy_core::ids::ConnIds;
 use proxy_core::metrics::{self, ConnMetrics};
 use proxy_core::prometheus::IntGaugeVec;
 use proxy_core::shutdown::Shutdown;
 use seedgate_config::RouterConfig;
+use seedgate_config::router::Route as RouteCfg;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub use proxy_core::app::Options;
 
@@ -42,6 +46,11 @@ pub(crate) struct Shared {
 pub struct Router {
     shared: Arc<Shared>,
     listeners: Listeners,
+    /// The route files in force. Held across every table change, so a main-config reload and a
+    /// route-file change never interleave.
+    files: tokio::sync::Mutex<RouteFiles>,
+    /// Taken by `start`, which watches the directory from then on.
+    watch: Mutex<Option<DirWatch<Vec<RouteCfg>>>>,
 }
 
 pub type Bound = app::Bound<Router>;
@@ -69,18 +78,59 @@ impl Service for Router {
     type Config = RouterConfig;
     const NAME: &'static str = "sni-router";
 
+    fn restart_only(cfg: &RouterConfig) -> Vec<(&'static str, serde_json::Value)> {
+        vec![app::fixed("routes_dir", &cfg.routes_dir)]
+    }
+
     async fn bind(cfg: Arc<RouterConfig>, ctx: Ctx) -> Result<Self, StartError> {
         let shared = Arc::new(new_shared(cfg.clone(), &ctx));
-        let listeners = Listeners::bind(&shared, &cfg).await?;
-        Ok(Self { shared, listeners })
+        let (files, watch) = match &cfg.routes_dir {
+            None => (RouteFiles::new(&cfg, None), None),
+            Some(dir) => {
+                let (watch, first) = DirWatch::start(dir, seedgate_config::router::parse_route_file).await;
+                let mut files = RouteFiles::new(&cfg, Some(FileMetrics::new(&ctx.registry, "route")));
+                files.absorb(first);
+                (files, Some(watch))
+            }
+        };
+        let listeners = Listeners::bind(&shared, &cfg, &files.extra()).await?;
+        if files.summary().0 > 0 {
+            let (n, routes, refused) = files.summary();
+            tracing::info!(files = n, routes, refused, "route files loaded");
+        }
+        Ok(Self { shared, listeners, files: tokio::sync::Mutex::new(files), watch: Mutex::new(watch) })
     }
 
     fn start(self: &Arc<Self>) {
         self.listeners.start(&self.shared);
+        if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
+            let this = self.clone();
+            let stop = self.shared.shutdown.stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let up = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        up = watch.next() => up,
+                    };
+                    let started = std::time::Instant::now();
+                    let mut files = this.files.lock().await;
+                    let touched = files.absorb(up);
+                    files.rebuild(&this.shared, &this.listeners, &touched);
+                    drop(files);
+                    let apply_ms = started.elapsed().as_secs_f64() * 1e3;
+                    tracing::debug!(listeners = touched.len(), apply_ms, "route files applied");
+                }
+            });
+        }
     }
 
     async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), String> {
-        self.listeners.apply(&self.shared, new).await
+        // The route files stay as parsed; only their fit with the new listeners is checked.
+        let mut files = self.files.lock().await;
+        let claims = files.rebase(&new)?;
+        self.listeners.apply(&self.shared, new, &files.extra()).await?;
+        files.set_claims(claims);
+        Ok(())
     }
 
     fn listeners(&self) -> BTreeMap<String, String> {
@@ -88,7 +138,29 @@ impl Service for Router {
     }
 
     fn ready(&self) -> Vec<Check> {
-        self.listeners.ready()
+        let mut checks = self.listeners.ready();
+        if let Some(dir) = &self.shared.config.load().routes_dir
+            && let Ok(files) = self.files.try_lock()
+        {
+            let (n, routes, refused) = files.summary();
+            let total = self.listeners.route_count();
+            checks.push(Check::new(
+                "route-files",
+                true,
+                format!("{dir}: {n} files, {routes} routes ({refused} files refused); {total} routes in all"),
+            ));
+        }
+        checks
+    }
+
+    fn show_config(&self, running: &RouterConfig) -> serde_json::Value {
+        let mut v = serde_json::to_value(running).unwrap_or_default();
+        if running.routes_dir.is_some()
+            && let Ok(files) = self.files.try_lock()
+        {
+            v["route_files"] = files.show();
+        }
+        v
     }
 }
 

@@ -42,11 +42,21 @@ fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
     }
 }
 
-fn build_table(m: &Metrics, kill: &CancellationToken, cfg: &ListenerCfg, old: Option<&Table>) -> Table {
+/// Route-file routes of each listener, by listener name.
+pub(crate) type Extra<'a> = HashMap<&'a str, Vec<&'a RouteCfg>>;
+
+fn build_table(
+    m: &Metrics,
+    kill: &CancellationToken,
+    cfg: &ListenerCfg,
+    extra: &[&RouteCfg],
+    old: Option<&Table>,
+) -> Table {
     let old_routes: HashMap<&str, &Arc<Route>> =
         old.map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect()).unwrap_or_default();
     Table::build(
         cfg,
+        extra,
         |rc: &RouteCfg| old_routes.get(rc.name.as_str()).filter(|r| r.cfg == *rc).map(|r| (*r).clone()),
         |rc: &RouteCfg| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
     )
@@ -79,8 +89,15 @@ pub(crate) struct Listeners {
     pending: Mutex<Vec<(Arc<ListenerRt>, TcpListener)>>,
 }
 
-fn new_listener_rt(shared: &Shared, l: &ListenerCfg, addr: SocketAddr, old: Option<&Table>) -> Arc<ListenerRt> {
-    let table = build_table(&shared.metrics, &shared.shutdown.kill, l, old);
+fn new_listener_rt(
+    shared: &Shared,
+    l: &ListenerCfg,
+    extra: &Extra<'_>,
+    addr: SocketAddr,
+    old: Option<&Table>,
+) -> Arc<ListenerRt> {
+    let extra = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+    let table = build_table(&shared.metrics, &shared.shutdown.kill, l, extra, old);
     Arc::new(ListenerRt {
         name: Arc::from(l.name.as_str()),
         table: ArcSwap::from_pointee(table),
@@ -94,11 +111,11 @@ fn new_listener_rt(shared: &Shared, l: &ListenerCfg, addr: SocketAddr, old: Opti
 
 impl Listeners {
     /// Bind every listener of `cfg` (serving starts with [`Listeners::start`]).
-    pub(crate) async fn bind(shared: &Shared, cfg: &RouterConfig) -> Result<Self, StartError> {
+    pub(crate) async fn bind(shared: &Shared, cfg: &RouterConfig, extra: &Extra<'_>) -> Result<Self, StartError> {
         let this = Self::default();
         for l in &cfg.listeners {
             let (sock, addr) = bind_listener(l).await?;
-            let rt = new_listener_rt(shared, l, addr, None);
+            let rt = new_listener_rt(shared, l, extra, addr, None);
             this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
             this.pending.lock().expect("not poisoned").push((rt, sock));
         }
@@ -137,7 +154,12 @@ impl Listeners {
     /// Apply a new, validated config. Sockets for new or moved listeners are bound first; if any
     /// bind fails nothing changes. Unchanged routes keep their state; live connections of
     /// changed or removed routes drain by the route's `drain_deadline` (or run on without one).
-    pub(crate) async fn apply(&self, shared: &Arc<Shared>, new: Arc<RouterConfig>) -> Result<(), String> {
+    pub(crate) async fn apply(
+        &self,
+        shared: &Arc<Shared>,
+        new: Arc<RouterConfig>,
+        extra: &Extra<'_>,
+    ) -> Result<(), String> {
         // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
         let moved: Vec<&ListenerCfg> = {
             let running = self.running.lock().expect("not poisoned");
@@ -158,7 +180,8 @@ impl Listeners {
         for l in &new.listeners {
             if let Some(rt) = running.get(l.name.as_str()).filter(|rt| rt.cfg_listen == l.listen) {
                 let old_table = rt.table.load_full();
-                let table = build_table(&shared.metrics, &shared.shutdown.kill, l, Some(&old_table));
+                let ex = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+                let table = build_table(&shared.metrics, &shared.shutdown.kill, l, ex, Some(&old_table));
                 retire_replaced(&old_table, Some(&table));
                 rt.table.store(Arc::new(table));
                 rt.limit.local.resize(l.max_connections.unwrap_or(UNLIMITED));
@@ -167,7 +190,7 @@ impl Listeners {
         }
         for (l, sock, addr) in fresh {
             let old_table = running.get(l.name.as_str()).map(|rt| rt.table.load_full());
-            let rt = new_listener_rt(shared, l, addr, old_table.as_deref());
+            let rt = new_listener_rt(shared, l, extra, addr, old_table.as_deref());
             if let Some(t) = &old_table {
                 retire_replaced(t, Some(&rt.table.load()));
             }
@@ -191,6 +214,26 @@ impl Listeners {
     }
 }
 
+impl Listeners {
+    /// Replace the route-file routes of listener `name` with `extra`: its table is rebuilt from
+    /// the listener config it has and swapped. Unchanged routes keep their objects (and live
+    /// connections); changed and removed ones drain by their deadline.
+    pub(crate) fn set_file_routes(&self, shared: &Shared, name: &str, extra: &[&RouteCfg]) {
+        let Some(rt) = self.running.lock().expect("not poisoned").get(name).cloned() else { return };
+        let old = rt.table.load_full();
+        let table = build_table(&shared.metrics, &shared.shutdown.kill, &old.cfg, extra, Some(&old));
+        retire_replaced(&old, Some(&table));
+        let routes = table.routes.len();
+        rt.table.store(Arc::new(table));
+        shared.metrics.routes.with_label_values(&[name]).set(routes as i64);
+    }
+
+    /// Routes in every table.
+    pub(crate) fn route_count(&self) -> usize {
+        self.running.lock().expect("not poisoned").values().map(|l| l.table.load().routes.len()).sum()
+    }
+}
+
 fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: TcpListener) {
     let shared = shared.clone();
     let errors = shared.metrics.conn.accept_errors.clone();
@@ -211,5 +254,5 @@ fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: TcpListener) {
 #[cfg(test)]
 pub(crate) fn test_listener(shared: &Arc<Shared>) -> Arc<ListenerRt> {
     let cfg = shared.config.load_full();
-    new_listener_rt(shared, &cfg.listeners[0], "127.0.0.1:1".parse().expect("addr"), None)
+    new_listener_rt(shared, &cfg.listeners[0], &Extra::new(), "127.0.0.1:1".parse().expect("addr"), None)
 }

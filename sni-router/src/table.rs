@@ -85,16 +85,18 @@ pub struct Table {
 }
 
 impl Table {
-    /// Compile a listener's routes. `reuse` returns the running route of the same name when its
-    /// config is unchanged, so reloads keep upstream state and never disturb such routes.
+    /// Compile a listener's routes: its own, then `extra` (from route files). `reuse` returns the
+    /// running route of the same name when its config is unchanged, so reloads keep upstream
+    /// state and never disturb such routes.
     pub fn build(
         cfg: &ListenerCfg,
+        extra: &[&RouteCfg],
         mut reuse: impl FnMut(&RouteCfg) -> Option<Arc<Route>>,
         mut new_route: impl FnMut(&RouteCfg) -> Arc<Route>,
     ) -> Self {
         let mut t = Table {
             cfg: cfg.clone(),
-            routes: Vec::with_capacity(cfg.routes.len()),
+            routes: Vec::with_capacity(cfg.routes.len() + extra.len()),
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             dest_exact: HashMap::new(),
@@ -102,7 +104,7 @@ impl Table {
             connect: Vec::new(),
             default: None,
         };
-        for (i, r) in cfg.routes.iter().enumerate() {
+        for (i, r) in cfg.routes.iter().chain(extra.iter().copied()).enumerate() {
             let route = reuse(r).unwrap_or_else(|| new_route(r));
             t.routes.push(route);
             for s in &r.sni {

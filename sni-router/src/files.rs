@@ -1,0 +1,136 @@
+//! Routes from the files of `routes_dir` (one per shoot): each changed file is validated on its own, cross-checked against the rest, and rebuilds only the listeners it touches.
+
+use crate::Shared;
+use crate::listeners::{Extra, Listeners};
+use proxy_core::dirwatch::{FileMetrics, Update};
+use seedgate_config::ConfigError;
+use seedgate_config::RouterConfig;
+use seedgate_config::router::{Claims, Route as RouteCfg};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+/// What [`Claims`] calls the main config in messages.
+pub(crate) const MAIN: &str = "the main config";
+
+/// The route files in force, and what their routes claim.
+pub(crate) struct RouteFiles {
+    /// Routes by file (its path), in name order: a listener's file routes follow its own routes in
+    /// this order (CONNECT rules match first-listed first).
+    files: BTreeMap<String, Vec<RouteCfg>>,
+    /// Files refused, with why; their earlier routes (if any) stay in `files`.
+    refused: BTreeMap<String, String>,
+    claims: Claims,
+    metrics: Option<FileMetrics>,
+}
+
+impl RouteFiles {
+    pub(crate) fn new(main: &RouterConfig, metrics: Option<FileMetrics>) -> Self {
+        Self { files: BTreeMap::new(), refused: BTreeMap::new(), claims: Claims::of_config(main, MAIN), metrics }
+    }
+
+    /// The file routes of every listener.
+    pub(crate) fn extra(&self) -> Extra<'_> {
+        let mut m = Extra::new();
+        for r in self.files.values().flatten() {
+            if let Some(l) = &r.listener {
+                m.entry(l.as_str()).or_default().push(r);
+            }
+        }
+        m
+    }
+
+    /// The file routes of listener `name` (a walk over every file, not a re-validation).
+    fn extra_of(&self, name: &str) -> Vec<&RouteCfg> {
+        self.files.values().flatten().filter(|r| r.listener.as_deref().map(String::as_str) == Some(name)).collect()
+    }
+
+    pub(crate) fn summary(&self) -> (usize, usize, usize) {
+        (self.files.len(), self.files.values().map(Vec::len).sum(), self.refused.len())
+    }
+
+    pub(crate) fn show(&self) -> serde_json::Value {
+        let (files, routes, refused) = self.summary();
+        serde_json::json!({ "files": files, "routes": routes, "refused": self.refused, "refused_count": refused })
+    }
+
+    /// The claims of a new main config with the files in force, if they all fit; `Err` names
+    /// the first misfit. [`RouteFiles::set_claims`] commits them once the config is applied.
+    pub(crate) fn rebase(&self, main: &RouterConfig) -> Result<Claims, String> {
+        let mut claims = Claims::of_config(main, MAIN);
+        for (file, routes) in &self.files {
+            claims.check(routes, file).map_err(|e| format!("{e}\n(a route file conflicts with the new config)"))?;
+            claims.insert(routes, file);
+        }
+        Ok(claims)
+    }
+
+    pub(crate) fn set_claims(&mut self, claims: Claims) {
+        self.claims = claims;
+    }
+
+    /// Take in an update of the directory; returns the listeners whose file routes changed.
+    pub(crate) fn absorb(&mut self, up: Update<Vec<RouteCfg>>) -> BTreeSet<String> {
+        let mut touched = BTreeSet::new();
+        let listeners_of = |rs: &[RouteCfg]| -> Vec<String> {
+            rs.iter().filter_map(|r| r.listener.as_ref().map(|l| l.value.clone())).collect()
+        };
+        for (file, parsed) in up.loaded {
+            let started = Instant::now();
+            let routes = match parsed.and_then(|routes| self.fit(&file, routes)) {
+                Ok(routes) => routes,
+                Err(e) => {
+                    tracing::error!(%file, error = %e, "route file refused; its earlier routes (if any) stay in force");
+                    self.count("failure");
+                    self.refused.insert(file, e.to_string());
+                    continue;
+                }
+            };
+            self.refused.remove(&file);
+            self.count("success");
+            let n = routes.len();
+            touched.extend(listeners_of(&routes));
+            if let Some(old) = self.files.insert(file.clone(), routes) {
+                touched.extend(listeners_of(&old));
+            }
+            let check_ms = started.elapsed().as_secs_f64() * 1e3;
+            tracing::info!(%file, routes = n, check_ms, "route file loaded");
+        }
+        for file in up.removed {
+            self.refused.remove(&file);
+            if let Some(old) = self.files.remove(&file) {
+                self.claims.remove(&old, &file);
+                touched.extend(listeners_of(&old));
+                self.count("removed");
+                tracing::info!(%file, routes = old.len(), "route file removed");
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.files.set(self.files.len() as i64);
+        }
+        touched
+    }
+
+    /// Check `routes` of `file` against everything else and, if they fit, make them the file's
+    /// claims (in place of its earlier ones).
+    fn fit(&mut self, file: &str, routes: Vec<RouteCfg>) -> Result<Vec<RouteCfg>, ConfigError> {
+        self.claims.check(&routes, file)?;
+        if let Some(old) = self.files.get(file) {
+            self.claims.remove(old, file);
+        }
+        self.claims.insert(&routes, file);
+        Ok(routes)
+    }
+
+    fn count(&self, result: &str) {
+        if let Some(m) = &self.metrics {
+            m.reloads.with_label_values(&[result]).inc();
+        }
+    }
+
+    /// Rebuild the tables of the `touched` listeners with their file routes.
+    pub(crate) fn rebuild(&self, shared: &Shared, listeners: &Listeners, touched: &BTreeSet<String>) {
+        for name in touched {
+            listeners.set_file_routes(shared, name, &self.extra_of(name));
+        }
+    }
+}
