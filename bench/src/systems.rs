@@ -19,7 +19,7 @@ const ANCHOR_START: Duration = Duration::from_secs(15);
 /// `--only`: start only systems whose label contains this (direct always runs).
 pub static ONLY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-fn check_only(label: &str) -> anyhow::Result<()> {
+pub(crate) fn check_only(label: &str) -> anyhow::Result<()> {
     match ONLY.get() {
         Some(o) if !label.contains(o.as_str()) => bail!("filtered out (--only {o})"),
         _ => Ok(()),

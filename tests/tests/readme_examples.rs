@@ -146,6 +146,14 @@ fn config_references_parse() {
 }
 
 #[test]
+fn per_shoot_file_examples_parse() {
+    let routes = seedgate_config::router::parse_route_file(&example("route-file"), "route-file").unwrap();
+    assert_eq!(routes[0].listener.as_deref().map(String::as_str), Some("gateway"));
+    let clusters = seedgate_config::server::parse_cluster_file(&example("cluster-file"), "cluster-file").unwrap();
+    assert!(clusters.contains_key("shoot-b"));
+}
+
+#[test]
 fn egress_selector_example() {
     let v = generic(&example("egress-selector"), "egress-selector");
     assert_eq!(v["kind"], "EgressSelectorConfiguration");

@@ -9,6 +9,12 @@
 //! millisecond until the new backend answers: that time is the reload time. The streams go on
 //! for 300 ms more; any that saw an error or EOF counts as reset, and the longest round trip any
 //! of them saw from the reload on shows whether the reload stalled the data plane.
+//!
+//! sni-router is measured a second way, the per-shoot one: its N routes are N files of one route
+//! each in `routes_dir` (the main config holds only the stream route), and the change is one new
+//! file (written beside and renamed in), which is all it reads. haproxy and nginx have no per-file
+//! route reload: their figure is the full reload above (haproxy's map could be changed through
+//! its runtime API, which this scenario does not drive).
 
 use super::sni_bulk::{haproxy_sni_frontend, nginx_sni_server, router_sni_listener};
 use super::{Ctx, record};
@@ -41,6 +47,7 @@ fn new_name(rep: usize) -> String {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Sys {
     Router,
+    RouterFiles,
     Haproxy,
     Nginx,
 }
@@ -49,13 +56,14 @@ impl Sys {
     fn label(self) -> &'static str {
         match self {
             Self::Router => "sni-router (SIGHUP)",
+            Self::RouterFiles => "sni-router (routes_dir, one new file)",
             Self::Haproxy => "haproxy (-sf)",
             Self::Nginx => "nginx (SIGHUP)",
         }
     }
 
     fn kind(self) -> Kind {
-        if self == Self::Router { Kind::Seedgate } else { Kind::Anchor }
+        if matches!(self, Self::Router | Self::RouterFiles) { Kind::Seedgate } else { Kind::Anchor }
     }
 }
 
@@ -74,6 +82,12 @@ struct Target {
     run: Running,
     front: SocketAddr,
     sys: Sys,
+    /// `routes_dir` of [`Sys::RouterFiles`].
+    routes_dir: Option<std::path::PathBuf>,
+}
+
+fn route_file(name: &str, sni: &str, up: SocketAddr) -> String {
+    format!("routes:\n  - listener: gateway\n    name: {name}\n    sni: [{sni}]\n    upstreams: [{up}]\n")
 }
 
 async fn start(ctx: &Ctx, sys: Sys, n: usize, echo: SocketAddr, ping: SocketAddr) -> anyhow::Result<Target> {
@@ -83,7 +97,22 @@ async fn start(ctx: &Ctx, sys: Sys, n: usize, echo: SocketAddr, ping: SocketAddr
         Sys::Router => {
             let run = systems::sni_router(&env, sys.label(), &router_sni_listener(&r)).await?;
             let front = run.addr("gateway")?;
-            Ok(Target { run, front, sys })
+            Ok(Target { run, front, sys, routes_dir: None })
+        }
+        Sys::RouterFiles => {
+            systems::check_only(sys.label())?;
+            // One file per shoot, as a seed's shoot controller would keep them.
+            let dir = env.dir.join("reload-routes-dir");
+            let _ = std::fs::remove_dir_all(&dir);
+            host::dir_with_mode(&dir, 0o777)?;
+            let (main, files): (Vec<_>, Vec<_>) = r.into_iter().partition(|(name, _, _)| name == "stream");
+            for (name, sni, up) in &files {
+                std::fs::write(dir.join(format!("{name}.yaml")), route_file(name, sni, *up))?;
+            }
+            let yaml = format!("{}routes_dir: {}\n", router_sni_listener(&main), dir.display());
+            let run = systems::sni_router(&env, sys.label(), &yaml).await?;
+            let front = run.addr("gateway")?;
+            Ok(Target { run, front, sys, routes_dir: Some(dir) })
         }
         Sys::Haproxy => {
             let front = host::free_port([127, 0, 0, 1])?;
@@ -100,7 +129,7 @@ async fn start(ctx: &Ctx, sys: Sys, n: usize, echo: SocketAddr, ping: SocketAddr
                 false,
             )
             .await?;
-            Ok(Target { run, front, sys })
+            Ok(Target { run, front, sys, routes_dir: None })
         }
         Sys::Nginx => {
             let front = host::free_port([127, 0, 0, 1])?;
@@ -113,7 +142,7 @@ async fn start(ctx: &Ctx, sys: Sys, n: usize, echo: SocketAddr, ping: SocketAddr
                 false,
             )
             .await?;
-            Ok(Target { run, front, sys })
+            Ok(Target { run, front, sys, routes_dir: None })
         }
     }
 }
@@ -151,6 +180,11 @@ fn reload(
             let head = old.split("listeners:\n").next().context("config without listeners")?;
             write_atomic(&cfg, &format!("{head}listeners:\n{}", router_sni_listener(&r)))?;
             t.run.signal_first(libc::SIGHUP)
+        }
+        Sys::RouterFiles => {
+            let dir = t.routes_dir.as_ref().context("no routes_dir")?;
+            let k = reloads - 1;
+            write_atomic(&dir.join(format!("new{k}.yaml")), &route_file(&format!("new{k}"), &new_name(k), ping))
         }
         Sys::Nginx => {
             let cfg = t.run.dir.join("nginx.conf");
@@ -254,9 +288,10 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     res.remark(
         SC,
         "config written to a sibling and renamed over; sni-router and nginx: SIGHUP to the (master) process; haproxy: a new `haproxy -sf <old pid>` (old process finishes its connections); \
+         sni-router (routes_dir): the routes are one file per shoot and the change is one new file renamed into the directory, no signal (haproxy and nginx have no per-file reload: their figure is the full reload); \
          time = from the write until a connection with the new SNI reaches the new backend (polled every 1 ms)",
     );
-    for sys in [Sys::Router, Sys::Haproxy, Sys::Nginx] {
+    for sys in [Sys::Router, Sys::RouterFiles, Sys::Haproxy, Sys::Nginx] {
         let (label, kind) = (sys.label(), sys.kind());
         let t0 = Instant::now();
         let mut t = match start(ctx, sys, n, echo.addr(), ping.addr()).await {
