@@ -118,7 +118,7 @@ impl Service for Router {
                     files.rebuild(&this.shared, &this.listeners, &touched);
                     drop(files);
                     let apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                    tracing::debug!(listeners = touched.len(), apply_ms, "route files applied");
+                    tracing::info!(listeners = touched.len(), apply_ms, "route files applied");
                 }
             });
         }
