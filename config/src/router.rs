@@ -3,6 +3,7 @@
 use crate::common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, default_fn, valid_header_name};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -436,9 +437,9 @@ impl Claims {
     /// Whether the routes of `file` (parsed by [`parse_route_file`], replacing whatever that file
     /// had) fit with the rest: each names a known listener and claims no route name, SNI pattern
     /// or destination that another file or the main config has.
-    pub fn check(&self, routes: &[Route], file: &str) -> Result<(), ConfigError> {
+    pub fn check<R: Borrow<Route>>(&self, routes: &[R], file: &str) -> Result<(), ConfigError> {
         let mut p = Problems::new(file);
-        for (ri, r) in routes.iter().enumerate() {
+        for (ri, r) in routes.iter().map(Borrow::borrow).enumerate() {
             let (rf, at) = (format!("routes[{ri}]"), r.name.at());
             let Some(l) = &r.listener else { continue };
             let Some(lc) = self.listeners.get(l.as_str()) else {
@@ -469,9 +470,9 @@ impl Claims {
     }
 
     /// Record the routes of `file` (after [`Claims::check`] passed).
-    pub fn insert(&mut self, routes: &[Route], file: &str) {
+    pub fn insert<R: Borrow<Route>>(&mut self, routes: &[R], file: &str) {
         let owner: Arc<str> = Arc::from(file);
-        for r in routes {
+        for r in routes.iter().map(Borrow::borrow) {
             if let Some(lc) = r.listener.as_ref().and_then(|l| self.listeners.get_mut(l.as_str())) {
                 lc.add(r, &owner);
             }
@@ -479,8 +480,8 @@ impl Claims {
     }
 
     /// Forget the routes of `file` (what an earlier [`Claims::insert`] recorded).
-    pub fn remove(&mut self, routes: &[Route], file: &str) {
-        for r in routes {
+    pub fn remove<R: Borrow<Route>>(&mut self, routes: &[R], file: &str) {
+        for r in routes.iter().map(Borrow::borrow) {
             let Some(lc) = r.listener.as_ref().and_then(|l| self.listeners.get_mut(l.as_str())) else { continue };
             let mine = |o: Option<&Arc<str>>| o.is_some_and(|o| &**o == file);
             if mine(lc.names.get(r.name.as_str())) {

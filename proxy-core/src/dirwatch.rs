@@ -1,25 +1,32 @@
 //! Watching a directory of small config files (one per shoot): which appeared, changed or went away, so only those are read and parsed.
 //!
-//! The directory's own metadata is checked every [`DIR_POLL_INTERVAL`]: adding, removing or
-//! renaming an entry changes its mtime, so a file written beside and renamed into place (as
-//! tools and Kubernetes' ConfigMap mounts do) is seen within that, and such a check costs one
-//! `stat`. Only then is the directory listed, and only entries that are new or carry a new inode
-//! are `stat`ed. Every [`POLL_INTERVAL`] all files are `stat`ed (following symlinks), which
-//! catches a file rewritten in place (that leaves the directory untouched). Polling rather than
-//! inotify: the same code follows symlink swaps, needs no extra dependency, and its cost is
-//! bounded and visible.
+//! The directory is watched with inotify: an event names the entry that was created, renamed in
+//! or out, deleted or closed after writing, so only that file is `stat`ed, read and parsed — no
+//! listing of a directory of thousands of files per change. A hidden entry changing (a ConfigMap
+//! mount's `..data` symlink swap) rescans the entries that are symlinks; an event-queue overflow
+//! rescans everything; and every [`NOTIFY_FULL_SCAN_INTERVAL`] a full scan (`stat` of every file)
+//! catches what no event names (a hard link made with `ln`, a network filesystem that sends no
+//! events). Where inotify cannot be had (its per-user instance or watch limit reached), the watch
+//! polls instead: the directory's own metadata every [`DIR_POLL_INTERVAL`] (adding, removing or
+//! renaming an entry changes its mtime; then the listing is compared) and every file every
+//! [`POLL_INTERVAL`].
 
 use crate::metrics;
 use crate::reload::{POLL_INTERVAL, Stamp, stamp};
+use futures_util::{FutureExt, StreamExt};
+use inotify::{EventMask, EventStream, Inotify, WatchMask};
 use prometheus::{IntCounterVec, IntGauge, Registry};
 use seedgate_config::ConfigError;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// How often the directory's own metadata is checked.
+/// Without inotify: how often the directory's own metadata is checked.
 pub const DIR_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// With inotify: how often every file is `stat`ed anyway, for changes no event names.
+pub const NOTIFY_FULL_SCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A parser of one file's text (`file` names it in messages), e.g. `parse_route_file`.
 pub type Parse<T> = fn(&str, &str) -> Result<T, ConfigError>;
@@ -114,10 +121,7 @@ impl DirScan {
                 continue;
             }
             let file = path.display().to_string();
-            let parsed = match std::fs::read_to_string(&path) {
-                Ok(text) => parse(&text, &file),
-                Err(e) => Err(ConfigError::internal(&file, &format!("cannot read: {e}"))),
-            };
+            let parsed = read_parse(&path, &file, parse);
             up.loaded.push((file, parsed));
             self.known.insert(name, Known { entry_ino, stamp: now });
         }
@@ -132,31 +136,185 @@ impl DirScan {
     }
 }
 
-/// Scans a directory when it or (every [`POLL_INTERVAL`]) its files change; see the module doc.
+impl DirScan {
+    /// Read and parse the named entries (watched names only) if they are new or changed; a named
+    /// entry that is gone counts as removed. No listing of the directory.
+    pub fn scan_named<T>(&mut self, names: &BTreeSet<String>, parse: Parse<T>) -> Update<T> {
+        use std::os::unix::fs::MetadataExt;
+        let mut up = Update { loaded: Vec::new(), removed: Vec::new() };
+        for name in names.iter().filter(|n| is_watched(n)) {
+            let path = self.dir.join(name);
+            let entry = std::fs::symlink_metadata(&path).ok();
+            // Follows symlinks; a dangling link is as good as gone.
+            let (Some(entry), Some(now)) = (entry, stamp(&path)) else {
+                if self.known.remove(name).is_some() {
+                    up.removed.push(path.display().to_string());
+                }
+                continue;
+            };
+            if self.known.get(name).is_some_and(|k| k.stamp == now) {
+                continue;
+            }
+            let file = path.display().to_string();
+            up.loaded.push((file.clone(), read_parse(&path, &file, parse)));
+            self.known.insert(name.clone(), Known { entry_ino: entry.ino(), stamp: now });
+        }
+        up.loaded.sort_by(|a, b| a.0.cmp(&b.0));
+        up.removed.sort();
+        up
+    }
+}
+
+fn read_parse<T>(path: &Path, file: &str, parse: Parse<T>) -> Result<T, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text, file),
+        Err(e) => Err(ConfigError::internal(file, &format!("cannot read: {e}"))),
+    }
+}
+
+/// What the next scan must look at.
+#[derive(Debug, PartialEq, Eq)]
+enum Dirty {
+    /// Only these entries.
+    Names(BTreeSet<String>),
+    /// The listing (new, renamed and symlinked entries), without `stat`ing every file.
+    Listing,
+    /// Every file.
+    Full,
+}
+
+impl Dirty {
+    fn merge(self, other: Dirty) -> Dirty {
+        match (self, other) {
+            (Dirty::Full, _) | (_, Dirty::Full) => Dirty::Full,
+            (Dirty::Listing, _) | (_, Dirty::Listing) => Dirty::Listing,
+            (Dirty::Names(mut a), Dirty::Names(b)) => {
+                a.extend(b);
+                Dirty::Names(a)
+            }
+        }
+    }
+
+    /// What one inotify event on the directory asks for (`None`: nothing).
+    fn of_event(mask: EventMask, name: Option<&str>) -> Option<Dirty> {
+        if mask.intersects(EventMask::Q_OVERFLOW | EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED) {
+            return Some(Dirty::Full);
+        }
+        let name = name?;
+        if name.starts_with('.') {
+            // A ConfigMap's `..data` swap (or its timestamped directories): the visible entries
+            // are symlinks through it.
+            return mask
+                .intersects(EventMask::MOVED_TO | EventMask::CREATE | EventMask::DELETE)
+                .then_some(Dirty::Listing);
+        }
+        if !is_watched(name) {
+            return None;
+        }
+        // A plain file created in place is read when it is closed after writing (CLOSE_WRITE),
+        // not half-written at CREATE; a symlink only ever shows as CREATE, so CREATE counts too
+        // (the scan of a still-empty file gives a refused file at worst, corrected at CLOSE_WRITE).
+        mask.intersects(
+            EventMask::CREATE
+                | EventMask::MOVED_TO
+                | EventMask::MOVED_FROM
+                | EventMask::DELETE
+                | EventMask::CLOSE_WRITE,
+        )
+        .then(|| Dirty::Names(BTreeSet::from([name.to_owned()])))
+    }
+}
+
+/// The events of the directory (inotify), or polling where inotify cannot be had.
+enum Source {
+    Notify(EventStream<Vec<u8>>),
+    Poll { dir_stamp: Option<Stamp> },
+}
+
+fn notify(dir: &Path) -> std::io::Result<EventStream<Vec<u8>>> {
+    let ino = Inotify::init()?;
+    ino.watches().add(
+        dir,
+        WatchMask::CREATE
+            | WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::DELETE
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF
+            | WatchMask::ONLYDIR,
+    )?;
+    ino.into_event_stream(vec![0u8; 8192])
+}
+
+/// Wait for an event, then take every event already queued (a bounded number), merged.
+async fn events(stream: &mut EventStream<Vec<u8>>) -> std::io::Result<Dirty> {
+    let ended = || std::io::Error::other("the inotify event stream ended");
+    let of = |e: inotify::EventOwned| Dirty::of_event(e.mask, e.name.as_deref().and_then(|n| n.to_str()));
+    let mut dirty = of(stream.next().await.ok_or_else(ended)??).unwrap_or(Dirty::Names(BTreeSet::new()));
+    // Bounded: a directory rewritten without pause must not keep the scan from running.
+    for _ in 0..4096 {
+        match stream.next().now_or_never() {
+            None => break,
+            Some(None) => return Err(ended()),
+            Some(Some(e)) => {
+                if let Some(d) = of(e?) {
+                    dirty = dirty.merge(d);
+                }
+            }
+        }
+    }
+    Ok(dirty)
+}
+
+/// Scans a directory when inotify reports a change in it (or when polling sees one); see the
+/// module doc.
 pub struct DirWatch<T> {
     scan: Arc<Mutex<DirScan>>,
     parse: Parse<T>,
-    dir_stamp: Option<Stamp>,
+    source: Source,
     last_full: Instant,
     tick: tokio::time::Interval,
 }
 
 impl<T: Send + 'static> DirWatch<T> {
     /// Scan `dir` once, completely (on a blocking thread), and return the watch with what the
-    /// scan found.
+    /// scan found. The inotify watch is set up first, so nothing changed during the scan is missed.
     pub async fn start(dir: impl Into<PathBuf>, parse: Parse<T>) -> (Self, Update<T>) {
+        Self::start_with(dir, parse, NOTIFY_FULL_SCAN_INTERVAL).await
+    }
+
+    /// [`DirWatch::start`] with another period of full scans when inotify works (tests make it
+    /// long, to see that events alone find a change).
+    pub async fn start_with(dir: impl Into<PathBuf>, parse: Parse<T>, full_scan: Duration) -> (Self, Update<T>) {
         let mut scan = DirScan::new(dir);
-        let dir_stamp = stamp(scan.dir());
+        let source = match notify(scan.dir()) {
+            Ok(fd) => Source::Notify(fd),
+            Err(e) => {
+                tracing::warn!(dir = %scan.dir().display(), error = %e,
+                    "cannot watch the directory with inotify (see fs.inotify.max_user_instances and max_user_watches); polling it instead");
+                Source::Poll { dir_stamp: stamp(scan.dir()) }
+            }
+        };
         let (scan, first) = tokio::task::spawn_blocking(move || {
             let first = scan.scan(true, parse);
             (scan, first)
         })
         .await
         .expect("the first scan does not panic");
-        let mut tick = tokio::time::interval(DIR_POLL_INTERVAL);
+        let period = match source {
+            Source::Notify(_) => full_scan,
+            Source::Poll { .. } => DIR_POLL_INTERVAL,
+        };
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let w = Self { scan: Arc::new(Mutex::new(scan)), parse, dir_stamp, last_full: Instant::now(), tick };
+        let w = Self { scan: Arc::new(Mutex::new(scan)), parse, source, last_full: Instant::now(), tick };
         (w, first)
+    }
+
+    /// Whether changes are seen by inotify events (rather than by polling).
+    pub fn notified(&self) -> bool {
+        matches!(self.source, Source::Notify(_))
     }
 
     /// How many files are loaded or refused (i.e. present).
@@ -167,34 +325,85 @@ impl<T: Send + 'static> DirWatch<T> {
     /// The next non-empty update. Reading and parsing run on a blocking thread.
     pub async fn next(&mut self) -> Update<T> {
         loop {
-            self.tick.tick().await;
-            let dir = self.scan.lock().unwrap_or_else(|e| e.into_inner()).dir().to_owned();
-            let now = stamp(&dir);
-            let full = self.last_full.elapsed() >= POLL_INTERVAL;
-            if now == self.dir_stamp && !full {
+            let dirty = self.dirty().await;
+            if dirty == Dirty::Names(BTreeSet::new()) {
                 continue;
             }
-            // The kernel stamps mtimes with a coarse clock: a second entry added within the same
-            // clock tick as the one just seen leaves the mtime as it is. So while the mtime is
-            // that recent, the next check scans again.
-            let recent = now
-                .as_ref()
-                .and_then(|s| s.modified)
-                .is_some_and(|m| SystemTime::now().duration_since(m).unwrap_or_default() < 2 * DIR_POLL_INTERVAL);
-            self.dir_stamp = if recent { None } else { now };
-            if full {
+            if dirty == Dirty::Full {
                 self.last_full = Instant::now();
             }
             let (scan, parse) = (self.scan.clone(), self.parse);
-            let up =
-                tokio::task::spawn_blocking(move || scan.lock().unwrap_or_else(|e| e.into_inner()).scan(full, parse))
-                    .await;
+            let up = tokio::task::spawn_blocking(move || {
+                let mut scan = scan.lock().unwrap_or_else(|e| e.into_inner());
+                match &dirty {
+                    Dirty::Names(names) => scan.scan_named(names, parse),
+                    Dirty::Listing => scan.scan(false, parse),
+                    Dirty::Full => scan.scan(true, parse),
+                }
+            })
+            .await;
             match up {
                 Ok(up) if !up.is_empty() => return up,
                 Ok(_) => {}
-                Err(e) => tracing::error!(dir = %dir.display(), error = %e, "directory scan failed"),
+                Err(e) => tracing::error!(error = %e, "directory scan failed"),
             }
         }
+    }
+
+    /// Wait until something may have changed and say what to scan.
+    async fn dirty(&mut self) -> Dirty {
+        let dir = self.scan.lock().unwrap_or_else(|e| e.into_inner()).dir().to_owned();
+        match &mut self.source {
+            Source::Notify(fd) => {
+                let got = tokio::select! {
+                    got = events(fd) => got,
+                    _ = self.tick.tick() => return Dirty::Full,
+                };
+                match got {
+                    Ok(Dirty::Full) => {
+                        // The queue overflowed, or the directory itself was removed or moved:
+                        // watch it afresh (or poll, if it cannot be watched now) and rescan.
+                        self.source = match notify(&dir) {
+                            Ok(fd) => Source::Notify(fd),
+                            Err(e) => {
+                                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the directory again; polling it instead");
+                                self.poll_from_now()
+                            }
+                        };
+                        Dirty::Full
+                    }
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "reading inotify events failed; polling the directory instead");
+                        self.source = self.poll_from_now();
+                        Dirty::Full
+                    }
+                }
+            }
+            Source::Poll { dir_stamp } => loop {
+                self.tick.tick().await;
+                let now = stamp(&dir);
+                let full = self.last_full.elapsed() >= POLL_INTERVAL;
+                if now == *dir_stamp && !full {
+                    continue;
+                }
+                // The kernel stamps mtimes with a coarse clock: a second entry added within the
+                // same clock tick as the one just seen leaves the mtime as it is. So while the
+                // mtime is that recent, the next check scans again.
+                let recent = now
+                    .as_ref()
+                    .and_then(|s| s.modified)
+                    .is_some_and(|m| SystemTime::now().duration_since(m).unwrap_or_default() < 2 * DIR_POLL_INTERVAL);
+                *dir_stamp = if recent { None } else { now };
+                return if full { Dirty::Full } else { Dirty::Listing };
+            },
+        }
+    }
+
+    fn poll_from_now(&mut self) -> Source {
+        self.tick = tokio::time::interval(DIR_POLL_INTERVAL);
+        self.tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Source::Poll { dir_stamp: None }
     }
 }
 
@@ -287,5 +496,66 @@ mod tests {
         let u = tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("an update");
         assert_eq!(names(&u).1, vec!["n.yaml".to_owned()]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Events alone (full scans pushed out of reach) see a file rewritten in place, a ConfigMap
+    /// style `..data` swap, a rename over, and a removal.
+    #[tokio::test]
+    async fn inotify_events_name_what_changed() {
+        let dir = std::env::temp_dir().join(format!("seedgate-dirnotify-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("..v1")).unwrap();
+        std::fs::write(dir.join("..v1/cm.yaml"), "one").unwrap();
+        std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/cm.yaml", dir.join("cm.yaml")).unwrap();
+        std::fs::write(dir.join("a.yaml"), "a").unwrap();
+        let (mut w, first) = DirWatch::start_with(&dir, parse_len, Duration::from_secs(3600)).await;
+        assert!(w.notified(), "inotify is available here");
+        assert_eq!(names(&first).0, vec!["a.yaml".to_owned(), "cm.yaml".to_owned()]);
+        let next = async |w: &mut DirWatch<usize>| {
+            tokio::time::timeout(Duration::from_secs(60), w.next()).await.expect("an update from an event")
+        };
+        // In place (the directory's listing does not change).
+        std::fs::write(dir.join("a.yaml"), "aaaa").unwrap();
+        let u = next(&mut w).await;
+        assert_eq!(names(&u).0, vec!["a.yaml".to_owned()]);
+        assert_eq!(u.loaded[0].1.as_ref().ok(), Some(&4));
+        // The ConfigMap swap: a new timestamped directory, `..data` renamed over.
+        std::fs::create_dir_all(dir.join("..v2")).unwrap();
+        std::fs::write(dir.join("..v2/cm.yaml"), "two!").unwrap();
+        std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        let u = next(&mut w).await;
+        assert_eq!(names(&u).0, vec!["cm.yaml".to_owned()]);
+        assert_eq!(u.loaded[0].1.as_ref().ok(), Some(&4));
+        // Written beside, renamed over; then removed.
+        std::fs::write(dir.join("b.tmp"), "bad").unwrap();
+        std::fs::rename(dir.join("b.tmp"), dir.join("b.yaml")).unwrap();
+        let u = next(&mut w).await;
+        assert_eq!(names(&u).0, vec!["b.yaml".to_owned()]);
+        assert!(u.loaded[0].1.is_err());
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        let u = next(&mut w).await;
+        assert_eq!(names(&u), (vec![], vec!["a.yaml".to_owned()]));
+        assert_eq!(w.files(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn events_map_to_what_is_scanned() {
+        let n = |s: &str| Some(Dirty::Names(BTreeSet::from([s.to_owned()])));
+        assert_eq!(Dirty::of_event(EventMask::MOVED_TO, Some("a.yaml")), n("a.yaml"));
+        assert_eq!(Dirty::of_event(EventMask::CLOSE_WRITE, Some("a.yaml")), n("a.yaml"));
+        assert_eq!(Dirty::of_event(EventMask::DELETE, Some("a.yaml")), n("a.yaml"));
+        assert_eq!(Dirty::of_event(EventMask::CLOSE_WRITE, Some("a.tmp")), None, "not a watched name");
+        assert_eq!(Dirty::of_event(EventMask::MOVED_TO, Some("..data")), Some(Dirty::Listing));
+        assert_eq!(Dirty::of_event(EventMask::Q_OVERFLOW, None), Some(Dirty::Full));
+        assert_eq!(Dirty::of_event(EventMask::DELETE_SELF, None), Some(Dirty::Full));
+        assert_eq!(
+            n("a.yaml").unwrap().merge(n("b.yaml").unwrap()),
+            Dirty::Names(["a.yaml", "b.yaml"].map(String::from).into())
+        );
+        assert_eq!(n("a.yaml").unwrap().merge(Dirty::Listing), Dirty::Listing);
+        assert_eq!(Dirty::Listing.merge(Dirty::Full), Dirty::Full);
     }
 }

@@ -7,6 +7,7 @@ use seedgate_config::ConfigError;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Claims, Route as RouteCfg};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What [`Claims`] calls the main config in messages.
@@ -16,7 +17,10 @@ pub(crate) const MAIN: &str = "the main config";
 pub(crate) struct RouteFiles {
     /// Routes by file (its path), in name order: a listener's file routes follow its own routes in
     /// this order (CONNECT rules match first-listed first).
-    files: BTreeMap<String, Vec<RouteCfg>>,
+    files: BTreeMap<String, Vec<Arc<RouteCfg>>>,
+    /// The same routes by listener, then file: rebuilding one listener's table walks only its
+    /// routes.
+    by_listener: BTreeMap<String, BTreeMap<String, Vec<Arc<RouteCfg>>>>,
     /// Files refused, with why; their earlier routes (if any) stay in `files`.
     refused: BTreeMap<String, String>,
     claims: Claims,
@@ -25,7 +29,13 @@ pub(crate) struct RouteFiles {
 
 impl RouteFiles {
     pub(crate) fn new(main: &RouterConfig, metrics: Option<FileMetrics>) -> Self {
-        Self { files: BTreeMap::new(), refused: BTreeMap::new(), claims: Claims::of_config(main, MAIN), metrics }
+        Self {
+            files: BTreeMap::new(),
+            by_listener: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            claims: Claims::of_config(main, MAIN),
+            metrics,
+        }
     }
 
     /// The file routes of every listener.
@@ -40,8 +50,34 @@ impl RouteFiles {
     }
 
     /// The file routes of listener `name` (a walk over every file, not a re-validation).
-    fn extra_of(&self, name: &str) -> Vec<&RouteCfg> {
-        self.files.values().flatten().filter(|r| r.listener.as_deref().map(String::as_str) == Some(name)).collect()
+    fn extra_of(&self, name: &str) -> Vec<&Arc<RouteCfg>> {
+        self.by_listener.get(name).map(|files| files.values().flatten().collect()).unwrap_or_default()
+    }
+
+    /// Put `routes` in force for `file` (none: remove the file); returns the routes it had.
+    fn set(&mut self, file: &str, routes: Option<Vec<Arc<RouteCfg>>>) -> Option<Vec<Arc<RouteCfg>>> {
+        let old = match routes {
+            Some(routes) => self.files.insert(file.to_owned(), routes),
+            None => self.files.remove(file),
+        };
+        // Re-index the file under every listener it names now or named before.
+        let new = self.files.get(file);
+        for l in old.iter().chain(new).flatten().filter_map(|r| r.listener.as_ref()) {
+            let per_file = self.by_listener.entry(l.value.clone()).or_default();
+            let mine: Vec<Arc<RouteCfg>> = new
+                .into_iter()
+                .flatten()
+                .filter(|r| r.listener.as_ref().is_some_and(|x| x.as_str() == l.as_str()))
+                .cloned()
+                .collect();
+            if mine.is_empty() {
+                per_file.remove(file);
+            } else {
+                per_file.insert(file.to_owned(), mine);
+            }
+        }
+        self.by_listener.retain(|_, per_file| !per_file.is_empty());
+        old
     }
 
     pub(crate) fn summary(&self) -> (usize, usize, usize) {
@@ -71,7 +107,7 @@ impl RouteFiles {
     /// Take in an update of the directory; returns the listeners whose file routes changed.
     pub(crate) fn absorb(&mut self, up: Update<Vec<RouteCfg>>) -> BTreeSet<String> {
         let mut touched = BTreeSet::new();
-        let listeners_of = |rs: &[RouteCfg]| -> Vec<String> {
+        let listeners_of = |rs: &[Arc<RouteCfg>]| -> Vec<String> {
             rs.iter().filter_map(|r| r.listener.as_ref().map(|l| l.value.clone())).collect()
         };
         for (file, parsed) in up.loaded {
@@ -89,7 +125,7 @@ impl RouteFiles {
             self.count("success");
             let n = routes.len();
             touched.extend(listeners_of(&routes));
-            if let Some(old) = self.files.insert(file.clone(), routes) {
+            if let Some(old) = self.set(&file, Some(routes)) {
                 touched.extend(listeners_of(&old));
             }
             let check_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -97,7 +133,7 @@ impl RouteFiles {
         }
         for file in up.removed {
             self.refused.remove(&file);
-            if let Some(old) = self.files.remove(&file) {
+            if let Some(old) = self.set(&file, None) {
                 self.claims.remove(&old, &file);
                 touched.extend(listeners_of(&old));
                 self.count("removed");
@@ -112,13 +148,13 @@ impl RouteFiles {
 
     /// Check `routes` of `file` against everything else and, if they fit, make them the file's
     /// claims (in place of its earlier ones).
-    fn fit(&mut self, file: &str, routes: Vec<RouteCfg>) -> Result<Vec<RouteCfg>, ConfigError> {
+    fn fit(&mut self, file: &str, routes: Vec<RouteCfg>) -> Result<Vec<Arc<RouteCfg>>, ConfigError> {
         self.claims.check(&routes, file)?;
         if let Some(old) = self.files.get(file) {
             self.claims.remove(old, file);
         }
         self.claims.insert(&routes, file);
-        Ok(routes)
+        Ok(routes.into_iter().map(Arc::new).collect())
     }
 
     fn count(&self, result: &str) {

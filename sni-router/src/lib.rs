@@ -112,13 +112,22 @@ impl Service for Router {
                         _ = stop.cancelled() => return,
                         up = watch.next() => up,
                     };
-                    let started = std::time::Instant::now();
-                    let mut files = this.files.lock().await;
-                    let touched = files.absorb(up);
-                    files.rebuild(&this.shared, &this.listeners, &touched);
-                    drop(files);
-                    let apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                    tracing::info!(listeners = touched.len(), apply_ms, "route files applied");
+                    // Rebuilding a listener's table is CPU work proportional to its routes
+                    // (milliseconds at 10,000): off the runtime, so live relays do not stall.
+                    let this = this.clone();
+                    let applied = tokio::task::spawn_blocking(move || {
+                        let started = std::time::Instant::now();
+                        let mut files = this.files.blocking_lock();
+                        let touched = files.absorb(up);
+                        files.rebuild(&this.shared, &this.listeners, &touched);
+                        drop(files);
+                        let apply_ms = started.elapsed().as_secs_f64() * 1e3;
+                        tracing::info!(listeners = touched.len(), apply_ms, "route files applied");
+                    })
+                    .await;
+                    if let Err(e) = applied {
+                        tracing::error!(error = %e, "applying route files failed");
+                    }
                 }
             });
         }

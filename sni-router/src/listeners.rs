@@ -1,6 +1,6 @@
 //! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
 
-use crate::table::{Route, RouteMeters, Table, new_route};
+use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
 use crate::{Metrics, Shared};
 use arc_swap::ArcSwap;
 use proxy_core::accept::{ConnLimit, UNLIMITED, accept_error_label, accept_loop};
@@ -10,7 +10,7 @@ use proxy_core::guard::Active;
 use proxy_core::prometheus::IntGauge;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Listener as ListenerCfg, Route as RouteCfg};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
@@ -43,22 +43,25 @@ fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
 }
 
 /// Route-file routes of each listener, by listener name.
-pub(crate) type Extra<'a> = HashMap<&'a str, Vec<&'a RouteCfg>>;
+pub(crate) type Extra<'a> = HashMap<&'a str, Vec<&'a Arc<RouteCfg>>>;
 
 fn build_table(
     m: &Metrics,
     kill: &CancellationToken,
     cfg: &ListenerCfg,
-    extra: &[&RouteCfg],
+    extra: &[&Arc<RouteCfg>],
     old: Option<&Table>,
 ) -> Table {
-    let old_routes: HashMap<&str, &Arc<Route>> =
-        old.map(|t| t.routes.iter().map(|r| (&*r.name, r)).collect()).unwrap_or_default();
+    let mut old_routes: FastMap<&str, &Arc<Route>> = fast_map(old.map_or(0, |t| t.routes.len()));
+    old_routes.extend(old.iter().flat_map(|t| t.routes.iter().map(|r| (&*r.name, r))));
     Table::build(
         cfg,
         extra,
-        |rc: &RouteCfg| old_routes.get(rc.name.as_str()).filter(|r| r.cfg == *rc).map(|r| (*r).clone()),
-        |rc: &RouteCfg| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
+        // An unchanged file route is the same allocation: no config comparison needed.
+        |rc: &Arc<RouteCfg>| {
+            old_routes.get(rc.name.as_str()).filter(|r| Arc::ptr_eq(&r.cfg, rc) || r.cfg == *rc).map(|r| (*r).clone())
+        },
+        |rc: &Arc<RouteCfg>| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
     )
 }
 
@@ -66,11 +69,13 @@ fn build_table(
 /// drain by the deadline the new config gives the route (or the old one, if it was removed).
 fn retire_replaced(old: &Table, new: Option<&Table>) {
     // Indexed once: a reload of a 10,000-route table must not compare every pair.
-    let kept: HashSet<*const Route> = new.map(|t| t.routes.iter().map(Arc::as_ptr).collect()).unwrap_or_default();
-    let by_name: HashMap<&str, &Arc<Route>> =
-        new.map(|t| t.routes.iter().map(|n| (&*n.name, n)).collect()).unwrap_or_default();
+    let n = new.map_or(0, |t| t.routes.len());
+    let mut kept: FastMap<*const Route, ()> = fast_map(n);
+    kept.extend(new.iter().flat_map(|t| t.routes.iter().map(|r| (Arc::as_ptr(r), ()))));
+    let mut by_name: FastMap<&str, &Arc<Route>> = fast_map(n);
+    by_name.extend(new.iter().flat_map(|t| t.routes.iter().map(|r| (&*r.name, r))));
     for r in &old.routes {
-        if kept.contains(&Arc::as_ptr(r)) {
+        if kept.contains_key(&Arc::as_ptr(r)) {
             continue;
         }
         let deadline = by_name.get(&*r.name).map(|n| n.cfg.drain_deadline).unwrap_or(r.cfg.drain_deadline);
@@ -218,7 +223,7 @@ impl Listeners {
     /// Replace the route-file routes of listener `name` with `extra`: its table is rebuilt from
     /// the listener config it has and swapped. Unchanged routes keep their objects (and live
     /// connections); changed and removed ones drain by their deadline.
-    pub(crate) fn set_file_routes(&self, shared: &Shared, name: &str, extra: &[&RouteCfg]) {
+    pub(crate) fn set_file_routes(&self, shared: &Shared, name: &str, extra: &[&Arc<RouteCfg>]) {
         let Some(rt) = self.running.lock().expect("not poisoned").get(name).cloned() else { return };
         let old = rt.table.load_full();
         let table = build_table(&shared.metrics, &shared.shutdown.kill, &old.cfg, extra, Some(&old));

@@ -9,10 +9,19 @@ use seedgate_config::router::{
 };
 use seedgate_config::{CidrPort, IpCidr};
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// The maps of a table and of a rebuild: a fast hasher, since a 10,000-route rebuild hashes every
+/// key. Its seed is random per process; clients only look keys up, they cannot insert any.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+pub fn fast_map<K: Hash + Eq, V>(capacity: usize) -> FastMap<K, V> {
+    FastMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default())
+}
 
 /// Pre-resolved counters of one route, so the hot path does no label lookups.
 pub struct RouteMeters {
@@ -25,12 +34,18 @@ pub struct RouteMeters {
 /// leaves the route unchanged keeps the same object (and its upstream state).
 pub struct Route {
     pub name: Arc<str>,
-    pub cfg: RouteCfg,
+    /// Shared with the route file it came from, so a rebuild recognises an unchanged route by
+    /// pointer instead of comparing configs.
+    pub cfg: Arc<RouteCfg>,
     pub upstreams: Vec<Arc<Upstream>>,
     pub balance: Balance,
     pub send_proxy: SendProxy,
     pub allowed_sources: Vec<IpCidr>,
     pub meters: RouteMeters,
+    /// The route's SNI patterns, normalized once: exact names and `*.` wildcard suffixes. Shared
+    /// keys, so rebuilding a table allocates nothing for a route it keeps.
+    exact_keys: Vec<Arc<str>>,
+    wildcard_keys: Vec<Arc<str>>,
     /// Cancelled when this route's live connections must end: at the end of the shutdown grace
     /// (it is a child of the kill token), or `drain_deadline` after a reload changed or removed
     /// the route. One token per route, so a connection waits on a single small future.
@@ -75,9 +90,9 @@ pub struct ConnectQuery<'a> {
 pub struct Table {
     pub cfg: ListenerCfg,
     pub routes: Vec<Arc<Route>>,
-    exact: HashMap<String, usize>,
-    wildcard: HashMap<String, usize>,
-    dest_exact: HashMap<(IpAddr, u16), usize>,
+    exact: FastMap<Arc<str>, usize>,
+    wildcard: FastMap<Arc<str>, usize>,
+    dest_exact: FastMap<(IpAddr, u16), usize>,
     /// Prefix (or port-less) destinations, most specific first.
     dest_prefix: Vec<(CidrPort, usize)>,
     connect: Vec<ConnectRule>,
@@ -90,31 +105,30 @@ impl Table {
     /// state and never disturb such routes.
     pub fn build(
         cfg: &ListenerCfg,
-        extra: &[&RouteCfg],
-        mut reuse: impl FnMut(&RouteCfg) -> Option<Arc<Route>>,
-        mut new_route: impl FnMut(&RouteCfg) -> Arc<Route>,
+        extra: &[&Arc<RouteCfg>],
+        mut reuse: impl FnMut(&Arc<RouteCfg>) -> Option<Arc<Route>>,
+        mut new_route: impl FnMut(&Arc<RouteCfg>) -> Arc<Route>,
     ) -> Self {
+        let own: Vec<Arc<RouteCfg>> = cfg.routes.iter().map(|r| Arc::new(r.clone())).collect();
         let mut t = Table {
             cfg: cfg.clone(),
             routes: Vec::with_capacity(cfg.routes.len() + extra.len()),
-            exact: HashMap::new(),
-            wildcard: HashMap::new(),
-            dest_exact: HashMap::new(),
+            exact: fast_map(cfg.routes.len() + extra.len()),
+            wildcard: fast_map(0),
+            dest_exact: fast_map(0),
             dest_prefix: Vec::new(),
             connect: Vec::new(),
             default: None,
         };
-        for (i, r) in cfg.routes.iter().chain(extra.iter().copied()).enumerate() {
+        for (i, r) in own.iter().chain(extra.iter().copied()).enumerate() {
             let route = reuse(r).unwrap_or_else(|| new_route(r));
-            t.routes.push(route);
-            for s in &r.sni {
-                // Validation guarantees the pattern is valid; skip defensively otherwise.
-                let Some(n) = normalize_sni_pattern(s) else { continue };
-                match n.strip_prefix("*.") {
-                    Some(suffix) => t.wildcard.insert(suffix.to_owned(), i),
-                    None => t.exact.insert(n, i),
-                };
+            for k in &route.exact_keys {
+                t.exact.insert(k.clone(), i);
             }
+            for k in &route.wildcard_keys {
+                t.wildcard.insert(k.clone(), i);
+            }
+            t.routes.push(route);
             for d in &r.destination {
                 let full = d.net.prefix_len() == if d.net.0.addr().is_ipv4() { 32 } else { 128 };
                 match (full, d.port) {
@@ -206,8 +220,18 @@ impl Table {
 }
 
 /// Build a fresh route object (new upstream state). `kill` is the shutdown kill token.
-pub fn new_route(cfg: &RouteCfg, meters: RouteMeters, kill: &CancellationToken) -> Arc<Route> {
+pub fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &CancellationToken) -> Arc<Route> {
+    let (mut exact_keys, mut wildcard_keys) = (Vec::new(), Vec::new());
+    // Validation guarantees the patterns are valid; skip defensively otherwise.
+    for n in cfg.sni.iter().filter_map(|s| normalize_sni_pattern(s)) {
+        match n.strip_prefix("*.") {
+            Some(suffix) => wildcard_keys.push(Arc::from(suffix)),
+            None => exact_keys.push(Arc::from(n)),
+        }
+    }
     Arc::new(Route {
+        exact_keys,
+        wildcard_keys,
         name: Arc::from(cfg.name.as_str()),
         cfg: cfg.clone(),
         upstreams: cfg.upstreams.iter().map(|u| Arc::new(Upstream::new(u.clone()))).collect(),
