@@ -2,11 +2,12 @@
 
 use crate::Shared;
 use crate::listeners::{Extra, Listeners};
+use crate::table::FileChange;
 use proxy_core::dirwatch::{FileMetrics, Update};
 use seedgate_config::ConfigError;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Claims, Route as RouteCfg};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -104,11 +105,15 @@ impl RouteFiles {
         self.claims = claims;
     }
 
-    /// Take in an update of the directory; returns the listeners whose file routes changed.
-    pub(crate) fn absorb(&mut self, up: Update<Vec<RouteCfg>>) -> BTreeSet<String> {
-        let mut touched = BTreeSet::new();
-        let listeners_of = |rs: &[Arc<RouteCfg>]| -> Vec<String> {
-            rs.iter().filter_map(|r| r.listener.as_ref().map(|l| l.value.clone())).collect()
+    /// Take in an update of the directory; returns, per listener, the file routes it changed.
+    pub(crate) fn absorb(&mut self, up: Update<Vec<RouteCfg>>) -> BTreeMap<String, FileChange> {
+        let mut changes: BTreeMap<String, FileChange> = BTreeMap::new();
+        let mut note = |rs: &[Arc<RouteCfg>], added: bool| {
+            for r in rs {
+                let Some(l) = &r.listener else { continue };
+                let c = changes.entry(l.value.clone()).or_default();
+                if added { c.added.push(r.clone()) } else { c.gone.push(r.clone()) }
+            }
         };
         for (file, parsed) in up.loaded {
             let started = Instant::now();
@@ -124,9 +129,9 @@ impl RouteFiles {
             self.refused.remove(&file);
             self.count("success");
             let n = routes.len();
-            touched.extend(listeners_of(&routes));
+            note(&routes, true);
             if let Some(old) = self.set(&file, Some(routes)) {
-                touched.extend(listeners_of(&old));
+                note(&old, false);
             }
             let check_ms = started.elapsed().as_secs_f64() * 1e3;
             tracing::info!(%file, routes = n, check_ms, "route file loaded");
@@ -135,7 +140,7 @@ impl RouteFiles {
             self.refused.remove(&file);
             if let Some(old) = self.set(&file, None) {
                 self.claims.remove(&old, &file);
-                touched.extend(listeners_of(&old));
+                note(&old, false);
                 self.count("removed");
                 tracing::info!(%file, routes = old.len(), "route file removed");
             }
@@ -143,7 +148,7 @@ impl RouteFiles {
         if let Some(m) = &self.metrics {
             m.files.set(self.files.len() as i64);
         }
-        touched
+        changes
     }
 
     /// Check `routes` of `file` against everything else and, if they fit, make them the file's
@@ -163,10 +168,11 @@ impl RouteFiles {
         }
     }
 
-    /// Rebuild the tables of the `touched` listeners with their file routes.
-    pub(crate) fn rebuild(&self, shared: &Shared, listeners: &Listeners, touched: &BTreeSet<String>) {
-        for name in touched {
-            listeners.set_file_routes(shared, name, &self.extra_of(name));
+    /// Apply the `changes` to the listeners' tables (patched, or rebuilt with all their file
+    /// routes where order matters).
+    pub(crate) fn apply(&self, shared: &Shared, listeners: &Listeners, changes: &BTreeMap<String, FileChange>) {
+        for (name, change) in changes {
+            listeners.set_file_routes(shared, name, change, || self.extra_of(name));
         }
     }
 }

@@ -118,11 +118,11 @@ impl Service for Router {
                     let applied = tokio::task::spawn_blocking(move || {
                         let started = std::time::Instant::now();
                         let mut files = this.files.blocking_lock();
-                        let touched = files.absorb(up);
-                        files.rebuild(&this.shared, &this.listeners, &touched);
+                        let changes = files.absorb(up);
+                        files.apply(&this.shared, &this.listeners, &changes);
                         drop(files);
                         let apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                        tracing::info!(listeners = touched.len(), apply_ms, "route files applied");
+                        tracing::info!(listeners = changes.len(), apply_ms, "route files applied");
                     })
                     .await;
                     if let Err(e) = applied {

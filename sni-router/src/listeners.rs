@@ -1,6 +1,6 @@
 //! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
 
-use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
+use crate::table::{FastMap, FileChange, Route, RouteMeters, Table, fast_map, new_route};
 use crate::{Metrics, Shared};
 use arc_swap::ArcSwap;
 use proxy_core::accept::{ConnLimit, UNLIMITED, accept_error_label, accept_loop};
@@ -220,14 +220,34 @@ impl Listeners {
 }
 
 impl Listeners {
-    /// Replace the route-file routes of listener `name` with `extra`: its table is rebuilt from
-    /// the listener config it has and swapped. Unchanged routes keep their objects (and live
-    /// connections); changed and removed ones drain by their deadline.
-    pub(crate) fn set_file_routes(&self, shared: &Shared, name: &str, extra: &[&Arc<RouteCfg>]) {
+    /// Apply a change of listener `name`'s file routes: its table is patched (or, where route
+    /// order matters, rebuilt from its listener config and `all_extra`, every file route it has
+    /// now) and swapped. Unchanged routes keep their objects (and live connections); changed
+    /// and removed ones drain by their deadline.
+    pub(crate) fn set_file_routes<'a>(
+        &self,
+        shared: &Shared,
+        name: &str,
+        change: &FileChange,
+        all_extra: impl FnOnce() -> Vec<&'a Arc<RouteCfg>>,
+    ) {
         let Some(rt) = self.running.lock().expect("not poisoned").get(name).cloned() else { return };
         let old = rt.table.load_full();
-        let table = build_table(&shared.metrics, &shared.shutdown.kill, &old.cfg, extra, Some(&old));
-        retire_replaced(&old, Some(&table));
+        let (m, kill) = (&shared.metrics, &shared.shutdown.kill);
+        let table = match old.patch(change, |rc| new_route(rc, route_meters(m, &old.cfg.name, &rc.name), kill)) {
+            Some((table, retired)) => {
+                for r in retired {
+                    let deadline = table.route_named(&r.name).map_or(r.cfg.drain_deadline, |n| n.cfg.drain_deadline);
+                    r.retire(deadline.map(|d| d.get()));
+                }
+                table
+            }
+            None => {
+                let table = build_table(m, kill, &old.cfg, &all_extra(), Some(&old));
+                retire_replaced(&old, Some(&table));
+                table
+            }
+        };
         let routes = table.routes.len();
         rt.table.store(Arc::new(table));
         shared.metrics.routes.with_label_values(&[name]).set(routes as i64);

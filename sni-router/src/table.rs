@@ -73,12 +73,13 @@ impl Route {
 }
 
 /// A CONNECT route's condition.
+#[derive(Clone)]
 struct ConnectRule {
     header: Option<String>,
     values: Vec<String>,
     regex: Option<Regex>,
     authority: Vec<String>,
-    route: usize,
+    route: Arc<Route>,
 }
 
 /// What a CONNECT request offers for matching.
@@ -87,16 +88,42 @@ pub struct ConnectQuery<'a> {
     pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
 }
 
+/// Lookups give the route object itself (not an index), so a table can be patched — one shoot's
+/// file changed — without renumbering the rest.
+#[derive(Clone)]
 pub struct Table {
     pub cfg: ListenerCfg,
+    /// Every route: the listener's own, then file routes (a patch appends).
     pub routes: Vec<Arc<Route>>,
-    exact: FastMap<Arc<str>, usize>,
-    wildcard: FastMap<Arc<str>, usize>,
-    dest_exact: FastMap<(IpAddr, u16), usize>,
+    by_name: FastMap<Arc<str>, Arc<Route>>,
+    exact: FastMap<Arc<str>, Arc<Route>>,
+    wildcard: FastMap<Arc<str>, Arc<Route>>,
+    dest_exact: FastMap<(IpAddr, u16), Arc<Route>>,
     /// Prefix (or port-less) destinations, most specific first.
-    dest_prefix: Vec<(CidrPort, usize)>,
+    dest_prefix: Vec<(CidrPort, Arc<Route>)>,
     connect: Vec<ConnectRule>,
-    default: Option<usize>,
+    default: Option<Arc<Route>>,
+}
+
+/// A destination that is one address and port (a map key), not a prefix or port-less match.
+fn exact_destination(d: &CidrPort) -> Option<(IpAddr, u16)> {
+    let full = d.net.prefix_len() == if d.net.0.addr().is_ipv4() { 32 } else { 128 };
+    d.port.filter(|_| full).map(|p| (d.net.0.addr(), p))
+}
+
+/// Whether a route's place among the others matters (CONNECT rules match first-listed first;
+/// destination prefixes are sorted): such a route is not patched in or out.
+fn ordered(r: &RouteCfg) -> bool {
+    r.connect.is_some() || r.destination.iter().any(|d| exact_destination(d).is_none())
+}
+
+/// The file routes of one listener that one update of the route directory changed.
+#[derive(Default)]
+pub struct FileChange {
+    /// Configs that are no longer in force (of changed or removed files).
+    pub gone: Vec<Arc<RouteCfg>>,
+    /// Configs newly in force.
+    pub added: Vec<Arc<RouteCfg>>,
 }
 
 impl Table {
@@ -110,33 +137,23 @@ impl Table {
         mut new_route: impl FnMut(&Arc<RouteCfg>) -> Arc<Route>,
     ) -> Self {
         let own: Vec<Arc<RouteCfg>> = cfg.routes.iter().map(|r| Arc::new(r.clone())).collect();
+        let n = cfg.routes.len() + extra.len();
         let mut t = Table {
             cfg: cfg.clone(),
-            routes: Vec::with_capacity(cfg.routes.len() + extra.len()),
-            exact: fast_map(cfg.routes.len() + extra.len()),
+            routes: Vec::with_capacity(n),
+            by_name: fast_map(n),
+            exact: fast_map(n),
             wildcard: fast_map(0),
             dest_exact: fast_map(0),
             dest_prefix: Vec::new(),
             connect: Vec::new(),
             default: None,
         };
-        for (i, r) in own.iter().chain(extra.iter().copied()).enumerate() {
+        for r in own.iter().chain(extra.iter().copied()) {
             let route = reuse(r).unwrap_or_else(|| new_route(r));
-            for k in &route.exact_keys {
-                t.exact.insert(k.clone(), i);
-            }
-            for k in &route.wildcard_keys {
-                t.wildcard.insert(k.clone(), i);
-            }
-            t.routes.push(route);
-            for d in &r.destination {
-                let full = d.net.prefix_len() == if d.net.0.addr().is_ipv4() { 32 } else { 128 };
-                match (full, d.port) {
-                    (true, Some(p)) => {
-                        t.dest_exact.insert((d.net.0.addr(), p), i);
-                    }
-                    _ => t.dest_prefix.push((*d, i)),
-                }
+            t.index(&route);
+            for d in r.destination.iter().filter(|d| exact_destination(d).is_none()) {
+                t.dest_prefix.push((*d, route.clone()));
             }
             if let Some(c) = &r.connect {
                 t.connect.push(ConnectRule {
@@ -144,16 +161,93 @@ impl Table {
                     values: c.values.clone(),
                     regex: c.regex.as_ref().and_then(|re| Regex::new(&format!("^(?:{re})$")).ok()),
                     authority: c.authority.iter().map(|a| a.to_ascii_lowercase()).collect(),
-                    route: i,
+                    route: route.clone(),
                 });
             }
             if cfg.default_route.as_deref() == Some(r.name.as_str()) {
-                t.default = Some(i);
+                t.default = Some(route.clone());
             }
+            t.routes.push(route);
         }
         // Longest prefix first; among equal prefixes a port-specific entry first.
         t.dest_prefix.sort_by_key(|(c, _)| (std::cmp::Reverse(c.net.prefix_len()), c.port.is_none()));
         t
+    }
+
+    /// Enter a route in the maps keyed by name, SNI and exact destination.
+    fn index(&mut self, route: &Arc<Route>) {
+        self.by_name.insert(route.name.clone(), route.clone());
+        for k in &route.exact_keys {
+            self.exact.insert(k.clone(), route.clone());
+        }
+        for k in &route.wildcard_keys {
+            self.wildcard.insert(k.clone(), route.clone());
+        }
+        for key in route.cfg.destination.iter().filter_map(exact_destination) {
+            self.dest_exact.insert(key, route.clone());
+        }
+    }
+
+    /// Take a route out of those maps (only where it is the one entered).
+    fn unindex(&mut self, route: &Arc<Route>) {
+        fn out<K: Hash + Eq>(m: &mut FastMap<K, Arc<Route>>, k: &K, route: &Arc<Route>) {
+            if m.get(k).is_some_and(|r| Arc::ptr_eq(r, route)) {
+                m.remove(k);
+            }
+        }
+        out(&mut self.by_name, &route.name, route);
+        for k in &route.exact_keys {
+            out(&mut self.exact, k, route);
+        }
+        for k in &route.wildcard_keys {
+            out(&mut self.wildcard, k, route);
+        }
+        for key in route.cfg.destination.iter().filter_map(exact_destination) {
+            out(&mut self.dest_exact, &key, route);
+        }
+    }
+
+    /// This table with one update of the route files applied in place of a rebuild: the work is
+    /// a copy of the maps plus the changed routes, not a pass over every route's config. Returns
+    /// the new table and the routes it no longer carries; `None` when a changed route's place
+    /// matters (CONNECT rules, destination prefixes), so the caller rebuilds in full.
+    pub fn patch(
+        &self,
+        change: &FileChange,
+        mut new_route: impl FnMut(&Arc<RouteCfg>) -> Arc<Route>,
+    ) -> Option<(Table, Vec<Arc<Route>>)> {
+        if change.gone.iter().chain(&change.added).any(|r| ordered(r)) {
+            return None;
+        }
+        let mut added: FastMap<&str, &Arc<RouteCfg>> = fast_map(change.added.len());
+        added.extend(change.added.iter().map(|r| (r.name.as_str(), r)));
+        let mut t = self.clone();
+        let mut retired = Vec::new();
+        for g in &change.gone {
+            let Some(old) = t.by_name.get(g.name.as_str()).cloned() else { continue };
+            // A file rewritten with this route unchanged: the running route stays as it is.
+            if added.get(g.name.as_str()).is_some_and(|a| ***a == *old.cfg) {
+                added.remove(g.name.as_str());
+                continue;
+            }
+            t.unindex(&old);
+            retired.push(old);
+        }
+        if !retired.is_empty() {
+            let out: std::collections::HashSet<*const Route> = retired.iter().map(Arc::as_ptr).collect();
+            t.routes.retain(|r| !out.contains(&Arc::as_ptr(r)));
+        }
+        // In the order of the change (file, then route order), for a stable `routes` listing.
+        for a in change.added.iter().filter(|a| added.contains_key(a.name.as_str())) {
+            let route = new_route(a);
+            t.index(&route);
+            t.routes.push(route);
+        }
+        Some((t, retired))
+    }
+
+    pub fn route_named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.by_name.get(name)
     }
 
     pub fn proxy_mode(&self) -> ProxyProtocolMode {
@@ -169,7 +263,7 @@ impl Table {
     }
 
     pub fn default_route(&self) -> Option<&Arc<Route>> {
-        self.default.map(|i| &self.routes[i])
+        self.default.as_ref()
     }
 
     /// The header names CONNECT routes look at (to name the offered value in a 403).
@@ -180,19 +274,19 @@ impl Table {
     /// Route by SNI: exact name, then the one-label wildcard, then nothing (caller decides on
     /// the default route). `sni` is already lower-case without a trailing dot.
     pub fn by_sni(&self, sni: &str) -> Option<&Arc<Route>> {
-        if let Some(&i) = self.exact.get(sni) {
-            return Some(&self.routes[i]);
+        if let Some(r) = self.exact.get(sni) {
+            return Some(r);
         }
         let (_, parent) = sni.split_once('.')?;
-        self.wildcard.get(parent).map(|&i| &self.routes[i])
+        self.wildcard.get(parent)
     }
 
     pub fn by_destination(&self, dst: SocketAddr) -> Option<&Arc<Route>> {
         let ip = seedgate_config::canonical(dst.ip());
-        if let Some(&i) = self.dest_exact.get(&(ip, dst.port())) {
-            return Some(&self.routes[i]);
+        if let Some(r) = self.dest_exact.get(&(ip, dst.port())) {
+            return Some(r);
         }
-        self.dest_prefix.iter().find(|(c, _)| c.matches_ip_port(ip, dst.port())).map(|&(_, i)| &self.routes[i])
+        self.dest_prefix.iter().find(|(c, _)| c.matches_ip_port(ip, dst.port())).map(|(_, r)| r)
     }
 
     /// First CONNECT rule (in config order) whose every given condition holds.
@@ -215,7 +309,7 @@ impl Table {
                     },
                 }
             })
-            .map(|rule| &self.routes[rule.route])
+            .map(|rule| &rule.route)
     }
 }
 
@@ -241,4 +335,78 @@ pub fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &CancellationTo
         meters,
         end: kill.child_token(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy_core::prometheus::IntCounter;
+    use seedgate_config::router::parse_route_file;
+
+    fn cfgs(text: &str) -> Vec<Arc<RouteCfg>> {
+        parse_route_file(text, "t.yaml").expect("valid").into_iter().map(Arc::new).collect()
+    }
+
+    fn route(text: &str) -> Arc<RouteCfg> {
+        cfgs(&format!("routes:\n{text}")).remove(0)
+    }
+
+    fn fresh(rc: &Arc<RouteCfg>) -> Arc<Route> {
+        let c = || IntCounter::new("c", "c").expect("counter");
+        new_route(rc, RouteMeters { ok: c(), to_upstream: c(), to_client: c() }, &CancellationToken::new())
+    }
+
+    fn listener() -> ListenerCfg {
+        let cfg = seedgate_config::router::parse("listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n", "m.yaml");
+        cfg.expect("valid").listeners.remove(0)
+    }
+
+    fn sni(t: &Table, name: &str) -> Option<String> {
+        t.by_sni(name).map(|r| r.name.to_string())
+    }
+
+    /// Patching one file's change gives the lookups a full rebuild gives, keeps unchanged routes
+    /// as the same objects, and returns exactly the routes it dropped.
+    #[test]
+    fn a_patch_is_a_rebuild_of_the_changed_routes_only() {
+        let a = route("  - { listener: gateway, name: a, sni: [a.example], upstreams: [127.0.0.1:1] }");
+        let b = route("  - { listener: gateway, name: b, sni: ['*.b.example'], upstreams: [127.0.0.1:1] }");
+        let c = route(
+            "  - { listener: gateway, name: c, sni: [c.example], destination: [10.0.0.3:443], upstreams: [127.0.0.1:1] }",
+        );
+        let l = listener();
+        let t = Table::build(&l, &[&a, &b, &c], |_| None, fresh);
+        assert_eq!(sni(&t, "x.b.example").as_deref(), Some("b"));
+        // b changes its SNI, c goes away, d arrives; a is rewritten unchanged (a new allocation).
+        let a2 = route("  - { listener: gateway, name: a, sni: [a.example], upstreams: [127.0.0.1:1] }");
+        let b2 = route("  - { listener: gateway, name: b, sni: [b2.example], upstreams: [127.0.0.1:1] }");
+        let d = route("  - { listener: gateway, name: d, sni: [d.example], upstreams: [127.0.0.1:1] }");
+        let change =
+            FileChange { gone: vec![a.clone(), b.clone(), c.clone()], added: vec![a2.clone(), b2.clone(), d.clone()] };
+        let (p, retired) = t.patch(&change, fresh).expect("no ordered routes");
+        let full = Table::build(&l, &[&a2, &b2, &d], |_| None, fresh);
+        for name in ["a.example", "x.b.example", "b2.example", "c.example", "d.example", "z.example"] {
+            assert_eq!(sni(&p, name), sni(&full, name), "{name}");
+        }
+        assert_eq!(p.by_destination("10.0.0.3:443".parse().unwrap()).map(|r| r.name.to_string()), None);
+        let mut gone: Vec<&str> = retired.iter().map(|r| &*r.name).collect();
+        gone.sort_unstable();
+        assert_eq!(gone, ["b", "c"]);
+        assert!(Arc::ptr_eq(p.route_named("a").unwrap(), t.route_named("a").unwrap()), "unchanged route kept");
+        assert_eq!(p.routes.len(), 3);
+        // The table patched from is untouched (connections that loaded it keep it).
+        assert_eq!(sni(&t, "c.example").as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn routes_whose_order_matters_are_rebuilt_not_patched() {
+        let t = Table::build(&listener(), &[], |_| None, fresh);
+        let connect =
+            route("  - { listener: gateway, name: k, connect: { authority: ['k:443'] }, upstreams: [127.0.0.1:1] }");
+        let prefix = route("  - { listener: gateway, name: p, destination: [10.0.0.0/8], upstreams: [127.0.0.1:1] }");
+        for r in [connect, prefix] {
+            assert!(t.patch(&FileChange { gone: vec![], added: vec![r.clone()] }, fresh).is_none());
+            assert!(t.patch(&FileChange { gone: vec![r], added: vec![] }, fresh).is_none());
+        }
+    }
 }
