@@ -7,6 +7,11 @@ use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// One maximal TLS record as it is on the wire: 5-byte record header plus 2^14 bytes of payload.
+/// `limits.client_hello_max` counts wire bytes (record headers included), since that is what the
+/// router buffers and replays, so this is the smallest cap that takes every single-record hello.
+pub const CLIENT_HELLO_ONE_RECORD: usize = 5 + 16 * 1024;
+
 default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9901);
     drain_grace_default: Dur = Dur::secs(30);
@@ -14,7 +19,7 @@ default_fn! {
     connect_default: Dur = Dur::secs(5);
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
-    client_hello_max_default: usize = 16 * 1024;
+    client_hello_max_default: usize = CLIENT_HELLO_ONE_RECORD;
     connect_head_max_default: usize = 8 * 1024;
     proxy_depth_default: u8 = 2;
     eject_default: Dur = Dur::secs(10);
@@ -68,7 +73,8 @@ pub struct Limits {
     /// Connections held at once by the whole process (accepting pauses at the limit).
     #[serde(default = "max_connections_default")]
     pub max_connections: usize,
-    /// Largest ClientHello (all the records carrying it) the router buffers.
+    /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
+    /// their 5-byte headers included. The default takes one maximal record.
     #[serde(default = "client_hello_max_default")]
     pub client_hello_max: usize,
     /// Largest HTTP CONNECT request head.
@@ -248,7 +254,11 @@ fn validate_limits(l: &Limits, p: &mut Problems) {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }
     if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
-        p.push((0, 0), "limits.client_hello_max", "must be between 512 and 262144 bytes");
+        p.push(
+            (0, 0),
+            "limits.client_hello_max",
+            "must be between 512 and 262144 bytes (TLS records, headers included)",
+        );
     }
     if l.connect_head_max < 256 || l.connect_head_max > 64 * 1024 {
         p.push((0, 0), "limits.connect_head_max", "must be between 256 and 65536 bytes");
@@ -530,6 +540,16 @@ listeners:
                    values: ["outbound|443||kube-apiserver.shoot--a.svc.cluster.local"] }
         upstreams: [10.0.1.5:443]
 "#;
+
+    #[test]
+    fn default_client_hello_cap_is_one_maximal_record_on_the_wire() {
+        let c = parse("listeners: [{ name: a, listen: 127.0.0.1:1 }]\n", "f.yaml").unwrap();
+        assert_eq!(c.limits.client_hello_max, 16389);
+        assert_eq!(c.limits.client_hello_max, CLIENT_HELLO_ONE_RECORD);
+        let c = parse("limits: { client_hello_max: 16389 }\nlisteners: [{ name: a, listen: 127.0.0.1:1 }]\n", "f.yaml")
+            .unwrap();
+        assert_eq!(c.limits, Limits::default());
+    }
 
     #[test]
     fn design_contract_example_parses() {

@@ -175,8 +175,12 @@ impl Service for Router {
 
 #[cfg(test)]
 pub(crate) fn test_shared() -> Shared {
-    let cfg =
-        seedgate_config::router::parse("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n", "t.yaml").expect("valid");
+    test_shared_with("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n")
+}
+
+#[cfg(test)]
+pub(crate) fn test_shared_with(yaml: &str) -> Shared {
+    let cfg = seedgate_config::router::parse(yaml, "t.yaml").expect("valid");
     let ctx = Ctx { registry: Default::default(), shutdown: Shutdown::new(), connections: Slots::new(10) };
     new_shared(Arc::new(cfg), &ctx)
 }

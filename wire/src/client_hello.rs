@@ -2,8 +2,10 @@
 // Indexing, unwrap and panics are banned here so that hostile input can never crash the proxy.
 #![deny(unsafe_code, clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-/// Cap used by the project (and by [`HelloParser::default`]): one maximal TLS record.
-pub const DEFAULT_MAX_LEN: usize = 16384;
+/// Cap used by the project (and by [`HelloParser::default`]): one maximal TLS record as it is on
+/// the wire, 5-byte header included. The cap counts wire bytes because that is what the router
+/// buffers (the records are replayed to the backend as they came).
+pub const DEFAULT_MAX_LEN: usize = RECORD_HEADER_LEN + MAX_RECORD_BODY;
 
 pub const ALERT_HANDSHAKE_FAILURE: u8 = 40;
 pub const ALERT_DECODE_ERROR: u8 = 50;
@@ -246,9 +248,9 @@ impl HelloParser {
                     let body = (usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c);
                     let total = HANDSHAKE_HEADER_LEN.saturating_add(body);
                     self.hs_total = Some(total);
+                    // No reserve from `total`: it is the peer's claim, and thousands of stalled
+                    // peers each claiming the cap would cost memory they never sent.
                     self.check_cap()?;
-                    // Safe to reserve: check_cap bounded `total` by max_len.
-                    self.hs.reserve_exact(total.saturating_sub(self.hs.len()));
                 }
             }
             if let Some(total) = self.hs_total
@@ -263,6 +265,13 @@ impl HelloParser {
             }
         }
         Ok(())
+    }
+
+    /// Bytes the parser holds allocated for the handshake message, for tests that check memory
+    /// grows with the bytes received rather than with the length the peer declared.
+    #[doc(hidden)]
+    pub fn buffer_capacity(&self) -> usize {
+        self.hs.capacity()
     }
 
     /// TooLarge as soon as the declared handshake length implies records beyond the cap.

@@ -533,7 +533,8 @@ pub struct V2Options<'a> {
     /// Append PP2_TYPE_CRC32C computed over the finished header.
     pub crc32c: bool,
     /// Written after authority and unique id, in order. Must not contain CRC32C (use the
-    /// flag) nor repeat AUTHORITY/UNIQUE_ID given above.
+    /// flag) nor repeat AUTHORITY/UNIQUE_ID given above; a PP2_TYPE_SSL value must have the
+    /// spec's structure (client u8, verify u32, then sub-TLVs that fill it exactly).
     pub extra_tlvs: &'a [(u8, &'a [u8])],
 }
 
@@ -551,7 +552,9 @@ pub fn encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> Vec<
 }
 
 /// Fallible [`encode_v2`]: rejects what [`parse`] would reject (oversized unique id or
-/// authority, duplicate special TLVs, CRC32C in `extra_tlvs`) and headers over 64 KiB.
+/// authority, duplicate special TLVs, CRC32C in `extra_tlvs`, a PP2_TYPE_SSL value without its
+/// 5-byte fixed part or with sub-TLVs overrunning it) and headers over 64 KiB, so whatever it
+/// returns parses back to the same fields.
 pub fn try_encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> Result<Vec<u8>, ProxyError> {
     use ppp::v2::{Builder, Command as C, Protocol, Version};
 
@@ -579,6 +582,11 @@ pub fn try_encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> 
         }
         if t == PP2_TYPE_UNIQUE_ID && v.len() > UNIQUE_ID_MAX_LEN {
             return Err(ProxyError::UniqueIdTooLong(v.len()));
+        }
+        if t == PP2_TYPE_SSL {
+            // The spec gives the SSL value a fixed structure; writing one parse refuses would
+            // make our own peer drop the connection.
+            check_ssl_tlv(v)?;
         }
     }
 

@@ -518,19 +518,37 @@ fn declared_handshake_length_above_cap_is_too_large_early() {
     let rec = [0x16, 0x03, 0x01, 0x40, 0x00];
     assert_eq!(parse_once(&rec, 1000), Err(HelloError::TooLarge));
     assert_eq!(parse_once(&rec[..4], 1000), Ok(Status::Incomplete));
-    // Fits in the cap only without record overhead: hello of 16379 bytes in 2 records > 16384.
-    let hs = padded_handshake(16379, &[]);
+    // Fits in the cap only without record overhead: a 16384-byte hello in 2 records is 16394 bytes.
+    let hs = padded_handshake(16384, &[]);
     let two = records(&hs, 16000);
     assert_eq!(parse_once(&two[..9], MAX), Err(HelloError::TooLarge));
-    assert_eq!(complete(&records(&hs, 16384)).len, 16384);
+    assert_eq!(complete(&records(&hs, 16384)).len, 16389);
 }
 
+/// The default cap is one maximal record on the wire: 5-byte header plus 2^14 bytes of payload.
 #[test]
 fn default_parser_uses_project_cap() {
-    let w = records(&padded_handshake(16379, &[]), 16384);
+    assert_eq!(DEFAULT_MAX_LEN, 16389);
+    let w = records(&padded_handshake(16384, &[]), 16384);
+    assert_eq!(w.len(), 16389);
     assert!(matches!(HelloParser::default().parse(&w), Ok(Status::Complete(_))));
-    let w = records(&padded_handshake(16380, &[]), 16384);
-    assert_eq!(HelloParser::default().parse(&w[..5]), Err(HelloError::TooLarge));
+    // One more handshake byte needs a second record, past the cap.
+    let w = records(&padded_handshake(16385, &[]), 16384);
+    assert_eq!(HelloParser::default().parse(&w[..9]), Err(HelloError::TooLarge));
+}
+
+/// Memory follows the bytes received, not the length the peer declared: 10,000 peers that send
+/// 9 bytes declaring a 200 KiB hello must not cost 2 GiB.
+#[test]
+fn declared_length_reserves_nothing() {
+    let mut w = vec![0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x03, 0x20, 0x00];
+    let mut p = HelloParser::new(256 * 1024);
+    assert_eq!(p.parse(&w), Ok(Status::Incomplete));
+    assert!(p.buffer_capacity() < 64, "reserved {} bytes for 9 received", p.buffer_capacity());
+    // It grows with what arrives (amortised doubling at most).
+    w.extend([0u8; 1000]);
+    assert_eq!(p.parse(&w), Ok(Status::Incomplete));
+    assert!(p.buffer_capacity() <= 2 * (w.len() - 5), "{} bytes held for {} received", p.buffer_capacity(), w.len());
 }
 
 /// Byte-by-byte feeding of 16 KiB hellos stays linear (a re-scanning parser would make this test crawl).

@@ -591,6 +591,36 @@ fn encode_v2_rejects_what_parse_rejects() {
     assert_eq!(parse(&b).unwrap().unwrap().len, V2_MAX_LEN);
 }
 
+/// SSL TLVs parse refuses are refused by the encoder with the same error; good ones round-trip.
+#[test]
+fn encode_v2_ssl_tlv_agrees_with_parse() {
+    let (s, d) = (sa("192.0.2.1:1"), sa("192.0.2.2:2"));
+    let mut overrun = vec![0x01, 0, 0, 0, 0];
+    overrun.extend([0x21, 0x00, 0x09, b'T', b'L', b'S']);
+    let bad: [&[u8]; 4] = [&[], &[1, 0, 0], &[1, 0, 0, 0, 0, 0x21], &overrun];
+    for value in bad {
+        let extra: [(u8, &[u8]); 1] = [(PP2_TYPE_SSL, value)];
+        let err = try_encode_v2(s, d, &V2Options { extra_tlvs: &extra, ..Default::default() }).unwrap_err();
+        // What parse says about the same bytes, written by hand.
+        let mut raw = try_encode_v2(s, d, &V2Options::default()).unwrap();
+        raw.push(PP2_TYPE_SSL);
+        raw.extend((value.len() as u16).to_be_bytes());
+        raw.extend(value);
+        let len = (raw.len() - 16) as u16;
+        raw[14..16].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(parse(&raw), Err(err), "{value:?}");
+    }
+    let mut good = vec![0x07, 0, 0, 0, 0];
+    good.extend([0x21, 0x00, 0x07, b'T', b'L', b'S', b'v', b'1', b'.', b'3']);
+    for value in [&[0x01, 0, 0, 0, 0][..], &good] {
+        let extra: [(u8, &[u8]); 1] = [(PP2_TYPE_SSL, value)];
+        let b = try_encode_v2(s, d, &V2Options { extra_tlvs: &extra, ..Default::default() }).unwrap();
+        let h = parse(&b).unwrap().unwrap();
+        assert_eq!(h.tlvs, vec![(PP2_TYPE_SSL, value.to_vec())]);
+        assert_eq!(h.len, b.len());
+    }
+}
+
 #[test]
 fn error_reasons_are_snake_case_labels() {
     let all = [
