@@ -1,5 +1,8 @@
-//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello, PROXY protocol, HTTP/1.x heads), with no async runtime.
+//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello, PROXY protocol, HTTP/1.x heads, control lines), with no async runtime.
 
 pub mod client_hello;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http_head;
+pub mod lines;
 pub mod proxy_protocol;

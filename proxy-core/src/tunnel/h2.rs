@@ -5,9 +5,10 @@ use super::{
     REASON_HEADER, Responder, TunnelSettings, TunnelStream,
 };
 use crate::guard::Active;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, client, server};
 use http::{Method, Request, Response, StatusCode};
+use proxy_wire::lines::LineFramer;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Control messages queued for one agent; a slow agent cannot make this grow without bound.
 const CONTROL_QUEUE: usize = 16;
-/// Largest control line accepted.
-const CONTROL_LINE_MAX: usize = 64 * 1024;
+/// Largest control line accepted (bytes before its newline).
+pub const CONTROL_LINE_MAX: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -260,35 +261,28 @@ async fn seed_control(
     }
 }
 
-/// JSON lines on a control stream. The buffer lives across lines: one DATA frame may carry
-/// several lines, or the end of one and the start of the next.
+/// JSON lines on a control stream, framed by [`LineFramer`] (sans-IO, so it is fuzzed and
+/// tested without a session).
 struct Lines {
     recv: h2::RecvStream,
-    buf: BytesMut,
+    framer: LineFramer,
 }
 
 impl Lines {
     fn new(recv: h2::RecvStream) -> Self {
-        Self { recv, buf: BytesMut::new() }
+        Self { recv, framer: LineFramer::new(CONTROL_LINE_MAX) }
     }
 
     /// The next line without its `\n`; `None` at the end of the stream, on an error, or when a
     /// line is longer than [`CONTROL_LINE_MAX`] (the stream is then useless: it is dropped).
     async fn next(&mut self) -> Option<Vec<u8>> {
         loop {
-            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-                if i > CONTROL_LINE_MAX {
-                    return None;
-                }
-                let line = self.buf.split_to(i + 1);
-                return Some(line[..i].to_vec());
-            }
-            if self.buf.len() > CONTROL_LINE_MAX {
-                return None;
+            if let Some(line) = self.framer.next_line().ok()? {
+                return Some(line);
             }
             let chunk = self.recv.data().await?.ok()?;
             let _ = self.recv.flow_control().release_capacity(chunk.len());
-            self.buf.extend_from_slice(&chunk);
+            self.framer.push(&chunk);
         }
     }
 }

@@ -15,6 +15,8 @@
 //!   hello line; the seed then sends JSON lines ([`ControlMsg`]);
 //! - liveness: HTTP/2 PING from both sides every keepalive interval.
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod h2;
 mod stream;
 

@@ -1,0 +1,364 @@
+//! Checks shared by the AFL targets (`wire/fuzz/`) and the corpus replay test: no panic, split invariance, round trips.
+//!
+//! Every `check_*` function panics when an invariant fails, which is what both AFL (a crash)
+//! and `cargo test` (a failure) need. Not part of the API: hidden from the docs.
+
+use crate::client_hello::{self, HelloParser};
+use crate::http_head::{self, HeadReader, RequestHead, ResponseHeadReader};
+use crate::lines::{LineFramer, TooLong};
+use crate::proxy_protocol::{self, Command, ProxyHeader, Transport, V2Options};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Inputs up to this length are also fed cut at every single point and byte by byte; longer
+/// ones only at the derived cut points (every cut point would make an execution quadratic).
+const EVERY_CUT_MAX: usize = 256;
+/// Most derived cut points per input.
+const MAX_CUTS: usize = 16;
+
+/// The ways `data` is fed: each is an increasing list of prefix lengths ending at `data.len()`.
+///
+/// Besides the whole input at once: every single cut and byte by byte for short inputs, and
+/// for any input a set of cut points drawn from a hash of the input itself, so the fuzzer
+/// chooses them by choosing the bytes without a separate encoding that would stop the
+/// captured fixtures from being usable as they are.
+pub fn splits(data: &[u8]) -> Vec<Vec<usize>> {
+    let n = data.len();
+    let mut out = vec![vec![n]];
+    if n <= EVERY_CUT_MAX {
+        out.extend((1..n).map(|c| vec![c, n]));
+        out.push((1..=n).collect());
+    }
+    // FNV-1a seed, xorshift draws: deterministic, so a replayed corpus file is fed the same way.
+    let mut x = data.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    if n > 1 {
+        let mut cuts: Vec<usize> = (0..MAX_CUTS)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Truncation is fine: any value maps to a valid cut point.
+                1 + (x as usize) % (n - 1)
+            })
+            .collect();
+        cuts.push(n);
+        cuts.sort_unstable();
+        cuts.dedup();
+        out.push(cuts);
+    }
+    out
+}
+
+/// Feeds growing prefixes to `poll` until it gives a verdict (`Some`), as a connection would;
+/// `None` if even the whole input was not enough.
+fn first_verdict<T>(cuts: &[usize], data: &[u8], mut poll: impl FnMut(&[u8]) -> Option<T>) -> Option<T> {
+    cuts.iter().find_map(|&c| poll(&data[..c]))
+}
+
+/// Panics unless every way of feeding `data` gives the verdict the whole input gives at once.
+fn split_invariant<T: PartialEq + std::fmt::Debug, R>(
+    data: &[u8],
+    mut new_reader: impl FnMut() -> R,
+    mut poll: impl FnMut(&mut R, &[u8]) -> Option<T>,
+) -> Option<T> {
+    let whole = poll(&mut new_reader(), data);
+    for cuts in splits(data) {
+        let mut r = new_reader();
+        let fed = first_verdict(&cuts, data, |prefix| poll(&mut r, prefix));
+        assert_eq!(fed, whole, "fed at {cuts:?} differs from the whole input");
+    }
+    whole
+}
+
+// ---------------------------------------------------------------- ClientHello
+
+/// `HelloParser` at the project's cap and at a small one.
+pub fn check_client_hello(data: &[u8]) {
+    for cap in [client_hello::DEFAULT_MAX_LEN, 512] {
+        let verdict = split_invariant(
+            data,
+            || HelloParser::new(cap),
+            |p, buf| match p.parse(buf) {
+                Ok(client_hello::Status::Incomplete) => None,
+                Ok(client_hello::Status::Complete(info)) => Some(Ok(info)),
+                Err(e) => Some(Err(e)),
+            },
+        );
+        if let Some(Ok(info)) = verdict {
+            assert!(info.len <= data.len() && info.len <= cap, "hello of {} bytes, cap {cap}", info.len);
+            assert!(info.records >= 1);
+            if let Some(sni) = &info.sni {
+                assert!(!sni.is_empty() && !sni.ends_with('.') && sni.bytes().all(|b| !b.is_ascii_uppercase()));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- PROXY protocol
+
+/// `parse` (and `detect`) fed in any split; a parsed header is re-encoded and parsed back.
+pub fn check_proxy_protocol(data: &[u8]) {
+    let detected = split_invariant(
+        data,
+        || (),
+        |_, buf| match proxy_protocol::detect(buf) {
+            proxy_protocol::Detect::Incomplete => None,
+            d => Some(d),
+        },
+    );
+    let verdict = split_invariant(data, || (), |_, buf| proxy_protocol::parse(buf).transpose());
+    if let Some(Ok(h)) = verdict {
+        assert!(h.len <= data.len());
+        assert!(detected.is_some());
+        reencode(&h);
+    }
+}
+
+/// A header with addresses, encoded again by us, parses back to the same addresses.
+fn reencode(h: &ProxyHeader) {
+    let (Some(src), Some(dst)) = (h.source, h.destination) else { return };
+    if h.version == 1 {
+        let line = proxy_protocol::encode_v1(src, dst);
+        let back = proxy_protocol::parse(&line).expect("our v1 line parses").expect("complete");
+        assert_eq!((back.source, back.destination, back.len), (Some(src), Some(dst), line.len()));
+    }
+    if matches!(h.transport, Transport::Tcp4 | Transport::Tcp6) {
+        let b = proxy_protocol::try_encode_v2(src, dst, &V2Options::default()).expect("plain v2 encodes");
+        let back = proxy_protocol::parse(&b).expect("our v2 header parses").expect("complete");
+        assert_eq!((back.source, back.destination), (Some(src), Some(dst)));
+    }
+}
+
+/// Little cursor over fuzzer bytes; reads past the end give zeros so every input means something.
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (head, tail) = self.0.split_at(n.min(self.0.len()));
+        self.0 = tail;
+        head
+    }
+    fn u8(&mut self) -> u8 {
+        self.take(1).first().copied().unwrap_or(0)
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+    fn addr(&mut self, v6: bool) -> SocketAddr {
+        let ip = if v6 {
+            let mut o = [0u8; 16];
+            for b in &mut o {
+                *b = self.u8();
+            }
+            IpAddr::V6(Ipv6Addr::from(o))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(self.u8(), self.u8(), self.u8(), self.u8()))
+        };
+        SocketAddr::new(ip, self.u16())
+    }
+}
+
+/// Addresses and TLVs chosen by the fuzzer: whatever `try_encode_v2` accepts must parse back
+/// (in any split) to the same fields, and `encode_v1` must round-trip its addresses.
+///
+/// Layout: flags (bit 0/1: source/destination IPv6, bit 2: CRC32C, bit 3: authority, bit 4:
+/// unique id), source, destination (4 or 16 address bytes, then a u16 port), authority (u8
+/// length, bytes, read as lossy UTF-8), unique id (u8 length, bytes), then extra TLVs (type,
+/// u16 length, value) to the end.
+pub fn check_proxy_roundtrip(data: &[u8]) {
+    let mut r = Bytes(data);
+    let flags = r.u8();
+    let src = r.addr(flags & 1 != 0);
+    let dst = r.addr(flags & 2 != 0);
+    let authority = (flags & 8 != 0).then(|| {
+        let n = r.u8();
+        String::from_utf8_lossy(r.take(usize::from(n))).into_owned()
+    });
+    let unique_id = (flags & 16 != 0).then(|| {
+        let n = r.u8();
+        r.take(usize::from(n)).to_vec()
+    });
+    let mut extra = Vec::new();
+    while !r.0.is_empty() {
+        let t = r.u8();
+        let n = r.u16();
+        extra.push((t, r.take(usize::from(n))));
+    }
+    let opts = V2Options {
+        authority: authority.as_deref(),
+        unique_id: unique_id.as_deref(),
+        crc32c: flags & 4 != 0,
+        extra_tlvs: &extra,
+    };
+
+    // v1 carries only addresses: they always round-trip (mixed families as IPv4-mapped IPv6).
+    let pair = same_family(src, dst);
+    let v1 = proxy_protocol::encode_v1(src, dst);
+    let back = proxy_protocol::parse(&v1).expect("encode_v1 output parses").expect("complete");
+    assert_eq!((back.source, back.destination, back.len), (Some(pair.0), Some(pair.1), v1.len()));
+
+    let Ok(wire) = proxy_protocol::try_encode_v2(src, dst, &opts) else { return };
+    let parsed = split_invariant(&wire, || (), |_, buf| proxy_protocol::parse(buf).transpose());
+    let h = match parsed {
+        Some(Ok(h)) => h,
+        other => panic!("try_encode_v2 accepted {opts:?} but parse says {other:?}"),
+    };
+    assert_eq!((h.version, h.command, h.len), (2, Command::Proxy, wire.len()));
+    assert_eq!(h.transport, if pair.0.is_ipv4() { Transport::Tcp4 } else { Transport::Tcp6 });
+    assert_eq!((h.source, h.destination), (Some(pair.0), Some(pair.1)));
+    // TLV order as documented: CRC32C, AUTHORITY, UNIQUE_ID, then the extras.
+    let mut want: Vec<(u8, Vec<u8>)> = Vec::new();
+    if opts.crc32c {
+        let crc = h.tlvs.first().map(|t| t.1.clone()).unwrap_or_default();
+        want.push((proxy_protocol::PP2_TYPE_CRC32C, crc));
+    }
+    want.extend(opts.authority.map(|a| (proxy_protocol::PP2_TYPE_AUTHORITY, a.as_bytes().to_vec())));
+    want.extend(opts.unique_id.map(|u| (proxy_protocol::PP2_TYPE_UNIQUE_ID, u.to_vec())));
+    want.extend(extra.iter().map(|&(t, v)| (t, v.to_vec())));
+    assert_eq!(h.tlvs, want);
+    let tlv = |ty| extra.iter().find(|e| e.0 == ty).map(|e| e.1);
+    let authority = opts.authority.map(str::to_owned).or_else(|| {
+        tlv(proxy_protocol::PP2_TYPE_AUTHORITY).map(|v| String::from_utf8(v.to_vec()).expect("accepted as UTF-8"))
+    });
+    assert_eq!(h.authority, authority);
+    let unique_id = opts.unique_id.or_else(|| tlv(proxy_protocol::PP2_TYPE_UNIQUE_ID)).map(<[u8]>::to_vec);
+    assert_eq!(h.unique_id, unique_id);
+}
+
+/// What the encoders do with a mixed pair (documented: IPv4-mapped IPv6 for both).
+fn same_family(src: SocketAddr, dst: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let v6 = |a: SocketAddr| match a.ip() {
+        IpAddr::V4(v4) => SocketAddr::from((v4.to_ipv6_mapped(), a.port())),
+        IpAddr::V6(_) => a,
+    };
+    if src.is_ipv4() == dst.is_ipv4() { (src, dst) } else { (v6(src), v6(dst)) }
+}
+
+// ---------------------------------------------------------------- HTTP heads
+
+/// `HeadReader` (project default cap and a small one) and `looks_like_http` in any split; on a
+/// parsed head, `connect_authority` and `absolute_form`; and those two on the input taken
+/// directly as a request target (no httparse in front), since CONNECT authorities and
+/// absolute-form targets are what the peer chooses.
+pub fn check_http_request(data: &[u8]) {
+    split_invariant(
+        data,
+        || (),
+        |_, buf| match http_head::looks_like_http(buf) {
+            http_head::Detect3::Incomplete => None,
+            d => Some(d),
+        },
+    );
+    for cap in [http_head::DEFAULT_MAX_LEN, 128] {
+        let verdict = split_invariant(data, || HeadReader::new(cap), |r, buf| r.poll(buf).transpose());
+        if let Some(Ok(head)) = verdict {
+            assert!(head.len <= data.len() && head.len <= cap);
+            assert!(head.version <= 1);
+            check_targets(&head);
+        }
+    }
+    if let Ok(target) = std::str::from_utf8(data) {
+        for method in ["CONNECT", "GET"] {
+            let head = RequestHead {
+                method: method.to_owned(),
+                target: target.to_owned(),
+                version: 1,
+                headers: Vec::new(),
+                len: 0,
+            };
+            check_targets(&head);
+        }
+    }
+}
+
+fn check_targets(head: &RequestHead) {
+    if let Ok((host, port)) = head.connect_authority() {
+        assert!(head.is_connect() && port != 0 && !host.is_empty());
+        check_host(&host, head.target.starts_with('['));
+    }
+    if let Ok((host, port, path)) = head.absolute_form() {
+        assert!(!head.is_connect() && port != 0 && !host.is_empty());
+        assert!(path.starts_with('/'), "{path:?}");
+        check_host(&host, head.target.get(7..).is_some_and(|t| t.starts_with('[')));
+    }
+}
+
+/// A host handed to the resolver: an IPv6 literal (brackets removed) or a DNS-style name.
+fn check_host(host: &str, bracketed: bool) {
+    if bracketed {
+        assert!(host.parse::<Ipv6Addr>().is_ok(), "{host:?}");
+    } else {
+        assert!(
+            host.len() <= 255 && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)),
+            "{host:?}"
+        );
+    }
+}
+
+/// `ResponseHeadReader` in any split; what it accepts httparse accepts with the same length and
+/// status, and a head httparse finds complete within the cap is accepted.
+pub fn check_http_response(data: &[u8]) {
+    let cap = http_head::DEFAULT_MAX_LEN;
+    let verdict = split_invariant(data, || ResponseHeadReader::new(cap), |r, buf| r.poll(buf).transpose());
+    let mut headers = [httparse::EMPTY_HEADER; http_head::MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let reference = resp.parse(data);
+    match (&verdict, reference) {
+        (Some(Ok(h)), Ok(httparse::Status::Complete(n))) => {
+            assert_eq!((h.len, Some(h.status)), (n, resp.code), "reader and httparse disagree");
+        }
+        (Some(Ok(h)), other) => panic!("reader accepted {h:?}, httparse says {other:?}"),
+        (_, Ok(httparse::Status::Complete(n))) if n < cap => {
+            panic!("httparse accepts a {n}-byte head, reader says {verdict:?}")
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------- control lines
+
+/// What framing a stream gives: the lines, then the refusal if a line was too long.
+pub type Framed = (Vec<Vec<u8>>, Option<TooLong>);
+
+/// Frames `data` with `limit` as a whole and in every split of [`splits`]; panics unless all
+/// agree, and returns the lines. Small limits reach the refusal with small inputs.
+pub fn check_lines(data: &[u8], limit: usize) -> Framed {
+    let frame = |cuts: &[usize]| {
+        let mut f = LineFramer::new(limit);
+        let mut lines = Vec::new();
+        let mut from = 0;
+        for &c in cuts {
+            f.push(&data[from..c]);
+            from = c;
+            loop {
+                match f.next_line() {
+                    Ok(Some(line)) => {
+                        assert!(line.len() <= limit && !line.contains(&b'\n'));
+                        lines.push(line);
+                    }
+                    Ok(None) => break,
+                    Err(e) => return (lines, Some(e)),
+                }
+            }
+            assert!(f.pending() <= limit, "{} bytes pending, limit {limit}", f.pending());
+        }
+        (lines, None)
+    };
+    let whole = frame(&[data.len()]);
+    for cuts in splits(data) {
+        assert_eq!(frame(&cuts), whole, "framing fed at {cuts:?} differs");
+    }
+    if whole.1.is_none() {
+        // Lossless: the lines and what is pending are the input minus the newlines.
+        let joined: usize = whole.0.iter().map(|l| l.len() + 1).sum();
+        assert!(joined <= data.len());
+    }
+    whole
+}
+
+/// Line framing at the first byte's choice of a small limit and at `big_limit` (the real one).
+/// Returns the lines at `big_limit`, for the caller to decode.
+pub fn check_control_framing(data: &[u8], big_limit: usize) -> Framed {
+    let small = usize::from(data.first().copied().unwrap_or(0) % 64);
+    check_lines(data, small);
+    check_lines(data, big_limit)
+}
