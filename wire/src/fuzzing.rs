@@ -24,7 +24,7 @@ const MAX_CUTS: usize = 16;
 pub fn splits(data: &[u8]) -> Vec<Vec<usize>> {
     let n = data.len();
     let mut out = vec![vec![n]];
-    if n <= EVERY_CUT_MAX {
+    if (1..=EVERY_CUT_MAX).contains(&n) {
         out.extend((1..n).map(|c| vec![c, n]));
         out.push((1..=n).collect());
     }
@@ -361,4 +361,27 @@ pub fn check_control_framing(data: &[u8], big_limit: usize) -> Framed {
     let small = usize::from(data.first().copied().unwrap_or(0) % 64);
     check_lines(data, small);
     check_lines(data, big_limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness itself: a reader whose answer depends on how its input was cut is caught.
+    #[test]
+    #[should_panic(expected = "differs from the whole input")]
+    fn a_split_dependent_reader_is_caught() {
+        // Answers with the length of the first prefix it sees: right only when fed whole.
+        split_invariant(b"abcdef", || (), |_, buf| Some(buf.len()));
+    }
+
+    #[test]
+    fn splits_end_at_the_whole_input_and_grow() {
+        for data in [&b""[..], b"x", &[7u8; 300], &[1u8; 100]] {
+            for cuts in splits(data) {
+                assert_eq!(cuts.last(), Some(&data.len()));
+                assert!(cuts.windows(2).all(|w| w[0] < w[1]), "{cuts:?}");
+            }
+        }
+    }
 }
