@@ -1,12 +1,17 @@
 //! The accept loop: a connection permit before `accept`, back-off on fd exhaustion, spawn at once.
+//!
+//! At a connection limit accepting pauses and new connections wait in the kernel backlog; every
+//! such wait is counted on the process-wide [`Slots`] ([`LimitStats`]), so overload shows in
+//! metrics and `/readyz?verbose` instead of looking like a fault.
 
 use crate::backoff::Backoff;
+use prometheus::{Counter, IntCounter, IntGauge, Registry};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +47,62 @@ impl Acceptor for UnixListener {
 pub struct Slots {
     sem: Arc<Semaphore>,
     size: Mutex<usize>,
+    stats: LimitStats,
+}
+
+/// How often and how long connections waited at a connection limit. Kept on the process-wide
+/// [`Slots`]; waits at a listener's own limit are counted there too.
+#[derive(Debug, Clone)]
+pub struct LimitStats {
+    /// Waits for a slot (each one: accepting paused, or a routed connection held back).
+    pub waits: IntCounter,
+    /// Time spent in those waits, summed (two waiting listeners count twice).
+    pub wait_seconds: Counter,
+    /// Waits going on now: above 0 means the process is at a limit.
+    pub waiting: IntGauge,
+}
+
+impl LimitStats {
+    fn new() -> Self {
+        Self {
+            waits: IntCounter::new(
+                "seedgate_connection_limit_waits_total",
+                "Times a connection slot was not free (limits.max_connections or a listener's max_connections): accepting paused, new connections wait in the kernel backlog.",
+            )
+            .expect("valid metric"),
+            wait_seconds: Counter::new(
+                "seedgate_connection_limit_wait_seconds_total",
+                "Time spent waiting for a free connection slot, summed over the waits.",
+            )
+            .expect("valid metric"),
+            waiting: IntGauge::new(
+                "seedgate_connection_limit_waiting",
+                "Waits for a connection slot going on now; above 0 means the process is at a connection limit.",
+            )
+            .expect("valid metric"),
+        }
+    }
+}
+
+/// A wait at a limit: counted when it starts, timed until it ends (or is cancelled).
+struct Waiting<'a> {
+    stats: &'a LimitStats,
+    started: Instant,
+}
+
+impl<'a> Waiting<'a> {
+    fn start(stats: &'a LimitStats) -> Self {
+        stats.waits.inc();
+        stats.waiting.inc();
+        Self { stats, started: Instant::now() }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.stats.waiting.dec();
+        self.stats.wait_seconds.inc_by(self.started.elapsed().as_secs_f64());
+    }
 }
 
 /// "No limit" for a listener without its own `max_connections`.
@@ -50,7 +111,28 @@ pub const UNLIMITED: usize = Semaphore::MAX_PERMITS;
 impl Slots {
     pub fn new(size: usize) -> Arc<Self> {
         let size = size.min(UNLIMITED);
-        Arc::new(Self { sem: Arc::new(Semaphore::new(size)), size: Mutex::new(size) })
+        Arc::new(Self { sem: Arc::new(Semaphore::new(size)), size: Mutex::new(size), stats: LimitStats::new() })
+    }
+
+    /// Export the wait statistics in `reg` (done once, for the process-wide slots).
+    pub fn register(&self, reg: &Registry) {
+        let s = &self.stats;
+        for m in [
+            Box::new(s.waits.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(s.wait_seconds.clone()),
+            Box::new(s.waiting.clone()),
+        ] {
+            reg.register(m).expect("metric registered once");
+        }
+    }
+
+    pub fn stats(&self) -> &LimitStats {
+        &self.stats
+    }
+
+    /// Slots in use now (may exceed the size for a while after a shrink).
+    pub fn in_use(&self) -> usize {
+        self.size().saturating_sub(self.available())
     }
 
     pub fn size(&self) -> usize {
@@ -89,6 +171,10 @@ impl Slots {
     async fn acquire(&self) -> OwnedSemaphorePermit {
         self.sem.clone().acquire_owned().await.expect("semaphore never closed")
     }
+
+    fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.sem.clone().try_acquire_owned().ok()
+    }
 }
 
 /// Connection limits: the process-wide slots and the listener's own.
@@ -112,9 +198,51 @@ impl ConnLimit {
 
     pub async fn acquire(&self) -> ConnPermit {
         // Local first: a saturated listener must not hold global slots other listeners need.
-        let local = self.local.acquire().await;
-        let global = self.global.acquire().await;
+        let local = self.wait(&self.local).await;
+        let global = self.wait(&self.global).await;
         ConnPermit { _global: global, _local: local }
+    }
+
+    /// A permit if both limits have a free slot now.
+    pub fn try_acquire(&self) -> Option<ConnPermit> {
+        let local = self.local.try_acquire()?;
+        let global = self.global.try_acquire()?;
+        Some(ConnPermit { _global: global, _local: local })
+    }
+
+    /// One slot of `slots`, counting the wait in the process-wide statistics when there is one.
+    async fn wait(&self, slots: &Slots) -> OwnedSemaphorePermit {
+        if let Some(p) = slots.try_acquire() {
+            return p;
+        }
+        let _waiting = Waiting::start(&self.global.stats);
+        slots.acquire().await
+    }
+}
+
+/// What the accept loop waits for before each `accept`, and hands to the connection with it.
+pub trait Admission: Send + Sync + 'static {
+    type Permit: Send + 'static;
+    fn admit(&self) -> impl Future<Output = Self::Permit> + Send;
+}
+
+/// A permit held by the connection for its whole life.
+impl Admission for ConnLimit {
+    type Permit = ConnPermit;
+    fn admit(&self) -> impl Future<Output = ConnPermit> + Send {
+        self.acquire()
+    }
+}
+
+/// Accept only while the limit has a free slot, but let the connection take its slot itself
+/// later (when it is routed): pre-routing connections then hold no slot of established ones.
+#[derive(Clone)]
+pub struct WhileFree(pub ConnLimit);
+
+impl Admission for WhileFree {
+    type Permit = ();
+    async fn admit(&self) {
+        drop(self.0.acquire().await);
     }
 }
 
@@ -128,16 +256,17 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 /// `tracker`, together with its permit; the loop waits for a permit before it accepts, so at the
 /// limit new connections queue in the kernel backlog instead of being accepted and dropped.
 /// `on_error` is told about every accept error (for metrics); the loop never ends on one.
-pub async fn accept_loop<A, F, Fut>(
+pub async fn accept_loop<A, L, F, Fut>(
     listener: A,
-    limit: ConnLimit,
+    limit: L,
     stop: CancellationToken,
     tracker: TaskTracker,
     mut on_error: impl FnMut(&io::Error),
     mut handle: F,
 ) where
     A: Acceptor,
-    F: FnMut(A::Conn, A::Addr, ConnPermit) -> Fut,
+    L: Admission,
+    F: FnMut(A::Conn, A::Addr, L::Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
@@ -145,7 +274,7 @@ pub async fn accept_loop<A, F, Fut>(
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            p = limit.acquire() => p,
+            p = limit.admit() => p,
         };
         let accepted = tokio::select! {
             biased;

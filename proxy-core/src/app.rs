@@ -179,6 +179,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));
     let admin = bind_admin(cfg.admin()).await?;
     let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(cfg.max_connections()) };
+    ctx.connections.register(&ctx.registry);
     let service = Arc::new(S::bind(cfg.clone(), ctx.clone()).await?);
     let app = Arc::new(App {
         service,
@@ -378,7 +379,9 @@ struct Hooks<S: Service>(Arc<App<S>>);
 
 impl<S: Service> AdminHooks for Hooks<S> {
     fn ready(&self) -> Vec<Check> {
-        self.0.service.ready()
+        let mut checks = vec![connection_limit_check(&self.0.ctx.connections)];
+        checks.extend(self.0.service.ready());
+        checks
     }
 
     fn config(&self) -> serde_json::Value {
@@ -388,6 +391,29 @@ impl<S: Service> AdminHooks for Hooks<S> {
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
         self.0.service.control(req)
     }
+}
+
+/// `/readyz?verbose` line of `limits.max_connections`. Always passing: at the limit the process
+/// still serves every connection it holds, and failing readiness would only move load that then
+/// comes back; the line (and `seedgate_connection_limit_*`) tells overload from a fault.
+fn connection_limit_check(slots: &Slots) -> Check {
+    let st = slots.stats();
+    let now = if st.waiting.get() > 0 {
+        "at the limit now: accepting paused, new connections wait in the kernel backlog"
+    } else {
+        "below the limit"
+    };
+    Check::new(
+        "connection-limit",
+        true,
+        format!(
+            "{}/{} connection slots in use, {now}; waited for a slot {} times, {:.3}s in all",
+            slots.in_use(),
+            slots.size(),
+            st.waits.get(),
+            st.wait_seconds.get()
+        ),
+    )
 }
 
 /// The whole `main` of a binary: flags, logging, config (`--check` exits here), bind, serve

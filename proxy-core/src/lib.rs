@@ -19,6 +19,7 @@ pub mod ids;
 pub mod io;
 pub mod metrics;
 pub mod net;
+pub mod pending;
 pub mod relay;
 pub mod reload;
 pub mod shutdown;

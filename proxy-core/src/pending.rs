@@ -1,0 +1,522 @@
+//! The pre-routing budget: connections accepted but not yet routed, capped per source, oldest evicted when full.
+//!
+//! A connection is *pending* from accept until its route is known (PROXY header, ClientHello or
+//! request head read). Pending connections have a budget of their own, apart from established
+//! (routed) ones, so clients that open connections and stall cannot hold the slots a real client
+//! needs:
+//!
+//! - **Per-source cap**: at most `per_source` pending connections per source key, the TCP peer
+//!   address masked to `/prefix_v4` or `/prefix_v6` (IPv4-mapped IPv6 counts as IPv4). The key is
+//!   the TCP peer, never an address from a PROXY header: that header is itself pending input. A
+//!   connection over the cap is refused at once.
+//! - **Oldest evicted**: when the budget is full, the oldest pending connection is cancelled
+//!   (its [`Admitted::evicted`] fires) and the new one takes its place, so a full budget costs
+//!   the stalled client, not the next one.
+//! - **Deadline shrinks under pressure**: with `P` pending (the new one not counted) out of a
+//!   budget of `B`, base deadline `D` and floor `F`, a new connection gets `D` while
+//!   `P <= B/2`, and `max(F, D - (D - F) * (2P/B - 1))` above, reaching `F` when the budget is
+//!   full. (When `F >= D` the deadline is always `D`.)
+//!
+//! [`Budget`] is the bookkeeping without I/O or clock; [`Pending`] puts it behind a lock, gives
+//! every entry a cancellation token and counts what happens in metrics.
+
+use prometheus::{IntCounterVec, IntGauge, Registry};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The settings of a pending budget (a reload may replace them; they apply to new admissions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingLimits {
+    /// Pending connections held at once (at least 1).
+    pub max_pending: usize,
+    /// Pending connections per source key; 0 means no per-source cap.
+    pub per_source: usize,
+    /// Prefix lengths that make the source key (clamped to 32 and 128).
+    pub prefix_v4: u8,
+    pub prefix_v6: u8,
+    /// The handshake deadline with no pressure, and the floor it shrinks to when full.
+    pub deadline: Duration,
+    pub deadline_floor: Duration,
+}
+
+impl PendingLimits {
+    /// The deadline of a connection admitted while `pending` others are pending (see the
+    /// module documentation for the formula).
+    pub fn deadline_at(&self, pending: usize) -> Duration {
+        let (d, f) = (self.deadline, self.deadline_floor);
+        let b = self.max_pending.max(1) as f64;
+        let p = pending as f64;
+        if f >= d || p <= b / 2.0 {
+            return d;
+        }
+        let frac = (2.0 * p / b - 1.0).min(1.0);
+        (d - (d - f).mul_f64(frac)).max(f)
+    }
+
+    /// The source key of `ip`: the address with the bits past the prefix cleared.
+    pub fn source_key(&self, ip: IpAddr) -> SourceKey {
+        match ip {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => SourceKey::V4(mask32(u32::from(v4), self.prefix_v4)),
+                None => SourceKey::V6(mask128(u128::from(v6), self.prefix_v6)),
+            },
+            IpAddr::V4(v4) => SourceKey::V4(mask32(u32::from(v4), self.prefix_v4)),
+        }
+    }
+}
+
+fn mask32(a: u32, prefix: u8) -> u32 {
+    match prefix.min(32) {
+        0 => 0,
+        p => a & (u32::MAX << (32 - p)),
+    }
+}
+
+fn mask128(a: u128, prefix: u8) -> u128 {
+    match prefix.min(128) {
+        0 => 0,
+        p => a & (u128::MAX << (128 - p)),
+    }
+}
+
+/// A source address masked to its prefix: the per-source cap counts by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SourceKey {
+    V4(u32),
+    V6(u128),
+}
+
+impl SourceKey {
+    pub fn ip(self) -> IpAddr {
+        match self {
+            SourceKey::V4(a) => IpAddr::V4(a.into()),
+            SourceKey::V6(a) => IpAddr::V6(a.into()),
+        }
+    }
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("too many pending connections from {0:?}")]
+    PerSource(SourceKey),
+}
+
+/// Identifies one admitted entry (admission order: a smaller id is older).
+pub type EntryId = u64;
+
+struct Entry<T> {
+    /// `None` when the entry is exempt from the per-source cap (not counted there).
+    key: Option<SourceKey>,
+    handle: T,
+}
+
+/// The bookkeeping of a pending budget, without I/O: entries in admission order, counts per
+/// source. `T` is what the caller needs to end an evicted entry (a cancellation token).
+pub struct Budget<T> {
+    limits: PendingLimits,
+    next: EntryId,
+    /// By admission order, so the oldest is the first.
+    entries: BTreeMap<EntryId, Entry<T>>,
+    /// Only sources with at least one entry (bounded by `max_pending`).
+    per_source: HashMap<SourceKey, usize>,
+}
+
+/// A successful admission.
+#[derive(Debug)]
+pub struct Admission<T> {
+    pub id: EntryId,
+    /// How long the new entry may stay pending.
+    pub deadline: Duration,
+    /// Handles of the entries evicted to make room, oldest first (more than one only after
+    /// `max_pending` shrank).
+    pub evicted: Vec<T>,
+}
+
+impl<T> Budget<T> {
+    pub fn new(limits: PendingLimits) -> Self {
+        Self { limits, next: 0, entries: BTreeMap::new(), per_source: HashMap::new() }
+    }
+
+    pub fn limits(&self) -> &PendingLimits {
+        &self.limits
+    }
+
+    /// New limits; they apply from the next admission (nothing is evicted now).
+    pub fn set_limits(&mut self, limits: PendingLimits) {
+        self.limits = limits;
+    }
+
+    /// Entries pending now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Pending entries counted for the source of `ip`.
+    pub fn from_source(&self, ip: IpAddr) -> usize {
+        self.per_source.get(&self.limits.source_key(ip)).copied().unwrap_or(0)
+    }
+
+    /// Admit a connection from `ip`. `exempt`: not subject to the per-source cap (e.g. a
+    /// trusted load balancer whose address all its clients share); it still takes a place in
+    /// the budget and can be evicted.
+    pub fn admit(&mut self, ip: IpAddr, exempt: bool, handle: T) -> Result<Admission<T>, Refused> {
+        let key = (!exempt).then(|| self.limits.source_key(ip));
+        if let Some(k) = key
+            && self.limits.per_source > 0
+            && self.per_source.get(&k).copied().unwrap_or(0) >= self.limits.per_source
+        {
+            return Err(Refused::PerSource(k));
+        }
+        let max = self.limits.max_pending.max(1);
+        let mut evicted = Vec::new();
+        // Bounded: each turn removes an entry.
+        while self.entries.len() >= max {
+            let Some((_, e)) = self.entries.pop_first() else { break };
+            self.uncount(e.key);
+            evicted.push(e.handle);
+        }
+        // The deadline follows the pressure the new entry meets (evictions made room for it).
+        let deadline = self.limits.deadline_at(self.entries.len());
+        let id = self.next;
+        self.next += 1;
+        if let Some(k) = key {
+            *self.per_source.entry(k).or_insert(0) += 1;
+        }
+        self.entries.insert(id, Entry { key, handle });
+        Ok(Admission { id, deadline, evicted })
+    }
+
+    /// The entry left the pending phase (routed, refused or closed). `None` if it was evicted
+    /// before (or never admitted).
+    pub fn release(&mut self, id: EntryId) -> Option<T> {
+        let e = self.entries.remove(&id)?;
+        self.uncount(e.key);
+        Some(e.handle)
+    }
+
+    fn uncount(&mut self, key: Option<SourceKey>) {
+        let Some(k) = key else { return };
+        if let Some(n) = self.per_source.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&k);
+            }
+        }
+    }
+}
+
+/// Why a pending connection was refused or ended, as the metric label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Its source already had `per_source` pending connections.
+    PerSource,
+    /// The budget was full and it was the oldest.
+    Evicted,
+    /// It did not finish the pre-routing phase within its deadline.
+    Deadline,
+}
+
+impl RejectReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            RejectReason::PerSource => "per_source",
+            RejectReason::Evicted => "evicted",
+            RejectReason::Deadline => "deadline",
+        }
+    }
+}
+
+/// `seedgate_pending_connections` and `seedgate_pending_rejects_total{reason}`.
+#[derive(Clone)]
+pub struct PendingMetrics {
+    pub pending: IntGauge,
+    pub rejects: IntCounterVec,
+}
+
+impl PendingMetrics {
+    pub fn new(reg: &Registry) -> Self {
+        let rejects = crate::metrics::counter_vec(
+            reg,
+            "seedgate_pending_rejects_total",
+            "Connections ended in the pre-routing phase by its budget, by reason (per_source, evicted, deadline).",
+            &["reason"],
+        );
+        // Every reason is exported from the start, so a rate() has a series before the first hit.
+        for r in [RejectReason::PerSource, RejectReason::Evicted, RejectReason::Deadline] {
+            rejects.with_label_values(&[r.label()]);
+        }
+        Self {
+            pending: crate::metrics::gauge(
+                reg,
+                "seedgate_pending_connections",
+                "Connections accepted and not yet routed (PROXY header, ClientHello or request head still being read).",
+            ),
+            rejects,
+        }
+    }
+
+    /// Metrics not registered anywhere (tests).
+    pub fn unregistered() -> Self {
+        Self::new(&Registry::new())
+    }
+}
+
+/// A pending budget shared by the connection tasks of a process.
+pub struct Pending {
+    budget: Mutex<Budget<CancellationToken>>,
+    metrics: PendingMetrics,
+}
+
+/// A connection in the pending phase. Dropping it (or [`Admitted::release`]) leaves the phase.
+pub struct Admitted {
+    pending: Arc<Pending>,
+    id: EntryId,
+    token: CancellationToken,
+    deadline: Duration,
+}
+
+impl Admitted {
+    /// How long this connection may take to be routed.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Completes when the connection was evicted to make room for a newer one.
+    pub async fn evicted(&self) {
+        self.token.cancelled().await
+    }
+
+    /// Count a missed deadline (the caller enforces it, with [`Admitted::deadline`]).
+    pub fn deadline_missed(&self) {
+        self.pending.metrics.rejects.with_label_values(&[RejectReason::Deadline.label()]).inc();
+    }
+
+    /// Leave the pending phase (the connection was routed, or refused for another reason).
+    pub fn release(self) {}
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.pending.release(self.id);
+    }
+}
+
+impl Pending {
+    pub fn new(limits: PendingLimits, metrics: PendingMetrics) -> Arc<Self> {
+        Arc::new(Self { budget: Mutex::new(Budget::new(limits)), metrics })
+    }
+
+    pub fn set_limits(&self, limits: PendingLimits) {
+        self.lock().set_limits(limits);
+    }
+
+    pub fn limits(&self) -> PendingLimits {
+        *self.lock().limits()
+    }
+
+    /// Pending connections now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counts by reason so far (per_source, evicted, deadline), for readiness details.
+    pub fn rejects(&self) -> [(RejectReason, u64); 3] {
+        [RejectReason::PerSource, RejectReason::Evicted, RejectReason::Deadline]
+            .map(|r| (r, self.metrics.rejects.with_label_values(&[r.label()]).get()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Budget<CancellationToken>> {
+        // The budget is plain counters: a panic elsewhere cannot leave it half-updated in a way
+        // that matters more than refusing every connection would.
+        self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admit a connection whose TCP peer is `ip` (see [`Budget::admit`]); evicted entries are
+    /// cancelled and counted here.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr, exempt: bool) -> Result<Admitted, Refused> {
+        let token = CancellationToken::new();
+        let (adm, len) = {
+            let mut b = self.lock();
+            let r = b.admit(ip, exempt, token.clone());
+            (r, b.len())
+        };
+        self.metrics.pending.set(len as i64);
+        match adm {
+            Ok(a) => {
+                if !a.evicted.is_empty() {
+                    self.metrics
+                        .rejects
+                        .with_label_values(&[RejectReason::Evicted.label()])
+                        .inc_by(a.evicted.len() as u64);
+                }
+                for t in a.evicted {
+                    t.cancel();
+                }
+                Ok(Admitted { pending: self.clone(), id: a.id, token, deadline: a.deadline })
+            }
+            Err(e) => {
+                self.metrics.rejects.with_label_values(&[RejectReason::PerSource.label()]).inc();
+                Err(e)
+            }
+        }
+    }
+
+    fn release(&self, id: EntryId) {
+        let len = {
+            let mut b = self.lock();
+            b.release(id);
+            b.len()
+        };
+        self.metrics.pending.set(len as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max: usize, per_source: usize) -> PendingLimits {
+        PendingLimits {
+            max_pending: max,
+            per_source,
+            prefix_v4: 32,
+            prefix_v6: 64,
+            deadline: Duration::from_secs(5),
+            deadline_floor: Duration::from_millis(500),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn per_source_cap_counts_pending_only() {
+        let mut b = Budget::new(limits(100, 2));
+        let a1 = b.admit(ip("10.0.0.1"), false, 1).expect("first");
+        b.admit(ip("10.0.0.1"), false, 2).expect("second");
+        assert!(matches!(b.admit(ip("10.0.0.1"), false, 3), Err(Refused::PerSource(_))));
+        // Another source is not affected; an exempt connection is not counted.
+        b.admit(ip("10.0.0.2"), false, 4).expect("other source");
+        b.admit(ip("10.0.0.1"), true, 5).expect("exempt");
+        assert_eq!(b.from_source(ip("10.0.0.1")), 2);
+        // Routed: its place is free again.
+        assert_eq!(b.release(a1.id), Some(1));
+        assert_eq!(b.release(a1.id), None, "released once");
+        b.admit(ip("10.0.0.1"), false, 6).expect("after release");
+        // 0 = no cap.
+        let mut b = Budget::new(limits(100, 0));
+        for i in 0..50 {
+            b.admit(ip("10.0.0.1"), false, i).expect("no cap");
+        }
+    }
+
+    #[test]
+    fn full_budget_evicts_the_oldest_in_order() {
+        let mut b = Budget::new(limits(3, 0));
+        let ids: Vec<_> = (0..3).map(|i| b.admit(ip("10.0.0.1"), false, i).expect("room").id).collect();
+        let a = b.admit(ip("10.0.0.2"), false, 10).expect("evicts");
+        assert_eq!(a.evicted, vec![0]);
+        // Releasing the second makes room: nothing evicted.
+        b.release(ids[1]);
+        assert!(b.admit(ip("10.0.0.3"), false, 11).expect("room").evicted.is_empty());
+        assert_eq!(b.admit(ip("10.0.0.3"), false, 12).expect("evicts").evicted, vec![2]);
+        assert_eq!(b.admit(ip("10.0.0.3"), false, 13).expect("evicts").evicted, vec![10]);
+        assert_eq!(b.len(), 3);
+        // The evicted entry's source count went down with it.
+        assert_eq!(b.from_source(ip("10.0.0.1")), 0);
+        // A budget shrunk by a reload evicts down to the new size on the next admission.
+        b.set_limits(limits(1, 0));
+        assert_eq!(b.admit(ip("10.0.0.4"), false, 14).expect("evicts").evicted, vec![11, 12, 13]);
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn per_source_refusal_evicts_nothing() {
+        let mut b = Budget::new(limits(2, 1));
+        b.admit(ip("10.0.0.1"), false, 1).expect("room");
+        b.admit(ip("10.0.0.2"), false, 2).expect("room");
+        assert!(b.admit(ip("10.0.0.1"), false, 3).is_err());
+        assert_eq!(b.len(), 2);
+    }
+
+    #[test]
+    fn deadline_shrinks_linearly_above_half() {
+        let l = limits(100, 0);
+        let ms = |p| l.deadline_at(p).as_millis();
+        assert_eq!(ms(0), 5000);
+        assert_eq!(ms(50), 5000, "no pressure up to half the budget");
+        assert_eq!(ms(75), 2750, "halfway between half and full: halfway between D and F");
+        assert_eq!(ms(100), 500);
+        assert_eq!(ms(1000), 500, "never below the floor");
+        let mut prev = u128::MAX;
+        for p in 0..=100 {
+            assert!(ms(p) <= prev, "monotone");
+            prev = ms(p);
+        }
+        // A floor at or above the base: no shrinking.
+        let flat = PendingLimits { deadline_floor: Duration::from_secs(9), ..l };
+        assert_eq!(flat.deadline_at(100), Duration::from_secs(5));
+        // Admission gives the deadline for the pressure the new entry meets.
+        let mut b = Budget::new(limits(4, 0));
+        let d: Vec<_> = (0..4).map(|i| b.admit(ip("10.0.0.1"), false, i).expect("room").deadline.as_millis()).collect();
+        assert_eq!(d, vec![5000, 5000, 5000, 2750]);
+        assert_eq!(b.admit(ip("10.0.0.1"), false, 9).expect("evicts").deadline.as_millis(), 2750);
+    }
+
+    #[test]
+    fn prefix_masking_v4_and_v6() {
+        let l = PendingLimits { prefix_v4: 24, prefix_v6: 64, ..limits(10, 1) };
+        assert_eq!(l.source_key(ip("192.0.2.77")).ip(), ip("192.0.2.0"));
+        assert_eq!(l.source_key(ip("::ffff:192.0.2.77")), l.source_key(ip("192.0.2.1")), "mapped = v4");
+        assert_eq!(l.source_key(ip("2001:db8:1:2:aaaa::1")).ip(), ip("2001:db8:1:2::"));
+        assert_ne!(l.source_key(ip("2001:db8:1:3::1")), l.source_key(ip("2001:db8:1:2::1")));
+        let full = PendingLimits { prefix_v4: 32, prefix_v6: 128, ..l };
+        assert_eq!(full.source_key(ip("192.0.2.77")).ip(), ip("192.0.2.77"));
+        assert_eq!(full.source_key(ip("2001:db8::7")).ip(), ip("2001:db8::7"));
+        let none = PendingLimits { prefix_v4: 0, prefix_v6: 0, ..l };
+        assert_eq!(none.source_key(ip("192.0.2.77")).ip(), ip("0.0.0.0"));
+        assert_eq!(none.source_key(ip("2001:db8::7")).ip(), ip("::"));
+        // Same /24: one shares the other's cap.
+        let mut b = Budget::new(l);
+        b.admit(ip("192.0.2.1"), false, 1).expect("first");
+        assert!(b.admit(ip("192.0.2.200"), false, 2).is_err(), "same /24");
+        b.admit(ip("192.0.3.1"), false, 3).expect("other /24");
+        b.admit(ip("2001:db8:1:2::1"), false, 4).expect("v6");
+        assert!(b.admit(ip("2001:db8:1:2:ffff::1"), false, 5).is_err(), "same /64");
+    }
+
+    #[tokio::test]
+    async fn eviction_cancels_the_oldest_and_counts() {
+        let p = Pending::new(limits(2, 0), PendingMetrics::unregistered());
+        let a = p.admit(ip("10.0.0.1"), false).expect("room");
+        let b = p.admit(ip("10.0.0.1"), false).expect("room");
+        assert_eq!(p.len(), 2);
+        let c = p.admit(ip("10.0.0.2"), false).expect("evicts a");
+        // `a` was evicted: its token fired, its place is `c`'s.
+        tokio::time::timeout(Duration::from_secs(5), a.evicted()).await.expect("a evicted");
+        assert!(!b.token.is_cancelled() && !c.token.is_cancelled());
+        assert_eq!(p.len(), 2);
+        drop(a);
+        assert_eq!(p.len(), 2, "dropping an evicted entry changes nothing");
+        b.release();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.metrics.pending.get(), 1);
+        let counts = p.rejects();
+        assert_eq!(counts[1], (RejectReason::Evicted, 1));
+        c.deadline_missed();
+        assert_eq!(p.rejects()[2], (RejectReason::Deadline, 1));
+    }
+}
