@@ -16,9 +16,14 @@ default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9901);
     drain_grace_default: Dur = Dur::secs(30);
     handshake_default: Dur = Dur::secs(5);
+    handshake_floor_default: Dur = Dur::millis(500);
     connect_default: Dur = Dur::secs(5);
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
+    max_pending_default: usize = 2_000;
+    pending_per_source_default: usize = 64;
+    source_prefix_v4_default: u8 = 32;
+    source_prefix_v6_default: u8 = 64;
     client_hello_max_default: usize = CLIENT_HELLO_ONE_RECORD;
     connect_head_max_default: usize = 8 * 1024;
     proxy_depth_default: u8 = 2;
@@ -53,6 +58,10 @@ pub struct Timeouts {
     /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head.
     #[serde(default = "handshake_default")]
     pub handshake: Dur,
+    /// What `handshake` shrinks to for a connection accepted while the pending budget is full
+    /// (linearly from half full). At or above `handshake`: no shrinking.
+    #[serde(default = "handshake_floor_default")]
+    pub handshake_floor: Dur,
     /// One upstream TCP connect attempt.
     #[serde(default = "connect_default")]
     pub connect: Dur,
@@ -63,16 +72,35 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self { handshake: handshake_default(), connect: connect_default(), idle: idle_default() }
+        Self {
+            handshake: handshake_default(),
+            handshake_floor: handshake_floor_default(),
+            connect: connect_default(),
+            idle: idle_default(),
+        }
     }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Connections held at once by the whole process (accepting pauses at the limit).
+    /// Routed (established) connections held at once by the whole process; accepting pauses at
+    /// the limit. Connections still being routed count in `max_pending` instead.
     #[serde(default = "max_connections_default")]
     pub max_connections: usize,
+    /// Connections accepted and not yet routed; when full, the oldest of them is closed to make
+    /// room for a new one.
+    #[serde(default = "max_pending_default")]
+    pub max_pending: usize,
+    /// Not-yet-routed connections per source (TCP peer address masked by `source_prefix_v4` /
+    /// `source_prefix_v6`); more are closed at once. 0: no per-source cap. Peers in a listener's
+    /// `trusted_proxies` are exempt (all their clients share their address).
+    #[serde(default = "pending_per_source_default")]
+    pub pending_per_source: usize,
+    #[serde(default = "source_prefix_v4_default")]
+    pub source_prefix_v4: u8,
+    #[serde(default = "source_prefix_v6_default")]
+    pub source_prefix_v6: u8,
     /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
     /// their 5-byte headers included. The default takes one maximal record.
     #[serde(default = "client_hello_max_default")]
@@ -89,6 +117,10 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: max_connections_default(),
+            max_pending: max_pending_default(),
+            pending_per_source: pending_per_source_default(),
+            source_prefix_v4: source_prefix_v4_default(),
+            source_prefix_v6: source_prefix_v6_default(),
             client_hello_max: client_hello_max_default(),
             connect_head_max: connect_head_max_default(),
             proxy_protocol_depth: proxy_depth_default(),
@@ -240,6 +272,7 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
     }
     for (name, d) in [
         ("timeouts.handshake", cfg.timeouts.handshake),
+        ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
         ("timeouts.connect", cfg.timeouts.connect),
         ("timeouts.idle", cfg.timeouts.idle),
     ] {
@@ -252,6 +285,15 @@ fn validate(cfg: &RouterConfig, p: &mut Problems) {
 fn validate_limits(l: &Limits, p: &mut Problems) {
     if l.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
+    }
+    if l.max_pending == 0 {
+        p.push((0, 0), "limits.max_pending", "must be at least 1");
+    }
+    if l.source_prefix_v4 > 32 {
+        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
+    }
+    if l.source_prefix_v6 > 128 {
+        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
     }
     if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
         p.push(
@@ -558,6 +600,28 @@ listeners:
         assert_eq!(c.listeners[0].routes[0].drain_deadline, Some(Dur::secs(30)));
         assert_eq!(c.listeners[0].routes[1].destination[0].port, Some(443));
         assert_eq!(c.timeouts.idle, Dur::secs(3600));
+    }
+
+    #[test]
+    fn pending_budget_keys_defaults_and_bounds() {
+        let c = parse("listeners: [{ name: a, listen: 127.0.0.1:1 }]\n", "f.yaml").unwrap();
+        assert_eq!(
+            (c.limits.max_pending, c.limits.pending_per_source, c.limits.source_prefix_v4, c.limits.source_prefix_v6),
+            (2000, 64, 32, 64)
+        );
+        assert_eq!(c.timeouts.handshake_floor, Dur::millis(500));
+        let y = "limits: { max_pending: 10, pending_per_source: 0, source_prefix_v4: 24, source_prefix_v6: 48 }\ntimeouts: { handshake_floor: 1s }\nlisteners: [{ name: a, listen: 127.0.0.1:1 }]\n";
+        let c = parse(y, "f.yaml").unwrap();
+        assert_eq!((c.limits.max_pending, c.limits.pending_per_source), (10, 0));
+        assert_eq!(c.timeouts.handshake_floor, Dur::secs(1));
+        let e = problems(
+            "limits: { max_pending: 0, source_prefix_v4: 33, source_prefix_v6: 129 }\ntimeouts: { handshake_floor: 0s }\nlisteners: [{ name: a, listen: 127.0.0.1:1 }]\n",
+        );
+        for key in
+            ["limits.max_pending", "limits.source_prefix_v4", "limits.source_prefix_v6", "timeouts.handshake_floor"]
+        {
+            assert!(e.iter().any(|p| p.contains(key)), "{key}: {e:#?}");
+        }
     }
 
     fn problems(yaml: &str) -> Vec<String> {
