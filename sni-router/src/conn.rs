@@ -52,6 +52,8 @@ impl Proto {
 
 /// What the client is told when it is turned away.
 enum Answer {
+    /// Close at once, without lingering: the budget of pending connections is the point.
+    Abort,
     Close,
     Alert(u8),
     Http(u16, String),
@@ -356,6 +358,7 @@ async fn route_connect(
 /// could read it: shut our side, discard what it still sends for a moment.
 async fn refuse(mut s: TcpStream, answer: &Answer, http_version: u8) {
     let bytes = match answer {
+        Answer::Abort => return,
         Answer::Close => Vec::new(),
         Answer::Alert(code) => client_hello::alert_record(*code).to_vec(),
         Answer::Http(status, msg) => http_head::error_response(http_version, *status, msg),
@@ -426,7 +429,6 @@ pub(crate) fn serve(
     lst: Arc<ListenerRt>,
     stream: TcpStream,
     peer: SocketAddr,
-    permit: proxy_core::accept::ConnPermit,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let conn_id = shared.ids.next();
     // DEBUG level: a recorded span costs ~450 B per open connection; at INFO the access-log
@@ -436,7 +438,7 @@ pub(crate) fn serve(
     // finishes, so a long-lived (mostly idle) connection carries only the relay's small state.
     // The span covers the phases that log (at DEBUG); the relay logs only the access event,
     // which carries the connection id itself, so the long-lived future does not hold a span.
-    let prepare = Box::pin(prepare(shared.clone(), lst.clone(), stream, peer, conn_id, permit).instrument(span));
+    let prepare = Box::pin(prepare(shared.clone(), lst.clone(), stream, peer, conn_id).instrument(span));
     async move {
         let Some(Ready { client, up, route, held }) = prepare.await else { return };
         let meters = Meters {
@@ -466,7 +468,6 @@ async fn prepare(
     mut client: TcpStream,
     peer: SocketAddr,
     conn_id: ConnId,
-    permit: proxy_core::accept::ConnPermit,
 ) -> Option<Ready> {
     let started = Instant::now();
     let active = lst.active_guard();
@@ -476,16 +477,31 @@ async fn prepare(
     let name = &*lst.name;
 
     let mut pre = Pre::new(conn_id, peer, started);
-    let routed =
-        tokio::time::timeout(cfg.timeouts.handshake.get(), preroute(&mut client, &mut pre, &table, &cfg)).await;
-    let route = match routed {
-        Ok(Ok(r)) => r,
-        Ok(Err(rej)) => {
-            reject(&shared, name, client, &pre, None, rej).await;
+    // The pending budget is keyed by the TCP peer: a PROXY header is itself unrouted input. A
+    // trusted proxy's clients all share its address, so it is exempt from the per-source cap.
+    let exempt = table.proxy_mode() != ProxyProtocolMode::Off && table.trusted(peer.ip());
+    let admitted = match shared.pending.admit(peer.ip(), exempt) {
+        Ok(a) => a,
+        Err(_) => {
+            reject(&shared, name, client, &pre, None, Reject::new("pending_per_source", Answer::Abort)).await;
             return None;
         }
-        Err(_) => {
-            let rej = Reject::new("handshake_timeout", Answer::Close);
+    };
+    let routed = tokio::select! {
+        biased;
+        _ = admitted.evicted() => Err(Reject::new("pending_evicted", Answer::Abort)),
+        r = tokio::time::timeout(admitted.deadline(), preroute(&mut client, &mut pre, &table, &cfg)) => match r {
+            Ok(r) => r,
+            Err(_) => {
+                admitted.deadline_missed();
+                Err(Reject::new("handshake_timeout", Answer::Close))
+            }
+        },
+    };
+    let route = match routed {
+        Ok(r) => r,
+        Err(rej) => {
+            drop(admitted);
             reject(&shared, name, client, &pre, None, rej).await;
             return None;
         }
@@ -498,9 +514,39 @@ async fn prepare(
             Proto::Connect => Answer::Http(403, format!("source {} not allowed for this destination", pre.client.ip())),
             Proto::Raw | Proto::Unknown => Answer::Close,
         };
+        drop(admitted);
         reject(&shared, name, client, &pre, Some(&route), Reject::new("source_not_allowed", answer)).await;
         return None;
     }
+
+    // Routed: from the pending budget to an established slot. At the connection limit it waits
+    // (still pending, so still evictable) for what is left of its deadline.
+    let permit = match lst.limit.try_acquire() {
+        Some(p) => p,
+        None => {
+            let left = admitted.deadline().saturating_sub(started.elapsed());
+            let got = tokio::select! {
+                biased;
+                _ = admitted.evicted() => Err("pending_evicted"),
+                p = tokio::time::timeout(left, lst.limit.acquire()) => p.map_err(|_| "connection_limit"),
+            };
+            match got {
+                Ok(p) => p,
+                Err(reason) => {
+                    drop(admitted);
+                    let answer = match (reason, pre.proto) {
+                        ("pending_evicted", _) => Answer::Abort,
+                        (_, Proto::Tls) => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
+                        (_, Proto::Connect) => Answer::Http(503, "over capacity: connection limit reached".into()),
+                        _ => Answer::Close,
+                    };
+                    reject(&shared, name, client, &pre, Some(&route), Reject::new(reason, answer)).await;
+                    return None;
+                }
+            }
+        }
+    };
+    admitted.release();
 
     let connect_timeout = cfg.timeouts.connect.get();
     let Connected { stream: mut up, addr: up_addr, guard } =
@@ -705,9 +751,7 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let rt = crate::listeners::test_listener(&shared);
-        let limit = proxy_core::accept::ConnLimit::new(proxy_core::accept::Slots::new(1), None);
-        let permit = limit.acquire().await;
-        let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap(), permit);
+        let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap());
         // Every byte here is held by each open connection for its whole life: keep the relay
         // state lean (the pre-relay phases are boxed and freed before the relay).
         let size = std::mem::size_of_val(&f);

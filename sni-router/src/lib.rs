@@ -19,6 +19,7 @@ use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::dirwatch::{DirWatch, FileMetrics};
 use proxy_core::ids::ConnIds;
 use proxy_core::metrics::{self, ConnMetrics};
+use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::prometheus::IntGaugeVec;
 use proxy_core::shutdown::Shutdown;
 use seedgate_config::RouterConfig;
@@ -40,6 +41,21 @@ pub(crate) struct Shared {
     pub(crate) shutdown: Shutdown,
     pub(crate) ids: ConnIds,
     connections: Arc<Slots>,
+    /// Connections accepted and not yet routed (`limits.max_pending` and friends).
+    pub(crate) pending: Arc<Pending>,
+}
+
+/// The pending budget's settings in `cfg`.
+fn pending_limits(cfg: &RouterConfig) -> PendingLimits {
+    let l = &cfg.limits;
+    PendingLimits {
+        max_pending: l.max_pending,
+        per_source: l.pending_per_source,
+        prefix_v4: l.source_prefix_v4,
+        prefix_v6: l.source_prefix_v6,
+        deadline: cfg.timeouts.handshake.get(),
+        deadline_floor: cfg.timeouts.handshake_floor.get(),
+    }
 }
 
 /// The router as a [`Service`] of the shared lifecycle.
@@ -63,6 +79,7 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, StartError>
 fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
     let reg = &ctx.registry;
     Shared {
+        pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(reg)),
         config: ArcSwap::new(cfg),
         metrics: Metrics {
             conn: ConnMetrics::new(reg),
@@ -137,7 +154,9 @@ impl Service for Router {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
         let claims = files.rebase(&new)?;
+        let limits = pending_limits(&new);
         self.listeners.apply(&self.shared, new, &files.extra()).await?;
+        self.shared.pending.set_limits(limits);
         files.set_claims(claims);
         Ok(())
     }
@@ -147,7 +166,8 @@ impl Service for Router {
     }
 
     fn ready(&self) -> Vec<Check> {
-        let mut checks = self.listeners.ready();
+        let mut checks = vec![pending_check(&self.shared.pending)];
+        checks.extend(self.listeners.ready());
         if let Some(dir) = &self.shared.config.load().routes_dir
             && let Ok(files) = self.files.try_lock()
         {
@@ -171,6 +191,22 @@ impl Service for Router {
         }
         v
     }
+}
+
+/// `/readyz?verbose` line of the pending budget. Always passing: a full budget is what the
+/// eviction is for, and the counts say whether someone is holding connections open unrouted.
+fn pending_check(p: &Pending) -> Check {
+    let l = p.limits();
+    let counts = p.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
+    let per_source = match l.per_source {
+        0 => "no per-source cap".to_owned(),
+        n => format!("at most {n} per source /{} or /{}", l.prefix_v4, l.prefix_v6),
+    };
+    Check::new(
+        "pending-connections",
+        true,
+        format!("{}/{} not yet routed ({per_source}); closed so far: {counts}", p.len(), l.max_pending),
+    )
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use crate::table::{FastMap, FileChange, Route, RouteMeters, Table, fast_map, new_route};
 use crate::{Metrics, Shared};
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, UNLIMITED, accept_error_label, accept_loop};
+use proxy_core::accept::{ConnLimit, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::admin::Check;
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::guard::Active;
@@ -22,7 +22,8 @@ pub(crate) struct ListenerRt {
     pub(crate) table: ArcSwap<Table>,
     addr: SocketAddr,
     cfg_listen: seedgate_config::HostPort,
-    limit: ConnLimit,
+    /// Established (routed) connections: the listener's own cap and the process-wide one.
+    pub(crate) limit: ConnLimit,
     stop: CancellationToken,
     active: IntGauge,
 }
@@ -266,13 +267,14 @@ fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: TcpListener) {
     tracing::info!(listener = %rt.name, addr = %rt.addr, "listening");
     tokio::spawn(accept_loop(
         sock,
-        rt.limit.clone(),
+        // A slot is taken when the connection is routed; until then it is in the pending budget.
+        WhileFree(rt.limit.clone()),
         rt.stop.clone(),
         shared.shutdown.tracker.clone(),
         move |e| errors.with_label_values(&[&name, accept_error_label(e)]).inc(),
         // The connection future itself is the task (no wrapper around it): every byte of
         // it is held by each open connection.
-        move |stream, peer, permit| crate::conn::serve(shared.clone(), rt.clone(), stream, peer, permit),
+        move |stream, peer, ()| crate::conn::serve(shared.clone(), rt.clone(), stream, peer),
     ));
 }
 
