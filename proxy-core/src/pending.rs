@@ -12,10 +12,10 @@
 //! - **Oldest evicted**: when the budget is full, the oldest pending connection is cancelled
 //!   (its [`Admitted::evicted`] fires) and the new one takes its place, so a full budget costs
 //!   the stalled client, not the next one.
-//! - **Deadline shrinks under pressure**: with `P` pending (the new one not counted) out of a
-//!   budget of `B`, base deadline `D` and floor `F`, a new connection gets `D` while
-//!   `P <= B/2`, and `max(F, D - (D - F) * (2P/B - 1))` above, reaching `F` when the budget is
-//!   full. (When `F >= D` the deadline is always `D`.)
+//! - **Deadline shrinks under pressure**: with `P` pending when a connection comes (the new one
+//!   not counted, those it evicts counted) out of a budget of `B`, base deadline `D` and floor
+//!   `F`, a new connection gets `D` while `P <= B/2`, and `max(F, D - (D - F) * (2P/B - 1))`
+//!   above, reaching `F` when the budget is full. (When `F >= D` the deadline is always `D`.)
 //!
 //! [`Budget`] is the bookkeeping without I/O or clock; [`Pending`] puts it behind a lock, gives
 //! every entry a cancellation token and counts what happens in metrics.
@@ -176,6 +176,9 @@ impl<T> Budget<T> {
             return Err(Refused::PerSource(k));
         }
         let max = self.limits.max_pending.max(1);
+        // The pressure the new entry meets is what was pending when it came (evictions make
+        // room for it, not less pressure): a full budget gives the floor.
+        let deadline = self.limits.deadline_at(self.entries.len());
         let mut evicted = Vec::new();
         // Bounded: each turn removes an entry.
         while self.entries.len() >= max {
@@ -183,8 +186,6 @@ impl<T> Budget<T> {
             self.uncount(e.key);
             evicted.push(e.handle);
         }
-        // The deadline follows the pressure the new entry meets (evictions made room for it).
-        let deadline = self.limits.deadline_at(self.entries.len());
         let id = self.next;
         self.next += 1;
         if let Some(k) = key {
@@ -473,7 +474,7 @@ mod tests {
         let mut b = Budget::new(limits(4, 0));
         let d: Vec<_> = (0..4).map(|i| b.admit(ip("10.0.0.1"), false, i).expect("room").deadline.as_millis()).collect();
         assert_eq!(d, vec![5000, 5000, 5000, 2750]);
-        assert_eq!(b.admit(ip("10.0.0.1"), false, 9).expect("evicts").deadline.as_millis(), 2750);
+        assert_eq!(b.admit(ip("10.0.0.1"), false, 9).expect("evicts").deadline.as_millis(), 500, "full: the floor");
     }
 
     #[test]
