@@ -1,0 +1,208 @@
+//! End-to-end tests of sni-router's pre-routing budget: stalled clients (three bytes of a TLS record, then nothing) cannot starve a real client, an established connection keeps flowing, every cap hit is counted.
+//!
+//! Stalled clients connect from 127.0.0.2 and up (all of 127.0.0.0/8 is loopback), the real
+//! client from 127.0.0.1, so the per-source cap tells them apart. The handshake deadline is 60 s
+//! and does not shrink, so a real client that is served while the stalled ones are still held
+//! was not waiting for a deadline to free a slot. Every wait polls with a deadline.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+use testbed::pki::client_config;
+use testbed::tls_client::http_get_request;
+use testbed::{Addresses, Ca, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, tls_request};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(30);
+const TICK: Duration = Duration::from_millis(20);
+/// The router's handshake deadline in these tests: far beyond anything the test waits for.
+const HANDSHAKE: Duration = Duration::from_secs(60);
+
+/// A real ClientHello (openssl s_client, SNI api.shoot-b.example.com).
+const HELLO_SHOOT_B: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/openssl.bin");
+
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
+    let cfg = dir.write("router.yaml", yaml)?;
+    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
+    Ok((p, addrs, cfg))
+}
+
+async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
+    let (code, body) = http_get(addrs.admin()?, "/metrics").await?;
+    anyhow::ensure!(code == 200, "metrics answered {code}");
+    Ok(body)
+}
+
+fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_value(m, name, labels).unwrap_or(0.0)
+}
+
+/// Open a connection from `source` (a loopback address), send the first three bytes of a TLS
+/// handshake record and stall. The router may close it at once (per-source cap): the write
+/// error is then ignored, the socket is still returned.
+async fn stalled_client(source: Ipv4Addr, gw: SocketAddr) -> anyhow::Result<TcpStream> {
+    let s = TcpSocket::new_v4()?;
+    s.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
+    let mut c = tokio::time::timeout(WAIT, s.connect(gw)).await??;
+    let _ = c.write_all(&[0x16, 0x03, 0x01]).await;
+    Ok(c)
+}
+
+/// Poll `/metrics` until `cond` holds for it; returns that text.
+async fn metrics_until(addrs: &Addresses, what: &str, cond: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+    let mut last = String::new();
+    let end = tokio::time::Instant::now() + WAIT;
+    // Bounded by count as well as time.
+    for _ in 0..(WAIT.as_millis() / TICK.as_millis()) {
+        if let Ok(m) = metrics(addrs).await {
+            if cond(&m) {
+                return Ok(m);
+            }
+            last = m;
+        }
+        if tokio::time::Instant::now() >= end {
+            break;
+        }
+        tokio::time::sleep(TICK).await;
+    }
+    let pending: Vec<&str> = last.lines().filter(|l| l.starts_with("seedgate_pending")).collect();
+    anyhow::bail!("{what}: not within {WAIT:?}; last pending metrics: {pending:#?}")
+}
+
+#[tokio::test]
+async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
+    let dir = TempDir::new("pending-budget")?;
+    let ca = Ca::new("seedgate-test-ca")?;
+    let a = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
+    let echo = TcpEcho::start().await?;
+    // max_connections far below the number of stalled clients: before the pending budget they
+    // held every slot until the deadline.
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\n\
+         timeouts: {{ handshake: {}s, handshake_floor: {}s, connect: 2s, idle: 1h }}\n\
+         drain_grace: 1s\n\
+         limits: {{ max_connections: 10, max_pending: 100, pending_per_source: 40 }}\n\
+         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
+         \x20     - name: shoot-a\n        sni: [api.shoot-a.example.com]\n        upstreams: [{}]\n\
+         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+        HANDSHAKE.as_secs(),
+        HANDSHAKE.as_secs(),
+        a.addr(),
+        echo.addr()
+    );
+    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let gw = addrs.listener("gateway")?;
+
+    // An established connection first: routed by its ClientHello to the echo backend.
+    let mut est = TcpStream::connect(gw).await?;
+    est.write_all(HELLO_SHOOT_B).await?;
+    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+    assert_eq!(back, HELLO_SHOOT_B, "the echo returns the replayed hello");
+
+    // 180 stalled clients from three sources, 60 each: 40 per source are admitted, the budget
+    // of 100 fills and the oldest are evicted to make room.
+    let mut stalled = Vec::new();
+    for src in [2u8, 3, 4] {
+        for _ in 0..60 {
+            stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, src), gw).await?);
+        }
+    }
+    let total = stalled.len() as f64;
+    let m = metrics_until(&addrs, "every stalled client pending or refused", |m| {
+        let pending = value(m, "seedgate_pending_connections", &[]);
+        let per_source = value(m, "seedgate_pending_rejects_total", &[("reason", "per_source")]);
+        let evicted = value(m, "seedgate_pending_rejects_total", &[("reason", "evicted")]);
+        pending == 100.0 && pending + per_source + evicted == total
+    })
+    .await?;
+    assert!(value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]) > 0.0, "per-source cap hit");
+    assert!(value(&m, "seedgate_pending_rejects_total", &[("reason", "evicted")]) > 0.0, "budget full: evictions");
+    let evicted_before = value(&m, "seedgate_pending_rejects_total", &[("reason", "evicted")]);
+
+    // A real client from another source is routed and served now, while the stalled clients
+    // are held; the step is bounded well below the handshake deadline.
+    let r = tokio::time::timeout(
+        HANDSHAKE / 2,
+        tls_request(
+            gw,
+            Some("api.shoot-a.example.com"),
+            client_config(&ca, None, &[])?,
+            &http_get_request("api.shoot-a.example.com", "/version"),
+        ),
+    )
+    .await??;
+    assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
+
+    // It took the place of the oldest stalled client; the others are still held, and none was
+    // freed by the deadline.
+    let m = metrics(&addrs).await?;
+    assert_eq!(value(&m, "seedgate_pending_connections", &[]), 99.0, "stalled clients still held");
+    assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "evicted")]), evicted_before + 1.0);
+    assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "deadline")]), 0.0);
+    assert_eq!(value(&m, "seedgate_rejects_total", &[("reason", "handshake_timeout")]), 0.0);
+    // The newest stalled client is open, unanswered.
+    let newest = stalled.last().expect("stalled clients");
+    let mut buf = [0u8; 16];
+    match newest.try_read(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the newest stalled client should still be open and unanswered: {other:?}"),
+    }
+    // The listener's own reject counters name the reasons too.
+    assert!(value(&m, "seedgate_rejects_total", &[("reason", "pending_per_source")]) > 0.0);
+    assert!(value(&m, "seedgate_rejects_total", &[("reason", "pending_evicted")]) > 0.0);
+    // Two routed connections so far, far below max_connections: no wait at the limit.
+    assert_eq!(value(&m, "seedgate_connection_limit_waits_total", &[]), 0.0);
+
+    // The established connection kept flowing through all of it.
+    est.write_all(b"still flowing").await?;
+    let mut back = [0u8; 13];
+    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+    assert_eq!(&back, b"still flowing");
+
+    // Readiness is unchanged by the attack; the verbose form shows the budget.
+    let admin = addrs.admin()?;
+    assert_eq!(http_get(admin, "/readyz").await?.0, 200);
+    let (code, body) = http_get(admin, "/readyz?verbose").await?;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("[+]pending-connections ok: 99/100 not yet routed"), "{body}");
+    assert!(
+        body.contains("[+]connection-limit ok: ") && body.contains("/10 connection slots in use, below the limit"),
+        "{body}"
+    );
+    drop(stalled);
+    Ok(())
+}
+
+/// Above half the budget new connections get a shorter deadline, down to the floor when full:
+/// stalled clients admitted then are closed by it and counted.
+#[tokio::test]
+async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
+    let dir = TempDir::new("pending-deadline")?;
+    let echo = TcpEcho::start().await?;
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\n\
+         timeouts: {{ handshake: {}s, handshake_floor: 100ms }}\n\
+         drain_grace: 1s\n\
+         limits: {{ max_pending: 10, pending_per_source: 0 }}\n\
+         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
+         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+        HANDSHAKE.as_secs(),
+        echo.addr()
+    );
+    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let gw = addrs.listener("gateway")?;
+    // Ten fill the budget; the next ones meet a full budget: the floor.
+    let mut stalled = Vec::new();
+    for _ in 0..12 {
+        stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, 2), gw).await?);
+    }
+    let m = metrics_until(&addrs, "a deadline reject", |m| {
+        value(m, "seedgate_pending_rejects_total", &[("reason", "deadline")]) >= 1.0
+    })
+    .await?;
+    assert!(value(&m, "seedgate_rejects_total", &[("reason", "handshake_timeout")]) >= 1.0);
+    drop(stalled);
+    Ok(())
+}
