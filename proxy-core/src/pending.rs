@@ -24,7 +24,7 @@ use prometheus::{IntCounterVec, IntGauge, Registry};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// The settings of a pending budget (a reload may replace them; they apply to new admissions).
@@ -282,12 +282,18 @@ pub struct Admitted {
     id: EntryId,
     token: CancellationToken,
     deadline: Duration,
+    since: Instant,
 }
 
 impl Admitted {
     /// How long this connection may take to be routed.
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// What is left of the deadline now.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_sub(self.since.elapsed())
     }
 
     /// Completes when the connection was evicted to make room for a newer one.
@@ -338,6 +344,22 @@ impl Pending {
             .map(|r| (r, self.metrics.rejects.with_label_values(&[r.label()]).get()))
     }
 
+    /// The `/readyz?verbose` line. Always passing: a full budget is what eviction is for, and
+    /// the counts tell whether someone holds connections open without routing them.
+    pub fn readiness(&self) -> crate::admin::Check {
+        let l = self.limits();
+        let counts = self.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
+        let per_source = match l.per_source {
+            0 => "no per-source cap".to_owned(),
+            n => format!("at most {n} per source /{} or /{}", l.prefix_v4, l.prefix_v6),
+        };
+        crate::admin::Check::new(
+            "pending-connections",
+            true,
+            format!("{}/{} not yet routed ({per_source}); closed so far: {counts}", self.len(), l.max_pending),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Budget<CancellationToken>> {
         // The budget is plain counters: a panic elsewhere cannot leave it half-updated in a way
         // that matters more than refusing every connection would.
@@ -365,7 +387,7 @@ impl Pending {
                 for t in a.evicted {
                     t.cancel();
                 }
-                Ok(Admitted { pending: self.clone(), id: a.id, token, deadline: a.deadline })
+                Ok(Admitted { pending: self.clone(), id: a.id, token, deadline: a.deadline, since: Instant::now() })
             }
             Err(e) => {
                 self.metrics.rejects.with_label_values(&[RejectReason::PerSource.label()]).inc();

@@ -166,7 +166,7 @@ impl Service for Router {
     }
 
     fn ready(&self) -> Vec<Check> {
-        let mut checks = vec![pending_check(&self.shared.pending)];
+        let mut checks = vec![self.shared.pending.readiness()];
         checks.extend(self.listeners.ready());
         if let Some(dir) = &self.shared.config.load().routes_dir
             && let Ok(files) = self.files.try_lock()
@@ -191,22 +191,6 @@ impl Service for Router {
         }
         v
     }
-}
-
-/// `/readyz?verbose` line of the pending budget. Always passing: a full budget is what the
-/// eviction is for, and the counts say whether someone is holding connections open unrouted.
-fn pending_check(p: &Pending) -> Check {
-    let l = p.limits();
-    let counts = p.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
-    let per_source = match l.per_source {
-        0 => "no per-source cap".to_owned(),
-        n => format!("at most {n} per source /{} or /{}", l.prefix_v4, l.prefix_v6),
-    };
-    Check::new(
-        "pending-connections",
-        true,
-        format!("{}/{} not yet routed ({per_source}); closed so far: {counts}", p.len(), l.max_pending),
-    )
 }
 
 #[cfg(test)]
