@@ -9,9 +9,14 @@ default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9902);
     drain_grace_default: Dur = Dur::secs(30);
     handshake_default: Dur = Dur::secs(5);
+    handshake_floor_default: Dur = Dur::millis(500);
     dial_default: Dur = Dur::secs(10);
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
+    max_pending_default: usize = 2_000;
+    pending_per_source_default: usize = 64;
+    source_prefix_v4_default: u8 = 32;
+    source_prefix_v6_default: u8 = 64;
     head_max_default: usize = 8 * 1024;
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
@@ -46,6 +51,10 @@ pub struct Timeouts {
     /// Front-end pre-relay phase: TLS handshake and the request head.
     #[serde(default = "handshake_default")]
     pub handshake: Dur,
+    /// What `handshake` shrinks to for a front-end connection accepted while the pending budget
+    /// is full (linearly from half full). At or above `handshake`: no shrinking.
+    #[serde(default = "handshake_floor_default")]
+    pub handshake_floor: Dur,
     /// From sending a dial to the agent until its answer (includes the agent's own connect).
     #[serde(default = "dial_default")]
     pub dial: Dur,
@@ -55,16 +64,35 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self { handshake: handshake_default(), dial: dial_default(), idle: idle_default() }
+        Self {
+            handshake: handshake_default(),
+            handshake_floor: handshake_floor_default(),
+            dial: dial_default(),
+            idle: idle_default(),
+        }
     }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Front-end connections held at once (accepting pauses at the limit).
+    /// Front-end connections past their request head held at once (accepting pauses at the
+    /// limit). Connections still in the TLS handshake or request head count in `max_pending`.
     #[serde(default = "max_connections_default")]
     pub max_connections: usize,
+    /// Front-end connections in the TLS handshake or request head; when full, the oldest of them
+    /// is closed to make room for a new one.
+    #[serde(default = "max_pending_default")]
+    pub max_pending: usize,
+    /// Such connections per source (TCP peer address masked by `source_prefix_v4` /
+    /// `source_prefix_v6`); more are closed at once. 0: no per-source cap. Unix-socket front ends
+    /// are exempt.
+    #[serde(default = "pending_per_source_default")]
+    pub pending_per_source: usize,
+    #[serde(default = "source_prefix_v4_default")]
+    pub source_prefix_v4: u8,
+    #[serde(default = "source_prefix_v6_default")]
+    pub source_prefix_v6: u8,
     /// Largest CONNECT / proxy request head.
     #[serde(default = "head_max_default")]
     pub request_head_max: usize,
@@ -72,7 +100,14 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_connections: max_connections_default(), request_head_max: head_max_default() }
+        Self {
+            max_connections: max_connections_default(),
+            max_pending: max_pending_default(),
+            pending_per_source: pending_per_source_default(),
+            source_prefix_v4: source_prefix_v4_default(),
+            source_prefix_v6: source_prefix_v6_default(),
+            request_head_max: head_max_default(),
+        }
     }
 }
 
@@ -158,6 +193,15 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }
+    if cfg.limits.max_pending == 0 {
+        p.push((0, 0), "limits.max_pending", "must be at least 1");
+    }
+    if cfg.limits.source_prefix_v4 > 32 {
+        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
+    }
+    if cfg.limits.source_prefix_v6 > 128 {
+        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
+    }
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
         p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
     }
@@ -210,6 +254,7 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
     }
     for (name, d) in [
         ("timeouts.handshake", cfg.timeouts.handshake),
+        ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
         ("timeouts.dial", cfg.timeouts.dial),
         ("timeouts.idle", cfg.timeouts.idle),
     ] {
@@ -299,6 +344,24 @@ clusters:                            # per-cluster state (migration); absent = a
         assert!(e.contains("s.yaml:7:11: frontends[1].name: duplicate"), "{e}");
         assert!(e.contains("frontends[1]: give listen"), "{e}");
         assert!(e.contains("frontends[2].cluster"), "{e}");
+    }
+
+    #[test]
+    fn pending_budget_keys_defaults_and_bounds() {
+        let agents = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\n";
+        let c = parse(agents, "s.yaml").unwrap();
+        assert_eq!((c.limits.max_pending, c.limits.pending_per_source), (2000, 64));
+        assert_eq!((c.limits.source_prefix_v4, c.limits.source_prefix_v6), (32, 64));
+        assert_eq!(c.timeouts.handshake_floor, Dur::millis(500));
+        let y = format!(
+            "{agents}limits: {{ max_pending: 0, source_prefix_v4: 33, source_prefix_v6: 129 }}\ntimeouts: {{ handshake_floor: 0s }}\n"
+        );
+        let e = parse(&y, "s.yaml").unwrap_err().to_string();
+        for key in
+            ["limits.max_pending", "limits.source_prefix_v4", "limits.source_prefix_v6", "timeouts.handshake_floor"]
+        {
+            assert!(e.contains(key), "{key}: {e}");
+        }
     }
 
     #[test]
