@@ -6,13 +6,16 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use proxy_core::accept::ConnPermit;
 use proxy_core::copy::{Meters, Outcome, Stop, transfer};
 use proxy_core::guard::Active;
 use proxy_core::ids::ConnId;
 use proxy_core::io::Prefixed;
+use proxy_core::pending::Admitted;
 use proxy_core::relay::Abort;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -76,35 +79,60 @@ struct Ready {
     stream: TunnelStream,
     pipelined: Vec<u8>,
     ctx: Box<Ctx>,
+    /// The established connection's slot.
+    _permit: ConnPermit,
 }
 
 /// Serve one accepted front-end connection to its end. The handshake, the request head and
 /// the dial run in a boxed future that is freed before the relay, so a long-lived (mostly
-/// idle) stream holds only the relay's state.
+/// idle) stream holds only the relay's state. `ip`: the TCP peer's address (`None` for a Unix
+/// socket), which the pending budget counts by.
 pub fn connection(
     shared: Arc<Shared>,
     fe: Arc<FrontendRt>,
     conn: Accepted,
     peer: String,
-    permit: proxy_core::accept::ConnPermit,
+    ip: Option<IpAddr>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let active = Active::new(shared.metrics.conn.active.with_label_values(&[&fe.name]));
-    let prepare = Box::pin(prepare(shared.clone(), fe, conn, peer));
+    let prepare = Box::pin(prepare(shared.clone(), fe, conn, peer, ip));
     async move {
-        let _held = (permit, active);
+        let _active = active;
         if let Some(r) = prepare.await {
             relay(&shared, r).await;
         }
     }
 }
 
-async fn prepare(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Accepted, peer: String) -> Option<Ready> {
+async fn prepare(
+    shared: Arc<Shared>,
+    fe: Arc<FrontendRt>,
+    conn: Accepted,
+    peer: String,
+    ip: Option<IpAddr>,
+) -> Option<Ready> {
+    // Until its request head is read the connection is pending, counted by its TCP peer; a
+    // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap.
+    let admitted = match shared.pending.admit(ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), ip.is_none()) {
+        Ok(a) => a,
+        Err(_) => {
+            shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_per_source"]).inc();
+            return None;
+        }
+    };
     match conn {
-        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None).await,
-        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None).await,
+        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None, admitted).await,
+        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None, admitted).await,
         Accepted::Tcp(tcp, Some(acc)) => {
-            let hs = shared.config.load().timeouts.handshake.get();
-            match tokio::time::timeout(hs, acc.accept(tcp)).await {
+            let handshake = tokio::select! {
+                biased;
+                _ = admitted.evicted() => {
+                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
+                    return None;
+                }
+                r = tokio::time::timeout(admitted.remaining(), acc.accept(tcp)) => r,
+            };
+            match handshake {
                 Ok(Ok(s)) => {
                     let cn = s
                         .get_ref()
@@ -112,7 +140,7 @@ async fn prepare(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Accepted, peer:
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    serve(shared, fe, Box::new(s), peer, cn).await
+                    serve(shared, fe, Box::new(s), peer, cn, admitted).await
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "front-end TLS handshake failed");
@@ -120,11 +148,26 @@ async fn prepare(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Accepted, peer:
                     None
                 }
                 Err(_) => {
+                    admitted.deadline_missed();
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
                     None
                 }
             }
         }
+    }
+}
+
+/// Move a connection whose head was read from the pending budget to an established slot. At
+/// the connection limit it waits (still pending, so still evictable) for what is left of its
+/// deadline. `Err`: the reject reason.
+async fn establish(shared: &Shared, admitted: Admitted) -> Result<ConnPermit, &'static str> {
+    if let Some(p) = shared.limit.try_acquire() {
+        return Ok(p);
+    }
+    tokio::select! {
+        biased;
+        _ = admitted.evicted() => Err("pending_evicted"),
+        p = tokio::time::timeout(admitted.remaining(), shared.limit.acquire()) => p.map_err(|_| "connection_limit"),
     }
 }
 
@@ -137,6 +180,7 @@ async fn serve(
     mut io: BoxIo,
     peer: String,
     cert_cluster: Option<String>,
+    admitted: Admitted,
 ) -> Option<Ready> {
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
@@ -150,10 +194,19 @@ async fn serve(
     let mut ctx =
         Ctx { conn_id, fe: fe.clone(), peer, cluster: cluster.clone(), kind: "-", target: "-".into(), started };
 
-    // Read the request head under the handshake deadline.
+    // Read the request head under what is left of the handshake deadline.
     let mut buf = Vec::with_capacity(1024);
     let read_head = read_head(&mut io, &mut buf, cfg.limits.request_head_max);
-    let head: RequestHead = match tokio::time::timeout(cfg.timeouts.handshake.get(), read_head).await {
+    let read = tokio::select! {
+        biased;
+        _ = admitted.evicted() => {
+            m.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
+            ctx.log(0, "pending_evicted", 0, 0);
+            return None;
+        }
+        r = tokio::time::timeout(admitted.remaining(), read_head) => r,
+    };
+    let head: RequestHead = match read {
         Ok(Ok(h)) => h,
         Ok(Err((reason, status, msg))) => {
             m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
@@ -164,8 +217,23 @@ async fn serve(
             return None;
         }
         Err(_) => {
+            admitted.deadline_missed();
             m.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
             ctx.log(0, "handshake_timeout", 0, 0);
+            return None;
+        }
+    };
+    // Routed (the head names where to go): from the pending budget to an established slot.
+    let permit = match establish(&shared, admitted).await {
+        Ok(p) => p,
+        Err("pending_evicted") => {
+            m.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
+            ctx.log(0, "pending_evicted", 0, 0);
+            return None;
+        }
+        Err(reason) => {
+            let msg = "over capacity: connection limit reached";
+            reply_error(&shared, &ctx, &mut io, head.version, 503, reason, msg).await;
             return None;
         }
     };
@@ -197,7 +265,7 @@ async fn serve(
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx) })
+        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx), _permit: permit })
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();
@@ -206,6 +274,7 @@ async fn serve(
         // forwards each request through its own tunnel stream (keep-alive works as usual).
         let io = Prefixed::new(buf, io);
         forward(shared.clone(), &ctx, io).await;
+        drop(permit);
         None
     } else {
         let msg = format!("{} {} is neither CONNECT nor an absolute-form http:// request", head.method, head.target);
@@ -276,7 +345,7 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay(shared: &Shared, r: Ready) {
-    let Ready { io, mut stream, pipelined, ctx } = r;
+    let Ready { io, mut stream, pipelined, ctx, _permit } = r;
     let m = &shared.metrics;
     let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let replayed = pipelined.len() as u64;
@@ -422,9 +491,7 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let fe = std::sync::Arc::new(super::FrontendRt { name: "fe".into(), cluster: Some("c".into()) });
-        let limit = proxy_core::accept::ConnLimit::new(proxy_core::accept::Slots::new(1), None);
-        let permit = limit.acquire().await;
-        let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), permit);
+        let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), None);
         // Every byte here is held by each open tunnel stream for its whole life (the pre-relay
         // phases are boxed and freed before the relay).
         let size = std::mem::size_of_val(&f);

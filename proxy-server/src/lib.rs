@@ -15,11 +15,12 @@ mod registry;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
-use proxy_core::accept::Slots;
+use proxy_core::accept::ConnLimit;
 use proxy_core::admin::{Check, ControlRequest};
 use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::dirwatch::{DirWatch, FileMetrics};
 use proxy_core::ids::ConnIds;
+use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::shutdown::Shutdown;
 use proxy_core::tls_watch::TlsMetrics;
 use registry::Registry;
@@ -38,7 +39,11 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     pub(crate) shutdown: Shutdown,
     pub(crate) ids: ConnIds,
-    connections: Arc<Slots>,
+    /// The front ends' established connections (`limits.max_connections`), taken once the
+    /// request head is read.
+    pub(crate) limit: ConnLimit,
+    /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
+    pub(crate) pending: Arc<Pending>,
     /// Cluster states set through the admin endpoint; they override the config's until cleared.
     overrides: Mutex<BTreeMap<String, ClusterState>>,
     /// Cluster states from the files of `clusters_dir`.
@@ -58,6 +63,19 @@ impl Shared {
 }
 
 type States = BTreeMap<String, ClusterState>;
+
+/// The front ends' pending budget settings in `cfg`.
+fn pending_limits(cfg: &ServerConfig) -> PendingLimits {
+    let l = &cfg.limits;
+    PendingLimits {
+        max_pending: l.max_pending,
+        per_source: l.pending_per_source,
+        prefix_v4: l.source_prefix_v4,
+        prefix_v6: l.source_prefix_v6,
+        deadline: cfg.timeouts.handshake.get(),
+        deadline_floor: cfg.timeouts.handshake_floor.get(),
+    }
+}
 
 /// proxy-server as a [`Service`] of the shared lifecycle.
 pub struct Server {
@@ -100,11 +118,12 @@ impl Service for Server {
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
             registry: Registry::new(metrics.clone(), &states, ctx.shutdown.kill.clone()),
+            pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(&ctx.registry)),
+            limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg),
             metrics,
             shutdown: ctx.shutdown,
             ids: ConnIds::default(),
-            connections: ctx.connections,
             overrides: Mutex::new(BTreeMap::new()),
             cluster_files: Mutex::new(files),
         });
@@ -142,6 +161,7 @@ impl Service for Server {
             return Err(e);
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
+        self.shared.pending.set_limits(pending_limits(&new));
         self.shared.config.store(new);
         self.shared.registry.set_modes(&self.shared.effective_states());
         Ok(())
@@ -153,6 +173,7 @@ impl Service for Server {
 
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
+        checks.push(self.shared.pending.readiness());
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
             let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
@@ -190,12 +211,13 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let reg = proxy_core::prometheus::Registry::new();
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
+        pending: Pending::new(pending_limits(&cfg), PendingMetrics::unregistered()),
         registry: Registry::new(metrics.clone(), &cfg.clusters, CancellationToken::new()),
         config: ArcSwap::from_pointee(cfg),
         metrics,
         shutdown: Shutdown::new(),
         ids: ConnIds::default(),
-        connections: Slots::new(10),
+        limit: ConnLimit::new(proxy_core::accept::Slots::new(10), None),
         overrides: Mutex::new(BTreeMap::new()),
         cluster_files: Mutex::new(ClusterFiles::new(None)),
     })

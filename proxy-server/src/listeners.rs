@@ -10,7 +10,7 @@
 use crate::Shared;
 use crate::frontend::{self, FrontendRt};
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, accept_error_label, accept_loop};
+use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::ALPN_V1;
@@ -241,7 +241,9 @@ impl Listeners {
     ) -> FrontendEntry {
         let served = Arc::new(ArcSwap::from_pointee(self.served(shared, &f, tls)));
         let stop = shared.shutdown.stop.child_token();
-        let limit = ConnLimit::new(shared.connections.clone(), None);
+        // A slot is taken once the request head is read; until then the connection is in the
+        // pending budget.
+        let limit = WhileFree(shared.limit.clone());
         let errors = shared.metrics.conn.accept_errors.clone();
         let name: Arc<str> = Arc::from(f.name.as_str());
         let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
@@ -250,17 +252,17 @@ impl Listeners {
         tracing::info!(frontend = %f.name, %addr, tls = f.tls.is_some(), "front end listening");
         match sock {
             Sock::Tcp(l) => {
-                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, permit| {
+                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, ()| {
                     let s = sv.load();
                     let conn = frontend::Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
-                    frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), permit)
+                    frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
                 }));
             }
             Sock::Unix(l) => {
                 let peer = addr.clone();
-                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, permit| {
+                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, ()| {
                     let rt = sv.load().rt.clone();
-                    frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), permit)
+                    frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), None)
                 }));
             }
         }
