@@ -38,14 +38,17 @@ fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(m, name, labels).unwrap_or(0.0)
 }
 
-/// Open a connection from `source` (a loopback address), send the first three bytes of a TLS
-/// handshake record and stall. The router may close it at once (per-source cap): the write
-/// error is then ignored, the socket is still returned.
-async fn stalled_client(source: Ipv4Addr, gw: SocketAddr) -> anyhow::Result<TcpStream> {
+/// The first three bytes of a TLS handshake record.
+const TLS_START: &[u8] = &[0x16, 0x03, 0x01];
+
+/// Open a connection from `source` (a loopback address), send `start` (the beginning of what
+/// the listener waits for) and stall. The listener may close it at once (per-source cap): the
+/// write error is then ignored, the socket is still returned.
+async fn stalled_client(source: Ipv4Addr, gw: SocketAddr, start: &[u8]) -> anyhow::Result<TcpStream> {
     let s = TcpSocket::new_v4()?;
     s.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
     let mut c = tokio::time::timeout(WAIT, s.connect(gw)).await??;
-    let _ = c.write_all(&[0x16, 0x03, 0x01]).await;
+    let _ = c.write_all(start).await;
     Ok(c)
 }
 
@@ -106,7 +109,7 @@ async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
     let mut stalled = Vec::new();
     for src in [2u8, 3, 4] {
         for _ in 0..60 {
-            stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, src), gw).await?);
+            stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, src), gw, TLS_START).await?);
         }
     }
     let total = stalled.len() as f64;
@@ -196,13 +199,62 @@ async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
     // Ten fill the budget; the next ones meet a full budget: the floor.
     let mut stalled = Vec::new();
     for _ in 0..12 {
-        stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, 2), gw).await?);
+        stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, 2), gw, TLS_START).await?);
     }
     let m = metrics_until(&addrs, "a deadline reject", |m| {
         value(m, "seedgate_pending_rejects_total", &[("reason", "deadline")]) >= 1.0
     })
     .await?;
     assert!(value(&m, "seedgate_rejects_total", &[("reason", "handshake_timeout")]) >= 1.0);
+    drop(stalled);
+    Ok(())
+}
+
+/// proxy-server's front ends have the same budget for the TLS handshake and request head: with
+/// stalled clients holding it, a real CONNECT from another source is answered at once (503
+/// here: no agent is connected, which is the point: it got past its head).
+#[tokio::test]
+async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyhow::Result<()> {
+    use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, refusal_of, server_yaml, start_server};
+    let dir = TempDir::new("pending-frontend")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let extra = format!(
+        "timeouts: {{ handshake: {}s, handshake_floor: {}s }}\nlimits: {{ max_connections: 5, max_pending: 20, pending_per_source: 8 }}\n",
+        HANDSHAKE.as_secs(),
+        HANDSHAKE.as_secs()
+    );
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], &extra);
+    let (_p, addrs) = start_server(&dir, "server", &yaml).await?;
+    let fe = addrs.listener("egress")?;
+
+    let mut stalled = Vec::new();
+    for src in [2u8, 3, 4] {
+        for _ in 0..12 {
+            stalled.push(stalled_client(Ipv4Addr::new(127, 0, 0, src), fe, b"CONN").await?);
+        }
+    }
+    let total = stalled.len() as f64;
+    let m = metrics_until(&addrs, "every stalled client pending or refused", |m| {
+        let pending = value(m, "seedgate_pending_connections", &[]);
+        let per_source = value(m, "seedgate_pending_rejects_total", &[("reason", "per_source")]);
+        let evicted = value(m, "seedgate_pending_rejects_total", &[("reason", "evicted")]);
+        pending == 20.0 && pending + per_source + evicted == total
+    })
+    .await?;
+    assert!(value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]) > 0.0);
+    assert!(value(&m, "seedgate_pending_rejects_total", &[("reason", "evicted")]) > 0.0);
+
+    let e =
+        tokio::time::timeout(HANDSHAKE / 2, connect_tcp(fe, "10.0.0.1:443")).await?.expect_err("no agent is connected");
+    let refusal = refusal_of(&e).unwrap_or_else(|| panic!("an HTTP answer, not {e:#}"));
+    assert_eq!(refusal.status, 503, "{refusal}");
+
+    let m = metrics(&addrs).await?;
+    assert_eq!(value(&m, "seedgate_pending_connections", &[]), 19.0, "stalled clients still held");
+    assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "deadline")]), 0.0);
+    assert!(value(&m, "seedgate_rejects_total", &[("reason", "pending_per_source")]) > 0.0);
+    let (code, body) = http_get(addrs.admin()?, "/readyz?verbose").await?;
+    assert!(body.contains("[+]pending-connections ok: 19/20 not yet routed"), "{code} {body}");
     drop(stalled);
     Ok(())
 }
