@@ -258,3 +258,48 @@ async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyho
     drop(stalled);
     Ok(())
 }
+
+/// At `max_connections` accepting pauses; the wait is counted and `/readyz?verbose` says the
+/// process is at the limit (while `/readyz` stays ready); a freed slot lets the next one in.
+#[tokio::test]
+async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Result<()> {
+    let dir = TempDir::new("pending-limit")?;
+    let echo = TcpEcho::start().await?;
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\n\
+         drain_grace: 1s\n\
+         limits: {{ max_connections: 1 }}\n\
+         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
+         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+        echo.addr()
+    );
+    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let gw = addrs.listener("gateway")?;
+    let admin = addrs.admin()?;
+
+    let mut first = TcpStream::connect(gw).await?;
+    first.write_all(HELLO_SHOOT_B).await?;
+    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+    tokio::time::timeout(WAIT, first.read_exact(&mut back)).await??;
+
+    // The second waits in the backlog: the router says it is at the limit.
+    let mut second = TcpStream::connect(gw).await?;
+    second.write_all(HELLO_SHOOT_B).await?;
+    let m = metrics_until(&addrs, "a wait at the connection limit", |m| {
+        value(m, "seedgate_connection_limit_waiting", &[]) >= 1.0
+    })
+    .await?;
+    assert!(value(&m, "seedgate_connection_limit_waits_total", &[]) >= 1.0);
+    let (code, body) = http_get(admin, "/readyz?verbose").await?;
+    assert_eq!(code, 200, "at the limit is not a fault: {body}");
+    assert!(body.contains("[+]connection-limit ok: 1/1 connection slots in use, at the limit now"), "{body}");
+
+    // A slot frees: the second is routed and echoed.
+    drop(first);
+    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+    tokio::time::timeout(WAIT, second.read_exact(&mut back)).await??;
+    assert_eq!(back, HELLO_SHOOT_B);
+    let m = metrics(&addrs).await?;
+    assert!(value(&m, "seedgate_connection_limit_wait_seconds_total", &[]) > 0.0);
+    Ok(())
+}
