@@ -49,6 +49,9 @@ enum Cmd {
     /// With 10,000 routes loaded: time from a config change to the new route serving, and
     /// connections reset by the reload (sni-router vs haproxy -sf and nginx reload).
     Reload,
+    /// With thousands of clients that sent three bytes of a TLS record and stalled: time for a
+    /// real client's connection through sni-router to be served (sni-router only).
+    Slowloris,
     /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
     /// rewrite its chart (--svg), without running anything.
     Report,
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
         Cmd::Tunnel => vec![Scenario::Tunnel],
         Cmd::IdleMemory => vec![Scenario::IdleMemory],
         Cmd::Reload => vec![Scenario::Reload],
+        Cmd::Slowloris => vec![Scenario::Slowloris],
     };
     scenarios::main(cli.opts, which)
 }

@@ -9,6 +9,7 @@ mod connect;
 mod idle_memory;
 mod proxy_protocol;
 mod reload;
+mod slowloris;
 mod sni_bulk;
 mod sni_connrate;
 mod tunnel;
@@ -73,10 +74,11 @@ pub enum Scenario {
     Tunnel,
     IdleMemory,
     Reload,
+    Slowloris,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -84,6 +86,7 @@ impl Scenario {
         Self::Tunnel,
         Self::IdleMemory,
         Self::Reload,
+        Self::Slowloris,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +98,7 @@ impl Scenario {
             Self::Tunnel => "tunnel",
             Self::IdleMemory => "idle-memory",
             Self::Reload => "reload",
+            Self::Slowloris => "slowloris",
         }
     }
 }
@@ -118,6 +122,9 @@ pub struct Scale {
     pub reload_streams: usize,
     /// Streams of the head-of-line test.
     pub hol_streams: usize,
+    /// Stalled clients of the slowloris scenario, and the real clients timed among them.
+    pub stalled: usize,
+    pub slowloris_clients: usize,
 }
 
 impl Scale {
@@ -136,6 +143,8 @@ impl Scale {
             reload_routes: 10_000,
             reload_streams: if s { 50 } else { 200 },
             hol_streams: 50,
+            stalled: 2_500,
+            slowloris_clients: if s { 3 } else { 10 },
         }
     }
 }
@@ -285,6 +294,7 @@ async fn run_async(
                 Scenario::Tunnel => tunnel::run(&ctx, &mut res).await,
                 Scenario::IdleMemory => idle_memory::run(&ctx, &mut res).await,
                 Scenario::Reload => reload::run(&ctx, &mut res).await,
+                Scenario::Slowloris => slowloris::run(&ctx, &mut res).await,
             }
         };
         let r = tokio::select! {

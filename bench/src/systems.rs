@@ -356,12 +356,23 @@ async fn seedgate(env: &Env<'_>, bin: &Path, config: &Path) -> anyhow::Result<(P
 /// sni-router with `listeners_yaml` (the `listeners:` list, indented as a YAML sequence).
 /// Addresses: each listener by name, and `admin`.
 pub async fn sni_router(env: &Env<'_>, label: &str, listeners_yaml: &str) -> anyhow::Result<Running> {
+    sni_router_with(env, label, "limits: { max_connections: 19000 }\n", listeners_yaml).await
+}
+
+/// [`sni_router`] with `limits_yaml` (top-level keys, e.g. a `limits:` line) instead of the
+/// bench's usual limits.
+pub async fn sni_router_with(
+    env: &Env<'_>,
+    label: &str,
+    limits_yaml: &str,
+    listeners_yaml: &str,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let d = subdir(env, label)?;
     let cfg = d.join("sni-router.yaml");
     let text = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 5s, connect: 5s, idle: 1h }}\ndrain_grace: 1s\n\
-         limits: {{ max_connections: 19000 }}\nlisteners:\n{listeners_yaml}"
+         {limits_yaml}listeners:\n{listeners_yaml}"
     );
     write_atomic(&cfg, &text)?;
     let (p, a) = seedgate(env, &env.bins.router, &cfg).await?;
