@@ -370,12 +370,13 @@ impl Pending {
     /// cancelled and counted here.
     pub fn admit(self: &Arc<Self>, ip: IpAddr, exempt: bool) -> Result<Admitted, Refused> {
         let token = CancellationToken::new();
-        let (adm, len) = {
+        let adm = {
             let mut b = self.lock();
             let r = b.admit(ip, exempt, token.clone());
-            (r, b.len())
+            // Under the lock, so concurrent admissions and releases cannot leave it stale.
+            self.metrics.pending.set(b.len() as i64);
+            r
         };
-        self.metrics.pending.set(len as i64);
         match adm {
             Ok(a) => {
                 if !a.evicted.is_empty() {
@@ -397,12 +398,9 @@ impl Pending {
     }
 
     fn release(&self, id: EntryId) {
-        let len = {
-            let mut b = self.lock();
-            b.release(id);
-            b.len()
-        };
-        self.metrics.pending.set(len as i64);
+        let mut b = self.lock();
+        b.release(id);
+        self.metrics.pending.set(b.len() as i64);
     }
 }
 
