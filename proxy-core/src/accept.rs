@@ -253,8 +253,9 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 }
 
 /// Accept until `stop` is cancelled. Each connection is handed to `handle` in a task of
-/// `tracker`, together with its permit; the loop waits for a permit before it accepts, so at the
-/// limit new connections queue in the kernel backlog instead of being accepted and dropped.
+/// `tracker`, together with what `limit` admitted it with (its permit, or nothing with
+/// [`WhileFree`]); the loop waits for `limit` before it accepts, so at the limit new connections
+/// queue in the kernel backlog instead of being accepted and dropped.
 /// `on_error` is told about every accept error (for metrics); the loop never ends on one.
 pub async fn accept_loop<A, L, F, Fut>(
     listener: A,
