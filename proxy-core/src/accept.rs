@@ -341,4 +341,42 @@ mod tests {
         }
         assert_eq!(s.available(), 1, "one slot after shrinking to 1 and releasing both");
     }
+
+    #[tokio::test]
+    async fn waits_at_the_limit_are_counted_and_while_free_holds_no_slot() {
+        let global = Slots::new(1);
+        let limit = ConnLimit::new(global.clone(), None);
+        // Admitted while free: the slot is still free afterwards.
+        WhileFree(limit.clone()).admit().await;
+        assert_eq!((global.in_use(), global.stats().waits.get()), (0, 0));
+        let first = limit.try_acquire().expect("a free slot");
+        assert!(limit.try_acquire().is_none(), "the only slot is taken");
+        let l2 = limit.clone();
+        let second = tokio::spawn(async move { l2.acquire().await });
+        for _ in 0..1000 {
+            if global.stats().waiting.get() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!((global.stats().waiting.get(), global.stats().waits.get()), (1, 1), "one wait going on");
+        drop(first);
+        let _second = tokio::time::timeout(Duration::from_secs(5), second).await.expect("admitted").expect("task");
+        assert_eq!(global.stats().waiting.get(), 0, "the wait ended");
+        assert_eq!(global.stats().waits.get(), 1);
+        // A listener's own limit counts in the process-wide statistics too.
+        let local = ConnLimit::new(Slots::new(10), Some(1));
+        let held = local.acquire().await;
+        let l3 = local.clone();
+        let t = tokio::spawn(async move { l3.acquire().await });
+        for _ in 0..1000 {
+            if local.global.stats().waiting.get() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(local.global.stats().waits.get(), 1);
+        drop(held);
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await.expect("admitted");
+    }
 }
