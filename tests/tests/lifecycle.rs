@@ -136,27 +136,34 @@ async fn connect_status(s: &mut TcpStream) -> anyhow::Result<String> {
 async fn max_connections_reload_takes_effect_on_proxy_server() -> anyhow::Result<()> {
     let dir = TempDir::new("lifecycle-limit")?;
     let pki = TunnelPki::new(dir.path())?;
-    let one = tunnel_server_yaml(&pki, "127.0.0.1:0", "limits: { max_connections: 1 }\n");
+    // A long handshake deadline: the first connection idles between requests while the test runs.
+    let one = tunnel_server_yaml(&pki, "127.0.0.1:0", "limits: { max_connections: 1 }\ntimeouts: { handshake: 60s }\n");
     let server = Running::start(&dir, "proxy-server", &one).await?;
     let a = server.read_addresses().context("addresses")?;
     let (admin, fe) = (a.admin()?, a.listener("egress")?);
-    // The first connection holds the only slot (it has sent nothing yet).
-    let _first = TcpStream::connect(fe).await?;
+    // The first connection holds the only slot: its request head was read (a slot is taken
+    // then, not at accept), and it stays open for the next request (keep-alive).
+    let mut first = TcpStream::connect(fe).await?;
+    first.write_all(b"GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n").await?;
+    let mut buf = vec![0u8; 512];
+    let n = tokio::time::timeout(DEADLINE, first.read(&mut buf)).await??;
+    anyhow::ensure!(n > 0 && buf.starts_with(b"HTTP/1.1 "), "an answer to the first request");
+    // The second waits in the kernel's backlog while the first holds the slot (the process says
+    // it is at the limit), until a reload raises the limit, with the first still open. (Were the
+    // reload ignored, it would never be answered.)
+    let mut second = TcpStream::connect(fe).await?;
     poll_until(DEADLINE, TICK, || async move {
         let text = http_get(admin, "/metrics").await.map(|(_, b)| b).unwrap_or_default();
-        let n = metric_value(&text, "seedgate_connections_active", &[("listener", "egress")]).unwrap_or(0.0);
-        if n == 1.0 { Ok(()) } else { Err(anyhow::anyhow!("{n} active")) }
+        let n = metric_value(&text, "seedgate_connection_limit_waiting", &[]).unwrap_or(0.0);
+        if n == 1.0 { Ok(()) } else { Err(anyhow::anyhow!("{n} waiting at the limit")) }
     })
     .await?;
-    // The second waits in the kernel's backlog while the first holds the slot, until a reload
-    // raises the limit, with the first still open. (Were the reload ignored, it would never be
-    // answered.)
-    let mut second = TcpStream::connect(fe).await?;
     server.reload_with(&one.replace("max_connections: 1", "max_connections: 2")).await?;
     let status = tokio::time::timeout(DEADLINE, connect_status(&mut second))
         .await
         .with_context(|| format!("no answer after raising the limit; log:\n{}", server.proc.log()))??;
     anyhow::ensure!(status.starts_with("HTTP/1.1 503"), "no agent is connected, so 503: {status}");
     anyhow::ensure!(server.reloads(admin, "success").await == 1.0);
+    drop(first);
     Ok(())
 }
