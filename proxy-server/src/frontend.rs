@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
+use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::TokioIo;
 use proxy_core::accept::ConnPermit;
 use proxy_core::copy::{Meters, Outcome, Stop, transfer};
@@ -12,13 +13,17 @@ use proxy_core::guard::Active;
 use proxy_core::ids::ConnId;
 use proxy_core::io::Prefixed;
 use proxy_core::pending::Admitted;
+use proxy_core::prometheus::{IntCounter, IntCounterVec};
 use proxy_core::relay::Abort;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Instant;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 const READ_CHUNK: usize = 4096;
 
@@ -38,10 +43,16 @@ struct Ctx {
     kind: &'static str,
     target: String,
     started: Instant,
+    /// `seedgate_connections_total`, counted once per connection when it is logged.
+    results: IntCounterVec,
 }
 
 impl Ctx {
+    /// The access event of the connection's end, and its count by result (`ok` for a CONNECT
+    /// answered 200 or a forward-proxy connection, else the reject reason).
     fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
+        let result = if code == 200 || self.kind == "forward" { "ok" } else { reason };
+        self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
         tracing::info!(
             target: "access",
             conn_id = %self.conn_id,
@@ -188,11 +199,20 @@ async fn serve(
     let started = Instant::now();
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
         m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
+        m.conn.connections.with_label_values(&[&fe.name, "-", "no_cluster_identity"]).inc();
         let _ = io.write_all(&http_head::error_response(1, 403, "client certificate names no cluster")).await;
         return None;
     };
-    let mut ctx =
-        Ctx { conn_id, fe: fe.clone(), peer, cluster: cluster.clone(), kind: "-", target: "-".into(), started };
+    let mut ctx = Ctx {
+        conn_id,
+        fe: fe.clone(),
+        peer,
+        cluster: cluster.clone(),
+        kind: "-",
+        target: "-".into(),
+        started,
+        results: m.conn.connections.clone(),
+    };
 
     // Read the request head under what is left of the handshake deadline.
     let mut buf = Vec::with_capacity(1024);
@@ -412,34 +432,185 @@ fn strip_hop_by_hop(h: &mut http::HeaderMap) {
     }
 }
 
+/// How long a forwarded request's tunnel stream waits, after the answer, for the agent's end of
+/// it, so the stream ends in order on both sides rather than by a reset.
+const FORWARD_STREAM_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A forwarded request's tunnel stream, counting its bytes for the tunnel metrics and for the
+/// request's access event.
+struct Counted<S> {
+    io: S,
+    to_shoot: IntCounter,
+    to_seed: IntCounter,
+    sent: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        if n > 0 {
+            this.to_seed.inc_by(n);
+            this.received.fetch_add(n, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = r {
+            this.to_shoot.inc_by(n as u64);
+            this.sent.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// One forwarded request: its own access event once its answer has been sent (or failed).
+struct RequestLog {
+    conn_id: ConnId,
+    frontend: Arc<str>,
+    client: Arc<str>,
+    cluster: Arc<str>,
+    target: String,
+    code: u16,
+    started: Instant,
+    sent: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+}
+
+impl RequestLog {
+    fn emit(&self, reason: &str) {
+        tracing::info!(
+            target: "access",
+            conn_id = %self.conn_id,
+            frontend = %self.frontend,
+            client = %self.client,
+            cluster = %self.cluster,
+            kind = "forward",
+            target = %self.target,
+            code = self.code,
+            bytes_up = self.sent.load(Ordering::Relaxed),
+            bytes_down = self.received.load(Ordering::Relaxed),
+            duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+            reason,
+            "request forwarded"
+        );
+    }
+}
+
+/// A forwarded answer's body that logs the request when it ends: sent in full (`closed`), the
+/// target failing mid-body (`upstream_error`), or dropped unfinished (`client_closed`).
+struct Logged {
+    body: Body,
+    log: Option<RequestLog>,
+}
+
+impl hyper::body::Body for Logged {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        let end = match &r {
+            Poll::Ready(None) => Some("closed"),
+            Poll::Ready(Some(Err(_))) => Some("upstream_error"),
+            _ => None,
+        };
+        if let Some(reason) = end
+            && let Some(log) = this.log.take()
+        {
+            log.emit(reason);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some(log) = self.log.take() {
+            // An empty body may never be polled: it was sent in full with the head.
+            log.emit(if hyper::body::Body::is_end_stream(&self.body) { "closed" } else { "client_closed" });
+        }
+    }
+}
+
+/// Serve absolute-form requests on a front-end connection: each goes through its own tunnel
+/// stream and gets its own access event and count; the connection's end is logged once more.
 async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx, io: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let cluster = ctx.cluster.clone();
-    let fe_name = ctx.fe.name.clone();
+    let (frontend, client, cluster): (Arc<str>, Arc<str>, Arc<str>) =
+        (ctx.fe.name.clone(), Arc::from(ctx.peer.as_str()), Arc::from(ctx.cluster.as_str()));
+    let conn_id = ctx.conn_id;
     let sh = shared.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let shared = sh.clone();
-        let cluster = cluster.clone();
-        let fe_name = fe_name.clone();
+        let (frontend, client, cluster) = (frontend.clone(), client.clone(), cluster.clone());
         async move {
-            let code = |r: &Response<Body>| r.status().as_u16().to_string();
+            let m = &shared.metrics;
+            let mut log = RequestLog {
+                conn_id,
+                frontend,
+                client,
+                cluster,
+                target: req.uri().to_string(),
+                code: 0,
+                started: Instant::now(),
+                sent: Arc::default(),
+                received: Arc::default(),
+            };
+            // An answer of our own (no target reached): counted as a reject, logged now.
+            let refuse = |log: &mut RequestLog, status: StatusCode, reason: &str, msg: String| {
+                log.code = status.as_u16();
+                m.requests.with_label_values(&[&log.frontend, "forward", status.as_str()]).inc();
+                m.conn.rejects.with_label_values(&[&log.frontend, reason]).inc();
+                log.emit(reason);
+                Ok::<_, std::convert::Infallible>(simple(status, msg))
+            };
             let uri = req.uri().clone();
             let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
-                let r = simple(StatusCode::BAD_REQUEST, format!("expected an absolute http:// URI, got {uri}"));
-                shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
-                return Ok::<_, std::convert::Infallible>(r);
+                let msg = format!("expected an absolute http:// URI, got {uri}");
+                return refuse(&mut log, StatusCode::BAD_REQUEST, "not_absolute_uri", msg);
             };
             let target = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
-            let stream = match dial(&shared, &cluster, &target).await {
+            let stream = match dial(&shared, &log.cluster, &target).await {
                 Ok(s) => s,
                 Err(e) => {
-                    let r =
-                        simple(StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string());
-                    shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
-                    return Ok(r);
+                    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
+                    return refuse(&mut log, status, e.code(), e.to_string());
                 }
+            };
+            let stream = Counted {
+                io: stream,
+                to_shoot: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_shoot"]),
+                to_seed: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_seed"]),
+                sent: log.sent.clone(),
+                received: log.received.clone(),
             };
             // Origin-form towards the target; the Host header stays as the client sent it.
             let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -450,26 +621,35 @@ where
             {
                 req.headers_mut().insert(http::header::HOST, v);
             }
+            // One tunnel stream per request: the target closes after its answer, so the stream
+            // ends in order at both ends.
+            req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
             let resp = async {
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    if let Ok(parts) = conn.without_shutdown().await {
+                        let mut io = parts.io.into_inner();
+                        let _ = io.shutdown().await;
+                        let mut sink = [0u8; 256];
+                        let drain = async { while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {} };
+                        let _ = tokio::time::timeout(FORWARD_STREAM_LINGER, drain).await;
+                    }
                 });
                 sender.send_request(req).await
             }
             .await;
-            let r = match resp {
+            match resp {
                 Ok(r) => {
                     // The target's `Connection: close` ends the tunnel stream, not the client's
                     // connection, which stays open for its next request.
-                    let mut r = r.map(|b| b.boxed());
+                    log.code = r.status().as_u16();
+                    m.requests.with_label_values(&[&log.frontend, "forward", r.status().as_str()]).inc();
+                    let mut r = r.map(|b| Logged { body: b.boxed(), log: Some(log) }.boxed());
                     strip_hop_by_hop(r.headers_mut());
-                    r
+                    Ok(r)
                 }
-                Err(e) => simple(StatusCode::BAD_GATEWAY, format!("target {target}: {e}")),
-            };
-            shared.metrics.requests.with_label_values(&[&fe_name, "forward", &code(&r)]).inc();
-            Ok(r)
+                Err(e) => refuse(&mut log, StatusCode::BAD_GATEWAY, "target_error", format!("target {target}: {e}")),
+            }
         }
     });
     let conn = hyper::server::conn::http1::Builder::new()

@@ -153,6 +153,11 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
     // curl with an absolute-form request to a plain-HTTP target; keep-alive to the front end.
     let page = HttpBackend::start("text/plain", "pod page\n").await?;
     let url = format!("http://{}/metrics?x=1", page.addr());
+    let sadmin = w.saddrs.admin()?;
+    let tunnel_bytes = |m: &str, dir: &str| {
+        metric_value(m, "seedgate_tunnel_bytes_total", &[("cluster", "shoot-a"), ("direction", dir)]).unwrap_or(0.0)
+    };
+    let before = metrics(sadmin).await?;
     let out = curl(&["-x", &format!("http://{fe}"), &url, &url]).await?;
     assert_eq!(out, "pod page\npod page\n");
     let heads = page.requests();
@@ -169,8 +174,64 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
         Ok(())
     })
     .await?;
-    let forward_conns = w.server.log().lines().filter(|l| l.contains("kind=\"forward\"")).count();
-    assert_eq!(forward_conns, 1, "curl's two requests did not share a connection\n{}", w.server.log());
+    let slog = w.server.log();
+    let forward_conns =
+        slog.lines().filter(|l| l.contains("connection closed") && l.contains("kind=\"forward\"")).count();
+    assert_eq!(forward_conns, 1, "curl's two requests did not share a connection\n{slog}");
+    // One access event per forwarded request, with its status and the bytes it moved.
+    let requests: Vec<&str> = slog.lines().filter(|l| l.contains("request forwarded")).collect();
+    assert_eq!(requests.len(), 2, "{slog}");
+    for l in &requests {
+        assert!(l.contains("code=200") && l.contains("reason=\"closed\""), "{l}");
+        let down = field_u64(l, "bytes_down").unwrap_or(0);
+        let up = field_u64(l, "bytes_up").unwrap_or(0);
+        assert!(down > "pod page\n".len() as u64 && up > 0, "{l}");
+    }
+    // The tunnel's byte counters include forwarded traffic.
+    let after = metrics(sadmin).await?;
+    assert!(tunnel_bytes(&after, "to_seed") - tunnel_bytes(&before, "to_seed") >= 2.0 * "pod page\n".len() as f64);
+    assert!(tunnel_bytes(&after, "to_shoot") > tunnel_bytes(&before, "to_shoot"));
+    // The agent saw each forwarded stream end in order, not by a reset.
+    let forwarded_target = format!("target={}", page.addr());
+    poll_until(STEP, TICK, || async {
+        let alog = w.agent.log();
+        let ends: Vec<&str> =
+            alog.lines().filter(|l| l.contains("stream closed") && l.contains(&forwarded_target)).collect();
+        anyhow::ensure!(ends.len() == 2, "{} stream ends for the forwarded requests:\n{alog}", ends.len());
+        anyhow::ensure!(ends.iter().all(|l| l.contains("reason=\"closed\"")), "{ends:#?}");
+        Ok(())
+    })
+    .await?;
+    // A target the agent does not allow: 403, counted as a reject like the same CONNECT, and
+    // logged as its own request.
+    let denied = curl(&["-x", &format!("http://{fe}"), "http://10.255.255.1:81/"]).await?;
+    assert!(denied.contains("not allowed") || denied.contains("10.255.255.1"), "{denied}");
+    let m = metrics(sadmin).await?;
+    assert_eq!(
+        metric_value(&m, "seedgate_rejects_total", &[("listener", "egress"), ("reason", "not_allowed")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "seedgate_frontend_requests_total",
+            &[("frontend", "egress"), ("kind", "forward"), ("code", "403")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(w.server.log().lines().any(|l| l.contains("request forwarded") && l.contains("code=403")));
+    // Every front-end connection is counted once, by result.
+    assert!(
+        metric_value(
+            &m,
+            "seedgate_connections_total",
+            &[("listener", "egress"), ("route", "shoot-a"), ("result", "ok")]
+        )
+        .is_some_and(|v| v >= 2.0),
+        "{m}"
+    );
     for h in &heads {
         // Origin-form towards the target, the Host header kept, no proxy headers passed on.
         assert!(h.starts_with("GET /metrics?x=1 HTTP/1.1\r\n"), "{h}");
@@ -879,4 +940,10 @@ fn checksums_tell_streams_apart() {
     let mut f = Fnv::default();
     f.update(b"a");
     assert_eq!(f.0, 0xaf63_dc4c_8601_ec8c, "FNV-1a 64 of \"a\"");
+}
+
+/// The value of `key=<number>` in a log line.
+fn field_u64(line: &str, key: &str) -> Option<u64> {
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
