@@ -1,6 +1,9 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
-use crate::common::{AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, default_fn, valid_header_name};
+use crate::common::{
+    AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default,
+    valid_header_name,
+};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -23,6 +26,7 @@ default_fn! {
     reconnect_max_default: Dur = Dur::secs(30);
     rehome_drain_default: Dur = Dur::secs(30);
 }
+admin_or_null!();
 
 /// Header that carries `destination` in `http-connect` mode unless `destination_header` says otherwise.
 pub const DEFAULT_DESTINATION_HEADER: &str = "X-Gardener-Destination";
@@ -36,16 +40,16 @@ pub const MAX_DESTINATION_LEN: usize = 1024;
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// Admin HTTP listener. Default `{ listen: 127.0.0.1:9903 }`.
-    #[serde(default = "admin_default")]
+    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
     pub admin: AdminConfig,
     /// Default `{ handshake: 5s, connect: 5s, idle: 1h }`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub timeouts: Timeouts,
     /// After SIGTERM: how long live connections may continue before the process exits. Default `30s`.
     #[serde(default = "drain_grace_default")]
     pub drain_grace: Dur,
     /// Default `{ max_connections: 10000 }`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub limits: Limits,
     /// The node-local apiserver proxy; absent or `null` = not run.
     #[serde(default)]
@@ -97,7 +101,7 @@ pub struct Tunnel {
     /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
     /// address, for one, is unreachable unless listed. A name is resolved and every address
     /// dialled must be listed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub allow: Vec<CidrPort>,
     /// Resolving and connecting to a destination. Default `5s`.
     #[serde(default = "dial_timeout_default")]
@@ -105,9 +109,9 @@ pub struct Tunnel {
     /// A stream with no byte either way for this long is closed. Default `1h`.
     #[serde(default = "tunnel_idle_default")]
     pub idle_timeout: Dur,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub keepalive: Keepalive,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub reconnect: Reconnect,
     /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
     /// Default `16384`.
@@ -238,12 +242,18 @@ impl ApiserverProxy {
     }
 }
 
+impl AgentConfig {
+    /// The tunnel's client identity and the CA of the servers.
+    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+        let Some(t) = &self.tunnel else { return Vec::new() };
+        let t = &t.tls;
+        vec![crate::TlsFiles::new(crate::TlsRole::Client, "tunnel.tls", &t.cert, &t.key, "ca", Some(&t.ca))]
+    }
+}
+
 /// Parse and validate a proxy-agent config.
 pub fn parse(text: &str, file: &str) -> Result<AgentConfig, ConfigError> {
-    let cfg: AgentConfig = crate::from_yaml(text, file)?;
-    let mut p = Problems::new(file);
-    validate(&cfg, &mut p);
-    p.finish(cfg)
+    crate::yaml::parse(text, file, validate)
 }
 
 /// A header value we can write verbatim: visible ASCII and inner spaces, so nothing in the
@@ -497,6 +507,17 @@ apiserver_proxy:
         assert!(has("limits.max_connections"), "{e:#?}");
         assert!(has("timeouts.handshake: must be positive"), "{e:#?}");
         assert_eq!(e.len(), 6, "{e:#?}");
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_even_inside_located_sections() {
+        let y = "apiserver_proxy:\n  listen: [10.1.2.3:443, nowhere]\n  gateway: a:1\n  mode: proxy-protocol-v2\ntunnel:\n  servers: [a:1]\n  tls: { cert: c, key: k, ca: a }\n  allow: [10.0.0.0/8, 10.0.0.1/8]\n  reconnect: { initial: soon }\n";
+        let e = problems(y);
+        let has = |s: &str| e.iter().any(|p| p.contains(s));
+        assert!(has("f.yaml:2:26: apiserver_proxy.listen[1]: invalid address"), "{e:#?}");
+        assert!(has("tunnel.allow[1]: invalid"), "{e:#?}");
+        assert!(has("tunnel.reconnect.initial: invalid duration"), "{e:#?}");
+        assert_eq!(e.len(), 3, "{e:#?}");
     }
 
     #[test]

@@ -234,12 +234,22 @@ impl fmt::Display for CidrPort {
     }
 }
 
+/// Values written as strings. While a config file is parsed (see `yaml`), a bad one is recorded
+/// with its position and replaced by the placeholder, so the parse goes on to find the others;
+/// the placeholders never reach a running process (the file is refused).
 macro_rules! string_serde {
-    ($($t:ty),*) => {$(
+    ($($t:ty = $placeholder:expr),*) => {$(
         impl<'de> Deserialize<'de> for $t {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                s.parse().map_err(de::Error::custom)
+                if !crate::yaml::collecting() {
+                    let s = String::deserialize(d)?;
+                    return s.parse().map_err(de::Error::custom);
+                }
+                let s = serde_saphyr::Spanned::<String>::deserialize(d)?;
+                s.value.parse().or_else(|e: String| {
+                    crate::yaml::record(s.referenced.line(), s.referenced.column(), e);
+                    Ok($placeholder)
+                })
             }
         }
         impl Serialize for $t {
@@ -249,7 +259,18 @@ macro_rules! string_serde {
         }
     )*};
 }
-string_serde!(Dur, HostPort, IpCidr, CidrPort);
+string_serde!(
+    Dur = Dur::secs(1),
+    HostPort = HostPort { host: "invalid".into(), port: 0 },
+    IpCidr = IpCidr(ipnet::IpNet::from(IpAddr::from([0, 0, 0, 0]))),
+    CidrPort = CidrPort { net: IpCidr(ipnet::IpNet::from(IpAddr::from([0, 0, 0, 0]))), port: None }
+);
+
+/// `#[serde(deserialize_with)]` for an optional section: `key: null` (or `key:` with nothing)
+/// means the same as leaving the key out.
+pub(crate) fn null_is_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 /// The admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/config`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -308,6 +329,17 @@ macro_rules! default_fn {
     )*};
 }
 pub(crate) use default_fn;
+
+/// Defines `admin_or_null` for a module with an `admin_default`: `admin: null` means the
+/// binary's default admin section, as when the key is left out.
+macro_rules! admin_or_null {
+    () => {
+        fn admin_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<AdminConfig, D::Error> {
+            Ok(Option::<AdminConfig>::deserialize(d)?.unwrap_or_else(admin_default))
+        }
+    };
+}
+pub(crate) use admin_or_null;
 
 #[cfg(test)]
 mod tests {

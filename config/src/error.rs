@@ -62,20 +62,6 @@ impl ConfigError {
     pub(crate) fn io(file: &str, e: std::io::Error) -> Self {
         Self::internal(file, &format!("cannot read: {e}"))
     }
-
-    pub(crate) fn from_yaml(file: &str, e: &serde_saphyr::Error) -> Self {
-        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-        // The crate's Display repeats the location and appends a source snippet; keep the first
-        // line's message and let our own prefix carry the location.
-        let text = e.to_string();
-        let first = text.lines().next().unwrap_or_default();
-        let first = first.strip_prefix("error: ").unwrap_or(first);
-        let message = match first.strip_prefix("line ").and_then(|rest| rest.split_once(": ")) {
-            Some((_, msg)) => msg.to_owned(),
-            None => first.to_owned(),
-        };
-        Self { problems: vec![Problem { file: file.to_owned(), line, column, field: String::new(), message }] }
-    }
 }
 
 /// Collects validation problems for one file.
@@ -97,6 +83,10 @@ impl Problems {
             field: field.into(),
             message: message.into(),
         });
+    }
+
+    pub(crate) fn into_list(self) -> Vec<Problem> {
+        self.list
     }
 
     pub(crate) fn finish<T>(self, value: T) -> Result<T, ConfigError> {

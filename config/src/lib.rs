@@ -8,12 +8,14 @@ mod common;
 mod error;
 pub mod router;
 pub mod server;
+mod yaml;
 
 pub use agent::AgentConfig;
 pub use common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Keepalive, Located, canonical, valid_header_name};
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;
 pub use server::ServerConfig;
+pub use yaml::locate;
 
 /// What every binary's config has, and how its file is read: the process lifecycle needs no more.
 pub trait BinaryConfig: Sized {
@@ -24,6 +26,37 @@ pub trait BinaryConfig: Sized {
     fn drain_grace(&self) -> std::time::Duration;
     /// `limits.max_connections`: connections the process holds at once.
     fn max_connections(&self) -> usize;
+    /// The certificate, key and CA files the config names, so they can be loaded (and checked
+    /// to belong together) before anything starts.
+    fn tls_files(&self) -> Vec<TlsFiles> {
+        Vec::new()
+    }
+}
+
+/// Which end of TLS connections a set of files serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsRole {
+    Server,
+    Client,
+}
+
+/// The files of one `tls` section and the key path of each (e.g. `agents.tls.cert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub role: TlsRole,
+    /// `(key path, file)`.
+    pub cert: (String, String),
+    pub key: (String, String),
+    /// The CA peers' certificates must chain to, if any.
+    pub ca: Option<(String, String)>,
+}
+
+impl TlsFiles {
+    /// `section` is the key path of the `tls` mapping; `ca_key` the name of its CA key there.
+    pub fn new(role: TlsRole, section: &str, cert: &str, key: &str, ca_key: &str, ca: Option<&str>) -> Self {
+        let at = |k: &str, f: &str| (format!("{section}.{k}"), f.to_owned());
+        Self { role, cert: at("cert", cert), key: at("key", key), ca: ca.map(|c| at(ca_key, c)) }
+    }
 }
 
 macro_rules! binary_config {
@@ -41,6 +74,9 @@ macro_rules! binary_config {
             fn max_connections(&self) -> usize {
                 self.limits.max_connections
             }
+            fn tls_files(&self) -> Vec<$crate::TlsFiles> {
+                <$t>::tls_files(self)
+            }
         }
     };
 }
@@ -54,9 +90,4 @@ pub fn load<T>(path: &std::path::Path, parse: fn(&str, &str) -> Result<T, Config
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, e))?;
     parse(&text, &file)
-}
-
-/// Deserialize one YAML document into `T`, mapping serde errors to a located [`ConfigError`].
-pub(crate) fn from_yaml<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
-    serde_saphyr::from_str::<T>(text).map_err(|e| ConfigError::from_yaml(file, &e))
 }

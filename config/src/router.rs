@@ -1,6 +1,9 @@
 //! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
 
-use crate::common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, default_fn, valid_header_name};
+use crate::common::{
+    AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, admin_or_null, default_fn, null_is_default,
+    valid_header_name,
+};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
@@ -29,18 +32,19 @@ default_fn! {
     proxy_depth_default: u8 = 2;
     eject_default: Dur = Dur::secs(10);
 }
+admin_or_null!();
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
-    #[serde(default = "admin_default")]
+    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
     pub admin: AdminConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub timeouts: Timeouts,
     /// After SIGTERM: how long live connections may continue before the process exits.
     #[serde(default = "drain_grace_default")]
     pub drain_grace: Dur,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub limits: Limits,
     /// How long an upstream that refused or timed out a connect is skipped.
     #[serde(default = "eject_default")]
@@ -171,21 +175,21 @@ pub enum ConnectUnmatched {
 pub struct Listener {
     pub name: Located<String>,
     pub listen: HostPort,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub proxy_protocol: ProxyProtocolMode,
     /// Peers allowed to send PROXY headers (CIDRs on the TCP peer address).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub trusted_proxies: Vec<IpCidr>,
     /// Route for connections nothing else matched; `null` rejects them.
     #[serde(default)]
     pub default_route: Option<String>,
     /// Answer to a CONNECT that matches no route.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub connect_unmatched: ConnectUnmatched,
     /// Per-listener connection cap, below the process-wide `limits.max_connections`.
     #[serde(default)]
     pub max_connections: Option<usize>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub routes: Vec<Route>,
 }
 
@@ -197,20 +201,20 @@ pub struct Route {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listener: Option<Located<String>>,
     /// Exact names or `*.suffix` (one label), case-insensitive, trailing dot ignored.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub sni: Vec<String>,
     /// PROXY header destinations, `ip[/prefix][:port]`; longest prefix wins.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub destination: Vec<CidrPort>,
     #[serde(default)]
     pub connect: Option<ConnectMatch>,
     pub upstreams: Vec<HostPort>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub balance: Balance,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub send_proxy_protocol: SendProxy,
     /// Real client addresses allowed to use this route; empty = any.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub allowed_sources: Vec<IpCidr>,
     /// Live connections of this route end this long after a reload changed or removed the
     /// route; `null` (the default) lets them run until they close by themselves.
@@ -224,20 +228,24 @@ pub struct Route {
 #[serde(deny_unknown_fields)]
 pub struct ConnectMatch {
     pub header: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub values: Vec<String>,
     /// Anchored: must match the whole header value.
     pub regex: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub authority: Vec<String>,
+}
+
+impl RouterConfig {
+    /// None: the router passes TLS through and holds no certificate.
+    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+        Vec::new()
+    }
 }
 
 /// Parse and validate an sni-router config.
 pub fn parse(text: &str, file: &str) -> Result<RouterConfig, ConfigError> {
-    let cfg: RouterConfig = crate::from_yaml(text, file)?;
-    let mut p = Problems::new(file);
-    validate(&cfg, &mut p);
-    p.finish(cfg)
+    crate::yaml::parse(text, file, validate)
 }
 
 /// Normalise an SNI pattern: lower case, no trailing dot. `None` if it is not a valid pattern.
@@ -430,19 +438,19 @@ pub fn parse_route_file(text: &str, file: &str) -> Result<Vec<Route>, ConfigErro
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let f: RouteFile = crate::from_yaml(text, file)?;
-    let mut p = Problems::new(file);
-    let mut seen: HashMap<String, Seen> = HashMap::new();
-    for (ri, r) in f.routes.iter().enumerate() {
-        let rf = format!("routes[{ri}]");
-        let Some(listener) = &r.listener else {
-            p.push(r.name.at(), format!("{rf}.listener"), "name the listener this route belongs to");
-            continue;
-        };
-        let seen = seen.entry(listener.value.clone()).or_default();
-        validate_route(r, &rf, listener, false, seen, &mut p);
-    }
-    p.finish(f.routes)
+    let f: RouteFile = crate::yaml::parse(text, file, |f: &RouteFile, p| {
+        let mut seen: HashMap<String, Seen> = HashMap::new();
+        for (ri, r) in f.routes.iter().enumerate() {
+            let rf = format!("routes[{ri}]");
+            let Some(listener) = &r.listener else {
+                p.push(r.name.at(), format!("{rf}.listener"), "name the listener this route belongs to");
+                continue;
+            };
+            let seen = seen.entry(listener.value.clone()).or_default();
+            validate_route(r, &rf, listener, false, seen, p);
+        }
+    })?;
+    Ok(f.routes)
 }
 
 /// Who owns each listener's route names, SNI patterns and destinations: the main config or one

@@ -1,6 +1,6 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
-use crate::common::{AdminConfig, Dur, HostPort, Keepalive, Located, default_fn};
+use crate::common::{AdminConfig, Dur, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -21,23 +21,24 @@ default_fn! {
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
 }
+admin_or_null!();
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
-    #[serde(default = "admin_default")]
+    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
     pub admin: AdminConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub timeouts: Timeouts,
     #[serde(default = "drain_grace_default")]
     pub drain_grace: Dur,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub limits: Limits,
     pub agents: Agents,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub frontends: Vec<Frontend>,
     /// Per-cluster state for control-plane migration; a cluster not listed is `active`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub clusters: BTreeMap<String, ClusterState>,
     /// A directory of cluster-state files (`*.yaml`), watched and merged with `clusters`;
     /// `null` (the default): none.
@@ -127,7 +128,7 @@ pub struct Agents {
     pub listen: HostPort,
     /// Agents must present a client certificate from `client_ca`; its CN names the cluster.
     pub tls: ServerTls,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub keepalive: Keepalive,
     /// Bytes one stream may have in flight unread (per-stream flow-control window).
     #[serde(default = "stream_window_default")]
@@ -167,21 +168,34 @@ pub enum ClusterMode {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterState {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub state: ClusterMode,
     /// Tunnel addresses of the destination seed, sent to the agents with the move notice.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub move_to: Vec<HostPort>,
     /// When draining: live streams end this long after the drain started.
     #[serde(default)]
     pub drain_deadline: Option<Dur>,
 }
 
+impl ServerConfig {
+    /// The agents listener's and every TLS front end's files.
+    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+        let files = |section: &str, t: &ServerTls| {
+            crate::TlsFiles::new(crate::TlsRole::Server, section, &t.cert, &t.key, "client_ca", t.client_ca.as_deref())
+        };
+        let mut out = vec![files("agents.tls", &self.agents.tls)];
+        for (i, f) in self.frontends.iter().enumerate() {
+            if let Some(t) = &f.tls {
+                out.push(files(&format!("frontends[{i}].tls"), t));
+            }
+        }
+        out
+    }
+}
+
 pub fn parse(text: &str, file: &str) -> Result<ServerConfig, ConfigError> {
-    let cfg: ServerConfig = crate::from_yaml(text, file)?;
-    let mut p = Problems::new(file);
-    validate(&cfg, &mut p);
-    p.finish(cfg)
+    crate::yaml::parse(text, file, validate)
 }
 
 /// A cluster name: a DNS-label-like word (it is a metric label and a certificate CN).
@@ -291,12 +305,12 @@ pub fn parse_cluster_file(text: &str, file: &str) -> Result<BTreeMap<String, Clu
     if text.trim().is_empty() {
         return Ok(BTreeMap::new());
     }
-    let f: ClusterFile = crate::from_yaml(text, file)?;
-    let mut p = Problems::new(file);
-    for (name, c) in &f.clusters {
-        validate_cluster(name, c, &mut p);
-    }
-    p.finish(f.clusters)
+    let f: ClusterFile = crate::yaml::parse(text, file, |f: &ClusterFile, p| {
+        for (name, c) in &f.clusters {
+            validate_cluster(name, c, p);
+        }
+    })?;
+    Ok(f.clusters)
 }
 
 #[cfg(test)]
@@ -368,5 +382,72 @@ clusters:                            # per-cluster state (migration); absent = a
     fn agents_need_a_client_ca() {
         let e = parse("agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k } }\n", "s.yaml").unwrap_err().to_string();
         assert!(e.contains("agents.tls.client_ca"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod every_problem {
+    use super::parse;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml, "s.yaml") {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    const AGENTS: &str = "agents:\n  listen: 127.0.0.1:1\n  tls: { cert: c, key: k, client_ca: ca }\n";
+
+    #[test]
+    fn four_bad_durations_are_four_problems_each_naming_its_key() {
+        let y = format!(
+            "{AGENTS}  keepalive: {{ interval: fast, timeout: soon }}\ntimeouts:\n  dial: 10\n  idle: forever\ndrain_grace: 30s\n"
+        );
+        let e = problems(&y);
+        assert_eq!(e.len(), 4, "{e:#?}");
+        for key in ["agents.keepalive.interval", "agents.keepalive.timeout", "timeouts.dial", "timeouts.idle"] {
+            assert!(e.iter().any(|p| p.contains(&format!(": {key}: invalid duration"))), "{key}: {e:#?}");
+        }
+        assert!(e[2].starts_with("s.yaml:6:9: timeouts.dial"), "{e:#?}");
+    }
+
+    #[test]
+    fn bad_values_and_rule_violations_are_reported_together() {
+        let y = format!(
+            "{AGENTS}timeouts: {{ idle: forever }}\nlimits: {{ max_connections: 0 }}\nfrontends:\n  - name: a\n    listen: nowhere\n    cluster: x\n"
+        );
+        let e = problems(&y);
+        assert!(e.iter().any(|p| p.contains("timeouts.idle: invalid duration")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("frontends[0].listen: invalid address")), "{e:#?}");
+        assert!(e.iter().any(|p| p.contains("limits.max_connections: must be at least 1")), "{e:#?}");
+        assert_eq!(e.len(), 3, "{e:#?}");
+    }
+
+    #[test]
+    fn a_second_document_is_named_as_such() {
+        let e = problems(&format!("{AGENTS}---\n{AGENTS}"));
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(e[0].starts_with("s.yaml:4:"), "{e:#?}");
+        assert!(e[0].contains("second YAML document") && e[0].contains("split the file"), "{e:#?}");
+        assert!(!e[0].contains("from_multiple") && !e[0].contains("from_str"), "{e:#?}");
+    }
+
+    #[test]
+    fn null_sections_mean_absent() {
+        let y = format!(
+            "admin: null\ntimeouts: null\nlimits:\nfrontends: null\nclusters: null\n{AGENTS}  keepalive: null\n"
+        );
+        let c = parse(&y, "s.yaml").unwrap();
+        assert_eq!(c.admin, crate::AdminConfig::on(9902));
+        assert_eq!(c.timeouts, super::Timeouts::default());
+        assert!(c.frontends.is_empty());
+    }
+
+    #[test]
+    fn structural_errors_name_their_key() {
+        let e = problems(&format!("{AGENTS}  keepalive: {{ intervall: 1s }}\n"));
+        assert!(e[0].contains("agents.keepalive.intervall: unknown field"), "{e:#?}");
+        let e = problems("agents:\n  listen: 127.0.0.1:1\n");
+        assert!(e[0].contains(": agents: missing field `tls`"), "{e:#?}");
     }
 }

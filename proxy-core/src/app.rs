@@ -423,7 +423,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
     let args = crate::cli::CommonArgs::parse_for(S::NAME, about);
     crate::telemetry::init(args.log_format);
-    let cfg = crate::cli::load_or_exit(&args, S::Config::parse);
+    let cfg = crate::cli::load_or_exit::<S::Config>(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,7 +1,9 @@
 //! Command-line flags every binary takes, and the `--check` behaviour (print problems, exit 2).
 
 use crate::telemetry::LogFormat;
-use std::path::PathBuf;
+use crate::tls::{Part, check_files};
+use seedgate_config::{BinaryConfig, ConfigError};
+use std::path::{Path, PathBuf};
 
 /// Flags common to sni-router, proxy-server and proxy-agent.
 #[derive(Debug, Clone, clap::Args)]
@@ -13,6 +15,10 @@ pub struct CommonArgs {
     /// 0 when valid, 2 when not.
     #[arg(long)]
     pub check: bool,
+    /// With --check: validate the config alone, without loading the certificate, key, CA and
+    /// token files it names (for checking manifests where those secrets are not mounted).
+    #[arg(long, requires = "check")]
+    pub skip_file_checks: bool,
     /// Log format on stderr. The level comes from RUST_LOG (default: info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -35,8 +41,11 @@ impl CommonArgs {
 pub const EXIT_INVALID_CONFIG: i32 = 2;
 
 /// Load the config for `--check` or start-up; on error print every problem and exit 2.
-pub fn load_or_exit<T>(args: &CommonArgs, parse: fn(&str, &str) -> Result<T, seedgate_config::ConfigError>) -> T {
-    match seedgate_config::load(&args.config, parse) {
+/// Start-up and `--check` run the same checks, so they print the same messages.
+pub fn load_or_exit<T: BinaryConfig>(args: &CommonArgs) -> T {
+    let loaded =
+        if args.skip_file_checks { seedgate_config::load(&args.config, T::parse) } else { load_checked(&args.config) };
+    match loaded {
         Ok(cfg) => {
             if args.check {
                 println!("{}: valid", args.config.display());
@@ -51,4 +60,36 @@ pub fn load_or_exit<T>(args: &CommonArgs, parse: fn(&str, &str) -> Result<T, see
             std::process::exit(EXIT_INVALID_CONFIG);
         }
     }
+}
+
+/// Parse and validate the config at `path`, then load every file it names (certificates, keys,
+/// CAs, the admin token) the way the binary will. Sockets are not bound: a port held by the
+/// process being replaced is no error here.
+pub fn load_checked<T: BinaryConfig>(path: &Path) -> Result<T, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::internal(&file, &format!("cannot read: {e}")))?;
+    let cfg = T::parse(&text, &file)?;
+    let problems = file_problems(&cfg);
+    if problems.is_empty() { Ok(cfg) } else { Err(seedgate_config::locate(&text, &file, problems)) }
+}
+
+/// `(key path, message)` for every file of `cfg` that cannot be used.
+pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Err(e) = crate::admin::load_token(cfg.admin().token_file.as_deref()) {
+        let f = cfg.admin().token_file.as_deref().unwrap_or_default();
+        out.push(("admin.token_file".to_owned(), format!("{f}: {e}")));
+    }
+    for t in cfg.tls_files() {
+        let ca = t.ca.as_ref().map(|(_, f)| Path::new(f));
+        for (part, e) in check_files(Path::new(&t.cert.1), Path::new(&t.key.1), ca) {
+            let key = match part {
+                Part::Cert => &t.cert.0,
+                Part::Key => &t.key.0,
+                Part::Ca => t.ca.as_ref().map(|(k, _)| k).unwrap_or(&t.cert.0),
+            };
+            out.push((key.clone(), e.to_string()));
+        }
+    }
+    out
 }

@@ -46,6 +46,48 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// The error for a certificate chain and key that rustls refused to pair: a key that belongs to
+/// another certificate gets a message saying so.
+fn identity_error(cert: &Path, key: &Path, e: rustls::Error) -> TlsError {
+    match e {
+        rustls::Error::InconsistentKeys(_) => TlsError::File {
+            path: key.display().to_string(),
+            what: "private key",
+            detail: format!("does not match the certificate in {} (it belongs to another certificate)", cert.display()),
+        },
+        e => TlsError::Config(format!("{}: {e}", cert.display())),
+    }
+}
+
+/// Which file of a TLS identity a problem is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Cert,
+    Key,
+    Ca,
+}
+
+/// Every problem with one identity's files, loaded exactly as [`server_config`] and
+/// [`client_config`] load them: a file missing or unreadable, no usable PEM in it, a CA that
+/// cannot be a trust anchor, a key that does not belong to the certificate. Binds nothing.
+pub fn check_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Vec<(Part, TlsError)> {
+    let mut out = Vec::new();
+    let certs = load_certs(cert).map_err(|e| out.push((Part::Cert, e))).ok();
+    let k = load_key(key).map_err(|e| out.push((Part::Key, e))).ok();
+    if let Some(ca) = ca
+        && let Err(e) = load_roots(ca)
+    {
+        out.push((Part::Ca, e));
+    }
+    if let (Some(certs), Some(k)) = (certs, k)
+        && let Err(e) = rustls::sign::CertifiedKey::from_der(certs, k, &provider())
+    {
+        let part = if matches!(e, rustls::Error::InconsistentKeys(_)) { Part::Key } else { Part::Cert };
+        out.push((part, identity_error(cert, key, e)));
+    }
+    out
+}
+
 /// A TLS server config. With `client_ca`, clients must present a certificate issued by it.
 /// `tls13_only` for the tunnel, whose contract is TLS 1.3.
 pub fn server_config(
@@ -69,9 +111,8 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut cfg = builder
-        .with_single_cert(load_certs(cert)?, load_key(key)?)
-        .map_err(|e| TlsError::Config(format!("{}: {e}", cert.display())))?;
+    let mut cfg =
+        builder.with_single_cert(load_certs(cert)?, load_key(key)?).map_err(|e| identity_error(cert, key, e))?;
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(cfg))
 }
@@ -90,9 +131,9 @@ pub fn client_config(
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(load_roots(ca)?);
     let mut cfg = match client_cert {
-        Some((c, k)) => builder
-            .with_client_auth_cert(load_certs(c)?, load_key(k)?)
-            .map_err(|e| TlsError::Config(format!("{}: {e}", c.display())))?,
+        Some((c, k)) => {
+            builder.with_client_auth_cert(load_certs(c)?, load_key(k)?).map_err(|e| identity_error(c, k, e))?
+        }
         None => builder.with_no_client_auth(),
     };
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
