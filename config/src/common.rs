@@ -237,6 +237,27 @@ impl fmt::Display for CidrPort {
 /// Values written as strings. While a config file is parsed (see `yaml`), a bad one is recorded
 /// with its position and replaced by the placeholder, so the parse goes on to find the others;
 /// the placeholders never reach a running process (the file is refused).
+/// Permission bits of a file, written in octal as a string: `"0660"`, `"660"`, `"0o660"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileMode(pub u32);
+
+impl FromStr for FileMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let digits = s.trim().strip_prefix("0o").unwrap_or(s.trim());
+        match u32::from_str_radix(digits, 8) {
+            Ok(m) if !digits.is_empty() && m <= 0o777 => Ok(Self(m)),
+            _ => Err(format!("invalid file mode {s:?}: write octal permission bits as a string, e.g. \"0660\"")),
+        }
+    }
+}
+
+impl fmt::Display for FileMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
 macro_rules! string_serde {
     ($($t:ty = $placeholder:expr),*) => {$(
         impl<'de> Deserialize<'de> for $t {
@@ -261,6 +282,7 @@ macro_rules! string_serde {
 }
 string_serde!(
     Dur = Dur::secs(1),
+    FileMode = FileMode(0o600),
     HostPort = HostPort { host: "invalid".into(), port: 0 },
     IpCidr = IpCidr(ipnet::IpNet::from(IpAddr::from([0, 0, 0, 0]))),
     CidrPort = CidrPort { net: IpCidr(ipnet::IpNet::from(IpAddr::from([0, 0, 0, 0]))), port: None }
@@ -352,6 +374,15 @@ mod tests {
         assert_eq!("1h".parse::<Dur>().unwrap(), Dur::secs(3600));
         assert!("5".parse::<Dur>().is_err());
         assert!("five seconds".parse::<Dur>().is_err());
+    }
+
+    #[test]
+    fn file_modes() {
+        assert_eq!("0660".parse::<FileMode>().unwrap(), FileMode(0o660));
+        assert_eq!("0o600".parse::<FileMode>().unwrap().to_string(), "0600");
+        for bad in ["", "0888", "01777", "rw-rw----", "0x1ff"] {
+            assert!(bad.parse::<FileMode>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@ pub mod server;
 mod yaml;
 
 pub use agent::AgentConfig;
-pub use common::{AdminConfig, CidrPort, Dur, HostPort, IpCidr, Keepalive, Located, canonical, valid_header_name};
+pub use common::{
+    AdminConfig, CidrPort, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, canonical, valid_header_name,
+};
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;
 pub use server::ServerConfig;

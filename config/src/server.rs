@@ -1,6 +1,8 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
-use crate::common::{AdminConfig, Dur, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default};
+use crate::common::{
+    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default,
+};
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -145,9 +147,18 @@ pub struct Frontend {
     /// TCP `host:port`; give this or `unix`.
     #[serde(default)]
     pub listen: Option<HostPort>,
-    /// Unix socket path (kube-apiserver's egress selector `transport.uds`); no TLS.
+    /// Unix socket path (kube-apiserver's egress selector `transport.uds`); no TLS. A missing
+    /// parent directory is created (mode 0750, group `unix_group`).
     #[serde(default)]
     pub unix: Option<String>,
+    /// Permission bits of the socket file, octal as a string (`"0660"`: owner and group may
+    /// connect). Default `null`: as the process umask leaves them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_mode: Option<FileMode>,
+    /// Group of the socket file (and of a parent directory it creates): a name from
+    /// `/etc/group` or a numeric gid. Default `null`: the process's group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_group: Option<String>,
     #[serde(default)]
     pub tls: Option<ServerTls>,
     /// The cluster whose agents carry this front end's streams. Absent: the client
@@ -250,6 +261,18 @@ fn validate(cfg: &ServerConfig, p: &mut Problems) {
                 p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS")
             }
             _ => {}
+        }
+        if f.unix.is_none() {
+            for (key, set) in [("unix_mode", f.unix_mode.is_some()), ("unix_group", f.unix_group.is_some())] {
+                if set {
+                    p.push(at, format!("{ff}.{key}"), "only a unix socket front end (unix: PATH) has this");
+                }
+            }
+        }
+        if let Some(g) = &f.unix_group
+            && (g.is_empty() || g.contains([':', '\n']) || g.contains(char::is_whitespace))
+        {
+            p.push(at, format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
         }
         match &f.cluster {
             Some(c) if !valid_cluster_name(c) => {
@@ -376,6 +399,24 @@ clusters:                            # per-cluster state (migration); absent = a
         {
             assert!(e.contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn unix_socket_mode_and_group() {
+        let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\nfrontends:\n";
+        let y = format!(
+            "{base}  - name: a\n    unix: /run/seedgate/a.sock\n    unix_mode: \"0660\"\n    unix_group: \"1000\"\n    cluster: x\n"
+        );
+        let c = parse(&y, "s.yaml").unwrap();
+        assert_eq!(c.frontends[0].unix_mode, Some(crate::FileMode(0o660)));
+        assert_eq!(serde_json::to_value(&c).unwrap()["frontends"][0]["unix_mode"], "0660");
+        let y = format!(
+            "{base}  - name: a\n    listen: 127.0.0.1:2\n    unix_mode: \"0999\"\n    unix_group: a b\n    cluster: x\n"
+        );
+        let e = parse(&y, "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("frontends[0].unix_mode: invalid file mode"), "{e}");
+        assert!(e.contains("frontends[0].unix_group: only a unix socket front end"), "{e}");
+        assert!(e.contains("frontends[0].unix_group: \"a b\" is neither"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod frontend;
 mod listeners;
 mod metrics;
 mod registry;
+mod unix_socket;
 
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
@@ -198,6 +199,7 @@ impl Service for Server {
 
     async fn stopped(&self) {
         self.sessions_stop.cancel();
+        self.listeners.remove_socket_files();
     }
 }
 

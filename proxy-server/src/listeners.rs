@@ -9,6 +9,7 @@
 
 use crate::Shared;
 use crate::frontend::{self, FrontendRt};
+use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
 use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::app::{StartError, listen_tcp};
@@ -67,26 +68,30 @@ fn place(f: &Frontend) -> Place {
     }
 }
 
-enum Sock {
-    Tcp(TcpListener),
-    Unix(UnixListener),
+/// Mode and group of a front end's socket file.
+fn access(f: &Frontend) -> Access {
+    Access { mode: f.unix_mode, group: f.unix_group.clone() }
 }
 
-async fn bind_place(name: &str, p: &Place) -> Result<(Sock, String), StartError> {
-    match p {
+enum Sock {
+    Tcp(TcpListener),
+    Unix(UnixListener, SocketFile),
+}
+
+async fn bind_place(f: &Frontend) -> Result<(Sock, String), StartError> {
+    let name = f.name.as_str();
+    match place(f) {
         Place::Tcp(hp) => {
-            let (l, addr) = listen_tcp(&format!("front end {name}"), hp).await?;
+            let (l, addr) = listen_tcp(&format!("front end {name}"), &hp).await?;
             Ok((Sock::Tcp(l), addr.to_string()))
         }
         Place::Unix(path) => {
-            // A stale socket file from a previous run would make bind fail.
-            let _ = std::fs::remove_file(path);
-            let l = UnixListener::bind(path).map_err(|source| StartError::Bind {
+            let (l, file) = unix_socket::bind(path.as_ref(), &access(f)).map_err(|e| StartError::Bind {
                 what: format!("front end {name}"),
                 addr: path.clone(),
-                source,
+                source: std::io::Error::other(e),
             })?;
-            Ok((Sock::Unix(l), format!("unix:{path}")))
+            Ok((Sock::Unix(l, file), format!("unix:{path}")))
         }
     }
 }
@@ -104,6 +109,18 @@ struct FrontendEntry {
     served: Arc<ArcSwap<Served>>,
     /// Stops its accept loop.
     stop: CancellationToken,
+    /// A Unix socket's file, removed when the front end stops.
+    socket: Option<SocketFile>,
+}
+
+impl FrontendEntry {
+    /// Stop accepting; live connections continue.
+    fn stop(&self) {
+        self.stop.cancel();
+        if let Some(s) = &self.socket {
+            s.remove();
+        }
+    }
 }
 
 /// The agents' listener.
@@ -143,7 +160,7 @@ impl Listeners {
         for f in &cfg.frontends {
             // TLS files are checked before the socket is bound, so a bad file fails the start.
             frontend_tls(f, metrics)?;
-            let (sock, addr) = bind_place(&f.name, &place(f)).await?;
+            let (sock, addr) = bind_place(f).await?;
             pending.push(Pending::Frontend(f.clone(), sock, addr));
         }
         Ok(Self {
@@ -185,7 +202,12 @@ impl Listeners {
                             let entry = self.serve_frontend(shared, f, sock, addr, tls);
                             self.frontends.lock().expect("not poisoned").insert(entry.cfg.name.value.clone(), entry);
                         }
-                        Err(e) => tracing::error!(frontend = %f.name, error = %e, "front end not started"),
+                        Err(e) => {
+                            if let Sock::Unix(_, file) = &sock {
+                                file.remove();
+                            }
+                            tracing::error!(frontend = %f.name, error = %e, "front end not started")
+                        }
                     }
                 }
             }
@@ -258,15 +280,16 @@ impl Listeners {
                     frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
                 }));
             }
-            Sock::Unix(l) => {
+            Sock::Unix(l, file) => {
                 let peer = addr.clone();
                 tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, ()| {
                     let rt = sv.load().rt.clone();
                     frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), None)
                 }));
+                return FrontendEntry { cfg: f, addr, served, stop, socket: Some(file) };
             }
         }
-        FrontendEntry { cfg: f, addr, served, stop }
+        FrontendEntry { cfg: f, addr, served, stop, socket: None }
     }
 
     /// Apply a new config's sockets and TLS files, or change nothing.
@@ -305,8 +328,13 @@ impl Listeners {
             }
             let tls = frontend_tls(f, &self.metrics).map_err(e)?;
             let sock = match old {
-                Some(o) if place(o) == place(f) => None,
-                _ => Some(bind_place(&f.name, &place(f)).await.map_err(e)?),
+                Some(o) if place(o) == place(f) => {
+                    if access(o) != access(f) {
+                        self.reapply_access(f)?;
+                    }
+                    None
+                }
+                _ => Some(bind_place(f).await.map_err(e)?),
             };
             fresh.push((f.clone(), tls, sock));
         }
@@ -347,7 +375,7 @@ impl Listeners {
                 Some((sock, addr)) => {
                     let entry = self.serve_frontend(shared, f, sock, addr, tls);
                     if let Some(old) = frontends.insert(name.clone(), entry) {
-                        old.stop.cancel();
+                        old.stop();
                         tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
                     }
                 }
@@ -357,11 +385,32 @@ impl Listeners {
         frontends.retain(|name, entry| {
             let kept = keep.contains(name.as_str());
             if !kept {
-                entry.stop.cancel();
+                entry.stop();
                 tracing::info!(frontend = %name, addr = %entry.addr, "front end removed: stopped accepting; its live connections continue");
             }
             kept
         });
         Ok(())
+    }
+
+    /// A kept socket's new mode or group, set on its file.
+    fn reapply_access(&self, f: &Frontend) -> Result<(), String> {
+        let frontends = self.frontends.lock().expect("not poisoned");
+        match frontends.get(f.name.as_str()).and_then(|e| e.socket.as_ref()) {
+            Some(s) => s.apply(&access(f)).map_err(|e| format!("front end {}: {e}", *f.name)),
+            None => Ok(()),
+        }
+    }
+
+    /// At exit: remove every socket file this process made.
+    pub(crate) fn remove_socket_files(&self) {
+        for entry in self.frontends.lock().expect("not poisoned").values() {
+            entry.stop();
+        }
+        for p in self.pending.lock().expect("not poisoned").iter() {
+            if let Pending::Frontend(_, Sock::Unix(_, file), _) = p {
+                file.remove();
+            }
+        }
     }
 }

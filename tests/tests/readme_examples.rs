@@ -169,6 +169,28 @@ fn egress_selector_example() {
 }
 
 #[test]
+fn unix_socket_examples() {
+    let y = example("unix-frontend");
+    let c = seedgate_config::server::parse(&y, "README unix-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+    let f = &c.frontends[0];
+    assert_eq!(f.unix_mode, Some(seedgate_config::FileMode(0o660)));
+    let group = f.unix_group.clone().expect("unix_group");
+    let dir = f.unix.as_deref().and_then(|p| p.rsplit_once('/')).map(|(d, _)| d.to_owned()).expect("unix path");
+    // The pod fragment mounts one emptyDir at the socket's directory in both containers, and its
+    // fsGroup is the socket's group.
+    let pod = generic(&example("unix-socket-pod"), "unix-socket-pod");
+    assert_eq!(pod["spec"]["securityContext"]["fsGroup"].as_u64().map(|g| g.to_string()), Some(group));
+    let vol = pod["spec"]["volumes"][0]["name"].as_str().expect("a volume");
+    assert!(pod["spec"]["volumes"][0]["emptyDir"].is_object(), "an emptyDir");
+    let containers = pod["spec"]["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 2);
+    for c in containers {
+        let m = &c["volumeMounts"][0];
+        assert_eq!((m["name"].as_str(), m["mountPath"].as_str()), (Some(vol), Some(dir.as_str())), "{c}");
+    }
+}
+
+#[test]
 fn prometheus_proxy_url_example() {
     let v = generic(&example("prometheus-proxy-url"), "prometheus-proxy-url");
     let job = &v["scrape_configs"][0];

@@ -1,0 +1,105 @@
+//! proxy-server's Unix-socket front end on disk, through the real binary: the socket's mode and
+//! group, a parent directory made when missing, a regular file at the path refused and left
+//! intact, and the socket file removed when the front end is removed and when the process exits.
+
+use anyhow::Context as _;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use testbed::proc::Running;
+use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, ensure_binaries, server_yaml};
+use testbed::{TempDir, bin_path, poll_until};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const TICK: Duration = Duration::from_millis(20);
+
+/// A group other than the process's own (root's), so setting it is visible; falls back to 0.
+fn some_group() -> (String, u32) {
+    let text = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let (name, _, gid) = (f.next()?, f.next()?, f.next()?.parse::<u32>().ok()?);
+            (gid != 0).then(|| (name.to_owned(), gid))
+        })
+        .next()
+        .unwrap_or(("root".into(), 0))
+}
+
+/// proxy-server YAML with a TCP front end `egress` and, when `uds` is given, a Unix one `uds`
+/// at that path with `extra` keys.
+fn yaml(pki: &TunnelPki, uds: Option<(&Path, &str)>) -> String {
+    let mut fes = vec![Fe::new("egress", "shoot-a", FeKind::Plain)];
+    if let Some((p, _)) = uds {
+        fes.push(Fe::new("uds", "shoot-a", FeKind::Unix(p.to_owned())));
+    }
+    let y = server_yaml(pki, "127.0.0.1:0", &fes, "");
+    match uds {
+        Some((p, extra)) => {
+            let line = format!("    unix: {}\n", p.display());
+            y.replace(&line, &format!("{line}{extra}"))
+        }
+        None => y,
+    }
+}
+
+async fn gone(path: &Path) -> anyhow::Result<()> {
+    poll_until(DEADLINE, TICK, || async move {
+        if path.exists() { Err(anyhow::anyhow!("{} still there", path.display())) } else { Ok(()) }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn mode_group_and_parent_directory_then_removed_on_reload_and_exit() -> anyhow::Result<()> {
+    let dir = TempDir::new("uds-mode")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let sock = dir.join("run/seedgate/egress.sock");
+    let (group, gid) = some_group();
+    let with_uds = yaml(&pki, Some((&sock, &format!("    unix_mode: \"0660\"\n    unix_group: {group}\n"))));
+    let mut server = Running::start(&dir, "proxy-server", &with_uds).await?;
+    let a = server.read_addresses().context("addresses")?;
+    anyhow::ensure!(a.unix("uds")? == sock, "{a:?}");
+    let m = std::fs::metadata(&sock)?;
+    anyhow::ensure!(m.file_type().is_socket(), "not a socket");
+    anyhow::ensure!(m.permissions().mode() & 0o777 == 0o660, "mode {:o}", m.permissions().mode());
+    anyhow::ensure!(m.gid() == gid, "group {} instead of {gid} ({group})", m.gid());
+    let parent = std::fs::metadata(sock.parent().context("parent")?)?;
+    anyhow::ensure!(parent.permissions().mode() & 0o777 == 0o750, "directory mode {:o}", parent.permissions().mode());
+    anyhow::ensure!(parent.gid() == gid, "directory group {}", parent.gid());
+    tokio::net::UnixStream::connect(&sock).await.context("connecting to the socket")?;
+
+    // Removing the front end removes its socket file.
+    server.reload_with(&yaml(&pki, None)).await?;
+    gone(&sock).await.with_context(|| server.proc.log())?;
+    // Back again, then SIGTERM: the file goes with the process.
+    server.reload_with(&with_uds).await?;
+    server.addresses_where(|a| a.listeners.contains_key("uds")).await?;
+    anyhow::ensure!(sock.exists(), "socket back after the reload");
+    server.proc.signal(libc::SIGTERM)?;
+    let st = server.proc.wait_exit(DEADLINE).await.context("no exit after SIGTERM")?;
+    anyhow::ensure!(st.success(), "exit {st}");
+    anyhow::ensure!(!sock.exists(), "socket file left behind after exit");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_regular_file_at_the_path_is_a_start_error_and_is_left_intact() -> anyhow::Result<()> {
+    ensure_binaries()?;
+    let dir = TempDir::new("uds-file")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let path = dir.write("egress.sock", "not a socket")?;
+    let cfg = dir.write("server.yaml", yaml(&pki, Some((&path, ""))))?;
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::process::Command::from(Command::new(bin_path("proxy-server")?)).arg("--config").arg(&cfg).output(),
+    )
+    .await
+    .context("proxy-server did not exit")??;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.code() == Some(1), "exit {:?}: {err}", out.status.code());
+    anyhow::ensure!(err.contains("front end uds") && err.contains("is not a socket; refusing to replace it"), "{err}");
+    anyhow::ensure!(std::fs::read_to_string(&path)? == "not a socket", "the file was changed");
+    Ok(())
+}
