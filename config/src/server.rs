@@ -22,6 +22,7 @@ default_fn! {
     head_max_default: usize = 8 * 1024;
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
+    accept_unknown_default: bool = true;
 }
 admin_or_null!();
 
@@ -138,6 +139,11 @@ pub struct Agents {
     /// Bytes all streams of one session may have in flight unread.
     #[serde(default = "connection_window_default")]
     pub connection_window: u32,
+    /// An agent whose certificate names a cluster that no front end and no `clusters` entry
+    /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
+    /// warning once per cluster name; `false` refuses it, telling the agent why.
+    #[serde(default = "accept_unknown_default")]
+    pub accept_unknown_clusters: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -417,6 +423,14 @@ clusters:                            # per-cluster state (migration); absent = a
         assert!(e.contains("frontends[0].unix_mode: invalid file mode"), "{e}");
         assert!(e.contains("frontends[0].unix_group: only a unix socket front end"), "{e}");
         assert!(e.contains("frontends[0].unix_group: \"a b\" is neither"), "{e}");
+    }
+
+    #[test]
+    fn unknown_clusters_are_accepted_unless_refused() {
+        let y = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\n";
+        assert!(parse(y, "s.yaml").unwrap().agents.accept_unknown_clusters);
+        let y = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }, accept_unknown_clusters: false }\n";
+        assert!(!parse(y, "s.yaml").unwrap().agents.accept_unknown_clusters);
     }
 
     #[test]

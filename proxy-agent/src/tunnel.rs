@@ -365,7 +365,7 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
                 }
             }
             Some(msg) = moves_rx.recv() => {
-                let ControlMsg::Move { to, drain_deadline_ms } = msg;
+                let ControlMsg::Move { to, drain_deadline_ms } = msg else { continue };
                 let next = to.iter().find_map(|s| s.parse::<HostPort>().ok()).unwrap_or_else(|| configured.clone());
                 let drain = (drain_deadline_ms > 0).then(|| Duration::from_millis(drain_deadline_ms));
                 t.metrics.moves.with_label_values(&[&label]).inc();
@@ -435,6 +435,10 @@ impl AgentHandler for Handler {
     }
 
     fn control(&self, msg: ControlMsg) {
+        if let ControlMsg::Refused { reason } = &msg {
+            tracing::error!(server = %self.server, %reason, "proxy-server refused this agent's session");
+            return;
+        }
         tracing::info!(server = %self.server, ?msg, "control message");
         if self.moves.try_send(msg).is_err() {
             tracing::warn!(server = %self.server, "control message dropped: a move is already being handled");

@@ -2,13 +2,16 @@
 
 use crate::Shared;
 use proxy_core::tunnel::h2::run_seed_session;
-use proxy_core::tunnel::{ALPN_V1, Opener, TunnelSettings};
+use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, TunnelSettings};
 use seedgate_config::server::valid_cluster_name;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+/// How long a refused session stays open so the refusal reaches the agent.
+const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
     TunnelSettings {
@@ -64,11 +67,30 @@ pub async fn serve_agent(
         tracing::info!(%peer, %cluster, "agent refused: cluster is fenced on this seed");
         return;
     }
+    let refuse = !shared.knows_cluster(&cluster, peer) && !cfg.agents.accept_unknown_clusters;
     let settings = settings(&cfg);
     let session_stop = stop.child_token();
     let registered = std::sync::Mutex::new(None);
     let result = run_seed_session(tls, &settings, session_stop.clone(), |s| {
         let opener: Arc<dyn Opener> = s.opener;
+        if refuse {
+            // Bounded label: the name is not one the config knows; logs and /readyz carry it.
+            m.agent_sessions.with_label_values(&["-", "unknown_cluster"]).inc();
+            shared.unknown_refused.lock().expect("not poisoned").insert(cluster.clone());
+            let reason = format!(
+                "cluster {cluster:?} (the certificate's CN) is not served by this proxy-server: no front end or \
+                 clusters entry names it, and agents.accept_unknown_clusters is false"
+            );
+            tracing::warn!(%peer, %cluster, "agent refused: unknown cluster");
+            let _ = opener.control(&ControlMsg::Refused { reason });
+            // The notice goes out on the control stream once the agent opened it; then close.
+            let stop = session_stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(REFUSAL_LINGER).await;
+                stop.cancel();
+            });
+            return;
+        }
         match shared.registry.add(&cluster, peer.to_string(), opener, s.hello, session_stop.clone()) {
             Ok(sess) => {
                 m.agent_sessions.with_label_values(&[&cluster, "accepted"]).inc();

@@ -5,7 +5,7 @@ use proxy_core::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
 /// Clusters the operator cares about: those with a front end or a configured state.
-fn clusters(shared: &Shared) -> Vec<String> {
+pub(crate) fn clusters(shared: &Shared) -> Vec<String> {
     let cfg = shared.config.load();
     let mut v: Vec<String> = cfg.frontends.iter().filter_map(|f| f.cluster.clone()).collect();
     v.extend(shared.effective_states().keys().cloned());
@@ -15,7 +15,31 @@ fn clusters(shared: &Shared) -> Vec<String> {
 }
 
 /// Ready when each cluster the operator cares about has an agent (a fenced one needs none).
+/// Agents of clusters nothing in the config knows are listed too (without failing readiness).
 pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
+    let mut checks = known_ready(shared);
+    let known = clusters(shared);
+    let mut unknown: Vec<String> = shared.registry.connected().into_iter().filter(|c| !known.contains(c)).collect();
+    let refused = shared.unknown_refused.lock().expect("not poisoned").clone();
+    unknown.extend(refused.into_iter().filter(|c| !known.contains(c)));
+    unknown.sort();
+    unknown.dedup();
+    if !unknown.is_empty() {
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|c| match shared.registry.sessions(c).len() {
+                0 => format!("{c} (refused)"),
+                n => format!("{c} ({n} agents)"),
+            })
+            .collect();
+        let detail =
+            format!("agents of clusters no front end or clusters entry knows (a CN typo?): {}", list.join(", "));
+        checks.push(Check::new("unknown-clusters", true, detail));
+    }
+    checks
+}
+
+fn known_ready(shared: &Shared) -> Vec<Check> {
     let reg = &shared.registry;
     clusters(shared)
         .into_iter()

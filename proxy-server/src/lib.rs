@@ -49,6 +49,10 @@ pub(crate) struct Shared {
     overrides: Mutex<BTreeMap<String, ClusterState>>,
     /// Cluster states from the files of `clusters_dir`.
     cluster_files: Mutex<ClusterFiles>,
+    /// Unknown cluster names already warned about (once each).
+    unknown_warned: Mutex<std::collections::HashSet<String>>,
+    /// Unknown clusters whose agents were refused (`agents.accept_unknown_clusters: false`).
+    pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Shared {
@@ -60,6 +64,23 @@ impl Shared {
         drop(files);
         s.extend(self.overrides.lock().expect("not poisoned").clone());
         s
+    }
+
+    /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
+    fn knows_cluster(&self, cluster: &str, peer: std::net::SocketAddr) -> bool {
+        if control::clusters(self).iter().any(|c| c == cluster) {
+            return true;
+        }
+        if self.unknown_warned.lock().expect("not poisoned").insert(cluster.to_owned()) {
+            tracing::warn!(
+                %cluster,
+                %peer,
+                accept = self.config.load().agents.accept_unknown_clusters,
+                "agent of cluster {cluster:?}, which no front end or clusters entry knows: probably a typo in the \
+                 certificate's CN (agents.accept_unknown_clusters: false refuses such agents)"
+            );
+        }
+        false
     }
 }
 
@@ -127,6 +148,8 @@ impl Service for Server {
             ids: ConnIds::default(),
             overrides: Mutex::new(BTreeMap::new()),
             cluster_files: Mutex::new(files),
+            unknown_warned: Mutex::default(),
+            unknown_refused: Mutex::default(),
         });
         for (name, mode) in shared.registry.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
@@ -222,5 +245,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         limit: ConnLimit::new(proxy_core::accept::Slots::new(10), None),
         overrides: Mutex::new(BTreeMap::new()),
         cluster_files: Mutex::new(ClusterFiles::new(None)),
+        unknown_warned: Mutex::default(),
+        unknown_refused: Mutex::default(),
     })
 }

@@ -217,6 +217,12 @@ impl Registry {
         self.metrics.agents.with_label_values(&[&s.cluster]).set(n as i64);
     }
 
+    /// Clusters with at least one agent session.
+    pub fn connected(&self) -> Vec<String> {
+        let clusters = self.clusters.read().expect("not poisoned");
+        clusters.iter().filter(|(_, c)| !c.sessions.is_empty()).map(|(n, _)| n.clone()).collect()
+    }
+
     pub fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
         self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
     }

@@ -210,6 +210,9 @@ pub enum ControlMsg {
     /// configured server names when empty), move new streams there, let old ones finish within
     /// `drain_deadline_ms`, then close this session.
     Move { to: Vec<String>, drain_deadline_ms: u64 },
+    /// This server does not serve the agent's cluster and is about to close the session; the
+    /// agent logs `reason` (the session is not used for dials meanwhile).
+    Refused { reason: String },
 }
 
 /// What an agent says about itself when the control stream opens.
