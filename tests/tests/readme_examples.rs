@@ -199,3 +199,27 @@ fn prometheus_proxy_url_example() {
     let target = job["static_configs"][0]["targets"][0].as_str().expect("a target");
     assert!(target.parse::<std::net::SocketAddr>().is_ok(), "{target}");
 }
+
+/// The table of contents lists every `##` section (outside code blocks) in order.
+#[test]
+fn contents_lists_every_section() {
+    let text = readme();
+    let mut in_code = false;
+    let mut sections = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && let Some(h) = l.strip_prefix("## ") {
+            sections.push(h.to_owned());
+        }
+    }
+    let at = sections.iter().position(|s| s == "Contents").expect("a Contents section");
+    let contents: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "## Contents")
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("- [")?.split_once("](").map(|(t, _)| t))
+        .collect();
+    assert_eq!(contents, sections[at + 1..].iter().map(String::as_str).collect::<Vec<_>>());
+}
