@@ -506,3 +506,22 @@ mod every_problem {
         assert!(e[0].contains(": agents: missing field `tls`"), "{e:#?}");
     }
 }
+
+#[cfg(test)]
+mod document_edges {
+    use super::parse;
+
+    const AGENTS: &str = "agents:\n  listen: 127.0.0.1:1\n  tls: { cert: c, key: k, client_ca: ca }\n";
+
+    #[test]
+    fn explicit_start_and_trailing_separator() {
+        assert!(parse(&format!("---\n{AGENTS}"), "s.yaml").is_ok());
+        assert!(parse(&format!("# comment\n---\n{AGENTS}"), "s.yaml").is_ok());
+        assert!(parse(&format!("{AGENTS}---\n"), "s.yaml").is_ok(), "an empty document after the config");
+        assert!(parse(&format!("{AGENTS}---\n# nothing\n---\n"), "s.yaml").is_ok());
+        assert!(parse(&format!("{AGENTS}...\n"), "s.yaml").is_ok());
+        let e = parse(&format!("{AGENTS}---\n---\n{AGENTS}"), "s.yaml").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:5:1: a second YAML document"), "{e}");
+        assert!(parse(&format!("admin: ~\ntimeouts:\n{AGENTS}"), "s.yaml").is_ok());
+    }
+}

@@ -62,7 +62,11 @@ struct Paths {
     at: HashMap<(u64, u64), String>,
     /// Where a mapping or sequence starts (a missing key is reported there).
     containers: HashMap<(u64, u64), String>,
+    /// Where a second document with content starts (empty ones, e.g. a trailing `---`, do not
+    /// count).
     second_document: Option<(u64, u64)>,
+    /// Where the first empty document after the first starts, if any.
+    empty_document: Option<(u64, u64)>,
 }
 
 enum Frame {
@@ -82,17 +86,32 @@ impl Paths {
         let mut out = Paths::default();
         let mut stack: Vec<Frame> = Vec::new();
         let mut documents = 0;
+        // Where the document being read started, and whether it has content yet.
+        let mut current: ((u64, u64), bool) = ((0, 0), false);
         for ev in Parser::new_from_str(text) {
             // A syntax error is the deserializer's to report; stop here.
             let Ok((ev, span)) = ev else { break };
             let at = (span.start.line() as u64, span.start.col() as u64 + 1);
+            if documents >= 2 {
+                match ev {
+                    Event::DocumentStart(..) => current = (at, false),
+                    Event::DocumentEnd if !current.1 => {
+                        out.empty_document.get_or_insert(current.0);
+                    }
+                    // An empty document holds one null scalar.
+                    Event::Scalar(v, ..) if matches!(v.as_ref(), "" | "~" | "null") => {}
+                    Event::Scalar(..) | Event::Alias(..) | Event::MappingStart(..) | Event::SequenceStart(..) => {
+                        out.second_document = Some(current.0);
+                        break;
+                    }
+                    _ => {}
+                }
+                continue;
+            }
             match ev {
                 Event::DocumentStart(..) => {
                     documents += 1;
-                    if documents == 2 {
-                        out.second_document = Some(at);
-                        break;
-                    }
+                    current = (at, false);
                 }
                 Event::Scalar(v, ..) => {
                     if let Some(Frame::Map { path, key: key @ None }) = stack.last_mut() {
@@ -175,6 +194,14 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
     validate: impl FnOnce(&T, &mut Problems),
 ) -> Result<T, ConfigError> {
     let (parsed, bad) = collect(|| serde_saphyr::from_str::<T>(text));
+    if is_multiple_documents(&parsed) {
+        let paths = Paths::of(text);
+        if let (None, Some((line, _))) = (paths.second_document, paths.empty_document) {
+            // Only empty documents follow (e.g. a trailing `---`): the config is the first.
+            let first: String = text.lines().take(line.saturating_sub(1) as usize).flat_map(|l| [l, "\n"]).collect();
+            return parse(&first, file, validate);
+        }
+    }
     // The event walk is only needed to name what went wrong.
     let paths = match (&parsed, bad.is_empty()) {
         (Ok(_), true) => None,
@@ -195,10 +222,7 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
         Ok(cfg) => cfg,
         Err(e) => {
             let mut p = yaml_problem(file, &e);
-            let mut inner = &e;
-            while let serde_saphyr::Error::WithSnippet { error, .. } = inner {
-                inner = error;
-            }
+            let inner = inner(&e);
             if let serde_saphyr::Error::MultipleDocuments { .. } = inner {
                 p.message = SECOND_DOCUMENT.to_owned();
                 if let Some((line, column)) = paths.as_ref().and_then(|p| p.second_document) {
@@ -223,6 +247,17 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
     let reported: Vec<String> = problems.iter().map(|p| p.field.clone()).filter(|f| !f.is_empty()).collect();
     problems.extend(v.into_list().into_iter().filter(|p| !reported.iter().any(|r| related(r, &p.field))));
     if problems.is_empty() { Ok(cfg) } else { Err(ConfigError { problems }) }
+}
+
+fn inner(e: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    match e {
+        serde_saphyr::Error::WithSnippet { error, .. } => inner(error),
+        e => e,
+    }
+}
+
+fn is_multiple_documents<T>(r: &Result<T, serde_saphyr::Error>) -> bool {
+    matches!(r, Err(e) if matches!(inner(e), serde_saphyr::Error::MultipleDocuments { .. }))
 }
 
 /// One problem from a serde-saphyr error: its message without the crate's own location prefix
@@ -274,6 +309,8 @@ mod tests {
         assert_eq!(p.field((5, 5)), "e[0].f");
         assert_eq!(p.second_document, None);
         assert_eq!(Paths::of("a: 1\n---\nb: 2\n").second_document.map(|a| a.0), Some(2));
+        let trailing = Paths::of("a: 1\n---\n");
+        assert_eq!((trailing.second_document, trailing.empty_document.map(|a| a.0)), (None, Some(2)));
     }
 
     #[test]
