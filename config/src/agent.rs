@@ -311,7 +311,7 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
     }
 }
 
-fn validate(cfg: &AgentConfig, p: &mut Problems) {
+pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }

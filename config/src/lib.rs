@@ -23,6 +23,14 @@ pub use yaml::locate;
 pub trait BinaryConfig: Sized {
     /// Parse and validate one config file's text (`file` names it in messages).
     fn parse(text: &str, file: &str) -> Result<Self, ConfigError>;
+    /// Every problem [`BinaryConfig::parse`] finds, and the config too when its structure could
+    /// be read (bad values replaced by placeholders): for checks that go on to the files it names.
+    fn parse_partial(text: &str, file: &str) -> (Option<Self>, Vec<Problem>) {
+        match Self::parse(text, file) {
+            Ok(c) => (Some(c), Vec::new()),
+            Err(e) => (None, e.problems),
+        }
+    }
     fn admin(&self) -> &AdminConfig;
     /// After SIGTERM: how long live connections may continue.
     fn drain_grace(&self) -> std::time::Duration;
@@ -62,10 +70,13 @@ impl TlsFiles {
 }
 
 macro_rules! binary_config {
-    ($t:ty, $parse:path) => {
+    ($t:ty, $parse:path, $validate:path) => {
         impl $crate::BinaryConfig for $t {
             fn parse(text: &str, file: &str) -> Result<Self, $crate::ConfigError> {
                 $parse(text, file)
+            }
+            fn parse_partial(text: &str, file: &str) -> (Option<Self>, Vec<$crate::Problem>) {
+                $crate::yaml::parse_partial(text, file, $validate)
             }
             fn admin(&self) -> &$crate::AdminConfig {
                 &self.admin
@@ -83,9 +94,9 @@ macro_rules! binary_config {
     };
 }
 
-binary_config!(RouterConfig, router::parse);
-binary_config!(ServerConfig, server::parse);
-binary_config!(AgentConfig, agent::parse);
+binary_config!(RouterConfig, router::parse, router::validate);
+binary_config!(ServerConfig, server::parse, server::validate);
+binary_config!(AgentConfig, agent::parse, agent::validate);
 
 /// Read `path` and parse it with `parse` (one of the `parse_*` functions of this crate).
 pub fn load<T>(path: &std::path::Path, parse: fn(&str, &str) -> Result<T, ConfigError>) -> Result<T, ConfigError> {

@@ -260,7 +260,7 @@ pub fn normalize_sni_pattern(s: &str) -> Option<String> {
     ok.then_some(s)
 }
 
-fn validate(cfg: &RouterConfig, p: &mut Problems) {
+pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {
         p.push((0, 0), "listeners", "at least one listener is required");
     }

@@ -220,7 +220,7 @@ pub fn valid_cluster_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
 }
 
-fn validate(cfg: &ServerConfig, p: &mut Problems) {
+pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }

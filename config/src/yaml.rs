@@ -193,13 +193,27 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
     file: &str,
     validate: impl FnOnce(&T, &mut Problems),
 ) -> Result<T, ConfigError> {
+    match parse_partial(text, file, validate) {
+        (Some(cfg), problems) if problems.is_empty() => Ok(cfg),
+        (_, problems) => Err(ConfigError { problems }),
+    }
+}
+
+/// [`parse`], but also returning the config when its structure was read despite problems
+/// (bad values then hold placeholders; strings such as file paths are as written), so that
+/// checks after parsing (the files a config names) can report their problems in the same run.
+pub(crate) fn parse_partial<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+    validate: impl FnOnce(&T, &mut Problems),
+) -> (Option<T>, Vec<Problem>) {
     let (parsed, bad) = collect(|| serde_saphyr::from_str::<T>(text));
     if is_multiple_documents(&parsed) {
         let paths = Paths::of(text);
         if let (None, Some((line, _))) = (paths.second_document, paths.empty_document) {
             // Only empty documents follow (e.g. a trailing `---`): the config is the first.
             let first: String = text.lines().take(line.saturating_sub(1) as usize).flat_map(|l| [l, "\n"]).collect();
-            return parse(&first, file, validate);
+            return parse_partial(&first, file, validate);
         }
     }
     // The event walk is only needed to name what went wrong.
@@ -237,7 +251,7 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
                 };
             }
             problems.push(p);
-            return Err(ConfigError { problems });
+            return (None, problems);
         }
     };
     let mut v = Problems::new(file);
@@ -246,7 +260,7 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
     // the validation problems about other keys.
     let reported: Vec<String> = problems.iter().map(|p| p.field.clone()).filter(|f| !f.is_empty()).collect();
     problems.extend(v.into_list().into_iter().filter(|p| !reported.iter().any(|r| related(r, &p.field))));
-    if problems.is_empty() { Ok(cfg) } else { Err(ConfigError { problems }) }
+    (Some(cfg), problems)
 }
 
 fn inner(e: &serde_saphyr::Error) -> &serde_saphyr::Error {

@@ -68,9 +68,15 @@ pub fn load_or_exit<T: BinaryConfig>(args: &CommonArgs) -> T {
 pub fn load_checked<T: BinaryConfig>(path: &Path) -> Result<T, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::internal(&file, &format!("cannot read: {e}")))?;
-    let cfg = T::parse(&text, &file)?;
-    let problems = file_problems(&cfg);
-    if problems.is_empty() { Ok(cfg) } else { Err(seedgate_config::locate(&text, &file, problems)) }
+    let (cfg, mut problems) = T::parse_partial(&text, &file);
+    // The files are checked even when the config has other problems, so one run shows all.
+    if let Some(c) = &cfg {
+        problems.extend(seedgate_config::locate(&text, &file, file_problems(c)).problems);
+    }
+    match cfg {
+        Some(cfg) if problems.is_empty() => Ok(cfg),
+        _ => Err(ConfigError { problems }),
+    }
 }
 
 /// `(key path, message)` for every file of `cfg` that cannot be used.

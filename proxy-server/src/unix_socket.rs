@@ -126,8 +126,12 @@ fn clear(path: &Path) -> Result<(), SocketError> {
     }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => Err(SocketError::InUse),
-        // Refused (or any other failure to connect): nobody accepts on it any more.
-        Err(_) => std::fs::remove_file(path).map_err(io_err(path, "removing the stale socket")),
+        // Refused: nobody accepts on it any more.
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path).map_err(io_err(path, "removing the stale socket"))
+        }
+        // E.g. no permission to connect: whether it is in use cannot be told, so it stays.
+        Err(e) => Err(io_err(path, "checking whether the existing socket is in use")(e)),
     }
 }
 

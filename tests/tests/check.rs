@@ -160,3 +160,20 @@ fn null_sections_and_busy_ports_are_fine() -> anyhow::Result<()> {
     anyhow::ensure!(o.code == 0, "exit {}: {}", o.code, o.stderr);
     Ok(())
 }
+
+#[test]
+fn bad_values_and_bad_files_are_reported_in_one_run() -> anyhow::Result<()> {
+    let dir = TempDir::new("check-all")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let missing = dir.join("gone.key");
+    let yaml = server(&pki, &[])
+        .replace(&pki.agents_cert.1.display().to_string(), &missing.display().to_string())
+        .replace("interval: 500ms", "interval: soon");
+    let o = check(&dir, "proxy-server", &yaml)?;
+    anyhow::ensure!(o.code == INVALID, "exit {}: {}", o.code, o.stderr);
+    let p = problems(&o);
+    anyhow::ensure!(p.len() == 2, "{p:#?}");
+    anyhow::ensure!(p[0].contains(": agents.keepalive.interval: invalid duration"), "{p:#?}");
+    anyhow::ensure!(p[1].contains(": agents.tls.key: ") && p[1].contains("gone.key"), "{p:#?}");
+    Ok(())
+}
