@@ -86,22 +86,23 @@ impl Paths {
         let mut out = Paths::default();
         let mut stack: Vec<Frame> = Vec::new();
         let mut documents = 0;
-        // Where the document being read started, and whether it has content yet.
-        let mut current: ((u64, u64), bool) = ((0, 0), false);
+        // Where the document being read started.
+        let mut current = (0, 0);
         for ev in Parser::new_from_str(text) {
             // A syntax error is the deserializer's to report; stop here.
             let Ok((ev, span)) = ev else { break };
             let at = (span.start.line() as u64, span.start.col() as u64 + 1);
             if documents >= 2 {
                 match ev {
-                    Event::DocumentStart(..) => current = (at, false),
-                    Event::DocumentEnd if !current.1 => {
-                        out.empty_document.get_or_insert(current.0);
+                    Event::DocumentStart(..) => current = at,
+                    // Reached without content: the document was empty.
+                    Event::DocumentEnd => {
+                        out.empty_document.get_or_insert(current);
                     }
                     // An empty document holds one null scalar.
                     Event::Scalar(v, ..) if matches!(v.as_ref(), "" | "~" | "null") => {}
                     Event::Scalar(..) | Event::Alias(..) | Event::MappingStart(..) | Event::SequenceStart(..) => {
-                        out.second_document = Some(current.0);
+                        out.second_document = Some(current);
                         break;
                     }
                     _ => {}
@@ -111,7 +112,7 @@ impl Paths {
             match ev {
                 Event::DocumentStart(..) => {
                     documents += 1;
-                    current = (at, false);
+                    current = at;
                 }
                 Event::Scalar(v, ..) => {
                     if let Some(Frame::Map { path, key: key @ None }) = stack.last_mut() {

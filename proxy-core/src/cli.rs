@@ -84,7 +84,9 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
     let mut out = Vec::new();
     if let Err(e) = crate::admin::load_token(cfg.admin().token_file.as_deref()) {
         let f = cfg.admin().token_file.as_deref().unwrap_or_default();
-        out.push(("admin.token_file".to_owned(), format!("{f}: {e}")));
+        // An empty token file's error already names the file.
+        let msg = if e.kind() == std::io::ErrorKind::InvalidData { e.to_string() } else { format!("{f}: {e}") };
+        out.push(("admin.token_file".to_owned(), msg));
     }
     for t in cfg.tls_files() {
         let ca = t.ca.as_ref().map(|(_, f)| Path::new(f));
