@@ -249,6 +249,11 @@ impl AgentConfig {
         let t = &t.tls;
         vec![crate::TlsFiles::new(crate::TlsRole::Client, "tunnel.tls", &t.cert, &t.key, "ca", Some(&t.ca))]
     }
+
+    /// None: the agent listens on TCP only.
+    pub fn unix_sockets(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Parse and validate a proxy-agent config.

@@ -41,6 +41,11 @@ pub trait BinaryConfig: Sized {
     fn tls_files(&self) -> Vec<TlsFiles> {
         Vec::new()
     }
+    /// `(key path, socket path)` of every Unix socket the binary listens on, so that a path
+    /// taken by something that is not a socket is reported before start.
+    fn unix_sockets(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Which end of TLS connections a set of files serves.
@@ -89,6 +94,9 @@ macro_rules! binary_config {
             }
             fn tls_files(&self) -> Vec<$crate::TlsFiles> {
                 <$t>::tls_files(self)
+            }
+            fn unix_sockets(&self) -> Vec<(String, String)> {
+                <$t>::unix_sockets(self)
             }
         }
     };

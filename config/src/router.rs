@@ -241,6 +241,11 @@ impl RouterConfig {
     pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
         Vec::new()
     }
+
+    /// None: the router listens on TCP only.
+    pub fn unix_sockets(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Parse and validate an sni-router config.

@@ -209,6 +209,12 @@ impl ServerConfig {
         }
         out
     }
+
+    /// The Unix-socket front ends' paths.
+    pub fn unix_sockets(&self) -> Vec<(String, String)> {
+        let f = self.frontends.iter().enumerate();
+        f.filter_map(|(i, f)| Some((format!("frontends[{i}].unix"), f.unix.clone()?))).collect()
+    }
 }
 
 pub fn parse(text: &str, file: &str) -> Result<ServerConfig, ConfigError> {

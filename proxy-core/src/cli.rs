@@ -99,5 +99,15 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
             out.push((key.clone(), e.to_string()));
         }
     }
+    // Only what would make the bind refuse for certain: a stale or live socket may be gone by
+    // then, and nothing is connected to or bound here.
+    for (key, path) in cfg.unix_sockets() {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(m) = std::fs::symlink_metadata(&path)
+            && !m.file_type().is_socket()
+        {
+            out.push((key, format!("{path} exists and is not a socket; it would not be replaced")));
+        }
+    }
     out
 }

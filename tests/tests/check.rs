@@ -177,3 +177,22 @@ fn bad_values_and_bad_files_are_reported_in_one_run() -> anyhow::Result<()> {
     anyhow::ensure!(p[1].contains(": agents.tls.key: ") && p[1].contains("gone.key"), "{p:#?}");
     Ok(())
 }
+
+#[test]
+fn a_socket_path_taken_by_a_regular_file_is_reported() -> anyhow::Result<()> {
+    let dir = TempDir::new("check-socket")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let taken = dir.write("egress.sock", "not a socket")?;
+    let free = dir.join("free.sock");
+    let fes =
+        [Fe::new("a", "shoot-a", FeKind::Unix(free.clone())), Fe::new("b", "shoot-a", FeKind::Unix(taken.clone()))];
+    let o = check(&dir, "proxy-server", &server(&pki, &fes))?;
+    anyhow::ensure!(o.code == INVALID, "exit {}: {}", o.code, o.stderr);
+    let p = problems(&o);
+    anyhow::ensure!(
+        p.len() == 1 && p[0].contains(": frontends[1].unix: ") && p[0].contains("is not a socket"),
+        "{p:#?}"
+    );
+    anyhow::ensure!(!free.exists() && std::fs::read_to_string(&taken)? == "not a socket", "--check changed nothing");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! proxy-server's Unix-socket front end on disk, through the real binary: the socket's mode and
-//! group, a parent directory made when missing, a regular file at the path refused and left
-//! intact, and the socket file removed when the front end is removed and when the process exits.
+//! group, a parent directory made when missing, a regular file at the path refused (at start and
+//! on reload) and left intact, and the socket file removed when the front end is removed and
+//! when the process exits.
 
 use anyhow::Context as _;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -85,12 +86,13 @@ async fn mode_group_and_parent_directory_then_removed_on_reload_and_exit() -> an
 }
 
 #[tokio::test]
-async fn a_regular_file_at_the_path_is_a_start_error_and_is_left_intact() -> anyhow::Result<()> {
+async fn a_regular_file_at_the_path_is_refused_at_start_and_on_reload_and_left_intact() -> anyhow::Result<()> {
     ensure_binaries()?;
     let dir = TempDir::new("uds-file")?;
     let pki = TunnelPki::new(dir.path())?;
     let path = dir.write("egress.sock", "not a socket")?;
-    let cfg = dir.write("server.yaml", yaml(&pki, Some((&path, ""))))?;
+    let with_file = yaml(&pki, Some((&path, "")));
+    let cfg = dir.write("server.yaml", &with_file)?;
     let out = tokio::time::timeout(
         DEADLINE,
         tokio::process::Command::from(Command::new(bin_path("proxy-server")?)).arg("--config").arg(&cfg).output(),
@@ -98,8 +100,18 @@ async fn a_regular_file_at_the_path_is_a_start_error_and_is_left_intact() -> any
     .await
     .context("proxy-server did not exit")??;
     let err = String::from_utf8_lossy(&out.stderr);
-    anyhow::ensure!(out.status.code() == Some(1), "exit {:?}: {err}", out.status.code());
-    anyhow::ensure!(err.contains("front end uds") && err.contains("is not a socket; refusing to replace it"), "{err}");
+    // The start checks what --check checks, with the same message and exit code.
+    anyhow::ensure!(out.status.code() == Some(2), "exit {:?}: {err}", out.status.code());
+    anyhow::ensure!(err.contains("frontends[1].unix: ") && err.contains("exists and is not a socket"), "{err}");
     anyhow::ensure!(std::fs::read_to_string(&path)? == "not a socket", "the file was changed");
+
+    // A reload that adds the front end is refused by the bind itself; the file stays.
+    let server = Running::start(&dir, "proxy-server", &yaml(&pki, None)).await?;
+    let admin = server.read_addresses().context("addresses")?.admin()?;
+    server.reload_with(&with_file).await?;
+    server.wait_reloads(admin, "failure", 1.0).await?;
+    let log = server.proc.log();
+    anyhow::ensure!(log.contains("front end uds") && log.contains("is not a socket; refusing to replace it"), "{log}");
+    anyhow::ensure!(std::fs::read_to_string(&path)? == "not a socket", "the file was changed by the reload");
     Ok(())
 }
