@@ -14,7 +14,7 @@ use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, 
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -211,6 +211,10 @@ struct Live {
     kill: CancellationToken,
     done: tokio::task::JoinHandle<Result<(), String>>,
     since: Instant,
+    /// Set once the session's HTTP/2 handshake passed (see [`Handler::established`]).
+    up: Arc<AtomicBool>,
+    /// Not the slot's first attempt: its outcome counts as a reconnect.
+    reconnect: bool,
 }
 
 /// Connect and handshake with `target` (resolved afresh).
@@ -246,28 +250,32 @@ struct SlotCtx {
 }
 
 impl SlotCtx {
+    /// Run a session on a TLS connection. `reconnect`: not the slot's first attempt (counted in
+    /// `seedgate_tunnel_reconnects_total` once the session is up or has failed).
     fn spawn(
         &self,
         target: HostPort,
         tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
         peer: SocketAddr,
+        reconnect: bool,
     ) -> Live {
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
+        let up = Arc::new(AtomicBool::new(false));
         let handler: Arc<dyn AgentHandler> = Arc::new(Handler {
             t: self.t.clone(),
             server: self.label.clone(),
             moves: self.moves.clone(),
             kill: kill.clone(),
+            session: Some(SessionUp { target: target.clone(), peer, reconnect, up: up.clone() }),
         });
         let settings = settings(&self.t.cfg.load());
         let (st, tracker) = (stop.clone(), self.tracker.clone());
         let done = tokio::spawn(async move {
             run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| e.to_string())
         });
-        tracing::info!(server = %self.label, target = %target, %peer, "tunnel session up");
-        self.t.set_status(&self.label, true, &format!("session up to {target} ({peer})"));
-        Live { target, peer, stop, kill, done, since: Instant::now() }
+        tracing::debug!(server = %self.label, target = %target, %peer, "TLS up; waiting for the seed's HTTP/2 preface");
+        Live { target, peer, stop, kill, done, since: Instant::now(), up, reconnect }
     }
 }
 
@@ -320,10 +328,7 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
         let Some(cur) = live.as_mut() else {
             match establish(&t, &target).await {
                 Ok((tls, peer)) => {
-                    if !first {
-                        t.metrics.reconnects.with_label_values(&[label.as_str(), "ok"]).inc();
-                    }
-                    live = Some(ctx.spawn(target.clone(), tls, peer));
+                    live = Some(ctx.spawn(target.clone(), tls, peer, !first));
                 }
                 Err(e) => {
                     tracing::warn!(server = %label, target = %target, error = %e, "tunnel session failed");
@@ -346,12 +351,19 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
         tokio::select! {
             r = &mut cur.done => {
                 let lived = cur.since.elapsed();
+                let (was_up, reconnect) = (cur.up.load(Ordering::Relaxed), cur.reconnect);
                 live = None;
                 t.set_status(&label, false, "not connected");
                 match r {
                     Ok(Ok(())) => tracing::info!(server = %label, "tunnel session closed"),
+                    // TLS passed on our side but the seed never spoke HTTP/2: typically it refused
+                    // our certificate (its verdict arrives after our side of the handshake).
+                    Ok(Err(e)) if !was_up => tracing::warn!(server = %label, error = %e, "tunnel session failed before it was up (is this agent's certificate accepted by the server?)"),
                     Ok(Err(e)) => tracing::warn!(server = %label, error = %e, "tunnel session ended"),
                     Err(e) => tracing::warn!(server = %label, error = %e, "tunnel session task failed"),
+                }
+                if !was_up && reconnect {
+                    t.metrics.reconnects.with_label_values(&[label.as_str(), "failed"]).inc();
                 }
                 // A session that stayed up a while resets the back-off: the next failure is fresh.
                 backoff.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get());
@@ -408,7 +420,7 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
 async fn rehome(ctx: &SlotCtx, live: &mut Option<Live>, next: HostPort, drain: Option<Duration>) -> Option<HostPort> {
     match establish(&ctx.t, &next).await {
         Ok((tls, peer)) => {
-            let new = ctx.spawn(next.clone(), tls, peer);
+            let new = ctx.spawn(next.clone(), tls, peer, true);
             if let Some(old) = live.replace(new) {
                 retire(&ctx.label, old, drain);
             }
@@ -427,6 +439,16 @@ struct Handler {
     moves: mpsc::Sender<ControlMsg>,
     /// Ends this session's streams (re-homing drain deadline, or the shutdown grace).
     kill: CancellationToken,
+    /// What to report when the session comes up.
+    session: Option<SessionUp>,
+}
+
+/// A session's place, reported (log, status, reconnect count) once its HTTP/2 handshake passed.
+struct SessionUp {
+    target: HostPort,
+    peer: SocketAddr,
+    reconnect: bool,
+    up: Arc<AtomicBool>,
 }
 
 impl AgentHandler for Handler {
@@ -448,6 +470,17 @@ impl AgentHandler for Handler {
     fn hello(&self) -> AgentHello {
         // From the config in force: a reload of `node_name` shows in the next session's hello.
         AgentHello { node: node_name(&self.t.cfg.load()), version: env!("CARGO_PKG_VERSION").into() }
+    }
+
+    fn established(&self) {
+        let Some(s) = &self.session else { return };
+        s.up.store(true, Ordering::Relaxed);
+        let (server, target, peer) = (&self.server, &s.target, s.peer);
+        tracing::info!(%server, %target, %peer, "tunnel session up");
+        self.t.set_status(server, true, &format!("session up to {target} ({peer})"));
+        if s.reconnect {
+            self.t.metrics.reconnects.with_label_values(&[server.as_str(), "ok"]).inc();
+        }
     }
 }
 

@@ -947,3 +947,44 @@ fn field_u64(line: &str, key: &str) -> Option<u64> {
     let at = line.find(&format!("{key}="))? + key.len() + 1;
     line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
+
+/// An agent whose certificate the server does not trust (issued by another CA): its side of the
+/// TLS handshake passes, the server's verdict comes after. The agent must not report the
+/// session up, count it as a successful reconnect, or turn ready; it says what failed.
+#[tokio::test]
+async fn an_agent_refused_by_the_server_is_never_reported_up() -> anyhow::Result<()> {
+    let dir = TempDir::new("tunnel-refused")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let rogue_dir = dir.path().join("rogue");
+    std::fs::create_dir_all(&rogue_dir)?;
+    let rogue = TunnelPki::new(&rogue_dir)?;
+    let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[plain_fe()], "")).await?;
+    let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
+    let (good_cert, good_key) = pki.agent("shoot-a")?;
+    let (bad_cert, bad_key) = rogue.agent("shoot-a")?;
+    let yaml = agent_yaml(&pki, &o)?
+        .replace(&good_cert.display().to_string(), &bad_cert.display().to_string())
+        .replace(&good_key.display().to_string(), &bad_key.display().to_string());
+    anyhow::ensure!(yaml.contains(&bad_cert.display().to_string()), "{yaml}");
+    let (agent, aaddrs) = start_agent(&dir, "agent", &yaml, None).await?;
+    let aadmin = aaddrs.admin()?;
+    // Its second attempt (the first reconnect) failed: counted as failed, never as ok.
+    poll_until(STEP, TICK, || async {
+        let m = metrics(aadmin).await?;
+        let failed = metric_sum(&m, "seedgate_tunnel_reconnects_total", &[("result", "failed")]);
+        anyhow::ensure!(failed >= 1.0, "no failed reconnect counted yet\n{}", agent.log());
+        Ok(())
+    })
+    .await?;
+    let m = metrics(aadmin).await?;
+    assert_eq!(metric_sum(&m, "seedgate_tunnel_reconnects_total", &[("result", "ok")]), 0.0, "{m}");
+    let log = agent.log();
+    assert!(!log.contains("tunnel session up"), "{log}");
+    assert!(log.contains("failed before it was up"), "{log}");
+    let (code, body) = http_get(aadmin, "/readyz?verbose").await?;
+    assert_ne!(code, 200, "{body}");
+    let sm = metrics(saddrs.admin()?).await?;
+    assert_eq!(metric_value(&sm, "seedgate_agents_connected", &[("cluster", "shoot-a")]).unwrap_or(0.0), 0.0);
+    drop(server);
+    Ok(())
+}

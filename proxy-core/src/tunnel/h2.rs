@@ -319,6 +319,9 @@ pub trait AgentHandler: Send + Sync + 'static {
     /// A control message from the seed.
     fn control(&self, msg: ControlMsg);
     fn hello(&self) -> AgentHello;
+    /// The session is up: the seed's HTTP/2 preface arrived, so TLS (the seed's verdict on our
+    /// certificate included) and the HTTP/2 handshake both passed.
+    fn established(&self) {}
 }
 
 /// Run the agent side of a session on an established TLS connection until it ends.
@@ -347,6 +350,7 @@ where
         .await
         .map_err(|_| SessionError::HandshakeTimeout(settings.keepalive_timeout))?
         .map_err(SessionError::Handshake)?;
+    handler.established();
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
     tokio::pin!(ka);
