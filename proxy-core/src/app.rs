@@ -174,6 +174,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     let watch = opts.config_path.map(Watch::new);
     let registry = opts.registry.unwrap_or_default();
     metrics::register_build_info(&registry, S::NAME);
+    crate::runtime_metrics::register(&registry);
     let reload = ReloadMetrics::new(&registry);
     let cfg = Arc::new(cfg);
     let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));

@@ -22,6 +22,7 @@ pub mod net;
 pub mod pending;
 pub mod relay;
 pub mod reload;
+pub mod runtime_metrics;
 pub mod shutdown;
 mod splice;
 pub mod telemetry;
