@@ -245,7 +245,7 @@ pub fn connect_head(authority: &str, extra_headers: &str) -> Vec<u8> {
 
 /// Read an HTTP response head (up to the blank line) byte-exactly and require status 200.
 /// Reads in small pieces but never past the head: the bytes after it belong to the tunnel.
-async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Result<()> {
+pub async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Result<()> {
     let mut head = Vec::with_capacity(128);
     let mut b = [0u8; 1];
     // A head longer than 8 KiB is an error; each round reads one byte.

@@ -26,7 +26,7 @@ enum Cmd {
     /// Start the real binaries against stand-in kube-apiservers, send real TLS traffic through
     /// them and report what the clients saw. Exits 1 if anything expected did not happen.
     Demo(demo::Args),
-    /// Every benchmark scenario below, in this order.
+    /// Every benchmark scenario below, in this order (soak only with --soak-minutes).
     All,
     /// A real ClientHello with SNI, then bulk bytes to a sink, 1 and 64 streams (Gbit/s):
     /// direct, sni-router, haproxy (with and without splice-auto), nginx ssl_preread.
@@ -52,6 +52,14 @@ enum Cmd {
     /// With thousands of clients that sent three bytes of a TLS record and stalled: time for a
     /// real client's connection through sni-router to be served (sni-router only).
     Slowloris,
+    /// N connections (--leak-connections, default 100,000) of every kind — complete, client
+    /// reset, stalled until the handshake deadline, refused dial — through every path (SNI,
+    /// PROXY v2, CONNECT, tunnel CONNECT, forward proxy): open fds, tokio tasks and RSS of each
+    /// seedgate process before and after.
+    Leak,
+    /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
+    /// and tasks of each process sampled every second, start, end and slope per minute.
+    Soak,
     /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
     /// rewrite its chart (--svg), without running anything.
     Report,
@@ -77,7 +85,13 @@ fn main() -> ExitCode {
             };
         }
         Cmd::Report => return scenarios::report_main(cli.opts),
-        Cmd::All => Scenario::ALL.to_vec(),
+        Cmd::All => {
+            let mut v = Scenario::ALL.to_vec();
+            if cli.opts.soak_minutes.is_some() {
+                v.push(Scenario::Soak);
+            }
+            v
+        }
         Cmd::SniBulk => vec![Scenario::SniBulk],
         Cmd::SniConnrate => vec![Scenario::SniConnrate],
         Cmd::ProxyProtocol => vec![Scenario::ProxyProtocol],
@@ -86,6 +100,8 @@ fn main() -> ExitCode {
         Cmd::IdleMemory => vec![Scenario::IdleMemory],
         Cmd::Reload => vec![Scenario::Reload],
         Cmd::Slowloris => vec![Scenario::Slowloris],
+        Cmd::Leak => vec![Scenario::Leak],
+        Cmd::Soak => vec![Scenario::Soak],
     };
     scenarios::main(cli.opts, which)
 }

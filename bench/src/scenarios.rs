@@ -7,11 +7,13 @@
 
 mod connect;
 mod idle_memory;
+mod leak;
 mod proxy_protocol;
 mod reload;
 mod slowloris;
 mod sni_bulk;
 mod sni_connrate;
+mod soak;
 mod tunnel;
 
 use crate::host::{self, Machine, Pinning};
@@ -62,6 +64,16 @@ pub struct Opts {
     /// Keep the directory with every config and process log, and print its path.
     #[arg(long, global = true)]
     pub keep: bool,
+    /// Connections the leak scenario pushes through (default 100,000; 2,000 with --smoke).
+    #[arg(long, global = true)]
+    pub leak_connections: Option<u64>,
+    /// Minutes of the soak scenario (default 10; 0.2 with --smoke). With `all`, giving it adds
+    /// the soak scenario to the run.
+    #[arg(long, global = true)]
+    pub soak_minutes: Option<f64>,
+    /// Connections/s the soak scenario offers (default 200).
+    #[arg(long, global = true)]
+    pub soak_rate: Option<f64>,
 }
 
 /// The scenarios, in the order `all` runs them.
@@ -75,10 +87,13 @@ pub enum Scenario {
     IdleMemory,
     Reload,
     Slowloris,
+    Leak,
+    Soak,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
+    pub const ALL: [Scenario; 9] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -87,6 +102,7 @@ impl Scenario {
         Self::IdleMemory,
         Self::Reload,
         Self::Slowloris,
+        Self::Leak,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +115,8 @@ impl Scenario {
             Self::IdleMemory => "idle-memory",
             Self::Reload => "reload",
             Self::Slowloris => "slowloris",
+            Self::Leak => "leak",
+            Self::Soak => "soak",
         }
     }
 }
@@ -125,6 +143,15 @@ pub struct Scale {
     /// Stalled clients of the slowloris scenario, and the real clients timed among them.
     pub stalled: usize,
     pub slowloris_clients: usize,
+    /// Connections of the leak scenario, its warm-up (also the soak's) and how many in flight.
+    pub leak_conns: u64,
+    pub leak_warmup: u64,
+    pub leak_concurrency: usize,
+    /// Longest wait for the processes' counts to stop falling after the connections.
+    pub settle_max: Duration,
+    /// Length and offered rate (connections/s) of the soak scenario.
+    pub soak_minutes: f64,
+    pub soak_rate: f64,
 }
 
 impl Scale {
@@ -145,6 +172,12 @@ impl Scale {
             hol_streams: 50,
             stalled: 2_500,
             slowloris_clients: if s { 3 } else { 10 },
+            leak_conns: o.leak_connections.unwrap_or(if s { 2_000 } else { 100_000 }),
+            leak_warmup: if s { 400 } else { 2_000 },
+            leak_concurrency: 200,
+            settle_max: Duration::from_secs(if s { 15 } else { 60 }),
+            soak_minutes: o.soak_minutes.unwrap_or(if s { 0.2 } else { 10.0 }).max(0.0),
+            soak_rate: o.soak_rate.unwrap_or(200.0),
         }
     }
 }
@@ -295,6 +328,8 @@ async fn run_async(
                 Scenario::IdleMemory => idle_memory::run(&ctx, &mut res).await,
                 Scenario::Reload => reload::run(&ctx, &mut res).await,
                 Scenario::Slowloris => slowloris::run(&ctx, &mut res).await,
+                Scenario::Leak => leak::run(&ctx, &mut res).await,
+                Scenario::Soak => soak::run(&ctx, &mut res).await,
             }
         };
         let r = tokio::select! {
@@ -356,7 +391,7 @@ async fn run_async(
                     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", json_path.display()))?;
                 let older: Results = serde_json::from_value(v["results"].clone())
                     .with_context(|| format!("reading the results in {}", json_path.display()))?;
-                let order: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                let order: Vec<&str> = Scenario::ALL.iter().chain(&[Scenario::Soak]).map(|s| s.name()).collect();
                 res.merge_older(older, &order);
             }
             Err(e) => eprintln!("bench: --merge: nothing to merge from {} ({e})", json_path.display()),

@@ -367,13 +367,22 @@ pub async fn sni_router_with(
     limits_yaml: &str,
     listeners_yaml: &str,
 ) -> anyhow::Result<Running> {
+    let top = format!("timeouts: {{ handshake: 5s, connect: 5s, idle: 1h }}\n{limits_yaml}");
+    sni_router_top(env, label, &top, listeners_yaml).await
+}
+
+/// sni-router with `top_yaml` (every top-level key but `admin`, `drain_grace` and `listeners`:
+/// timeouts and limits of the caller's choosing).
+pub async fn sni_router_top(
+    env: &Env<'_>,
+    label: &str,
+    top_yaml: &str,
+    listeners_yaml: &str,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let d = subdir(env, label)?;
     let cfg = d.join("sni-router.yaml");
-    let text = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 5s, connect: 5s, idle: 1h }}\ndrain_grace: 1s\n\
-         {limits_yaml}listeners:\n{listeners_yaml}"
-    );
+    let text = format!("admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{top_yaml}listeners:\n{listeners_yaml}");
     write_atomic(&cfg, &text)?;
     let (p, a) = seedgate(env, &env.bins.router, &cfg).await?;
     let mut r = Running::new(label, Kind::Seedgate);
@@ -396,8 +405,20 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 
 /// proxy-server (one plain-TCP CONNECT front end for cluster `shoot-a`, the agents listener
 /// with mTLS) and one proxy-agent tunnelled to it, allowed to dial loopback. Ready once a
-/// CONNECT to `probe` is answered 200. Addresses: `frontend`.
+/// CONNECT to `probe` is answered 200. Addresses: `frontend`, `server-admin`, `agent-admin`.
 pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
+    seedgate_tunnel_with(env, label, probe, "limits: { max_connections: 19000 }\n").await
+}
+
+/// [`seedgate_tunnel`] with `server_top_yaml` (proxy-server's top-level keys other than
+/// `admin`, `drain_grace`, `agents` and `frontends`: its timeouts and limits) instead of the
+/// bench's usual limits.
+pub async fn seedgate_tunnel_with(
+    env: &Env<'_>,
+    label: &str,
+    probe: SocketAddr,
+    server_top_yaml: &str,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let d = subdir(env, label)?;
     let server_id = env.ca.server(&["proxy.bench.local"])?;
@@ -409,7 +430,7 @@ pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> a
     write_atomic(
         &server_cfg,
         &format!(
-            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
+            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{server_top_yaml}\
              agents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
              frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n",
             sc.display(),
@@ -439,11 +460,13 @@ pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> a
             ca.display()
         ),
     )?;
-    let (ap, _) = seedgate(env, &env.bins.agent, &agent_cfg).await?;
+    let (ap, aa) = seedgate(env, &env.bins.agent, &agent_cfg).await?;
     let mut r = Running::new(label, Kind::Seedgate);
     r.push_seedgate(sp);
     r.push_seedgate(ap);
     r.set_addr("frontend", frontend);
+    r.set_addr("server-admin", sa.admin()?);
+    r.set_addr("agent-admin", aa.admin()?);
     wait_connect_ok(&mut r, frontend, probe).await?;
     Ok(r)
 }
