@@ -342,7 +342,8 @@ async fn run_async(
             date_utc: date,
             loadavg_start: load0,
             loadavg_end: host::loadavg(),
-            repeats: ctx.scale.repeats,
+            // leak and soak run once, with no measuring window of their own.
+            repeats: if matches!(sc, Scenario::Leak | Scenario::Soak) { 1 } else { ctx.scale.repeats },
             window_s: ctx.scale.window.as_secs_f64(),
             smoke: opts.smoke,
             seconds: t.elapsed().as_secs_f64(),
@@ -450,7 +451,8 @@ pub fn report_main(opts: Opts) -> ExitCode {
         let m = &v["machine"];
         let header = format!(
             "## seedgate bench — {}\n\n- machine: {} × {}, {} GiB, Linux {}\n- pinning: {}\n- anchors: {}\n",
-            json_path.display(),
+            // Relative to the workspace: the Markdown is committed and must not name a checkout.
+            json_path.strip_prefix(&ws).unwrap_or(&json_path).display(),
             m["cpus"],
             m["cpu_model"].as_str().unwrap_or("?"),
             m["mem_gib"],
