@@ -304,9 +304,25 @@ pub async fn mix(targets: &Arc<Targets>, first: u64, n: u64, concurrency: usize)
         });
     }
     while workers.join_next().await.is_some() {}
-    let t = tally.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    t
+    tally.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
+
+/// One quantity read from each process, as both scenarios report it.
+pub struct Figure {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// Unit of a change (difference, slope) and its factor from `unit`: RSS is read in MiB and
+    /// changes in KiB.
+    pub change_unit: &'static str,
+    pub change_scale: f64,
+    pub get: fn(&Sample) -> Option<f64>,
+}
+
+pub const FIGURES: [Figure; 3] = [
+    Figure { name: "open fds", unit: "fds", change_unit: "fds", change_scale: 1.0, get: |s| Some(s.fds) },
+    Figure { name: "alive tokio tasks", unit: "tasks", change_unit: "tasks", change_scale: 1.0, get: |s| s.tasks },
+    Figure { name: "RSS", unit: "MiB", change_unit: "KiB", change_scale: 1024.0, get: |s| Some(s.rss_kib / 1024.0) },
+];
 
 /// A seedgate process the scenario reads: by pid from outside, by admin address from inside.
 #[derive(Debug, Clone)]
@@ -479,18 +495,12 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     eprintln!("  leak: after {:.0} s of settling: {}", settled.as_secs_f64(), describe(&topo.watched, &after));
     let alive = topo.check_alive();
 
-    // (name, unit, unit of the difference, its scale from the unit, reading)
-    let figs: [(&str, &str, &str, f64, fn(&Sample) -> Option<f64>); 3] = [
-        ("open fds", "fds", "fds", 1.0, |s| Some(s.fds)),
-        ("alive tokio tasks", "tasks", "tasks", 1.0, |s| s.tasks),
-        ("RSS", "MiB", "KiB", 1024.0, |s| Some(s.rss_kib / 1024.0)),
-    ];
-    for (name, unit, delta_unit, delta_scale, get) in figs {
-        let m_before = res.metric(SC, &format!("{name} before"), unit, Better::Lower);
-        let m_after = res.metric(SC, &format!("{name} after"), unit, Better::Lower);
-        let m_delta = res.metric(SC, &format!("{name}, after − before"), delta_unit, Better::Lower);
+    for f in FIGURES {
+        let m_before = res.metric(SC, &format!("{} before", f.name), f.unit, Better::Lower);
+        let m_after = res.metric(SC, &format!("{} after", f.name), f.unit, Better::Lower);
+        let m_delta = res.metric(SC, &format!("{}, after − before", f.name), f.change_unit, Better::Lower);
         for (i, w) in topo.watched.iter().enumerate() {
-            let (b, a) = (get(&before[i]), get(&after[i]));
+            let (b, a) = ((f.get)(&before[i]), (f.get)(&after[i]));
             let one = |v: Option<f64>| -> anyhow::Result<f64> {
                 if let Err(e) = &alive {
                     anyhow::bail!("{e:#}");
@@ -499,7 +509,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             };
             record_fig(res, m_before, w.name, one(b));
             record_fig(res, m_after, w.name, one(a));
-            record_fig(res, m_delta, w.name, one(b.zip(a).map(|(b, a)| (a - b) * delta_scale)));
+            record_fig(res, m_delta, w.name, one(b.zip(a).map(|(b, a)| (a - b) * f.change_scale)));
         }
     }
     res.remark(

@@ -110,18 +110,15 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     }
     let alive = topo.check_alive();
 
-    let figs: [(&str, &str, &str, f64, fn(&Sample) -> Option<f64>); 3] = [
-        ("RSS", "MiB", "KiB/min", 1024.0, |s| Some(s.rss_kib / 1024.0)),
-        ("open fds", "fds", "fds/min", 1.0, |s| Some(s.fds)),
-        ("alive tokio tasks", "tasks", "tasks/min", 1.0, |s| s.tasks),
-    ];
-    for (name, unit, slope_unit, slope_scale, get) in figs {
-        let m_start = res.metric(SC, &format!("{name} at start"), unit, Better::Lower);
-        let m_end = res.metric(SC, &format!("{name} at end"), unit, Better::Lower);
-        let m_slope = res.metric(SC, &format!("{name}, least-squares slope"), slope_unit, Better::Lower);
+    for f in leak::FIGURES {
+        let m_start = res.metric(SC, &format!("{} at start", f.name), f.unit, Better::Lower);
+        let m_end = res.metric(SC, &format!("{} at end", f.name), f.unit, Better::Lower);
+        let slope_unit = format!("{}/min", f.change_unit);
+        let m_slope = res.metric(SC, &format!("{}, least-squares slope", f.name), &slope_unit, Better::Lower);
         for (i, w) in topo.watched.iter().enumerate() {
+            // Minutes since the start, value.
             let series: Vec<(f64, f64)> =
-                samples.iter().filter_map(|(t, r)| get(&r[i]).map(|v| (*t / 60.0, v))).collect();
+                samples.iter().filter_map(|(t, r)| (f.get)(&r[i]).map(|v| (*t / 60.0, v))).collect();
             let one = |v: Option<f64>| -> anyhow::Result<f64> {
                 if let Err(e) = &alive {
                     anyhow::bail!("{e:#}");
@@ -130,7 +127,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             };
             record(res, m_start, w.name, Kind::Seedgate, one(series.first().map(|p| p.1)));
             record(res, m_end, w.name, Kind::Seedgate, one(series.last().map(|p| p.1)));
-            record(res, m_slope, w.name, Kind::Seedgate, one(slope(&series).map(|v| v * slope_scale)));
+            record(res, m_slope, w.name, Kind::Seedgate, one(slope(&series).map(|v| v * f.change_scale)));
         }
     }
     res.remark(
