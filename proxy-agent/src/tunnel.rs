@@ -233,7 +233,10 @@ async fn establish(
     let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
         .await
         .map_err(|_| format!("TLS handshake with {addr} timed out"))?
-        .map_err(|e| format!("TLS handshake with {addr}: {e}"))?;
+        .map_err(|e| match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+            Some(hint) => format!("TLS handshake with {addr}: {e}: {hint}"),
+            None => format!("TLS handshake with {addr}: {e}"),
+        })?;
     if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
         return Err(format!("{addr} does not speak seedgate-tunnel/1"));
     }
@@ -272,7 +275,14 @@ impl SlotCtx {
         let settings = settings(&self.t.cfg.load());
         let (st, tracker) = (stop.clone(), self.tracker.clone());
         let done = tokio::spawn(async move {
-            run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| e.to_string())
+            // With TLS 1.3 the server checks our certificate after our side of the handshake is
+            // done: its refusal arrives as an alert on the session's first read.
+            run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| {
+                match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                    Some(hint) => format!("{e}: {hint}"),
+                    None => e.to_string(),
+                }
+            })
         });
         tracing::debug!(server = %self.label, target = %target, %peer, "TLS up; waiting for the seed's HTTP/2 preface");
         Live { target, peer, stop, kill, done, since: Instant::now(), up, reconnect }

@@ -146,3 +146,256 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     let cn = parsed.subject().iter_common_name().next()?.as_str().ok()?.to_owned();
     Some(cn)
 }
+
+/// One end of one kind of TLS handshake, with the config keys an operator checks when a
+/// certificate is refused there: rustls' own errors (`UnknownIssuer`, `CertificateUnknown`,
+/// ...) name the check that failed, not the file to fix.
+#[derive(Debug, Clone, Copy)]
+pub struct Handshake {
+    /// True at the server end: the peer's certificate is a client certificate (clientAuth) and ours
+    /// a server certificate (serverAuth).
+    pub server: bool,
+    /// Who the peer is: "proxy-server", "the agent".
+    pub peer: &'static str,
+    /// The peer's certificate, as an operator names it: "the agent's client certificate (its tunnel.tls.cert)".
+    pub peer_cert: &'static str,
+    /// What this end verifies the peer's certificate with: "agents.tls.client_ca".
+    pub peer_ca: &'static str,
+    /// The name this end asks the peer's certificate for (client end only): "tunnel.tls.server_name".
+    pub peer_name: &'static str,
+    /// This end's certificate: "agents.tls.cert".
+    pub own_cert: &'static str,
+    /// What the peer verifies this end's certificate with: "the agent's tunnel.tls.ca".
+    pub own_ca: &'static str,
+    /// The name the peer asks this end's certificate for (server end only).
+    pub own_name: &'static str,
+}
+
+/// proxy-server's agents listener.
+pub const AGENTS_LISTENER: Handshake = Handshake {
+    server: true,
+    peer: "the agent",
+    peer_cert: "the agent's client certificate (its tunnel.tls.cert)",
+    peer_ca: "agents.tls.client_ca",
+    peer_name: "",
+    own_cert: "agents.tls.cert",
+    own_ca: "the agent's tunnel.tls.ca",
+    own_name: "the agent's tunnel.tls.server_name",
+};
+
+/// The agent's tunnel client.
+pub const AGENT_TUNNEL: Handshake = Handshake {
+    server: false,
+    peer: "proxy-server",
+    peer_cert: "proxy-server's certificate (its agents.tls.cert)",
+    peer_ca: "tunnel.tls.ca",
+    peer_name: "tunnel.tls.server_name (default: the host of tunnel.servers)",
+    own_cert: "this agent's client certificate (tunnel.tls.cert)",
+    own_ca: "proxy-server's agents.tls.client_ca",
+    own_name: "",
+};
+
+/// A proxy-server front end with TLS (kube-apiserver's egress selector over mTLS TCP).
+pub const FRONTEND: Handshake = Handshake {
+    server: true,
+    peer: "the client",
+    peer_cert: "the client's certificate (kube-apiserver: tlsConfig.clientCert)",
+    peer_ca: "the front end's tls.client_ca",
+    peer_name: "",
+    own_cert: "the front end's tls.cert",
+    own_ca: "the client's CA bundle (kube-apiserver: tlsConfig.caBundle)",
+    own_name: "the host of the client's URL (kube-apiserver: transport.tcp.url)",
+};
+
+/// What to fix for a certificate problem in a handshake at `at`, or `None` when the error is not
+/// about a certificate (a reset, a timeout, a protocol mismatch). The rustls name of the
+/// problem ends the text in parentheses, so it can still be searched for.
+pub fn certificate_hint(e: &rustls::Error, at: &Handshake) -> Option<String> {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    let (peer_usage, own_usage) = if at.server { ("clientAuth", "serverAuth") } else { ("serverAuth", "clientAuth") };
+    let (peer, ca) = (at.peer_cert, at.peer_ca);
+    let (text, code) = match e {
+        // This end refused the peer's certificate.
+        E::NoCertificatesPresented => {
+            (format!("no client certificate was presented: {peer} is required"), "NoCertificatesPresented")
+        }
+        E::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => (format!("{peer} is not signed by a CA in {ca}"), "UnknownIssuer"),
+            C::BadSignature => (
+                format!(
+                    "{peer} has a signature that does not verify with the CA in {ca} (a CA of the same name but another key?)"
+                ),
+                "BadSignature",
+            ),
+            C::Expired | C::ExpiredContext { .. } => {
+                (format!("{peer} has expired: renew it (or check the clock)"), "Expired")
+            }
+            C::NotValidYet | C::NotValidYetContext { .. } => {
+                (format!("{peer} is not valid yet: check the clocks, or wait for its notBefore"), "NotValidYet")
+            }
+            C::InvalidPurpose | C::InvalidPurposeContext { .. } => (
+                format!("{peer} has no {peer_usage} extended key usage: reissue it with extendedKeyUsage={peer_usage}"),
+                "InvalidPurpose",
+            ),
+            C::NotValidForName | C::NotValidForNameContext { .. } => (
+                format!("{peer} has no subject alternative name for the name asked for in {}", at.peer_name),
+                "NotValidForName",
+            ),
+            C::Other(o) => match o.0.downcast_ref::<webpki::Error>() {
+                Some(webpki::Error::CaUsedAsEndEntity) => (
+                    format!("{peer} is a CA certificate used as an end-entity one (pass the issued leaf, not the CA)"),
+                    "CaUsedAsEndEntity",
+                ),
+                Some(webpki::Error::EndEntityUsedAsCa) => (
+                    format!(
+                        "{peer} chains to a certificate that is not a CA: {ca} must hold the CA certificate, not a leaf"
+                    ),
+                    "EndEntityUsedAsCa",
+                ),
+                _ => return None,
+            },
+            _ => return None,
+        },
+        // The peer refused this end's certificate and said why in its alert.
+        E::AlertReceived(a) => {
+            let (own, by) = (at.own_cert, at.peer);
+            match a {
+                A::UnknownCA => {
+                    (format!("{by} does not trust {own}: it is not signed by a CA in {}", at.own_ca), "UnknownCA")
+                }
+                A::UnsupportedCertificate => (
+                    format!("{by} refused {own} for its extended key usage: it needs {own_usage}"),
+                    "UnsupportedCertificate",
+                ),
+                A::CertificateExpired => {
+                    (format!("{by} says {own} has expired or is not valid yet"), "CertificateExpired")
+                }
+                A::CertificateUnknown => (
+                    format!(
+                        "{by} refused {own}; a CA certificate used as an end-entity one is a common cause (pass the issued leaf, not the CA)"
+                    ),
+                    "CertificateUnknown",
+                ),
+                A::BadCertificate if at.server => (
+                    format!("{by} refused {own}: its subject alternative names must include {}", at.own_name),
+                    "BadCertificate",
+                ),
+                A::BadCertificate => (format!("{by} refused {own} as malformed"), "BadCertificate"),
+                A::DecryptError => (
+                    format!(
+                        "{by} could not verify a signature of the handshake: is {own} signed by the CA in {}?",
+                        at.own_ca
+                    ),
+                    "DecryptError",
+                ),
+                A::CertificateRequired => {
+                    (format!("{by} requires a client certificate: set {own}"), "CertificateRequired")
+                }
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    Some(format!("{text} ({code})"))
+}
+
+/// The rustls error somewhere in `e`'s chain: through `source()`, and inside the I/O errors
+/// that tokio-rustls and h2 wrap it in (`io::Error::source` skips the wrapped error itself).
+pub fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur = Some(e);
+    // Bounded: error chains are short; a cycle would be a bug elsewhere.
+    for _ in 0..16 {
+        let e = cur?;
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        let inner: Option<&(dyn std::error::Error + 'static)> = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            io.get_ref().map(|i| i as &(dyn std::error::Error + 'static))
+        } else if let Some(h) = e.downcast_ref::<h2::Error>() {
+            h.get_io().map(|i| i as &(dyn std::error::Error + 'static))
+        } else {
+            None
+        };
+        cur = inner.or_else(|| e.source());
+    }
+    None
+}
+
+/// [`certificate_hint`] for an error that wraps a rustls error.
+pub fn hint_for(e: &(dyn std::error::Error + 'static), at: &Handshake) -> Option<String> {
+    certificate_hint(find_rustls_error(e)?, at)
+}
+
+#[cfg(test)]
+mod hints {
+    use super::*;
+    use rustls::{AlertDescription, CertificateError, Error, OtherError};
+
+    fn hint(e: Error, at: &Handshake) -> String {
+        certificate_hint(&e, at).unwrap_or_else(|| panic!("no hint for {e:?}"))
+    }
+
+    #[test]
+    fn the_agents_listener_names_its_client_ca() {
+        let h = hint(Error::InvalidCertificate(CertificateError::UnknownIssuer), &AGENTS_LISTENER);
+        assert_eq!(
+            h,
+            "the agent's client certificate (its tunnel.tls.cert) is not signed by a CA in agents.tls.client_ca (UnknownIssuer)"
+        );
+        let h = hint(Error::InvalidCertificate(CertificateError::InvalidPurpose), &AGENTS_LISTENER);
+        assert!(h.contains("has no clientAuth extended key usage") && h.ends_with("(InvalidPurpose)"), "{h}");
+        let ca = OtherError(std::sync::Arc::new(webpki::Error::CaUsedAsEndEntity));
+        let h = hint(Error::InvalidCertificate(CertificateError::Other(ca)), &AGENTS_LISTENER);
+        assert!(h.contains("a CA certificate used as an end-entity one (pass the issued leaf, not the CA)"), "{h}");
+        assert!(h.ends_with("(CaUsedAsEndEntity)"), "{h}");
+        let h = hint(Error::NoCertificatesPresented, &AGENTS_LISTENER);
+        assert!(h.contains("no client certificate"), "{h}");
+        let h = hint(Error::AlertReceived(AlertDescription::BadCertificate), &AGENTS_LISTENER);
+        assert!(h.contains("agents.tls.cert") && h.contains("tunnel.tls.server_name"), "{h}");
+    }
+
+    #[test]
+    fn the_agent_names_its_keys_and_the_servers() {
+        let h = hint(Error::AlertReceived(AlertDescription::UnknownCA), &AGENT_TUNNEL);
+        assert_eq!(
+            h,
+            "proxy-server does not trust this agent's client certificate (tunnel.tls.cert): it is not signed by a CA in proxy-server's agents.tls.client_ca (UnknownCA)"
+        );
+        let h = hint(Error::AlertReceived(AlertDescription::UnsupportedCertificate), &AGENT_TUNNEL);
+        assert!(h.contains("it needs clientAuth"), "{h}");
+        let h = hint(Error::AlertReceived(AlertDescription::CertificateUnknown), &AGENT_TUNNEL);
+        assert!(h.contains("pass the issued leaf"), "{h}");
+        let h = hint(Error::InvalidCertificate(CertificateError::UnknownIssuer), &AGENT_TUNNEL);
+        assert!(h.starts_with("proxy-server's certificate") && h.contains("tunnel.tls.ca"), "{h}");
+        let h = hint(Error::InvalidCertificate(CertificateError::NotValidForName), &AGENT_TUNNEL);
+        assert!(h.contains("tunnel.tls.server_name"), "{h}");
+        let h = hint(Error::InvalidCertificate(CertificateError::InvalidPurpose), &AGENT_TUNNEL);
+        assert!(h.contains("no serverAuth"), "{h}");
+    }
+
+    #[test]
+    fn other_errors_have_no_hint() {
+        assert_eq!(certificate_hint(&Error::DecryptError, &FRONTEND), None);
+        assert_eq!(certificate_hint(&Error::AlertReceived(AlertDescription::HandshakeFailure), &FRONTEND), None);
+        let other = OtherError(std::sync::Arc::new(webpki::Error::BadDer));
+        assert_eq!(certificate_hint(&Error::InvalidCertificate(CertificateError::Other(other)), &FRONTEND), None);
+    }
+
+    #[test]
+    fn found_inside_the_errors_that_wrap_it() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            Error::InvalidCertificate(CertificateError::UnknownIssuer),
+        );
+        let h = hint_for(&io, &FRONTEND).expect("a hint");
+        assert!(h.contains("the front end's tls.client_ca"), "{h}");
+        // An error whose source is the I/O error (as the tunnel's session errors are).
+        #[derive(Debug, thiserror::Error)]
+        #[error("session failed")]
+        struct Session(#[source] std::io::Error);
+        let alert = Error::AlertReceived(AlertDescription::UnknownCA);
+        let s = Session(std::io::Error::new(std::io::ErrorKind::InvalidData, alert));
+        assert!(hint_for(&s, &AGENT_TUNNEL).is_some_and(|h| h.ends_with("(UnknownCA)")));
+        assert_eq!(hint_for(&std::io::Error::other("reset"), &FRONTEND), None);
+    }
+}

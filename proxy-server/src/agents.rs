@@ -37,7 +37,10 @@ pub async fn serve_agent(
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
-            tracing::warn!(%peer, error = %e, "agent TLS handshake failed");
+            match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENTS_LISTENER) {
+                Some(hint) => tracing::warn!(%peer, error = %e, "agent TLS handshake failed: {hint}"),
+                None => tracing::warn!(%peer, error = %e, "agent TLS handshake failed"),
+            }
             return;
         }
         Err(_) => {

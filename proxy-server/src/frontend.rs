@@ -154,7 +154,17 @@ async fn prepare(
                     serve(shared, fe, Box::new(s), peer, cn, admitted).await
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "front-end TLS handshake failed");
+                    // A refused certificate is the operator's to fix; other failures (scanners,
+                    // resets, a client without a certificate) stay at debug.
+                    let hint = proxy_core::tls::find_rustls_error(&e)
+                        .filter(|r| !matches!(r, rustls::Error::NoCertificatesPresented))
+                        .and_then(|r| proxy_core::tls::certificate_hint(r, &proxy_core::tls::FRONTEND));
+                    match hint {
+                        Some(hint) => {
+                            tracing::warn!(%peer, frontend = %fe.name, error = %e, "front-end TLS handshake failed: {hint}")
+                        }
+                        None => tracing::debug!(%peer, error = %e, "front-end TLS handshake failed"),
+                    }
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, "tls_handshake_failed"]).inc();
                     None
                 }

@@ -24,7 +24,7 @@ pub const CONTROL_LINE_MAX: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("HTTP/2 handshake failed: {0}")]
-    Handshake(h2::Error),
+    Handshake(#[source] h2::Error),
     #[error("HTTP/2 handshake: no preface from the peer within {0:?}")]
     HandshakeTimeout(Duration),
     #[error("keepalive: no PING answer within {0:?}")]
