@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Certificates and Secrets for a TEST landscape (self-signed CAs made here; production takes its
-# certificates from the landscape's own CAs and rotation). Needs openssl and kubectl (client only:
-# the Secrets are written as files, nothing is sent to a cluster).
+# certificates from the landscape's own CAs and rotation). Needs openssl; kubectl (client only: the
+# Secrets are written as files, nothing is sent to a cluster) for the Secrets: without it only the
+# PKI (OUT_DIR/pki) is written. The README's "Certificates: which goes where" says which file is
+# used where.
 #
 #   deploy/pki/make-test-secrets.sh OUT_DIR [SHOOT ...]      (default shoot: shoot-a)
 #   kubectl apply -f OUT_DIR/seed/            # on the seed (namespace seedgate, shoot namespaces)
@@ -24,7 +26,7 @@ TUNNEL_NAME=${TUNNEL_NAME:-proxy.seed.example.com}
 EGRESS_NAME=${EGRESS_NAME:-proxy-server.seedgate.svc.cluster.local}
 DAYS=${DAYS:-90}
 
-mkdir -p "$out/pki" "$out/seed"
+mkdir -p "$out/pki"
 cd "$out/pki"
 
 ca() { # name
@@ -57,6 +59,16 @@ leaf server-ca agents-listener "$TUNNEL_NAME" serverAuth "$TUNNEL_NAME"
 leaf server-ca egress-frontend "$EGRESS_NAME" serverAuth "$EGRESS_NAME"
 [ -f admin-token ] || openssl rand -hex 32 | tr -d '\n' >admin-token
 
+for shoot in "${shoots[@]}"; do
+  leaf agents-ca "agent-$shoot" "$shoot" clientAuth
+  leaf egress-ca "egress-$shoot" "$shoot" clientAuth
+done
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl not found: wrote the PKI only ($out/pki), no Secrets"
+  exit 0
+fi
+
+mkdir -p "$out/seed"
 kubectl create namespace seedgate --dry-run=client -o yaml >"$out/seed/00-namespace.yaml"
 tls_secret "$out/seed/proxy-server-agents-tls.yaml" seedgate proxy-server-agents-tls agents-listener agents-ca
 tls_secret "$out/seed/proxy-server-frontend-tls.yaml" seedgate proxy-server-frontend-tls egress-frontend egress-ca
@@ -64,8 +76,6 @@ kubectl create secret generic seedgate-admin-token --namespace seedgate --dry-ru
   --from-file=token=admin-token >"$out/seed/seedgate-admin-token.yaml"
 
 for shoot in "${shoots[@]}"; do
-  leaf agents-ca "agent-$shoot" "$shoot" clientAuth
-  leaf egress-ca "egress-$shoot" "$shoot" clientAuth
   # The kube-apiserver's egress client certificate, in the shoot's control-plane namespace on the seed.
   tls_secret "$out/seed/egress-$shoot.yaml" "shoot--${shoot#shoot-}" seedgate-egress-tls "egress-$shoot" server-ca
   mkdir -p "$out/$shoot"

@@ -410,6 +410,63 @@ fn pki_script_makes_the_secrets_the_overlays_mount() -> anyhow::Result<()> {
             .arg(pki.join(format!("{leaf}.crt"))))?;
         ensure!(ok, "{leaf} does not chain to {ca}: {o}{e}");
     }
+    // What the README's certificate tables say of each: CN, SANs, EKU, a leaf.
+    for (leaf, cn, san, eku) in [
+        (
+            "agents-listener",
+            "proxy.seed.example.com",
+            Some("DNS:proxy.seed.example.com"),
+            "TLS Web Server Authentication",
+        ),
+        (
+            "egress-frontend",
+            "proxy-server.seedgate.svc.cluster.local",
+            Some("DNS:proxy-server.seedgate.svc.cluster.local"),
+            "TLS Web Server Authentication",
+        ),
+        ("agent-shoot-a", "shoot-a", None, "TLS Web Client Authentication"),
+        ("egress-shoot-a", "shoot-a", None, "TLS Web Client Authentication"),
+    ] {
+        let (ok, text, e) =
+            run(Command::new(&openssl).args(["x509", "-noout", "-text", "-in"]).arg(pki.join(format!("{leaf}.crt"))))?;
+        ensure!(ok, "openssl x509 {leaf}: {e}");
+        ensure!(text.contains(&format!("Subject: CN = {cn}\n")), "{leaf}: want CN {cn}:\n{text}");
+        let after = |h: &str| text.split_once(h).and_then(|(_, r)| r.lines().nth(1)).map(str::trim).map(str::to_owned);
+        ensure!(after("X509v3 Extended Key Usage").as_deref() == Some(eku), "{leaf}: want EKU {eku}:\n{text}");
+        ensure!(after("X509v3 Subject Alternative Name").as_deref() == san, "{leaf}: want SANs {san:?}:\n{text}");
+        ensure!(after("X509v3 Basic Constraints").as_deref() == Some("CA:FALSE"), "{leaf}: not a leaf:\n{text}");
+    }
+    Ok(())
+}
+
+/// Without kubectl the script still writes the whole PKI, for a second shoot too.
+#[test]
+fn pki_script_without_kubectl_writes_the_pki_only() -> anyhow::Result<()> {
+    let Some(openssl) = tool("openssl") else { return Ok(()) };
+    let dir = TempDir::new("deploy-pki-only")?;
+    let out = dir.join("out");
+    // PATH holds openssl and the shell's tools, and no kubectl.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    for t in ["bash", "mkdir", "rm", "tr", "printf"] {
+        if let Some(p) = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(t))
+            .find(|c| c.is_file())
+        {
+            std::os::unix::fs::symlink(p, bin.join(t))?;
+        }
+    }
+    std::os::unix::fs::symlink(&openssl, bin.join("openssl"))?;
+    let (ok, o, e) = run(Command::new("bash")
+        .arg(deploy().join("pki/make-test-secrets.sh"))
+        .args([out.as_os_str(), "shoot-a".as_ref(), "shoot-b".as_ref()])
+        .env("PATH", &bin))?;
+    ensure!(ok, "make-test-secrets.sh without kubectl failed:\n{o}{e}");
+    ensure!(o.contains("PKI only"), "{o}");
+    ensure!(!out.join("seed").exists(), "no Secrets without kubectl");
+    for f in ["agent-shoot-b.crt", "egress-shoot-b.key", "agents-listener.crt", "server-ca.crt"] {
+        ensure!(out.join("pki").join(f).is_file(), "{f} missing");
+    }
     Ok(())
 }
 

@@ -168,6 +168,42 @@ fn egress_selector_example() {
     assert!(server_ref.contains(uds), "the proxy-server reference should show unix: {uds}");
 }
 
+/// The mTLS TCP variant: an `https://` URL whose port a TLS front end of the accompanying proxy-server
+/// config listens on, the three `tlsConfig` files, and a front end that takes the cluster from the
+/// client certificate (the rule the README states next to it).
+#[test]
+fn egress_selector_tcp_example() {
+    let v = generic(&example("egress-selector-tcp"), "egress-selector-tcp");
+    assert_eq!(v["kind"], "EgressSelectorConfiguration");
+    assert_eq!(v["apiVersion"], "apiserver.k8s.io/v1beta1");
+    let sel = &v["egressSelections"][0];
+    assert_eq!(sel["name"], "cluster");
+    assert_eq!(sel["connection"]["proxyProtocol"], "HTTPConnect");
+    let tcp = &sel["connection"]["transport"]["tcp"];
+    assert!(sel["connection"]["transport"]["uds"].is_null(), "one transport only");
+    let url = tcp["url"].as_str().expect("transport.tcp.url");
+    let hostport = url.strip_prefix("https://").expect("an mTLS front end: https://");
+    let (host, port) = hostport.rsplit_once(':').expect("host:port");
+    let port: u16 = port.parse().expect("a port");
+    assert!(!host.is_empty() && !host.contains('/'), "{url}");
+    for k in ["caBundle", "clientCert", "clientKey"] {
+        let f = tcp["tlsConfig"][k].as_str().unwrap_or_else(|| panic!("tlsConfig.{k}"));
+        assert!(f.starts_with('/'), "tlsConfig.{k}: {f}");
+    }
+    let y = example("egress-tcp-frontend");
+    let c = seedgate_config::server::parse(&y, "README egress-tcp-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+    let fe = c
+        .frontends
+        .iter()
+        .find(|f| f.listen.as_ref().is_some_and(|l| l.port == port))
+        .unwrap_or_else(|| panic!("no front end of egress-tcp-frontend listens on port {port} ({url})"));
+    let tls = fe.tls.as_ref().expect("the front end behind an https:// URL has tls");
+    assert!(tls.client_ca.is_some(), "kube-apiserver's clientCert needs the front end's tls.client_ca");
+    assert!(fe.cluster.is_none(), "the example shows the client certificate's CN naming the cluster");
+    // The front end's certificate is named for the URL's host.
+    assert!(y.contains(&format!("SANs: {host}")), "the example says the front end's SANs include {host}");
+}
+
 #[test]
 fn unix_socket_examples() {
     let y = example("unix-frontend");
