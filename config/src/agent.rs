@@ -243,6 +243,11 @@ impl ApiserverProxy {
 }
 
 impl AgentConfig {
+    /// Token files other than `admin.token_file`: none.
+    pub fn token_files(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// The tunnel's client identity and the CA of the servers.
     pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
         let Some(t) = &self.tunnel else { return Vec::new() };

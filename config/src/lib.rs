@@ -46,6 +46,11 @@ pub trait BinaryConfig: Sized {
     fn unix_sockets(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// `(key path, file)` of every token file other than `admin.token_file`, so that a missing or
+    /// empty one is reported before start.
+    fn token_files(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Which end of TLS connections a set of files serves.
@@ -97,6 +102,9 @@ macro_rules! binary_config {
             }
             fn unix_sockets(&self) -> Vec<(String, String)> {
                 <$t>::unix_sockets(self)
+            }
+            fn token_files(&self) -> Vec<(String, String)> {
+                <$t>::token_files(self)
             }
         }
     };

@@ -237,6 +237,11 @@ pub struct ConnectMatch {
 }
 
 impl RouterConfig {
+    /// Token files other than `admin.token_file`: none.
+    pub fn token_files(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// None: the router passes TLS through and holds no certificate.
     pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
         Vec::new()

@@ -167,10 +167,33 @@ pub struct Frontend {
     pub unix_group: Option<String>,
     #[serde(default)]
     pub tls: Option<ServerTls>,
-    /// The cluster whose agents carry this front end's streams. Absent: the client
-    /// certificate's CN names the cluster (needs `tls.client_ca`).
+    /// The cluster whose agents carry this front end's streams. Absent: `cluster_from` names it.
     #[serde(default)]
     pub cluster: Option<String>,
+    /// Where the cluster comes from without `cluster`: the client certificate's CN (the default;
+    /// needs `tls.client_ca`), or each request's proxy credentials (`proxy_authorization`: the
+    /// user name is the cluster, the password the token in `proxy_token_file`).
+    #[serde(default, skip_serializing_if = "ClusterFrom::is_default")]
+    pub cluster_from: ClusterFrom,
+    /// The token a `proxy_authorization` front end requires as the password (trailing
+    /// whitespace trimmed); read at start and on every reload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_token_file: Option<String>,
+}
+
+/// Where a front end without a fixed `cluster` takes the cluster from.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterFrom {
+    #[default]
+    ClientCertificate,
+    ProxyAuthorization,
+}
+
+impl ClusterFrom {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -208,6 +231,12 @@ impl ServerConfig {
             }
         }
         out
+    }
+
+    /// The front ends' proxy token files.
+    pub fn token_files(&self) -> Vec<(String, String)> {
+        let f = self.frontends.iter().enumerate();
+        f.filter_map(|(i, f)| Some((format!("frontends[{i}].proxy_token_file"), f.proxy_token_file.clone()?))).collect()
     }
 
     /// The Unix-socket front ends' paths.
@@ -286,11 +315,26 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
         {
             p.push(at, format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
         }
+        let by_auth = f.cluster_from == ClusterFrom::ProxyAuthorization;
+        if by_auth && f.cluster.is_some() {
+            p.push(at, format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
+        }
+        match (by_auth, &f.proxy_token_file) {
+            (true, None) => p.push(
+                at,
+                format!("{ff}.proxy_token_file"),
+                "cluster_from: proxy_authorization needs the token that proxy credentials must carry",
+            ),
+            (false, Some(_)) => {
+                p.push(at, format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization")
+            }
+            _ => {}
+        }
         match &f.cluster {
             Some(c) if !valid_cluster_name(c) => {
                 p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
             }
-            None if f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => p.push(
+            None if !by_auth && f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => p.push(
                 at,
                 format!("{ff}.cluster"),
                 "without a cluster, the client certificate names it: set tls.client_ca",
@@ -393,6 +437,25 @@ clusters:                            # per-cluster state (migration); absent = a
         assert!(e.contains("s.yaml:7:11: frontends[1].name: duplicate"), "{e}");
         assert!(e.contains("frontends[1]: give listen"), "{e}");
         assert!(e.contains("frontends[2].cluster"), "{e}");
+    }
+
+    #[test]
+    fn cluster_from_proxy_authorization_needs_a_token_file_and_no_cluster() {
+        let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\nfrontends:\n";
+        let y = format!(
+            "{base}  - name: prom\n    listen: 127.0.0.1:2\n    cluster_from: proxy_authorization\n    proxy_token_file: /t\n"
+        );
+        let c = parse(&y, "s.yaml").unwrap();
+        assert_eq!(c.frontends[0].cluster_from, ClusterFrom::ProxyAuthorization);
+        assert_eq!(serde_json::to_value(&c).unwrap()["frontends"][0]["cluster_from"], "proxy_authorization");
+        let y = format!(
+            "{base}  - name: a\n    listen: 127.0.0.1:2\n    cluster_from: proxy_authorization\n    cluster: x\n  - name: b\n    listen: 127.0.0.1:3\n    cluster: x\n    proxy_token_file: /t\n"
+        );
+        let e = parse(&y, "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("frontends[0].cluster_from: give cluster or"), "{e}");
+        assert!(e.contains("frontends[0].proxy_token_file: cluster_from: proxy_authorization needs"), "{e}");
+        assert!(e.contains("frontends[1].proxy_token_file: only with"), "{e}");
+        assert!(!e.contains("set tls.client_ca"), "{e}");
     }
 
     #[test]

@@ -88,6 +88,12 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
         let msg = if e.kind() == std::io::ErrorKind::InvalidData { e.to_string() } else { format!("{f}: {e}") };
         out.push(("admin.token_file".to_owned(), msg));
     }
+    for (key, f) in cfg.token_files() {
+        if let Err(e) = crate::admin::load_token(Some(&f)) {
+            let msg = if e.kind() == std::io::ErrorKind::InvalidData { e.to_string() } else { format!("{f}: {e}") };
+            out.push((key, msg));
+        }
+    }
     for t in cfg.tls_files() {
         let ca = t.ca.as_ref().map(|(_, f)| Path::new(f));
         for (part, e) in check_files(Path::new(&t.cert.1), Path::new(&t.key.1), ca) {

@@ -30,8 +30,78 @@ const READ_CHUNK: usize = 4096;
 /// A running front end.
 pub struct FrontendRt {
     pub name: Arc<str>,
-    /// Fixed cluster, or `None` when the client certificate's CN names it.
+    /// Fixed cluster, or `None` when the client certificate's CN or the proxy credentials name it.
     pub cluster: Option<String>,
+    /// `cluster_from: proxy_authorization`: the token each request's proxy credentials must carry
+    /// as the password (their user name is the cluster).
+    pub proxy_token: Option<Arc<str>>,
+}
+
+/// The `Proxy-Authenticate` challenge of a 407.
+const PROXY_CHALLENGE: &str = "Basic realm=\"seedgate\"";
+
+/// The cluster that `Proxy-Authorization: Basic base64(cluster:token)` names, if its password is
+/// `token`. `Err`: the reject reason.
+fn proxy_auth_cluster(value: Option<&[u8]>, token: &str) -> Result<String, &'static str> {
+    let value = value.ok_or("proxy_auth_missing")?;
+    let value = std::str::from_utf8(value).map_err(|_| "proxy_auth_invalid")?.trim();
+    let (scheme, cred) = value.split_once(' ').ok_or("proxy_auth_invalid")?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err("proxy_auth_invalid");
+    }
+    let decoded = base64_decode(cred.trim()).ok_or("proxy_auth_invalid")?;
+    let decoded = String::from_utf8(decoded).map_err(|_| "proxy_auth_invalid")?;
+    let (user, pass) = decoded.split_once(':').ok_or("proxy_auth_invalid")?;
+    // Compare without an early exit so the time taken does not reveal the matching prefix.
+    let (a, b) = (pass.as_bytes(), token.as_bytes());
+    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    if !same || !seedgate_config::server::valid_cluster_name(user) {
+        return Err("proxy_auth_invalid");
+    }
+    Ok(user.to_owned())
+}
+
+/// Standard base64 with padding (RFC 4648 §4), as HTTP Basic credentials are encoded.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let s = s.as_bytes();
+    if !s.len().is_multiple_of(4) {
+        return None;
+    }
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    for (i, q) in s.chunks(4).enumerate() {
+        let last = i == s.len() / 4 - 1;
+        let pad = q.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && !last) {
+            return None;
+        }
+        let mut n = 0u32;
+        for &c in &q[..4 - pad] {
+            n = (n << 6) | val(c)?;
+        }
+        n <<= 6 * pad as u32;
+        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
+    }
+    Some(out)
+}
+
+/// A 407 answer with the Basic challenge; the connection closes after it.
+fn auth_required(version: u8, msg: &str) -> Vec<u8> {
+    let r = http_head::error_response(version, 407, msg);
+    let at = r.windows(2).position(|w| w == b"\r\n").map_or(r.len(), |p| p + 2);
+    let mut out = r[..at].to_vec();
+    out.extend_from_slice(format!("Proxy-Authenticate: {PROXY_CHALLENGE}\r\n").as_bytes());
+    out.extend_from_slice(&r[at..]);
+    out
 }
 
 /// Everything known about one front-end connection, for its access log.
@@ -207,17 +277,19 @@ async fn serve(
     let m = &shared.metrics;
     let conn_id = shared.ids.next();
     let started = Instant::now();
-    let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
+    // With proxy credentials the cluster is known once the request head is read.
+    let conn_cluster = fe.cluster.clone().or(cert_cluster);
+    if conn_cluster.is_none() && fe.proxy_token.is_none() {
         m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
         m.conn.connections.with_label_values(&[&fe.name, "-", "no_cluster_identity"]).inc();
         let _ = io.write_all(&http_head::error_response(1, 403, "client certificate names no cluster")).await;
         return None;
-    };
+    }
     let mut ctx = Ctx {
         conn_id,
         fe: fe.clone(),
         peer,
-        cluster: cluster.clone(),
+        cluster: conn_cluster.clone().unwrap_or_else(|| "-".into()),
         kind: "-",
         target: "-".into(),
         started,
@@ -280,6 +352,22 @@ async fn serve(
                 return None;
             }
         };
+        let cluster = match (&fe.proxy_token, conn_cluster) {
+            (Some(token), _) => match proxy_auth_cluster(head.header("proxy-authorization"), token) {
+                Ok(c) => c,
+                Err(reason) => {
+                    m.requests.with_label_values(&[&fe.name, "connect", "407"]).inc();
+                    m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
+                    let msg = "proxy credentials required: user = cluster name, password = the front end's token";
+                    let _ = io.write_all(&auth_required(head.version, msg)).await;
+                    let _ = io.shutdown().await;
+                    ctx.log(407, reason, 0, 0);
+                    return None;
+                }
+            },
+            (None, c) => c.expect("checked above"),
+        };
+        ctx.cluster = cluster.clone();
         // The target, never the Host header, says where to go.
         let stream = match dial(&shared, &cluster, &target).await {
             Ok(s) => s,
@@ -578,9 +666,15 @@ where
         (ctx.fe.name.clone(), Arc::from(ctx.peer.as_str()), Arc::from(ctx.cluster.as_str()));
     let conn_id = ctx.conn_id;
     let sh = shared.clone();
+    let token = ctx.fe.proxy_token.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let shared = sh.clone();
         let (frontend, client, cluster) = (frontend.clone(), client.clone(), cluster.clone());
+        // Per request: each may name another cluster in its proxy credentials.
+        let by_auth = token.as_ref().map(|t| {
+            let v = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
+            proxy_auth_cluster(v, t)
+        });
         async move {
             let m = &shared.metrics;
             let mut log = RequestLog {
@@ -602,6 +696,23 @@ where
                 log.emit(reason);
                 Ok::<_, std::convert::Infallible>(simple(status, msg))
             };
+            match by_auth {
+                Some(Ok(c)) => log.cluster = Arc::from(c),
+                Some(Err(reason)) => {
+                    log.code = 407;
+                    m.requests.with_label_values(&[&log.frontend, "forward", "407"]).inc();
+                    m.conn.rejects.with_label_values(&[&log.frontend, reason]).inc();
+                    log.emit(reason);
+                    let mut r = simple(
+                        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                        "proxy credentials required: user = cluster name, password = the front end's token".into(),
+                    );
+                    r.headers_mut()
+                        .insert(http::header::PROXY_AUTHENTICATE, http::HeaderValue::from_static(PROXY_CHALLENGE));
+                    return Ok(r);
+                }
+                None => {}
+            }
             let uri = req.uri().clone();
             let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
                 let msg = format!("expected an absolute http:// URI, got {uri}");
@@ -675,12 +786,40 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn proxy_credentials_name_the_cluster_with_the_right_token() {
+        use super::{base64_decode, proxy_auth_cluster};
+        assert_eq!(base64_decode("c2hvb3QtYTpzM2NyZXQ="), Some(b"shoot-a:s3cret".to_vec()));
+        assert_eq!(base64_decode("YQ=="), Some(b"a".to_vec()));
+        assert_eq!(base64_decode("YWI="), Some(b"ab".to_vec()));
+        assert_eq!(base64_decode(""), Some(vec![]));
+        for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!="] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
+        }
+        let ok = proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cret");
+        assert_eq!(ok.as_deref(), Ok("shoot-a"));
+        assert_eq!(proxy_auth_cluster(Some(b"basic  c2hvb3QtYTpzM2NyZXQ= "), "s3cret").as_deref(), Ok("shoot-a"));
+        assert_eq!(proxy_auth_cluster(None, "s3cret"), Err("proxy_auth_missing"));
+        assert_eq!(proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cre"), Err("proxy_auth_invalid"));
+        assert_eq!(proxy_auth_cluster(Some(b"Bearer s3cret"), "s3cret"), Err("proxy_auth_invalid"));
+        let r = String::from_utf8(super::auth_required(1, "x")).unwrap();
+        assert!(
+            r.starts_with(
+                "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"seedgate\"\r\n"
+            ),
+            "{r}"
+        );
+        // "a b:s3cret": not a cluster name.
+        assert_eq!(proxy_auth_cluster(Some(b"Basic YSBiOnMzY3JldA=="), "s3cret"), Err("proxy_auth_invalid"));
+    }
+
     #[tokio::test]
     async fn connection_future_stays_small() {
         let shared = crate::test_shared();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let fe = std::sync::Arc::new(super::FrontendRt { name: "fe".into(), cluster: Some("c".into()) });
+        let fe =
+            std::sync::Arc::new(super::FrontendRt { name: "fe".into(), cluster: Some("c".into()), proxy_token: None });
         let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), None);
         // Every byte here is held by each open tunnel stream for its whole life (the pre-relay
         // phases are boxed and freed before the relay).

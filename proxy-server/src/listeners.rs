@@ -46,6 +46,34 @@ fn agents_tls(t: &ServerTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::Ser
     Ok(tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
 }
 
+/// What a front end reads from files: its TLS material and its proxy token.
+struct FeFiles {
+    tls: Option<Arc<Reloading<rustls::ServerConfig>>>,
+    token: Option<Arc<str>>,
+}
+
+fn frontend_files(f: &Frontend, m: &TlsMetrics) -> Result<FeFiles, StartError> {
+    let token = match &f.proxy_token_file {
+        None => None,
+        Some(file) => {
+            let err = |detail: String| {
+                StartError::Tls(proxy_core::tls::TlsError::File {
+                    path: file.clone(),
+                    what: "frontends[].proxy_token_file",
+                    detail,
+                })
+            };
+            let t = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(err("the file is empty".into()));
+            }
+            Some(Arc::from(t))
+        }
+    };
+    Ok(FeFiles { tls: frontend_tls(f, m)?, token })
+}
+
 fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rustls::ServerConfig>>>, StartError> {
     let Some(t) = &f.tls else { return Ok(None) };
     let ca = t.client_ca.as_deref().map(AsRef::as_ref);
@@ -159,7 +187,7 @@ impl Listeners {
         )];
         for f in &cfg.frontends {
             // TLS files are checked before the socket is bound, so a bad file fails the start.
-            frontend_tls(f, metrics)?;
+            frontend_files(f, metrics)?;
             let (sock, addr) = bind_place(f).await?;
             pending.push(Pending::Frontend(f.clone(), sock, addr));
         }
@@ -197,9 +225,9 @@ impl Listeners {
                 }
                 Pending::Frontend(f, sock, addr) => {
                     // Built at bind time already; a failure now (a file changed meanwhile) is logged.
-                    match frontend_tls(&f, &self.metrics) {
-                        Ok(tls) => {
-                            let entry = self.serve_frontend(shared, f, sock, addr, tls);
+                    match frontend_files(&f, &self.metrics) {
+                        Ok(files) => {
+                            let entry = self.serve_frontend(shared, f, sock, addr, files);
                             self.frontends.lock().expect("not poisoned").insert(entry.cfg.name.value.clone(), entry);
                         }
                         Err(e) => {
@@ -248,9 +276,13 @@ impl Listeners {
         AgentsEntry { listen, addr, tls_cfg, tls, stop }
     }
 
-    fn served(&self, shared: &Shared, f: &Frontend, tls: Option<Arc<Reloading<rustls::ServerConfig>>>) -> Served {
-        let rt = Arc::new(FrontendRt { name: Arc::from(f.name.as_str()), cluster: f.cluster.clone() });
-        Served { rt, tls: tls.map(|m| watched(m, &shared.shutdown.stop)) }
+    fn served(&self, shared: &Shared, f: &Frontend, files: FeFiles) -> Served {
+        let rt = Arc::new(FrontendRt {
+            name: Arc::from(f.name.as_str()),
+            cluster: f.cluster.clone(),
+            proxy_token: files.token,
+        });
+        Served { rt, tls: files.tls.map(|m| watched(m, &shared.shutdown.stop)) }
     }
 
     fn serve_frontend(
@@ -259,9 +291,9 @@ impl Listeners {
         f: Frontend,
         sock: Sock,
         addr: String,
-        tls: Option<Arc<Reloading<rustls::ServerConfig>>>,
+        files: FeFiles,
     ) -> FrontendEntry {
-        let served = Arc::new(ArcSwap::from_pointee(self.served(shared, &f, tls)));
+        let served = Arc::new(ArcSwap::from_pointee(self.served(shared, &f, files)));
         let stop = shared.shutdown.stop.child_token();
         // A slot is taken once the request head is read; until then the connection is in the
         // pending budget.
@@ -326,7 +358,7 @@ impl Listeners {
             if old == Some(f) {
                 continue;
             }
-            let tls = frontend_tls(f, &self.metrics).map_err(e)?;
+            let tls = frontend_files(f, &self.metrics).map_err(e)?;
             let sock = match old {
                 Some(o) if place(o) == place(f) => {
                     if access(o) != access(f) {

@@ -71,6 +71,28 @@ fn a_missing_certificate_file_is_named_by_key_and_path() -> anyhow::Result<()> {
 }
 
 #[test]
+fn a_missing_or_empty_proxy_token_file_is_named_by_key() -> anyhow::Result<()> {
+    let dir = TempDir::new("check-proxy-token")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let missing = dir.join("nowhere/token");
+    let empty = dir.write("empty-token", "\n")?;
+    let fe = |name: &str, port: u16, f: &Path| {
+        format!(
+            "  - name: {name}\n    listen: 127.0.0.1:{port}\n    cluster_from: proxy_authorization\n    proxy_token_file: {}\n",
+            f.display()
+        )
+    };
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[], &(fe("a", 1, &missing) + &fe("b", 2, &empty)));
+    let o = check(&dir, "proxy-server", &yaml)?;
+    anyhow::ensure!(o.code == INVALID, "exit {}: {}", o.code, o.stderr);
+    let p = problems(&o);
+    anyhow::ensure!(p.len() == 2, "{p:#?}");
+    anyhow::ensure!(p[0].contains(": frontends[0].proxy_token_file: ") && p[0].contains("nowhere/token"), "{p:#?}");
+    anyhow::ensure!(p[1].contains(": frontends[1].proxy_token_file: ") && p[1].contains("is empty"), "{p:#?}");
+    Ok(())
+}
+
+#[test]
 fn a_key_of_another_certificate_is_refused_in_server_and_agent() -> anyhow::Result<()> {
     let dir = TempDir::new("check-mismatch")?;
     let pki = TunnelPki::new(dir.path())?;

@@ -236,6 +236,29 @@ fn prometheus_proxy_url_example() {
     assert!(target.parse::<std::net::SocketAddr>().is_ok(), "{target}");
 }
 
+/// The Prometheus example with proxy credentials: its user name is a cluster name, its port that of a
+/// front end of the accompanying config that takes the cluster from the credentials.
+#[test]
+fn proxy_credentials_examples() {
+    let y = example("proxy-credentials-frontend");
+    let c =
+        seedgate_config::server::parse(&y, "README proxy-credentials-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+    let v = generic(&example("prometheus-proxy-credentials"), "prometheus-proxy-credentials");
+    let url = v["scrape_configs"][0]["proxy_url"].as_str().expect("proxy_url");
+    let rest = url.strip_prefix("http://").expect("http:// proxy_url");
+    let (userinfo, hostport) = rest.split_once('@').expect("user:password@ in proxy_url");
+    let (user, password) = userinfo.split_once(':').expect("user:password");
+    assert!(seedgate_config::server::valid_cluster_name(user) && !password.is_empty(), "{url}");
+    let port: u16 = hostport.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
+    let fe = c
+        .frontends
+        .iter()
+        .find(|f| f.listen.as_ref().is_some_and(|l| l.port == port))
+        .expect("a front end on the port");
+    assert_eq!(fe.cluster_from, seedgate_config::server::ClusterFrom::ProxyAuthorization);
+    assert!(fe.cluster.is_none() && fe.proxy_token_file.is_some());
+}
+
 /// The table of contents lists every `##` section (outside code blocks) in order.
 #[test]
 fn contents_lists_every_section() {
