@@ -22,6 +22,8 @@ const P2_CONNECT_IP: &str = "127.0.0.4";
 const P2_DEST: &str = "outbound|443||kube-apiserver.shoot--a.svc.cluster.local";
 const CLUSTER: &str = "shoot-a";
 const PROXY_NAME: &str = "proxy.seed.local";
+/// sni-router's route from the agents' port to proxy-server's agents listener.
+const TUNNEL_ROUTE: &str = "proxy-server-tunnel";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -73,8 +75,12 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     // shoot-b requires a client certificate: mTLS runs end to end through the router.
     let backend_b = TlsHttpBackend::start("shoot-b", &cert_b, Some(&ca)).await?;
 
-    // Two listeners: the public gateway (P1, SNI) and the port the node-local apiserver
-    // proxies send to (P2: PROXY v2 destination or CONNECT header), as Gardener's :443 and :8443.
+    // proxy-server first: the router's tunnel route names its agents listener.
+    let seed = start_proxy_server(&dir, &bins, &ca).await?;
+
+    // Three listeners, as a seed's gateway has: the public gateway (P1, SNI), the port the
+    // node-local apiserver proxies send to (P2: PROXY v2 destination or CONNECT header), and the
+    // port agents dial (P3: SNI passthrough to proxy-server), as Gardener's :443, :8443 and :8132.
     let config = format!(
         "\
 admin: {{ listen: 127.0.0.1:0 }}
@@ -101,17 +107,25 @@ listeners:
       - name: shoot-a-connect
         connect: {{ header: X-Gardener-Destination, values: [\"{P2_DEST}\"] }}
         upstreams: [{a}]
+  - name: tunnel
+    listen: 127.0.0.1:0
+    routes:
+      - name: {TUNNEL_ROUTE}
+        sni: [{PROXY_NAME}]
+        upstreams: [{agents}]
 ",
         a = backend_a.addr(),
-        b = backend_b.addr()
+        b = backend_b.addr(),
+        agents = seed.agents,
     );
     let config_path = dir.write("sni-router.yaml", &config)?;
     let (mut router, addrs) = Proc::start_seedgate(router_bin, &config_path, &[]).await?;
     let gateway = addrs.listener("gateway")?;
     let admin = addrs.admin()?;
+    let via = Gateway { tunnel: addrs.listener("tunnel")?, admin, pid: router.pid() };
 
     println!("seedgate demo: sni-router ({})", router_bin.display());
-    println!("  router   gateway {gateway}, admin {admin}");
+    println!("  router   gateway {gateway}, tunnel {} -> proxy-server {}, admin {admin}", via.tunnel, seed.agents);
     println!("  backend  shoot-a {} (TLS, {SHOOT_A})", backend_a.addr());
     println!("  backend  shoot-b {} (TLS, {SHOOT_B}, requires a client certificate)", backend_b.addr());
     println!("  client   trusts the demo CA, presents CN={CLIENT_CN}, offers ALPN h2, http/1.1");
@@ -162,7 +176,7 @@ listeners:
 
     let mut others = Vec::new();
     p2(&mut r, &args, &dir, &bins, &ca, &cfg, &addrs, &mut others).await?;
-    let tw = tunnel(&mut r, &dir, &bins, &ca, &mut others).await?;
+    let tw = tunnel(&mut r, &dir, &bins, &ca, seed, &via, &mut others).await?;
     migration(&mut r, &dir, &bins, &ca, &tw, &mut others).await?;
 
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
@@ -236,8 +250,6 @@ async fn p2(
     Ok(())
 }
 
-/// P3-P5: proxy-server and a proxy-agent that dials out to it; a seed-side CONNECT to a TLS
-/// backend "in the shoot", and a forward-proxied plain-HTTP GET (what Prometheus sends).
 /// What the migration section needs from the tunnel section.
 struct TunnelWorld {
     server_yaml: String,
@@ -248,54 +260,121 @@ struct TunnelWorld {
 
 const ADMIN_TOKEN: &str = "demo-admin-token";
 
-async fn tunnel(
-    r: &mut Report,
-    dir: &TempDir,
-    bins: &[std::path::PathBuf],
-    ca: &Ca,
-    procs: &mut Vec<Proc>,
-) -> anyhow::Result<TunnelWorld> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// proxy-server A (the seed's end of the tunnel), with its config for the migration section.
+struct SeedServer {
+    proc: Proc,
+    yaml: String,
+    agents: std::net::SocketAddr,
+    egress: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+}
+
+/// What the agent dials: sni-router's tunnel listener, and what shows the session went through it.
+struct Gateway {
+    tunnel: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    pid: u32,
+}
+
+async fn start_proxy_server(dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca) -> anyhow::Result<SeedServer> {
     let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server")?;
-    let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
     let ca_path = ca.write(dir.path(), "ca")?;
-    let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
-    let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
     let token = dir.write("admin-token", ADMIN_TOKEN)?;
-    let server_yaml = format!(
+    let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
         token.display(),
         srv_crt.display(),
         srv_key.display(),
         ca_path.display()
     );
-    let (server, s) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server.yaml", &server_yaml)?, &[]).await?;
-    let agents = s.listener("agents")?;
-    let egress = s.listener("egress")?;
-    let s_admin = s.admin()?;
+    let (proc, s) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server.yaml", &yaml)?, &[]).await?;
+    Ok(SeedServer { agents: s.listener("agents")?, egress: s.listener("egress")?, admin: s.admin()?, proc, yaml })
+}
+
+/// P3-P5: a proxy-agent that dials out to proxy-server through sni-router's tunnel listener (as
+/// an agent reaches a seed: one gateway, SNI passthrough); a seed-side CONNECT to a TLS backend
+/// "in the shoot", and a forward-proxied plain-HTTP GET (what Prometheus sends).
+#[allow(clippy::too_many_arguments)]
+async fn tunnel(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    seed: SeedServer,
+    via: &Gateway,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<TunnelWorld> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
+    let ca_path = ca.write(dir.path(), "ca")?;
+    let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
+    let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
+    let SeedServer { proc: server, yaml: server_yaml, agents, egress, admin: s_admin } = seed;
     let agent_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{agents}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {PROXY_NAME} }}\n  allow: [127.0.0.0/8]\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {PROXY_NAME} }}\n  allow: [127.0.0.0/8]\n",
+        via.tunnel,
         agent_crt.display(),
         agent_key.display(),
         ca_path.display()
     );
     let (agent, _) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
+    let agent_pid = agent.pid();
     procs.push(server);
     procs.push(agent);
 
-    r.heading(&format!("P3 proxy-agent dials out to proxy-server {agents} (mTLS, CN={CLUSTER})"));
+    r.heading(&format!(
+        "P3 proxy-agent dials out to sni-router {} (SNI {PROXY_NAME}) -> proxy-server {agents} (mTLS, CN={CLUSTER})",
+        via.tunnel
+    ));
     let up = poll_until(Duration::from_secs(10), Duration::from_millis(50), || async {
         let (code, body) = http_get(s_admin, "/readyz?verbose").await?;
         anyhow::ensure!(code == 200, "not ready yet");
         Ok(body)
     })
     .await;
+    let mut peer = None;
     match up {
         Ok(body) => {
             let line = body.lines().find(|l| l.contains("cluster-")).unwrap_or("").trim().to_owned();
+            peer = session_peer(&line);
             r.check(true, "proxy-server /readyz", &line)
         }
         Err(e) => r.check(false, "proxy-server /readyz", &format!("{e:#}")),
+    }
+    // The router counts a routed connection when its upstream connects, and holds it open while
+    // the session lives.
+    let routed = poll_until(Duration::from_secs(5), Duration::from_millis(50), || async {
+        let (_, text) = http_get(via.admin, "/metrics").await?;
+        let total = metric_sum(
+            &text,
+            "seedgate_connections_total",
+            &[("listener", "tunnel"), ("route", TUNNEL_ROUTE), ("result", "ok")],
+        );
+        let active = metric_sum(&text, "seedgate_connections_active", &[("listener", "tunnel")]);
+        anyhow::ensure!(total >= 1.0 && active >= 1.0, "total {total}, active {active}");
+        Ok((total, active))
+    })
+    .await;
+    match routed {
+        Ok((total, active)) => r.check(
+            true,
+            &format!("sni-router routed it (route {TUNNEL_ROUTE})"),
+            &format!("seedgate_connections_total {total}, seedgate_connections_active{{listener=\"tunnel\"}} {active}"),
+        ),
+        Err(e) => r.check(false, &format!("sni-router routed it (route {TUNNEL_ROUTE})"), &format!("{e:#}")),
+    }
+    // Which process holds the other end of proxy-server's agent connection: sni-router's
+    // upstream socket, not the agent's own.
+    let owner = peer.map(|p| (p, tcp_socket_owner(p, agents, &[(via.pid, "sni-router"), (agent_pid, "proxy-agent")])));
+    match owner {
+        Some((p, Ok(Some(name)))) => r.check(
+            name == "sni-router",
+            "proxy-server's agent peer",
+            &format!("{p} is a socket of {name} (connected to {agents})"),
+        ),
+        Some((p, Ok(None))) => r.check(false, "proxy-server's agent peer", &format!("no demo process holds {p}")),
+        Some((_, Err(e))) => r.check(false, "proxy-server's agent peer", &format!("{e:#}")),
+        None => r.check(false, "proxy-server's agent peer", "no session listed by /readyz?verbose"),
     }
 
     r.heading(&format!(
@@ -437,6 +516,7 @@ async fn migration(
         let (_, text) = http_get(admin, "/metrics").await.ok()?;
         testbed::metric_value(&text, "seedgate_agents_connected", &[("cluster", CLUSTER)])
     };
+    // B stands for another seed; the move notice names its agents listener directly.
     r.heading(&format!("P6 migrate {CLUSTER}'s tunnel: proxy-server A {} -> proxy-server B {b_agents}", tw.admin));
     let body = format!(r#"{{"state":"draining","move_to":["{b_agents}"],"drain_deadline":"5s"}}"#);
     let put = testbed::admin::http_request(
@@ -549,4 +629,44 @@ fn print_series(text: &str) {
     for l in text.lines().filter(|l| SHOWN.iter().any(|s| l.starts_with(s))) {
         println!("       {l}");
     }
+}
+
+/// The first agent's address in a `/readyz?verbose` cluster line (`[+]cluster-NAME ok: active: 1
+/// agents [ip:port (node), ...]`; the node appears once the agent's hello arrived).
+fn session_peer(line: &str) -> Option<std::net::SocketAddr> {
+    let list = line.rsplit_once(" agents [")?.1;
+    list.split([' ', ',', ']']).next()?.parse().ok()
+}
+
+/// Which of `pids` holds the IPv4 TCP socket `local` -> `remote`: its inode from
+/// /proc/net/tcp, then the process whose file descriptors include that socket.
+fn tcp_socket_owner(
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+    pids: &[(u32, &'static str)],
+) -> anyhow::Result<Option<&'static str>> {
+    use anyhow::Context as _;
+    // "0100007F:1F90": the address as the kernel's u32 in host byte order, the port in hex.
+    let parse = |s: &str| -> Option<std::net::SocketAddr> {
+        let (ip, port) = s.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        Some(std::net::SocketAddr::from((ip.to_ne_bytes(), port)))
+    };
+    let table = std::fs::read_to_string("/proc/net/tcp").context("reading /proc/net/tcp")?;
+    let inode = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 9 && parse(f[1]) == Some(local) && parse(f[2]) == Some(remote))
+        .map(|f| f[9].to_owned())
+        .with_context(|| format!("no TCP socket {local} -> {remote} in /proc/net/tcp"))?;
+    let want = format!("socket:[{inode}]");
+    for (pid, name) in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str())) {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
 }
