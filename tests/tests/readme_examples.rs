@@ -259,6 +259,63 @@ fn proxy_credentials_examples() {
     assert!(fe.cluster.is_none() && fe.proxy_token_file.is_some());
 }
 
+/// The walk-through's three configs: each is one whole document for its binary's parser, and they
+/// are wired together as a seed is: the agent dials sni-router's tunnel listener with the SNI its
+/// route passes through to proxy-server's agents listener, and its apiserver proxy sends the header
+/// value a gateway route lists.
+#[test]
+fn walkthrough_configs() {
+    let whole = |name: &str| {
+        let y = example(name);
+        assert_eq!(documents(&y).len(), 1, "{name} must be one YAML document (copied whole into one file)");
+        y
+    };
+    let (server_y, router_y, agent_y) =
+        (whole("walkthrough-proxy-server"), whole("walkthrough-sni-router"), whole("walkthrough-proxy-agent"));
+    let server = seedgate_config::server::parse(&server_y, "README walkthrough-proxy-server")
+        .unwrap_or_else(|e| panic!("{e}\n{server_y}"));
+    let router = seedgate_config::router::parse(&router_y, "README walkthrough-sni-router")
+        .unwrap_or_else(|e| panic!("{e}\n{router_y}"));
+    let agent = seedgate_config::agent::parse(&agent_y, "README walkthrough-proxy-agent")
+        .unwrap_or_else(|e| panic!("{e}\n{agent_y}"));
+
+    let tunnel = agent.tunnel.as_deref().expect("the agent configures tunnel");
+    let server_name = tunnel.tls.server_name.clone().expect("tunnel.tls.server_name");
+    let dialled = tunnel.servers[0].to_string();
+    let via = router.listeners.iter().find(|l| l.listen.to_string() == dialled).unwrap_or_else(|| {
+        panic!("the agent dials {dialled}, which is no sni-router listener (it must not dial proxy-server directly)")
+    });
+    let route =
+        via.routes.iter().find(|r| r.sni.contains(&server_name)).unwrap_or_else(|| {
+            panic!("sni-router listener {} has no route for the agent's SNI {server_name}", *via.name)
+        });
+    assert_eq!(
+        route.upstreams.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [server.agents.listen.to_string()],
+        "the tunnel route passes through to proxy-server's agents listener"
+    );
+
+    let ap = agent.apiserver_proxy.as_deref().expect("the agent configures apiserver_proxy");
+    let dest = ap.destination.clone().expect("http-connect needs destination");
+    let gateway = router.listeners.iter().find(|l| l.listen == ap.gateway).expect("the agent's gateway is a listener");
+    assert!(
+        gateway.routes.iter().any(|r| r.connect.as_ref().is_some_and(|c| c.values.contains(&dest))),
+        "no CONNECT route on {} lists {dest:?}",
+        *gateway.name
+    );
+
+    // Every fixed port is used once, so the processes can run side by side.
+    let mut ports = vec![server.agents.listen.port];
+    ports.extend(server.frontends.iter().filter_map(|f| f.listen.as_ref().map(|l| l.port)));
+    ports.extend(router.listeners.iter().map(|l| l.listen.port));
+    ports.extend(ap.listen.iter().map(|l| l.port));
+    ports.extend([&server.admin, &router.admin, &agent.admin].iter().filter_map(|a| a.listen.as_ref().map(|l| l.port)));
+    let mut unique = ports.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ports.len(), "a port is used twice: {ports:?}");
+}
+
 /// The table of contents lists every `##` section (outside code blocks) in order.
 #[test]
 fn contents_lists_every_section() {
