@@ -148,7 +148,9 @@ mod tests {
         }
         drop(files);
         let after = crate::metrics::render(&reg);
-        assert!(value(&after, ALIVE_TASKS) <= value(&during, ALIVE_TASKS) - 50.0, "{during}\n{after}");
+        // A finished task leaves the runtime's count just after its join handle resolves, so one
+        // or two may still show: the margin is 45 of the 50.
+        assert!(value(&after, ALIVE_TASKS) <= value(&during, ALIVE_TASKS) - 45.0, "{during}\n{after}");
         assert!(value(&after, OPEN_FDS) <= value(&during, OPEN_FDS) - 150.0, "{during}\n{after}");
 
         // 64 MiB touched page by page shows in RSS.
