@@ -6,6 +6,7 @@ use crate::common::{
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9902);
@@ -144,7 +145,31 @@ pub struct Agents {
     /// warning once per cluster name; `false` refuses it, telling the agent why.
     #[serde(default = "accept_unknown_default")]
     pub accept_unknown_clusters: bool,
+    /// This replica's identity, announced to every agent so that an agent holding sessions to
+    /// several replicas behind one name can tell them apart. Default: the host name (a pod's
+    /// name). Replicas must have distinct ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<String>,
+    /// How many replicas of this proxy-server run behind the agents' server name: each agent
+    /// keeps a session to that many distinct replicas. Default `1`. Give this or `peers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_count: Option<u32>,
+    /// A name that resolves to one address per replica (a Kubernetes headless Service,
+    /// `host:port`; the port is not dialled): the replica count is the number of addresses, read
+    /// again every `peers_interval`. Instead of a static `server_count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<HostPort>,
+    /// How often `peers` is resolved again. Default `10s`.
+    #[serde(default = "peers_interval_default")]
+    pub peers_interval: Dur,
 }
+
+fn peers_interval_default() -> Dur {
+    Dur::secs(10)
+}
+
+/// Most replicas an agent keeps sessions to behind one name (bounds the agent's sessions).
+pub const MAX_SERVER_COUNT: u32 = 64;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -287,6 +312,22 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     }
     if cfg.agents.connection_window < cfg.agents.stream_window || cfg.agents.connection_window > (1 << 31) - 1 {
         p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
+    }
+    if let Some(n) = cfg.agents.server_count
+        && !(1..=MAX_SERVER_COUNT).contains(&n)
+    {
+        p.push((0, 0), "agents.server_count", format!("must be between 1 and {MAX_SERVER_COUNT}"));
+    }
+    if cfg.agents.server_count.is_some() && cfg.agents.peers.is_some() {
+        p.push((0, 0), "agents.peers", "give agents.server_count or agents.peers, not both");
+    }
+    if let Some(id) = &cfg.agents.server_id
+        && (id.is_empty() || id.len() > 253 || id.chars().any(|c| c.is_control() || c.is_whitespace()))
+    {
+        p.push((0, 0), "agents.server_id", "must be 1 to 253 characters without spaces");
+    }
+    if cfg.agents.peers_interval.get() < Duration::from_secs(1) {
+        p.push((0, 0), "agents.peers_interval", "must be at least 1s");
     }
     let mut names = HashSet::new();
     for (i, f) in cfg.frontends.iter().enumerate() {
@@ -500,6 +541,27 @@ clusters:                            # per-cluster state (migration); absent = a
         assert!(parse(y, "s.yaml").unwrap().agents.accept_unknown_clusters);
         let y = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }, accept_unknown_clusters: false }\n";
         assert!(!parse(y, "s.yaml").unwrap().agents.accept_unknown_clusters);
+    }
+
+    #[test]
+    fn replica_keys() {
+        let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }";
+        let c = parse(&format!("{base} }}\n"), "s.yaml").unwrap();
+        assert_eq!((c.agents.server_id, c.agents.server_count, c.agents.peers), (None, None, None));
+        let c = parse(&format!("{base}, server_id: r1, server_count: 3 }}\n"), "s.yaml").unwrap();
+        assert_eq!((c.agents.server_id.as_deref(), c.agents.server_count), (Some("r1"), Some(3)));
+        let c = parse(&format!("{base}, peers: 'ps.seed.svc:8132', peers_interval: 2s }}\n"), "s.yaml").unwrap();
+        assert_eq!(c.agents.peers.unwrap().to_string(), "ps.seed.svc:8132");
+        for (bad, key) in [
+            ("server_count: 0", "agents.server_count"),
+            ("server_count: 65", "agents.server_count"),
+            ("server_count: 2, peers: 'a:1'", "agents.peers"),
+            ("server_id: 'a b'", "agents.server_id"),
+            ("peers: 'a:1', peers_interval: 10ms", "agents.peers_interval"),
+        ] {
+            let e = parse(&format!("{base}, {bad} }}\n"), "s.yaml").unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod apiserver_proxy;
 mod gateway;
 mod ready;
+mod replicas;
 mod tunnel;
 
 use arc_swap::ArcSwap;

@@ -1,5 +1,6 @@
-//! The agent end of the reverse tunnel: one outbound session per configured server (re-homed make-before-break), and dials within the allowlist.
+//! The agent end of the reverse tunnel: outbound sessions to every replica behind each configured server name (re-homed make-before-break), and dials within the allowlist.
 
+use crate::replicas::{Replicas, Verdict};
 use arc_swap::ArcSwap;
 use proxy_core::backoff::Backoff;
 use proxy_core::copy::{Meters, Stop, transfer};
@@ -10,14 +11,14 @@ use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
 use proxy_core::relay;
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
-use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, TunnelSettings};
+use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, ServerInfo, TunnelSettings};
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,6 +34,9 @@ pub struct TunnelMetrics {
     pub bytes: IntCounterVec,
     pub limit_hits: IntCounterVec,
     pub moves: IntCounterVec,
+    pub server_sessions: IntGaugeVec,
+    pub server_sessions_expected: IntGaugeVec,
+    pub duplicates: IntCounterVec,
 }
 
 impl TunnelMetrics {
@@ -87,6 +91,24 @@ impl TunnelMetrics {
                 "Move notices received from servers, by server.",
                 &["server"],
             ),
+            server_sessions: gauge_vec(
+                reg,
+                "seedgate_agent_server_sessions",
+                "Sessions up to distinct replicas behind a configured server name.",
+                &["server"],
+            ),
+            server_sessions_expected: gauge_vec(
+                reg,
+                "seedgate_agent_server_sessions_expected",
+                "Replicas behind a configured server name, as the newest announcement says (1 if none announces).",
+                &["server"],
+            ),
+            duplicates: counter_vec(
+                reg,
+                "seedgate_agent_duplicate_sessions_total",
+                "Sessions closed because they reached a replica another session already held, by server name.",
+                &["server"],
+            ),
         }
     }
 }
@@ -100,8 +122,8 @@ pub struct Tunnel {
     tls_metrics: TlsMetrics,
     /// Streams open across all sessions (the `max_streams` limit applies to the sum).
     active: AtomicUsize,
-    /// Per-server session state for readiness: up, and what it is connected to.
-    pub status: Mutex<std::collections::BTreeMap<String, (bool, String)>>,
+    /// The replicas behind each configured server name, and what each slot holds.
+    names: Mutex<Vec<Arc<Replicas>>>,
     /// The shutdown grace is over: live streams end now.
     kill: CancellationToken,
 }
@@ -159,7 +181,7 @@ impl Tunnel {
             cfg: ArcSwap::from_pointee(cfg),
             metrics: TunnelMetrics::new(reg),
             active: AtomicUsize::new(0),
-            status: Mutex::new(Default::default()),
+            names: Mutex::new(Vec::new()),
             kill,
         }))
     }
@@ -176,29 +198,35 @@ impl Tunnel {
         Ok(())
     }
 
+    /// One check per configured server name: ready while a session is up, "degraded" while
+    /// fewer replicas than announced are reached.
     pub fn ready_checks(&self) -> Vec<proxy_core::admin::Check> {
-        self.status
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .map(|(s, (up, detail))| proxy_core::admin::Check::new(format!("tunnel-{s}"), *up, detail.clone()))
-            .collect()
+        self.names.lock().expect("not poisoned").iter().map(|r| r.check()).collect()
     }
 
-    fn set_status(&self, server: &str, up: bool, detail: &str) {
-        self.status.lock().expect("not poisoned").insert(server.to_owned(), (up, detail.to_owned()));
-        self.metrics.sessions.with_label_values(&[server]).set(i64::from(up));
-    }
-
-    /// Start one session loop per configured server.
+    /// Start, per configured server name, the loop that keeps a session to each of its replicas.
     pub fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
         let tls = self.tls.load();
         tls.material.watch(tls.watching.clone());
         for server in self.cfg.load().servers.clone() {
-            self.set_status(&server.to_string(), false, "not connected yet");
-            tokio::spawn(slot_loop(self.clone(), server, stop.clone(), tracker.clone()));
+            let name = server.to_string();
+            let m = &self.metrics;
+            let replicas = Arc::new(Replicas::new(
+                name.clone(),
+                m.server_sessions.with_label_values(&[&name]),
+                m.server_sessions_expected.with_label_values(&[&name]),
+            ));
+            self.names.lock().expect("not poisoned").push(replicas.clone());
+            tokio::spawn(name_loop(self.clone(), replicas, server, stop.clone(), tracker.clone()));
         }
     }
+}
+
+/// What a session's handler has seen: the HTTP/2 handshake passed, and the replica's announcement.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct SessionState {
+    up: bool,
+    info: Option<ServerInfo>,
 }
 
 /// A session being served in its own task.
@@ -211,8 +239,10 @@ struct Live {
     kill: CancellationToken,
     done: tokio::task::JoinHandle<Result<(), String>>,
     since: Instant,
-    /// Set once the session's HTTP/2 handshake passed (see [`Handler::established`]).
-    up: Arc<AtomicBool>,
+    /// What the handler reports; the slot acts on each change.
+    state: watch::Receiver<SessionState>,
+    /// The part of `state` the slot has acted on.
+    seen: SessionState,
     /// Not the slot's first attempt: its outcome counts as a reconnect.
     reconnect: bool,
 }
@@ -246,6 +276,8 @@ async fn establish(
 /// Everything a slot's sessions share.
 struct SlotCtx {
     t: Arc<Tunnel>,
+    replicas: Arc<Replicas>,
+    slot: usize,
     label: String,
     moves: mpsc::Sender<ControlMsg>,
     stop: CancellationToken,
@@ -253,24 +285,19 @@ struct SlotCtx {
 }
 
 impl SlotCtx {
-    /// Run a session on a TLS connection. `reconnect`: not the slot's first attempt (counted in
-    /// `seedgate_tunnel_reconnects_total` once the session is up or has failed).
-    fn spawn(
-        &self,
-        target: HostPort,
-        tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-        peer: SocketAddr,
-        reconnect: bool,
-    ) -> Live {
+    /// Connect to `target` and run a session there. `reconnect`: not the slot's first attempt
+    /// (counted in `seedgate_tunnel_reconnects_total` once the session is up or has failed).
+    async fn connect(&self, target: &HostPort, reconnect: bool) -> Result<Live, String> {
+        let (tls, peer) = establish(&self.t, target).await?;
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
-        let up = Arc::new(AtomicBool::new(false));
+        let (state_tx, state) = watch::channel(SessionState::default());
         let handler: Arc<dyn AgentHandler> = Arc::new(Handler {
             t: self.t.clone(),
             server: self.label.clone(),
             moves: self.moves.clone(),
             kill: kill.clone(),
-            session: Some(SessionUp { target: target.clone(), peer, reconnect, up: up.clone() }),
+            state: state_tx,
         });
         let settings = settings(&self.t.cfg.load());
         let (st, tracker) = (stop.clone(), self.tracker.clone());
@@ -285,12 +312,95 @@ impl SlotCtx {
             })
         });
         tracing::debug!(server = %self.label, target = %target, %peer, "TLS up; waiting for the seed's HTTP/2 preface");
-        Live { target, peer, stop, kill, done, since: Instant::now(), up, reconnect }
+        Ok(Live {
+            target: target.clone(),
+            peer,
+            stop,
+            kill,
+            done,
+            since: Instant::now(),
+            state,
+            seen: SessionState::default(),
+            reconnect,
+        })
+    }
+
+    /// Act on what the session's handler reported since last time. Returns `false` when the
+    /// session must go: it reached a replica another slot already holds.
+    fn observe(&self, cur: &mut Live) -> bool {
+        let now = cur.state.borrow_and_update().clone();
+        if now.up && !cur.seen.up {
+            let (server, target, peer) = (&self.label, &cur.target, cur.peer);
+            tracing::info!(%server, %target, %peer, "tunnel session up");
+            self.replicas.up(self.slot, &format!("session up to {target} ({peer})"));
+            self.t.metrics.sessions.with_label_values(&[server]).set(1);
+            if cur.reconnect {
+                self.t.metrics.reconnects.with_label_values(&[server.as_str(), "ok"]).inc();
+            }
+        }
+        let mut keep = true;
+        if let Some(info) = now.info.as_ref().filter(|i| cur.seen.info.as_ref() != Some(*i)) {
+            match self.replicas.announced(self.slot, info) {
+                Verdict::Keep => {
+                    tracing::info!(server = %self.label, id = %info.id, count = info.count, draining = info.draining, "server replica announced");
+                }
+                Verdict::Duplicate => {
+                    tracing::info!(server = %self.label, id = %info.id, "session reached a replica another session holds; closing it and dialing again");
+                    self.t.metrics.duplicates.with_label_values(&[&self.replicas.name]).inc();
+                    keep = false;
+                }
+            }
+        }
+        cur.seen = now;
+        keep
+    }
+
+    /// The slot's session is gone (ended, or given up as a duplicate).
+    fn lost(&self, detail: &str) {
+        self.replicas.down(self.slot, detail);
+        self.t.metrics.sessions.with_label_values(&[&self.label]).set(0);
+    }
+
+    /// Open a session to the name and wait until its replica announced itself: a replacement
+    /// for a session to a draining replica. Kept only if it reached a replica not draining and
+    /// not held by another slot (a server that announces nothing is taken as it is).
+    async fn candidate(&self, name: &HostPort) -> Option<Live> {
+        let wait = self.t.cfg.load().dial_timeout.get();
+        let mut c = match self.connect(name, true).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(server = %self.label, error = %e, "no replacement session yet");
+                return None;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let info = loop {
+            if let Some(i) = c.state.borrow_and_update().info.clone() {
+                break Some(i);
+            }
+            tokio::select! {
+                r = c.state.changed() => if r.is_err() { break None },
+                _ = tokio::time::sleep_until(deadline) => break None,
+            }
+        };
+        let good = match &info {
+            Some(i) => self.replicas.acceptable(self.slot, i),
+            // A server that announces nothing (an older version) is taken once the session is up.
+            None => c.state.borrow().up && !c.done.is_finished(),
+        };
+        if good {
+            Some(c)
+        } else {
+            tracing::debug!(server = %self.label, id = ?info.map(|i| i.id), "replacement reached a replica already held or draining; trying again later");
+            retire(&self.label, c, Some(Duration::from_secs(1)));
+            None
+        }
     }
 }
 
 /// End a replaced session make-before-break: GOAWAY now (the seed can open no new stream on
-/// it), let its streams finish for `drain`, then end what is left and close it.
+/// it), let its streams finish for `drain` (or until the server ends them, with `None`), then
+/// end what is left and close it.
 fn retire(label: &str, old: Live, drain: Option<Duration>) {
     let label = label.to_owned();
     tracing::info!(server = %label, target = %old.target, peer = %old.peer, drain = ?drain, "tunnel session replaced; draining the old one");
@@ -315,14 +425,60 @@ fn retire(label: &str, old: Live, drain: Option<Duration>) {
     });
 }
 
-/// Keep one session per configured server up. After a session ends, reconnect with
-/// exponential back-off and jitter, resolving the name afresh on every attempt. On a move
-/// notice from the server, or when the server name starts resolving to other addresses, open
-/// a session to the new place first and only then retire the old one (make-before-break).
-async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken, tracker: TaskTracker) {
-    let label = configured.to_string();
+/// Keep as many slots for one configured name as its replicas announce (up to the maximum).
+async fn name_loop(
+    t: Arc<Tunnel>,
+    replicas: Arc<Replicas>,
+    configured: HostPort,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let mut changed = replicas.subscribe();
+    loop {
+        while (replicas.slots() as u32) < replicas.count() {
+            let slot = replicas.add_slot();
+            tokio::spawn(slot_loop(
+                t.clone(),
+                replicas.clone(),
+                slot,
+                configured.clone(),
+                stop.clone(),
+                tracker.clone(),
+            ));
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = changed.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// Keep one session of a configured name up while the name's replicas want one more. After a
+/// session ends, reconnect with exponential back-off and jitter, resolving the name afresh on
+/// every attempt. On a move notice from the server, or when the server name starts resolving
+/// to other addresses, or when the replica announces it is draining, open a session to the new
+/// place first and only then retire the old one (make-before-break).
+async fn slot_loop(
+    t: Arc<Tunnel>,
+    replicas: Arc<Replicas>,
+    slot: usize,
+    configured: HostPort,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let label = if slot == 0 { configured.to_string() } else { format!("{configured}#{slot}") };
     let (moves, mut moves_rx) = mpsc::channel(4);
-    let ctx = SlotCtx { t: t.clone(), label: label.clone(), moves, stop: stop.clone(), tracker };
+    let ctx = SlotCtx {
+        t: t.clone(),
+        replicas: replicas.clone(),
+        slot,
+        label: label.clone(),
+        moves,
+        stop: stop.clone(),
+        tracker,
+    };
+    t.metrics.sessions.with_label_values(&[&label]).set(0);
+    let mut wanted = replicas.subscribe();
     let mut target = configured.clone();
     let mut live: Option<Live> = None;
     let rc = t.cfg.load().reconnect.clone();
@@ -330,18 +486,27 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
     let mut first = true;
     let mut reresolve = tokio::time::interval(t.cfg.load().keepalive.interval.get());
     reresolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When a session's replica is draining: the next attempt to find a replacement.
+    let mut replace_at: Option<tokio::time::Instant> = None;
     loop {
         if stop.is_cancelled() {
             return;
         }
         let cfg = t.cfg.load_full();
         let Some(cur) = live.as_mut() else {
-            match establish(&t, &target).await {
-                Ok((tls, peer)) => {
-                    live = Some(ctx.spawn(target.clone(), tls, peer, !first));
+            if !replicas.wants_session(slot) {
+                // Enough sessions to distinct replicas: wait until one goes or the count grows.
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = wanted.changed() => {}
                 }
+                continue;
+            }
+            match ctx.connect(&target, !first).await {
+                Ok(l) => live = Some(l),
                 Err(e) => {
                     tracing::warn!(server = %label, target = %target, error = %e, "tunnel session failed");
+                    ctx.lost(&format!("not connected: {e}"));
                     if !first {
                         t.metrics.reconnects.with_label_values(&[label.as_str(), "failed"]).inc();
                     }
@@ -361,9 +526,10 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
         tokio::select! {
             r = &mut cur.done => {
                 let lived = cur.since.elapsed();
-                let (was_up, reconnect) = (cur.up.load(Ordering::Relaxed), cur.reconnect);
+                let (was_up, reconnect) = (cur.seen.up || cur.state.borrow().up, cur.reconnect);
                 live = None;
-                t.set_status(&label, false, "not connected");
+                replace_at = None;
+                ctx.lost("not connected");
                 match r {
                     Ok(Ok(())) => tracing::info!(server = %label, "tunnel session closed"),
                     // TLS passed on our side but the seed never spoke HTTP/2: typically it refused
@@ -384,6 +550,52 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            r = cur.state.changed() => {
+                if r.is_err() {
+                    continue;
+                }
+                if !ctx.observe(cur) {
+                    let dup = live.take().expect("live");
+                    retire(&label, dup, Some(cfg.rehome_drain.get()));
+                    ctx.lost("closed a duplicate session; dialing again");
+                    target = configured.clone();
+                    let wait = backoff.next_wait();
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    continue;
+                }
+                if cur.seen.up {
+                    backoff.reset();
+                }
+                let draining = cur.seen.info.as_ref().is_some_and(|i| i.draining);
+                if draining && replace_at.is_none() {
+                    tracing::info!(server = %label, target = %cur.target, "replica is draining: keeping its live streams, looking for a replacement");
+                    replace_at = Some(tokio::time::Instant::now());
+                }
+            }
+            _ = tokio::time::sleep_until(replace_at.unwrap_or_else(tokio::time::Instant::now)), if replace_at.is_some() => {
+                if !replicas.wants_session(slot) {
+                    // The other sessions already reach as many replicas as announced.
+                    replace_at = Some(tokio::time::Instant::now() + backoff.next_wait());
+                    continue;
+                }
+                match ctx.candidate(&configured).await {
+                    Some(new) => {
+                        replace_at = None;
+                        backoff.reset();
+                        let old = live.replace(new).expect("live");
+                        // The draining replica ends the old session's streams at its own deadline.
+                        retire(&label, old, None);
+                        target = configured.clone();
+                        let cur = live.as_mut().expect("live");
+                        ctx.replicas.down(slot, "re-homing");
+                        ctx.observe(cur);
+                    }
+                    None => replace_at = Some(tokio::time::Instant::now() + backoff.next_wait()),
                 }
             }
             Some(msg) = moves_rx.recv() => {
@@ -428,12 +640,12 @@ async fn slot_loop(t: Arc<Tunnel>, configured: HostPort, stop: CancellationToken
 /// Make-before-break: connect to `next`; only once that session is up is the current one
 /// retired. If `next` cannot be reached the current session stays (returns `None`).
 async fn rehome(ctx: &SlotCtx, live: &mut Option<Live>, next: HostPort, drain: Option<Duration>) -> Option<HostPort> {
-    match establish(&ctx.t, &next).await {
-        Ok((tls, peer)) => {
-            let new = ctx.spawn(next.clone(), tls, peer, true);
+    match ctx.connect(&next, true).await {
+        Ok(new) => {
             if let Some(old) = live.replace(new) {
                 retire(&ctx.label, old, drain);
             }
+            ctx.replicas.down(ctx.slot, "re-homing");
             Some(next)
         }
         Err(e) => {
@@ -449,16 +661,8 @@ struct Handler {
     moves: mpsc::Sender<ControlMsg>,
     /// Ends this session's streams (re-homing drain deadline, or the shutdown grace).
     kill: CancellationToken,
-    /// What to report when the session comes up.
-    session: Option<SessionUp>,
-}
-
-/// A session's place, reported (log, status, reconnect count) once its HTTP/2 handshake passed.
-struct SessionUp {
-    target: HostPort,
-    peer: SocketAddr,
-    reconnect: bool,
-    up: Arc<AtomicBool>,
+    /// What the slot acts on: the session is up, the replica announced itself.
+    state: watch::Sender<SessionState>,
 }
 
 impl AgentHandler for Handler {
@@ -467,13 +671,17 @@ impl AgentHandler for Handler {
     }
 
     fn control(&self, msg: ControlMsg) {
-        if let ControlMsg::Refused { reason } = &msg {
-            tracing::error!(server = %self.server, %reason, "proxy-server refused this agent's session");
-            return;
-        }
-        tracing::info!(server = %self.server, ?msg, "control message");
-        if self.moves.try_send(msg).is_err() {
-            tracing::warn!(server = %self.server, "control message dropped: a move is already being handled");
+        match msg {
+            ControlMsg::Refused { reason } => {
+                tracing::error!(server = %self.server, %reason, "proxy-server refused this agent's session");
+            }
+            ControlMsg::Server(info) => self.state.send_modify(|s| s.info = Some(info)),
+            msg @ ControlMsg::Move { .. } => {
+                tracing::info!(server = %self.server, ?msg, "control message");
+                if self.moves.try_send(msg).is_err() {
+                    tracing::warn!(server = %self.server, "control message dropped: a move is already being handled");
+                }
+            }
         }
     }
 
@@ -483,14 +691,7 @@ impl AgentHandler for Handler {
     }
 
     fn established(&self) {
-        let Some(s) = &self.session else { return };
-        s.up.store(true, Ordering::Relaxed);
-        let (server, target, peer) = (&self.server, &s.target, s.peer);
-        tracing::info!(%server, %target, %peer, "tunnel session up");
-        self.t.set_status(server, true, &format!("session up to {target} ({peer})"));
-        if s.reconnect {
-            self.t.metrics.reconnects.with_label_values(&[server.as_str(), "ok"]).inc();
-        }
+        self.state.send_modify(|s| s.up = true);
     }
 }
 

@@ -1,8 +1,8 @@
 //! The metrics registry and the connection metrics every binary shares (prefix `seedgate_`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
-    exponential_buckets,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder, exponential_buckets,
 };
 
 /// Build a labelled counter and register it.
@@ -16,6 +16,12 @@ pub fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> Int
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     reg.register(Box::new(g.clone())).expect("metric registered once");
     g
+}
+
+pub fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    reg.register(Box::new(c.clone())).expect("metric registered once");
+    c
 }
 
 pub fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {

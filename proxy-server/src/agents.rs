@@ -98,6 +98,7 @@ pub async fn serve_agent(
             Ok(sess) => {
                 m.agent_sessions.with_label_values(&[&cluster, "accepted"]).inc();
                 tracing::info!(%peer, %cluster, session = sess.id, "agent session up");
+                shared.replica.announce_to(&shared, &sess);
                 *registered.lock().expect("not poisoned") = Some(sess);
             }
             Err(reason) => {

@@ -11,6 +11,7 @@ mod frontend;
 mod listeners;
 mod metrics;
 mod registry;
+mod replica;
 mod unix_socket;
 
 use arc_swap::ArcSwap;
@@ -53,6 +54,8 @@ pub(crate) struct Shared {
     unknown_warned: Mutex<std::collections::HashSet<String>>,
     /// Unknown clusters whose agents were refused (`agents.accept_unknown_clusters: false`).
     pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
+    /// This replica's identity and the count it announces to agents.
+    pub(crate) replica: replica::Replica,
 }
 
 impl Shared {
@@ -142,7 +145,7 @@ impl Service for Server {
             registry: Registry::new(metrics.clone(), &states, ctx.shutdown.kill.clone()),
             pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
-            config: ArcSwap::new(cfg),
+            config: ArcSwap::new(cfg.clone()),
             metrics,
             shutdown: ctx.shutdown,
             ids: ConnIds::default(),
@@ -150,6 +153,7 @@ impl Service for Server {
             cluster_files: Mutex::new(files),
             unknown_warned: Mutex::default(),
             unknown_refused: Mutex::default(),
+            replica: replica::Replica::new(&cfg),
         });
         for (name, mode) in shared.registry.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
@@ -159,6 +163,17 @@ impl Service for Server {
 
     fn start(self: &Arc<Self>) {
         self.listeners.start(&self.shared, &self.sessions_stop);
+        let shared = &self.shared;
+        shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
+        tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
+        tokio::spawn(replica::Replica::follow_peers(shared.clone()));
+        // SIGTERM: tell the agents before the drain, so they find another replica while their
+        // live streams here finish.
+        let (s, stop) = (shared.clone(), shared.shutdown.stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            s.replica.draining(&s);
+        });
         if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
             let shared = self.shared.clone();
             let stop = shared.shutdown.stop.clone();
@@ -186,6 +201,7 @@ impl Service for Server {
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.pending.set_limits(pending_limits(&new));
+        self.shared.replica.reconfigure(&self.shared, &new);
         self.shared.config.store(new);
         self.shared.registry.set_modes(&self.shared.effective_states());
         Ok(())
@@ -238,7 +254,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     Arc::new(Shared {
         pending: Pending::new(pending_limits(&cfg), PendingMetrics::unregistered()),
         registry: Registry::new(metrics.clone(), &cfg.clusters, CancellationToken::new()),
-        config: ArcSwap::from_pointee(cfg),
+        config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),
         ids: ConnIds::default(),
@@ -247,5 +263,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         cluster_files: Mutex::new(ClusterFiles::new(None)),
         unknown_warned: Mutex::default(),
         unknown_refused: Mutex::default(),
+        replica: replica::Replica::new(&cfg),
     })
 }

@@ -1,7 +1,7 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
-use proxy_core::metrics::{ConnMetrics, counter_vec, gauge_vec, seconds_histogram};
-use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+use proxy_core::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use seedgate_config::server::ClusterMode;
 
 #[derive(Clone)]
@@ -18,6 +18,9 @@ pub struct ServerMetrics {
     pub cluster_state: IntGaugeVec,
     pub move_notices: IntCounterVec,
     pub stream_drains: IntCounterVec,
+    pub replica_count: IntGauge,
+    pub peers: IntGauge,
+    pub announcements: IntCounter,
 }
 
 impl ServerMetrics {
@@ -89,6 +92,21 @@ impl ServerMetrics {
                 "seedgate_tunnel_streams_drained_total",
                 "Live streams ended by a drain deadline or fencing, by cluster.",
                 &["cluster"],
+            ),
+            replica_count: gauge(
+                reg,
+                "seedgate_server_replicas_expected",
+                "The replica count this proxy-server announces to its agents (agents.server_count or the addresses of agents.peers).",
+            ),
+            peers: gauge(
+                reg,
+                "seedgate_server_peers_resolved",
+                "Addresses agents.peers resolved to at the last successful lookup.",
+            ),
+            announcements: counter(
+                reg,
+                "seedgate_server_announcements_total",
+                "Announcements of this replica (id, count, draining) sent to agents.",
             ),
         }
     }

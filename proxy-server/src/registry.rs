@@ -223,6 +223,12 @@ impl Registry {
         clusters.iter().filter(|(_, c)| !c.sessions.is_empty()).map(|(n, _)| n.clone()).collect()
     }
 
+    /// Every agent session of every cluster.
+    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+        let clusters = self.clusters.read().expect("not poisoned");
+        clusters.values().flat_map(|c| c.sessions.iter().cloned()).collect()
+    }
+
     pub fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
         self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
     }

@@ -353,6 +353,95 @@ fn egress_selector_points_at_the_egress_front_end() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// proxy-server on the seed runs as an HA set: several replicas on different nodes, each announcing its
+/// pod name, counting its peers through the headless Service (which publishes starting pods), a PDB
+/// that lets one go at a time, and sni-router's tunnel route reaching every replica by its own name.
+#[test]
+fn proxy_server_runs_as_an_ha_set() -> anyhow::Result<()> {
+    let Some(kubectl) = tool("kubectl") else { return Ok(()) };
+    let objects = docs(&render(&kubectl, &deploy().join("overlays/seed"))?)?;
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .with_context(|| format!("no {kind} {name}"))
+    };
+    let config = |cm: &str| -> anyhow::Result<Value> {
+        let text = find("ConfigMap", cm)?["data"]["config.yaml"].as_str().context("config.yaml")?;
+        Ok(serde_saphyr::from_str(text)?)
+    };
+    let sts = find("StatefulSet", "proxy-server")?;
+    let (sts_name, ns) = (sts["metadata"]["name"].as_str().context("name")?, &sts["metadata"]["namespace"]);
+    let replicas = sts["spec"]["replicas"].as_i64().context("replicas")?;
+    ensure!(replicas >= 2, "proxy-server runs {replicas} replica(s)");
+    let spec = &sts["spec"]["template"]["spec"];
+    let c = spec["containers"].as_array().context("containers")?.iter().find(|c| c["name"] == "proxy-server");
+    let env = c.context("proxy-server container")?["env"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        env.iter().any(|e| e["name"] == "POD_NAME" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+        "no POD_NAME from metadata.name (the replica's id): {env:?}"
+    );
+    // Replicas on different nodes: a hard spread over hostnames or a required anti-affinity.
+    let spread = spec["topologySpreadConstraints"].as_array().into_iter().flatten().any(|t| {
+        t["topologyKey"] == "kubernetes.io/hostname" && t["whenUnsatisfiable"] == "DoNotSchedule" && t["maxSkew"] == 1
+    });
+    let anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["topologyKey"] == "kubernetes.io/hostname");
+    ensure!(spread || anti, "proxy-server replicas may share a node");
+    // One replica at a time, and never none.
+    let selector = &sts["spec"]["selector"]["matchLabels"];
+    let pdb = objects
+        .iter()
+        .find(|o| o["kind"] == "PodDisruptionBudget" && &o["spec"]["selector"]["matchLabels"] == selector);
+    let pdb = &pdb.context("no PodDisruptionBudget selects proxy-server")?["spec"];
+    let down = match (pdb["maxUnavailable"].as_i64(), pdb["minAvailable"].as_i64()) {
+        (Some(n), None) => n,
+        (None, Some(n)) => replicas - n,
+        _ => bail!("the proxy-server PDB needs an integer maxUnavailable or minAvailable: {pdb}"),
+    };
+    ensure!((1..replicas).contains(&down), "the PDB lets {down} of {replicas} replicas go");
+    // agents.peers names the headless Service of the StatefulSet, which counts starting pods too.
+    let cfg = config("proxy-server-config")?;
+    let agents = &cfg["agents"];
+    ensure!(agents["server_count"].is_null(), "agents.server_count and agents.peers exclude each other");
+    ensure!(agents["server_id"].is_null(), "agents.server_id must default to $POD_NAME (distinct per replica)");
+    let peers = agents["peers"].as_str().context("agents.peers must be set")?;
+    let svc = sts["spec"]["serviceName"].as_str().context("serviceName")?;
+    let agents_port = port_of(agents["listen"].as_str().context("agents.listen")?)?;
+    let want = format!("{svc}.{}.svc.cluster.local:{agents_port}", ns.as_str().context("namespace")?);
+    ensure!(peers == want, "agents.peers is {peers}, want {want}");
+    let headless = find("Service", svc)?;
+    ensure!(headless["metadata"]["namespace"] == *ns, "Service {svc} is not in {ns}");
+    let hs = &headless["spec"];
+    ensure!(
+        hs["clusterIP"] == "None" && hs["publishNotReadyAddresses"] == true,
+        "{svc}: headless, with not-ready pods"
+    );
+    ensure!(&hs["selector"] == selector, "{svc} selects {}, the StatefulSet {selector}", hs["selector"]);
+    // sni-router reaches every replica by its own name (ready or not), balancing by least connections.
+    let router = config("sni-router-config")?;
+    let routes: Vec<&Value> = router["listeners"]
+        .as_array()
+        .context("listeners")?
+        .iter()
+        .flat_map(|l| l["routes"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["upstreams"].as_array().into_iter().flatten().any(|u| u.as_str().is_some_and(|u| u.starts_with(sts_name)))
+        })
+        .collect();
+    ensure!(!routes.is_empty(), "no sni-router route leads to proxy-server");
+    let want: Vec<String> = (0..replicas).map(|i| format!("{sts_name}-{i}.{want}")).collect();
+    for r in routes {
+        let ups: Vec<&str> = r["upstreams"].as_array().context("upstreams")?.iter().filter_map(Value::as_str).collect();
+        ensure!(ups == want, "sni-router route {}: upstreams {ups:?}, want one per replica {want:?}", r["name"]);
+        ensure!(r["balance"] == "least-connections", "sni-router route {}: balance {}", r["name"], r["balance"]);
+    }
+    Ok(())
+}
+
 /// `deploy/pki/make-test-secrets.sh` makes every Secret the overlays mount, in their namespaces, with the
 /// keys the configs read, and certificates that chain to the CAs the other side trusts.
 #[test]

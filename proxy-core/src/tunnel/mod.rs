@@ -213,6 +213,27 @@ pub enum ControlMsg {
     /// This server does not serve the agent's cluster and is about to close the session; the
     /// agent logs `reason` (the session is not used for dials meanwhile).
     Refused { reason: String },
+    /// Who this server is: sent when the session is registered and again whenever the count or
+    /// the draining flag changes. The agent keeps sessions to `count` distinct server ids behind
+    /// the name it dialled.
+    Server(ServerInfo),
+}
+
+/// A proxy-server replica as it announces itself to its agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// The replica's identity (distinct per replica).
+    pub id: String,
+    /// How many replicas the agent should reach behind the name it dialled.
+    pub count: u32,
+    /// When this replica's `count` took its value (Unix milliseconds). Replicas may disagree
+    /// for a while (one reloaded, another not yet): the agent trusts the newest.
+    #[serde(default)]
+    pub since_ms: u64,
+    /// The replica is shutting down: its live streams continue until its drain deadline, new
+    /// streams should go elsewhere, and the agent looks for a session to a replacement.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// What an agent says about itself when the control stream opens.
