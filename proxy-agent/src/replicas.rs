@@ -160,8 +160,11 @@ impl Replicas {
         let ids: Vec<String> = up
             .iter()
             .map(|s| {
-                let id = s.server.clone().unwrap_or_else(|| s.detail.clone());
-                if s.draining { format!("{id} (draining)") } else { id }
+                let id = match &s.server {
+                    Some(id) => format!("{id}: {}", s.detail),
+                    None => s.detail.clone(),
+                };
+                if s.draining { format!("{id}, draining") } else { id }
             })
             .collect();
         let (n, want) = (up.len(), st.count as usize);

@@ -425,6 +425,10 @@ fn retire(label: &str, old: Live, drain: Option<Duration>) {
     });
 }
 
+/// Longest wait between attempts to reach one more replica while the ones reached answer:
+/// after a duplicate, or while looking for a draining replica's replacement.
+const PROBE_MAX: Duration = Duration::from_secs(5);
+
 /// Keep as many slots for one configured name as its replicas announce (up to the maximum).
 async fn name_loop(
     t: Arc<Tunnel>,
@@ -483,6 +487,10 @@ async fn slot_loop(
     let mut live: Option<Live> = None;
     let rc = t.cfg.load().reconnect.clone();
     let mut backoff = Backoff::new(rc.initial.get(), rc.max.get());
+    // Retries after reaching a replica already held (or a draining one): the server answered,
+    // so this is not a failure to back off from for long; a replica that just came up should
+    // be found within seconds.
+    let mut probe = Backoff::new(rc.initial.get(), rc.max.get().min(PROBE_MAX));
     let mut first = true;
     let mut reresolve = tokio::time::interval(t.cfg.load().keepalive.interval.get());
     reresolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -561,7 +569,8 @@ async fn slot_loop(
                     retire(&label, dup, Some(cfg.rehome_drain.get()));
                     ctx.lost("closed a duplicate session; dialing again");
                     target = configured.clone();
-                    let wait = backoff.next_wait();
+                    probe.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get().min(PROBE_MAX));
+                    let wait = probe.next_wait();
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(wait) => {}
@@ -570,6 +579,9 @@ async fn slot_loop(
                 }
                 if cur.seen.up {
                     backoff.reset();
+                }
+                if cur.seen.info.is_some() {
+                    probe.reset();
                 }
                 let draining = cur.seen.info.as_ref().is_some_and(|i| i.draining);
                 if draining && replace_at.is_none() {
@@ -580,13 +592,13 @@ async fn slot_loop(
             _ = tokio::time::sleep_until(replace_at.unwrap_or_else(tokio::time::Instant::now)), if replace_at.is_some() => {
                 if !replicas.wants_session(slot) {
                     // The other sessions already reach as many replicas as announced.
-                    replace_at = Some(tokio::time::Instant::now() + backoff.next_wait());
+                    replace_at = Some(tokio::time::Instant::now() + probe.next_wait());
                     continue;
                 }
                 match ctx.candidate(&configured).await {
                     Some(new) => {
                         replace_at = None;
-                        backoff.reset();
+                        probe.reset();
                         let old = live.replace(new).expect("live");
                         // The draining replica ends the old session's streams at its own deadline.
                         retire(&label, old, None);
@@ -595,7 +607,7 @@ async fn slot_loop(
                         ctx.replicas.down(slot, "re-homing");
                         ctx.observe(cur);
                     }
-                    None => replace_at = Some(tokio::time::Instant::now() + backoff.next_wait()),
+                    None => replace_at = Some(tokio::time::Instant::now() + probe.next_wait()),
                 }
             }
             Some(msg) = moves_rx.recv() => {
