@@ -178,6 +178,8 @@ listeners:
     p2(&mut r, &args, &dir, &bins, &ca, &cfg, &addrs, &mut others).await?;
     let tw = tunnel(&mut r, &dir, &bins, &ca, seed, &via, &mut others).await?;
     migration(&mut r, &dir, &bins, &ca, &tw, &mut others).await?;
+    let router_cfg = RouterCfg { path: &config_path, yaml: &config, admin, tunnel: via.tunnel };
+    ha(&mut r, &dir, &bins, &ca, &tw, &mut router, &router_cfg, &mut others).await?;
 
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
     metrics(&mut r, admin).await;
@@ -571,6 +573,155 @@ async fn migration(
     if let Ok((_, text)) = http_get(tw.admin, "/readyz?verbose").await {
         let line = text.lines().find(|l| l.contains("cluster-")).unwrap_or("").trim().to_owned();
         r.check(line.contains("fenced"), "A /readyz?verbose", &line);
+    }
+    Ok(())
+}
+
+/// sni-router's config file and text, for the HA section's reload.
+struct RouterCfg<'a> {
+    path: &'a std::path::Path,
+    yaml: &'a str,
+    admin: std::net::SocketAddr,
+    tunnel: std::net::SocketAddr,
+}
+
+const HA_NAME: &str = "proxy-ha.seed.local";
+const HA_CLUSTER: &str = "shoot-b";
+
+/// One proxy-server replica of the HA section: `server_id: ha-<i>`, two replicas announced.
+async fn start_ha_replica(
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    i: usize,
+    port: u16,
+) -> anyhow::Result<(Proc, std::net::SocketAddr, std::net::SocketAddr)> {
+    let (c, k) = ca.server(&[HA_NAME])?.write(dir.path(), &format!("proxy-ha-{i}"))?;
+    let ca = ca.write(dir.path(), "ca")?;
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 2s\nagents:\n  listen: 127.0.0.1:{port}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\n  server_id: ha-{i}\n  server_count: 2\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {HA_CLUSTER}\n",
+        c.display(),
+        k.display(),
+        ca.display()
+    );
+    let (p, a) = Proc::start_seedgate(&bins[2], &dir.write(&format!("proxy-server-ha-{i}.yaml"), &yaml)?, &[]).await?;
+    Ok((p, a.listener("egress")?, a.admin()?))
+}
+
+/// HA: two proxy-server replicas behind one gateway name (a second SNI route on the router's
+/// tunnel listener, added by a reload). An agent that knows only the gateway reaches both; a
+/// replica is restarted (SIGTERM, start again) and the agent reaches it again by itself.
+#[allow(clippy::too_many_arguments)]
+async fn ha(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    tw: &TunnelWorld,
+    router: &mut Proc,
+    rc: &RouterCfg<'_>,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
+    let free = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+    let ports = [free()?, free()?];
+    let mut replicas = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        replicas.push(start_ha_replica(dir, bins, ca, i, *port).await?);
+    }
+    r.heading(&format!(
+        "HA {HA_CLUSTER}: proxy-server replicas ha-0 127.0.0.1:{} and ha-1 127.0.0.1:{} behind one gateway name ({HA_NAME})",
+        ports[0], ports[1]
+    ));
+    // The tunnel listener is the last one in the router's config: its route list ends the file.
+    let yaml = format!(
+        "{}      - name: proxy-server-ha\n        sni: [{HA_NAME}]\n        upstreams: [127.0.0.1:{}, 127.0.0.1:{}]\n        balance: least-connections\n",
+        rc.yaml, ports[0], ports[1]
+    );
+    let tmp = rc.path.with_extension("yaml.new");
+    std::fs::write(&tmp, yaml)?;
+    std::fs::rename(&tmp, rc.path)?;
+    router.signal(libc::SIGHUP)?;
+    let reloaded = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let (_, t) = http_get(rc.admin, "/metrics").await?;
+        let n = metric_sum(&t, "seedgate_config_reloads_total", &[("result", "success")]);
+        anyhow::ensure!(n >= 1.0, "no successful reload yet");
+        Ok(n)
+    })
+    .await;
+    r.check(reloaded.is_ok(), "sni-router reloaded with the route to both replicas", "SIGHUP");
+
+    let (crt, key) = ca.client(HA_CLUSTER)?.write(dir.path(), "agent-shoot-b")?;
+    let agent_yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {HA_NAME} }}\n  allow: [127.0.0.0/8]\n  reconnect: {{ initial: 100ms, max: 1s }}\n",
+        rc.tunnel,
+        crt.display(),
+        key.display(),
+        ca.write(dir.path(), "ca")?.display()
+    );
+    let started = std::time::Instant::now();
+    let (agent, a) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-ha.yaml", &agent_yaml)?, &[]).await?;
+    procs.push(agent);
+    let agent_admin = a.admin()?;
+    let tunnel_line = |want: &'static str| async move {
+        poll_until(Duration::from_secs(15), Duration::from_millis(20), || async {
+            let (_, body) = http_get(agent_admin, "/readyz?verbose").await?;
+            let line = body.lines().find(|l| l.contains("tunnel-")).unwrap_or("").trim().to_owned();
+            anyhow::ensure!(line.contains(want), "{line}");
+            Ok(line)
+        })
+        .await
+    };
+    match tunnel_line("connected: 2 of 2 replicas").await {
+        Ok(line) => r.check(true, "agent /readyz?verbose", &format!("{line}  ({:?} after start)", started.elapsed())),
+        Err(e) => r.check(false, "agent /readyz?verbose", &format!("{e:#}")),
+    }
+    for (i, (_, egress, _)) in replicas.iter().enumerate() {
+        match connect_through(*egress, tw.kubelet.addr(), ca).await {
+            Ok((status, body)) => r.check(
+                status.contains(" 200 ") && body.contains("backend=kubelet "),
+                &format!("dial through ha-{i}"),
+                &format!("{status} -- {body}"),
+            ),
+            Err(e) => r.check(false, &format!("dial through ha-{i}"), &format!("{e:#}")),
+        }
+    }
+
+    // A rolling restart of ha-0: it announces "draining", the agent reports the degradation,
+    // and reaches the new ha-0 once it listens again.
+    let (mut old, _, _) = replicas.remove(0);
+    old.signal(libc::SIGTERM)?;
+    match tunnel_line("degraded").await {
+        Ok(line) => r.check(true, "ha-0 got SIGTERM: agent", &line),
+        Err(e) => r.check(false, "ha-0 got SIGTERM: agent", &format!("{e:#}")),
+    }
+    let exited = old.wait_exit(Duration::from_secs(10)).await;
+    r.check(exited.is_some_and(|s| s.success()), "ha-0 drained and exited", &format!("{exited:?}"));
+    let restarted = std::time::Instant::now();
+    let (new0, egress0, admin0) = start_ha_replica(dir, bins, ca, 0, ports[0]).await?;
+    procs.push(new0);
+    match tunnel_line("connected: 2 of 2 replicas").await {
+        Ok(line) => {
+            r.check(true, "new ha-0 started: agent", &format!("{line}  ({:?} after start)", restarted.elapsed()))
+        }
+        Err(e) => r.check(false, "new ha-0 started: agent", &format!("{e:#}")),
+    }
+    let ready = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let (code, _) = http_get(admin0, "/readyz").await?;
+        anyhow::ensure!(code == 200, "{code}");
+        Ok(())
+    })
+    .await;
+    r.check(ready.is_ok(), "new ha-0 /readyz", &format!("200 after {:?}", restarted.elapsed()));
+    match connect_through(egress0, tw.kubelet.addr(), ca).await {
+        Ok((status, body)) => r.check(
+            status.contains(" 200 ") && body.contains("backend=kubelet "),
+            "dial through the new ha-0",
+            &format!("{status} -- {body}"),
+        ),
+        Err(e) => r.check(false, "dial through the new ha-0", &format!("{e:#}")),
+    }
+    for (p, _, _) in replicas {
+        procs.push(p);
     }
     Ok(())
 }
