@@ -214,6 +214,7 @@ impl Service for Server {
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
         checks.push(self.shared.pending.readiness());
+        checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
             let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");

@@ -48,6 +48,21 @@ impl Replica {
         self.info.lock().expect("not poisoned").clone()
     }
 
+    /// The `/readyz?verbose` line: what this replica announces (always passes).
+    pub fn check(&self, cfg: &ServerConfig) -> proxy_core::admin::Check {
+        let i = self.info();
+        let from = match &cfg.agents.peers {
+            Some(p) => format!("from agents.peers {p}"),
+            None => "agents.server_count".to_owned(),
+        };
+        let draining = if i.draining { ", draining" } else { "" };
+        proxy_core::admin::Check::new(
+            "replica",
+            true,
+            format!("id {}, announcing {} replicas ({from}){draining}", i.id, i.count),
+        )
+    }
+
     /// Tell a session just registered who we are.
     pub fn announce_to(&self, shared: &Shared, s: &crate::registry::Session) {
         let info = self.info.lock().expect("not poisoned");

@@ -177,6 +177,8 @@ async fn agent_reaches_every_replica_and_finds_a_replacement_after_a_kill() -> a
         let m = metrics(r.admin()).await?;
         assert_eq!(metric_value(&m, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]), Some(1.0));
         assert_eq!(metric_value(&m, "seedgate_server_replicas_expected", &[]), Some(3.0), "{m}");
+        let (_, body) = http_get(r.admin(), "/readyz?verbose").await?;
+        assert!(body.contains(&format!("replica ok: id r{i}, announcing 3 replicas (agents.server_count)")), "{body}");
     }
     let (code, body) = http_get(agent_admin, "/readyz?verbose").await?;
     assert_eq!(code, 200, "{body}");
@@ -357,6 +359,8 @@ async fn the_count_follows_a_peers_name() -> anyhow::Result<()> {
     for r in &replicas {
         let m = metrics(r.admin()).await?;
         assert_eq!(metric_value(&m, "seedgate_server_peers_resolved", &[]), Some(2.0), "{m}");
+        let (_, body) = http_get(r.admin(), "/readyz?verbose").await?;
+        assert!(body.contains("announcing 2 replicas (from agents.peers peers.seed.test:8132)"), "{body}");
     }
 
     write_peers(&hosts, 3)?;
