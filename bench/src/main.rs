@@ -57,6 +57,10 @@ enum Cmd {
     /// PROXY v2, CONNECT, tunnel CONNECT, forward proxy): open fds, tokio tasks and RSS of each
     /// seedgate process before and after.
     Leak,
+    /// proxy-server replicas behind one sni-router route and one proxy-agent: time from a
+    /// replica's start to the agent's first session (after a SIGKILL), and the CONNECT success
+    /// rate while every replica is restarted in turn (seedgate only).
+    Ha,
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         Cmd::Reload => vec![Scenario::Reload],
         Cmd::Slowloris => vec![Scenario::Slowloris],
         Cmd::Leak => vec![Scenario::Leak],
+        Cmd::Ha => vec![Scenario::Ha],
         Cmd::Soak => vec![Scenario::Soak],
     };
     scenarios::main(cli.opts, which)

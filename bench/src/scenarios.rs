@@ -6,6 +6,7 @@
 //! repeat 2, ...) so that drift in the machine's state spreads over all systems alike.
 
 mod connect;
+mod ha;
 mod idle_memory;
 mod leak;
 mod proxy_protocol;
@@ -88,12 +89,13 @@ pub enum Scenario {
     Reload,
     Slowloris,
     Leak,
+    Ha,
     Soak,
 }
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -103,6 +105,7 @@ impl Scenario {
         Self::Reload,
         Self::Slowloris,
         Self::Leak,
+        Self::Ha,
     ];
 
     pub fn name(self) -> &'static str {
@@ -116,6 +119,7 @@ impl Scenario {
             Self::Reload => "reload",
             Self::Slowloris => "slowloris",
             Self::Leak => "leak",
+            Self::Ha => "ha",
             Self::Soak => "soak",
         }
     }
@@ -152,6 +156,14 @@ pub struct Scale {
     /// Length and offered rate (connections/s) of the soak scenario.
     pub soak_minutes: f64,
     pub soak_rate: f64,
+    /// ha: replica kills timed (replica start → first agent session), rolling restarts, the
+    /// CONNECTs/s the client offers during a roll, streams held open on each stopped replica,
+    /// and the replicas' drain_grace.
+    pub ha_kills: usize,
+    pub ha_rolls: usize,
+    pub ha_rate: f64,
+    pub ha_live_streams: usize,
+    pub ha_drain_grace: Duration,
 }
 
 impl Scale {
@@ -178,6 +190,11 @@ impl Scale {
             settle_max: Duration::from_secs(if s { 15 } else { 60 }),
             soak_minutes: o.soak_minutes.unwrap_or(if s { 0.2 } else { 10.0 }).max(0.0),
             soak_rate: o.soak_rate.unwrap_or(200.0),
+            ha_kills: o.repeats.unwrap_or(if s { 2 } else { 5 }).max(1),
+            ha_rolls: o.repeats.unwrap_or(if s { 1 } else { 5 }).max(1),
+            ha_rate: if s { 20.0 } else { 100.0 },
+            ha_live_streams: if s { 3 } else { 10 },
+            ha_drain_grace: Duration::from_secs(if s { 1 } else { 2 }),
         }
     }
 }
@@ -329,6 +346,7 @@ async fn run_async(
                 Scenario::Reload => reload::run(&ctx, &mut res).await,
                 Scenario::Slowloris => slowloris::run(&ctx, &mut res).await,
                 Scenario::Leak => leak::run(&ctx, &mut res).await,
+                Scenario::Ha => ha::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,
             }
         };

@@ -391,8 +391,9 @@ impl SlotCtx {
         if good {
             Some(c)
         } else {
-            tracing::debug!(server = %self.label, id = ?info.map(|i| i.id), "replacement reached a replica already held or draining; trying again later");
-            retire(&self.label, c, Some(Duration::from_secs(1)));
+            tracing::debug!(server = %self.label, id = ?info.as_ref().map(|i| &i.id), "replacement reached a replica already held or draining; trying again later");
+            c.seen.info = info;
+            retire(&self.label, c, Some(Duration::from_secs(1)), "replacement candidate not kept; closing it");
             None
         }
     }
@@ -401,9 +402,10 @@ impl SlotCtx {
 /// End a replaced session make-before-break: GOAWAY now (the seed can open no new stream on
 /// it), let its streams finish for `drain` (or until the server ends them, with `None`), then
 /// end what is left and close it.
-fn retire(label: &str, old: Live, drain: Option<Duration>) {
+fn retire(label: &str, old: Live, drain: Option<Duration>, why: &'static str) {
     let label = label.to_owned();
-    tracing::info!(server = %label, target = %old.target, peer = %old.peer, drain = ?drain, "tunnel session replaced; draining the old one");
+    let id = old.seen.info.as_ref().map(|i| i.id.clone()).unwrap_or_default();
+    tracing::info!(server = %label, target = %old.target, peer = %old.peer, %id, drain = ?drain, "{why}");
     old.stop.cancel();
     tokio::spawn(async move {
         let mut done = old.done;
@@ -421,7 +423,7 @@ fn retire(label: &str, old: Live, drain: Option<Duration>) {
                 done.abort();
             }
         }
-        tracing::info!(server = %label, target = %old.target, "old tunnel session closed");
+        tracing::info!(server = %label, target = %old.target, %id, "retired tunnel session closed");
     });
 }
 
@@ -566,7 +568,7 @@ async fn slot_loop(
                 }
                 if !ctx.observe(cur) {
                     let dup = live.take().expect("live");
-                    retire(&label, dup, Some(cfg.rehome_drain.get()));
+                    retire(&label, dup, Some(cfg.rehome_drain.get()), "closing the duplicate session");
                     ctx.lost("closed a duplicate session; dialing again");
                     target = configured.clone();
                     probe.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get().min(PROBE_MAX));
@@ -601,7 +603,7 @@ async fn slot_loop(
                         probe.reset();
                         let old = live.replace(new).expect("live");
                         // The draining replica ends the old session's streams at its own deadline.
-                        retire(&label, old, None);
+                        retire(&label, old, None, "replica draining: replaced; its streams finish there");
                         target = configured.clone();
                         let cur = live.as_mut().expect("live");
                         ctx.replicas.down(slot, "re-homing");
@@ -655,7 +657,7 @@ async fn rehome(ctx: &SlotCtx, live: &mut Option<Live>, next: HostPort, drain: O
     match ctx.connect(&next, true).await {
         Ok(new) => {
             if let Some(old) = live.replace(new) {
-                retire(&ctx.label, old, drain);
+                retire(&ctx.label, old, drain, "tunnel session replaced; draining the old one");
             }
             ctx.replicas.down(ctx.slot, "re-homing");
             Some(next)

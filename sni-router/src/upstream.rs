@@ -84,6 +84,20 @@ pub fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstrea
 }
 
 /// A connected upstream.
+/// Longest a refused upstream is tried last. A refusal (the host answered with a reset, as while
+/// a process restarts) costs the next client one round trip, not a connect timeout, so the
+/// upstream is retried soon: a restarted replica gets its connections back within a second,
+/// not after the whole `upstream_eject`.
+const REFUSED_EJECT: Duration = Duration::from_secs(1);
+
+/// How long an upstream that failed with `kind` is tried last.
+fn eject_for(kind: ConnectFailure, eject: Duration) -> Duration {
+    match kind {
+        ConnectFailure::Refused => eject.min(REFUSED_EJECT),
+        _ => eject,
+    }
+}
+
 pub struct Connected {
     pub stream: TcpStream,
     pub addr: SocketAddr,
@@ -119,7 +133,7 @@ pub async fn connect(
                 let kind = ConnectFailure::classify(&e);
                 on_attempt(started.elapsed(), Some(kind));
                 tracing::debug!(upstream = %up.addr, error = %e, "upstream connect failed");
-                up.eject(eject);
+                up.eject(eject_for(kind, eject));
                 last = AllFailed { last: kind, detail: format!("{}: {e}", up.addr) };
             }
         }
@@ -171,6 +185,15 @@ mod tests {
         assert_eq!(order.iter().map(|x| x.addr.port).collect::<Vec<_>>(), vec![1001, 1000]);
         u[1].eject(Duration::from_secs(60));
         assert_eq!(attempt_order(&u, Balance::LeastConnections).len(), 2);
+    }
+
+    #[test]
+    fn a_refused_upstream_is_skipped_briefly_a_silent_one_for_the_whole_eject() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(eject_for(ConnectFailure::Refused, ten), REFUSED_EJECT);
+        assert_eq!(eject_for(ConnectFailure::Refused, Duration::from_millis(200)), Duration::from_millis(200));
+        assert_eq!(eject_for(ConnectFailure::Timeout, ten), ten);
+        assert_eq!(eject_for(ConnectFailure::Unreachable, ten), ten);
     }
 
     #[test]
