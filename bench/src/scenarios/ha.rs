@@ -759,8 +759,9 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
              replica whose /readyz answered 200 at its latest check (every {} ms, a separate task), writes {} bytes and reads \
              them back; the roller takes a replica out of the client's set, waits until no CONNECT through it awaits its \
              answer, sends SIGTERM, waits for the exit, starts a new one on the same port and puts it back once /readyz is \
-             200; r0, r1, r2 in turn, with {} s of calm before and after; sni-router keeps its default upstream_eject (10 s: \
-             an upstream that refused a connect is tried last for that long). Replica start → /readyz 200 in ms, per roll: \
+             200; r0, r1, r2 in turn, with {} s of calm before and after; sni-router keeps its default upstream_eject (10 s; \
+             an upstream that refused a connect, as a stopped replica's port does, is tried last for at most 1 s, \
+             which bounds how long the first replica of each roll waits for its agents). Replica start → /readyz 200 in ms, per roll: \
              {}. In all: {} dials, {} failed ({:.3}% succeeded; \
              failed by replica {:?}), {} ticks found no ready replica; failure reasons: {reasons}",
             s.ha_rolls,
