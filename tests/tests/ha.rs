@@ -152,6 +152,30 @@ async fn ready(admin: SocketAddr) -> bool {
     matches!(http_get(admin, "/readyz").await, Ok((200, _)))
 }
 
+/// Three replicas with `server_count: 3` behind the gateway, an echo backend on the seed's veth
+/// address, and the agent in the shoot holding a session to each.
+struct Three {
+    agent: Proc,
+    agent_admin: SocketAddr,
+    replicas: Vec<Replica>,
+    echo: TcpEcho,
+    seed: Seed,
+    _shoot: Shoot,
+}
+
+async fn three_replicas(net: u8, label: &str) -> anyhow::Result<Three> {
+    let shoot = make_shoot(net)?;
+    let seed = start_seed(label, 3, &shoot.seed_ip).await?;
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(start_replica(&seed, i, "  server_count: 3\n", None).await?);
+    }
+    let echo = TcpEcho::start_on(format!("{}:0", shoot.seed_ip).parse()?).await?;
+    let (agent, agent_admin) = start_shoot_agent(&seed, &shoot, &format!("{}/32", shoot.seed_ip)).await?;
+    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    Ok(Three { agent, agent_admin, replicas, echo, seed, _shoot: shoot })
+}
+
 /// Three replicas behind the gateway: the agent, knowing one name, reaches all three within
 /// seconds; a CONNECT through every replica succeeds; its readiness names the replicas. Then a
 /// replica is SIGKILLed and another started in its place: the agent reaches it by itself.
@@ -160,15 +184,8 @@ async fn agent_reaches_every_replica_and_finds_a_replacement_after_a_kill() -> a
     if !require_root() {
         return Ok(());
     }
-    let shoot = make_shoot(1)?;
-    let seed = start_seed("ha-reach", 3, &shoot.seed_ip).await?;
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        replicas.push(start_replica(&seed, i, "  server_count: 3\n", None).await?);
-    }
-    let echo = TcpEcho::start_on(format!("{}:0", shoot.seed_ip).parse()?).await?;
-    let (agent, agent_admin) = start_shoot_agent(&seed, &shoot, &format!("{}/32", shoot.seed_ip)).await?;
-    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    let w = three_replicas(1, "ha-reach").await?;
+    let (seed, mut replicas, echo, agent, agent_admin) = (&w.seed, w.replicas, &w.echo, &w.agent, w.agent_admin);
     for (i, r) in replicas.iter().enumerate() {
         wait_agents(r.admin(), CLUSTER, 1.0).await.with_context(|| format!("replica {i}:\n{}", r.proc.log()))?;
         echo_through(&r.egress(), echo.addr(), format!("via replica {i}").as_bytes())
@@ -194,9 +211,9 @@ async fn agent_reaches_every_replica_and_finds_a_replacement_after_a_kill() -> a
     })
     .await?;
     // A new replica in its place (same port, the same id as a StatefulSet pod would have).
-    replicas[1] = start_replica(&seed, 1, "  server_count: 3\n", None).await?;
+    replicas[1] = start_replica(seed, 1, "  server_count: 3\n", None).await?;
     wait_agents(replicas[1].admin(), CLUSTER, 1.0).await.with_context(|| format!("agent log:\n{}", agent.log()))?;
-    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    wait_agent_sessions(agent_admin, 3.0, agent).await?;
     echo_through(&replicas[1].egress(), echo.addr(), b"via the replacement").await?;
     // Every replica has exactly one session of the agent: duplicates were closed.
     for r in &replicas {
@@ -213,15 +230,8 @@ async fn a_rolling_restart_fails_no_dial_and_ends_live_streams_cleanly() -> anyh
     if !require_root() {
         return Ok(());
     }
-    let shoot = make_shoot(2)?;
-    let seed = start_seed("ha-roll", 3, &shoot.seed_ip).await?;
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        replicas.push(start_replica(&seed, i, "  server_count: 3\n", None).await?);
-    }
-    let echo = TcpEcho::start_on(format!("{}:0", shoot.seed_ip).parse()?).await?;
-    let (agent, agent_admin) = start_shoot_agent(&seed, &shoot, &format!("{}/32", shoot.seed_ip)).await?;
-    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    let w = three_replicas(2, "ha-roll").await?;
+    let (seed, mut replicas, echo, agent, agent_admin) = (&w.seed, w.replicas, &w.echo, &w.agent, w.agent_admin);
 
     // The client: front ends and admin ports of the replicas in service. The roller takes a
     // replica out (as an endpoints controller does when a pod terminates) before signalling it;
@@ -286,13 +296,13 @@ async fn a_rolling_restart_fails_no_dial_and_ends_live_streams_cleanly() -> anyh
         assert!(end.is_ok(), "stream ended with an error, not EOF: {end:?}");
         replicas[i].proc.wait_exit(STEP).await.context("replica did not exit after its drain")?;
         let old_log = replicas[i].proc.log();
-        replicas[i] = start_replica(&seed, i, "  server_count: 3\n", None).await?;
+        replicas[i] = start_replica(seed, i, "  server_count: 3\n", None).await?;
         wait_agents(replicas[i].admin(), CLUSTER, 1.0)
             .await
             .with_context(|| format!("old replica log:\n{old_log}\nagent log:\n{}", agent.log()))?;
         in_service.lock().await[i] = Some((replicas[i].addrs.listener("egress")?, replicas[i].admin()));
     }
-    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    wait_agent_sessions(agent_admin, 3.0, agent).await?;
     // Let the client go through every restarted replica at least once more.
     let before = ok.load(Ordering::Relaxed);
     poll_until(STEP, Duration::from_millis(20), || async {
