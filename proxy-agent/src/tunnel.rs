@@ -243,6 +243,8 @@ struct Live {
     state: watch::Receiver<SessionState>,
     /// The part of `state` the slot has acted on.
     seen: SessionState,
+    /// The handler (the sender of `state`) is dropped: nothing more will change.
+    handler_gone: bool,
     /// Not the slot's first attempt: its outcome counts as a reconnect.
     reconnect: bool,
 }
@@ -321,6 +323,7 @@ impl SlotCtx {
             since: Instant::now(),
             state,
             seen: SessionState::default(),
+            handler_gone: false,
             reconnect,
         })
     }
@@ -562,15 +565,18 @@ async fn slot_loop(
                     _ = tokio::time::sleep(wait) => {}
                 }
             }
-            r = cur.state.changed() => {
+            r = cur.state.changed(), if !cur.handler_gone => {
                 if r.is_err() {
+                    // The session task is ending: its `done` branch follows.
+                    cur.handler_gone = true;
                     continue;
                 }
                 if !ctx.observe(cur) {
                     let dup = live.take().expect("live");
                     retire(&label, dup, Some(cfg.rehome_drain.get()), "closing the duplicate session");
+                    // Dial the same place again (a move target stays the target: behind it is the
+                    // replica set the slot was sent to); a failed connect falls back to the name.
                     ctx.lost("closed a duplicate session; dialing again");
-                    target = configured.clone();
                     probe.set_bounds(cfg.reconnect.initial.get(), cfg.reconnect.max.get().min(PROBE_MAX));
                     let wait = probe.next_wait();
                     tokio::select! {
