@@ -296,6 +296,34 @@ impl HelloParser {
     }
 }
 
+/// Reads a ClientHello from the handshake stream itself, without TLS record framing: what QUIC
+/// carries in CRYPTO frames (RFC 9001 §4). `msg` is the contiguous prefix of the stream received
+/// so far; `max_len` caps the whole handshake message (4-byte header included).
+///
+/// Stateless (the caller keeps the bytes): a hello is parsed once, when it is all there, and the
+/// length check before that costs nothing per call. `len` of the result is the message length;
+/// `records` is 0 (there are none).
+pub fn parse_handshake_message(msg: &[u8], max_len: usize) -> Result<Status, HelloError> {
+    if let Some(&ty) = msg.first()
+        && ty != HANDSHAKE_CLIENT_HELLO
+    {
+        return Err(HelloError::Malformed("handshake type"));
+    }
+    let Some(&[_, a, b, c]) = msg.first_chunk::<HANDSHAKE_HEADER_LEN>() else {
+        return Ok(Status::Incomplete);
+    };
+    let total = HANDSHAKE_HEADER_LEN.saturating_add((usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c));
+    if total > max_len {
+        return Err(HelloError::TooLarge);
+    }
+    let Some(body) = msg.get(HANDSHAKE_HEADER_LEN..total) else {
+        return Ok(Status::Incomplete);
+    };
+    let mut info = parse_client_hello(body)?;
+    info.len = total;
+    Ok(Status::Complete(info))
+}
+
 /// Bounds-checked cursor; every read names the field so errors say what was wrong.
 struct Reader<'a> {
     rest: &'a [u8],

@@ -1,4 +1,4 @@
-//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello, PROXY protocol, HTTP/1.x heads, control lines), with no async runtime.
+//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads, control lines), with no async runtime.
 
 pub mod client_hello;
 #[doc(hidden)]
@@ -6,3 +6,4 @@ pub mod fuzzing;
 pub mod http_head;
 pub mod lines;
 pub mod proxy_protocol;
+pub mod quic_initial;
