@@ -31,6 +31,9 @@ default_fn! {
     connect_head_max_default: usize = 8 * 1024;
     proxy_depth_default: u8 = 2;
     eject_default: Dur = Dur::secs(10);
+    udp_idle_default: Dur = Dur::secs(30);
+    udp_flows_default: usize = 10_000;
+    udp_socket_buffer_default: usize = 4 * 1024 * 1024;
 }
 admin_or_null!();
 
@@ -72,6 +75,10 @@ pub struct Timeouts {
     /// A proxied connection with no byte in either direction for this long is closed.
     #[serde(default = "idle_default")]
     pub idle: Dur,
+    /// A UDP flow (QUIC routed by SNI) with no datagram in either direction for this long is
+    /// forgotten; the client's next datagram must then be a new Initial.
+    #[serde(default = "udp_idle_default")]
+    pub udp_idle: Dur,
 }
 
 impl Default for Timeouts {
@@ -81,6 +88,7 @@ impl Default for Timeouts {
             handshake_floor: handshake_floor_default(),
             connect: connect_default(),
             idle: idle_default(),
+            udp_idle: udp_idle_default(),
         }
     }
 }
@@ -115,6 +123,14 @@ pub struct Limits {
     /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
     #[serde(default = "proxy_depth_default")]
     pub proxy_protocol_depth: u8,
+    /// UDP flows (one per client address) the whole process holds, routed or still waiting for
+    /// their ClientHello; when full, Initials of new clients are dropped (and counted).
+    #[serde(default = "udp_flows_default")]
+    pub udp_flows: usize,
+    /// SO_RCVBUF / SO_SNDBUF asked for each UDP socket (listener and per-flow upstream
+    /// sockets), in bytes; the kernel may grant less (`net.core.rmem_max`), which is logged.
+    #[serde(default = "udp_socket_buffer_default")]
+    pub udp_socket_buffer: usize,
 }
 
 impl Default for Limits {
@@ -128,6 +144,8 @@ impl Default for Limits {
             client_hello_max: client_hello_max_default(),
             connect_head_max: connect_head_max_default(),
             proxy_protocol_depth: proxy_depth_default(),
+            udp_flows: udp_flows_default(),
+            udp_socket_buffer: udp_socket_buffer_default(),
         }
     }
 }
@@ -170,11 +188,24 @@ pub enum ConnectUnmatched {
     Redirect,
 }
 
+/// What a listener accepts.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerProtocol {
+    /// TLS (routed by SNI), PROXY protocol, HTTP CONNECT.
+    #[default]
+    Tcp,
+    /// QUIC, routed by the SNI of the ClientHello in the client's Initial packets.
+    Udp,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Listener {
     pub name: Located<String>,
     pub listen: HostPort,
+    #[serde(default, deserialize_with = "null_is_default")]
+    pub protocol: ListenerProtocol,
     #[serde(default, deserialize_with = "null_is_default")]
     pub proxy_protocol: ProxyProtocolMode,
     /// Peers allowed to send PROXY headers (CIDRs on the TCP peer address).
@@ -247,7 +278,7 @@ impl RouterConfig {
         Vec::new()
     }
 
-    /// None: the router listens on TCP only.
+    /// None: the router listens on TCP and UDP only.
     pub fn unix_sockets(&self) -> Vec<(String, String)> {
         Vec::new()
     }
@@ -282,8 +313,8 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
         if !listener_names.insert(l.name.value.clone()) {
             p.push(l.name.at(), format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
         }
-        // Port 0 (the kernel picks one) never collides.
-        if l.listen.port != 0 && !addrs.insert(l.listen.clone()) {
+        // Port 0 (the kernel picks one) never collides; TCP and UDP on one port do not either.
+        if l.listen.port != 0 && !addrs.insert((l.protocol, l.listen.clone())) {
             p.push(l.name.at(), format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
         }
         validate_listener(l, &lf, p);
@@ -293,6 +324,7 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
         ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
         ("timeouts.connect", cfg.timeouts.connect),
         ("timeouts.idle", cfg.timeouts.idle),
+        ("timeouts.udp_idle", cfg.timeouts.udp_idle),
     ] {
         if d.get().is_zero() {
             p.push((0, 0), name, "must be positive");
@@ -326,6 +358,28 @@ fn validate_limits(l: &Limits, p: &mut Problems) {
     if l.proxy_protocol_depth == 0 || l.proxy_protocol_depth > 4 {
         p.push((0, 0), "limits.proxy_protocol_depth", "must be between 1 and 4");
     }
+    if l.udp_flows == 0 || l.udp_flows > 1_000_000 {
+        p.push((0, 0), "limits.udp_flows", "must be between 1 and 1000000");
+    }
+    if l.udp_socket_buffer < 64 * 1024 || l.udp_socket_buffer > 256 * 1024 * 1024 {
+        p.push((0, 0), "limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes");
+    }
+}
+
+/// What a route of a UDP listener may not have: it routes QUIC by SNI only. Each entry is the
+/// offending key (relative to the route) and why.
+fn udp_route_problems(r: &Route) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    if !r.destination.is_empty() {
+        out.push(("destination", "a udp listener routes by SNI only (there is no PROXY header on QUIC)"));
+    }
+    if r.connect.is_some() {
+        out.push(("connect", "a udp listener routes by SNI only (there is no CONNECT on QUIC)"));
+    }
+    if r.send_proxy_protocol != SendProxy::Off {
+        out.push(("send_proxy_protocol", "a udp listener relays datagrams and cannot send PROXY headers"));
+    }
+    out
 }
 
 fn valid_name(s: &str) -> bool {
@@ -354,6 +408,24 @@ fn validate_listener(l: &Listener, lf: &str, p: &mut Problems) {
     }
     if l.max_connections == Some(0) {
         p.push(l.name.at(), format!("{lf}.max_connections"), "must be at least 1");
+    }
+    if l.protocol == ListenerProtocol::Udp {
+        let at = l.name.at();
+        if l.proxy_protocol != ProxyProtocolMode::Off || !l.trusted_proxies.is_empty() {
+            p.push(at, format!("{lf}.proxy_protocol"), "a udp listener takes no PROXY protocol; set it off");
+        }
+        if l.max_connections.is_some() {
+            p.push(
+                at,
+                format!("{lf}.max_connections"),
+                "a udp listener has flows, not connections: see limits.udp_flows",
+            );
+        }
+        for (ri, r) in l.routes.iter().enumerate() {
+            for (key, why) in udp_route_problems(r) {
+                p.push(r.name.at(), format!("{lf}.routes[{ri}].{key}"), why);
+            }
+        }
     }
     let mut seen = Seen::default();
     for (ri, r) in l.routes.iter().enumerate() {
@@ -473,6 +545,7 @@ pub struct Claims {
 
 #[derive(Debug, Default, Clone)]
 struct ListenerClaims {
+    udp: bool,
     names: HashMap<String, Arc<str>>,
     snis: HashMap<String, Arc<str>>,
     dests: HashMap<CidrPort, Arc<str>>,
@@ -497,6 +570,7 @@ impl Claims {
         let mut c = Self::default();
         for l in &cfg.listeners {
             let lc = c.listeners.entry(l.name.value.clone()).or_default();
+            lc.udp = l.protocol == ListenerProtocol::Udp;
             for r in &l.routes {
                 lc.add(r, &owner);
             }
@@ -516,6 +590,11 @@ impl Claims {
                 p.push(l.at(), format!("{rf}.listener"), format!("no listener named {:?}", l.value));
                 continue;
             };
+            if lc.udp {
+                for (key, why) in udp_route_problems(r) {
+                    p.push(at, format!("{rf}.{key}"), format!("listener {:?} is udp: {why}", **l));
+                }
+            }
             let other = |o: Option<&Arc<str>>| o.filter(|o| &***o != file).cloned();
             if let Some(o) = other(lc.names.get(r.name.as_str())) {
                 p.push(
@@ -735,6 +814,54 @@ listeners:
             "listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    routes:\n      - name: r\n        listener: a\n        sni: [a.example]\n        upstreams: [x:1]\n",
         );
         assert!(e.iter().any(|p| p.contains("routes[0].listener: only routes in the files")), "{e:?}");
+    }
+
+    #[test]
+    fn udp_listeners_default_keys_and_bounds() {
+        let c = parse("listeners: [{ name: a, listen: 127.0.0.1:1 }]\n", "f.yaml").unwrap();
+        assert_eq!(c.listeners[0].protocol, ListenerProtocol::Tcp);
+        assert_eq!((c.limits.udp_flows, c.limits.udp_socket_buffer), (10_000, 4 * 1024 * 1024));
+        assert_eq!(c.timeouts.udp_idle, Dur::secs(30));
+        // TCP and UDP on the same port are two listeners, not a collision.
+        let y = "limits: { udp_flows: 5, udp_socket_buffer: 65536 }\ntimeouts: { udp_idle: 2m }\nlisteners:\n  - { name: t, listen: 127.0.0.1:443 }\n  - name: q\n    listen: 127.0.0.1:443\n    protocol: udp\n    default_route: d\n    routes:\n      - { name: r, sni: [a.example], upstreams: [x:443], allowed_sources: [10.0.0.0/8] }\n      - { name: d, upstreams: [y:443] }\n";
+        let c = parse(y, "f.yaml").unwrap();
+        assert_eq!(c.listeners[1].protocol, ListenerProtocol::Udp);
+        assert_eq!((c.limits.udp_flows, c.limits.udp_socket_buffer), (5, 65536));
+        assert_eq!(c.timeouts.udp_idle, Dur::secs(120));
+        let e = problems(
+            "limits: { udp_flows: 0, udp_socket_buffer: 1000 }\ntimeouts: { udp_idle: 0s }\nlisteners: [{ name: a, listen: 127.0.0.1:1 }]\n",
+        );
+        for key in ["limits.udp_flows", "limits.udp_socket_buffer", "timeouts.udp_idle"] {
+            assert!(e.iter().any(|p| p.contains(key)), "{key}: {e:#?}");
+        }
+        let e = problems("listeners:\n  - { name: a, listen: 127.0.0.1:1, protocol: sctp }\n");
+        assert!(e[0].contains("unknown variant"), "{e:?}");
+        let e = problems(
+            "listeners:\n  - { name: a, listen: 127.0.0.1:1, protocol: udp }\n  - { name: b, listen: 127.0.0.1:1, protocol: udp }\n",
+        );
+        assert!(e.iter().any(|p| p.contains("listeners[1].listen")), "{e:?}");
+    }
+
+    #[test]
+    fn udp_listeners_refuse_what_quic_cannot_carry() {
+        let y = "listeners:\n  - name: q\n    listen: 127.0.0.1:1\n    protocol: udp\n    proxy_protocol: required\n    trusted_proxies: [10.0.0.0/8]\n    max_connections: 5\n    routes:\n      - name: d\n        destination: [10.1.2.3:443]\n        upstreams: [x:1]\n      - name: c\n        connect: { authority: ['k:443'] }\n        upstreams: [x:1]\n      - name: p\n        sni: [p.example]\n        send_proxy_protocol: v2\n        upstreams: [x:1]\n";
+        let e = problems(y);
+        for key in [
+            "listeners[0].proxy_protocol: a udp listener takes no PROXY protocol",
+            "listeners[0].max_connections: a udp listener has flows",
+            "f.yaml:9:15: listeners[0].routes[0].destination: a udp listener routes by SNI only",
+            "listeners[0].routes[1].connect: a udp listener routes by SNI only",
+            "listeners[0].routes[2].send_proxy_protocol",
+        ] {
+            assert!(e.iter().any(|p| p.contains(key)), "{key}: {e:#?}");
+        }
+        // Route files: checked against the listener's protocol.
+        let main = parse("listeners:\n  - { name: q, listen: 127.0.0.1:1, protocol: udp }\n", "router.yaml").unwrap();
+        let claims = Claims::of_config(&main, "router.yaml");
+        let f = "routes:\n  - { listener: q, name: a, sni: [a.example], upstreams: [x:1] }\n  - { listener: q, name: b, destination: [10.0.0.1:443], upstreams: [x:1] }\n";
+        let e = claims.check(&parse_route_file(f, "a.yaml").unwrap(), "a.yaml").unwrap_err().to_string();
+        assert!(e.contains("routes[1].destination: listener \"q\" is udp: a udp listener routes by SNI only"), "{e}");
+        assert!(!e.contains("routes[0]"), "{e}");
     }
 
     #[test]
