@@ -530,10 +530,93 @@ pub fn looks_like_initial(datagram: &[u8]) -> Result<(), InitialError> {
     }
 }
 
+/// Client Initials built as a client would, for tests here and in the router's: not part of
+/// the API.
+#[doc(hidden)]
+pub mod build {
+    use super::{MIN_INITIAL_DATAGRAM, TAG_LEN, VERSION_2, rustls_version};
+    use rustls::quic::Keys;
+    use rustls::{Side, SupportedCipherSuite};
+
+    fn varint(v: u64) -> Vec<u8> {
+        match v {
+            0..=63 => vec![v as u8],
+            64..=16383 => (v as u16 | 0x4000).to_be_bytes().to_vec(),
+            _ => (v as u32 | 0x8000_0000).to_be_bytes().to_vec(),
+        }
+    }
+
+    /// Protects an Initial: `header` unprotected, ending in a 4-byte packet number `pn`, with
+    /// `payload` (frames) after it. `None` for an unsupported version or a header too short.
+    pub fn seal(version: u32, dcid: &[u8], header: &[u8], pn: u64, payload: &[u8]) -> Option<Vec<u8>> {
+        let SupportedCipherSuite::Tls13(suite) = rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256
+        else {
+            return None;
+        };
+        let keys = Keys::initial(rustls_version(version)?, suite, suite.quic?, dcid, Side::Client);
+        let mut body = payload.to_vec();
+        let tag = keys.local.packet.encrypt_in_place(pn, header, &mut body).ok()?;
+        let mut pkt = header.to_vec();
+        pkt.extend_from_slice(&body);
+        pkt.extend_from_slice(tag.as_ref());
+        let pn_offset = header.len().checked_sub(4)?;
+        let sample = pkt.get(pn_offset + 4..pn_offset + 20)?.to_vec();
+        let (head, pn_bytes) = pkt.split_at_mut(pn_offset);
+        keys.local.header.encrypt_in_place(&sample, head.first_mut()?, pn_bytes.get_mut(..4)?).ok()?;
+        Some(pkt)
+    }
+
+    /// A whole client Initial of `version` carrying `frames`, padded so the datagram is `size`
+    /// bytes (or not at all if the frames are longer).
+    pub fn client_initial(version: u32, dcid: &[u8], pn: u64, frames: &[u8], size: usize) -> Option<Vec<u8>> {
+        let type_bits = if version == VERSION_2 { 0x10 } else { 0x00 };
+        let mut header = vec![0xc3 | type_bits];
+        header.extend_from_slice(&version.to_be_bytes());
+        header.push(u8::try_from(dcid.len()).ok()?);
+        header.extend_from_slice(dcid);
+        header.push(0); // scid
+        header.push(0); // token
+        let fixed = header.len() + 2 + 4 + TAG_LEN;
+        let payload_len = size.saturating_sub(fixed).max(frames.len());
+        let mut payload = frames.to_vec();
+        payload.resize(payload_len, 0);
+        header.extend_from_slice(&(u16::try_from(payload_len + 4 + TAG_LEN).ok()? | 0x4000).to_be_bytes());
+        header.extend_from_slice(&(pn as u32).to_be_bytes());
+        seal(version, dcid, &header, pn, &payload)
+    }
+
+    /// A 1200-byte client Initial of QUIC v1.
+    pub fn initial_v1(dcid: &[u8], pn: u64, frames: &[u8]) -> Option<Vec<u8>> {
+        client_initial(super::VERSION_1, dcid, pn, frames, MIN_INITIAL_DATAGRAM)
+    }
+
+    /// A CRYPTO frame carrying `data` at `offset` of the stream.
+    pub fn crypto_frame(offset: usize, data: &[u8]) -> Vec<u8> {
+        let mut f = vec![0x06];
+        f.extend(varint(offset as u64));
+        f.extend(varint(data.len() as u64));
+        f.extend_from_slice(data);
+        f
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use super::build::crypto_frame;
     use super::*;
+
+    fn seal(version: u32, dcid: &[u8], header: &[u8], pn: u64, payload: &[u8]) -> Vec<u8> {
+        build::seal(version, dcid, header, pn, payload).unwrap()
+    }
+
+    fn initial(version: u32, dcid: &[u8], pn: u64, frames: &[u8]) -> Vec<u8> {
+        initial_sized(version, dcid, pn, frames, MIN_INITIAL_DATAGRAM)
+    }
+
+    fn initial_sized(version: u32, dcid: &[u8], pn: u64, frames: &[u8], size: usize) -> Vec<u8> {
+        build::client_initial(version, dcid, pn, frames, size).unwrap()
+    }
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.split_whitespace().collect();
@@ -558,65 +641,6 @@ mod tests {
     const A2_PROTECTED_SUFFIX: &str = "
         7e78bfe706ca4cf5e9c5453e9f7cfd2b8b4c8d169a44e55c88d4a9a7f9474241
         e221af44860018ab0856972e194cd934";
-
-    fn varint(v: u64) -> Vec<u8> {
-        match v {
-            0..=63 => vec![v as u8],
-            64..=16383 => (v as u16 | 0x4000).to_be_bytes().to_vec(),
-            _ => (v as u32 | 0x8000_0000).to_be_bytes().to_vec(),
-        }
-    }
-
-    /// Protects an Initial as a client would: `header` unprotected, ending in a 4-byte packet
-    /// number `pn`, with `payload` (frames) after it.
-    fn seal(version: u32, dcid: &[u8], header: &[u8], pn: u64, payload: &[u8]) -> Vec<u8> {
-        let SupportedCipherSuite::Tls13(suite) = rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256
-        else {
-            unreachable!()
-        };
-        let keys = Keys::initial(rustls_version(version).unwrap(), suite, suite.quic.unwrap(), dcid, Side::Client);
-        let mut body = payload.to_vec();
-        let tag = keys.local.packet.encrypt_in_place(pn, header, &mut body).unwrap();
-        let mut pkt = header.to_vec();
-        pkt.extend_from_slice(&body);
-        pkt.extend_from_slice(tag.as_ref());
-        let pn_offset = header.len() - 4;
-        let sample = pkt[pn_offset + 4..pn_offset + 20].to_vec();
-        let (head, pn_bytes) = pkt.split_at_mut(pn_offset);
-        keys.local.header.encrypt_in_place(&sample, &mut head[0], &mut pn_bytes[..4]).unwrap();
-        pkt
-    }
-
-    /// A whole client Initial of `version` carrying `frames`, padded so the datagram is 1200 bytes.
-    fn initial(version: u32, dcid: &[u8], pn: u64, frames: &[u8]) -> Vec<u8> {
-        initial_sized(version, dcid, pn, frames, MIN_INITIAL_DATAGRAM)
-    }
-
-    /// As [`initial`], padded to `size` bytes (or not at all if the frames are longer).
-    fn initial_sized(version: u32, dcid: &[u8], pn: u64, frames: &[u8], size: usize) -> Vec<u8> {
-        let type_bits = if version == VERSION_2 { 0x10 } else { 0x00 };
-        let mut header = vec![0xc3 | type_bits];
-        header.extend_from_slice(&version.to_be_bytes());
-        header.push(dcid.len() as u8);
-        header.extend_from_slice(dcid);
-        header.push(0); // scid
-        header.push(0); // token
-        let fixed = header.len() + 2 + 4 + TAG_LEN;
-        let payload_len = size.saturating_sub(fixed).max(frames.len());
-        let mut payload = frames.to_vec();
-        payload.resize(payload_len, 0);
-        header.extend_from_slice(&((payload_len + 4 + TAG_LEN) as u16 | 0x4000).to_be_bytes());
-        header.extend_from_slice(&(pn as u32).to_be_bytes());
-        seal(version, dcid, &header, pn, &payload)
-    }
-
-    fn crypto_frame(offset: usize, data: &[u8]) -> Vec<u8> {
-        let mut f = vec![0x06];
-        f.extend(varint(offset as u64));
-        f.extend(varint(data.len() as u64));
-        f.extend_from_slice(data);
-        f
-    }
 
     /// A ClientHello handshake message for `sni` with a padding extension of `pad` bytes.
     fn hello(sni: &str, pad: usize) -> Vec<u8> {
