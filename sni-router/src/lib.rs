@@ -1,4 +1,4 @@
-//! sni-router: the seed's ingress gateway. Routes TLS by SNI, PROXY-protocol destination or HTTP CONNECT header, without terminating TLS.
+//! sni-router: the seed's ingress gateway. Routes TLS by SNI, PROXY-protocol destination or HTTP CONNECT header, and QUIC by SNI, without terminating TLS or QUIC.
 //!
 //! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate adds
 //! the listeners and their routing tables. Reloads swap the tables atomically: new connections
@@ -8,6 +8,7 @@ mod conn;
 mod files;
 mod listeners;
 mod table;
+mod udp;
 mod upstream;
 
 use arc_swap::ArcSwap;
@@ -32,6 +33,7 @@ pub use proxy_core::app::Options;
 pub(crate) struct Metrics {
     pub(crate) conn: ConnMetrics,
     routes: IntGaugeVec,
+    pub(crate) udp: udp::UdpMetrics,
 }
 
 /// State every connection task can reach.
@@ -43,6 +45,8 @@ pub(crate) struct Shared {
     connections: Arc<Slots>,
     /// Connections accepted and not yet routed (`limits.max_pending` and friends).
     pub(crate) pending: Arc<Pending>,
+    /// UDP flows held by every UDP listener (`limits.udp_flows`).
+    pub(crate) udp_flows: Arc<udp::FlowBudget>,
 }
 
 /// The pending budget's settings in `cfg`.
@@ -84,7 +88,9 @@ fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
         metrics: Metrics {
             conn: ConnMetrics::new(reg),
             routes: metrics::gauge_vec(reg, "seedgate_routes", "Routes loaded, by listener.", &["listener"]),
+            udp: udp::UdpMetrics::new(reg),
         },
+        udp_flows: Arc::default(),
         shutdown: ctx.shutdown.clone(),
         ids: ConnIds::default(),
         connections: ctx.connections.clone(),

@@ -7,13 +7,14 @@ use proxy_core::accept::{ConnLimit, UNLIMITED, WhileFree, accept_error_label, ac
 use proxy_core::admin::Check;
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::guard::Active;
+use proxy_core::net::resolve_one;
 use proxy_core::prometheus::IntGauge;
 use seedgate_config::RouterConfig;
-use seedgate_config::router::{Listener as ListenerCfg, Route as RouteCfg};
+use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
 /// A running listener: its routing table (swapped by reloads), limits and accept-loop switch.
@@ -22,9 +23,10 @@ pub(crate) struct ListenerRt {
     pub(crate) table: ArcSwap<Table>,
     addr: SocketAddr,
     cfg_listen: seedgate_config::HostPort,
+    protocol: ListenerProtocol,
     /// Established (routed) connections: the listener's own cap and the process-wide one.
     pub(crate) limit: ConnLimit,
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
     active: IntGauge,
 }
 
@@ -84,15 +86,40 @@ fn retire_replaced(old: &Table, new: Option<&Table>) {
     }
 }
 
-async fn bind_listener(l: &ListenerCfg) -> Result<(TcpListener, SocketAddr), StartError> {
-    listen_tcp(&format!("listener {}", *l.name), &l.listen).await
+/// A bound listening socket, not serving yet.
+enum Sock {
+    Tcp(TcpListener),
+    Udp(UdpSocket),
+}
+
+async fn bind_listener(l: &ListenerCfg, cfg: &RouterConfig) -> Result<(Sock, SocketAddr), StartError> {
+    let what = format!("listener {}", *l.name);
+    match l.protocol {
+        ListenerProtocol::Tcp => listen_tcp(&what, &l.listen).await.map(|(s, a)| (Sock::Tcp(s), a)),
+        ListenerProtocol::Udp => {
+            let addr = resolve_one(&l.listen).await.map_err(|source| StartError::Resolve {
+                what: what.clone(),
+                addr: l.listen.to_string(),
+                source,
+            })?;
+            let bind_err = |source| StartError::Bind { what: what.clone(), addr: l.listen.to_string(), source };
+            let sock = crate::udp::bind_udp(addr, cfg.limits.udp_socket_buffer, &what).map_err(bind_err)?;
+            let local = sock.local_addr().map_err(bind_err)?;
+            Ok((Sock::Udp(sock), local))
+        }
+    }
+}
+
+/// Whether the running listener `rt` can take config `l` without a new socket.
+fn same_socket(rt: &ListenerRt, l: &ListenerCfg) -> bool {
+    rt.cfg_listen == l.listen && rt.protocol == l.protocol
 }
 
 /// Every listener of the router, and the sockets bound but not yet serving.
 #[derive(Default)]
 pub(crate) struct Listeners {
     running: Mutex<BTreeMap<String, Arc<ListenerRt>>>,
-    pending: Mutex<Vec<(Arc<ListenerRt>, TcpListener)>>,
+    pending: Mutex<Vec<(Arc<ListenerRt>, Sock)>>,
 }
 
 fn new_listener_rt(
@@ -109,6 +136,7 @@ fn new_listener_rt(
         table: ArcSwap::from_pointee(table),
         addr,
         cfg_listen: l.listen.clone(),
+        protocol: l.protocol,
         limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
         stop: shared.shutdown.stop.child_token(),
         active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
@@ -120,7 +148,7 @@ impl Listeners {
     pub(crate) async fn bind(shared: &Shared, cfg: &RouterConfig, extra: &Extra<'_>) -> Result<Self, StartError> {
         let this = Self::default();
         for l in &cfg.listeners {
-            let (sock, addr) = bind_listener(l).await?;
+            let (sock, addr) = bind_listener(l, cfg).await?;
             let rt = new_listener_rt(shared, l, extra, addr, None);
             this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
             this.pending.lock().expect("not poisoned").push((rt, sock));
@@ -169,14 +197,11 @@ impl Listeners {
         // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
         let moved: Vec<&ListenerCfg> = {
             let running = self.running.lock().expect("not poisoned");
-            new.listeners
-                .iter()
-                .filter(|l| running.get(l.name.as_str()).is_none_or(|rt| rt.cfg_listen != l.listen))
-                .collect()
+            new.listeners.iter().filter(|l| running.get(l.name.as_str()).is_none_or(|rt| !same_socket(rt, l))).collect()
         };
         let mut fresh = Vec::new();
         for l in moved {
-            let (sock, addr) = bind_listener(l).await.map_err(|e| e.to_string())?;
+            let (sock, addr) = bind_listener(l, &new).await.map_err(|e| e.to_string())?;
             fresh.push((l, sock, addr));
         }
         // Phase 2: commit. Tables first, so a rebinding listener starts with the new routes.
@@ -184,7 +209,7 @@ impl Listeners {
         let mut running = self.running.lock().expect("not poisoned");
         let mut next: BTreeMap<String, Arc<ListenerRt>> = BTreeMap::new();
         for l in &new.listeners {
-            if let Some(rt) = running.get(l.name.as_str()).filter(|rt| rt.cfg_listen == l.listen) {
+            if let Some(rt) = running.get(l.name.as_str()).filter(|rt| same_socket(rt, l)) {
                 let old_table = rt.table.load_full();
                 let ex = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
                 let table = build_table(&shared.metrics, &shared.shutdown.kill, l, ex, Some(&old_table));
@@ -260,7 +285,11 @@ impl Listeners {
     }
 }
 
-fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: TcpListener) {
+fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: Sock) {
+    let sock = match sock {
+        Sock::Tcp(s) => s,
+        Sock::Udp(s) => return crate::udp::serve(shared, rt, s),
+    };
     let shared = shared.clone();
     let errors = shared.metrics.conn.accept_errors.clone();
     let name = rt.name.clone();

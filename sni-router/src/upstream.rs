@@ -41,7 +41,7 @@ impl Upstream {
         self.skip_until_ms.load(Ordering::Relaxed) > now
     }
 
-    fn eject(&self, for_: Duration) {
+    pub(crate) fn eject(&self, for_: Duration) {
         self.skip_until_ms.store(now_ms() + for_.as_millis() as u64, Ordering::Relaxed);
     }
 }

@@ -1,0 +1,642 @@
+//! UDP listeners: QUIC routed by the SNI in the client's Initial packets and relayed datagram by datagram, without terminating QUIC.
+//!
+//! A flow is one client address. Its first datagrams wait (bounded in count, bytes and time)
+//! until [`InitialReader`] has the ClientHello; the flow then gets a UDP socket connected to
+//! one upstream of the route, the waiting datagrams are sent on, and datagrams are relayed both
+//! ways until the flow is idle for `timeouts.udp_idle`. A flow keeps its route and upstream
+//! across reloads, like a TCP connection.
+
+use crate::Shared;
+use crate::listeners::ListenerRt;
+use crate::table::Route;
+use crate::upstream::{UpstreamGuard, attempt_order};
+use proxy_core::guard::Active;
+use proxy_core::metrics::{counter_vec, gauge_vec};
+use proxy_core::net::resolve_within;
+use proxy_core::prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_wire::client_hello::Status;
+use proxy_wire::quic_initial::{InitialReader, looks_like_initial};
+use socket2::{Domain, Protocol, Socket, Type};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::UdpSocket;
+
+/// Largest UDP payload (IPv4; IPv6 jumbograms do not cross the Internet).
+const MAX_DATAGRAM: usize = 65_535;
+/// How often a stopped listener checks whether its last flow is gone.
+const STOPPED_CHECK: Duration = Duration::from_secs(1);
+/// Upstream sockets of flows ask for this fraction of `limits.udp_socket_buffer`: there is one
+/// per flow, and a flow carries one client's traffic, not the whole listener's.
+const FLOW_BUFFER_DIVISOR: usize = 16;
+const FLOW_BUFFER_MIN: usize = 64 * 1024;
+
+/// The UDP listeners' metrics.
+pub(crate) struct UdpMetrics {
+    flows_active: IntGaugeVec,
+    flows: IntCounterVec,
+    dropped: IntCounterVec,
+}
+
+impl UdpMetrics {
+    pub(crate) fn new(reg: &Registry) -> Self {
+        Self {
+            flows_active: gauge_vec(
+                reg,
+                "seedgate_udp_flows_active",
+                "UDP flows held now (routed or waiting for their ClientHello), by listener.",
+                &["listener"],
+            ),
+            flows: counter_vec(
+                reg,
+                "seedgate_udp_flows_total",
+                "UDP flows by listener, route and result (ok, or why the flow was refused).",
+                &["listener", "route", "result"],
+            ),
+            dropped: counter_vec(
+                reg,
+                "seedgate_udp_datagrams_dropped_total",
+                "Datagrams from clients or upstreams not relayed, by listener and reason.",
+                &["listener", "reason"],
+            ),
+        }
+    }
+}
+
+/// Flows held by the whole process, against `limits.udp_flows`.
+#[derive(Default)]
+pub(crate) struct FlowBudget {
+    used: AtomicUsize,
+}
+
+impl FlowBudget {
+    /// A slot if fewer than `limit` are taken; it is given back when dropped.
+    fn try_take(self: &Arc<Self>, limit: usize, gauge: IntGauge) -> Option<FlowSlot> {
+        self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
+        gauge.inc();
+        Some(FlowSlot { budget: self.clone(), gauge })
+    }
+
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// One flow's place in the [`FlowBudget`] and in `seedgate_udp_flows_active`.
+struct FlowSlot {
+    budget: Arc<FlowBudget>,
+    gauge: IntGauge,
+}
+
+impl Drop for FlowSlot {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(1, Ordering::AcqRel);
+        self.gauge.dec();
+    }
+}
+
+/// Datagrams of a flow waiting for its route, bounded in count and bytes.
+struct Queue {
+    items: Vec<Vec<u8>>,
+    bytes: usize,
+    max_items: usize,
+    max_bytes: usize,
+}
+
+impl Queue {
+    fn new(max_items: usize, max_bytes: usize) -> Self {
+        Self { items: Vec::new(), bytes: 0, max_items, max_bytes }
+    }
+
+    /// False (and nothing kept) when the datagram would exceed a bound.
+    fn push(&mut self, d: &[u8]) -> bool {
+        if self.items.len() >= self.max_items || self.bytes + d.len() > self.max_bytes {
+            return false;
+        }
+        self.bytes += d.len();
+        self.items.push(d.to_vec());
+        true
+    }
+}
+
+/// A flow still reading its ClientHello, or choosing its upstream (`routing`).
+struct Pending {
+    id: u64,
+    reader: InitialReader,
+    queue: Queue,
+    routing: bool,
+    slot: FlowSlot,
+}
+
+/// A flow relayed to its upstream.
+struct Routed {
+    id: u64,
+    upstream: Arc<UdpSocket>,
+    route: Arc<Route>,
+    /// Milliseconds since [`epoch`] of the last datagram either way.
+    last: AtomicU64,
+    _slot: FlowSlot,
+    _guard: UpstreamGuard,
+}
+
+impl Routed {
+    fn touch(&self) {
+        self.last.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+enum Flow {
+    Pending(Pending),
+    Routed(Arc<Routed>),
+}
+
+/// The flows of one listener. Keyed by client address, which clients choose: the default
+/// (randomly keyed SipHash) hasher, not the table's fast one.
+#[derive(Default)]
+struct Flows {
+    map: HashMap<SocketAddr, Flow>,
+    pending: usize,
+}
+
+impl Flows {
+    fn remove_pending(&mut self, peer: SocketAddr, id: u64) -> Option<Pending> {
+        match self.map.get(&peer) {
+            Some(Flow::Pending(p)) if p.id == id => {}
+            _ => return None,
+        }
+        self.pending -= 1;
+        match self.map.remove(&peer) {
+            Some(Flow::Pending(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    epoch().elapsed().as_millis() as u64
+}
+
+/// The limits a listener reads from the config in force when a flow starts.
+struct FlowLimits {
+    flows: usize,
+    pending: usize,
+    hello_max: usize,
+    packets: usize,
+    queue_items: usize,
+    queue_bytes: usize,
+    deadline: Duration,
+    connect: Duration,
+    eject: Duration,
+    idle: Duration,
+    flow_buffer: usize,
+}
+
+impl FlowLimits {
+    fn of(cfg: &seedgate_config::RouterConfig) -> Self {
+        let hello_max = cfg.limits.client_hello_max;
+        // Padded client Initials carry about 1,100 bytes of CRYPTO data each; a few more for
+        // acknowledgements and retransmissions.
+        let packets = hello_max.div_ceil(1000) + 4;
+        Self {
+            flows: cfg.limits.udp_flows,
+            pending: cfg.limits.max_pending,
+            hello_max,
+            packets,
+            queue_items: packets + 4,
+            // Room for every queued datagram at a full-size path MTU.
+            queue_bytes: (packets + 4) * 1500,
+            deadline: cfg.timeouts.handshake.get(),
+            connect: cfg.timeouts.connect.get(),
+            eject: cfg.upstream_eject.get(),
+            idle: cfg.timeouts.udp_idle.get(),
+            flow_buffer: (cfg.limits.udp_socket_buffer / FLOW_BUFFER_DIVISOR).max(FLOW_BUFFER_MIN),
+        }
+    }
+}
+
+/// A serving UDP listener.
+pub(crate) struct UdpListener {
+    rt: Arc<ListenerRt>,
+    sock: Arc<UdpSocket>,
+    shared: Arc<Shared>,
+    flows: Mutex<Flows>,
+    next_id: AtomicU64,
+}
+
+/// Ask for `want` bytes of send and receive buffer; warn (once per `warned`) when the kernel
+/// grants less, which it does silently above `net.core.rmem_max` / `wmem_max`.
+fn set_buffers(s: &Socket, want: usize, what: &str, warned: Option<&AtomicBool>) {
+    let _ = s.set_recv_buffer_size(want);
+    let _ = s.set_send_buffer_size(want);
+    // Linux reports twice what it granted (bookkeeping overhead), so this compares generously.
+    let (rcv, snd) = (s.recv_buffer_size().unwrap_or(0), s.send_buffer_size().unwrap_or(0));
+    if (rcv < want || snd < want) && !warned.is_some_and(|w| w.swap(true, Ordering::Relaxed)) {
+        tracing::warn!(
+            socket = what,
+            asked = want,
+            rcvbuf = rcv,
+            sndbuf = snd,
+            "the kernel capped the UDP socket buffers below limits.udp_socket_buffer; raise net.core.rmem_max and net.core.wmem_max"
+        );
+    }
+}
+
+/// Bind a listener's UDP socket. Must be called inside a tokio runtime.
+pub(crate) fn bind_udp(addr: SocketAddr, buffer: usize, what: &str) -> io::Result<UdpSocket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false).ok();
+    }
+    set_buffers(&s, buffer, what, None);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// A socket of one flow, connected to `upstream` (so only its datagrams are received).
+fn flow_socket(upstream: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let s = Socket::new(Domain::for_address(upstream), Type::DGRAM, Some(Protocol::UDP))?;
+    set_buffers(&s, buffer, "flow upstream", Some(&WARNED));
+    s.set_nonblocking(true)?;
+    let any: IpAddr = if upstream.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    s.bind(&SocketAddr::new(any, 0).into())?;
+    s.connect(&upstream.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// Serve `sock` for listener `rt` until the process is killed, or until the listener stopped
+/// (reload, shutdown) and its last flow ended.
+pub(crate) fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: UdpSocket) {
+    let this = Arc::new(UdpListener {
+        rt,
+        sock: Arc::new(sock),
+        shared: shared.clone(),
+        flows: Mutex::new(Flows::default()),
+        next_id: AtomicU64::new(0),
+    });
+    tracing::info!(listener = %this.rt.name, addr = ?this.sock.local_addr().ok(), "listening (udp)");
+    shared.shutdown.tracker.spawn(this.run());
+}
+
+impl UdpListener {
+    fn drop_datagrams(&self, reason: &str, n: usize) {
+        self.shared.metrics.udp.dropped.with_label_values(&[&self.rt.name, reason]).inc_by(n as u64);
+    }
+
+    fn flow_result(&self, route: &str, result: &str) {
+        self.shared.metrics.udp.flows.with_label_values(&[&self.rt.name, route, result]).inc();
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let (stop, kill) = (self.rt.stop.clone(), self.shared.shutdown.kill.clone());
+        let mut check = tokio::time::interval(STOPPED_CHECK);
+        loop {
+            tokio::select! {
+                r = self.sock.recv_from(&mut buf) => match r {
+                    Ok((n, peer)) => self.on_datagram(buf.get(..n).unwrap_or_default(), peer),
+                    // Linux reports ICMP errors for earlier sends here; nothing to do but go on.
+                    Err(e) => tracing::debug!(listener = %self.rt.name, error = %e, "udp receive error"),
+                },
+                _ = check.tick() => {
+                    if stop.is_cancelled() && self.flows.lock().expect("not poisoned").map.is_empty() {
+                        break;
+                    }
+                }
+                _ = kill.cancelled() => break,
+            }
+        }
+        tracing::info!(listener = %self.rt.name, "udp listener stopped");
+    }
+
+    fn on_datagram(self: &Arc<Self>, data: &[u8], peer: SocketAddr) {
+        let mut flows = self.flows.lock().expect("not poisoned");
+        match flows.map.get_mut(&peer) {
+            Some(Flow::Routed(f)) => {
+                let f = f.clone();
+                drop(flows);
+                self.to_upstream(&f, data);
+            }
+            Some(Flow::Pending(p)) => {
+                if !p.queue.push(data) {
+                    drop(flows);
+                    return self.drop_datagrams("queue_full", 1);
+                }
+                if p.routing {
+                    return;
+                }
+                match p.reader.push(data) {
+                    Ok(Status::Incomplete) => {}
+                    Ok(Status::Complete(info)) => {
+                        p.routing = true;
+                        let id = p.id;
+                        drop(flows);
+                        self.route(peer, id, info.sni);
+                    }
+                    Err(e) => {
+                        let id = p.id;
+                        let queued = flows.remove_pending(peer, id).map_or(0, |p| p.queue.items.len());
+                        drop(flows);
+                        tracing::debug!(listener = %self.rt.name, %peer, error = %e, "udp flow refused");
+                        self.drop_datagrams(e.reason(), queued);
+                        self.flow_result("", e.reason());
+                    }
+                }
+            }
+            None => self.new_flow(flows, data, peer),
+        }
+    }
+
+    /// The first datagram of a client address: a flow if it starts a QUIC connection and the
+    /// bounds allow one more.
+    fn new_flow(self: &Arc<Self>, mut flows: std::sync::MutexGuard<'_, Flows>, data: &[u8], peer: SocketAddr) {
+        // Cheap checks first: garbage costs no key derivation and no state.
+        if let Err(e) = looks_like_initial(data) {
+            drop(flows);
+            return self.drop_datagrams(e.reason(), 1);
+        }
+        if self.rt.stop.is_cancelled() {
+            drop(flows);
+            return self.drop_datagrams("stopping", 1);
+        }
+        let limits = FlowLimits::of(&self.shared.config.load());
+        if flows.pending >= limits.pending {
+            drop(flows);
+            self.flow_result("", "pending_full");
+            return self.drop_datagrams("pending_full", 1);
+        }
+        let gauge = self.shared.metrics.udp.flows_active.with_label_values(&[&self.rt.name]);
+        let Some(slot) = self.shared.udp_flows.try_take(limits.flows, gauge) else {
+            drop(flows);
+            self.flow_result("", "flows_full");
+            return self.drop_datagrams("flows_full", 1);
+        };
+        let mut reader = InitialReader::new(limits.hello_max, limits.packets);
+        let complete = match reader.push(data) {
+            Ok(Status::Incomplete) => None,
+            Ok(Status::Complete(info)) => Some(info.sni),
+            Err(e) => {
+                drop(flows);
+                tracing::debug!(listener = %self.rt.name, %peer, error = %e, "udp flow refused");
+                self.flow_result("", e.reason());
+                return self.drop_datagrams(e.reason(), 1);
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut queue = Queue::new(limits.queue_items, limits.queue_bytes);
+        queue.push(data);
+        let routing = complete.is_some();
+        flows.map.insert(peer, Flow::Pending(Pending { id, reader, queue, routing, slot }));
+        flows.pending += 1;
+        drop(flows);
+
+        // The whole pre-routing phase has `timeouts.handshake`, as for TCP.
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(limits.deadline).await;
+            let gone = this.flows.lock().expect("not poisoned").remove_pending(peer, id);
+            if let Some(p) = gone {
+                this.flow_result("", "timeout");
+                this.drop_datagrams("timeout", p.queue.items.len());
+            }
+        });
+        if let Some(sni) = complete {
+            self.route(peer, id, sni);
+        }
+    }
+
+    fn to_upstream(&self, f: &Routed, data: &[u8]) {
+        // Never waits: a full socket buffer drops the datagram, as the network would.
+        match f.upstream.try_send(data) {
+            Ok(n) => {
+                f.touch();
+                f.route.meters.to_upstream.inc_by(n as u64);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.drop_datagrams("upstream_busy", 1),
+            Err(_) => self.drop_datagrams("upstream_error", 1),
+        }
+    }
+
+    /// Choose the route and upstream of flow `id` (its ClientHello named `sni`) off the receive
+    /// loop, since a host name upstream needs a lookup.
+    fn route(self: &Arc<Self>, peer: SocketAddr, id: u64, sni: Option<String>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let table = this.rt.table.load_full();
+            let route = sni.as_deref().and_then(|s| table.by_sni(s)).or(table.default_route()).cloned();
+            let Some(route) = route else {
+                tracing::debug!(listener = %this.rt.name, %peer, ?sni, "udp flow for an unknown name");
+                return this.refuse(peer, id, "", "unknown_sni");
+            };
+            if !route.source_allowed(peer.ip()) {
+                return this.refuse(peer, id, &route.name, "source_not_allowed");
+            }
+            let limits = FlowLimits::of(&this.shared.config.load());
+            for up in attempt_order(&route.upstreams, route.balance) {
+                let opened = match resolve_within(&up.addr, limits.connect).await {
+                    Ok(addrs) => addrs
+                        .first()
+                        .copied()
+                        .map(|a| flow_socket(a, limits.flow_buffer))
+                        .unwrap_or_else(|| Err(io::Error::new(io::ErrorKind::NotFound, "no address"))),
+                    Err(e) => Err(e),
+                };
+                match opened {
+                    Ok(sock) => return this.install(peer, id, route.clone(), Active::new(up.clone()), sock, &limits),
+                    Err(e) => {
+                        tracing::debug!(upstream = %up.addr, error = %e, "udp upstream unusable");
+                        up.eject(limits.eject);
+                    }
+                }
+            }
+            this.refuse(peer, id, &route.name, "upstream_unreachable");
+        });
+    }
+
+    fn refuse(&self, peer: SocketAddr, id: u64, route: &str, why: &str) {
+        let gone = self.flows.lock().expect("not poisoned").remove_pending(peer, id);
+        if let Some(p) = gone {
+            self.flow_result(route, why);
+            self.drop_datagrams(why, p.queue.items.len());
+        }
+    }
+
+    fn install(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        id: u64,
+        route: Arc<Route>,
+        guard: UpstreamGuard,
+        sock: UdpSocket,
+        limits: &FlowLimits,
+    ) {
+        let mut flows = self.flows.lock().expect("not poisoned");
+        // The deadline may have passed while the upstream was looked up.
+        let Some(p) = flows.remove_pending(peer, id) else { return };
+        let f = Arc::new(Routed {
+            id,
+            upstream: Arc::new(sock),
+            route,
+            last: AtomicU64::new(now_ms()),
+            _slot: p.slot,
+            _guard: guard,
+        });
+        flows.map.insert(peer, Flow::Routed(f.clone()));
+        drop(flows);
+        self.flow_result(&f.route.name, "ok");
+        for d in &p.queue.items {
+            self.to_upstream(&f, d);
+        }
+        let this = self.clone();
+        let idle = limits.idle;
+        self.shared.shutdown.tracker.spawn(async move { this.relay_back(peer, f, idle).await });
+    }
+
+    /// Upstream to client, and the flow's end: idle for `idle`, or its route retired.
+    async fn relay_back(self: Arc<Self>, peer: SocketAddr, f: Arc<Routed>, idle: Duration) {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let idle_ms = idle.as_millis() as u64;
+        loop {
+            let since = now_ms().saturating_sub(f.last.load(Ordering::Relaxed));
+            if since >= idle_ms {
+                break;
+            }
+            let wait = Duration::from_millis(idle_ms - since);
+            tokio::select! {
+                r = f.upstream.recv(&mut buf) => match r {
+                    Ok(n) => match self.sock.send_to(buf.get(..n).unwrap_or_default(), peer).await {
+                        Ok(sent) => {
+                            f.touch();
+                            f.route.meters.to_client.inc_by(sent as u64);
+                        }
+                        Err(_) => self.drop_datagrams("client_error", 1),
+                    },
+                    // ICMP unreachable from the upstream: datagrams are lost, the flow goes on.
+                    Err(_) => self.drop_datagrams("upstream_error", 1),
+                },
+                _ = tokio::time::sleep(wait) => {}
+                _ = f.route.end.cancelled() => break,
+            }
+        }
+        let mut flows = self.flows.lock().expect("not poisoned");
+        if matches!(flows.map.get(&peer), Some(Flow::Routed(g)) if g.id == f.id) {
+            flows.map.remove(&peer);
+        }
+    }
+
+    /// Flows held by this listener (routed and pending).
+    #[cfg(test)]
+    fn flow_count(&self) -> usize {
+        self.flows.lock().expect("not poisoned").map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy_core::prometheus::IntGauge;
+    use proxy_wire::quic_initial::build;
+
+    fn gauge() -> IntGauge {
+        IntGauge::new("g", "g").expect("gauge")
+    }
+
+    #[test]
+    fn the_flow_budget_is_a_hard_bound_and_slots_come_back() {
+        let b = Arc::new(FlowBudget::default());
+        let g = gauge();
+        let slots: Vec<FlowSlot> = (0..3).map(|_| b.try_take(3, g.clone()).expect("below the bound")).collect();
+        assert!(b.try_take(3, g.clone()).is_none(), "full");
+        assert_eq!((b.used(), g.get()), (3, 3));
+        drop(slots);
+        assert_eq!((b.used(), g.get()), (0, 0));
+        // A lowered limit (reload) refuses until enough flows ended.
+        let _a = b.try_take(3, g.clone()).expect("free");
+        assert!(b.try_take(1, g.clone()).is_none());
+    }
+
+    #[test]
+    fn a_pending_queue_is_bounded_in_count_and_bytes() {
+        let mut q = Queue::new(3, 3000);
+        assert!(q.push(&[0; 1200]));
+        assert!(q.push(&[0; 1200]));
+        assert!(!q.push(&[0; 1200]), "bytes");
+        assert!(q.push(&[0; 100]));
+        assert!(!q.push(&[0; 1]), "count");
+        assert_eq!((q.items.len(), q.bytes), (3, 2500));
+    }
+
+    #[test]
+    fn removing_a_pending_flow_takes_only_that_flow() {
+        let b = Arc::new(FlowBudget::default());
+        let mut flows = Flows::default();
+        let peer: SocketAddr = "192.0.2.1:4433".parse().expect("addr");
+        let slot = b.try_take(10, gauge()).expect("free");
+        let p = Pending { id: 7, reader: InitialReader::new(1024, 4), queue: Queue::new(1, 1), routing: false, slot };
+        flows.map.insert(peer, Flow::Pending(p));
+        flows.pending += 1;
+        assert!(flows.remove_pending(peer, 8).is_none(), "another flow of the same address");
+        assert!(flows.remove_pending(peer, 7).is_some());
+        assert_eq!((flows.pending, flows.map.len()), (0, 0));
+        // The slot went with it.
+        assert_eq!(b.used(), 0);
+    }
+
+    /// A flood of Initials from many addresses holds at most `limits.udp_flows` flows, and
+    /// garbage none at all.
+    #[tokio::test]
+    async fn a_flood_of_initials_is_bounded_by_the_flow_limit() {
+        let shared = Arc::new(crate::test_shared_with(
+            "limits: { udp_flows: 5 }\nlisteners:\n  - name: q\n    listen: 127.0.0.1:0\n    protocol: udp\n",
+        ));
+        let rt = crate::listeners::test_listener(&shared);
+        let sock = bind_udp("127.0.0.1:0".parse().expect("addr"), 64 * 1024, "test").expect("bind");
+        let l = Arc::new(UdpListener {
+            rt,
+            sock: Arc::new(sock),
+            shared: shared.clone(),
+            flows: Mutex::new(Flows::default()),
+            next_id: AtomicU64::new(0),
+        });
+        // Genuine Initials (a PING each: no ClientHello yet, so every one would wait).
+        let initial = build::initial_v1(&[0x5a; 8], 0, &[0x01]).expect("sealed");
+        let mut forged = initial.clone();
+        forged[700] ^= 1;
+        for i in 0..50u16 {
+            l.on_datagram(b"garbage", SocketAddr::from(([10, 1, 0, 0], i)));
+            l.on_datagram(&forged, SocketAddr::from(([10, 2, 0, 0], i)));
+        }
+        // Garbage and undecryptable Initials hold no flow.
+        assert_eq!((l.flow_count(), shared.udp_flows.used()), (0, 0));
+        for i in 0..50u16 {
+            l.on_datagram(&initial, SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1000 + i)));
+        }
+        // Real ones up to the bound.
+        assert_eq!((l.flow_count(), shared.udp_flows.used()), (5, 5));
+        let m = &shared.metrics.udp.dropped;
+        assert_eq!(m.with_label_values(&["q", "flows_full"]).get(), 45);
+        assert_eq!(m.with_label_values(&["q", "short_header"]).get(), 50);
+        assert_eq!(m.with_label_values(&["q", "decrypt"]).get(), 50);
+        // A waiting flow that never completes a ClientHello ends at the packet bound.
+        let peer = SocketAddr::from(([10, 0, 0, 0], 1000));
+        let packets = FlowLimits::of(&shared.config.load()).packets as u64;
+        for pn in 1..packets {
+            l.on_datagram(&build::initial_v1(&[0x5a; 8], pn, &[0x01]).expect("sealed"), peer);
+        }
+        assert_eq!(l.flow_count(), 5);
+        l.on_datagram(&build::initial_v1(&[0x5a; 8], packets, &[0x01]).expect("sealed"), peer);
+        assert_eq!((l.flow_count(), shared.udp_flows.used()), (4, 4));
+        let flows = &shared.metrics.udp.flows;
+        assert_eq!(flows.with_label_values(&["q", "", "too_large"]).get(), 1);
+    }
+}
