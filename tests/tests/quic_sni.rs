@@ -1,0 +1,288 @@
+//! End-to-end tests of sni-router's UDP listeners: real quinn clients reach quinn echo servers through the router, routed by the SNI of their Initial packets.
+
+use anyhow::Context as _;
+use proxy_wire::quic_initial::build;
+use rustls::crypto::CryptoProvider;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use testbed::pki::provider;
+use testbed::{Addresses, Ca, Issued, Proc, TempDir, bin_path, http_get, metric_sum, metric_value, poll_until};
+use tokio::net::UdpSocket;
+
+const WAIT: Duration = Duration::from_secs(15);
+const TICK: Duration = Duration::from_millis(20);
+const ALPN: &[u8] = b"seedgate-echo";
+
+/// A quinn server answering each bidirectional stream with `<name>:` and what it read.
+struct QuicEcho {
+    endpoint: quinn::Endpoint,
+}
+
+impl QuicEcho {
+    fn start(name: &'static str, id: &Issued) -> anyhow::Result<Self> {
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_no_client_auth()
+            .with_single_cert(id.chain(), id.key())?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+        let endpoint =
+            quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(crypto)), "127.0.0.1:0".parse()?)?;
+        let ep = endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        tokio::spawn(async move {
+                            let Ok(data) = recv.read_to_end(64 * 1024).await else { return };
+                            let _ = send.write_all(format!("{name}:").as_bytes()).await;
+                            let _ = send.write_all(&data).await;
+                            let _ = send.finish();
+                        });
+                    }
+                });
+            }
+        });
+        Ok(Self { endpoint })
+    }
+
+    fn addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.endpoint.local_addr()?)
+    }
+}
+
+/// A client TLS config trusting `ca`, with `provider`'s key exchange groups.
+fn client_tls(ca: &Ca, provider: Arc<CryptoProvider>) -> anyhow::Result<rustls::ClientConfig> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}
+
+/// A quinn client endpoint whose connections use `tls` and give up after `idle` of silence.
+fn client(tls: rustls::ClientConfig, idle: Duration) -> anyhow::Result<quinn::Endpoint> {
+    let mut cfg = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(idle.try_into()?));
+    cfg.transport_config(Arc::new(transport));
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    ep.set_default_client_config(cfg);
+    Ok(ep)
+}
+
+/// One bidirectional stream on `conn`: send `msg`, return the whole answer.
+async fn echo(conn: &quinn::Connection, msg: &str) -> anyhow::Result<String> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(msg.as_bytes()).await?;
+    send.finish()?;
+    let answer = tokio::time::timeout(WAIT, recv.read_to_end(64 * 1024)).await??;
+    Ok(String::from_utf8(answer)?)
+}
+
+async fn connect(ep: &quinn::Endpoint, to: SocketAddr, name: &str) -> anyhow::Result<quinn::Connection> {
+    Ok(tokio::time::timeout(WAIT, ep.connect(to, name)?).await??)
+}
+
+struct World {
+    dir: TempDir,
+    ca: Ca,
+    a: QuicEcho,
+    b: QuicEcho,
+}
+
+fn world() -> anyhow::Result<World> {
+    let dir = TempDir::new("quic-sni")?;
+    let ca = Ca::new("seedgate-test-ca")?;
+    let a = QuicEcho::start("backend-a", &ca.server(&["a.quic.example"])?)?;
+    let b = QuicEcho::start("backend-b", &ca.server(&["b.quic.example"])?)?;
+    Ok(World { dir, ca, a, b })
+}
+
+fn router_config(w: &World, with_b: bool) -> anyhow::Result<String> {
+    let mut y = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, udp_idle: 30s }}\ndrain_grace: 1s\nlisteners:\n  - name: quic\n    listen: 127.0.0.1:0\n    protocol: udp\n    routes:\n      - name: shoot-a\n        sni: [a.quic.example]\n        upstreams: [{}]\n",
+        w.a.addr()?
+    );
+    if with_b {
+        y.push_str(&format!(
+            "      - name: shoot-b\n        sni: [\"*.quic.example\"]\n        upstreams: [{}]\n",
+            w.b.addr()?
+        ));
+    }
+    Ok(y)
+}
+
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
+    let cfg = dir.write("router.yaml", yaml)?;
+    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
+    Ok((p, addrs, cfg))
+}
+
+async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
+    let (code, body) = http_get(addrs.admin()?, "/metrics").await?;
+    anyhow::ensure!(code == 200, "metrics answered {code}");
+    Ok(body)
+}
+
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// A provider whose only key exchange group is X25519MLKEM768: its 1,216-byte key share makes
+/// the ClientHello longer than one Initial packet can carry.
+fn post_quantum() -> Arc<CryptoProvider> {
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
+    p.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768];
+    Arc::new(p)
+}
+
+/// The size of the ClientHello a QUIC client with `tls` sends (the CRYPTO data of its Initials).
+fn hello_len(tls: rustls::ClientConfig) -> anyhow::Result<usize> {
+    let mut c = rustls::quic::ClientConnection::new(
+        Arc::new(tls),
+        rustls::quic::Version::V1,
+        "a.quic.example".try_into()?,
+        vec![0x01, 0x02, 0x43, 0xe8], // a transport parameter: max_idle_timeout 1000
+    )?;
+    let mut out = Vec::new();
+    let _ = c.write_hs(&mut out);
+    Ok(out.len())
+}
+
+#[tokio::test]
+async fn quic_is_routed_by_sni_to_two_backends() -> anyhow::Result<()> {
+    let w = world()?;
+    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, true)?).await?;
+    let gw = addrs.listener("quic")?;
+    // One endpoint (UDP socket) per connection: the router's flows are keyed by client address.
+    let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
+    let ep2 = client(client_tls(&w.ca, provider())?, WAIT)?;
+
+    let a = connect(&ep, gw, "a.quic.example").await.context("a through the router")?;
+    assert_eq!(echo(&a, "hello a").await?, "backend-a:hello a");
+    let b = connect(&ep2, gw, "b.quic.example").await.context("b through the router")?;
+    assert_eq!(echo(&b, "hello b").await?, "backend-b:hello b");
+    // Several streams on one flow.
+    for i in 0..3 {
+        assert_eq!(echo(&a, &format!("again {i}")).await?, format!("backend-a:again {i}"));
+    }
+
+    let m = metrics(&addrs).await?;
+    let flows = |route, result| metric_value(&m, "seedgate_udp_flows_total", &[("route", route), ("result", result)]);
+    assert_eq!(flows("shoot-a", "ok"), Some(1.0), "{m}");
+    assert_eq!(flows("shoot-b", "ok"), Some(1.0), "{m}");
+    assert_eq!(metric_value(&m, "seedgate_udp_flows_active", &[("listener", "quic")]), Some(2.0));
+    assert!(metric_sum(&m, "seedgate_proxied_bytes_total", &[("route", "shoot-a"), ("direction", "to_client")]) > 0.0);
+    assert!(
+        metric_sum(&m, "seedgate_proxied_bytes_total", &[("route", "shoot-b"), ("direction", "to_upstream")]) > 0.0
+    );
+    a.close(0u32.into(), b"done");
+    b.close(0u32.into(), b"done");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_client_hello_spanning_several_initials_is_routed() -> anyhow::Result<()> {
+    let w = world()?;
+    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, true)?).await?;
+    let gw = addrs.listener("quic")?;
+    let tls = client_tls(&w.ca, post_quantum())?;
+    // Beyond what one 1,200-byte Initial carries: the router must reassemble.
+    let len = hello_len(tls.clone())?;
+    assert!(len > 1200, "the ClientHello is {len} bytes");
+
+    let ep = client(tls.clone(), WAIT)?;
+    let a = connect(&ep, gw, "a.quic.example").await.context("post-quantum client through the router")?;
+    assert_eq!(echo(&a, "big hello").await?, "backend-a:big hello");
+    let ep2 = client(tls, WAIT)?;
+    let b = connect(&ep2, gw, "b.quic.example").await.context("the wildcard route")?;
+    assert_eq!(echo(&b, "big hello").await?, "backend-b:big hello");
+    Ok(())
+}
+
+#[tokio::test]
+async fn unknown_names_and_garbage_are_dropped_and_counted() -> anyhow::Result<()> {
+    let w = world()?;
+    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let gw = addrs.listener("quic")?;
+
+    // No route for this name: the handshake never completes.
+    let ep = client(client_tls(&w.ca, provider())?, Duration::from_secs(1))?;
+    let e = connect(&ep, gw, "b.quic.example").await;
+    assert!(e.is_err(), "an unknown name must not connect");
+
+    let raw = UdpSocket::bind("127.0.0.1:0").await?;
+    raw.send_to(b"\x00 not quic", gw).await?;
+    raw.send_to(b"GET / HTTP/1.1\r\n\r\n", gw).await?;
+    // A well-formed Initial that is not encrypted with its connection ID's keys.
+    let mut forged = build::initial_v1(&[7; 8], 0, &[0x01]).context("sealed")?;
+    forged[600] ^= 0xff;
+    raw.send_to(&forged, gw).await?;
+    // A short-header packet from an address without a flow.
+    raw.send_to(&[0x40; 64], gw).await?;
+
+    let m = poll_until(WAIT, TICK, || async {
+        let m = metrics(&addrs).await.ok()?;
+        let dropped = |reason| {
+            metric_value(&m, "seedgate_udp_datagrams_dropped_total", &[("listener", "quic"), ("reason", reason)])
+                .unwrap_or(0.0)
+        };
+        (dropped("not_quic") >= 1.0
+            && dropped("short_header") >= 2.0
+            && dropped("decrypt") >= 1.0
+            && dropped("unknown_sni") >= 1.0)
+            .then_some(m)
+    })
+    .await
+    .context("drops counted")?;
+    assert!(
+        metric_value(&m, "seedgate_udp_flows_total", &[("route", ""), ("result", "unknown_sni")]).unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    // Nothing was routed, and no flow is held for any of it once refused.
+    assert_eq!(metric_value(&m, "seedgate_udp_flows_total", &[("result", "ok")]), None);
+    // The listener still serves.
+    let ok = client(client_tls(&w.ca, provider())?, WAIT)?;
+    let a = connect(&ok, gw, "a.quic.example").await?;
+    assert_eq!(echo(&a, "still").await?, "backend-a:still");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flow_survives_a_reload_that_adds_a_route() -> anyhow::Result<()> {
+    let w = world()?;
+    let (mut p, addrs, cfg) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let gw = addrs.listener("quic")?;
+    let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
+    let a = connect(&ep, gw, "a.quic.example").await?;
+    assert_eq!(echo(&a, "before").await?, "backend-a:before");
+
+    write_atomic(&cfg, &router_config(&w, true)?)?;
+    p.signal(libc::SIGHUP)?;
+    poll_until(WAIT, TICK, || async {
+        let m = metrics(&addrs).await.ok()?;
+        let routes = metric_value(&m, "seedgate_routes", &[("listener", "quic")]).unwrap_or(0.0);
+        (routes == 2.0).then_some(())
+    })
+    .await
+    .context("the reload added the route")?;
+
+    // The flow admitted before the reload goes on, to the same backend, on the same connection.
+    assert_eq!(echo(&a, "after").await?, "backend-a:after");
+    // New flows see the new table.
+    let ep2 = client(client_tls(&w.ca, provider())?, WAIT)?;
+    let b = connect(&ep2, gw, "b.quic.example").await.context("the added route")?;
+    assert_eq!(echo(&b, "new").await?, "backend-b:new");
+    let m = metrics(&addrs).await?;
+    assert_eq!(metric_value(&m, "seedgate_udp_flows_total", &[("route", "shoot-a"), ("result", "ok")]), Some(1.0));
+    assert!(metric_value(&m, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0) >= 1.0);
+    Ok(())
+}
