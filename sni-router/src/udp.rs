@@ -150,7 +150,8 @@ impl Routed {
 }
 
 enum Flow {
-    Pending(Pending),
+    /// Boxed: routed flows are most of the table, and should not pay for the reader's size.
+    Pending(Box<Pending>),
     Routed(Arc<Routed>),
 }
 
@@ -170,7 +171,7 @@ impl Flows {
         }
         self.pending -= 1;
         match self.map.remove(&peer) {
-            Some(Flow::Pending(p)) => Some(p),
+            Some(Flow::Pending(p)) => Some(*p),
             _ => None,
         }
     }
@@ -396,7 +397,7 @@ impl UdpListener {
         let mut queue = Queue::new(limits.queue_items, limits.queue_bytes);
         queue.push(data);
         let routing = complete.is_some();
-        flows.map.insert(peer, Flow::Pending(Pending { id, reader, queue, routing, slot }));
+        flows.map.insert(peer, Flow::Pending(Box::new(Pending { id, reader, queue, routing, slot })));
         flows.pending += 1;
         drop(flows);
 
@@ -583,7 +584,7 @@ mod tests {
         let peer: SocketAddr = "192.0.2.1:4433".parse().expect("addr");
         let slot = b.try_take(10, gauge()).expect("free");
         let p = Pending { id: 7, reader: InitialReader::new(1024, 4), queue: Queue::new(1, 1), routing: false, slot };
-        flows.map.insert(peer, Flow::Pending(p));
+        flows.map.insert(peer, Flow::Pending(Box::new(p)));
         flows.pending += 1;
         assert!(flows.remove_pending(peer, 8).is_none(), "another flow of the same address");
         assert!(flows.remove_pending(peer, 7).is_some());
