@@ -1,13 +1,13 @@
 //! Tests for the ClientHello parser: real captured hellos (tests/fixtures), targeted malformations, caps, non-TLS input, fuzzing.
 // That rustls itself accepts the fixtures is checked in the tests/ crate (client_hello_rustls.rs):
-// this crate has no TLS stack, not even for tests.
+// this crate runs no TLS session, not even for tests.
 
 #[path = "support/refragment.rs"]
 mod refragment;
 
 use proxy_wire::client_hello::{
     ALERT_DECODE_ERROR, ALERT_HANDSHAKE_FAILURE, ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME, ClientHelloInfo,
-    DEFAULT_MAX_LEN, HelloError, HelloParser, Status, alert_record,
+    DEFAULT_MAX_LEN, HelloError, HelloParser, Status, alert_record, parse_handshake_message,
 };
 
 const RUSTLS_PQ: &[u8] = include_bytes!("fixtures/client_hello/rustls_pq.bin");
@@ -125,6 +125,22 @@ fn fixtures_split_at_every_point() {
             assert_eq!(p.parse(f.bytes), Ok(Status::Complete(f.expected.clone())), "{} split {i}", f.name);
         }
     }
+}
+
+/// The handshake stream without TLS record framing, as QUIC's CRYPTO frames carry it: every
+/// prefix is incomplete, the whole gives what the record reader gives (less the framing).
+#[test]
+fn fixtures_without_records_at_every_split() {
+    for f in fixtures() {
+        let stream: Vec<u8> = refragment::split_records(f.bytes).into_iter().flat_map(|(_, _, body)| body).collect();
+        for cut in 0..stream.len() {
+            assert_eq!(parse_handshake_message(&stream[..cut], MAX), Ok(Status::Incomplete), "{} at {cut}", f.name);
+        }
+        let want = ClientHelloInfo { len: stream.len(), records: 0, ..f.expected.clone() };
+        assert_eq!(parse_handshake_message(&stream, MAX), Ok(Status::Complete(want)), "{}", f.name);
+        assert_eq!(parse_handshake_message(&stream, stream.len() - 1), Err(HelloError::TooLarge), "{}", f.name);
+    }
+    assert_eq!(parse_handshake_message(&[2, 0, 0, 1], MAX), Err(HelloError::Malformed("handshake type")));
 }
 
 #[test]
