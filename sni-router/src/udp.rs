@@ -238,8 +238,11 @@ pub(crate) struct UdpListener {
 fn set_buffers(s: &Socket, want: usize, what: &str, warned: Option<&AtomicBool>) {
     let _ = s.set_recv_buffer_size(want);
     let _ = s.set_send_buffer_size(want);
-    // Linux reports twice what it granted (bookkeeping overhead), so this compares generously.
-    let (rcv, snd) = (s.recv_buffer_size().unwrap_or(0), s.send_buffer_size().unwrap_or(0));
+    // Linux reports twice what it granted (it counts its bookkeeping overhead in), capped at
+    // twice rmem_max/wmem_max: halve it to compare with what was asked.
+    let granted = |v: usize| if cfg!(target_os = "linux") { v / 2 } else { v };
+    let rcv = granted(s.recv_buffer_size().unwrap_or(0));
+    let snd = granted(s.send_buffer_size().unwrap_or(0));
     if (rcv < want || snd < want) && !warned.is_some_and(|w| w.swap(true, Ordering::Relaxed)) {
         tracing::warn!(
             socket = what,
@@ -591,6 +594,17 @@ mod tests {
         assert_eq!((flows.pending, flows.map.len()), (0, 0));
         // The slot went with it.
         assert_eq!(b.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn socket_buffers_are_asked_for_and_a_cap_is_not_an_error() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let s = bind_udp(addr, 128 * 1024, "test").expect("bind");
+        let got = socket2::SockRef::from(&s).recv_buffer_size().expect("SO_RCVBUF");
+        assert!(got >= 128 * 1024, "asked 128 KiB, the kernel reports {got}");
+        // Far above any default net.core.rmem_max: capped (and logged), still bound.
+        bind_udp(addr, 256 * 1024 * 1024, "test").expect("a capped buffer still binds");
+        flow_socket(s.local_addr().expect("addr"), 256 * 1024 * 1024).expect("flow socket");
     }
 
     /// A flood of Initials from many addresses holds at most `limits.udp_flows` flows, and
