@@ -396,7 +396,9 @@ impl SlotCtx {
         } else {
             tracing::debug!(server = %self.label, id = ?info.as_ref().map(|i| &i.id), "replacement reached a replica already held or draining; trying again later");
             c.seen.info = info;
-            retire(&self.label, c, Some(Duration::from_secs(1)), "replacement candidate not kept; closing it");
+            // No deadline: the seed may already have opened a stream on it (a fresh session is
+            // the least busy one); GOAWAY stops new ones, and the session closes when those end.
+            retire(&self.label, c, None, "replacement candidate not kept; closing it");
             None
         }
     }
@@ -573,7 +575,8 @@ async fn slot_loop(
                 }
                 if !ctx.observe(cur) {
                     let dup = live.take().expect("live");
-                    retire(&label, dup, Some(cfg.rehome_drain.get()), "closing the duplicate session");
+                    // No deadline, as for a candidate: streams the seed opened on it run to their end.
+                    retire(&label, dup, None, "closing the duplicate session");
                     // Dial the same place again (a move target stays the target: behind it is the
                     // replica set the slot was sent to); a failed connect falls back to the name.
                     ctx.lost("closed a duplicate session; dialing again");
