@@ -389,3 +389,62 @@ async fn the_count_follows_a_peers_name() -> anyhow::Result<()> {
     assert!(code == 200 && body.contains("connected: 2 of 2 replicas"), "{code} {body}");
     Ok(())
 }
+
+/// Rewrite replica `i`'s config with a new `server_count` (renamed over, as a ConfigMap update
+/// does: the replica reloads on the change) and wait until it announces it.
+async fn set_count(seed: &Seed, r: &Replica, i: usize, count: u32) -> anyhow::Result<()> {
+    let path = seed.dir.path().join(format!("replica{i}.yaml"));
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, replica_yaml(seed, i, &format!("  server_count: {count}\n")))?;
+    std::fs::rename(&tmp, &path)?;
+    poll_until(STEP, Duration::from_millis(20), || async {
+        let m = metrics(r.admin()).await?;
+        let have = metric_value(&m, "seedgate_server_replicas_expected", &[]).unwrap_or(0.0);
+        anyhow::ensure!(have == f64::from(count), "replica {i} announces {have}");
+        Ok(())
+    })
+    .await
+    .with_context(|| format!("replica {i} log:\n{}", r.proc.log()))
+}
+
+/// A static count changed by reloads, as a ConfigMap update reaches the replicas one after the
+/// other: a third replica starts with `server_count: 3` and one of the two running ones reloads
+/// to 3 — the agent follows at once and reaches the third. A restarted agent also ends at 3 although
+/// the replica that has not reloaded yet still announces 2 (its count is older). Scaling back, the
+/// third stops and both reload to 2: the agent expects 2 again.
+#[tokio::test]
+async fn a_new_count_is_trusted_over_stale_ones_and_reloads_change_it() -> anyhow::Result<()> {
+    if !require_root() {
+        return Ok(());
+    }
+    let shoot = make_shoot(4)?;
+    let seed = start_seed("ha-count", 3, &shoot.seed_ip).await?;
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        replicas.push(start_replica(&seed, i, "  server_count: 2\n", None).await?);
+    }
+    let allow = format!("{}/32", shoot.seed_ip);
+    let (agent, agent_admin) = start_shoot_agent(&seed, &shoot, &allow).await?;
+    wait_agent_sessions(agent_admin, 2.0, &agent).await?;
+
+    replicas.push(start_replica(&seed, 2, "  server_count: 3\n", None).await?);
+    set_count(&seed, &replicas[0], 0, 3).await?;
+    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+    wait_agents(replicas[2].admin(), CLUSTER, 1.0).await?;
+
+    // r1 still announces 2, from before r0's reload and r2's start: a fresh agent ignores it.
+    drop(agent);
+    let (agent, agent_admin) = start_shoot_agent(&seed, &shoot, &allow).await?;
+    wait_agent_sessions(agent_admin, 3.0, &agent).await?;
+
+    replicas[2].proc.signal(libc::SIGTERM)?;
+    replicas[2].proc.wait_exit(STEP).await.context("replica 2 did not exit")?;
+    for (i, r) in replicas[..2].iter().enumerate() {
+        set_count(&seed, r, i, 2).await?;
+    }
+    wait_agent_sessions(agent_admin, 2.0, &agent).await?;
+    for r in &replicas[..2] {
+        wait_agents(r.admin(), CLUSTER, 1.0).await?;
+    }
+    Ok(())
+}
