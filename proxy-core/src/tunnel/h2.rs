@@ -1,5 +1,6 @@
 //! The HTTP/2 transport of the tunnel, roles reversed: the seed is the h2 client on the agent's TLS connection.
 
+pub use super::AgentHandler;
 use super::{
     AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener,
     REASON_HEADER, Responder, TunnelSettings, TunnelStream,
@@ -310,18 +311,6 @@ impl Responder for H2Responder {
             let _ = self.respond.send_response(resp, true);
         }
     }
-}
-
-/// Agent side: what to do with streams and control messages.
-pub trait AgentHandler: Send + Sync + 'static {
-    /// A new stream to dial; called in its own task.
-    fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()>;
-    /// A control message from the seed.
-    fn control(&self, msg: ControlMsg);
-    fn hello(&self) -> AgentHello;
-    /// The session is up: the seed's HTTP/2 preface arrived, so TLS (the seed's verdict on our
-    /// certificate included) and the HTTP/2 handshake both passed.
-    fn established(&self) {}
 }
 
 /// Run the agent side of a session on an established TLS connection until it ends.

@@ -3,7 +3,7 @@
 //! The agent always dials out. Over its TLS 1.3 session the roles are reversed: the seed side
 //! opens one stream per proxied connection (it is the HTTP/2 client), the agent accepts them
 //! (it is the HTTP/2 server). Dial and front-end code only see [`Opener`], [`Incoming`] and
-//! [`TunnelStream`], so a second transport (QUIC) plugs in beside [`h2`] without touching them.
+//! [`TunnelStream`], so the second transport, QUIC ([`quic`]), sits beside [`h2`] without touching them.
 //!
 //! Wire protocol, version 1 (ALPN `seedgate-tunnel/1`):
 //! - stream open: `CONNECT` with `:authority` = `host:port` of the target in the shoot;
@@ -18,6 +18,7 @@
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod h2;
+pub mod quic;
 mod stream;
 
 use serde::{Deserialize, Serialize};
@@ -200,6 +201,18 @@ pub struct Incoming {
 pub trait Responder: Send {
     fn accept(self: Box<Self>) -> Result<TunnelStream, DialError>;
     fn refuse(self: Box<Self>, err: &DialError);
+}
+
+/// Agent side: what to do with streams and control messages.
+pub trait AgentHandler: Send + Sync + 'static {
+    /// A new stream to dial; called in its own task.
+    fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()>;
+    /// A control message from the seed.
+    fn control(&self, msg: ControlMsg);
+    fn hello(&self) -> AgentHello;
+    /// The session is up: the seed's HTTP/2 preface (TCP) or control stream (QUIC) arrived, so
+    /// TLS (the seed's verdict on our certificate included) and the transport handshake passed.
+    fn established(&self) {}
 }
 
 /// Messages from the seed to an agent on the control stream.
