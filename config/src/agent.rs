@@ -131,6 +131,28 @@ pub struct Tunnel {
     /// server carries its own deadline.) Default `30s`.
     #[serde(default = "rehome_drain_default")]
     pub rehome_drain: Dur,
+    /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default) or `quic`
+    /// (QUIC over UDP, to the same `servers` addresses: the server's `agents.quic.listen`).
+    #[serde(default)]
+    pub transport: Transport,
+}
+
+/// The tunnel's transport.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    #[default]
+    H2,
+    Quic,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::H2 => "h2",
+            Transport::Quic => "quic",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

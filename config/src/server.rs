@@ -162,6 +162,18 @@ pub struct Agents {
     /// How often `peers` is resolved again. Default `10s`.
     #[serde(default = "peers_interval_default")]
     pub peers_interval: Dur,
+    /// The tunnel's QUIC transport: a UDP listener beside the TCP one, with the same TLS
+    /// material (`tls`), identity and rules. Default `null`: TCP only. Restart-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<AgentsQuic>,
+}
+
+/// The agents' QUIC listener.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsQuic {
+    /// UDP `host:port`.
+    pub listen: HostPort,
 }
 
 fn peers_interval_default() -> Dur {
