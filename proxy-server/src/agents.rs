@@ -1,7 +1,8 @@
-//! The agents' listener: mTLS (TLS 1.3) handshake, cluster identity from the certificate CN, one HTTP/2 session per agent.
+//! The agents' listeners: mTLS (TLS 1.3) handshake, cluster identity from the certificate CN, one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
 use crate::Shared;
 use proxy_core::tunnel::h2::run_seed_session;
+use proxy_core::tunnel::quic;
 use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, TunnelSettings};
 use seedgate_config::server::valid_cluster_name;
 use std::net::SocketAddr;
@@ -55,28 +56,63 @@ pub async fn serve_agent(
         tracing::warn!(%peer, alpn = ?conn.alpn_protocol().map(String::from_utf8_lossy), "agent did not negotiate seedgate-tunnel/1");
         return;
     }
-    let cluster = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(proxy_core::tls::common_name)
-        .filter(|cn| valid_cluster_name(cn));
-    let Some(cluster) = cluster else {
-        m.agent_sessions.with_label_values(&["-", "bad_identity"]).inc();
-        tracing::warn!(%peer, "agent certificate has no usable CN (the cluster name)");
-        return;
-    };
-    if shared.registry.mode(&cluster).mode == seedgate_config::server::ClusterMode::Fenced {
-        m.agent_sessions.with_label_values(&[&cluster, "cluster_fenced"]).inc();
-        tracing::info!(%peer, %cluster, "agent refused: cluster is fenced on this seed");
-        return;
-    }
-    let refuse = !shared.knows_cluster(&cluster, peer) && !cfg.agents.accept_unknown_clusters;
+    let Some(admit) = admit(&shared, peer, conn.peer_certificates().and_then(|c| c.first())) else { return };
     let settings = settings(&cfg);
     let session_stop = stop.child_token();
     let registered = std::sync::Mutex::new(None);
     let result = run_seed_session(tls, &settings, session_stop.clone(), |s| {
-        let opener: Arc<dyn Opener> = s.opener;
-        if refuse {
+        admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
+    })
+    .await;
+    admit.unregister(&shared, &registered, result.map_err(|e| e.to_string()));
+}
+
+/// An agent whose certificate names a cluster this seed may serve (not fenced).
+pub(crate) struct Admitted {
+    peer: SocketAddr,
+    cluster: String,
+    /// Not a cluster this seed knows, and unknown clusters are refused: the session only
+    /// carries the refusal.
+    refuse: bool,
+    transport: &'static str,
+}
+
+/// Both transports: the cluster from the certificate CN, fencing, the unknown-cluster rule.
+pub(crate) fn admit(
+    shared: &Shared,
+    peer: SocketAddr,
+    cert: Option<&rustls::pki_types::CertificateDer<'_>>,
+) -> Option<Admitted> {
+    let m = &shared.metrics;
+    let cfg = shared.config.load_full();
+    let cluster = cert.and_then(proxy_core::tls::common_name).filter(|cn| valid_cluster_name(cn));
+    let Some(cluster) = cluster else {
+        m.agent_sessions.with_label_values(&["-", "bad_identity"]).inc();
+        tracing::warn!(%peer, "agent certificate has no usable CN (the cluster name)");
+        return None;
+    };
+    if shared.registry.mode(&cluster).mode == seedgate_config::server::ClusterMode::Fenced {
+        m.agent_sessions.with_label_values(&[&cluster, "cluster_fenced"]).inc();
+        tracing::info!(%peer, %cluster, "agent refused: cluster is fenced on this seed");
+        return None;
+    }
+    let refuse = !shared.knows_cluster(&cluster, peer) && !cfg.agents.accept_unknown_clusters;
+    Some(Admitted { peer, cluster, refuse, transport: "h2" })
+}
+
+impl Admitted {
+    /// Once the session runs: send the refusal (then close), or register the session and
+    /// announce this replica to the agent.
+    pub(crate) fn register(
+        &self,
+        shared: &Shared,
+        opener: Arc<dyn Opener>,
+        hello: Arc<std::sync::Mutex<Option<proxy_core::tunnel::AgentHello>>>,
+        session_stop: &CancellationToken,
+        registered: &std::sync::Mutex<Option<Arc<crate::registry::Session>>>,
+    ) {
+        let (m, peer, cluster) = (&shared.metrics, self.peer, &self.cluster);
+        if self.refuse {
             // Bounded label: the name is not one the config knows; logs and /readyz carry it.
             m.agent_sessions.with_label_values(&["-", "unknown_cluster"]).inc();
             shared.unknown_refused.lock().expect("not poisoned").insert(cluster.clone());
@@ -94,26 +130,108 @@ pub async fn serve_agent(
             });
             return;
         }
-        match shared.registry.add(&cluster, peer.to_string(), opener, s.hello, session_stop.clone()) {
+        match shared.registry.add(cluster, peer.to_string(), opener, hello, session_stop.clone()) {
             Ok(sess) => {
-                m.agent_sessions.with_label_values(&[&cluster, "accepted"]).inc();
-                tracing::info!(%peer, %cluster, session = sess.id, "agent session up");
-                shared.replica.announce_to(&shared, &sess);
+                m.agent_sessions.with_label_values(&[cluster, "accepted"]).inc();
+                tracing::info!(%peer, %cluster, session = sess.id, transport = self.transport, "agent session up");
+                shared.replica.announce_to(shared, &sess);
                 *registered.lock().expect("not poisoned") = Some(sess);
             }
             Err(reason) => {
-                m.agent_sessions.with_label_values(&[&cluster, reason]).inc();
+                m.agent_sessions.with_label_values(&[cluster, reason]).inc();
                 session_stop.cancel();
             }
         }
-    })
-    .await;
-    let sess = registered.lock().expect("not poisoned").take();
-    if let Some(sess) = sess {
-        shared.registry.remove(&sess);
-        match &result {
-            Ok(()) => tracing::info!(%peer, %cluster, session = sess.id, "agent session closed"),
-            Err(e) => tracing::info!(%peer, %cluster, session = sess.id, error = %e, "agent session ended"),
+    }
+
+    /// The session ended: remove it from the registry.
+    pub(crate) fn unregister(
+        &self,
+        shared: &Shared,
+        registered: &std::sync::Mutex<Option<Arc<crate::registry::Session>>>,
+        result: Result<(), String>,
+    ) {
+        let (peer, cluster) = (self.peer, &self.cluster);
+        let sess = registered.lock().expect("not poisoned").take();
+        if let Some(sess) = sess {
+            shared.registry.remove(&sess);
+            match &result {
+                Ok(()) => tracing::info!(%peer, %cluster, session = sess.id, "agent session closed"),
+                Err(e) => tracing::info!(%peer, %cluster, session = sess.id, error = %e, "agent session ended"),
+            }
         }
     }
+}
+
+/// Serve one agent QUIC connection for its whole life: the handshake (with the server config
+/// built for it), then the same identity rules and registration as over TCP.
+pub async fn serve_agent_quic(
+    shared: Arc<Shared>,
+    incoming: quinn::Incoming,
+    server_config: Arc<quinn::ServerConfig>,
+    stop: CancellationToken,
+) {
+    let m = &shared.metrics;
+    let cfg = shared.config.load_full();
+    let peer = incoming.remote_address();
+    let connecting = match incoming.accept_with(server_config) {
+        Ok(c) => c,
+        Err(e) => {
+            m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
+            tracing::warn!(%peer, error = %e, "agent QUIC connection refused");
+            return;
+        }
+    };
+    let conn = match tokio::time::timeout(cfg.timeouts.handshake.get(), connecting).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
+            match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENTS_LISTENER) {
+                Some(hint) => tracing::warn!(%peer, error = %e, "agent QUIC handshake failed: {hint}"),
+                None => tracing::warn!(%peer, error = %e, "agent QUIC handshake failed"),
+            }
+            return;
+        }
+        Err(_) => {
+            m.agent_sessions.with_label_values(&["-", "handshake_timeout"]).inc();
+            tracing::warn!(%peer, "agent QUIC handshake timed out");
+            return;
+        }
+    };
+    let alpn = conn
+        .handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol);
+    if alpn.as_deref() != Some(ALPN_V1) {
+        m.agent_sessions.with_label_values(&["-", "bad_alpn"]).inc();
+        tracing::warn!(%peer, "agent did not negotiate seedgate-tunnel/1 over QUIC");
+        conn.close(quinn::VarInt::from_u32(quic::CLOSE_PROTOCOL), b"ALPN");
+        return;
+    }
+    let certs = conn.peer_identity().and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok());
+    let Some(mut admit) = admit(&shared, peer, certs.as_ref().and_then(|c| c.first())) else {
+        conn.close(quinn::VarInt::from_u32(quic::CLOSE_PROTOCOL), b"refused");
+        return;
+    };
+    admit.transport = "quic";
+    let settings = settings(&cfg);
+    let session_stop = stop.child_token();
+    let registered = std::sync::Mutex::new(None);
+    let result = quic::run_seed_session_quic(conn, &settings, session_stop.clone(), |s| {
+        admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
+    })
+    .await;
+    admit.unregister(&shared, &registered, result.map_err(|e| e.to_string()));
+}
+
+/// The quinn server config of one agent connection: the agents' current TLS material and the
+/// current tunnel settings.
+pub fn quic_server_config(
+    tls: Arc<rustls::ServerConfig>,
+    cfg: &seedgate_config::ServerConfig,
+) -> Result<quinn::ServerConfig, String> {
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    sc.transport_config(Arc::new(quic::transport_config(&settings(cfg))));
+    Ok(sc)
 }

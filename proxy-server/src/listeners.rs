@@ -160,10 +160,16 @@ struct AgentsEntry {
     stop: CancellationToken,
 }
 
+/// The agents' QUIC listener (restart-only: a reload does not move it).
+struct QuicEntry {
+    addr: String,
+}
+
 /// Every socket of the server.
 pub(crate) struct Listeners {
     metrics: TlsMetrics,
     agents: Mutex<Option<AgentsEntry>>,
+    quic: Mutex<Option<QuicEntry>>,
     frontends: Mutex<BTreeMap<String, FrontendEntry>>,
     /// Bound by [`Listeners::bind`], served from [`Listeners::start`].
     pending: Mutex<Vec<Pending>>,
@@ -171,6 +177,7 @@ pub(crate) struct Listeners {
 
 enum Pending {
     Agents(TcpListener, Arc<Reloading<rustls::ServerConfig>>, ServerTls, HostPort, String),
+    AgentsQuic(quinn::Endpoint, String),
     Frontend(Frontend, Sock, String),
 }
 
@@ -180,11 +187,15 @@ impl Listeners {
         let (agents, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
         let mut pending = vec![Pending::Agents(
             agents,
-            material,
+            material.clone(),
             cfg.agents.tls.clone(),
             cfg.agents.listen.clone(),
             addr.to_string(),
         )];
+        if let Some(q) = &cfg.agents.quic {
+            let (endpoint, addr) = listen_quic(&q.listen, &material, cfg).await?;
+            pending.push(Pending::AgentsQuic(endpoint, addr.to_string()));
+        }
         for f in &cfg.frontends {
             // TLS files are checked before the socket is bound, so a bad file fails the start.
             frontend_files(f, metrics)?;
@@ -194,6 +205,7 @@ impl Listeners {
         Ok(Self {
             metrics: metrics.clone(),
             agents: Mutex::new(None),
+            quic: Mutex::new(None),
             frontends: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(pending),
         })
@@ -205,9 +217,13 @@ impl Listeners {
         if let Some(a) = &*self.agents.lock().expect("not poisoned") {
             out.insert("agents".into(), a.addr.clone());
         }
+        if let Some(q) = &*self.quic.lock().expect("not poisoned") {
+            out.insert("agents-quic".into(), q.addr.clone());
+        }
         for p in self.pending.lock().expect("not poisoned").iter() {
             match p {
                 Pending::Agents(.., addr) => out.insert("agents".into(), addr.clone()),
+                Pending::AgentsQuic(_, addr) => out.insert("agents-quic".into(), addr.clone()),
                 Pending::Frontend(f, _, addr) => out.insert(f.name.value.clone(), addr.clone()),
             };
         }
@@ -220,8 +236,18 @@ impl Listeners {
         for p in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
             match p {
                 Pending::Agents(l, material, tls_cfg, listen, addr) => {
-                    let entry = self.serve_agents(shared, sessions_stop, l, material, tls_cfg, listen, addr);
+                    let tls = Arc::new(ArcSwap::from_pointee(watched(material, &shared.shutdown.stop)));
+                    let entry = self.serve_agents(shared, sessions_stop, l, tls, tls_cfg, listen, addr);
                     *self.agents.lock().expect("not poisoned") = Some(entry);
+                }
+                Pending::AgentsQuic(endpoint, addr) => {
+                    // The agents' listener is first in `pending`: its TLS material is running.
+                    let tls = self.agents.lock().expect("not poisoned").as_ref().map(|a| a.tls.clone());
+                    if let Some(tls) = tls {
+                        tracing::info!(%addr, "agents QUIC listener up");
+                        tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls));
+                        *self.quic.lock().expect("not poisoned") = Some(QuicEntry { addr });
+                    }
                 }
                 Pending::Frontend(f, sock, addr) => {
                     // Built at bind time already; a failure now (a file changed meanwhile) is logged.
@@ -248,13 +274,12 @@ impl Listeners {
         shared: &Arc<Shared>,
         sessions_stop: &CancellationToken,
         l: TcpListener,
-        material: Arc<Reloading<rustls::ServerConfig>>,
+        tls: Arc<ArcSwap<Tls>>,
         tls_cfg: ServerTls,
         listen: HostPort,
         addr: String,
     ) -> AgentsEntry {
         let stop = shared.shutdown.stop.child_token();
-        let tls = Arc::new(ArcSwap::from_pointee(watched(material, &shared.shutdown.stop)));
         let errors = shared.metrics.conn.accept_errors.clone();
         let (sh, t, sessions) = (shared.clone(), tls.clone(), sessions_stop.clone());
         tracing::info!(%addr, "agents listener up");
@@ -379,12 +404,12 @@ impl Listeners {
                 a.tls_cfg = new.agents.tls.clone();
             }
             if let Some((l, addr)) = agents_sock {
-                let material = a.tls.load().material.clone();
+                // The same TLS material (shared with the QUIC listener, which stays).
                 let moved = self.serve_agents(
                     shared,
                     sessions_stop,
                     l,
-                    material,
+                    a.tls.clone(),
                     a.tls_cfg.clone(),
                     new.agents.listen.clone(),
                     addr.to_string(),
@@ -445,4 +470,61 @@ impl Listeners {
             }
         }
     }
+}
+
+/// Bind the agents' QUIC listener (UDP) with the agents' TLS material.
+async fn listen_quic(
+    hp: &HostPort,
+    material: &Reloading<rustls::ServerConfig>,
+    cfg: &ServerConfig,
+) -> Result<(quinn::Endpoint, std::net::SocketAddr), StartError> {
+    let what = "agents QUIC listener";
+    let addr = proxy_core::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
+        what: what.to_owned(),
+        addr: hp.to_string(),
+        source,
+    })?;
+    let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
+    let server_config =
+        crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;
+    let endpoint = quinn::Endpoint::server(server_config, addr).map_err(bind_err)?;
+    let local = endpoint.local_addr().map_err(bind_err)?;
+    Ok((endpoint, local))
+}
+
+/// Accept agents' QUIC connections until shutdown; each gets a server config built from the
+/// agents' TLS material as it is now (reloaded files included) and the current settings.
+async fn serve_agents_quic(
+    shared: Arc<Shared>,
+    sessions_stop: CancellationToken,
+    endpoint: quinn::Endpoint,
+    tls: Arc<ArcSwap<Tls>>,
+) {
+    let stop = shared.shutdown.stop.clone();
+    loop {
+        let incoming = tokio::select! {
+            _ = stop.cancelled() => break,
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+        };
+        let cfg = shared.config.load_full();
+        match crate::agents::quic_server_config(tls.load().material.current(), &cfg) {
+            Ok(sc) => {
+                tokio::spawn(crate::agents::serve_agent_quic(
+                    shared.clone(),
+                    incoming,
+                    Arc::new(sc),
+                    sessions_stop.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "agents QUIC listener: TLS material unusable for QUIC");
+                incoming.refuse();
+            }
+        }
+    }
+    // New connections are refused from now on; sessions continue until `sessions_stop`.
+    endpoint.set_server_config(None);
 }
