@@ -11,8 +11,9 @@ use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
 use proxy_core::relay;
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
+use proxy_core::tunnel::quic;
 use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, ServerInfo, TunnelSettings};
-use seedgate_config::agent::Tunnel as TunnelCfg;
+use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +38,7 @@ pub struct TunnelMetrics {
     pub server_sessions: IntGaugeVec,
     pub server_sessions_expected: IntGaugeVec,
     pub duplicates: IntCounterVec,
+    pub transport: IntGaugeVec,
 }
 
 impl TunnelMetrics {
@@ -108,6 +110,12 @@ impl TunnelMetrics {
                 "seedgate_agent_duplicate_sessions_total",
                 "Sessions closed because they reached a replica another session already held, by server name.",
                 &["server"],
+            ),
+            transport: gauge_vec(
+                reg,
+                "seedgate_tunnel_transport_info",
+                "1 for the transport (h2 or quic) the latest session to a server was dialled with, by server.",
+                &["server", "transport"],
             ),
         }
     }
@@ -201,7 +209,17 @@ impl Tunnel {
     /// One check per configured server name: ready while a session is up, "degraded" while
     /// fewer replicas than announced are reached.
     pub fn ready_checks(&self) -> Vec<proxy_core::admin::Check> {
-        self.names.lock().expect("not poisoned").iter().map(|r| r.check()).collect()
+        let transport = self.cfg.load().transport.as_str();
+        self.names
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|r| {
+                let mut c = r.check();
+                c.detail = format!("{} (transport {transport})", c.detail);
+                c
+            })
+            .collect()
     }
 
     /// Start, per configured server name, the loop that keeps a session to each of its replicas.
@@ -275,6 +293,66 @@ async fn establish(
     Ok((tls, addr))
 }
 
+/// A connection to a server, ready for its session.
+enum Established {
+    H2(Box<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr)>),
+    Quic((quinn::Connection, SocketAddr)),
+}
+
+/// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
+/// session has its own client endpoint (its own UDP socket); quinn follows the agent when its
+/// address changes (connection migration).
+async fn establish_quic(t: &Tunnel, target: &HostPort) -> Result<(quinn::Connection, SocketAddr), String> {
+    let cfg = t.cfg.load_full();
+    let timeout = cfg.dial_timeout.get();
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
+        .map_err(|e| format!("tunnel TLS material unusable for QUIC: {e}"))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(quic::transport_config(&settings(&cfg))));
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(target.to_string()))
+        .await
+        .map_err(|_| format!("resolve {target}: timed out"))?
+        .map_err(|e| format!("resolve {target}: {e}"))?
+        .collect();
+    let mut last = format!("resolve {target}: no address");
+    for addr in addrs {
+        let local: SocketAddr = if addr.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint = quinn::Endpoint::client(local).map_err(|e| format!("QUIC socket: {e}"))?;
+        let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
+            Ok(c) => c,
+            Err(e) => {
+                last = format!("QUIC connect {addr}: {e}");
+                continue;
+            }
+        };
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(conn)) => {
+                let alpn = conn
+                    .handshake_data()
+                    .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+                    .and_then(|h| h.protocol);
+                if alpn.as_deref() != Some(ALPN_V1) {
+                    return Err(format!("{addr} does not speak seedgate-tunnel/1"));
+                }
+                return Ok((conn, addr));
+            }
+            Ok(Err(e)) => {
+                last = match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                    Some(hint) => format!("QUIC handshake with {addr}: {e}: {hint}"),
+                    None => format!("QUIC handshake with {addr}: {e}"),
+                }
+            }
+            Err(_) => last = format!("QUIC handshake with {addr} timed out"),
+        }
+    }
+    Err(last)
+}
+
 /// Everything a slot's sessions share.
 struct SlotCtx {
     t: Arc<Tunnel>,
@@ -290,7 +368,18 @@ impl SlotCtx {
     /// Connect to `target` and run a session there. `reconnect`: not the slot's first attempt
     /// (counted in `seedgate_tunnel_reconnects_total` once the session is up or has failed).
     async fn connect(&self, target: &HostPort, reconnect: bool) -> Result<Live, String> {
-        let (tls, peer) = establish(&self.t, target).await?;
+        let transport = self.t.cfg.load().transport;
+        let conn = match transport {
+            Transport::H2 => Established::H2(Box::new(establish(&self.t, target).await?)),
+            Transport::Quic => Established::Quic(establish_quic(&self.t, target).await?),
+        };
+        let peer = match &conn {
+            Established::H2(h2) => h2.1,
+            Established::Quic((_, peer)) => *peer,
+        };
+        for t in [Transport::H2, Transport::Quic] {
+            self.t.metrics.transport.with_label_values(&[&self.label, t.as_str()]).set(i64::from(t == transport));
+        }
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
         let (state_tx, state) = watch::channel(SessionState::default());
@@ -306,14 +395,22 @@ impl SlotCtx {
         let done = tokio::spawn(async move {
             // With TLS 1.3 the server checks our certificate after our side of the handshake is
             // done: its refusal arrives as an alert on the session's first read.
-            run_agent_session(tls, &settings, handler, st, tracker).await.map_err(|e| {
-                match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
-                    Some(hint) => format!("{e}: {hint}"),
-                    None => e.to_string(),
-                }
-            })
+            match conn {
+                Established::H2(h2) => run_agent_session(h2.0, &settings, handler, st, tracker).await.map_err(|e| {
+                    match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                        Some(hint) => format!("{e}: {hint}"),
+                        None => e.to_string(),
+                    }
+                }),
+                Established::Quic((conn, _)) => quic::run_agent_session_quic(conn, &settings, handler, st, tracker)
+                    .await
+                    .map_err(|e| match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                        Some(hint) => format!("{e}: {hint}"),
+                        None => e.to_string(),
+                    }),
+            }
         });
-        tracing::debug!(server = %self.label, target = %target, %peer, "TLS up; waiting for the seed's HTTP/2 preface");
+        tracing::debug!(server = %self.label, target = %target, %peer, transport = transport.as_str(), "TLS up; waiting for the seed's first stream");
         Ok(Live {
             target: target.clone(),
             peer,
