@@ -217,3 +217,38 @@ async fn agent_sigterm_drains() -> anyhow::Result<()> {
     wait_agents(w.saddrs.admin()?, "shoot-a", 0.0).await?;
     Ok(())
 }
+
+/// The agents' QUIC listener behind sni-router's UDP listener (routed by the SNI of the
+/// agent's Initial packets): the session comes up and carries a stream.
+#[tokio::test]
+async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
+    let dir = TempDir::new("tunnel-quic-router")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let fe = Fe::new("egress", "shoot-a", FeKind::Plain);
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[fe], "").replacen(
+        "agents:\n",
+        "agents:\n  quic: { listen: 127.0.0.1:0 }\n",
+        1,
+    );
+    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    let router_yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, udp_idle: 30s }}\ndrain_grace: 1s\nlisteners:\n  - name: quic\n    listen: 127.0.0.1:0\n    protocol: udp\n    routes:\n      - name: seed\n        sni: [{}]\n        upstreams: [{}]\n",
+        testbed::tunnel_kit::SERVER_NAME,
+        saddrs.listener("agents-quic")?
+    );
+    let cfg = dir.write("router.yaml", &router_yaml)?;
+    let (router, raddrs) = Proc::start_seedgate(&testbed::bin_path("sni-router")?, &cfg, &[]).await?;
+    let mut o = AgentOpts::new("shoot-a", raddrs.listener("quic")?, &["127.0.0.1/32"]);
+    o.tunnel_extra = "  transport: quic\n".into();
+    let (agent, _aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+    let logs = || format!("--- server:\n{}\n--- router:\n{}\n--- agent:\n{}", server.log(), router.log(), agent.log());
+    wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(logs)?;
+    let echo = TcpEcho::start().await?;
+    let mut s = connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.addr().to_string()).await.with_context(logs)?;
+    s.write_all(b"via the router").await?;
+    s.shutdown().await?;
+    let mut back = Vec::new();
+    tokio::time::timeout(STEP, s.read_to_end(&mut back)).await.context("echo timed out")??;
+    assert_eq!(back, b"via the router");
+    Ok(())
+}
