@@ -322,7 +322,8 @@ async fn establish_quic(t: &Tunnel, target: &HostPort) -> Result<(quinn::Connect
         } else {
             (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
         };
-        let endpoint = quinn::Endpoint::client(local).map_err(|e| format!("QUIC socket: {e}"))?;
+        let endpoint = quic::endpoint(local, &settings(&cfg), None, "tunnel QUIC session", "tunnel.connection_window")
+            .map_err(|e| format!("QUIC socket: {e}"))?;
         let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
             Ok(c) => c,
             Err(e) => {

@@ -36,6 +36,47 @@ pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Resolve `host:port` to one socket address: IP literals without a lookup, names through
 /// tokio's resolver (on a blocking thread, never a runtime worker). Listen addresses use it too.
+/// Ask for `want` bytes of UDP send and receive buffer; warn (once per `warned`, every time
+/// without one) when the kernel grants less, which it does silently above `net.core.rmem_max` /
+/// `wmem_max`. `key` names the setting the operator asked with.
+pub fn set_udp_buffers(s: &Socket, want: usize, what: &str, key: &str, warned: Option<&std::sync::atomic::AtomicBool>) {
+    let _ = s.set_recv_buffer_size(want);
+    let _ = s.set_send_buffer_size(want);
+    // Linux reports twice what it granted (it counts its bookkeeping overhead in), capped at
+    // twice rmem_max/wmem_max: halve it to compare with what was asked.
+    let granted = |v: usize| if cfg!(target_os = "linux") { v / 2 } else { v };
+    let rcv = granted(s.recv_buffer_size().unwrap_or(0));
+    let snd = granted(s.send_buffer_size().unwrap_or(0));
+    if (rcv < want || snd < want) && !warned.is_some_and(|w| w.swap(true, std::sync::atomic::Ordering::Relaxed)) {
+        tracing::warn!(
+            socket = what,
+            asked = want,
+            rcvbuf = rcv,
+            sndbuf = snd,
+            "the kernel capped the UDP socket buffers below {key}; raise net.core.rmem_max and net.core.wmem_max"
+        );
+    }
+}
+
+/// A non-blocking UDP socket bound to `addr` (dual-stack for `[::]`), its buffers asked for as
+/// [`set_udp_buffers`] does; for tokio (`UdpSocket::from_std`) or quinn (`Endpoint::new`).
+pub fn bind_udp(
+    addr: SocketAddr,
+    buffer: usize,
+    what: &str,
+    key: &str,
+    warned: Option<&std::sync::atomic::AtomicBool>,
+) -> io::Result<std::net::UdpSocket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false).ok();
+    }
+    set_udp_buffers(&s, buffer, what, key, warned);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
 pub async fn resolve_one(hp: &HostPort) -> io::Result<SocketAddr> {
     resolve(hp)
         .await?

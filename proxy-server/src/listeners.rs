@@ -487,7 +487,10 @@ async fn listen_quic(
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
     let server_config =
         crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;
-    let endpoint = quinn::Endpoint::server(server_config, addr).map_err(bind_err)?;
+    let settings = crate::agents::settings(cfg);
+    let endpoint =
+        proxy_core::tunnel::quic::endpoint(addr, &settings, Some(server_config), what, "agents.connection_window")
+            .map_err(bind_err)?;
     let local = endpoint.local_addr().map_err(bind_err)?;
     Ok((endpoint, local))
 }

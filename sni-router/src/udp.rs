@@ -233,44 +233,16 @@ pub(crate) struct UdpListener {
     next_id: AtomicU64,
 }
 
-/// Ask for `want` bytes of send and receive buffer; warn (once per `warned`) when the kernel
-/// grants less, which it does silently above `net.core.rmem_max` / `wmem_max`.
-fn set_buffers(s: &Socket, want: usize, what: &str, warned: Option<&AtomicBool>) {
-    let _ = s.set_recv_buffer_size(want);
-    let _ = s.set_send_buffer_size(want);
-    // Linux reports twice what it granted (it counts its bookkeeping overhead in), capped at
-    // twice rmem_max/wmem_max: halve it to compare with what was asked.
-    let granted = |v: usize| if cfg!(target_os = "linux") { v / 2 } else { v };
-    let rcv = granted(s.recv_buffer_size().unwrap_or(0));
-    let snd = granted(s.send_buffer_size().unwrap_or(0));
-    if (rcv < want || snd < want) && !warned.is_some_and(|w| w.swap(true, Ordering::Relaxed)) {
-        tracing::warn!(
-            socket = what,
-            asked = want,
-            rcvbuf = rcv,
-            sndbuf = snd,
-            "the kernel capped the UDP socket buffers below limits.udp_socket_buffer; raise net.core.rmem_max and net.core.wmem_max"
-        );
-    }
-}
-
 /// Bind a listener's UDP socket. Must be called inside a tokio runtime.
 pub(crate) fn bind_udp(addr: SocketAddr, buffer: usize, what: &str) -> io::Result<UdpSocket> {
-    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if addr.is_ipv6() {
-        s.set_only_v6(false).ok();
-    }
-    set_buffers(&s, buffer, what, None);
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    UdpSocket::from_std(s.into())
+    UdpSocket::from_std(proxy_core::net::bind_udp(addr, buffer, what, "limits.udp_socket_buffer", None)?)
 }
 
 /// A socket of one flow, connected to `upstream` (so only its datagrams are received).
 fn flow_socket(upstream: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
     static WARNED: AtomicBool = AtomicBool::new(false);
     let s = Socket::new(Domain::for_address(upstream), Type::DGRAM, Some(Protocol::UDP))?;
-    set_buffers(&s, buffer, "flow upstream", Some(&WARNED));
+    proxy_core::net::set_udp_buffers(&s, buffer, "flow upstream", "limits.udp_socket_buffer", Some(&WARNED));
     s.set_nonblocking(true)?;
     let any: IpAddr = if upstream.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
     s.bind(&SocketAddr::new(any, 0).into())?;

@@ -96,6 +96,29 @@ pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t
 }
 
+/// UDP socket buffer for a tunnel endpoint: room for a burst of the connection window, so the
+/// kernel does not drop datagrams before quinn reads them (default buffers of ~200 KiB collapse
+/// QUIC throughput under bursts); 1 MiB at least, 8 MiB at most (beyond, the window is flow
+/// control's job, not the socket's).
+pub fn udp_buffer(s: &TunnelSettings) -> usize {
+    (s.connection_window as usize).clamp(1 << 20, 8 << 20)
+}
+
+/// A quinn endpoint on a UDP socket bound to `addr` with [`udp_buffer`] bytes of buffer (a
+/// warning names `key` if the kernel caps it); a server endpoint when `server` is given.
+pub fn endpoint(
+    addr: std::net::SocketAddr,
+    settings: &TunnelSettings,
+    server: Option<quinn::ServerConfig>,
+    what: &str,
+    key: &str,
+) -> io::Result<quinn::Endpoint> {
+    // Once per process: an agent opens an endpoint per session, and the cap does not change.
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, Arc::new(quinn::TokioRuntime))
+}
+
 /// Encode a stream header.
 pub fn encode_header(kind: u8, target: &str) -> Result<Vec<u8>, DialError> {
     let len =
