@@ -25,6 +25,8 @@ default_fn! {
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
     rehome_drain_default: Dur = Dur::secs(30);
+    quic_timeout_default: Dur = Dur::secs(3);
+    quic_probe_interval_default: Dur = Dur::secs(60);
 }
 admin_or_null!();
 
@@ -131,10 +133,21 @@ pub struct Tunnel {
     /// server carries its own deadline.) Default `30s`.
     #[serde(default = "rehome_drain_default")]
     pub rehome_drain: Dur,
-    /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default) or `quic`
-    /// (QUIC over UDP, to the same `servers` addresses: the server's `agents.quic.listen`).
+    /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default), `quic`
+    /// (QUIC over UDP, to the same `servers` addresses: the server's `agents.quic.listen`), or
+    /// `auto` (QUIC first; h2 to the same address when no QUIC handshake completes within
+    /// `quic_timeout`; while on h2, QUIC is probed again every `quic_probe_interval` and the
+    /// slot moves to it make-before-break).
     #[serde(default)]
     pub transport: Transport,
+    /// `auto` only: how long a QUIC handshake may take before the agent falls back to h2.
+    /// Default `3s`.
+    #[serde(default = "quic_timeout_default")]
+    pub quic_timeout: Dur,
+    /// `auto` only: while a session runs over h2, how often QUIC is tried again (with jitter).
+    /// Default `60s`.
+    #[serde(default = "quic_probe_interval_default")]
+    pub quic_probe_interval: Dur,
 }
 
 /// The tunnel's transport.
@@ -144,6 +157,8 @@ pub enum Transport {
     #[default]
     H2,
     Quic,
+    /// QUIC when it gets through, else h2 (re-probing QUIC now and then).
+    Auto,
 }
 
 impl Transport {
@@ -151,6 +166,7 @@ impl Transport {
         match self {
             Transport::H2 => "h2",
             Transport::Quic => "quic",
+            Transport::Auto => "auto",
         }
     }
 }
@@ -333,6 +349,8 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         ("reconnect.initial", t.reconnect.initial),
         ("reconnect.max", t.reconnect.max),
         ("rehome_drain", t.rehome_drain),
+        ("quic_timeout", t.quic_timeout),
+        ("quic_probe_interval", t.quic_probe_interval),
     ] {
         if d.get().is_zero() {
             p.push(at, format!("{f}.{name}"), "must be positive");

@@ -39,6 +39,7 @@ pub struct TunnelMetrics {
     pub server_sessions_expected: IntGaugeVec,
     pub duplicates: IntCounterVec,
     pub transport: IntGaugeVec,
+    pub transport_changes: IntCounterVec,
 }
 
 impl TunnelMetrics {
@@ -114,8 +115,14 @@ impl TunnelMetrics {
             transport: gauge_vec(
                 reg,
                 "seedgate_tunnel_transport_info",
-                "1 for the transport (h2 or quic) the latest session to a server was dialled with, by server.",
+                "1 for the transport (h2 or quic) of the live session to a server, by server.",
                 &["server", "transport"],
+            ),
+            transport_changes: counter_vec(
+                reg,
+                "seedgate_tunnel_transport_changes_total",
+                "transport auto: sessions dialled over h2 because QUIC did not get through (from quic, to h2), and moves of a session from h2 to QUIC (from h2, to quic), by server.",
+                &["server", "from", "to"],
             ),
         }
     }
@@ -265,6 +272,8 @@ struct Live {
     handler_gone: bool,
     /// Not the slot's first attempt: its outcome counts as a reconnect.
     reconnect: bool,
+    /// What the session runs over (never `Auto`).
+    transport: Transport,
 }
 
 /// Connect and handshake with `target` (resolved afresh).
@@ -302,9 +311,12 @@ enum Established {
 /// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
 /// session has its own client endpoint (its own UDP socket); quinn follows the agent when its
 /// address changes (connection migration).
-async fn establish_quic(t: &Tunnel, target: &HostPort) -> Result<(quinn::Connection, SocketAddr), String> {
+async fn establish_quic(
+    t: &Tunnel,
+    target: &HostPort,
+    timeout: Duration,
+) -> Result<(quinn::Connection, SocketAddr), String> {
     let cfg = t.cfg.load_full();
-    let timeout = cfg.dial_timeout.get();
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
         .map_err(|e| format!("tunnel TLS material unusable for QUIC: {e}"))?;
@@ -369,18 +381,31 @@ impl SlotCtx {
     /// Connect to `target` and run a session there. `reconnect`: not the slot's first attempt
     /// (counted in `seedgate_tunnel_reconnects_total` once the session is up or has failed).
     async fn connect(&self, target: &HostPort, reconnect: bool) -> Result<Live, String> {
-        let transport = self.t.cfg.load().transport;
-        let conn = match transport {
-            Transport::H2 => Established::H2(Box::new(establish(&self.t, target).await?)),
-            Transport::Quic => Established::Quic(establish_quic(&self.t, target).await?),
+        self.connect_over(target, reconnect, self.t.cfg.load().transport).await
+    }
+
+    /// [`Self::connect`] over `transport`; `Auto` tries QUIC for `quic_timeout`, then h2.
+    async fn connect_over(&self, target: &HostPort, reconnect: bool, transport: Transport) -> Result<Live, String> {
+        let cfg = self.t.cfg.load_full();
+        let (conn, transport) = match transport {
+            Transport::H2 => (Established::H2(Box::new(establish(&self.t, target).await?)), Transport::H2),
+            Transport::Quic => {
+                (Established::Quic(establish_quic(&self.t, target, cfg.dial_timeout.get()).await?), Transport::Quic)
+            }
+            Transport::Auto => match establish_quic(&self.t, target, cfg.quic_timeout.get()).await {
+                Ok(q) => (Established::Quic(q), Transport::Quic),
+                Err(e) => {
+                    tracing::info!(server = %self.label, target = %target, error = %e, "transport auto: QUIC did not get through; using h2");
+                    let h2 = establish(&self.t, target).await?;
+                    self.t.metrics.transport_changes.with_label_values(&[&self.label, "quic", "h2"]).inc();
+                    (Established::H2(Box::new(h2)), Transport::H2)
+                }
+            },
         };
         let peer = match &conn {
             Established::H2(h2) => h2.1,
             Established::Quic((_, peer)) => *peer,
         };
-        for t in [Transport::H2, Transport::Quic] {
-            self.t.metrics.transport.with_label_values(&[&self.label, t.as_str()]).set(i64::from(t == transport));
-        }
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
         let (state_tx, state) = watch::channel(SessionState::default());
@@ -423,6 +448,7 @@ impl SlotCtx {
             seen: SessionState::default(),
             handler_gone: false,
             reconnect,
+            transport,
         })
     }
 
@@ -432,9 +458,13 @@ impl SlotCtx {
         let now = cur.state.borrow_and_update().clone();
         if now.up && !cur.seen.up {
             let (server, target, peer) = (&self.label, &cur.target, cur.peer);
-            tracing::info!(%server, %target, %peer, "tunnel session up");
-            self.replicas.up(self.slot, &format!("session up to {target} ({peer})"));
+            let transport = cur.transport;
+            tracing::info!(%server, %target, %peer, transport = transport.as_str(), "tunnel session up");
+            self.replicas.up(self.slot, &format!("session up to {target} ({peer}) over {}", transport.as_str()));
             self.t.metrics.sessions.with_label_values(&[server]).set(1);
+            for t in [Transport::H2, Transport::Quic] {
+                self.t.metrics.transport.with_label_values(&[server, t.as_str()]).set(i64::from(t == transport));
+            }
             if cur.reconnect {
                 self.t.metrics.reconnects.with_label_values(&[server.as_str(), "ok"]).inc();
             }
@@ -465,9 +495,10 @@ impl SlotCtx {
     /// Open a session to the name and wait until its replica announced itself: a replacement
     /// for a session to a draining replica. Kept only if it reached a replica not draining and
     /// not held by another slot (a server that announces nothing is taken as it is).
-    async fn candidate(&self, name: &HostPort) -> Option<Live> {
+    /// `transport`: what to dial over (the configured one, or QUIC when moving up from h2).
+    async fn candidate(&self, name: &HostPort, transport: Transport) -> Option<Live> {
         let wait = self.t.cfg.load().dial_timeout.get();
-        let mut c = match self.connect(name, true).await {
+        let mut c = match self.connect_over(name, true, transport).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(server = %self.label, error = %e, "no replacement session yet");
@@ -528,6 +559,12 @@ fn retire(label: &str, old: Live, drain: Option<Duration>, why: &'static str) {
         }
         tracing::info!(server = %label, target = %old.target, %id, "retired tunnel session closed");
     });
+}
+
+/// The wait before the next QUIC probe: between ¾ of `interval` and all of it (jitter, so that
+/// agents that fell back at the same moment do not probe in step).
+fn probe_wait(interval: Duration) -> Duration {
+    interval.mul_f64(0.5) + Backoff::new(interval / 2, interval / 2).next_wait()
 }
 
 /// Longest wait between attempts to reach one more replica while the ones reached answer:
@@ -601,6 +638,8 @@ async fn slot_loop(
     reresolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When a session's replica is draining: the next attempt to find a replacement.
     let mut replace_at: Option<tokio::time::Instant> = None;
+    // transport auto, while the session runs over h2: the next try to move it to QUIC.
+    let mut upgrade_at: Option<tokio::time::Instant> = None;
     loop {
         if stop.is_cancelled() {
             return;
@@ -636,12 +675,20 @@ async fn slot_loop(
             first = false;
             continue;
         };
+        if cfg.transport == Transport::Auto && cur.transport == Transport::H2 {
+            if upgrade_at.is_none() {
+                upgrade_at = Some(tokio::time::Instant::now() + probe_wait(cfg.quic_probe_interval.get()));
+            }
+        } else {
+            upgrade_at = None;
+        }
         tokio::select! {
             r = &mut cur.done => {
                 let lived = cur.since.elapsed();
                 let (was_up, reconnect) = (cur.seen.up || cur.state.borrow().up, cur.reconnect);
                 live = None;
                 replace_at = None;
+                upgrade_at = None;
                 ctx.lost("not connected");
                 match r {
                     Ok(Ok(())) => tracing::info!(server = %label, "tunnel session closed"),
@@ -698,13 +745,35 @@ async fn slot_loop(
                     replace_at = Some(tokio::time::Instant::now());
                 }
             }
+            _ = tokio::time::sleep_until(upgrade_at.unwrap_or_else(tokio::time::Instant::now)), if upgrade_at.is_some() && replace_at.is_none() => {
+                upgrade_at = None;
+                if !cur.seen.up {
+                    continue;
+                }
+                // The same place the h2 session reached; kept if it reached that replica (or
+                // another one no other slot holds, not draining).
+                let place = cur.target.clone();
+                match ctx.candidate(&place, Transport::Quic).await {
+                    Some(new) => {
+                        let old = live.replace(new).expect("live");
+                        // Make-before-break, as for re-homing: GOAWAY on the h2 session, whose
+                        // streams run to their end.
+                        retire(&label, old, None, "transport auto: QUIC gets through now; moved the session to QUIC, the h2 session's streams finish there");
+                        t.metrics.transport_changes.with_label_values(&[label.as_str(), "h2", "quic"]).inc();
+                        let cur = live.as_mut().expect("live");
+                        ctx.replicas.down(slot, "moving to QUIC");
+                        ctx.observe(cur);
+                    }
+                    None => tracing::debug!(server = %label, target = %place, "transport auto: QUIC still does not get through; staying on h2"),
+                }
+            }
             _ = tokio::time::sleep_until(replace_at.unwrap_or_else(tokio::time::Instant::now)), if replace_at.is_some() => {
                 if !replicas.wants_session(slot) {
                     // The other sessions already reach as many replicas as announced.
                     replace_at = Some(tokio::time::Instant::now() + probe.next_wait());
                     continue;
                 }
-                match ctx.candidate(&configured).await {
+                match ctx.candidate(&configured, cfg.transport).await {
                     Some(new) => {
                         replace_at = None;
                         probe.reset();
