@@ -213,3 +213,67 @@ async fn moves_to_quic_once_it_gets_through_without_cutting_streams() -> anyhow:
         .with_context(|| w.logs())?;
     Ok(())
 }
+
+/// Connection migration (root): the agent runs in its own network namespace over QUIC with a
+/// stream echoing; its address changes (a new address becomes the source of the route to the
+/// seed, the old one is deleted) and the stream keeps echoing over the same QUIC session.
+#[tokio::test]
+async fn quic_session_survives_an_agent_address_change() -> anyhow::Result<()> {
+    use testbed::netns::{Netns, require_root, veth};
+    use testbed::tunnel_kit::RouteGuard;
+    if !require_root() {
+        return Ok(());
+    }
+    let dir = TempDir::new("tunnel-migrate")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let shoot = Netns::create("migr")?;
+    // seed 10.215.1.1 <-> 10.215.1.2 shoot node (later 10.215.9.2); the backend is on the
+    // shoot's loopback, 10.216.1.5, reachable only through the tunnel.
+    let link = veth(None, Some(&shoot), "10.215.1.1/24", "10.215.1.2/24")?;
+    shoot.ip(&["addr", "add", "10.216.1.5/32", "dev", "lo"])?;
+    let fe = Fe::new("egress", "shoot-a", FeKind::Plain);
+    let yaml = server_yaml(&pki, "10.215.1.1:0", &[fe], "").replacen(
+        "agents:\n",
+        "agents:\n  quic: { listen: 10.215.1.1:0 }\n",
+        1,
+    );
+    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    let mut echo_cmd = shoot.command(testbed::bin_path("stand-in")?);
+    echo_cmd.args(["echo", "--listen", "10.216.1.5:0"]);
+    let echo_proc = Proc::spawn(echo_cmd)?;
+    let line = echo_proc.wait_log_line(&["listening "], STEP).await?;
+    let echo: SocketAddr = line.trim().strip_prefix("listening ").context("stand-in output")?.parse()?;
+
+    let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents-quic")?, &["10.216.1.0/24"]);
+    o.tunnel_extra = "  transport: quic\n".into();
+    let (agent, _) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, Some(&shoot)).await?;
+    let logs = || format!("--- proxy-server log:\n{}\n--- proxy-agent log:\n{}", server.log(), agent.log());
+    wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(logs)?;
+
+    let mut long = connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.to_string()).await.with_context(logs)?;
+    let mut round = 0;
+    for _ in 0..5 {
+        round += 1;
+        echo_round(&mut long, round).await.with_context(logs)?;
+    }
+
+    // The node's address changes: 10.215.9.2 becomes the source towards the seed, then the old
+    // address goes. The seed routes the new address over the same link.
+    let _back = RouteGuard::add(&["10.215.9.2/32", "dev", &link.a])?;
+    shoot.ip(&["addr", "add", "10.215.9.2/32", "dev", &link.b])?;
+    shoot.ip(&["route", "add", "10.215.1.1/32", "dev", &link.b, "src", "10.215.9.2"])?;
+    shoot.ip(&["addr", "del", "10.215.1.2/24", "dev", &link.b])?;
+
+    for _ in 0..40 {
+        round += 1;
+        echo_round(&mut long, round)
+            .await
+            .with_context(|| format!("the stream broke after the address change\n{}", logs()))?;
+        tokio::time::sleep(TICK).await;
+    }
+    // Still the one session, now from the new address.
+    let m = metrics(saddrs.admin()?).await?;
+    assert_eq!(metric_value(&m, "seedgate_agents_connected", &[("cluster", "shoot-a")]), Some(1.0), "{m}");
+    assert!(!agent.log().contains("tunnel session ended"), "{}", logs());
+    Ok(())
+}
