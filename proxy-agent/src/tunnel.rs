@@ -390,7 +390,10 @@ impl SlotCtx {
         let (conn, transport) = match transport {
             Transport::H2 => (Established::H2(Box::new(establish(&self.t, target).await?)), Transport::H2),
             Transport::Quic => {
-                (Established::Quic(establish_quic(&self.t, target, cfg.dial_timeout.get()).await?), Transport::Quic)
+                // Under `auto` this is a probe from h2: it gets the (short) QUIC timeout too.
+                let timeout =
+                    if cfg.transport == Transport::Auto { cfg.quic_timeout.get() } else { cfg.dial_timeout.get() };
+                (Established::Quic(establish_quic(&self.t, target, timeout).await?), Transport::Quic)
             }
             Transport::Auto => match establish_quic(&self.t, target, cfg.quic_timeout.get()).await {
                 Ok(q) => (Established::Quic(q), Transport::Quic),
