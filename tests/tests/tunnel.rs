@@ -21,6 +21,13 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 const TICK: Duration = Duration::from_millis(20);
 const MIB: u64 = 1024 * 1024;
 
+/// The tunnel transport a test runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    H2,
+    Quic,
+}
+
 /// A proxy-server with the given front ends and one agent of `shoot-a` connected to it.
 struct World {
     _dir: TempDir,
@@ -42,11 +49,30 @@ impl World {
         agent: impl FnOnce(&mut AgentOpts),
         allow: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_over(Transport::H2, frontends, server_extra, agent, allow).await
+    }
+
+    /// The same over `transport`: with QUIC the server also listens on UDP (`agents.quic`) and
+    /// the agent dials that address, where nothing listens on TCP.
+    async fn start_over(
+        transport: Transport,
+        frontends: &[Fe],
+        server_extra: &str,
+        agent: impl FnOnce(&mut AgentOpts),
+        allow: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new("tunnel")?;
         let pki = TunnelPki::new(dir.path())?;
-        let (server, saddrs) =
-            start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", frontends, server_extra)).await?;
-        let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, allow);
+        let mut yaml = server_yaml(&pki, "127.0.0.1:0", frontends, server_extra);
+        if transport == Transport::Quic {
+            yaml = yaml.replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
+        }
+        let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+        let listener = if transport == Transport::Quic { "agents-quic" } else { "agents" };
+        let mut o = AgentOpts::new("shoot-a", saddrs.listener(listener)?, allow);
+        if transport == Transport::Quic {
+            o.tunnel_extra = "  transport: quic\n".into();
+        }
         agent(&mut o);
         let (agent, aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
         wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| format!("agent log:\n{}", agent.log()))?;
@@ -105,6 +131,16 @@ async fn curl(args: &[&str]) -> anyhow::Result<String> {
 /// CONNECT (`-p`) and with absolute-form requests.
 #[tokio::test]
 async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Result<()> {
+    kube_apiserver_style(Transport::H2).await
+}
+
+/// Test 2 over the QUIC transport.
+#[tokio::test]
+async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl_over_quic() -> anyhow::Result<()> {
+    kube_apiserver_style(Transport::Quic).await
+}
+
+async fn kube_apiserver_style(transport: Transport) -> anyhow::Result<()> {
     let tmp = TempDir::new("tunnel-uds")?;
     let sock = tmp.join("shoot-a.sock");
     let fes = [
@@ -112,7 +148,7 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
         Fe::new("egress-uds", "shoot-a", FeKind::Unix(sock.clone())),
         plain_fe(),
     ];
-    let w = World::start(&fes, &["127.0.0.1/32"]).await?;
+    let w = World::start_over(transport, &fes, "", |_| {}, &["127.0.0.1/32"]).await?;
     assert_eq!(w.saddrs.unix("egress-uds")?, sock);
     let (kubelet_id, _, _) = w.pki.backend("kubelet", &["kubelet.shoot-a.test", "127.0.0.1"])?;
     // The TLS backend waits for the client's ClientHello: any byte before it would be ours.
@@ -275,7 +311,17 @@ async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Re
 /// each move 16 MiB (half of them towards the shoot, half back) with correct checksums.
 #[tokio::test]
 async fn stalled_stream_does_not_block_the_others() -> anyhow::Result<()> {
-    let w = World::start(&[plain_fe()], &["127.0.0.1/32"]).await?;
+    stalled_stream(Transport::H2).await
+}
+
+/// Test 4 over the QUIC transport.
+#[tokio::test]
+async fn stalled_stream_does_not_block_the_others_over_quic() -> anyhow::Result<()> {
+    stalled_stream(Transport::Quic).await
+}
+
+async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
+    let w = World::start_over(transport, &[plain_fe()], "", |_| {}, &["127.0.0.1/32"]).await?;
     let d = w.plain("egress")?;
     let stall = Stall::start_on("127.0.0.1:0".parse()?).await?;
     const LEN: u64 = 16 * MIB;
