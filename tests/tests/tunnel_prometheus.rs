@@ -30,6 +30,16 @@ async fn query(prom: std::net::SocketAddr, q: &str) -> anyhow::Result<Vec<(serde
 
 #[tokio::test]
 async fn prometheus_scrapes_http_and_https_targets_through_the_tunnel() -> anyhow::Result<()> {
+    prometheus_scrapes(false).await
+}
+
+/// The same with the tunnel over QUIC (the agent dials the server's `agents.quic` UDP address).
+#[tokio::test]
+async fn prometheus_scrapes_through_the_tunnel_over_quic() -> anyhow::Result<()> {
+    prometheus_scrapes(true).await
+}
+
+async fn prometheus_scrapes(quic: bool) -> anyhow::Result<()> {
     if !Path::new(PROMETHEUS).exists() {
         if std::env::var("SEEDGATE_SKIP_MISSING").as_deref() == Ok("1") {
             eprintln!("SKIP: {PROMETHEUS} missing (SEEDGATE_SKIP_MISSING=1)");
@@ -41,13 +51,16 @@ async fn prometheus_scrapes_http_and_https_targets_through_the_tunnel() -> anyho
     }
     let dir = TempDir::new("tunnel-prom")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (server, saddrs) = start_server(
-        &dir,
-        "server",
-        &server_yaml(&pki, "127.0.0.1:0", &[Fe::new("prom", "shoot-a", FeKind::Plain)], ""),
-    )
-    .await?;
-    let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
+    let mut yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("prom", "shoot-a", FeKind::Plain)], "");
+    if quic {
+        yaml = yaml.replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
+    }
+    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    let mut o =
+        AgentOpts::new("shoot-a", saddrs.listener(if quic { "agents-quic" } else { "agents" })?, &["127.0.0.1/32"]);
+    if quic {
+        o.tunnel_extra = "  transport: quic\n".into();
+    }
     let (agent, _aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await?;
 
