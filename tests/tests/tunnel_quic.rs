@@ -218,37 +218,74 @@ async fn agent_sigterm_drains() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The agents' QUIC listener behind sni-router's UDP listener (routed by the SNI of the
-/// agent's Initial packets): the session comes up and carries a stream.
+/// Two proxy-servers (two seeds' tunnel names) behind one sni-router UDP listener: each agent's
+/// QUIC Initials are routed by the SNI it sends (its `server_name`), so each reaches its own
+/// server, and a CONNECT through each server's front end reaches its own agent.
 #[tokio::test]
 async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
     let dir = TempDir::new("tunnel-quic-router")?;
     let pki = TunnelPki::new(dir.path())?;
-    let fe = Fe::new("egress", "shoot-a", FeKind::Plain);
-    let yaml = server_yaml(&pki, "127.0.0.1:0", &[fe], "").replacen(
-        "agents:\n",
-        "agents:\n  quic: { listen: 127.0.0.1:0 }\n",
-        1,
-    );
-    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    const SECOND: &str = "proxy2.seed.test";
+    let (_, c2, k2) = pki.backend("proxy2", &[SECOND])?;
+    let mut servers = Vec::new();
+    for (cluster, cert) in [("shoot-a", None), ("shoot-b", Some((&c2, &k2)))] {
+        let fe = Fe::new("egress", cluster, FeKind::Plain);
+        let mut yaml = server_yaml(&pki, "127.0.0.1:0", &[fe], "").replacen(
+            "agents:\n",
+            "agents:\n  quic: { listen: 127.0.0.1:0 }\n",
+            1,
+        );
+        if let Some((c, k)) = cert {
+            let (c1, k1) = &pki.agents_cert;
+            yaml = yaml
+                .replace(&c1.display().to_string(), &c.display().to_string())
+                .replace(&k1.display().to_string(), &k.display().to_string());
+        }
+        servers.push(start_server(&dir, &format!("server-{cluster}"), &yaml).await?);
+    }
     let router_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, udp_idle: 30s }}\ndrain_grace: 1s\nlisteners:\n  - name: quic\n    listen: 127.0.0.1:0\n    protocol: udp\n    routes:\n      - name: seed\n        sni: [{}]\n        upstreams: [{}]\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, udp_idle: 30s }}\ndrain_grace: 1s\nlisteners:\n  - name: quic\n    listen: 127.0.0.1:0\n    protocol: udp\n    routes:\n      - name: seed-a\n        sni: [{}]\n        upstreams: [{}]\n      - name: seed-b\n        sni: [{SECOND}]\n        upstreams: [{}]\n",
         testbed::tunnel_kit::SERVER_NAME,
-        saddrs.listener("agents-quic")?
+        servers[0].1.listener("agents-quic")?,
+        servers[1].1.listener("agents-quic")?,
     );
     let cfg = dir.write("router.yaml", &router_yaml)?;
     let (router, raddrs) = Proc::start_seedgate(&testbed::bin_path("sni-router")?, &cfg, &[]).await?;
-    let mut o = AgentOpts::new("shoot-a", raddrs.listener("quic")?, &["127.0.0.1/32"]);
-    o.tunnel_extra = "  transport: quic\n".into();
-    let (agent, _aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
-    let logs = || format!("--- server:\n{}\n--- router:\n{}\n--- agent:\n{}", server.log(), router.log(), agent.log());
-    wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(logs)?;
     let echo = TcpEcho::start().await?;
-    let mut s = connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.addr().to_string()).await.with_context(logs)?;
-    s.write_all(b"via the router").await?;
-    s.shutdown().await?;
-    let mut back = Vec::new();
-    tokio::time::timeout(STEP, s.read_to_end(&mut back)).await.context("echo timed out")??;
-    assert_eq!(back, b"via the router");
+    let mut agents = Vec::new();
+    for (i, (cluster, name)) in
+        [("shoot-a", testbed::tunnel_kit::SERVER_NAME), ("shoot-b", SECOND)].into_iter().enumerate()
+    {
+        let mut o = AgentOpts::new(cluster, raddrs.listener("quic")?, &["127.0.0.1/32"]);
+        o.tunnel_extra = "  transport: quic\n".into();
+        let y = agent_yaml(&pki, &o)?
+            .replace(&format!("server_name: {}", testbed::tunnel_kit::SERVER_NAME), &format!("server_name: {name}"));
+        let (agent, _) = start_agent(&dir, &format!("agent-{cluster}"), &y, None).await?;
+        let (server, saddrs) = &servers[i];
+        let logs =
+            || format!("--- server:\n{}\n--- router:\n{}\n--- agent:\n{}", server.log(), router.log(), agent.log());
+        wait_agents(saddrs.admin()?, cluster, 1.0).await.with_context(logs)?;
+        let mut s =
+            connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.addr().to_string()).await.with_context(logs)?;
+        s.write_all(b"via the router").await?;
+        s.shutdown().await?;
+        let mut back = Vec::new();
+        tokio::time::timeout(STEP, s.read_to_end(&mut back)).await.context("echo timed out")??;
+        assert_eq!(back, b"via the router");
+        agents.push(agent);
+    }
+    // Each server holds only its own cluster's agent.
+    for ((_, saddrs), other) in servers.iter().zip(["shoot-b", "shoot-a"]) {
+        let m = metrics(saddrs.admin()?).await?;
+        assert_eq!(metric_value(&m, "seedgate_agents_connected", &[("cluster", other)]).unwrap_or(0.0), 0.0, "{m}");
+    }
+    let m = metrics(raddrs.admin()?).await?;
+    for route in ["seed-a", "seed-b"] {
+        assert_eq!(
+            metric_value(&m, "seedgate_udp_flows_total", &[("route", route), ("result", "ok")]),
+            Some(1.0),
+            "{m}"
+        );
+    }
     Ok(())
 }
