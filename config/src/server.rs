@@ -17,7 +17,7 @@ default_fn! {
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
     max_pending_default: usize = 2_000;
-    pending_per_source_default: usize = 64;
+    pending_per_source_default: usize = 0;
     source_prefix_v4_default: u8 = 32;
     source_prefix_v6_default: u8 = 64;
     head_max_default: usize = 8 * 1024;
@@ -90,8 +90,11 @@ pub struct Limits {
     #[serde(default = "max_pending_default")]
     pub max_pending: usize,
     /// Such connections per source (TCP peer address masked by `source_prefix_v4` /
-    /// `source_prefix_v6`); more are closed at once. 0: no per-source cap. Unix-socket front ends
-    /// are exempt.
+    /// `source_prefix_v6`); more are closed at once. 0 (the default): no per-source cap — the
+    /// front ends' clients are a few kube-apiservers and Prometheus, each one source that opens
+    /// bursts of connections (hundreds of streams at once); `max_pending` with its eviction still
+    /// bounds them. Set it for a front end reachable by many clients. Unix-socket front ends are
+    /// exempt.
     #[serde(default = "pending_per_source_default")]
     pub pending_per_source: usize,
     #[serde(default = "source_prefix_v4_default")]
@@ -515,7 +518,7 @@ clusters:                            # per-cluster state (migration); absent = a
     fn pending_budget_keys_defaults_and_bounds() {
         let agents = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\n";
         let c = parse(agents, "s.yaml").unwrap();
-        assert_eq!((c.limits.max_pending, c.limits.pending_per_source), (2000, 64));
+        assert_eq!((c.limits.max_pending, c.limits.pending_per_source), (2000, 0));
         assert_eq!((c.limits.source_prefix_v4, c.limits.source_prefix_v6), (32, 64));
         assert_eq!(c.timeouts.handshake_floor, Dur::millis(500));
         let y = format!(
