@@ -40,9 +40,9 @@ enum Cmd {
     /// HTTP CONNECT open rate and open latency, and bulk through one CONNECT tunnel:
     /// sni-router vs squid, tinyproxy and nginx+njs.
     Connect,
-    /// The reverse tunnel (proxy-server + proxy-agent) vs rathole and ssh -R: bulk, new
-    /// connections/s, CONNECT through a tunnel (vs squid behind rathole), 1k/10k concurrent
-    /// streams, head-of-line blocking.
+    /// The reverse tunnel (proxy-server + proxy-agent, h2 and quic transports side by side) vs
+    /// rathole and ssh -R: bulk, CPU per GB, new connections/s, CONNECT through a tunnel (vs
+    /// squid behind rathole), 1k/10k concurrent streams, head-of-line blocking.
     Tunnel,
     /// RSS per established idle proxied connection, for every system.
     IdleMemory,

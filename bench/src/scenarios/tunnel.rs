@@ -1,5 +1,6 @@
-//! tunnel: the reverse tunnel, proxy-server + proxy-agent (the agent dials out with mTLS; one
-//! HTTP/2 stream per connection), against rathole (TCP and TLS transports: one data-channel
+//! tunnel: the reverse tunnel, proxy-server + proxy-agent over both of its transports (`h2`: the
+//! agent dials out with mTLS over TCP, one HTTP/2 stream per connection; `quic`: the same over
+//! QUIC/UDP, one QUIC stream per connection), side by side, against rathole (TCP and TLS transports: one data-channel
 //! connection per forwarded connection) and `ssh -R` (one SSH connection, a channel per
 //! forwarded connection).
 //!
@@ -12,14 +13,17 @@
 //! requests, CONNECT through a reverse tunnel (seedgate vs squid behind rathole), memory and
 //! completion with 1,000 / 10,000 concurrent open streams, and head-of-line blocking: the
 //! aggregate download rate of 50 streams while one more stream's reader is stalled, as a ratio
-//! of the same without it.
+//! of the same without it. CPU per GB: the CPU time (utime + stime from `/proc/<pid>/stat`) of
+//! every process of the tunnel (both ends, their children) during the 1-stream bulk upload, ÷
+//! the bytes the sink received meanwhile. The scenario's remarks give quic ÷ h2 for every
+//! figure both transports have.
 
 use super::{Ctx, record, record_rate, record_skips};
 use crate::load::{
     self, Ping, Preamble, Sink, Source, Txn, bulk_download, bulk_upload, closed_loop, connect_head, open_loop,
 };
 use crate::report::{Better, Kind, MetricId, Results};
-use crate::systems::{self, Running, Slot};
+use crate::systems::{self, Env, Running, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,6 +58,7 @@ impl Targets {
 enum Tunnel {
     Direct,
     Seedgate,
+    SeedgateQuic,
     Rathole { tls: bool },
     Ssh,
 }
@@ -62,7 +67,8 @@ impl Tunnel {
     fn label(self) -> &'static str {
         match self {
             Self::Direct => "direct",
-            Self::Seedgate => "proxy-server + proxy-agent",
+            Self::Seedgate => "proxy-server + proxy-agent (h2)",
+            Self::SeedgateQuic => "proxy-server + proxy-agent (quic)",
             Self::Rathole { tls: false } => "rathole (tcp)",
             Self::Rathole { tls: true } => "rathole (tls)",
             Self::Ssh => "ssh -R",
@@ -72,7 +78,7 @@ impl Tunnel {
     fn kind(self) -> Kind {
         match self {
             Self::Direct => Kind::Direct,
-            Self::Seedgate => Kind::Seedgate,
+            Self::Seedgate | Self::SeedgateQuic => Kind::Seedgate,
             _ => Kind::Anchor,
         }
     }
@@ -82,6 +88,7 @@ impl Tunnel {
         match self {
             Self::Direct => Ok(Running::direct(&t.services())),
             Self::Seedgate => systems::seedgate_tunnel(&env, self.label(), t.ping).await,
+            Self::SeedgateQuic => seedgate_tunnel_quic(&env, self.label(), t.ping).await,
             Self::Rathole { tls } => systems::rathole(&env, self.label(), &t.services(), tls).await,
             Self::Ssh => systems::ssh_reverse(&env, self.label(), &t.services()).await,
         }
@@ -111,8 +118,14 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let source = Source::start().await?;
     let (_echo_proc, echo) = systems::echo_helper(ctx.dir.path()).await?;
     let t = Targets { sink: sink.addr(), ping: ping.addr(), source: source.addr(), echo };
-    let kinds =
-        [Tunnel::Direct, Tunnel::Seedgate, Tunnel::Rathole { tls: false }, Tunnel::Rathole { tls: true }, Tunnel::Ssh];
+    let kinds = [
+        Tunnel::Direct,
+        Tunnel::Seedgate,
+        Tunnel::SeedgateQuic,
+        Tunnel::Rathole { tls: false },
+        Tunnel::Rathole { tls: true },
+        Tunnel::Ssh,
+    ];
     let mut slots = Vec::new();
     for k in kinds {
         slots.push(Slot::from(k.label(), k.kind(), k.start(ctx, &t).await));
@@ -120,6 +133,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
 
     let m_b1 = res.metric(SC, "bulk upload, 1 stream", "Gbit/s", Better::Higher);
     let m_b64 = res.metric(SC, "bulk upload, 64 streams", "Gbit/s", Better::Higher);
+    let m_cpu = res.metric(SC, "CPU per GB moved, bulk upload 1 stream (both ends)", "CPU s/GB", Better::Lower);
     let m_rate = res.metric(
         SC,
         &format!("new connections/s, small requests ({} concurrent)", s.concurrency),
@@ -135,19 +149,30 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let m_hol = res.metric(SC, "head-of-line ratio (with stalled ÷ without)", "ratio", Better::Higher);
     res.remark(
         SC,
-        "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS HTTP/2 tunnel); rathole/ssh: one visitor port per target; \
-         small request = 39 bytes, answer 66 bytes, then close",
+        "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS tunnel: HTTP/2 over TLS over TCP (h2), or QUIC (quic)); \
+         rathole/ssh: one visitor port per target; small request = 39 bytes, answer 66 bytes, then close; \
+         CPU per GB = utime + stime of the tunnel's processes (both ends) over the 1-stream upload (warm-up, window and drain) ÷ the bytes the sink received",
     );
     for _ in 0..s.repeats {
         for slot in &mut slots {
             let Slot::Up(sys) = slot else { continue };
             for (m, n) in [(m_b1, 1), (m_b64, 64)] {
+                let (cpu0, bytes0) = (cpu_seconds(&sys.pids()), sink.bytes());
                 let r = async {
                     let (addr, pre) = route(sys, &t, "sink")?;
                     bulk_upload(addr, &pre, n, &sink, s.warmup, s.window).await
                 }
                 .await;
+                let (cpu1, bytes1) = (cpu_seconds(&sys.pids()), sink.bytes());
                 let r = r.and_then(|v| sys.check_alive().map(|()| v));
+                if n == 1 && sys.kind != Kind::Direct {
+                    let per_gb = match &r {
+                        Ok(_) if bytes1 > bytes0 => Ok((cpu1 - cpu0) / ((bytes1 - bytes0) as f64 / 1e9)),
+                        Ok(_) => Err(anyhow::anyhow!("no bytes moved")),
+                        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+                    };
+                    record(res, m_cpu, &sys.label, sys.kind, per_gb);
+                }
                 record(res, m, &sys.label, sys.kind, r);
             }
             let txn = txn_for(sys, &t)?;
@@ -158,13 +183,155 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             hol(res, sys, &t, s.hol_streams, s.warmup, s.window, [m_hol_base, m_hol_stalled, m_hol]).await;
         }
     }
-    let all = [m_b1, m_b64, m_rate, m_sat99, m50, m99, m_hol_base, m_hol_stalled, m_hol];
+    let all = [m_b1, m_b64, m_cpu, m_rate, m_sat99, m50, m99, m_hol_base, m_hol_stalled, m_hol];
     record_skips(res, &all, &slots);
     drop(slots);
 
     connect_through_tunnel(ctx, res, &t).await?;
     concurrent_streams(ctx, res, &t, &kinds).await?;
+    transport_ratios(res);
     Ok(())
+}
+
+/// CPU time (utime + stime, seconds) of `pids` and their descendants, from `/proc/<pid>/stat`.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut seen = Vec::new();
+    let mut ticks = 0u64;
+    for &p in pids {
+        for q in crate::host::process_tree(p) {
+            if seen.contains(&q) {
+                continue;
+            }
+            seen.push(q);
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{q}/stat")) else {
+                continue;
+            };
+            // Fields after the command (which may contain spaces) start after the last ')':
+            // state is the first, utime the 12th, stime the 13th.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            for i in [11, 12] {
+                ticks += f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    ticks as f64 / tck
+}
+
+/// One remark comparing the two transports: quic ÷ h2 (medians) for every figure of the
+/// scenario that has both.
+fn transport_ratios(res: &mut Results) {
+    let (h2, quic) = (Tunnel::Seedgate.label(), Tunnel::SeedgateQuic.label());
+    let mut parts = Vec::new();
+    for m in res.metrics.iter().filter(|m| m.scenario == SC) {
+        let med = |label: &str| m.rows.iter().find(|r| r.system == label).and_then(|r| r.median());
+        if let (Some(a), Some(b)) = (med(h2), med(quic))
+            && a != 0.0
+        {
+            parts.push(format!("{}: {}", m.name, crate::report::fmt_num(b / a)));
+        }
+    }
+    if !parts.is_empty() {
+        res.remark(SC, &format!("quic ÷ h2 (medians): {}", parts.join("; ")));
+    }
+}
+
+/// proxy-server with `agents.quic` beside its TCP agents listener, and a proxy-agent with
+/// `tunnel.transport: quic` dialing it; otherwise the same configs as
+/// [`systems::seedgate_tunnel`]. Addresses: `frontend`, `server-admin`, `agent-admin`.
+async fn seedgate_tunnel_quic(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
+    systems::check_only(label)?;
+    let safe: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let d = tempdir_in(env.dir, &safe)?;
+    let server_id = env.ca.server(&["proxy.bench.local"])?;
+    let agent_id = env.ca.client("shoot-a")?;
+    let ca = env.ca.write(&d, "ca")?;
+    let (sc, sk) = server_id.write(&d, "server")?;
+    let (ac, ak) = agent_id.write(&d, "agent")?;
+    let server_cfg = d.join("proxy-server.yaml");
+    systems::write_atomic(
+        &server_cfg,
+        &format!(
+            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
+             agents:\n  listen: 127.0.0.1:0\n  quic: {{ listen: 127.0.0.1:0 }}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
+             frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n",
+            sc.display(),
+            sk.display(),
+            ca.display()
+        ),
+    )?;
+    let (sp, sa) = spawn_seedgate(env, &env.bins.server, &server_cfg).await?;
+    let quic = sa.listener("agents-quic")?;
+    let frontend = sa.listener("egress")?;
+    let agent_cfg = d.join("proxy-agent.yaml");
+    systems::write_atomic(
+        &agent_cfg,
+        &format!(
+            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
+             tunnel:\n  servers: [{quic}]\n  transport: quic\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
+             \x20 allow: [127.0.0.0/8]\n  max_streams: 16384\n",
+            ac.display(),
+            ak.display(),
+            ca.display()
+        ),
+    )?;
+    let (ap, aa) = spawn_seedgate(env, &env.bins.agent, &agent_cfg).await?;
+    let mut r = Running::direct(&[]);
+    label.clone_into(&mut r.label);
+    r.kind = Kind::Seedgate;
+    r.dir = d;
+    r.push_seedgate(sp);
+    r.push_seedgate(ap);
+    r.set_addr("frontend", frontend);
+    r.set_addr("server-admin", sa.admin()?);
+    r.set_addr("agent-admin", aa.admin()?);
+    wait_connect_ok(&mut r, frontend, probe).await?;
+    Ok(r)
+}
+
+/// A fresh directory under the run's directory for one system's configs.
+fn tempdir_in(base: &std::path::Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = base.join(format!("tq{n:02}-{name}"));
+    crate::host::dir_with_mode(&d, 0o755)?;
+    Ok(d)
+}
+
+/// A seedgate binary on the proxy CPU, logging at warn (as [`systems::seedgate_tunnel`]'s).
+async fn spawn_seedgate(
+    env: &Env<'_>,
+    bin: &std::path::Path,
+    config: &std::path::Path,
+) -> anyhow::Result<(testbed::Proc, testbed::Addresses)> {
+    let mut cmd = env.pin.command(bin);
+    cmd.env("RUST_LOG", "warn");
+    testbed::Proc::spawn_seedgate(cmd, config, &[]).await
+}
+
+/// Poll a CONNECT to `target` through `proxy` until it succeeds (the tunnel is up), at most 15 s.
+async fn wait_connect_ok(r: &mut Running, proxy: SocketAddr, target: SocketAddr) -> anyhow::Result<()> {
+    let pre = Preamble::Connect(connect_head(&target.to_string(), "").into());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut last = None;
+    // Bounded by the deadline.
+    while tokio::time::Instant::now() < deadline {
+        r.check_alive()?;
+        match tokio::time::timeout(Duration::from_secs(2), load::open(proxy, &pre)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => last = Some(e),
+            Err(e) => last = Some(e.into()),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(last
+        .unwrap_or_else(|| anyhow::anyhow!("timeout"))
+        .context(format!("{}: no working CONNECT to {target}", r.label)))
 }
 
 /// Head-of-line: 50 download streams alone, then with one more stream whose reader never reads.
@@ -206,7 +373,9 @@ async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> an
     let s = &ctx.scale;
     let env = ctx.env();
     let mut slots = vec![Slot::Up(Running::direct(&t.services()))];
-    slots.push(Slot::from(Tunnel::Seedgate.label(), Kind::Seedgate, Tunnel::Seedgate.start(ctx, t).await));
+    for k in [Tunnel::Seedgate, Tunnel::SeedgateQuic] {
+        slots.push(Slot::from(k.label(), Kind::Seedgate, k.start(ctx, t).await));
+    }
     let r = async {
         let sq = systems::squid(&env, "squid (shoot side)").await?;
         let proxy = sq.addr("proxy")?;
