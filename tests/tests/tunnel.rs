@@ -1,7 +1,8 @@
 //! End-to-end tests of the reverse tunnel (paths P3, P4, P5) on loopback: the real proxy-server
 //! and proxy-agent binaries, real clients (a strict kube-apiserver-style CONNECT client, curl),
-//! real TCP/TLS backends. Topology tests (separate namespaces) are in `tunnel_topology.rs`,
-//! Prometheus in `tunnel_prometheus.rs`.
+//! real TCP/TLS backends. Every data-path scenario runs over both transports (HTTP/2 over TCP,
+//! and QUIC with nothing listening on TCP at the address the agent dials). Topology tests
+//! (separate namespaces) are in `tunnel_topology.rs`, Prometheus in `tunnel_prometheus.rs`.
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
@@ -30,8 +31,10 @@ enum Transport {
 
 /// A proxy-server with the given front ends and one agent of `shoot-a` connected to it.
 struct World {
-    _dir: TempDir,
+    dir: TempDir,
     pki: TunnelPki,
+    /// How the agent was started, so a test can start it again.
+    agent_opts: AgentOpts,
     server: Proc,
     saddrs: Addresses,
     agent: Proc,
@@ -69,14 +72,24 @@ impl World {
         }
         let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
         let listener = if transport == Transport::Quic { "agents-quic" } else { "agents" };
-        let mut o = AgentOpts::new("shoot-a", saddrs.listener(listener)?, allow);
+        let at = saddrs.listener(listener)?;
+        if transport == Transport::Quic {
+            // Nothing takes TCP there: the agent can only be using UDP.
+            anyhow::ensure!(std::net::TcpStream::connect(at).is_err(), "something listens on TCP at {at}");
+        }
+        let mut o = AgentOpts::new("shoot-a", at, allow);
         if transport == Transport::Quic {
             o.tunnel_extra = "  transport: quic\n".into();
         }
         agent(&mut o);
         let (agent, aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
         wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| format!("agent log:\n{}", agent.log()))?;
-        Ok(Self { _dir: dir, pki, server, saddrs, agent, aaddrs })
+        Ok(Self { dir, pki, agent_opts: o, server, saddrs, agent, aaddrs })
+    }
+
+    /// The plain front end `egress` in front of one agent over `transport`.
+    async fn plain_over(transport: Transport) -> anyhow::Result<Self> {
+        Self::start_over(transport, &[plain_fe()], "", |_| {}, &["127.0.0.1/32"]).await
     }
 
     fn plain(&self, name: &str) -> anyhow::Result<Dialer> {
@@ -412,7 +425,17 @@ async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
 /// Test 5a: concurrent large transfers in both directions at once, with checksums.
 #[tokio::test]
 async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
-    let w = World::start(&[plain_fe()], &["127.0.0.1/32"]).await?;
+    concurrent_large_transfers(Transport::H2).await
+}
+
+/// Test 5a over the QUIC transport.
+#[tokio::test]
+async fn concurrent_large_transfers_both_ways_over_quic() -> anyhow::Result<()> {
+    concurrent_large_transfers(Transport::Quic).await
+}
+
+async fn concurrent_large_transfers(transport: Transport) -> anyhow::Result<()> {
+    let w = World::plain_over(transport).await?;
     let d = w.plain("egress")?;
     let echo = TcpEcho::start().await?;
     const N: u64 = 8;
@@ -464,10 +487,20 @@ async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
 /// Test 5b: half-close both ways, over TCP and over the Unix-socket front end.
 #[tokio::test]
 async fn half_close_both_ways() -> anyhow::Result<()> {
+    half_close(Transport::H2).await
+}
+
+/// Test 5b over the QUIC transport.
+#[tokio::test]
+async fn half_close_both_ways_over_quic() -> anyhow::Result<()> {
+    half_close(Transport::Quic).await
+}
+
+async fn half_close(transport: Transport) -> anyhow::Result<()> {
     let tmp = TempDir::new("tunnel-hc")?;
     let sock = tmp.join("hc.sock");
-    let w =
-        World::start(&[plain_fe(), Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone()))], &["127.0.0.1/32"]).await?;
+    let fes = [plain_fe(), Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone()))];
+    let w = World::start_over(transport, &fes, "", |_| {}, &["127.0.0.1/32"]).await?;
     const TRAILER: u64 = 3 * MIB;
     let sink = ChecksumSink::start_on("127.0.0.1:0".parse()?, TRAILER).await?;
     let speaker = SpeakFirst::start_on("127.0.0.1:0".parse()?, 2 * MIB).await?;
@@ -506,11 +539,21 @@ async fn half_close_both_ways() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Test 7a: an agent killed with SIGKILL ends the streams it carried at once, and the front end
-/// answers 503 until an agent is back.
+/// Test 7a: an agent killed with SIGKILL ends the streams it carried, the front end answers 503
+/// until an agent is back, and a restarted agent carries traffic again.
 #[tokio::test]
 async fn agent_sigkill_ends_server_side_streams() -> anyhow::Result<()> {
-    let mut w = World::start(&[plain_fe()], &["127.0.0.1/32"]).await?;
+    agent_sigkill(Transport::H2).await
+}
+
+/// Test 7a over the QUIC transport.
+#[tokio::test]
+async fn agent_sigkill_ends_server_side_streams_over_quic() -> anyhow::Result<()> {
+    agent_sigkill(Transport::Quic).await
+}
+
+async fn agent_sigkill(transport: Transport) -> anyhow::Result<()> {
+    let mut w = World::plain_over(transport).await?;
     let d = w.plain("egress")?;
     let echo = TcpEcho::start().await?;
     let mut streams = Vec::new();
@@ -523,11 +566,12 @@ async fn agent_sigkill_ends_server_side_streams() -> anyhow::Result<()> {
         streams.push(s);
     }
     w.agent.signal(libc::SIGKILL)?;
-    // The bound: the keepalive timeout (2s) would catch a silent peer; SIGKILL closes the
-    // socket, so the end comes at once. Slack for a loaded machine.
+    // The bound: the keepalive timeout (2s) catches a silent peer; over TCP SIGKILL closes the
+    // socket, so the end comes at once, while QUIC learns it only from the idle timeout (the
+    // keepalive timeout). Slack for a loaded machine.
     for (i, s) in streams.iter_mut().enumerate() {
         let mut b = [0u8; 16];
-        match tokio::time::timeout(Duration::from_secs(2 + 5), s.read(&mut b)).await {
+        match tokio::time::timeout(Duration::from_secs(2 + 8), s.read(&mut b)).await {
             Ok(Ok(0) | Err(_)) => {}
             Ok(Ok(n)) => panic!("stream {i}: {n} bytes after the agent died"),
             Err(_) => panic!("stream {i} still open after the agent was killed\n{}", w.logs()),
@@ -541,6 +585,10 @@ async fn agent_sigkill_ends_server_side_streams() -> anyhow::Result<()> {
     let r = refusal_of(&e).with_context(|| format!("{e:#}"))?;
     assert_eq!(r.status, 503, "{r}");
     assert!(r.body.contains("no agent"), "{r}");
+
+    let (agent, _) = start_agent(&w.dir, "agent2", &agent_yaml(&w.pki, &w.agent_opts)?, None).await?;
+    wait_agents(w.saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
+    echo_roundtrip(&d, echo.addr(), b"again").await.with_context(|| agent.log())?;
     Ok(())
 }
 
@@ -824,12 +872,50 @@ async fn readiness_follows_agent_sessions() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent's readiness and metrics name the transport its session runs over, and the server
+/// lists the agent whichever transport it came in by.
+#[tokio::test]
+async fn readiness_names_the_transport() -> anyhow::Result<()> {
+    for transport in [Transport::H2, Transport::Quic] {
+        let w = World::plain_over(transport).await?;
+        let echo = TcpEcho::start().await?;
+        echo_roundtrip(&w.plain("egress")?, echo.addr(), b"which transport").await.with_context(|| w.logs())?;
+        let (name, listener) = match transport {
+            Transport::H2 => ("h2", "agents"),
+            Transport::Quic => ("quic", "agents-quic"),
+        };
+        let (code, body) = http_get(w.aaddrs.admin()?, "/readyz?verbose").await?;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains(&format!("over {name}")) && body.contains(&format!("transport {name}")), "{body}");
+        let m = metrics(w.aaddrs.admin()?).await?;
+        let server = w.saddrs.listener(listener)?.to_string();
+        assert_eq!(
+            metric_value(&m, "seedgate_tunnel_transport_info", &[("server", &server), ("transport", name)]),
+            Some(1.0),
+            "{m}"
+        );
+        let (code, body) = http_get(w.saddrs.admin()?, "/readyz?verbose").await?;
+        assert!(code == 200 && body.contains("shoot-a-node-1"), "{code}: {body}");
+    }
+    Ok(())
+}
+
 /// An agent stopped with SIGTERM drains: a stream it carries keeps working for the drain grace,
 /// and a new CONNECT meanwhile gets 503 (no agent takes new streams) rather than a hang or a
 /// 502; once it is gone the front end says so (503 no agent).
 #[tokio::test]
 async fn agent_sigterm_drains() -> anyhow::Result<()> {
-    let mut w = World::start(&[plain_fe()], &["127.0.0.1/32"]).await?;
+    agent_sigterm(Transport::H2).await
+}
+
+/// The same over the QUIC transport: its going-away notice plays GOAWAY's part.
+#[tokio::test]
+async fn agent_sigterm_drains_over_quic() -> anyhow::Result<()> {
+    agent_sigterm(Transport::Quic).await
+}
+
+async fn agent_sigterm(transport: Transport) -> anyhow::Result<()> {
+    let mut w = World::plain_over(transport).await?;
     let d = w.plain("egress")?;
     let echo = TcpEcho::start().await?;
     let mut live = connect(&d, &echo.addr().to_string()).await?;
@@ -858,7 +944,17 @@ async fn agent_sigterm_drains() -> anyhow::Result<()> {
 /// reset (not an orderly end), the client's RST reaches the backend as one; a FIN stays a FIN.
 #[tokio::test]
 async fn resets_propagate_both_ways() -> anyhow::Result<()> {
-    let w = World::start(&[plain_fe()], &["127.0.0.1/32"]).await?;
+    resets_propagate(Transport::H2).await
+}
+
+/// The same over the QUIC transport (RESET_STREAM / STOP_SENDING carry the reset).
+#[tokio::test]
+async fn resets_propagate_both_ways_over_quic() -> anyhow::Result<()> {
+    resets_propagate(Transport::Quic).await
+}
+
+async fn resets_propagate(transport: Transport) -> anyhow::Result<()> {
+    let w = World::plain_over(transport).await?;
     let fe = w.saddrs.listener("egress")?;
 
     let resetter = Watcher::start_on("127.0.0.1:0".parse()?, Some(5)).await?;
