@@ -29,6 +29,21 @@ enum Transport {
     Quic,
 }
 
+/// One test per transport from one scenario body: `name` over HTTP/2, `name_over_quic` over QUIC.
+macro_rules! over_both {
+    ($body:ident: $h2:ident, $quic:ident) => {
+        #[tokio::test]
+        async fn $h2() -> anyhow::Result<()> {
+            $body(Transport::H2).await
+        }
+
+        #[tokio::test]
+        async fn $quic() -> anyhow::Result<()> {
+            $body(Transport::Quic).await
+        }
+    };
+}
+
 /// A proxy-server with the given front ends and one agent of `shoot-a` connected to it.
 struct World {
     dir: TempDir,
@@ -140,18 +155,13 @@ async fn curl(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Test 2: kube-apiserver's egress selector over mTLS TCP and over a Unix socket, then curl with
-/// CONNECT (`-p`) and with absolute-form requests.
-#[tokio::test]
-async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl() -> anyhow::Result<()> {
-    kube_apiserver_style(Transport::H2).await
-}
-
-/// Test 2 over the QUIC transport.
-#[tokio::test]
-async fn kube_apiserver_style_connect_over_mtls_and_uds_and_curl_over_quic() -> anyhow::Result<()> {
-    kube_apiserver_style(Transport::Quic).await
-}
+// Test 2: kube-apiserver's egress selector over mTLS TCP and over a Unix socket, then curl with
+// CONNECT (`-p`) and with absolute-form requests.
+over_both!(
+    kube_apiserver_style:
+    kube_apiserver_style_connect_over_mtls_and_uds_and_curl,
+    kube_apiserver_style_connect_over_mtls_and_uds_and_curl_over_quic
+);
 
 async fn kube_apiserver_style(transport: Transport) -> anyhow::Result<()> {
     let tmp = TempDir::new("tunnel-uds")?;
@@ -319,19 +329,14 @@ async fn kube_apiserver_style(transport: Transport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Test 4: one stream whose reader never reads fills its window (the client's writes block),
-/// and one whose seed-side client never reads while its backend floods, while 50 other streams
-/// each move 16 MiB (half of them towards the shoot, half back) with correct checksums.
-#[tokio::test]
-async fn stalled_stream_does_not_block_the_others() -> anyhow::Result<()> {
-    stalled_stream(Transport::H2).await
-}
-
-/// Test 4 over the QUIC transport.
-#[tokio::test]
-async fn stalled_stream_does_not_block_the_others_over_quic() -> anyhow::Result<()> {
-    stalled_stream(Transport::Quic).await
-}
+// Test 4: one stream whose reader never reads fills its window (the client's writes block),
+// and one whose seed-side client never reads while its backend floods, while 50 other streams
+// each move 16 MiB (half of them towards the shoot, half back) with correct checksums.
+over_both!(
+    stalled_stream:
+    stalled_stream_does_not_block_the_others,
+    stalled_stream_does_not_block_the_others_over_quic
+);
 
 async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
     let w = World::start_over(transport, &[plain_fe()], "", |_| {}, &["127.0.0.1/32"]).await?;
@@ -422,17 +427,12 @@ async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Test 5a: concurrent large transfers in both directions at once, with checksums.
-#[tokio::test]
-async fn concurrent_large_transfers_both_ways() -> anyhow::Result<()> {
-    concurrent_large_transfers(Transport::H2).await
-}
-
-/// Test 5a over the QUIC transport.
-#[tokio::test]
-async fn concurrent_large_transfers_both_ways_over_quic() -> anyhow::Result<()> {
-    concurrent_large_transfers(Transport::Quic).await
-}
+// Test 5a: concurrent large transfers in both directions at once, with checksums.
+over_both!(
+    concurrent_large_transfers:
+    concurrent_large_transfers_both_ways,
+    concurrent_large_transfers_both_ways_over_quic
+);
 
 async fn concurrent_large_transfers(transport: Transport) -> anyhow::Result<()> {
     let w = World::plain_over(transport).await?;
@@ -484,17 +484,8 @@ async fn concurrent_large_transfers(transport: Transport) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Test 5b: half-close both ways, over TCP and over the Unix-socket front end.
-#[tokio::test]
-async fn half_close_both_ways() -> anyhow::Result<()> {
-    half_close(Transport::H2).await
-}
-
-/// Test 5b over the QUIC transport.
-#[tokio::test]
-async fn half_close_both_ways_over_quic() -> anyhow::Result<()> {
-    half_close(Transport::Quic).await
-}
+// Test 5b: half-close both ways, over TCP and over the Unix-socket front end.
+over_both!(half_close: half_close_both_ways, half_close_both_ways_over_quic);
 
 async fn half_close(transport: Transport) -> anyhow::Result<()> {
     let tmp = TempDir::new("tunnel-hc")?;
@@ -539,18 +530,9 @@ async fn half_close(transport: Transport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Test 7a: an agent killed with SIGKILL ends the streams it carried, the front end answers 503
-/// until an agent is back, and a restarted agent carries traffic again.
-#[tokio::test]
-async fn agent_sigkill_ends_server_side_streams() -> anyhow::Result<()> {
-    agent_sigkill(Transport::H2).await
-}
-
-/// Test 7a over the QUIC transport.
-#[tokio::test]
-async fn agent_sigkill_ends_server_side_streams_over_quic() -> anyhow::Result<()> {
-    agent_sigkill(Transport::Quic).await
-}
+// Test 7a: an agent killed with SIGKILL ends the streams it carried, the front end answers 503
+// until an agent is back, and a restarted agent carries traffic again.
+over_both!(agent_sigkill: agent_sigkill_ends_server_side_streams, agent_sigkill_ends_server_side_streams_over_quic);
 
 async fn agent_sigkill(transport: Transport) -> anyhow::Result<()> {
     let mut w = World::plain_over(transport).await?;
@@ -900,19 +882,10 @@ async fn readiness_names_the_transport() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An agent stopped with SIGTERM drains: a stream it carries keeps working for the drain grace,
-/// and a new CONNECT meanwhile gets 503 (no agent takes new streams) rather than a hang or a
-/// 502; once it is gone the front end says so (503 no agent).
-#[tokio::test]
-async fn agent_sigterm_drains() -> anyhow::Result<()> {
-    agent_sigterm(Transport::H2).await
-}
-
-/// The same over the QUIC transport: its going-away notice plays GOAWAY's part.
-#[tokio::test]
-async fn agent_sigterm_drains_over_quic() -> anyhow::Result<()> {
-    agent_sigterm(Transport::Quic).await
-}
+// An agent stopped with SIGTERM drains: a stream it carries keeps working for the drain grace,
+// and a new CONNECT meanwhile gets 503 (no agent takes new streams) rather than a hang or a
+// 502; once it is gone the front end says so (503 no agent).
+over_both!(agent_sigterm: agent_sigterm_drains, agent_sigterm_drains_over_quic);
 
 async fn agent_sigterm(transport: Transport) -> anyhow::Result<()> {
     let mut w = World::plain_over(transport).await?;
@@ -940,18 +913,9 @@ async fn agent_sigterm(transport: Transport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A reset on one side resets the other: the backend's RST reaches the seed-side client as a
-/// reset (not an orderly end), the client's RST reaches the backend as one; a FIN stays a FIN.
-#[tokio::test]
-async fn resets_propagate_both_ways() -> anyhow::Result<()> {
-    resets_propagate(Transport::H2).await
-}
-
-/// The same over the QUIC transport (RESET_STREAM / STOP_SENDING carry the reset).
-#[tokio::test]
-async fn resets_propagate_both_ways_over_quic() -> anyhow::Result<()> {
-    resets_propagate(Transport::Quic).await
-}
+// A reset on one side resets the other: the backend's RST reaches the seed-side client as a
+// reset (not an orderly end), the client's RST reaches the backend as one; a FIN stays a FIN.
+over_both!(resets_propagate: resets_propagate_both_ways, resets_propagate_both_ways_over_quic);
 
 async fn resets_propagate(transport: Transport) -> anyhow::Result<()> {
     let w = World::plain_over(transport).await?;
