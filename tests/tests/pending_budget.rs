@@ -308,3 +308,91 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
     assert!(value(&m, "seedgate_connection_limit_wait_seconds_total", &[]) > 0.0);
     Ok(())
 }
+
+/// The soft limit on open files of this process (`/proc/self/limits`).
+fn open_files_limit() -> anyhow::Result<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits")?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).ok_or_else(|| anyhow::anyhow!("{limits}"))?;
+    let soft = line.split_whitespace().nth(3).ok_or_else(|| anyhow::anyhow!("{line}"))?;
+    Ok(soft.parse().unwrap_or(u64::MAX))
+}
+
+/// The attack as it happens, against sni-router's default limits (nothing under `limits:` or
+/// `timeouts:`): 12,000 stalled clients from one address range (127.0.2.0/24, 70 from each
+/// address), more than the 10,000 default connection slots they could once hold. The budget keeps
+/// them to 2,000 pending, refuses what is over 64 per address and evicts the oldest; a real client
+/// from another address is routed without ever waiting for a connection slot, and a connection
+/// established before the attack keeps flowing.
+#[tokio::test]
+async fn default_limits_twelve_thousand_stalled_clients() -> anyhow::Result<()> {
+    const SOURCES: u8 = 172;
+    const PER_SOURCE: usize = 70;
+    let total = usize::from(SOURCES) * PER_SOURCE;
+    let limit = open_files_limit()?;
+    anyhow::ensure!(
+        limit > total as u64 + 1_000,
+        "this test holds {total} sockets; the open-files limit is {limit} (run it as `.ci/run` does, after `ulimit -n 20000`)"
+    );
+    let dir = TempDir::new("pending-defaults")?;
+    let ca = Ca::new("seedgate-test-ca")?;
+    let a = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
+    let echo = TcpEcho::start().await?;
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\n\
+         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
+         \x20     - name: shoot-a\n        sni: [api.shoot-a.example.com]\n        upstreams: [{}]\n\
+         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+        a.addr(),
+        echo.addr()
+    );
+    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let gw = addrs.listener("gateway")?;
+
+    let mut est = TcpStream::connect(gw).await?;
+    est.write_all(HELLO_SHOOT_B).await?;
+    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+    assert_eq!(back, HELLO_SHOOT_B, "the echo returns the replayed hello");
+
+    let mut stalled = Vec::with_capacity(total);
+    for i in 0..total {
+        let src = Ipv4Addr::new(127, 0, 2, 1 + (i / PER_SOURCE) as u8);
+        stalled.push(stalled_client(src, gw, TLS_START).await?);
+    }
+    // Every stalled client is pending or was refused (over its address's share, evicted for a
+    // newer one, or cut by the deadline that shrank under the pressure).
+    let m = metrics_until(&addrs, "every stalled client pending or refused", |m| {
+        let held = value(m, "seedgate_pending_connections", &[]);
+        let refused: f64 = ["per_source", "evicted", "deadline"]
+            .iter()
+            .map(|r| value(m, "seedgate_pending_rejects_total", &[("reason", r)]))
+            .sum();
+        held + refused == total as f64
+    })
+    .await?;
+    assert!(value(&m, "seedgate_pending_connections", &[]) <= 2_000.0, "the default budget bounds them");
+    let per_source = value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]);
+    assert_eq!(per_source, f64::from(SOURCES) * (PER_SOURCE - 64) as f64, "6 over the share of each address");
+
+    let r = tokio::time::timeout(
+        WAIT,
+        tls_request(
+            gw,
+            Some("api.shoot-a.example.com"),
+            client_config(&ca, None, &[])?,
+            &http_get_request("api.shoot-a.example.com", "/version"),
+        ),
+    )
+    .await??;
+    assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
+    // It never waited for a connection slot: stalled clients hold none.
+    let m = metrics(&addrs).await?;
+    assert_eq!(value(&m, "seedgate_connection_limit_waits_total", &[]), 0.0);
+
+    est.write_all(b"still flowing").await?;
+    let mut back = [0u8; 13];
+    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+    assert_eq!(&back, b"still flowing");
+    drop(stalled);
+    Ok(())
+}
