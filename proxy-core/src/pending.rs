@@ -301,13 +301,24 @@ impl Admitted {
         self.token.cancelled().await
     }
 
-    /// Count a missed deadline (the caller enforces it, with [`Admitted::deadline`]).
-    pub fn deadline_missed(&self) {
-        self.pending.metrics.rejects.with_label_values(&[RejectReason::Deadline.label()]).inc();
+    /// The connection missed its deadline (the caller enforces it, with [`Admitted::deadline`]):
+    /// it leaves the budget and the miss is counted. `false` when a newer connection evicted it
+    /// first: it was counted as evicted then, and must be refused as evicted. Leaving and counting
+    /// happen under the budget's lock, so each connection is counted once, whatever races it.
+    pub fn deadline_missed(&self) -> bool {
+        let still = self.pending.release(self.id);
+        if still {
+            self.pending.metrics.rejects.with_label_values(&[RejectReason::Deadline.label()]).inc();
+        }
+        still
     }
 
-    /// Leave the pending phase (the connection was routed, or refused for another reason).
-    pub fn release(self) {}
+    /// Leave the pending phase: the connection was routed. `false` when it was evicted (and
+    /// counted as such) meanwhile; the caller then refuses it as evicted, so what the metrics
+    /// say happened is what happened.
+    pub fn release(self) -> bool {
+        self.pending.release(self.id)
+    }
 }
 
 impl Drop for Admitted {
@@ -397,10 +408,12 @@ impl Pending {
         }
     }
 
-    fn release(&self, id: EntryId) {
+    /// `true` when `id` was still pending (not evicted, not released before).
+    fn release(&self, id: EntryId) -> bool {
         let mut b = self.lock();
-        b.release(id);
+        let was = b.release(id).is_some();
         self.metrics.pending.set(b.len() as i64);
+        was
     }
 }
 
@@ -532,12 +545,30 @@ mod tests {
         assert_eq!(p.len(), 2);
         drop(a);
         assert_eq!(p.len(), 2, "dropping an evicted entry changes nothing");
-        b.release();
+        assert!(b.release(), "b was still pending");
         assert_eq!(p.len(), 1);
         assert_eq!(p.metrics.pending.get(), 1);
         let counts = p.rejects();
         assert_eq!(counts[1], (RejectReason::Evicted, 1));
-        c.deadline_missed();
+        assert!(c.deadline_missed(), "c was still pending");
         assert_eq!(p.rejects()[2], (RejectReason::Deadline, 1));
+    }
+
+    /// A connection evicted while it was missing its deadline, or while it was being routed, is
+    /// counted once, as evicted, and told so.
+    #[tokio::test]
+    async fn an_evicted_connection_is_counted_once() {
+        let p = Pending::new(limits(1, 0), PendingMetrics::unregistered());
+        let a = p.admit(ip("10.0.0.1"), false).expect("room");
+        let b = p.admit(ip("10.0.0.2"), false).expect("evicts a");
+        assert!(!a.deadline_missed(), "a was evicted before its deadline was noticed");
+        assert_eq!(p.rejects().map(|(_, n)| n), [0, 1, 0], "per_source, evicted, deadline");
+        let c = p.admit(ip("10.0.0.3"), false).expect("evicts b");
+        assert!(!b.release(), "b was evicted while it was being routed");
+        assert_eq!(p.rejects().map(|(_, n)| n), [0, 2, 0]);
+        assert!(c.deadline_missed());
+        assert!(!c.deadline_missed(), "a second call counts nothing");
+        assert_eq!(p.rejects().map(|(_, n)| n), [0, 2, 1]);
+        assert_eq!(p.len(), 0);
     }
 }

@@ -239,8 +239,8 @@ async fn prepare(
                     None
                 }
                 Err(_) => {
-                    admitted.deadline_missed();
-                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
+                    let reason = if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" };
+                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
                     None
                 }
             }
@@ -252,14 +252,16 @@ async fn prepare(
 /// the connection limit it waits (still pending, so still evictable) for what is left of its
 /// deadline. `Err`: the reject reason.
 async fn establish(shared: &Shared, admitted: Admitted) -> Result<ConnPermit, &'static str> {
-    if let Some(p) = shared.limit.try_acquire() {
-        return Ok(p);
-    }
-    tokio::select! {
-        biased;
-        _ = admitted.evicted() => Err("pending_evicted"),
-        p = tokio::time::timeout(admitted.remaining(), shared.limit.acquire()) => p.map_err(|_| "connection_limit"),
-    }
+    let permit = match shared.limit.try_acquire() {
+        Some(p) => p,
+        None => tokio::select! {
+            biased;
+            _ = admitted.evicted() => Err("pending_evicted"),
+            p = tokio::time::timeout(admitted.remaining(), shared.limit.acquire()) => p.map_err(|_| "connection_limit"),
+        }?,
+    };
+    // Evicted (and counted so) since its head was read: refused as the count says.
+    if admitted.release() { Ok(permit) } else { Err("pending_evicted") }
 }
 
 /// Serve one front-end connection (after TLS, if any) up to the relay. `cert_cluster` is the
@@ -319,9 +321,9 @@ async fn serve(
             return None;
         }
         Err(_) => {
-            admitted.deadline_missed();
-            m.conn.rejects.with_label_values(&[&fe.name, "handshake_timeout"]).inc();
-            ctx.log(0, "handshake_timeout", 0, 0);
+            let reason = if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" };
+            m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
+            ctx.log(0, reason, 0, 0);
             return None;
         }
     };

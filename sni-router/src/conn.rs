@@ -492,10 +492,8 @@ async fn prepare(
         _ = admitted.evicted() => Err(Reject::new("pending_evicted", Answer::Abort)),
         r = tokio::time::timeout(admitted.deadline(), preroute(&mut client, &mut pre, &table, &cfg)) => match r {
             Ok(r) => r,
-            Err(_) => {
-                admitted.deadline_missed();
-                Err(Reject::new("handshake_timeout", Answer::Close))
-            }
+            Err(_) if admitted.deadline_missed() => Err(Reject::new("handshake_timeout", Answer::Close)),
+            Err(_) => Err(Reject::new("pending_evicted", Answer::Abort)),
         },
     };
     let route = match routed {
@@ -546,7 +544,10 @@ async fn prepare(
             }
         }
     };
-    admitted.release();
+    if !admitted.release() {
+        reject(&shared, name, client, &pre, Some(&route), Reject::new("pending_evicted", Answer::Abort)).await;
+        return None;
+    }
 
     let connect_timeout = cfg.timeouts.connect.get();
     let Connected { stream: mut up, addr: up_addr, guard } =
