@@ -5,6 +5,12 @@
 //! one upstream of the route, the waiting datagrams are sent on, and datagrams are relayed both
 //! ways until the flow is idle for `timeouts.udp_idle`. A flow keeps its route and upstream
 //! across reloads, like a TCP connection.
+//!
+//! A flow also follows its client to a new address (NAT rebinding, a node whose address
+//! changed): the router learns the connection IDs the upstream gives itself in its handshake
+//! packets, and a short-header packet from an unknown address that is addressed to one of them
+//! moves that flow to the new address. Connection IDs are random and at least 8 bytes with the
+//! QUIC stacks in use, so an off-path sender cannot guess one.
 
 use crate::Shared;
 use crate::listeners::ListenerRt;
@@ -15,6 +21,7 @@ use proxy_core::metrics::{counter_vec, gauge_vec};
 use proxy_core::net::resolve_within;
 use proxy_core::prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_wire::client_hello::Status;
+use proxy_wire::quic_cid::{MAX_CID_LEN, long_header_scid, short_header_dcid};
 use proxy_wire::quic_initial::{InitialReader, looks_like_initial};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::HashMap;
@@ -33,12 +40,16 @@ const STOPPED_CHECK: Duration = Duration::from_secs(1);
 /// per flow, and a flow carries one client's traffic, not the whole listener's.
 const FLOW_BUFFER_DIVISOR: usize = 16;
 const FLOW_BUFFER_MIN: usize = 64 * 1024;
+/// Connection IDs learned per flow: an upstream gives itself one in its handshake packets (a
+/// few if it retransmits), so this bounds the table against an upstream that changes it often.
+const MAX_CIDS_PER_FLOW: usize = 4;
 
 /// The UDP listeners' metrics.
 pub(crate) struct UdpMetrics {
     flows_active: IntGaugeVec,
     flows: IntCounterVec,
     dropped: IntCounterVec,
+    migrated: IntCounterVec,
 }
 
 impl UdpMetrics {
@@ -61,6 +72,12 @@ impl UdpMetrics {
                 "seedgate_udp_datagrams_dropped_total",
                 "Datagrams from clients or upstreams not relayed, by listener and reason.",
                 &["listener", "reason"],
+            ),
+            migrated: counter_vec(
+                reg,
+                "seedgate_udp_flows_migrated_total",
+                "UDP flows that moved to a new client address (found by their connection ID), by listener and route.",
+                &["listener", "route"],
             ),
         }
     }
@@ -135,6 +152,10 @@ struct Pending {
 /// A flow relayed to its upstream.
 struct Routed {
     id: u64,
+    /// The client's address now: it changes when the flow migrates.
+    peer: Mutex<SocketAddr>,
+    /// Connection IDs the upstream gave itself (keys of [`Flows::by_cid`]).
+    cids: Mutex<Vec<Box<[u8]>>>,
     upstream: Arc<UdpSocket>,
     route: Arc<Route>,
     /// Milliseconds since [`epoch`] of the last datagram either way.
@@ -146,6 +167,10 @@ struct Routed {
 impl Routed {
     fn touch(&self) {
         self.last.store(now_ms(), Ordering::Relaxed);
+    }
+
+    fn peer(&self) -> SocketAddr {
+        *self.peer.lock().expect("not poisoned")
     }
 }
 
@@ -161,6 +186,11 @@ enum Flow {
 struct Flows {
     map: HashMap<SocketAddr, Flow>,
     pending: usize,
+    /// Routed flows by the connection IDs their upstreams gave themselves.
+    by_cid: HashMap<Box<[u8]>, Arc<Routed>>,
+    /// How many flows hold a connection ID of each length (index: the length), so a
+    /// short header, which does not say how long its ID is, is tried only at lengths in use.
+    cid_lens: [usize; MAX_CID_LEN + 1],
 }
 
 impl Flows {
@@ -173,6 +203,40 @@ impl Flows {
         match self.map.remove(&peer) {
             Some(Flow::Pending(p)) => Some(*p),
             _ => None,
+        }
+    }
+
+    /// Note that `f`'s upstream calls itself `cid`.
+    fn learn(&mut self, f: &Arc<Routed>, cid: &[u8]) {
+        let mut cids = f.cids.lock().expect("not poisoned");
+        if cids.len() >= MAX_CIDS_PER_FLOW || cids.iter().any(|c| &**c == cid) || self.by_cid.contains_key(cid) {
+            return;
+        }
+        cids.push(cid.into());
+        self.by_cid.insert(cid.into(), f.clone());
+        if let Some(n) = self.cid_lens.get_mut(cid.len()) {
+            *n += 1;
+        }
+    }
+
+    /// The routed flow a short-header datagram is addressed to.
+    fn by_short_header(&self, datagram: &[u8]) -> Option<Arc<Routed>> {
+        let lens = self.cid_lens.iter().enumerate().filter(|&(_, n)| *n > 0).map(|(len, _)| len);
+        lens.filter_map(|len| short_header_dcid(datagram, len)).find_map(|cid| self.by_cid.get(cid)).cloned()
+    }
+
+    /// Flow `f` ended: forget it under its address and its connection IDs.
+    fn forget(&mut self, f: &Routed) {
+        let peer = f.peer();
+        if matches!(self.map.get(&peer), Some(Flow::Routed(g)) if g.id == f.id) {
+            self.map.remove(&peer);
+        }
+        for cid in f.cids.lock().expect("not poisoned").drain(..) {
+            if self.by_cid.remove(&cid).is_some()
+                && let Some(n) = self.cid_lens.get_mut(cid.len())
+            {
+                *n -= 1;
+            }
         }
     }
 }
@@ -329,8 +393,29 @@ impl UdpListener {
                     }
                 }
             }
-            None => self.new_flow(flows, data, peer),
+            None => match flows.by_short_header(data) {
+                Some(f) => self.migrate(flows, f, data, peer),
+                None => self.new_flow(flows, data, peer),
+            },
         }
+    }
+
+    /// A datagram from `peer`, unknown so far, addressed to routed flow `f`: the client moved.
+    /// The flow follows it (the upstream sees no change: it talks to the flow's socket).
+    fn migrate(&self, mut flows: std::sync::MutexGuard<'_, Flows>, f: Arc<Routed>, data: &[u8], peer: SocketAddr) {
+        if !f.route.source_allowed(peer.ip()) {
+            drop(flows);
+            return self.drop_datagrams("source_not_allowed", 1);
+        }
+        let old = std::mem::replace(&mut *f.peer.lock().expect("not poisoned"), peer);
+        if matches!(flows.map.get(&old), Some(Flow::Routed(g)) if g.id == f.id) {
+            flows.map.remove(&old);
+        }
+        flows.map.insert(peer, Flow::Routed(f.clone()));
+        drop(flows);
+        tracing::debug!(listener = %self.rt.name, route = %f.route.name, from = %old, to = %peer, "udp flow migrated");
+        self.shared.metrics.udp.migrated.with_label_values(&[&self.rt.name, &f.route.name]).inc();
+        self.to_upstream(&f, data);
     }
 
     /// The first datagram of a client address: a flow if it starts a QUIC connection and the
@@ -461,6 +546,8 @@ impl UdpListener {
         let Some(p) = flows.remove_pending(peer, id) else { return };
         let f = Arc::new(Routed {
             id,
+            peer: Mutex::new(peer),
+            cids: Mutex::new(Vec::new()),
             upstream: Arc::new(sock),
             route,
             last: AtomicU64::new(now_ms()),
@@ -475,11 +562,11 @@ impl UdpListener {
         }
         let this = self.clone();
         let idle = limits.idle;
-        self.shared.shutdown.tracker.spawn(async move { this.relay_back(peer, f, idle).await });
+        self.shared.shutdown.tracker.spawn(async move { this.relay_back(f, idle).await });
     }
 
     /// Upstream to client, and the flow's end: idle for `idle`, or its route retired.
-    async fn relay_back(self: Arc<Self>, peer: SocketAddr, f: Arc<Routed>, idle: Duration) {
+    async fn relay_back(self: Arc<Self>, f: Arc<Routed>, idle: Duration) {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let idle_ms = idle.as_millis() as u64;
         loop {
@@ -490,13 +577,20 @@ impl UdpListener {
             let wait = Duration::from_millis(idle_ms - since);
             tokio::select! {
                 r = f.upstream.recv(&mut buf) => match r {
-                    Ok(n) => match self.sock.send_to(buf.get(..n).unwrap_or_default(), peer).await {
+                    Ok(n) => {
+                        let data = buf.get(..n).unwrap_or_default();
+                        // Long headers come only in the handshake: the lock is not taken after it.
+                        if let Some(cid) = long_header_scid(data) {
+                            self.flows.lock().expect("not poisoned").learn(&f, cid);
+                        }
+                        match self.sock.send_to(data, f.peer()).await {
                         Ok(sent) => {
                             f.touch();
                             f.route.meters.to_client.inc_by(sent as u64);
                         }
                         Err(_) => self.drop_datagrams("client_error", 1),
-                    },
+                        }
+                    }
                     // ICMP unreachable from the upstream: datagrams are lost, the flow goes on.
                     Err(_) => self.drop_datagrams("upstream_error", 1),
                 },
@@ -504,10 +598,7 @@ impl UdpListener {
                 _ = f.route.end.cancelled() => break,
             }
         }
-        let mut flows = self.flows.lock().expect("not poisoned");
-        if matches!(flows.map.get(&peer), Some(Flow::Routed(g)) if g.id == f.id) {
-            flows.map.remove(&peer);
-        }
+        self.flows.lock().expect("not poisoned").forget(&f);
     }
 
     /// Flows held by this listener (routed and pending).

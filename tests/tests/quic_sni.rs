@@ -286,3 +286,82 @@ async fn a_flow_survives_a_reload_that_adds_a_route() -> anyhow::Result<()> {
     assert!(metric_value(&m, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0) >= 1.0);
     Ok(())
 }
+
+/// A stand-in NAT between a QUIC client and the router: client datagrams leave from its outer
+/// socket, answers come back to the client. `rebind` gives it a new outer socket on another
+/// address, as a NAT that lost its mapping (or a node whose address changed) does; the client
+/// cannot tell.
+struct Nat {
+    addr: SocketAddr,
+    rebind: tokio::sync::mpsc::Sender<std::net::IpAddr>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Nat {
+    async fn start(to: SocketAddr) -> anyhow::Result<Self> {
+        let inner = UdpSocket::bind("127.0.0.1:0").await?;
+        let addr = inner.local_addr()?;
+        let (rebind, mut rx) = tokio::sync::mpsc::channel::<std::net::IpAddr>(1);
+        let mut out = UdpSocket::bind("127.0.0.1:0").await?;
+        out.connect(to).await?;
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (vec![0u8; 65_535], vec![0u8; 65_535]);
+            let mut client = None;
+            loop {
+                tokio::select! {
+                    r = inner.recv_from(&mut a) => {
+                        let Ok((n, from)) = r else { return };
+                        client = Some(from);
+                        let _ = out.send(&a[..n]).await;
+                    }
+                    r = out.recv(&mut b) => {
+                        let (Ok(n), Some(c)) = (r, client) else { continue };
+                        let _ = inner.send_to(&b[..n], c).await;
+                    }
+                    ip = rx.recv() => {
+                        let Some(ip) = ip else { return };
+                        let Ok(s) = UdpSocket::bind(SocketAddr::new(ip, 0)).await else { return };
+                        if s.connect(to).await.is_err() {
+                            return;
+                        }
+                        out = s;
+                    }
+                }
+            }
+        });
+        Ok(Self { addr, rebind, task })
+    }
+}
+
+impl Drop for Nat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A flow follows its client to a new address: after the NAT in front of the client rebinds,
+/// the client's short-header packets, addressed to the connection ID the backend gave itself,
+/// move the flow; the connection carries on, and no new flow is made.
+#[tokio::test]
+async fn a_flow_follows_its_client_to_a_new_address() -> anyhow::Result<()> {
+    let w = world()?;
+    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let nat = Nat::start(addrs.listener("quic")?).await?;
+    let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
+    let a = connect(&ep, nat.addr, "a.quic.example").await.context("through the NAT and the router")?;
+    assert_eq!(echo(&a, "before").await?, "backend-a:before");
+
+    nat.rebind.send("127.0.0.9".parse()?).await?;
+    for i in 0..5 {
+        let got = echo(&a, &format!("after {i}")).await.context("the connection after the client's address changed")?;
+        assert_eq!(got, format!("backend-a:after {i}"));
+    }
+    let m = metrics(&addrs).await?;
+    let v = |name, labels: &[(&str, &str)]| metric_value(&m, name, labels);
+    assert_eq!(v("seedgate_udp_flows_migrated_total", &[("route", "shoot-a")]), Some(1.0), "{m}");
+    assert_eq!(v("seedgate_udp_flows_total", &[("route", "shoot-a"), ("result", "ok")]), Some(1.0), "{m}");
+    // The old address is forgotten: one flow, at its new address.
+    assert_eq!(v("seedgate_udp_flows_active", &[("listener", "quic")]), Some(1.0), "{m}");
+    a.close(0u32.into(), b"done");
+    Ok(())
+}

@@ -219,35 +219,75 @@ async fn moves_to_quic_once_it_gets_through_without_cutting_streams() -> anyhow:
 /// seed, the old one is deleted) and the stream keeps echoing over the same QUIC session.
 #[tokio::test]
 async fn quic_session_survives_an_agent_address_change() -> anyhow::Result<()> {
+    migration(None).await
+}
+
+/// The same with the agent reaching proxy-server through sni-router's UDP listener, as in a
+/// seed: the router's flow follows the agent to its new address by the connection ID.
+#[tokio::test]
+async fn quic_session_survives_an_agent_address_change_through_the_gateway() -> anyhow::Result<()> {
+    migration(Some("gw")).await
+}
+
+/// `router`: the name of the sni-router's UDP listener the agent dials, if any. Each case has
+/// its own addresses (10.215/10.216 direct, 10.225/10.226 through the router), so both can run
+/// at once.
+async fn migration(router: Option<&str>) -> anyhow::Result<()> {
     use testbed::netns::{Netns, require_root, veth};
     use testbed::tunnel_kit::RouteGuard;
     if !require_root() {
         return Ok(());
     }
+    let n = if router.is_some() { 225 } else { 215 };
+    let (seed, node, moved, backend) =
+        (format!("10.{n}.1.1"), format!("10.{n}.1.2"), format!("10.{n}.9.2"), format!("10.{}.1.5", n + 1));
     let dir = TempDir::new("tunnel-migrate")?;
     let pki = TunnelPki::new(dir.path())?;
-    let shoot = Netns::create("migr")?;
-    // seed 10.215.1.1 <-> 10.215.1.2 shoot node (later 10.215.9.2); the backend is on the
-    // shoot's loopback, 10.216.1.5, reachable only through the tunnel.
-    let link = veth(None, Some(&shoot), "10.215.1.1/24", "10.215.1.2/24")?;
-    shoot.ip(&["addr", "add", "10.216.1.5/32", "dev", "lo"])?;
+    let shoot = Netns::create(if router.is_some() { "migr-gw" } else { "migr" })?;
+    // seed <-> shoot node (later `moved`); the backend is on the shoot's loopback, reachable
+    // only through the tunnel.
+    let link = veth(None, Some(&shoot), &format!("{seed}/24"), &format!("{node}/24"))?;
+    shoot.ip(&["addr", "add", &format!("{backend}/32"), "dev", "lo"])?;
     let fe = Fe::new("egress", "shoot-a", FeKind::Plain);
-    let yaml = server_yaml(&pki, "10.215.1.1:0", &[fe], "").replacen(
+    let yaml = server_yaml(&pki, &format!("{seed}:0"), &[fe], "").replacen(
         "agents:\n",
-        "agents:\n  quic: { listen: 10.215.1.1:0 }\n",
+        &format!("agents:\n  quic: {{ listen: {seed}:0 }}\n"),
         1,
     );
     let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    let quic = saddrs.listener("agents-quic")?;
+    let gateway = match router {
+        None => None,
+        Some(name) => {
+            let y = format!(
+                "admin: {{ listen: 127.0.0.1:0 }}\nlisteners:\n  - name: {name}\n    listen: {seed}:0\n    protocol: udp\n    routes:\n      - name: tunnel\n        sni: [{}]\n        upstreams: [{quic}]\n",
+                testbed::tunnel_kit::SERVER_NAME
+            );
+            let cfg = dir.write("router.yaml", &y)?;
+            Some(Proc::start_seedgate(&testbed::bin_path("sni-router")?, &cfg, &[]).await?)
+        }
+    };
     let mut echo_cmd = shoot.command(testbed::bin_path("stand-in")?);
-    echo_cmd.args(["echo", "--listen", "10.216.1.5:0"]);
+    echo_cmd.args(["echo", "--listen", &format!("{backend}:0")]);
     let echo_proc = Proc::spawn(echo_cmd)?;
     let line = echo_proc.wait_log_line(&["listening "], STEP).await?;
     let echo: SocketAddr = line.trim().strip_prefix("listening ").context("stand-in output")?.parse()?;
 
-    let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents-quic")?, &["10.216.1.0/24"]);
+    let dial = match (&gateway, router) {
+        (Some((_, raddrs)), Some(name)) => raddrs.listener(name)?,
+        _ => quic,
+    };
+    let mut o = AgentOpts::new("shoot-a", dial, &[&format!("10.{}.1.0/24", n + 1)]);
     o.tunnel_extra = "  transport: quic\n".into();
     let (agent, _) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, Some(&shoot)).await?;
-    let logs = || format!("--- proxy-server log:\n{}\n--- proxy-agent log:\n{}", server.log(), agent.log());
+    let logs = || {
+        let router = gateway.as_ref().map(|(p, _)| p.log()).unwrap_or_default();
+        format!(
+            "--- proxy-server log:\n{}\n--- proxy-agent log:\n{}\n--- sni-router log:\n{router}",
+            server.log(),
+            agent.log()
+        )
+    };
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(logs)?;
 
     let mut long = connect(&Dialer::Tcp(saddrs.listener("egress")?), &echo.to_string()).await.with_context(logs)?;
@@ -257,12 +297,12 @@ async fn quic_session_survives_an_agent_address_change() -> anyhow::Result<()> {
         echo_round(&mut long, round).await.with_context(logs)?;
     }
 
-    // The node's address changes: 10.215.9.2 becomes the source towards the seed, then the old
+    // The node's address changes: `moved` becomes the source towards the seed, then the old
     // address goes. The seed routes the new address over the same link.
-    let _back = RouteGuard::add(&["10.215.9.2/32", "dev", &link.a])?;
-    shoot.ip(&["addr", "add", "10.215.9.2/32", "dev", &link.b])?;
-    shoot.ip(&["route", "add", "10.215.1.1/32", "dev", &link.b, "src", "10.215.9.2"])?;
-    shoot.ip(&["addr", "del", "10.215.1.2/24", "dev", &link.b])?;
+    let _back = RouteGuard::add(&[&format!("{moved}/32"), "dev", &link.a])?;
+    shoot.ip(&["addr", "add", &format!("{moved}/32"), "dev", &link.b])?;
+    shoot.ip(&["route", "add", &format!("{seed}/32"), "dev", &link.b, "src", &moved])?;
+    shoot.ip(&["addr", "del", &format!("{node}/24"), "dev", &link.b])?;
 
     for _ in 0..40 {
         round += 1;
@@ -275,5 +315,10 @@ async fn quic_session_survives_an_agent_address_change() -> anyhow::Result<()> {
     let m = metrics(saddrs.admin()?).await?;
     assert_eq!(metric_value(&m, "seedgate_agents_connected", &[("cluster", "shoot-a")]), Some(1.0), "{m}");
     assert!(!agent.log().contains("tunnel session ended"), "{}", logs());
+    if let Some((_, raddrs)) = &gateway {
+        let m = metrics(raddrs.admin()?).await?;
+        assert_eq!(metric_value(&m, "seedgate_udp_flows_migrated_total", &[("route", "tunnel")]), Some(1.0), "{m}");
+        assert_eq!(metric_value(&m, "seedgate_udp_flows_total", &[("route", "tunnel"), ("result", "ok")]), Some(1.0));
+    }
     Ok(())
 }

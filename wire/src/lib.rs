@@ -6,4 +6,5 @@ pub mod fuzzing;
 pub mod http_head;
 pub mod lines;
 pub mod proxy_protocol;
+pub mod quic_cid;
 pub mod quic_initial;
