@@ -124,7 +124,7 @@ impl Service for Server {
     const NAME: &'static str = "proxy-server";
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
-        vec![app::fixed("clusters_dir", &cfg.clusters_dir), app::fixed("agents.quic", &cfg.agents.quic)]
+        vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
     }
 
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {

@@ -160,9 +160,12 @@ struct AgentsEntry {
     stop: CancellationToken,
 }
 
-/// The agents' QUIC listener (restart-only: a reload does not move it).
+/// The agents' QUIC listener.
 struct QuicEntry {
+    listen: HostPort,
     addr: String,
+    /// Stops accepting; sessions made on it continue until `sessions_stop`.
+    stop: CancellationToken,
 }
 
 /// Every socket of the server.
@@ -177,7 +180,7 @@ pub(crate) struct Listeners {
 
 enum Pending {
     Agents(TcpListener, Arc<Reloading<rustls::ServerConfig>>, ServerTls, HostPort, String),
-    AgentsQuic(quinn::Endpoint, String),
+    AgentsQuic(quinn::Endpoint, HostPort, String),
     Frontend(Frontend, Sock, String),
 }
 
@@ -194,7 +197,7 @@ impl Listeners {
         )];
         if let Some(q) = &cfg.agents.quic {
             let (endpoint, addr) = listen_quic(&q.listen, &material, cfg).await?;
-            pending.push(Pending::AgentsQuic(endpoint, addr.to_string()));
+            pending.push(Pending::AgentsQuic(endpoint, q.listen.clone(), addr.to_string()));
         }
         for f in &cfg.frontends {
             // TLS files are checked before the socket is bound, so a bad file fails the start.
@@ -223,7 +226,7 @@ impl Listeners {
         for p in self.pending.lock().expect("not poisoned").iter() {
             match p {
                 Pending::Agents(.., addr) => out.insert("agents".into(), addr.clone()),
-                Pending::AgentsQuic(_, addr) => out.insert("agents-quic".into(), addr.clone()),
+                Pending::AgentsQuic(.., addr) => out.insert("agents-quic".into(), addr.clone()),
                 Pending::Frontend(f, _, addr) => out.insert(f.name.value.clone(), addr.clone()),
             };
         }
@@ -240,13 +243,12 @@ impl Listeners {
                     let entry = self.serve_agents(shared, sessions_stop, l, tls, tls_cfg, listen, addr);
                     *self.agents.lock().expect("not poisoned") = Some(entry);
                 }
-                Pending::AgentsQuic(endpoint, addr) => {
+                Pending::AgentsQuic(endpoint, listen, addr) => {
                     // The agents' listener is first in `pending`: its TLS material is running.
                     let tls = self.agents.lock().expect("not poisoned").as_ref().map(|a| a.tls.clone());
                     if let Some(tls) = tls {
-                        tracing::info!(%addr, "agents QUIC listener up");
-                        tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls));
-                        *self.quic.lock().expect("not poisoned") = Some(QuicEntry { addr });
+                        let entry = serve_quic(shared, sessions_stop, endpoint, tls, listen, addr);
+                        *self.quic.lock().expect("not poisoned") = Some(entry);
                     }
                 }
                 Pending::Frontend(f, sock, addr) => {
@@ -377,6 +379,22 @@ impl Listeners {
         } else {
             None
         };
+        // The QUIC listener: bound anew when added or moved (with the TLS material it will
+        // serve: the new one if the agents' files changed too).
+        let quic_now = self.quic.lock().expect("not poisoned").as_ref().map(|q| q.listen.clone());
+        let quic_sock = match (&new.agents.quic, &quic_now) {
+            (Some(q), now) if now.as_ref() != Some(&q.listen) => {
+                let material = match &agents_material {
+                    Some(m) => m.clone(),
+                    None => {
+                        self.agents.lock().expect("not poisoned").as_ref().expect("checked").tls.load().material.clone()
+                    }
+                };
+                let (endpoint, addr) = listen_quic(&q.listen, &material, new).await.map_err(e)?;
+                Some((endpoint, q.listen.clone(), addr.to_string()))
+            }
+            _ => None,
+        };
         let mut fresh = Vec::new();
         for f in &new.frontends {
             let old = frontends_now.get(f.name.as_str());
@@ -417,6 +435,23 @@ impl Listeners {
                 let old = std::mem::replace(a, moved);
                 old.stop.cancel();
                 tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
+            }
+            let mut quic = self.quic.lock().expect("not poisoned");
+            let old = match quic_sock {
+                Some((endpoint, listen, addr)) => {
+                    quic.replace(serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), listen, addr))
+                }
+                None if new.agents.quic.is_none() => quic.take(),
+                None => None,
+            };
+            if let Some(old) = old {
+                old.stop.cancel();
+                match &*quic {
+                    Some(q) => {
+                        tracing::info!(old = %old.addr, new = %q.addr, "agents QUIC listener moved; sessions on the old one continue")
+                    }
+                    None => tracing::info!(addr = %old.addr, "agents QUIC listener removed; its sessions continue"),
+                }
             }
         }
         let mut frontends = self.frontends.lock().expect("not poisoned");
@@ -495,15 +530,30 @@ async fn listen_quic(
     Ok((endpoint, local))
 }
 
-/// Accept agents' QUIC connections until shutdown; each gets a server config built from the
+/// Serve the agents' QUIC listener until shutdown or until the entry's `stop`.
+fn serve_quic(
+    shared: &Arc<Shared>,
+    sessions_stop: &CancellationToken,
+    endpoint: quinn::Endpoint,
+    tls: Arc<ArcSwap<Tls>>,
+    listen: HostPort,
+    addr: String,
+) -> QuicEntry {
+    let stop = shared.shutdown.stop.child_token();
+    tracing::info!(%addr, "agents QUIC listener up");
+    tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls, stop.clone()));
+    QuicEntry { listen, addr, stop }
+}
+
+/// Accept agents' QUIC connections until `stop`; each gets a server config built from the
 /// agents' TLS material as it is now (reloaded files included) and the current settings.
 async fn serve_agents_quic(
     shared: Arc<Shared>,
     sessions_stop: CancellationToken,
     endpoint: quinn::Endpoint,
     tls: Arc<ArcSwap<Tls>>,
+    stop: CancellationToken,
 ) {
-    let stop = shared.shutdown.stop.clone();
     loop {
         let incoming = tokio::select! {
             _ = stop.cancelled() => break,

@@ -1,6 +1,6 @@
 //! Changes that take effect without a restart, end to end: a proxy-server front end added and
 //! removed by a config change (a live stream on the removed one keeps going), and the agents
-//! listener moved while a session holds on.
+//! listeners (TCP and QUIC) added, moved and removed while sessions hold on.
 
 use anyhow::Context as _;
 use std::time::Duration;
@@ -100,5 +100,56 @@ async fn the_agents_listener_moves_and_sessions_on_the_old_one_hold() -> anyhow:
     echo_once(&mut live, b"after the move").await?;
     let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut fresh, b"a new stream over the held session").await?;
+    Ok(())
+}
+
+/// `agents.quic` added, moved and removed by reloads: each new socket takes QUIC agents, and the
+/// session made on the first one keeps carrying its stream (and new ones) through all of it.
+#[tokio::test]
+async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyhow::Result<()> {
+    let dir = TempDir::new("runtime-quic")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let echo = TcpEcho::start().await?;
+    let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
+    let base = server_yaml(&pki, "127.0.0.1:0", &fe, "");
+    let with_quic = |ip: &str| base.replacen("agents:\n", &format!("agents:\n  quic: {{ listen: {ip}:0 }}\n"), 1);
+    let server = Running::start(&dir, "proxy-server", &base).await?;
+    let a = server.read_addresses().context("addresses")?;
+    anyhow::ensure!(!a.listeners.contains_key("agents-quic"), "no QUIC listener configured yet");
+    let quic_agent = |name: &str, at: std::net::SocketAddr| {
+        let mut o = AgentOpts::new("shoot-a", at, &["127.0.0.0/8"]);
+        o.node_name = name.into();
+        o.tunnel_extra = "  transport: quic\n".into();
+        agent_yaml(&pki, &o)
+    };
+
+    // Added.
+    server.reload_with(&with_quic("127.0.0.1")).await?;
+    let first = server.addresses_where(|x| x.listeners.contains_key("agents-quic")).await?.listener("agents-quic")?;
+    let one = Running::start(&dir, "proxy-agent", &quic_agent("node-1", first)?).await?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| one.proc.log())?;
+    let (mut live, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
+    echo_once(&mut live, b"over the added QUIC listener").await?;
+
+    // Moved: a second agent reaches the new socket; the first session holds on the old one.
+    server.reload_with(&with_quic("127.0.0.2")).await?;
+    let moved = server
+        .addresses_where(|x| x.listener("agents-quic").is_ok_and(|l| l.ip().to_string() == "127.0.0.2"))
+        .await?
+        .listener("agents-quic")?;
+    let two = Running::start(&dir, "proxy-agent", &quic_agent("node-2", moved)?).await?;
+    wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(|| two.proc.log())?;
+    echo_once(&mut live, b"after the move").await?;
+
+    // Removed: both sessions continue.
+    server.reload_with(&base).await?;
+    server.addresses_where(|x| !x.listeners.contains_key("agents-quic")).await?;
+    for i in 0..5 {
+        echo_once(&mut live, format!("after the removal {i}").as_bytes()).await.context("the live stream was cut")?;
+    }
+    wait_agents(a.admin()?, "shoot-a", 2.0).await?;
+    let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
+    echo_once(&mut fresh, b"a new stream over the held sessions").await?;
+    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
     Ok(())
 }
