@@ -62,13 +62,11 @@ impl Service for Agent {
     type Config = AgentConfig;
     const NAME: &'static str = "proxy-agent";
 
-    /// Listen addresses are bound at start; the tunnel's server list is what its sessions are.
+    /// Listen addresses are bound at start, and the tunnel (its metrics, its TLS watch) is set
+    /// up at start or not at all; its server list changes live.
     fn restart_only(cfg: &AgentConfig) -> Vec<(&'static str, serde_json::Value)> {
         let listen = cfg.apiserver_proxy.as_ref().map(|ap| ap.listen.iter().map(|l| &l.value).collect::<Vec<_>>());
-        vec![
-            fixed("apiserver_proxy.listen", &listen),
-            fixed("tunnel.servers", &cfg.tunnel.as_ref().map(|t| &t.servers)),
-        ]
+        vec![fixed("apiserver_proxy.listen", &listen), fixed("tunnel", &cfg.tunnel.is_some())]
     }
 
     async fn bind(cfg: Arc<AgentConfig>, ctx: Ctx) -> Result<Self, StartError> {

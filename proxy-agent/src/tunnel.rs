@@ -138,9 +138,19 @@ pub struct Tunnel {
     /// Streams open across all sessions (the `max_streams` limit applies to the sum).
     active: AtomicUsize,
     /// The replicas behind each configured server name, and what each slot holds.
-    names: Mutex<Vec<Arc<Replicas>>>,
+    names: Mutex<Vec<Name>>,
+    /// Set by [`Tunnel::start`]: the shutdown token and tracker new name loops run under.
+    run: Mutex<Option<(CancellationToken, TaskTracker)>>,
     /// The shutdown grace is over: live streams end now.
     kill: CancellationToken,
+}
+
+/// One configured server name and the loop keeping its sessions.
+struct Name {
+    configured: HostPort,
+    replicas: Arc<Replicas>,
+    /// Ends the name's loop: its sessions get GOAWAY, their streams run to their end.
+    stop: CancellationToken,
 }
 
 pub fn settings(cfg: &TunnelCfg) -> TunnelSettings {
@@ -197,20 +207,77 @@ impl Tunnel {
             metrics: TunnelMetrics::new(reg),
             active: AtomicUsize::new(0),
             names: Mutex::new(Vec::new()),
+            run: Mutex::new(None),
             kill,
         }))
     }
 
     /// Take a reloaded tunnel config (allowlist, timeouts, TLS file paths) for new sessions and
-    /// streams. Changed TLS contents need no reload: they are watched.
-    pub fn reconfigure(&self, cfg: TunnelCfg) -> Result<(), String> {
+    /// streams. Changed TLS contents need no reload: they are watched. A server name added to
+    /// `servers` gets its sessions now; one removed has its sessions closed with GOAWAY (their
+    /// streams run to their end); names in both are untouched.
+    pub fn reconfigure(self: &Arc<Self>, cfg: TunnelCfg) -> Result<(), String> {
         if cfg.tls != self.cfg.load().tls {
             let tls = client_tls(&cfg, &self.tls_metrics).map_err(|e| format!("tunnel.tls: {e}"))?;
             tls.material.watch(tls.watching.clone());
             self.tls.store(Arc::new(tls));
         }
+        let servers = cfg.servers.clone();
         self.cfg.store(Arc::new(cfg));
+        let run = self.run.lock().expect("not poisoned").clone();
+        if let Some((stop, tracker)) = run {
+            let mut names = self.names.lock().expect("not poisoned");
+            names.retain(|n| {
+                let kept = servers.contains(&n.configured);
+                if !kept {
+                    tracing::info!(server = %n.configured, "server removed from tunnel.servers: its sessions get GOAWAY, their streams run to their end");
+                    n.stop.cancel();
+                    self.forget_metrics(n);
+                }
+                kept
+            });
+            let added: Vec<HostPort> =
+                servers.into_iter().filter(|s| !names.iter().any(|n| &n.configured == s)).collect();
+            drop(names);
+            for server in added {
+                tracing::info!(%server, "server added to tunnel.servers");
+                self.add_name(server, &stop, &tracker);
+            }
+        }
         Ok(())
+    }
+
+    /// Start the loop that keeps a session to each replica behind `server`.
+    fn add_name(self: &Arc<Self>, server: HostPort, stop: &CancellationToken, tracker: &TaskTracker) {
+        let name = server.to_string();
+        let m = &self.metrics;
+        let replicas = Arc::new(Replicas::new(
+            name.clone(),
+            m.server_sessions.with_label_values(&[&name]),
+            m.server_sessions_expected.with_label_values(&[&name]),
+        ));
+        let stop = stop.child_token();
+        self.names.lock().expect("not poisoned").push(Name {
+            configured: server.clone(),
+            replicas: replicas.clone(),
+            stop: stop.clone(),
+        });
+        tokio::spawn(name_loop(self.clone(), replicas, server, stop, tracker.clone()));
+    }
+
+    /// A removed name's gauges go (its counters stay: they are history).
+    fn forget_metrics(&self, n: &Name) {
+        let m = &self.metrics;
+        let name = n.configured.to_string();
+        let _ = m.server_sessions.remove_label_values(&[&name]);
+        let _ = m.server_sessions_expected.remove_label_values(&[&name]);
+        for slot in 0..n.replicas.slots() {
+            let label = if slot == 0 { name.clone() } else { format!("{name}#{slot}") };
+            let _ = m.sessions.remove_label_values(&[&label]);
+            for transport in ["h2", "quic"] {
+                let _ = m.transport.remove_label_values(&[&label, transport]);
+            }
+        }
     }
 
     /// One check per configured server name: ready while a session is up, "degraded" while
@@ -221,8 +288,8 @@ impl Tunnel {
             .lock()
             .expect("not poisoned")
             .iter()
-            .map(|r| {
-                let mut c = r.check();
+            .map(|n| {
+                let mut c = n.replicas.check();
                 c.detail = format!("{} (transport {transport})", c.detail);
                 c
             })
@@ -233,16 +300,9 @@ impl Tunnel {
     pub fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
         let tls = self.tls.load();
         tls.material.watch(tls.watching.clone());
+        *self.run.lock().expect("not poisoned") = Some((stop.clone(), tracker.clone()));
         for server in self.cfg.load().servers.clone() {
-            let name = server.to_string();
-            let m = &self.metrics;
-            let replicas = Arc::new(Replicas::new(
-                name.clone(),
-                m.server_sessions.with_label_values(&[&name]),
-                m.server_sessions_expected.with_label_values(&[&name]),
-            ));
-            self.names.lock().expect("not poisoned").push(replicas.clone());
-            tokio::spawn(name_loop(self.clone(), replicas, server, stop.clone(), tracker.clone()));
+            self.add_name(server, &stop, &tracker);
         }
     }
 }

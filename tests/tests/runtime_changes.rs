@@ -1,6 +1,7 @@
 //! Changes that take effect without a restart, end to end: a proxy-server front end added and
 //! removed by a config change (a live stream on the removed one keeps going), and the agents
-//! listeners (TCP and QUIC) added, moved and removed while sessions hold on.
+//! listeners (TCP and QUIC) added, moved and removed while sessions hold on, and the agent's
+//! `tunnel.servers` changed under a live stream.
 
 use anyhow::Context as _;
 use std::time::Duration;
@@ -151,5 +152,59 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
     let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut fresh, b"a new stream over the held sessions").await?;
     anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
+    Ok(())
+}
+
+/// The agent's `tunnel.servers` changed by reloads: a server added gets a session at once; a
+/// server removed gets GOAWAY (no new streams there) while the stream it carries runs on.
+#[tokio::test]
+async fn the_agents_servers_are_added_and_removed_by_reload() -> anyhow::Result<()> {
+    let dir = TempDir::new("runtime-servers")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let echo = TcpEcho::start().await?;
+    let target = echo.addr().to_string();
+    let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
+    let one = Running::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
+    let two = Running::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
+    let (a1, a2) = (one.read_addresses().context("addresses")?, two.read_addresses().context("addresses")?);
+    let agent_cfg = |servers: &[std::net::SocketAddr]| {
+        let mut o = AgentOpts::new("shoot-a", servers[0], &["127.0.0.0/8"]);
+        o.servers = servers.iter().map(|s| s.to_string()).collect();
+        agent_yaml(&pki, &o)
+    };
+    let agent = Running::start(&dir, "proxy-agent", &agent_cfg(&[a1.listener("agents")?])?).await?;
+    let admin = agent.read_addresses().context("agent addresses")?.admin()?;
+    wait_agents(a1.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    let (mut live, _) = connect_tcp(a1.listener("egress")?, &target).await?;
+    echo_once(&mut live, b"through the first server").await?;
+
+    // Added.
+    agent.reload_with(&agent_cfg(&[a1.listener("agents")?, a2.listener("agents")?])?).await?;
+    wait_agents(a2.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    let (mut second, _) = connect_tcp(a2.listener("egress")?, &target).await?;
+    echo_once(&mut second, b"through the added server").await?;
+    echo_once(&mut live, b"the first one untouched").await?;
+
+    // Removed: the first server opens no new stream on the agent's session, the live one runs on.
+    agent.reload_with(&agent_cfg(&[a2.listener("agents")?])?).await?;
+    let e1 = a1.listener("egress")?;
+    let refused = poll_until(DEADLINE, TICK, || async {
+        match connect_tcp(e1, &target).await {
+            Ok(_) => Err(anyhow::anyhow!("the removed server still opens streams on the agent")),
+            Err(e) => testbed::tunnel_kit::refusal_of(&e).cloned().with_context(|| format!("{e:#}")),
+        }
+    })
+    .await?;
+    anyhow::ensure!(refused.status == 503, "{refused}");
+    for i in 0..5 {
+        echo_once(&mut live, format!("still running {i}").as_bytes()).await.context("the live stream was cut")?;
+    }
+    echo_once(&mut second, b"the kept server untouched").await?;
+    drop(live);
+    wait_agents(a1.admin()?, "shoot-a", 0.0).await.context("the removed server's session ends with its stream")?;
+    let (_, body) = testbed::http_get(admin, "/readyz?verbose").await?;
+    let first_name = a1.listener("agents")?.to_string();
+    anyhow::ensure!(!body.contains(&first_name) && body.contains(&a2.listener("agents")?.to_string()), "{body}");
+    anyhow::ensure!(agent.reloads(admin, "failure").await == 0.0, "{}", agent.proc.log());
     Ok(())
 }
