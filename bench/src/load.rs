@@ -479,7 +479,14 @@ async fn read_to_end_after_first<R: AsyncRead + Unpin>(r: &mut R, start: Instant
 
 impl Txn {
     pub async fn run(&self) -> anyhow::Result<TxnTimes> {
-        tokio::time::timeout(TXN_TIMEOUT, self.run_inner()).await.context("transaction timed out")?
+        self.run_within(TXN_TIMEOUT).await
+    }
+
+    /// [`Txn::run`] with a deadline of the caller's choosing for the whole transaction.
+    pub async fn run_within(&self, limit: Duration) -> anyhow::Result<TxnTimes> {
+        tokio::time::timeout(limit, self.run_inner())
+            .await
+            .with_context(|| format!("transaction timed out after {limit:?}"))?
     }
 
     async fn run_inner(&self) -> anyhow::Result<TxnTimes> {

@@ -50,7 +50,8 @@ enum Cmd {
     /// connections reset by the reload (sni-router vs haproxy -sf and nginx reload).
     Reload,
     /// With thousands of clients that sent three bytes of a TLS record and stalled: time for a
-    /// real client's connection through sni-router to be served (sni-router only).
+    /// real client to be served through SNI routing, with the same cap of 1,000 client
+    /// connections: sni-router, haproxy (maxconn) and nginx ssl_preread (worker_connections).
     Slowloris,
     /// N connections (--leak-connections, default 100,000) of every kind — complete, client
     /// reset, stalled until the handshake deadline, refused dial — through every path (SNI,

@@ -233,6 +233,12 @@ fn ratio(x: f64) -> String {
     if !x.is_finite() {
         return "–".into();
     }
+    // Two significant digits below 0.01 (a latency of milliseconds against one of seconds),
+    // not a bare "0.00×".
+    if x != 0.0 && x.abs() < 0.01 {
+        let decimals = (-x.abs().log10()).ceil() as usize + 1;
+        return format!("{x:.decimals$}×");
+    }
     format!("{x:.2}×")
 }
 
@@ -683,6 +689,14 @@ pub fn targets(res: &Results) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_ratios_keep_two_significant_digits() {
+        assert_eq!(ratio(12.1 / 4203.0), "0.0029×");
+        assert_eq!(ratio(0.05), "0.05×");
+        assert_eq!(ratio(0.0), "0.00×");
+        assert_eq!(ratio(2.2), "2.20×");
+    }
 
     #[test]
     fn table_ratios_and_skips() {

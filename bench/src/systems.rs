@@ -196,6 +196,19 @@ impl Running {
         self.procs.iter().map(Proc::pid).collect()
     }
 
+    /// Open sockets of every process of the system and their children (nginx's worker): what an
+    /// anchor without an admin endpoint holds, read from `/proc/<pid>/fd`.
+    pub fn socket_fds(&self) -> usize {
+        let mut all: Vec<u32> = self.pids().into_iter().flat_map(host::process_tree).collect();
+        all.sort_unstable();
+        all.dedup();
+        all.iter()
+            .filter_map(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok())
+            .flat_map(|d| d.flatten())
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:")))
+            .count()
+    }
+
     /// RSS (KiB) of every process of the system and their children.
     pub fn rss_kib(&self) -> u64 {
         host::tree_rss_kib(&self.pids())
@@ -552,6 +565,20 @@ pub async fn haproxy(
     listen: &[(&str, SocketAddr)],
     splice: bool,
 ) -> anyhow::Result<Running> {
+    haproxy_with(env, label, body, files, listen, splice, None).await
+}
+
+/// [`haproxy`] with `maxconn` of the caller's choosing instead of the bench's usual one: the
+/// global `maxconn` and, through the defaults section, every frontend's.
+pub async fn haproxy_with(
+    env: &Env<'_>,
+    label: &str,
+    body: &str,
+    files: &[(&str, String)],
+    listen: &[(&str, SocketAddr)],
+    splice: bool,
+    maxconn: Option<u32>,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let bin = env.anchors.haproxy.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
@@ -562,12 +589,13 @@ pub async fn haproxy(
     let body = body.replace("@DIR@", &d.display().to_string());
     let text = format!(
         "global\n    maxconn {maxconn}\n    nbthread 1\n    stats socket {dir}/haproxy.sock mode 600 level admin\n\
-         defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    timeout server 1h\n    timeout client-fin 30s\n{splice}\
+         defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    timeout server 1h\n    timeout client-fin 30s\n{fe_maxconn}{splice}\
          {body}",
         dir = d.display(),
         // splice needs pipes (maxpipes defaults to maxconn/4, two fds each): fewer connections
         // fit under the 20,000-fd limit.
-        maxconn = if splice { 7000 } else { 9500 },
+        maxconn = maxconn.unwrap_or(if splice { 7000 } else { 9500 }),
+        fe_maxconn = maxconn.map(|m| format!("    maxconn {m}\n")).unwrap_or_default(),
         splice = if splice { "    option splice-auto\n" } else { "" },
     );
     std::fs::write(&cfg, text)?;
@@ -588,6 +616,21 @@ pub async fn nginx(
     listen: &[(&str, SocketAddr)],
     njs: bool,
 ) -> anyhow::Result<Running> {
+    nginx_with(env, label, stream_body, files, listen, njs, None).await
+}
+
+/// [`nginx`] with `worker_connections` of the caller's choosing instead of the bench's usual
+/// 19,500 (it counts every connection of the worker: client and upstream sides, listening
+/// sockets, the channel to the master).
+pub async fn nginx_with(
+    env: &Env<'_>,
+    label: &str,
+    stream_body: &str,
+    files: &[(&str, String)],
+    listen: &[(&str, SocketAddr)],
+    njs: bool,
+    worker_connections: Option<u32>,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let bin = if njs { env.anchors.nginx_njs() } else { env.anchors.nginx_stream() }.map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
@@ -603,7 +646,8 @@ pub async fn nginx(
     let _ = write!(
         conf,
         "daemon off;\nworker_processes 1;\nworker_rlimit_nofile 20000;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log warn;\n\
-         events {{ worker_connections 19500; }}\nstream {{\n{}\n}}\n",
+         events {{ worker_connections {}; }}\nstream {{\n{}\n}}\n",
+        worker_connections.unwrap_or(19500),
         stream_body.replace("@DIR@", &dir)
     );
     let cfg = d.join("nginx.conf");

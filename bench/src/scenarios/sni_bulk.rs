@@ -42,13 +42,38 @@ pub fn router_sni_listener(routes: &[(String, String, std::net::SocketAddr)]) ->
     y
 }
 
+/// Connection caps of [`sni_systems`] in place of the bench's usual (large) ones.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// sni-router `limits.max_connections`.
+    pub router_max_connections: usize,
+    /// haproxy `maxconn`, global and frontend.
+    pub haproxy_maxconn: u32,
+    /// nginx `worker_connections` (it counts both sides of a proxied connection).
+    pub nginx_worker_connections: u32,
+}
+
 /// The standard SNI systems in front of one upstream for one name: sni-router, haproxy
-/// (optionally a second one with splice-auto) and nginx. Each exposes the role `front`.
-pub async fn sni_systems(ctx: &Ctx, sni: &str, upstream: std::net::SocketAddr, splice_too: bool) -> Vec<Slot> {
+/// (optionally a second one with splice-auto) and nginx, with `caps` if given. Each exposes the
+/// role `front`.
+pub async fn sni_systems(
+    ctx: &Ctx,
+    sni: &str,
+    upstream: std::net::SocketAddr,
+    splice_too: bool,
+    caps: Option<Caps>,
+) -> Vec<Slot> {
     let env = ctx.env();
     let mut slots = Vec::new();
     let yaml = router_sni_listener(&[("r".into(), sni.into(), upstream)]);
-    let r = systems::sni_router(&env, "sni-router", &yaml).await.and_then(|mut r| {
+    let r = match caps {
+        Some(c) => {
+            let limits = format!("limits: {{ max_connections: {} }}\n", c.router_max_connections);
+            systems::sni_router_with(&env, "sni-router", &limits, &yaml).await
+        }
+        None => systems::sni_router(&env, "sni-router", &yaml).await,
+    };
+    let r = r.and_then(|mut r| {
         let a = r.addr("gateway")?;
         r.set_addr("front", a);
         Ok(r)
@@ -60,8 +85,9 @@ pub async fn sni_systems(ctx: &Ctx, sni: &str, upstream: std::net::SocketAddr, s
         let r = async {
             let front = host::free_port([127, 0, 0, 1])?;
             let body = format!("{}backend be_up\n    server up {upstream}\n", haproxy_sni_frontend(front, "sni.map"));
-            systems::haproxy(&env, label, &body, &[("sni.map", format!("{sni} be_up\n"))], &[("front", front)], splice)
-                .await
+            let files = [("sni.map", format!("{sni} be_up\n"))];
+            let maxconn = caps.map(|c| c.haproxy_maxconn);
+            systems::haproxy_with(&env, label, &body, &files, &[("front", front)], splice, maxconn).await
         }
         .await;
         slots.push(Slot::from(label, Kind::Anchor, r));
@@ -69,7 +95,8 @@ pub async fn sni_systems(ctx: &Ctx, sni: &str, upstream: std::net::SocketAddr, s
     let r = async {
         let front = host::free_port([127, 0, 0, 1])?;
         let body = nginx_sni_server(front, &format!("        {sni} {upstream};\n"));
-        systems::nginx(&env, "nginx", &body, &[], &[("front", front)], false).await
+        let wc = caps.map(|c| c.nginx_worker_connections);
+        systems::nginx_with(&env, "nginx", &body, &[], &[("front", front)], false, wc).await
     }
     .await;
     slots.push(Slot::from("nginx", Kind::Anchor, r));
@@ -82,7 +109,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), SNI)?.into();
     let pre = Preamble::Raw(hello);
     let mut slots = vec![Slot::Up(Running::direct(&[("front", sink.addr())]))];
-    slots.extend(sni_systems(ctx, SNI, sink.addr(), true).await);
+    slots.extend(sni_systems(ctx, SNI, sink.addr(), true, None).await);
     let m1 = res.metric(SC, "bulk, 1 stream", "Gbit/s", Better::Higher);
     let m64 = res.metric(SC, "bulk, 64 streams", "Gbit/s", Better::Higher);
     res.remark(

@@ -23,7 +23,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let backend = TlsHttpBackend::start("shoot", &ctx.ca.server(&[SNI])?, None).await?;
     let mut slots = vec![Slot::Up(Running::direct(&[("front", backend.addr())]))];
-    slots.extend(sni_systems(ctx, SNI, backend.addr(), false).await);
+    slots.extend(sni_systems(ctx, SNI, backend.addr(), false, None).await);
     let rate = s.fixed_rate;
     let m_sat =
         res.metric(SC, &format!("full-TLS connections/s ({} concurrent)", s.concurrency), "conn/s", Better::Higher);
