@@ -24,6 +24,8 @@ const CLUSTER: &str = "shoot-a";
 const PROXY_NAME: &str = "proxy.seed.local";
 /// sni-router's route from the agents' port to proxy-server's agents listener.
 const TUNNEL_ROUTE: &str = "proxy-server-tunnel";
+/// sni-router's route from its UDP port to proxy-server-quic's QUIC listener.
+const QUIC_ROUTE: &str = "proxy-server-quic";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -76,11 +78,16 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     let backend_b = TlsHttpBackend::start("shoot-b", &cert_b, Some(&ca)).await?;
 
     // proxy-server first: the router's tunnel route names its agents listener.
-    let seed = start_proxy_server(&dir, &bins, &ca).await?;
+    let (seed, _) = start_proxy_server(&dir, &bins, &ca, "proxy-server", "").await?;
+    // A second seed's proxy-server takes its agents over QUIC too (UDP, beside its TCP listener).
+    let (quic_seed, q) =
+        start_proxy_server(&dir, &bins, &ca, "proxy-server-quic", "  quic: { listen: 127.0.0.1:0 }\n").await?;
+    let quic_agents = q.listener("agents-quic")?;
 
-    // Three listeners, as a seed's gateway has: the public gateway (P1, SNI), the port the
-    // node-local apiserver proxies send to (P2: PROXY v2 destination or CONNECT header), and the
-    // port agents dial (P3: SNI passthrough to proxy-server), as Gardener's :443, :8443 and :8132.
+    // Four listeners, as a seed's gateway has: the public gateway (P1, SNI), the port the
+    // node-local apiserver proxies send to (P2: PROXY v2 destination or CONNECT header), the
+    // port agents dial (P3: SNI passthrough to proxy-server), as Gardener's :443, :8443 and :8132,
+    // and a UDP port agents dial over QUIC (routed by the SNI of their Initial packets).
     let config = format!(
         "\
 admin: {{ listen: 127.0.0.1:0 }}
@@ -107,6 +114,13 @@ listeners:
       - name: shoot-a-connect
         connect: {{ header: X-Gardener-Destination, values: [\"{P2_DEST}\"] }}
         upstreams: [{a}]
+  - name: quic
+    listen: 127.0.0.1:0
+    protocol: udp
+    routes:
+      - name: {QUIC_ROUTE}
+        sni: [{PROXY_NAME}]
+        upstreams: [{quic_agents}]
   - name: tunnel
     listen: 127.0.0.1:0
     routes:
@@ -123,9 +137,11 @@ listeners:
     let gateway = addrs.listener("gateway")?;
     let admin = addrs.admin()?;
     let via = Gateway { tunnel: addrs.listener("tunnel")?, admin, pid: router.pid() };
+    let quic_gw = addrs.listener("quic")?;
 
     println!("seedgate demo: sni-router ({})", router_bin.display());
     println!("  router   gateway {gateway}, tunnel {} -> proxy-server {}, admin {admin}", via.tunnel, seed.agents);
+    println!("  router   quic {quic_gw} (UDP) -> proxy-server-quic {quic_agents} (QUIC)");
     println!("  backend  shoot-a {} (TLS, {SHOOT_A})", backend_a.addr());
     println!("  backend  shoot-b {} (TLS, {SHOOT_B}, requires a client certificate)", backend_b.addr());
     println!("  client   trusts the demo CA, presents CN={CLIENT_CN}, offers ALPN h2, http/1.1");
@@ -180,6 +196,8 @@ listeners:
     migration(&mut r, &dir, &bins, &ca, &tw, &mut others).await?;
     let router_cfg = RouterCfg { path: &config_path, yaml: &config, admin, tunnel: via.tunnel };
     ha(&mut r, &dir, &bins, &ca, &tw, &mut router, &router_cfg, &mut others).await?;
+    let qs = QuicSeed { seed: quic_seed, agents: quic_agents, gateway: quic_gw };
+    quic(&mut r, &dir, &bins, &ca, &tw, qs, &via, &mut others).await?;
 
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
     metrics(&mut r, admin).await;
@@ -255,6 +273,7 @@ async fn p2(
 /// What the migration section needs from the tunnel section.
 struct TunnelWorld {
     server_yaml: String,
+    agents: std::net::SocketAddr,
     egress: std::net::SocketAddr,
     admin: std::net::SocketAddr,
     kubelet: TlsHttpBackend,
@@ -278,19 +297,49 @@ struct Gateway {
     pid: u32,
 }
 
-async fn start_proxy_server(dir: &TempDir, bins: &[std::path::PathBuf], ca: &Ca) -> anyhow::Result<SeedServer> {
-    let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server")?;
+/// A proxy-server for `CLUSTER` named `stem` (its config and certificate files); `agents_extra`
+/// goes into its `agents:` block (two-space indented lines).
+async fn start_proxy_server(
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    stem: &str,
+    agents_extra: &str,
+) -> anyhow::Result<(SeedServer, testbed::Addresses)> {
+    let (srv_crt, srv_key) = ca.server(&[PROXY_NAME])?.write(dir.path(), stem)?;
     let ca_path = ca.write(dir.path(), "ca")?;
     let token = dir.write("admin-token", ADMIN_TOKEN)?;
     let yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
+        "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n{agents_extra}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
         token.display(),
         srv_crt.display(),
         srv_key.display(),
         ca_path.display()
     );
-    let (proc, s) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server.yaml", &yaml)?, &[]).await?;
-    Ok(SeedServer { agents: s.listener("agents")?, egress: s.listener("egress")?, admin: s.admin()?, proc, yaml })
+    let (proc, s) = Proc::start_seedgate(&bins[2], &dir.write(&format!("{stem}.yaml"), &yaml)?, &[]).await?;
+    let seed =
+        SeedServer { agents: s.listener("agents")?, egress: s.listener("egress")?, admin: s.admin()?, proc, yaml };
+    Ok((seed, s))
+}
+
+/// A proxy-agent's tunnel config: a client certificate for `cluster` (files `<stem>.*`), one
+/// server address, the TLS name it sends; `extra` goes into the `tunnel:` block.
+fn agent_tunnel_yaml(
+    dir: &TempDir,
+    ca: &Ca,
+    cluster: &str,
+    stem: &str,
+    server: std::net::SocketAddr,
+    server_name: &str,
+    extra: &str,
+) -> anyhow::Result<String> {
+    let (crt, key) = ca.client(cluster)?.write(dir.path(), stem)?;
+    Ok(format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{server}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {server_name} }}\n  allow: [127.0.0.0/8]\n{extra}",
+        crt.display(),
+        key.display(),
+        ca.write(dir.path(), "ca")?.display()
+    ))
 }
 
 /// P3-P5: a proxy-agent that dials out to proxy-server through sni-router's tunnel listener (as
@@ -307,18 +356,10 @@ async fn tunnel(
     procs: &mut Vec<Proc>,
 ) -> anyhow::Result<TunnelWorld> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent-shoot-a")?;
-    let ca_path = ca.write(dir.path(), "ca")?;
     let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
     let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
     let SeedServer { proc: server, yaml: server_yaml, agents, egress, admin: s_admin } = seed;
-    let agent_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {PROXY_NAME} }}\n  allow: [127.0.0.0/8]\n",
-        via.tunnel,
-        agent_crt.display(),
-        agent_key.display(),
-        ca_path.display()
-    );
+    let agent_yaml = agent_tunnel_yaml(dir, ca, CLUSTER, "agent-shoot-a", via.tunnel, PROXY_NAME, "")?;
     let (agent, _) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
     let agent_pid = agent.pid();
     procs.push(server);
@@ -465,7 +506,7 @@ async fn tunnel(
         let opened = metric_sum(&text, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]);
         r.check(opened >= 2.0, "streams opened through the tunnel", &format!("{opened}"));
     }
-    Ok(TunnelWorld { server_yaml, egress, admin: s_admin, kubelet })
+    Ok(TunnelWorld { server_yaml, agents, egress, admin: s_admin, kubelet })
 }
 
 /// A CONNECT through `egress` to `target`: the response status line, and for 200 the body of a
@@ -650,14 +691,8 @@ async fn ha(
     .await;
     r.check(reloaded.is_ok(), "sni-router reloaded with the route to both replicas", "SIGHUP");
 
-    let (crt, key) = ca.client(HA_CLUSTER)?.write(dir.path(), "agent-shoot-b")?;
-    let agent_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {HA_NAME} }}\n  allow: [127.0.0.0/8]\n  reconnect: {{ initial: 100ms, max: 1s }}\n",
-        rc.tunnel,
-        crt.display(),
-        key.display(),
-        ca.write(dir.path(), "ca")?.display()
-    );
+    let reconnect = "  reconnect: { initial: 100ms, max: 1s }\n";
+    let agent_yaml = agent_tunnel_yaml(dir, ca, HA_CLUSTER, "agent-shoot-b", rc.tunnel, HA_NAME, reconnect)?;
     let started = std::time::Instant::now();
     let (agent, a) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-ha.yaml", &agent_yaml)?, &[]).await?;
     procs.push(agent);
@@ -722,6 +757,154 @@ async fn ha(
     }
     for (p, _, _) in replicas {
         procs.push(p);
+    }
+    Ok(())
+}
+
+/// The QUIC section's proxy-server, its QUIC (UDP) agents listener, and sni-router's UDP listener.
+struct QuicSeed {
+    seed: SeedServer,
+    agents: std::net::SocketAddr,
+    gateway: std::net::SocketAddr,
+}
+
+/// QUIC: the tunnel over QUIC as production runs it: a proxy-agent with `transport: quic` dials
+/// sni-router's UDP listener, which routes its Initials by SNI to proxy-server-quic's QUIC
+/// listener; a CONNECT through that proxy-server reaches the kubelet over the QUIC session. A
+/// second agent with `transport: auto` dials the TCP-only gateway port (nothing takes UDP there)
+/// and falls back to h2.
+#[allow(clippy::too_many_arguments)]
+async fn quic(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    tw: &TunnelWorld,
+    qs: QuicSeed,
+    via: &Gateway,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
+    let QuicSeed { seed, agents, gateway } = qs;
+    let (s_admin, egress) = (seed.admin, seed.egress);
+    procs.push(seed.proc);
+    let yaml = agent_tunnel_yaml(dir, ca, CLUSTER, "agent-quic", gateway, PROXY_NAME, "  transport: quic\n")?;
+    let (agent, a) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-quic.yaml", &yaml)?, &[]).await?;
+    let (agent_pid, agent_admin) = (agent.pid(), a.admin()?);
+    procs.push(agent);
+    // Started now so that its QUIC attempt times out while the QUIC agent is checked.
+    let auto_yaml = agent_tunnel_yaml(
+        dir,
+        ca,
+        "shoot-c",
+        "agent-auto",
+        via.tunnel,
+        PROXY_NAME,
+        "  transport: auto\n  quic_timeout: 500ms\n",
+    )?;
+    let (auto, au) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-auto.yaml", &auto_yaml)?, &[]).await?;
+    let auto_admin = au.admin()?;
+    procs.push(auto);
+    let started = std::time::Instant::now();
+
+    r.heading(&format!(
+        "QUIC proxy-agent (transport: quic) dials sni-router {gateway}/udp (SNI {PROXY_NAME}) -> proxy-server-quic {agents}/udp"
+    ));
+    let tunnel_line = |admin| async move {
+        poll_until(Duration::from_secs(10), Duration::from_millis(20), || async move {
+            let (code, body) = http_get(admin, "/readyz?verbose").await?;
+            let line = body.lines().find(|l| l.contains("tunnel-")).unwrap_or("").trim().to_owned();
+            anyhow::ensure!(code == 200, "{code}: {line}");
+            Ok(line)
+        })
+        .await
+    };
+    match tunnel_line(agent_admin).await {
+        Ok(line) => r.check(
+            line.contains("transport quic"),
+            "agent /readyz?verbose",
+            &format!("{line}  ({:?} after start)", started.elapsed()),
+        ),
+        Err(e) => r.check(false, "agent /readyz?verbose", &format!("{e:#}")),
+    }
+    // The session's peer as proxy-server-quic sees it: sni-router's upstream UDP socket.
+    let peer = match http_get(s_admin, "/readyz?verbose").await {
+        Ok((_, body)) => session_peer(body.lines().find(|l| l.contains("cluster-")).unwrap_or("")),
+        Err(_) => None,
+    };
+    let pids = [(via.pid, "sni-router"), (agent_pid, "proxy-agent")];
+    match peer.map(|p| (p, socket_owner("/proc/net/udp", p, None, &pids))) {
+        Some((p, Ok(Some(name)))) => {
+            r.check(name == "sni-router", "proxy-server-quic's agent peer", &format!("{p} is a UDP socket of {name}"))
+        }
+        Some((p, Ok(None))) => r.check(false, "proxy-server-quic's agent peer", &format!("no demo process holds {p}")),
+        Some((_, Err(e))) => r.check(false, "proxy-server-quic's agent peer", &format!("{e:#}")),
+        None => r.check(false, "proxy-server-quic's agent peer", "no session listed by /readyz?verbose"),
+    }
+    match connect_through(egress, tw.kubelet.addr(), ca).await {
+        Ok((status, body)) => r.check(
+            status.contains(" 200 ") && body.contains("backend=kubelet "),
+            &format!("CONNECT {} through proxy-server-quic {egress}", tw.kubelet.addr()),
+            &format!("{status} -- {body}"),
+        ),
+        Err(e) => r.check(false, "CONNECT through proxy-server-quic", &format!("{e:#}")),
+    }
+    match http_get(via.admin, "/metrics").await {
+        Ok((_, text)) => {
+            let flows = metric_sum(
+                &text,
+                "seedgate_udp_flows_total",
+                &[("listener", "quic"), ("route", QUIC_ROUTE), ("result", "ok")],
+            );
+            let active = metric_sum(&text, "seedgate_udp_flows_active", &[("listener", "quic")]);
+            r.check(
+                flows >= 1.0 && active >= 1.0,
+                &format!("sni-router routed it (route {QUIC_ROUTE})"),
+                &format!("seedgate_udp_flows_total{{result=\"ok\"}} {flows}, seedgate_udp_flows_active {active}"),
+            );
+        }
+        Err(e) => r.check(false, "sni-router /metrics", &format!("{e:#}")),
+    }
+    match http_get(agent_admin, "/metrics").await {
+        Ok((_, text)) => {
+            let quic = metric_sum(&text, "seedgate_tunnel_transport_info", &[("transport", "quic")]);
+            let h2 = metric_sum(&text, "seedgate_tunnel_transport_info", &[("transport", "h2")]);
+            r.check(
+                quic == 1.0 && h2 == 0.0,
+                "agent metrics",
+                &format!("seedgate_tunnel_transport_info{{transport=\"quic\"}} {quic}, {{transport=\"h2\"}} {h2}"),
+            );
+        }
+        Err(e) => r.check(false, "agent /metrics", &format!("{e:#}")),
+    }
+
+    r.heading(&format!(
+        "QUIC proxy-agent (transport: auto) dials sni-router {} (TCP only) -> proxy-server {}",
+        via.tunnel, tw.agents
+    ));
+    let fallback = poll_until(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let (code, body) = http_get(auto_admin, "/readyz?verbose").await?;
+        let line = body.lines().find(|l| l.contains("tunnel-")).unwrap_or("").trim().to_owned();
+        anyhow::ensure!(code == 200, "{code}: {line}");
+        let (_, text) = http_get(auto_admin, "/metrics").await?;
+        let fell = metric_sum(&text, "seedgate_tunnel_transport_changes_total", &[("from", "quic"), ("to", "h2")]);
+        Ok((line, fell))
+    })
+    .await;
+    match fallback {
+        Ok((line, fell)) => {
+            // The line ends with the configured transport (auto); each session names its own.
+            r.check(
+                line.contains(" over h2]") && !line.contains(" over quic"),
+                "agent /readyz?verbose",
+                &format!("{line}  ({:?} after start)", started.elapsed()),
+            );
+            r.check(
+                fell >= 1.0,
+                "agent metrics",
+                &format!("seedgate_tunnel_transport_changes_total{{from=\"quic\",to=\"h2\"}} {fell}"),
+            );
+        }
+        Err(e) => r.check(false, "agent /readyz?verbose", &format!("{e:#}")),
     }
     Ok(())
 }
@@ -796,6 +979,17 @@ fn tcp_socket_owner(
     remote: std::net::SocketAddr,
     pids: &[(u32, &'static str)],
 ) -> anyhow::Result<Option<&'static str>> {
+    socket_owner("/proc/net/tcp", local, Some(remote), pids)
+}
+
+/// Which of `pids` holds the IPv4 socket bound to `local` (and connected to `remote`, when
+/// given) in `table` (/proc/net/tcp or /proc/net/udp).
+fn socket_owner(
+    table: &str,
+    local: std::net::SocketAddr,
+    remote: Option<std::net::SocketAddr>,
+    pids: &[(u32, &'static str)],
+) -> anyhow::Result<Option<&'static str>> {
     use anyhow::Context as _;
     // "0100007F:1F90": the address as the kernel's u32 in host byte order, the port in hex.
     let parse = |s: &str| -> Option<std::net::SocketAddr> {
@@ -804,14 +998,18 @@ fn tcp_socket_owner(
         let port = u16::from_str_radix(port, 16).ok()?;
         Some(std::net::SocketAddr::from((ip.to_ne_bytes(), port)))
     };
-    let table = std::fs::read_to_string("/proc/net/tcp").context("reading /proc/net/tcp")?;
-    let inode = table
+    // A socket bound to the unspecified address holds `local` too.
+    let holds = |a: Option<std::net::SocketAddr>| {
+        a.is_some_and(|a| a.port() == local.port() && (a.ip() == local.ip() || a.ip().is_unspecified()))
+    };
+    let text = std::fs::read_to_string(table).with_context(|| format!("reading {table}"))?;
+    let inode = text
         .lines()
         .skip(1)
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.len() > 9 && parse(f[1]) == Some(local) && parse(f[2]) == Some(remote))
+        .find(|f| f.len() > 9 && holds(parse(f[1])) && remote.is_none_or(|r| parse(f[2]) == Some(r)))
         .map(|f| f[9].to_owned())
-        .with_context(|| format!("no TCP socket {local} -> {remote} in /proc/net/tcp"))?;
+        .with_context(|| format!("no socket {local} -> {remote:?} in {table}"))?;
     let want = format!("socket:[{inode}]");
     for (pid, name) in pids {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };

@@ -146,6 +146,11 @@ fn post_quantum() -> Arc<CryptoProvider> {
 
 /// The size of the ClientHello a QUIC client with `tls` sends (the CRYPTO data of its Initials).
 fn hello_len(tls: rustls::ClientConfig) -> anyhow::Result<usize> {
+    Ok(hello(tls)?.len())
+}
+
+/// The ClientHello a QUIC client with `tls` sends.
+fn hello(tls: rustls::ClientConfig) -> anyhow::Result<Vec<u8>> {
     let mut c = rustls::quic::ClientConnection::new(
         Arc::new(tls),
         rustls::quic::Version::V1,
@@ -154,7 +159,7 @@ fn hello_len(tls: rustls::ClientConfig) -> anyhow::Result<usize> {
     )?;
     let mut out = Vec::new();
     let _ = c.write_hs(&mut out);
-    Ok(out.len())
+    Ok(out)
 }
 
 #[tokio::test]
@@ -363,5 +368,59 @@ async fn a_flow_follows_its_client_to_a_new_address() -> anyhow::Result<()> {
     // The old address is forgotten: one flow, at its new address.
     assert_eq!(v("seedgate_udp_flows_active", &[("listener", "quic")]), Some(1.0), "{m}");
     a.close(0u32.into(), b"done");
+    Ok(())
+}
+
+/// Writes the first datagrams real quinn clients send (rustls's default key shares, X25519MLKEM768
+/// and X25519, and X25519MLKEM768 alone: either ClientHello spans two Initials) to the `quic_initial`
+/// fuzz corpus, in the target's datagram mode (a 0 byte, then each datagram after its u16
+/// length); and such ClientHellos (rustls's, as quinn sends them) in its sealed mode, cut in
+/// three pieces, shuffled, one sent twice.
+/// `cargo test -p seedgate-tests --test quic_sni -- --ignored write_quic_initial_corpus`
+#[tokio::test]
+#[ignore = "writes wire/fuzz/corpus/quic_initial/"]
+async fn write_quic_initial_corpus() -> anyhow::Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/fuzz/corpus/quic_initial");
+    std::fs::create_dir_all(&dir)?;
+    let ca = Ca::new("seedgate-test-ca")?;
+    for (name, kx) in [("quinn_default.bin", provider()), ("quinn_mlkem.bin", post_quantum())] {
+        // Nothing answers: the client's first flight is all there is to read.
+        let sink = UdpSocket::bind("127.0.0.1:0").await?;
+        let tls = client_tls(&ca, kx)?;
+        // Layout: 3 pieces, cut at 256 and 1024, two swaps, piece 1 again, one per packet, PINGs.
+        let mut sealed = vec![1u8, 0, 12, 2, 1, 0, 4, 0, 1, 1, 0x81, 1, 3, 1, 3];
+        sealed.extend(hello(tls.clone())?);
+        std::fs::write(dir.join(name.replace(".bin", "_hello.bin")), sealed)?;
+        let ep = client(tls, WAIT)?;
+        let _connecting = ep.connect(sink.local_addr()?, "a.quic.example")?;
+        let mut datagrams = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        // Before the client's first retransmission (its initial PTO is about a second).
+        while let Ok(got) = tokio::time::timeout(Duration::from_millis(300), sink.recv_from(&mut buf)).await {
+            datagrams.push(buf[..got?.0].to_vec());
+        }
+        let mut reader = proxy_wire::quic_initial::InitialReader::new(16 * 1024, 32);
+        let mut verdict = None;
+        for d in &datagrams {
+            verdict = Some(reader.push(d));
+        }
+        match verdict {
+            Some(Ok(proxy_wire::client_hello::Status::Complete(info))) => {
+                assert_eq!(info.sni.as_deref(), Some("a.quic.example"), "{name}")
+            }
+            other => panic!("{name}: {} datagrams read as {other:?}", datagrams.len()),
+        }
+        let mut seed = vec![0u8];
+        for d in &datagrams {
+            seed.extend(u16::try_from(d.len())?.to_be_bytes());
+            seed.extend(d);
+        }
+        std::fs::write(dir.join(name), seed)?;
+        eprintln!(
+            "{name}: {} datagrams of {:?} bytes",
+            datagrams.len(),
+            datagrams.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+    }
     Ok(())
 }

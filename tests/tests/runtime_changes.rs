@@ -138,8 +138,12 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
         .addresses_where(|x| x.listener("agents-quic").is_ok_and(|l| l.ip().to_string() == "127.0.0.2"))
         .await?
         .listener("agents-quic")?;
-    let two = Running::start(&dir, "proxy-agent", &quic_agent("node-2", moved)?).await?;
-    wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(|| two.proc.log())?;
+    // Its own directory: config and addresses files are named by the binary.
+    let dir2 = TempDir::new("runtime-quic-2")?;
+    let two = Running::start(&dir2, "proxy-agent", &quic_agent("node-2", moved)?).await?;
+    let logs =
+        || format!("--- server:\n{}\n--- one:\n{}\n--- two:\n{}", server.proc.log(), one.proc.log(), two.proc.log());
+    wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(logs)?;
     echo_once(&mut live, b"after the move").await?;
 
     // Removed: both sessions continue.
@@ -148,7 +152,7 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
     for i in 0..5 {
         echo_once(&mut live, format!("after the removal {i}").as_bytes()).await.context("the live stream was cut")?;
     }
-    wait_agents(a.admin()?, "shoot-a", 2.0).await?;
+    wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(logs)?;
     let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut fresh, b"a new stream over the held sessions").await?;
     anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
@@ -164,8 +168,10 @@ async fn the_agents_servers_are_added_and_removed_by_reload() -> anyhow::Result<
     let echo = TcpEcho::start().await?;
     let target = echo.addr().to_string();
     let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
+    // Each process has its own directory: its config and addresses files are named by the binary.
+    let dir2 = TempDir::new("runtime-servers-2")?;
     let one = Running::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
-    let two = Running::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
+    let two = Running::start(&dir2, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
     let (a1, a2) = (one.read_addresses().context("addresses")?, two.read_addresses().context("addresses")?);
     let agent_cfg = |servers: &[std::net::SocketAddr]| {
         let mut o = AgentOpts::new("shoot-a", servers[0], &["127.0.0.0/8"]);

@@ -7,6 +7,7 @@ use crate::client_hello::{self, HelloParser};
 use crate::http_head::{self, HeadReader, RequestHead, ResponseHeadReader};
 use crate::lines::{LineFramer, TooLong};
 use crate::proxy_protocol::{self, Command, ProxyHeader, Transport, V2Options};
+use crate::quic_initial::{self, InitialError, InitialReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Inputs up to this length are also fed cut at every single point and byte by byte; longer
@@ -314,6 +315,148 @@ pub fn check_http_response(data: &[u8]) {
     }
 }
 
+// ---------------------------------------------------------------- QUIC Initials
+
+/// The reader's caps as the router sets them for a ClientHello cap: CRYPTO bytes, Initial packets.
+fn quic_caps(hello_max: usize) -> (usize, usize) {
+    (hello_max, hello_max.div_ceil(1000) + 4)
+}
+
+/// What one `push` said.
+pub type Pushed = Result<client_hello::Status, InitialError>;
+
+/// Feeds `datagrams` to a fresh reader until its verdict; returns what each push said. Panics
+/// if the reader holds more than its caps allow, holds anything after its verdict, or a later
+/// push does not repeat the verdict.
+fn feed_initials(datagrams: &[Vec<u8>], max_crypto: usize, max_packets: usize) -> Vec<Pushed> {
+    let mut r = InitialReader::new(max_crypto, max_packets);
+    let mut out = Vec::new();
+    for d in datagrams {
+        let pushed = r.push(d);
+        // The contiguous stream and the fragments beyond a gap are each capped at `max_crypto`.
+        assert!(r.buffered() <= 2 * max_crypto, "{} bytes buffered, cap {max_crypto}", r.buffered());
+        let verdict = !matches!(pushed, Ok(client_hello::Status::Incomplete));
+        if verdict {
+            assert_eq!(r.buffered(), 0, "bytes held after the verdict {pushed:?}");
+            assert_eq!(r.push(d), pushed, "a later datagram changed the verdict");
+        }
+        out.push(pushed);
+        if verdict {
+            break;
+        }
+    }
+    out
+}
+
+/// A complete hello is within what was fed and the cap, its name normalised.
+fn check_quic_hello(pushed: &[Pushed], max_crypto: usize) {
+    if let Some(Ok(client_hello::Status::Complete(info))) = pushed.last() {
+        assert!(info.len <= max_crypto, "hello of {} bytes, cap {max_crypto}", info.len);
+        if let Some(sni) = &info.sni {
+            assert!(!sni.is_empty() && !sni.ends_with('.') && sni.bytes().all(|b| !b.is_ascii_uppercase()));
+        }
+    }
+}
+
+/// `InitialReader` at the router's caps for the default ClientHello cap and for a small one.
+///
+/// The first byte chooses how the rest is read. Bit 0 clear: datagrams as they came off the
+/// wire, each a big-endian u16 length and that many bytes (the last one cut short if the input
+/// ends): fed twice to fresh readers, which must say the same; anything the reader accepts as a
+/// first datagram must pass `looks_like_initial`. Bit 0 set: a ClientHello message, cut into
+/// CRYPTO frames that are shuffled, one repeated, packed into Initials (bit 1 set: QUIC v2)
+/// sealed with the Initial keys, so the fuzzer reaches the frame and reassembly code past the
+/// AEAD: the verdict must be the one the whole message in one frame gives. Layout: flags, a u16
+/// length `n`, `n` layout bytes (see [`quic_layout`]), the message. Returns the verdict at the
+/// default cap (`None`: still incomplete after all of it).
+pub fn check_quic_initial(data: &[u8]) -> Option<Pushed> {
+    let Some((&flags, rest)) = data.split_first() else {
+        return feed_initials(&[Vec::new()], 64, 1).pop();
+    };
+    let mut verdict = None;
+    if flags & 1 == 0 {
+        let mut r = Bytes(rest);
+        let mut datagrams = Vec::new();
+        while !r.0.is_empty() {
+            let n = r.u16();
+            datagrams.push(r.take(usize::from(n)).to_vec());
+        }
+        for hello_max in [client_hello::DEFAULT_MAX_LEN, 1024] {
+            let (max_crypto, max_packets) = quic_caps(hello_max);
+            let pushed = feed_initials(&datagrams, max_crypto, max_packets);
+            assert_eq!(feed_initials(&datagrams, max_crypto, max_packets), pushed, "not deterministic");
+            if let (Some(Ok(_)), Some(first)) = (pushed.first(), datagrams.first()) {
+                assert_eq!(quic_initial::looks_like_initial(first), Ok(()), "the reader took {pushed:?}");
+            }
+            check_quic_hello(&pushed, max_crypto);
+            verdict = verdict.or_else(|| pushed.last().cloned());
+        }
+        return verdict.filter(|v| !matches!(v, Ok(client_hello::Status::Incomplete)));
+    }
+    let version = if flags & 2 == 0 { quic_initial::VERSION_1 } else { quic_initial::VERSION_2 };
+    let mut r = Bytes(rest);
+    let n = r.u16();
+    let layout = r.take(usize::from(n));
+    let dcid = [0x5a; 8];
+    let seal = |pn: usize, frames: &[u8]| {
+        quic_initial::build::client_initial(version, &dcid, pn as u64, frames, quic_initial::MIN_INITIAL_DATAGRAM)
+            .expect("an Initial of a supported version seals")
+    };
+    for hello_max in [client_hello::DEFAULT_MAX_LEN, 1024] {
+        let (max_crypto, _) = quic_caps(hello_max);
+        // A stream longer than the cap is refused by the piece that crosses it, which may come
+        // after the hello completed: not a property of the split.
+        let msg = &r.0[..r.0.len().min(max_crypto)];
+        let packets = quic_layout(msg, layout);
+        // Enough packets for any layout: the packet cap is not what this compares.
+        let whole = feed_initials(&[seal(0, &quic_initial::build::crypto_frame(0, msg))], max_crypto, 16);
+        let datagrams: Vec<Vec<u8>> = packets.iter().enumerate().map(|(pn, f)| seal(pn, f)).collect();
+        let fed = feed_initials(&datagrams, max_crypto, 16);
+        assert_eq!(fed.last(), whole.last(), "the hello cut and packed as {packets:?}");
+        check_quic_hello(&fed, max_crypto);
+        verdict = verdict.or_else(|| fed.last().cloned());
+    }
+    verdict.filter(|v| !matches!(v, Ok(client_hello::Status::Incomplete)))
+}
+
+/// The frames of each Initial: `msg` cut into at most 8 pieces at points the layout bytes
+/// choose (u8 count, u16 cut points), the pieces shuffled (u8 per swap), one of them sent twice
+/// (u8: bit 7 whether, the rest which), then packed in order (per piece a u8: bit 0 starts a new
+/// packet, bit 1 puts a PING before it). Layout bytes past the end read as zeros.
+pub fn quic_layout(msg: &[u8], layout: &[u8]) -> Vec<Vec<u8>> {
+    let mut r = Bytes(layout);
+    let count = 1 + usize::from(r.u8() % 8);
+    let mut cuts: Vec<usize> = (1..count).map(|_| usize::from(r.u16()) % (msg.len() + 1)).collect();
+    cuts.push(0);
+    cuts.push(msg.len());
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut pieces: Vec<(usize, &[u8])> = cuts.windows(2).map(|w| (w[0], &msg[w[0]..w[1]])).collect();
+    if pieces.is_empty() {
+        pieces.push((0, &[]));
+    }
+    for i in (1..pieces.len()).rev() {
+        pieces.swap(i, usize::from(r.u8()) % (i + 1));
+    }
+    let again = r.u8();
+    if again & 0x80 != 0 {
+        pieces.push(pieces[usize::from(again & 0x7f) % pieces.len()]);
+    }
+    let mut packets: Vec<Vec<u8>> = Vec::new();
+    for (offset, piece) in pieces {
+        let how = r.u8();
+        if packets.is_empty() || how & 1 != 0 {
+            packets.push(Vec::new());
+        }
+        let p = packets.last_mut().expect("a packet");
+        if how & 2 != 0 {
+            p.push(0x01);
+        }
+        p.extend(quic_initial::build::crypto_frame(offset, piece));
+    }
+    packets
+}
+
 // ---------------------------------------------------------------- control lines
 
 /// What framing a stream gives: the lines, then the refusal if a line was too long.
@@ -373,6 +516,36 @@ mod tests {
     fn a_split_dependent_reader_is_caught() {
         // Answers with the length of the first prefix it sees: right only when fed whole.
         split_invariant(b"abcdef", || (), |_, buf| Some(buf.len()));
+    }
+
+    /// The QUIC target's seeds (RFC 9001 Appendix A, quinn's) reach the hello in both modes,
+    /// the cut ones over several packets with a piece repeated.
+    #[test]
+    fn quic_seeds_reach_the_hello() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/quic_initial");
+        for (name, sni) in [
+            ("rfc9001_a2.bin", "example.com"),
+            ("rfc9001_a2_hello.bin", "example.com"),
+            ("rfc9001_a2_hello_cut.bin", "example.com"),
+            ("rfc9001_a2_hello_v2.bin", "example.com"),
+            ("quinn_default.bin", "a.quic.example"),
+            ("quinn_default_hello.bin", "a.quic.example"),
+            ("quinn_mlkem.bin", "a.quic.example"),
+            ("quinn_mlkem_hello.bin", "a.quic.example"),
+        ] {
+            let seed = std::fs::read(dir.join(name)).unwrap();
+            match check_quic_initial(&seed) {
+                Some(Ok(client_hello::Status::Complete(info))) => assert_eq!(info.sni.as_deref(), Some(sni), "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let seed = std::fs::read(dir.join("rfc9001_a2_hello_cut.bin")).unwrap();
+        let n = usize::from(u16::from_be_bytes([seed[1], seed[2]]));
+        let msg = &seed[3 + n..];
+        let packets = quic_layout(msg, &seed[3..3 + n]);
+        // The smallest piece is 41 bytes: one was sent twice.
+        let total: usize = packets.iter().map(Vec::len).sum();
+        assert!(packets.len() >= 3 && total > msg.len() + 41, "{packets:?}");
     }
 
     #[test]

@@ -702,6 +702,38 @@ mod tests {
         assert!(matches!(r.push(b"garbage"), Ok(Status::Complete(_))));
     }
 
+    /// Writes the Appendix A client Initial to the `quic_initial` fuzz corpus: the datagram as
+    /// is, and its ClientHello for the target's sealed mode, whole and cut into shuffled pieces.
+    /// `cargo test -p proxy-wire --lib -- --ignored write_fuzz_seeds`
+    #[test]
+    #[ignore = "writes wire/fuzz/corpus/quic_initial/"]
+    fn write_fuzz_seeds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/quic_initial");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut frames = hex(A2_CRYPTO_FRAME);
+        frames.resize(1162, 0);
+        let dgram = seal(VERSION_1, &hex(DCID), &hex(A2_UNPROTECTED_HEADER), 2, &frames);
+        let mut raw = vec![0x00];
+        raw.extend((dgram.len() as u16).to_be_bytes());
+        raw.extend(&dgram);
+        std::fs::write(dir.join("rfc9001_a2.bin"), raw).unwrap();
+        // The frame's data: type 0x06, offset 0, length 0x40f1 (2 bytes), then the hello.
+        let msg = &hex(A2_CRYPTO_FRAME)[4..];
+        // Count 4, cuts 50/120/200, three swaps, piece 1 again, then packing and PINGs.
+        let layout = [3, 0, 50, 0, 120, 0, 200, 3, 1, 0, 0x81, 0, 1, 2, 3, 1];
+        for (name, flags, layout) in [
+            ("rfc9001_a2_hello.bin", 0x01, &[][..]),
+            ("rfc9001_a2_hello_cut.bin", 0x01, &layout[..]),
+            ("rfc9001_a2_hello_v2.bin", 0x03, &layout[..]),
+        ] {
+            let mut seed = vec![flags];
+            seed.extend((layout.len() as u16).to_be_bytes());
+            seed.extend(layout);
+            seed.extend(msg);
+            std::fs::write(dir.join(name), seed).unwrap();
+        }
+    }
+
     #[test]
     fn a_hello_across_two_initials_in_either_order() {
         let dcid = [0x11; 8];

@@ -64,3 +64,10 @@ fn control_lines_framing() {
         fuzzing::check_control_framing(d, 64 * 1024);
     });
 }
+
+#[test]
+fn quic_initial() {
+    replay("quic_initial", |d| {
+        fuzzing::check_quic_initial(d);
+    });
+}

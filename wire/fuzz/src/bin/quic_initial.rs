@@ -1,0 +1,7 @@
+//! AFL target: the QUIC Initial reader (checks in `proxy_wire::fuzzing`, replayed by `cargo test -p proxy-wire --test fuzz_corpus`).
+
+fn main() {
+    afl::fuzz!(|data: &[u8]| {
+        proxy_wire::fuzzing::check_quic_initial(data);
+    });
+}
