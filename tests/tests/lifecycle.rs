@@ -108,14 +108,15 @@ async fn restart_only_keys_are_refused_by_name() -> anyhow::Result<()> {
     let dir = TempDir::new("lifecycle-refused")?;
     let pki = TunnelPki::new(dir.path())?;
     let o = AgentOpts::new("shoot-a", "127.0.0.1:9", &["127.0.0.0/8"]);
-    let ayaml = agent_yaml(&pki, &o)?;
+    let proxy = "apiserver_proxy:\n  listen: [127.0.0.1:0]\n  gateway: 127.0.0.1:9\n  mode: proxy-protocol-v2\n";
+    let ayaml = format!("{}{proxy}", agent_yaml(&pki, &o)?);
     let agent = Running::start(&dir, "proxy-agent", &ayaml).await?;
     let admin = agent.read_addresses().context("addresses")?.admin()?;
-    agent.reload_with(&ayaml.replace("\"127.0.0.1:9\"", "\"127.0.0.1:10\"")).await?;
+    agent.reload_with(&ayaml.replace("listen: [127.0.0.1:0]", "listen: [127.0.0.2:0]")).await?;
     agent.wait_reloads(admin, "failure", 1.0).await?;
     let log = agent.proc.log();
     anyhow::ensure!(
-        log.contains("tunnel.servers[0] cannot change at runtime; restart proxy-agent to apply it"),
+        log.contains("apiserver_proxy.listen[0] cannot change at runtime; restart proxy-agent to apply it"),
         "the refusal names the key:\n{log}"
     );
     anyhow::ensure!(agent.reloads(admin, "success").await == 0.0);
