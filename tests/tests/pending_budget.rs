@@ -75,36 +75,83 @@ async fn metrics_until(addrs: &Addresses, what: &str, cond: impl Fn(&str) -> boo
     anyhow::bail!("{what}: not within {WAIT:?}; last pending metrics: {pending:#?}")
 }
 
+/// sni-router with two routes on its `gateway` listener: `api.shoot-a.example.com` to a TLS
+/// backend, `*.shoot-b.example.com` to an echo. `head` goes before `listeners:`.
+struct Gateway {
+    ca: Ca,
+    _backend: TlsHttpBackend,
+    _echo: TcpEcho,
+    _router: Proc,
+    addrs: Addresses,
+}
+
+impl Gateway {
+    async fn start(dir: &TempDir, head: &str) -> anyhow::Result<Self> {
+        let ca = Ca::new("seedgate-test-ca")?;
+        let backend = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
+        let echo = TcpEcho::start().await?;
+        let yaml = format!(
+            "admin: {{ listen: 127.0.0.1:0 }}\n{head}\
+             listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
+             \x20     - name: shoot-a\n        sni: [api.shoot-a.example.com]\n        upstreams: [{}]\n\
+             \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+            backend.addr(),
+            echo.addr()
+        );
+        let (router, addrs, _) = start_router(dir, &yaml).await?;
+        Ok(Self { ca, _backend: backend, _echo: echo, _router: router, addrs })
+    }
+
+    fn gw(&self) -> anyhow::Result<SocketAddr> {
+        self.addrs.listener("gateway")
+    }
+
+    /// A connection routed by its ClientHello to the echo backend, which returns the hello.
+    async fn established(&self) -> anyhow::Result<TcpStream> {
+        let mut est = TcpStream::connect(self.gw()?).await?;
+        est.write_all(HELLO_SHOOT_B).await?;
+        let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+        tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+        anyhow::ensure!(back == HELLO_SHOOT_B, "the echo returns the replayed hello");
+        Ok(est)
+    }
+
+    /// A real rustls client's `GET /version` to shoot-a through the router, within `limit`.
+    async fn real_client(&self, limit: Duration) -> anyhow::Result<()> {
+        let request = http_get_request("api.shoot-a.example.com", "/version");
+        let cfg = client_config(&self.ca, None, &[])?;
+        let r = tokio::time::timeout(limit, tls_request(self.gw()?, Some("api.shoot-a.example.com"), cfg, &request))
+            .await??;
+        anyhow::ensure!(r.body().contains("backend=shoot-a"), "{}", r.text());
+        Ok(())
+    }
+}
+
+/// The established connection still echoes.
+async fn still_flowing(est: &mut TcpStream) -> anyhow::Result<()> {
+    est.write_all(b"still flowing").await?;
+    let mut back = [0u8; 13];
+    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
+    anyhow::ensure!(&back == b"still flowing", "the established connection's echo");
+    Ok(())
+}
+
 #[tokio::test]
 async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
     let dir = TempDir::new("pending-budget")?;
-    let ca = Ca::new("seedgate-test-ca")?;
-    let a = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
-    let echo = TcpEcho::start().await?;
     // max_connections far below the number of stalled clients: before the pending budget they
     // held every slot until the deadline.
-    let yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\n\
-         timeouts: {{ handshake: {}s, handshake_floor: {}s, connect: 2s, idle: 1h }}\n\
+    let head = format!(
+        "timeouts: {{ handshake: {0}s, handshake_floor: {0}s, connect: 2s, idle: 1h }}\n\
          drain_grace: 1s\n\
-         limits: {{ max_connections: 10, max_pending: 100, pending_per_source: 40 }}\n\
-         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
-         \x20     - name: shoot-a\n        sni: [api.shoot-a.example.com]\n        upstreams: [{}]\n\
-         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
+         limits: {{ max_connections: 10, max_pending: 100, pending_per_source: 40 }}\n",
         HANDSHAKE.as_secs(),
-        HANDSHAKE.as_secs(),
-        a.addr(),
-        echo.addr()
     );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
-    let gw = addrs.listener("gateway")?;
+    let g = Gateway::start(&dir, &head).await?;
+    let (addrs, gw) = (g.addrs.clone(), g.gw()?);
 
     // An established connection first: routed by its ClientHello to the echo backend.
-    let mut est = TcpStream::connect(gw).await?;
-    est.write_all(HELLO_SHOOT_B).await?;
-    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
-    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
-    assert_eq!(back, HELLO_SHOOT_B, "the echo returns the replayed hello");
+    let mut est = g.established().await?;
 
     // 180 stalled clients from three sources, 60 each: 40 per source are admitted, the budget
     // of 100 fills and the oldest are evicted to make room.
@@ -128,17 +175,7 @@ async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
 
     // A real client from another source is routed and served now, while the stalled clients
     // are held; the step is bounded well below the handshake deadline.
-    let r = tokio::time::timeout(
-        HANDSHAKE / 2,
-        tls_request(
-            gw,
-            Some("api.shoot-a.example.com"),
-            client_config(&ca, None, &[])?,
-            &http_get_request("api.shoot-a.example.com", "/version"),
-        ),
-    )
-    .await??;
-    assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
+    g.real_client(HANDSHAKE / 2).await?;
 
     // It took the place of the oldest stalled client; the others are still held, and none was
     // freed by the deadline.
@@ -164,10 +201,7 @@ async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
     assert_eq!(value(&m, "seedgate_connection_limit_waits_total", &[]), 0.0);
 
     // The established connection kept flowing through all of it.
-    est.write_all(b"still flowing").await?;
-    let mut back = [0u8; 13];
-    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
-    assert_eq!(&back, b"still flowing");
+    still_flowing(&mut est).await?;
 
     // Readiness is unchanged by the attack; the verbose form shows the budget.
     let admin = addrs.admin()?;
@@ -334,25 +368,9 @@ async fn default_limits_twelve_thousand_stalled_clients() -> anyhow::Result<()> 
         "this test holds {total} sockets; the open-files limit is {limit} (run it as `.ci/run` does, after `ulimit -n 20000`)"
     );
     let dir = TempDir::new("pending-defaults")?;
-    let ca = Ca::new("seedgate-test-ca")?;
-    let a = TlsHttpBackend::start("shoot-a", &ca.server(&["api.shoot-a.example.com"])?, None).await?;
-    let echo = TcpEcho::start().await?;
-    let yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\n\
-         listeners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
-         \x20     - name: shoot-a\n        sni: [api.shoot-a.example.com]\n        upstreams: [{}]\n\
-         \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
-        a.addr(),
-        echo.addr()
-    );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
-    let gw = addrs.listener("gateway")?;
-
-    let mut est = TcpStream::connect(gw).await?;
-    est.write_all(HELLO_SHOOT_B).await?;
-    let mut back = vec![0u8; HELLO_SHOOT_B.len()];
-    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
-    assert_eq!(back, HELLO_SHOOT_B, "the echo returns the replayed hello");
+    let g = Gateway::start(&dir, "").await?;
+    let (addrs, gw) = (g.addrs.clone(), g.gw()?);
+    let mut est = g.established().await?;
 
     let mut stalled = Vec::with_capacity(total);
     for i in 0..total {
@@ -374,25 +392,12 @@ async fn default_limits_twelve_thousand_stalled_clients() -> anyhow::Result<()> 
     let per_source = value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]);
     assert_eq!(per_source, f64::from(SOURCES) * (PER_SOURCE - 64) as f64, "6 over the share of each address");
 
-    let r = tokio::time::timeout(
-        WAIT,
-        tls_request(
-            gw,
-            Some("api.shoot-a.example.com"),
-            client_config(&ca, None, &[])?,
-            &http_get_request("api.shoot-a.example.com", "/version"),
-        ),
-    )
-    .await??;
-    assert!(r.body().contains("backend=shoot-a"), "{}", r.text());
+    g.real_client(WAIT).await?;
     // It never waited for a connection slot: stalled clients hold none.
     let m = metrics(&addrs).await?;
     assert_eq!(value(&m, "seedgate_connection_limit_waits_total", &[]), 0.0);
 
-    est.write_all(b"still flowing").await?;
-    let mut back = [0u8; 13];
-    tokio::time::timeout(WAIT, est.read_exact(&mut back)).await??;
-    assert_eq!(&back, b"still flowing");
+    still_flowing(&mut est).await?;
     drop(stalled);
     Ok(())
 }
