@@ -420,17 +420,19 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 /// with mTLS) and one proxy-agent tunnelled to it, allowed to dial loopback. Ready once a
 /// CONNECT to `probe` is answered 200. Addresses: `frontend`, `server-admin`, `agent-admin`.
 pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
-    seedgate_tunnel_with(env, label, probe, "limits: { max_connections: 19000 }\n").await
+    seedgate_tunnel_with(env, label, probe, "limits: { max_connections: 19000 }\n", false).await
 }
 
 /// [`seedgate_tunnel`] with `server_top_yaml` (proxy-server's top-level keys other than
 /// `admin`, `drain_grace`, `agents` and `frontends`: its timeouts and limits) instead of the
-/// bench's usual limits.
+/// bench's usual limits. `quic`: proxy-server also listens on UDP (`agents.quic`) and the agent
+/// dials that with `tunnel.transport: quic`.
 pub async fn seedgate_tunnel_with(
     env: &Env<'_>,
     label: &str,
     probe: SocketAddr,
     server_top_yaml: &str,
+    quic: bool,
 ) -> anyhow::Result<Running> {
     check_only(label)?;
     let d = subdir(env, label)?;
@@ -444,15 +446,16 @@ pub async fn seedgate_tunnel_with(
         &server_cfg,
         &format!(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{server_top_yaml}\
-             agents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
+             agents:\n  listen: 127.0.0.1:0\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
              frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n",
+            if quic { "  quic: { listen: 127.0.0.1:0 }\n" } else { "" },
             sc.display(),
             sk.display(),
             ca.display()
         ),
     )?;
     let (sp, sa) = seedgate(env, &env.bins.server, &server_cfg).await?;
-    let agents = sa.listener("agents").or_else(|_| {
+    let agents = if quic { sa.listener("agents-quic") } else { sa.listener("agents") }.or_else(|_| {
         // The agents listener's name in the address file.
         sa.listeners
             .iter()
@@ -466,8 +469,9 @@ pub async fn seedgate_tunnel_with(
         &agent_cfg,
         &format!(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
-             tunnel:\n  servers: [{agents}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
+             tunnel:\n  servers: [{agents}]\n{}  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
              \x20 allow: [127.0.0.0/8]\n  max_streams: 16384\n",
+            if quic { "  transport: quic\n" } else { "" },
             ac.display(),
             ak.display(),
             ca.display()

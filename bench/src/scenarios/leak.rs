@@ -433,7 +433,8 @@ impl Topology {
         let server_top = format!(
             "timeouts: {{ handshake: {HANDSHAKE} }}\nlimits: {{ max_connections: 19000, pending_per_source: 0 }}\n"
         );
-        let tunnel = systems::seedgate_tunnel_with(&env, &format!("{label} tunnel"), ping.addr(), &server_top).await?;
+        let tunnel =
+            systems::seedgate_tunnel_with(&env, &format!("{label} tunnel"), ping.addr(), &server_top, false).await?;
 
         let hello = |sni: &str| client_hello(ctx.tls_client.clone(), sni);
         let pp = |dst: &str| -> anyhow::Result<Vec<u8>> { proxy_v2("10.9.9.9:40000".parse()?, dst.parse()?) };

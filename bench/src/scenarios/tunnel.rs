@@ -23,7 +23,7 @@ use crate::load::{
     self, Ping, Preamble, Sink, Source, Txn, bulk_download, bulk_upload, closed_loop, connect_head, open_loop,
 };
 use crate::report::{Better, Kind, MetricId, Results};
-use crate::systems::{self, Env, Running, Slot};
+use crate::systems::{self, Running, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,7 +88,10 @@ impl Tunnel {
         match self {
             Self::Direct => Ok(Running::direct(&t.services())),
             Self::Seedgate => systems::seedgate_tunnel(&env, self.label(), t.ping).await,
-            Self::SeedgateQuic => seedgate_tunnel_quic(&env, self.label(), t.ping).await,
+            Self::SeedgateQuic => {
+                systems::seedgate_tunnel_with(&env, self.label(), t.ping, "limits: { max_connections: 19000 }\n", true)
+                    .await
+            }
             Self::Rathole { tls } => systems::rathole(&env, self.label(), &t.services(), tls).await,
             Self::Ssh => systems::ssh_reverse(&env, self.label(), &t.services()).await,
         }
@@ -239,99 +242,6 @@ fn transport_ratios(res: &mut Results) {
     if !parts.is_empty() {
         res.remark(SC, &format!("quic ÷ h2 (medians): {}", parts.join("; ")));
     }
-}
-
-/// proxy-server with `agents.quic` beside its TCP agents listener, and a proxy-agent with
-/// `tunnel.transport: quic` dialing it; otherwise the same configs as
-/// [`systems::seedgate_tunnel`]. Addresses: `frontend`, `server-admin`, `agent-admin`.
-async fn seedgate_tunnel_quic(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
-    systems::check_only(label)?;
-    let safe: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    let d = tempdir_in(env.dir, &safe)?;
-    let server_id = env.ca.server(&["proxy.bench.local"])?;
-    let agent_id = env.ca.client("shoot-a")?;
-    let ca = env.ca.write(&d, "ca")?;
-    let (sc, sk) = server_id.write(&d, "server")?;
-    let (ac, ak) = agent_id.write(&d, "agent")?;
-    let server_cfg = d.join("proxy-server.yaml");
-    systems::write_atomic(
-        &server_cfg,
-        &format!(
-            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
-             agents:\n  listen: 127.0.0.1:0\n  quic: {{ listen: 127.0.0.1:0 }}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
-             frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n",
-            sc.display(),
-            sk.display(),
-            ca.display()
-        ),
-    )?;
-    let (sp, sa) = spawn_seedgate(env, &env.bins.server, &server_cfg).await?;
-    let quic = sa.listener("agents-quic")?;
-    let frontend = sa.listener("egress")?;
-    let agent_cfg = d.join("proxy-agent.yaml");
-    systems::write_atomic(
-        &agent_cfg,
-        &format!(
-            "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
-             tunnel:\n  servers: [{quic}]\n  transport: quic\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
-             \x20 allow: [127.0.0.0/8]\n  max_streams: 16384\n",
-            ac.display(),
-            ak.display(),
-            ca.display()
-        ),
-    )?;
-    let (ap, aa) = spawn_seedgate(env, &env.bins.agent, &agent_cfg).await?;
-    let mut r = Running::direct(&[]);
-    label.clone_into(&mut r.label);
-    r.kind = Kind::Seedgate;
-    r.dir = d;
-    r.push_seedgate(sp);
-    r.push_seedgate(ap);
-    r.set_addr("frontend", frontend);
-    r.set_addr("server-admin", sa.admin()?);
-    r.set_addr("agent-admin", aa.admin()?);
-    wait_connect_ok(&mut r, frontend, probe).await?;
-    Ok(r)
-}
-
-/// A fresh directory under the run's directory for one system's configs.
-fn tempdir_in(base: &std::path::Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = base.join(format!("tq{n:02}-{name}"));
-    crate::host::dir_with_mode(&d, 0o755)?;
-    Ok(d)
-}
-
-/// A seedgate binary on the proxy CPU, logging at warn (as [`systems::seedgate_tunnel`]'s).
-async fn spawn_seedgate(
-    env: &Env<'_>,
-    bin: &std::path::Path,
-    config: &std::path::Path,
-) -> anyhow::Result<(testbed::Proc, testbed::Addresses)> {
-    let mut cmd = env.pin.command(bin);
-    cmd.env("RUST_LOG", "warn");
-    testbed::Proc::spawn_seedgate(cmd, config, &[]).await
-}
-
-/// Poll a CONNECT to `target` through `proxy` until it succeeds (the tunnel is up), at most 15 s.
-async fn wait_connect_ok(r: &mut Running, proxy: SocketAddr, target: SocketAddr) -> anyhow::Result<()> {
-    let pre = Preamble::Connect(connect_head(&target.to_string(), "").into());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let mut last = None;
-    // Bounded by the deadline.
-    while tokio::time::Instant::now() < deadline {
-        r.check_alive()?;
-        match tokio::time::timeout(Duration::from_secs(2), load::open(proxy, &pre)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => last = Some(e),
-            Err(e) => last = Some(e.into()),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(last
-        .unwrap_or_else(|| anyhow::anyhow!("timeout"))
-        .context(format!("{}: no working CONNECT to {target}", r.label)))
 }
 
 /// Head-of-line: 50 download streams alone, then with one more stream whose reader never reads.
