@@ -2,7 +2,7 @@
 
 pub use super::AgentHandler;
 use super::{
-    AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener,
+    AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener, OpenerState,
     REASON_HEADER, Responder, TunnelSettings, TunnelStream,
 };
 use crate::guard::Active;
@@ -17,8 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Control messages queued for one agent; a slow agent cannot make this grow without bound.
-const CONTROL_QUEUE: usize = 16;
 /// Largest control line accepted (bytes before its newline).
 pub const CONTROL_LINE_MAX: usize = 64 * 1024;
 
@@ -51,12 +49,7 @@ async fn keepalive(mut pp: PingPong, interval: Duration, timeout: Duration) -> S
 /// Seed side of a session: opens streams on the agent's connection.
 pub struct H2Opener {
     send: client::SendRequest<Bytes>,
-    active: Arc<AtomicUsize>,
-    closed: CancellationToken,
-    /// The agent sent GOAWAY (it is shutting down): streams it has keep going, new ones must
-    /// go to another agent.
-    draining: AtomicBool,
-    control: mpsc::Sender<ControlMsg>,
+    state: OpenerState,
 }
 
 impl H2Opener {
@@ -64,7 +57,7 @@ impl H2Opener {
     /// on another agent), anything else is a transport failure.
     fn open_error(&self, e: h2::Error) -> DialError {
         if e.is_go_away() && e.is_remote() {
-            self.draining.store(true, Ordering::Relaxed);
+            self.state.set_draining();
             DialError::Draining(format!("the agent is shutting down ({e})"))
         } else {
             DialError::Transport(e.to_string())
@@ -131,7 +124,7 @@ impl Opener for H2Opener {
     fn open(&self, target: &str, timeout: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
         let target = target.to_owned();
         Box::pin(async move {
-            if self.closed.is_cancelled() {
+            if self.state.closed.is_cancelled() {
                 return Err(DialError::Transport("session closed".into()));
             }
             let req = Request::builder()
@@ -157,21 +150,21 @@ impl Opener for H2Opener {
             }
             Ok(TunnelStream::new(ActiveStream {
                 inner: H2Stream::new(stream, resp.into_body()),
-                _active: Active::new(self.active.clone()),
+                _active: Active::new(self.state.active.clone()),
             }))
         })
     }
 
     fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.control.try_send(msg.clone()).map_err(|e| DialError::Transport(format!("control queue: {e}")))
+        self.state.control(msg)
     }
 
     fn active_streams(&self) -> usize {
-        self.active.load(Ordering::Relaxed)
+        self.state.active_streams()
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.is_cancelled() || self.draining.load(Ordering::Relaxed)
+        self.state.is_closed()
     }
 }
 
@@ -206,14 +199,8 @@ where
         .map_err(SessionError::Handshake)?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let closed = CancellationToken::new();
-    let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
-    let opener = Arc::new(H2Opener {
-        send: send.clone(),
-        active: Arc::new(AtomicUsize::new(0)),
-        closed: closed.clone(),
-        draining: AtomicBool::new(false),
-        control: ctl_tx,
-    });
+    let (state, ctl_rx) = OpenerState::new(closed.clone());
+    let opener = Arc::new(H2Opener { send: send.clone(), state });
     let hello = Arc::new(Mutex::new(None));
     on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
     let control = tokio::spawn(seed_control(send, ctl_rx, hello, closed.clone()));

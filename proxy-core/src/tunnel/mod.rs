@@ -191,6 +191,46 @@ pub trait Opener: Send + Sync + 'static {
     fn is_closed(&self) -> bool;
 }
 
+/// Control messages queued for one agent; a slow agent cannot make this grow without bound.
+const CONTROL_QUEUE: usize = 16;
+
+/// What every transport's [`Opener`] keeps besides its connection: the streams open on the
+/// session, its end, the agent's draining notice and the queue of control messages to it.
+pub(crate) struct OpenerState {
+    pub(crate) active: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) closed: tokio_util::sync::CancellationToken,
+    /// The agent announced its shutdown (GOAWAY, a going-away notice, or a stream refused as
+    /// draining): streams it has keep going, new ones must go to another agent.
+    draining: std::sync::atomic::AtomicBool,
+    control: tokio::sync::mpsc::Sender<ControlMsg>,
+}
+
+impl OpenerState {
+    /// A session's state, and the receiving end of its control queue.
+    pub(crate) fn new(closed: tokio_util::sync::CancellationToken) -> (Self, tokio::sync::mpsc::Receiver<ControlMsg>) {
+        let (control, rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
+        let state = Self { active: Default::default(), closed, draining: Default::default(), control };
+        (state, rx)
+    }
+
+    pub(crate) fn set_draining(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
+        self.control.try_send(msg.clone()).map_err(|e| DialError::Transport(format!("control queue: {e}")))
+    }
+
+    pub(crate) fn active_streams(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Ended, or the agent is draining.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.is_cancelled() || self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// A stream the seed asked the agent to open.
 pub struct Incoming {
     pub target: String,

@@ -28,8 +28,8 @@
 
 use super::h2::CONTROL_LINE_MAX;
 use super::{
-    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Io, Opener, Responder, TunnelSettings,
-    TunnelStream,
+    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Io, Opener, OpenerState, Responder,
+    TunnelSettings, TunnelStream,
 };
 use crate::guard::Active;
 use proxy_wire::lines::LineFramer;
@@ -37,7 +37,7 @@ use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use serde::{Deserialize, Serialize};
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -61,7 +61,6 @@ pub const CLOSE_STOPPED: u32 = 1;
 pub const CLOSE_PROTOCOL: u32 = 2;
 /// Largest refusal payload (code and reason).
 const ANSWER_MAX: usize = 1024;
-const CONTROL_QUEUE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -270,11 +269,7 @@ impl Drop for QuicStream {
 /// Seed side of a QUIC session: opens streams on the agent's connection.
 pub struct QuicOpener {
     conn: Connection,
-    active: Arc<AtomicUsize>,
-    closed: CancellationToken,
-    /// The agent announced its shutdown (or refused a stream as draining).
-    draining: AtomicBool,
-    control: mpsc::Sender<ControlMsg>,
+    state: OpenerState,
 }
 
 impl Opener for QuicOpener {
@@ -288,13 +283,13 @@ impl Opener for QuicOpener {
             let run = async {
                 let (mut send, mut recv) =
                     self.conn.open_bi().await.map_err(|e| DialError::Transport(e.to_string()))?;
-                let active = Active::new(self.active.clone());
+                let active = Active::new(self.state.active.clone());
                 send.write_all(&header).await.map_err(|e| DialError::Transport(e.to_string()))?;
                 match read_answer(&mut recv).await {
                     Ok(()) => Ok(TunnelStream::new(QuicStream::new(send, recv, Some(active)))),
                     Err(e) => {
                         if matches!(e, DialError::Draining(_)) {
-                            self.draining.store(true, Ordering::Relaxed);
+                            self.state.set_draining();
                         }
                         Err(e)
                     }
@@ -308,15 +303,15 @@ impl Opener for QuicOpener {
     }
 
     fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.control.try_send(msg.clone()).map_err(|e| DialError::Transport(format!("control queue: {e}")))
+        self.state.control(msg)
     }
 
     fn active_streams(&self) -> usize {
-        self.active.load(Ordering::Relaxed)
+        self.state.active_streams()
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.is_cancelled() || self.draining.load(Ordering::Relaxed) || self.conn.close_reason().is_some()
+        self.state.is_closed() || self.conn.close_reason().is_some()
     }
 }
 
@@ -342,14 +337,8 @@ pub async fn run_seed_session_quic(
     let header = encode_header(KIND_CONTROL, "").map_err(|e| SessionError::Protocol(e.to_string()))?;
     ctl_send.write_all(&header).await.map_err(|e| SessionError::Protocol(format!("control stream: {e}")))?;
     let closed = CancellationToken::new();
-    let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
-    let opener = Arc::new(QuicOpener {
-        conn: conn.clone(),
-        active: Arc::new(AtomicUsize::new(0)),
-        closed: closed.clone(),
-        draining: AtomicBool::new(false),
-        control: ctl_tx,
-    });
+    let (state, ctl_rx) = OpenerState::new(closed.clone());
+    let opener = Arc::new(QuicOpener { conn: conn.clone(), state });
     let hello = Arc::new(Mutex::new(None));
     on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
     let control = tokio::spawn(seed_control(ctl_send, ctl_recv, ctl_rx, hello, opener.clone()));
@@ -388,7 +377,7 @@ async fn seed_control(
             match serde_json::from_slice::<AgentMsg>(&line) {
                 Ok(AgentMsg::GoingAway) => {
                     tracing::debug!("agent going away: no new streams on this session");
-                    opener.draining.store(true, Ordering::Relaxed);
+                    opener.state.set_draining();
                 }
                 Err(e) => tracing::warn!(error = %e, "unknown message from the agent ignored"),
             }
