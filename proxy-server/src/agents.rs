@@ -36,19 +36,8 @@ pub async fn serve_agent(
     let cfg = shared.config.load_full();
     let tls = match tokio::time::timeout(cfg.timeouts.handshake.get(), acceptor.accept(tcp)).await {
         Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
-            match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENTS_LISTENER) {
-                Some(hint) => tracing::warn!(%peer, error = %e, "agent TLS handshake failed: {hint}"),
-                None => tracing::warn!(%peer, error = %e, "agent TLS handshake failed"),
-            }
-            return;
-        }
-        Err(_) => {
-            m.agent_sessions.with_label_values(&["-", "handshake_timeout"]).inc();
-            tracing::warn!(%peer, "agent TLS handshake timed out");
-            return;
-        }
+        Ok(Err(e)) => return handshake_failed(&shared, peer, "TLS", Some(&e)),
+        Err(_) => return handshake_failed(&shared, peer, "TLS", None),
     };
     let (_, conn) = tls.get_ref();
     if conn.alpn_protocol() != Some(ALPN_V1) {
@@ -184,19 +173,8 @@ pub async fn serve_agent_quic(
     };
     let conn = match tokio::time::timeout(cfg.timeouts.handshake.get(), connecting).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
-            match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENTS_LISTENER) {
-                Some(hint) => tracing::warn!(%peer, error = %e, "agent QUIC handshake failed: {hint}"),
-                None => tracing::warn!(%peer, error = %e, "agent QUIC handshake failed"),
-            }
-            return;
-        }
-        Err(_) => {
-            m.agent_sessions.with_label_values(&["-", "handshake_timeout"]).inc();
-            tracing::warn!(%peer, "agent QUIC handshake timed out");
-            return;
-        }
+        Ok(Err(e)) => return handshake_failed(&shared, peer, "QUIC", Some(&e)),
+        Err(_) => return handshake_failed(&shared, peer, "QUIC", None),
     };
     let alpn = conn
         .handshake_data()
@@ -234,4 +212,20 @@ pub fn quic_server_config(
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     sc.transport_config(Arc::new(quic::transport_config(&settings(cfg))));
     Ok(sc)
+}
+
+/// An agent's `over` (TLS or QUIC) handshake that did not complete: `e` when it failed, `None`
+/// when it timed out. Counted by reason and logged with what to fix when a certificate was refused.
+fn handshake_failed(shared: &Shared, peer: SocketAddr, over: &str, e: Option<&(dyn std::error::Error + 'static)>) {
+    let sessions = &shared.metrics.agent_sessions;
+    let Some(e) = e else {
+        sessions.with_label_values(&["-", "handshake_timeout"]).inc();
+        tracing::warn!(%peer, "agent {over} handshake timed out");
+        return;
+    };
+    sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
+    match proxy_core::tls::hint_for(e, &proxy_core::tls::AGENTS_LISTENER) {
+        Some(hint) => tracing::warn!(%peer, error = %e, "agent {over} handshake failed: {hint}"),
+        None => tracing::warn!(%peer, error = %e, "agent {over} handshake failed"),
+    }
 }
