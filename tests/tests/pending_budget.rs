@@ -324,8 +324,11 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
     // The second waits in the backlog: the router says it is at the limit.
     let mut second = TcpStream::connect(gw).await?;
     second.write_all(HELLO_SHOOT_B).await?;
+    // Polled for both: one scrape reads the metrics one after the other, so it may see the gauge
+    // of a wait whose counter it read just before the wait began.
     let m = metrics_until(&addrs, "a wait at the connection limit", |m| {
         value(m, "seedgate_connection_limit_waiting", &[]) >= 1.0
+            && value(m, "seedgate_connection_limit_waits_total", &[]) >= 1.0
     })
     .await?;
     assert!(value(&m, "seedgate_connection_limit_waits_total", &[]) >= 1.0);
