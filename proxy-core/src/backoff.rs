@@ -19,7 +19,13 @@ impl Backoff {
 
     /// The next wait; the step after it is twice as long (up to `max`).
     pub fn next_wait(&mut self) -> Duration {
-        let wait = self.step.mul_f64(rand::random_range(0.5..=1.0));
+        self.next_wait_drawn(rand::random_range(0.0..=1.0))
+    }
+
+    /// [`Self::next_wait`] with the random draw given (`0.0..=1.0`, from half the step to all of
+    /// it), for callers that inject their randomness (deterministic tests).
+    pub fn next_wait_drawn(&mut self, draw: f64) -> Duration {
+        let wait = self.step.mul_f64(0.5 + 0.5 * draw.clamp(0.0, 1.0));
         self.step = (self.step * 2).min(self.max);
         wait
     }
@@ -53,6 +59,8 @@ mod tests {
         assert!(b.next_wait() <= ms(100));
         b.set_bounds(ms(10), ms(50));
         assert!(b.next_wait() <= ms(50));
+        let mut b = Backoff::new(ms(100), ms(1000));
+        assert_eq!([0.0, 1.0, 0.5].map(|d| b.next_wait_drawn(d)), [ms(50), ms(200), ms(300)]);
     }
 
     #[test]
