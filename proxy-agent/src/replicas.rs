@@ -81,6 +81,16 @@ impl Replicas {
         })
     }
 
+    /// Add slots until there are as many as the announced count (a count that shrinks leaves
+    /// its slots: they park while not needed); returns the new ones.
+    pub fn grow(&self) -> std::ops::Range<usize> {
+        let from = self.slots();
+        while (self.slots() as u32) < self.count() {
+            self.add_slot();
+        }
+        from..self.slots()
+    }
+
     pub fn slots(&self) -> usize {
         self.state.lock().expect("not poisoned").slots.len()
     }
@@ -234,16 +244,19 @@ mod tests {
         r.up(a, "x");
         r.announced(a, &info("r1", 3, 100, false));
         assert_eq!(r.count(), 3);
+        assert_eq!(r.grow(), 1..3, "a slot per replica announced");
+        assert_eq!(r.grow(), 3..3);
+        let b = 1;
         // A stale announcement (an older replica that has not reloaded yet) does not shrink it.
-        let b = r.add_slot();
         r.up(b, "y");
         r.announced(b, &info("r2", 2, 50, false));
         assert_eq!(r.count(), 3);
         // A reload on the replicas (newer) does.
         r.announced(b, &info("r2", 2, 200, false));
         assert_eq!(r.count(), 2);
-        let c = r.add_slot();
-        assert!(!r.wants_session(c), "2 of 2 held: a third slot parks");
+        assert_eq!(r.grow(), 3..3, "a count that shrinks leaves the slots there are");
+        let c = 2;
+        assert!(!r.wants_session(c), "2 of 2 held: the third slot parks");
         r.down(a, "gone");
         assert!(r.wants_session(c) && r.wants_session(a));
         assert!(r.check().ok, "1 of 2 is degraded, still ready");

@@ -1,0 +1,291 @@
+//! Establishing one tunnel session (TCP+TLS for h2, or QUIC) and running it in its own task, with the handler that reports what it sees.
+
+use super::Tunnel;
+use super::machine::{Carrier, Event, SessionId};
+use super::stream::serve_stream;
+use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
+use proxy_core::tunnel::quic;
+use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, Incoming, ServerInfo, TunnelSettings};
+use seedgate_config::HostPort;
+use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub fn settings(cfg: &TunnelCfg) -> TunnelSettings {
+    TunnelSettings {
+        stream_window: cfg.stream_window,
+        connection_window: cfg.connection_window,
+        max_streams: cfg.max_streams as u32 + 16,
+        keepalive_interval: cfg.keepalive.interval.get(),
+        keepalive_timeout: cfg.keepalive.timeout.get(),
+        ..TunnelSettings::default()
+    }
+}
+
+fn node_name(cfg: &TunnelCfg) -> String {
+    cfg.node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_owned()))
+        .unwrap_or_default()
+}
+
+/// Connect and handshake with `target` (resolved afresh).
+async fn establish(
+    t: &Tunnel,
+    target: &HostPort,
+) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
+    let cfg = t.cfg.load_full();
+    let timeout = cfg.dial_timeout.get();
+    let (tcp, addr) =
+        proxy_core::net::connect_host(target, timeout).await.map_err(|e| format!("connect {target}: {e}"))?;
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
+    let sni =
+        rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
+    let connector = TlsConnector::from(t.tls.load().material.current());
+    let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
+        .await
+        .map_err(|_| format!("TLS handshake with {addr} timed out"))?
+        .map_err(|e| match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+            Some(hint) => format!("TLS handshake with {addr}: {e}: {hint}"),
+            None => format!("TLS handshake with {addr}: {e}"),
+        })?;
+    if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
+        return Err(format!("{addr} does not speak seedgate-tunnel/1"));
+    }
+    Ok((tls, addr))
+}
+
+/// A connection to a server, ready for its session.
+enum Established {
+    H2(Box<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr)>),
+    Quic((quinn::Connection, SocketAddr)),
+}
+
+/// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
+/// session has its own client endpoint (its own UDP socket); quinn follows the agent when its
+/// address changes (connection migration).
+async fn establish_quic(
+    t: &Tunnel,
+    target: &HostPort,
+    timeout: Duration,
+) -> Result<(quinn::Connection, SocketAddr), String> {
+    let cfg = t.cfg.load_full();
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
+        .map_err(|e| format!("tunnel TLS material unusable for QUIC: {e}"))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(quic::transport_config(&settings(&cfg))));
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(target.to_string()))
+        .await
+        .map_err(|_| format!("resolve {target}: timed out"))?
+        .map_err(|e| format!("resolve {target}: {e}"))?
+        .collect();
+    let mut last = format!("resolve {target}: no address");
+    for addr in addrs {
+        let local: SocketAddr = if addr.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint = quic::endpoint(local, &settings(&cfg), None, "tunnel QUIC session", "tunnel.connection_window")
+            .map_err(|e| format!("QUIC socket: {e}"))?;
+        let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
+            Ok(c) => c,
+            Err(e) => {
+                last = format!("QUIC connect {addr}: {e}");
+                continue;
+            }
+        };
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(conn)) => {
+                let alpn = conn
+                    .handshake_data()
+                    .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+                    .and_then(|h| h.protocol);
+                if alpn.as_deref() != Some(ALPN_V1) {
+                    return Err(format!("{addr} does not speak seedgate-tunnel/1"));
+                }
+                return Ok((conn, addr));
+            }
+            Ok(Err(e)) => {
+                last = match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                    Some(hint) => format!("QUIC handshake with {addr}: {e}: {hint}"),
+                    None => format!("QUIC handshake with {addr}: {e}"),
+                }
+            }
+            Err(_) => last = format!("QUIC handshake with {addr} timed out"),
+        }
+    }
+    Err(last)
+}
+
+/// A session's error, with the hint for a certificate the server refused.
+fn hinted(e: &(dyn std::error::Error + 'static)) -> String {
+    match proxy_core::tls::hint_for(e, &proxy_core::tls::AGENT_TUNNEL) {
+        Some(hint) => format!("{e}: {hint}"),
+        None => e.to_string(),
+    }
+}
+
+/// What one slot's sessions share.
+pub(super) struct Dialer {
+    pub t: Arc<Tunnel>,
+    pub label: String,
+    /// Where every session's handler sends the move notices it gets.
+    pub moves: mpsc::Sender<Event>,
+    /// The slot's stop: GOAWAY on its sessions.
+    pub stop: CancellationToken,
+    pub tracker: TaskTracker,
+}
+
+impl Dialer {
+    /// Connect to `target` over `over` and run a session there, in its own task.
+    pub async fn connect(&self, id: SessionId, target: HostPort, over: Carrier) -> Result<Running, String> {
+        let cfg = self.t.cfg.load_full();
+        let conn = match over {
+            Carrier::H2 => Established::H2(Box::new(establish(&self.t, &target).await?)),
+            Carrier::Quic => {
+                // Under `auto`, QUIC is tried first or probed from h2: it gets the (short) QUIC timeout.
+                let timeout =
+                    if cfg.transport == Transport::Auto { cfg.quic_timeout.get() } else { cfg.dial_timeout.get() };
+                Established::Quic(establish_quic(&self.t, &target, timeout).await?)
+            }
+        };
+        let peer = match &conn {
+            Established::H2(h2) => h2.1,
+            Established::Quic((_, peer)) => *peer,
+        };
+        let stop = self.stop.child_token();
+        let kill = self.t.kill.child_token();
+        let (state_tx, state) = watch::channel(SessionState::default());
+        let handler: Arc<dyn AgentHandler> = Arc::new(Handler {
+            t: self.t.clone(),
+            server: self.label.clone(),
+            moves: self.moves.clone(),
+            kill: kill.clone(),
+            state: state_tx,
+        });
+        let settings = settings(&cfg);
+        let (st, tracker) = (stop.clone(), self.tracker.clone());
+        let done = tokio::spawn(async move {
+            // With TLS 1.3 the server checks our certificate after our side of the handshake is
+            // done: its refusal arrives as an alert on the session's first read.
+            match conn {
+                Established::H2(h2) => {
+                    run_agent_session(h2.0, &settings, handler, st, tracker).await.map_err(|e| hinted(&e))
+                }
+                Established::Quic((conn, _)) => {
+                    quic::run_agent_session_quic(conn, &settings, handler, st, tracker).await.map_err(|e| hinted(&e))
+                }
+            }
+        });
+        tracing::debug!(server = %self.label, target = %target, %peer, transport = over.as_str(), "TLS up; waiting for the seed's first stream");
+        Ok(Running { id, target, peer, stop, kill, done, state, seen: SessionState::default(), handler_gone: false })
+    }
+}
+
+/// What a session's handler has seen: the handshake passed, and the replica's announcement.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct SessionState {
+    up: bool,
+    info: Option<ServerInfo>,
+}
+
+/// A session being served in its own task.
+pub(super) struct Running {
+    pub id: SessionId,
+    pub target: HostPort,
+    pub peer: SocketAddr,
+    /// Cancel to send GOAWAY: the seed opens no new stream; streams in flight continue.
+    pub stop: CancellationToken,
+    /// Cancel to end the session's streams now.
+    pub kill: CancellationToken,
+    pub done: tokio::task::JoinHandle<Result<(), String>>,
+    /// What the handler reports.
+    state: watch::Receiver<SessionState>,
+    /// The part of `state` already reported to the slot.
+    seen: SessionState,
+    /// The handler (the sender of `state`) is dropped: nothing more will change.
+    handler_gone: bool,
+}
+
+impl Running {
+    /// What the session reports next: it is up, its replica announced itself, or it ended
+    /// (after which it must not be asked again).
+    pub async fn next(&mut self) -> Event {
+        loop {
+            let now = self.state.borrow_and_update().clone();
+            if now.up && !self.seen.up {
+                self.seen.up = true;
+                return Event::Up(self.id);
+            }
+            if let Some(info) = now.info.filter(|i| self.seen.info.as_ref() != Some(i)) {
+                self.seen.info = Some(info.clone());
+                return Event::Announced(self.id, info);
+            }
+            tokio::select! {
+                biased;
+                r = self.state.changed(), if !self.handler_gone => self.handler_gone = r.is_err(),
+                r = &mut self.done => {
+                    let error = match r {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e),
+                        Err(e) => Some(format!("the session's task failed: {e}")),
+                    };
+                    return Event::Ended { id: self.id, error };
+                }
+            }
+        }
+    }
+
+    /// The id its replica announced (empty if none did).
+    pub fn server_id(&self) -> String {
+        self.seen.info.as_ref().map(|i| i.id.clone()).unwrap_or_default()
+    }
+}
+
+struct Handler {
+    t: Arc<Tunnel>,
+    server: String,
+    moves: mpsc::Sender<Event>,
+    /// Ends this session's streams (re-homing drain deadline, or the shutdown grace).
+    kill: CancellationToken,
+    /// What the slot acts on: the session is up, the replica announced itself.
+    state: watch::Sender<SessionState>,
+}
+
+impl AgentHandler for Handler {
+    fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()> {
+        Box::pin(serve_stream(self.t.clone(), self.server.clone(), self.kill.clone(), inc))
+    }
+
+    fn control(&self, msg: ControlMsg) {
+        match msg {
+            ControlMsg::Refused { reason } => {
+                tracing::error!(server = %self.server, %reason, "proxy-server refused this agent's session");
+            }
+            ControlMsg::Server(info) => self.state.send_modify(|s| s.info = Some(info)),
+            ControlMsg::Move { to, drain_deadline_ms } => {
+                tracing::info!(server = %self.server, ?to, drain_deadline_ms, "control message: move");
+                if self.moves.try_send(Event::Move { to, drain_deadline_ms }).is_err() {
+                    tracing::warn!(server = %self.server, "control message dropped: a move is already being handled");
+                }
+            }
+        }
+    }
+
+    fn hello(&self) -> AgentHello {
+        // From the config in force: a reload of `node_name` shows in the next session's hello.
+        AgentHello { node: node_name(&self.t.cfg.load()), version: env!("CARGO_PKG_VERSION").into() }
+    }
+
+    fn established(&self) {
+        self.state.send_modify(|s| s.up = true);
+    }
+}

@@ -1,0 +1,202 @@
+//! The tunnel's metrics: per server (sessions, reconnects, moves, replicas, transport) and per stream (dials, bytes, limits).
+
+use super::machine::Carrier;
+use proxy_core::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+#[derive(Clone)]
+pub struct TunnelMetrics {
+    pub session: SessionMetrics,
+    pub stream: StreamMetrics,
+}
+
+impl TunnelMetrics {
+    pub fn new(reg: &Registry) -> Self {
+        Self { session: SessionMetrics::new(reg), stream: StreamMetrics::new(reg) }
+    }
+}
+
+/// The sessions to each configured server name and its replicas.
+#[derive(Clone)]
+pub struct SessionMetrics {
+    pub sessions: IntGaugeVec,
+    pub reconnects: IntCounterVec,
+    pub moves: IntCounterVec,
+    pub server_sessions: IntGaugeVec,
+    pub server_sessions_expected: IntGaugeVec,
+    pub duplicates: IntCounterVec,
+    pub transport: IntGaugeVec,
+    pub transport_changes: IntCounterVec,
+}
+
+impl SessionMetrics {
+    fn new(reg: &Registry) -> Self {
+        let server = &["server"];
+        Self {
+            sessions: gauge_vec(
+                reg,
+                "seedgate_tunnel_sessions_connected",
+                "1 while the session to a server is up, by server.",
+                server,
+            ),
+            reconnects: counter_vec(
+                reg,
+                "seedgate_tunnel_reconnects_total",
+                "Session (re)connect attempts after the first, by server and result (ok: the session came up, failed: it did not).",
+                &["server", "result"],
+            ),
+            moves: counter_vec(
+                reg,
+                "seedgate_tunnel_move_notices_total",
+                "Move notices received from servers, by server.",
+                server,
+            ),
+            server_sessions: gauge_vec(
+                reg,
+                "seedgate_agent_server_sessions",
+                "Sessions up to distinct replicas behind a configured server name.",
+                server,
+            ),
+            server_sessions_expected: gauge_vec(
+                reg,
+                "seedgate_agent_server_sessions_expected",
+                "Replicas behind a configured server name, as the newest announcement says (1 if none announces).",
+                server,
+            ),
+            duplicates: counter_vec(
+                reg,
+                "seedgate_agent_duplicate_sessions_total",
+                "Sessions closed because they reached a replica another session already held, by server name.",
+                server,
+            ),
+            transport: gauge_vec(
+                reg,
+                "seedgate_tunnel_transport_info",
+                "1 for the transport (h2 or quic) of the live session to a server, by server.",
+                &["server", "transport"],
+            ),
+            transport_changes: counter_vec(
+                reg,
+                "seedgate_tunnel_transport_changes_total",
+                "transport auto: sessions dialled over h2 because QUIC did not get through (from quic, to h2), and moves of a session from h2 to QUIC (from h2, to quic), by server.",
+                &["server", "from", "to"],
+            ),
+        }
+    }
+}
+
+/// The streams the seed opens and the dials they make in the shoot.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    pub streams_active: IntGauge,
+    pub streams_opened: IntCounterVec,
+    pub dial_seconds: HistogramVec,
+    pub dial_failures: IntCounterVec,
+    pub bytes: IntCounterVec,
+    pub limit_hits: IntCounterVec,
+}
+
+impl StreamMetrics {
+    fn new(reg: &Registry) -> Self {
+        Self {
+            streams_active: gauge(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now."),
+            streams_opened: counter_vec(
+                reg,
+                "seedgate_tunnel_streams_opened_total",
+                "Tunnel streams dialled successfully, by server.",
+                &["server"],
+            ),
+            dial_seconds: seconds_histogram(
+                reg,
+                "seedgate_tunnel_dial_duration_seconds",
+                "Time to connect to a target in the shoot, by result.",
+                &["result"],
+            ),
+            dial_failures: counter_vec(
+                reg,
+                "seedgate_tunnel_dial_failures_total",
+                "Dials refused or failed, by reason.",
+                &["reason"],
+            ),
+            bytes: counter_vec(
+                reg,
+                "seedgate_tunnel_bytes_total",
+                "Bytes carried by tunnel streams, by direction (to_shoot, to_seed).",
+                &["direction"],
+            ),
+            limit_hits: counter_vec(
+                reg,
+                "seedgate_tunnel_stream_limit_hits_total",
+                "Streams refused because a limit was reached, by limit.",
+                &["limit"],
+            ),
+        }
+    }
+}
+
+/// One slot's series (labelled by the slot's label; duplicates by the configured name). Each
+/// series is created when first used, as before the slots had their own handle.
+#[derive(Clone)]
+pub struct SlotMetrics {
+    m: SessionMetrics,
+    label: String,
+    name: String,
+}
+
+impl SlotMetrics {
+    pub fn new(m: &SessionMetrics, label: &str, name: &str) -> Self {
+        Self { m: m.clone(), label: label.to_owned(), name: name.to_owned() }
+    }
+
+    /// The slot's session is up over `over`.
+    pub fn up(&self, over: Carrier) {
+        self.m.sessions.with_label_values(&[&self.label]).set(1);
+        for c in [Carrier::H2, Carrier::Quic] {
+            self.m.transport.with_label_values(&[&self.label, c.as_str()]).set(i64::from(c == over));
+        }
+    }
+
+    /// The slot has no session up.
+    pub fn down(&self) {
+        self.m.sessions.with_label_values(&[&self.label]).set(0);
+    }
+
+    /// A reconnect attempt ended: its session came up (`ok`), or it failed before that.
+    pub fn reconnect(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.m.reconnects.with_label_values(&[&self.label, result]).inc();
+    }
+
+    pub fn transport_change(&self, from: Carrier, to: Carrier) {
+        self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).inc();
+    }
+
+    pub fn moved(&self) {
+        self.m.moves.with_label_values(&[&self.label]).inc();
+    }
+
+    pub fn duplicate(&self) {
+        self.m.duplicates.with_label_values(&[&self.name]).inc();
+    }
+
+    #[cfg(test)]
+    pub fn reconnects(&self, result: &str) -> u64 {
+        self.m.reconnects.with_label_values(&[&self.label, result]).get()
+    }
+
+    #[cfg(test)]
+    pub fn transport_changes(&self, from: Carrier, to: Carrier) -> u64 {
+        self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).get()
+    }
+
+    #[cfg(test)]
+    pub fn gauges(&self) -> (i64, i64, i64) {
+        let t = |c: Carrier| self.m.transport.with_label_values(&[&self.label, c.as_str()]).get();
+        (self.m.sessions.with_label_values(&[&self.label]).get(), t(Carrier::H2), t(Carrier::Quic))
+    }
+
+    #[cfg(test)]
+    pub fn counts(&self) -> (u64, u64) {
+        (self.m.moves.with_label_values(&[&self.label]).get(), self.m.duplicates.with_label_values(&[&self.name]).get())
+    }
+}
