@@ -1018,20 +1018,10 @@ async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, i
     };
     let mut relay = transfer(stream, tcp, cfg.idle_timeout.get(), meters);
     // The session's kill token: its re-homing drain passed, or the shutdown grace is over.
-    let stop = std::pin::pin!(async {
-        kill.cancelled().await;
-        if t.kill.is_cancelled() { Stop::Shutdown } else { Stop::SessionDrained }
-    });
+    let stop = std::pin::pin!(relay::stop_on(&kill, &t.kill, Stop::SessionDrained));
     let done = relay::run(&mut relay, stop).await;
-    tracing::info!(
-        target: "access",
-        server = %server,
-        target = %target,
-        upstream = %addr,
-        bytes_to_shoot = done.to_upstream,
-        bytes_to_seed = done.to_client,
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        reason = done.outcome.label(),
-        "stream closed"
+    proxy_core::access_event!(
+        "stream closed", done.bytes, started, done.outcome.label();
+        server = %server, target = %target, upstream = %addr
     );
 }

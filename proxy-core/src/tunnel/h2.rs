@@ -71,9 +71,9 @@ struct ActiveStream {
     _active: Active<Arc<AtomicUsize>>,
 }
 
-impl super::Io for ActiveStream {
+impl crate::io::Resettable for ActiveStream {
     fn reset(&mut self) {
-        super::Io::reset(&mut self.inner);
+        crate::io::Resettable::reset(&mut self.inner);
     }
 }
 

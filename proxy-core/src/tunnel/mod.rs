@@ -21,6 +21,7 @@ pub mod h2;
 pub mod quic;
 mod stream;
 
+use crate::io::Resettable;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::io;
@@ -137,23 +138,24 @@ impl DialError {
     }
 }
 
-/// Object-safe byte stream.
-pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {
-    /// Abort the stream so the peer sees a reset rather than an orderly end.
-    fn reset(&mut self);
-}
-
 /// One proxied connection carried by the tunnel.
 pub struct TunnelStream {
-    io: Box<dyn Io>,
+    io: Box<dyn Resettable>,
 }
 
 impl TunnelStream {
-    pub fn new(io: impl Io + 'static) -> Self {
+    pub fn new(io: impl Resettable + 'static) -> Self {
         Self { io: Box::new(io) }
     }
 
+    /// Abort the stream: the peer sees a reset rather than an orderly end.
     pub fn reset(&mut self) {
+        self.io.reset();
+    }
+}
+
+impl Resettable for TunnelStream {
+    fn reset(&mut self) {
         self.io.reset();
     }
 }

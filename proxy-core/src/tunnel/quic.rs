@@ -28,10 +28,11 @@
 
 use super::h2::CONTROL_LINE_MAX;
 use super::{
-    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Io, Opener, OpenerState, Responder,
+    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Opener, OpenerState, Responder,
     TunnelSettings, TunnelStream,
 };
 use crate::guard::Active;
+use crate::io::Resettable;
 use proxy_wire::lines::LineFramer;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use serde::{Deserialize, Serialize};
@@ -205,7 +206,7 @@ impl QuicStream {
     }
 }
 
-impl Io for QuicStream {
+impl Resettable for QuicStream {
     fn reset(&mut self) {
         let _ = self.send.reset(VarInt::from_u32(RESET_CODE));
         let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
