@@ -10,9 +10,11 @@ use proxy_core::net::connect_in_turn;
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_core::relay;
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
-use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
 use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, ServerInfo, TunnelSettings};
+use proxy_core::tunnel::{
+    ALPN_V1, AgentConnection, AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, DialError, Incoming,
+    ServerInfo, TunnelSettings, connect_failed, run_agent_session,
+};
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
@@ -337,10 +339,7 @@ struct Live {
 }
 
 /// Connect and handshake with `target` (resolved afresh).
-async fn establish(
-    t: &Tunnel,
-    target: &HostPort,
-) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
+async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
     let (tcp, addr) =
@@ -359,13 +358,7 @@ async fn establish(
     if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
         return Err(format!("{addr} does not speak seedgate-tunnel/1"));
     }
-    Ok((tls, addr))
-}
-
-/// A connection to a server, ready for its session.
-enum Established {
-    H2(Box<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr)>),
-    Quic((quinn::Connection, SocketAddr)),
+    Ok((Box::new(tls), addr))
 }
 
 /// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
@@ -375,7 +368,7 @@ async fn establish_quic(
     t: &Tunnel,
     target: &HostPort,
     timeout: Duration,
-) -> Result<(quinn::Connection, SocketAddr), String> {
+) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
@@ -412,7 +405,7 @@ async fn establish_quic(
                 if alpn.as_deref() != Some(ALPN_V1) {
                     return Err(format!("{addr} does not speak seedgate-tunnel/1"));
                 }
-                return Ok((conn, addr));
+                return Ok((Box::new(conn), addr));
             }
             Ok(Err(e)) => {
                 last = match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
@@ -447,27 +440,23 @@ impl SlotCtx {
     /// [`Self::connect`] over `transport`; `Auto` tries QUIC for `quic_timeout`, then h2.
     async fn connect_over(&self, target: &HostPort, reconnect: bool, transport: Transport) -> Result<Live, String> {
         let cfg = self.t.cfg.load_full();
-        let (conn, transport) = match transport {
-            Transport::H2 => (Established::H2(Box::new(establish(&self.t, target).await?)), Transport::H2),
+        let ((conn, peer), transport) = match transport {
+            Transport::H2 => (establish(&self.t, target).await?, Transport::H2),
             Transport::Quic => {
                 // Under `auto` this is a probe from h2: it gets the (short) QUIC timeout too.
                 let timeout =
                     if cfg.transport == Transport::Auto { cfg.quic_timeout.get() } else { cfg.dial_timeout.get() };
-                (Established::Quic(establish_quic(&self.t, target, timeout).await?), Transport::Quic)
+                (establish_quic(&self.t, target, timeout).await?, Transport::Quic)
             }
             Transport::Auto => match establish_quic(&self.t, target, cfg.quic_timeout.get()).await {
-                Ok(q) => (Established::Quic(q), Transport::Quic),
+                Ok(q) => (q, Transport::Quic),
                 Err(e) => {
                     tracing::info!(server = %self.label, target = %target, error = %e, "transport auto: QUIC did not get through; using h2");
                     let h2 = establish(&self.t, target).await?;
                     self.t.metrics.transport_changes.with_label_values(&[&self.label, "quic", "h2"]).inc();
-                    (Established::H2(Box::new(h2)), Transport::H2)
+                    (h2, Transport::H2)
                 }
             },
-        };
-        let peer = match &conn {
-            Established::H2(h2) => h2.1,
-            Established::Quic((_, peer)) => *peer,
         };
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
@@ -482,22 +471,15 @@ impl SlotCtx {
         let settings = settings(&self.t.cfg.load());
         let (st, tracker) = (stop.clone(), self.tracker.clone());
         let done = tokio::spawn(async move {
+            let session = AgentSession { settings: &settings, handler, stop: st, tracker };
             // With TLS 1.3 the server checks our certificate after our side of the handshake is
             // done: its refusal arrives as an alert on the session's first read.
-            match conn {
-                Established::H2(h2) => run_agent_session(h2.0, &settings, handler, st, tracker).await.map_err(|e| {
-                    match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
-                        Some(hint) => format!("{e}: {hint}"),
-                        None => e.to_string(),
-                    }
-                }),
-                Established::Quic((conn, _)) => quic::run_agent_session_quic(conn, &settings, handler, st, tracker)
-                    .await
-                    .map_err(|e| match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
-                        Some(hint) => format!("{e}: {hint}"),
-                        None => e.to_string(),
-                    }),
-            }
+            run_agent_session(conn, session).await.map_err(|e| {
+                match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
+                    Some(hint) => format!("{e}: {hint}"),
+                    None => e.to_string(),
+                }
+            })
         });
         tracing::debug!(server = %self.label, target = %target, %peer, transport = transport.as_str(), "TLS up; waiting for the seed's first stream");
         Ok(Live {
@@ -990,7 +972,7 @@ async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, i
     let timeout = cfg.dial_timeout.get();
     let dialled = async {
         let addrs = resolve_allowed(&cfg.allow, &target, timeout).await?;
-        connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await.map_err(|e| DialError::from_connect(&target, &e))
+        connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await.map_err(|e| connect_failed(&target, &e))
     }
     .await;
     let (tcp, addr) = match dialled {
