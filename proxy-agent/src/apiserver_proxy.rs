@@ -3,6 +3,7 @@
 use crate::Shared;
 use crate::gateway;
 use proxy_core::accept::ConnPermit;
+use proxy_core::access::Bytes;
 use proxy_core::copy::{Meters, Stop, transfer_tcp};
 use proxy_core::guard::Active;
 use proxy_core::metrics::ConnMetrics;
@@ -51,8 +52,7 @@ impl Listener {
 /// What the access log says about a connection; filled in as the connection progresses.
 struct Record {
     gateway: Option<SocketAddr>,
-    to_gateway: u64,
-    to_client: u64,
+    bytes: Bytes,
     /// Bytes the gateway sent with its `200`, written to the client before the relay.
     early: u64,
     relayed: bool,
@@ -91,7 +91,7 @@ pub async fn handle(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr, permi
             tracing::info!(target: "access", listener = %l.name, client = %peer, local = %local, reason = "not_configured", "connection closed");
             return;
         };
-        let mut rec = Record { gateway: None, to_gateway: 0, to_client: 0, early: 0, relayed: false, reason: "".into() };
+        let mut rec = Record { gateway: None, bytes: Bytes::default(), early: 0, relayed: false, reason: "".into() };
         let kill = l.shared.kill.clone();
         let client = Client { stream, peer, local, started };
         // The end of the drain grace cuts the phases before the relay; the relay itself ends by
@@ -107,29 +107,20 @@ pub async fn handle(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr, permi
         if let Some((client, gw)) = ready {
             let meters = Meters { to_upstream: Some(l.to_gateway.clone()), to_client: Some(l.to_client.clone()) };
             let mut relay = transfer_tcp(client, gw, cfg.timeouts.idle.get(), meters);
-            let stop = std::pin::pin!(async {
-                kill.cancelled().await;
-                Stop::Shutdown
-            });
+            let stop = std::pin::pin!(relay::stop_on(&kill, &kill, Stop::Shutdown));
             let done = relay::run(&mut relay, stop).await;
-            rec.to_gateway = done.to_upstream;
-            rec.to_client = rec.early + done.to_client;
+            rec.bytes = Bytes::new(done.bytes.to_upstream, rec.early + done.bytes.to_client);
             rec.reason = done.outcome.label().into();
             l.metrics.closes.with_label_values(&[l.name.as_str(), done.outcome.label()]).inc();
         }
-        tracing::info!(
-            target: "access",
+        proxy_core::access_event!(
+            "connection closed", rec.bytes, started, &rec.reason;
             listener = %l.name,
             client = %peer,
             local = %local,
             mode = ap.mode.label(),
             gateway = %rec.gateway.map_or_else(|| "-".to_owned(), |a| a.to_string()),
-            gateway_name = %ap.gateway,
-            bytes_to_gateway = rec.to_gateway,
-            bytes_to_client = rec.to_client,
-            duration_ms = started.elapsed().as_millis() as u64,
-            reason = %rec.reason,
-            "connection closed"
+            gateway_name = %ap.gateway
         );
     }
     .instrument(span)

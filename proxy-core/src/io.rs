@@ -1,9 +1,53 @@
-//! Stream helpers: replaying bytes already read in front of a stream.
+//! Byte streams: the one trait for a stream that can end in a reset, and replaying bytes already read in front of a stream.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A byte stream that can end in a reset instead of an orderly close: both ends of every relay
+/// and every tunnel stream.
+pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Make the peer see a reset rather than an orderly end: at once where the stream has a
+    /// reset of its own (RST_STREAM, RESET_STREAM on a tunnel stream), else when it is closed
+    /// (TCP: zero linger, so the close sends an RST). A Unix socket has no reset: its close is
+    /// all the peer gets.
+    fn reset(&mut self);
+}
+
+impl Resettable for tokio::net::TcpStream {
+    fn reset(&mut self) {
+        crate::net::reset_on_close(self);
+    }
+}
+
+impl Resettable for tokio::net::UnixStream {
+    fn reset(&mut self) {}
+}
+
+impl Resettable for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    fn reset(&mut self) {
+        crate::net::reset_on_close(self.get_ref().0);
+    }
+}
+
+impl Resettable for tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    fn reset(&mut self) {
+        crate::net::reset_on_close(self.get_ref().0);
+    }
+}
+
+impl<T: Resettable + ?Sized> Resettable for Box<T> {
+    fn reset(&mut self) {
+        (**self).reset();
+    }
+}
+
+impl<S: Resettable> Resettable for Prefixed<S> {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
 
 /// A stream whose first reads return `prefix` (bytes a protocol detector already consumed).
 pub struct Prefixed<S> {

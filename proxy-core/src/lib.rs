@@ -1,11 +1,12 @@
 //! proxy-core: the data plane shared by sni-router, proxy-server and proxy-agent.
 //!
 //! The process lifecycle ([`app`]), sockets and the accept loop, upstream connects, the byte
-//! relay and how it ends ([`relay`]), shutdown, config reload, metrics and the admin listener,
+//! relay, how it ends ([`relay`]) and its access event ([`access`]), shutdown, config reload, metrics and the admin listener,
 //! tracing, TLS files and the tunnel protocol. The sans-IO readers of untrusted bytes live in the
 //! `proxy-wire` crate.
 
 pub mod accept;
+pub mod access;
 pub mod addrs;
 pub mod admin;
 pub mod app;

@@ -18,11 +18,13 @@
 //! orderly write shutdown: TCP FIN, TLS close_notify then FIN, END_STREAM on a tunnel stream.
 
 use crate::copy::{Outcome, Pump, Side, Stop, Transfer};
+use crate::io::Resettable;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
 
 /// What the policy does to one end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,61 +49,14 @@ pub fn policy(outcome: &Outcome) -> (Close, Close) {
     }
 }
 
-/// A stream end the policy can close abortively.
-pub trait Abort: AsyncWrite + Unpin + Send {
-    /// Make the coming close a reset, where this kind of stream has one.
-    fn abort(&mut self);
-}
-
-impl Abort for tokio::net::TcpStream {
-    fn abort(&mut self) {
-        crate::net::reset_on_close(self);
-    }
-}
-
-/// A Unix stream socket has no reset; the close is all the peer gets.
-impl Abort for tokio::net::UnixStream {
-    fn abort(&mut self) {}
-}
-
-impl Abort for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
-    fn abort(&mut self) {
-        crate::net::reset_on_close(self.get_ref().0);
-    }
-}
-
-impl Abort for tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    fn abort(&mut self) {
-        crate::net::reset_on_close(self.get_ref().0);
-    }
-}
-
-impl Abort for crate::tunnel::TunnelStream {
-    fn abort(&mut self) {
-        self.reset();
-    }
-}
-
-impl<T: Abort + ?Sized> Abort for Box<T> {
-    fn abort(&mut self) {
-        (**self).abort();
-    }
-}
-
-impl<S: Abort> Abort for crate::io::Prefixed<S> {
-    fn abort(&mut self) {
-        self.get_mut().abort();
-    }
-}
-
 /// Longest wait for an orderly write shutdown (a TLS close_notify behind a full send buffer);
 /// after it the end is simply closed.
 const FIN_TIMEOUT: Duration = Duration::from_secs(1);
 
-async fn close_one<S: Abort>(how: Close, s: &mut S) {
+async fn close_one<S: Resettable>(how: Close, s: &mut S) {
     match how {
         Close::Nothing => {}
-        Close::Reset => s.abort(),
+        Close::Reset => s.reset(),
         Close::Fin => {
             let _ = tokio::time::timeout(FIN_TIMEOUT, s.shutdown()).await;
         }
@@ -109,18 +64,25 @@ async fn close_one<S: Abort>(how: Close, s: &mut S) {
 }
 
 /// Close both ends of a finished relay as [`policy`] says.
-pub async fn close_ends<C: Abort, U: Abort>(outcome: &Outcome, client: &mut C, upstream: &mut U) {
+pub async fn close_ends<C: Resettable, U: Resettable>(outcome: &Outcome, client: &mut C, upstream: &mut U) {
     let (c, u) = policy(outcome);
     close_one(c, client).await;
     close_one(u, upstream).await;
 }
 
-/// A finished relay: how it ended and the bytes each way (to the upstream, to the client).
+/// The stop of a relay whose connection `end` ends (a route's or a cluster's drain token, a
+/// tunnel session's kill token, or the shutdown kill token itself): [`Stop::Shutdown`] once the
+/// shutdown grace is over (`kill` cancelled), else `drained`. Pinned, it is the `stop` of [`run`].
+pub async fn stop_on(end: &CancellationToken, kill: &CancellationToken, drained: Stop) -> Stop {
+    end.cancelled().await;
+    if kill.is_cancelled() { Stop::Shutdown } else { drained }
+}
+
+/// A finished relay: how it ended and the bytes each way.
 #[derive(Debug)]
 pub struct Finished {
     pub outcome: Outcome,
-    pub to_upstream: u64,
-    pub to_client: u64,
+    pub bytes: crate::access::Bytes,
 }
 
 /// Relay until the transfer ends or `stop` completes (a drain deadline, the end of the shutdown
@@ -145,8 +107,8 @@ pub struct Run<'a, C, U, P, F> {
 
 impl<'a, C, U, P, F> Future for Run<'a, C, U, P, F>
 where
-    C: Abort + 'a,
-    U: Abort + 'a,
+    C: Resettable + 'a,
+    U: Resettable + 'a,
     P: Pump<C, U> + Pump<U, C> + Send + 'a,
     F: Future<Output = Stop> + Unpin,
 {
@@ -170,7 +132,7 @@ where
             let (to_upstream, to_client) = transfer.counts();
             let (client, upstream) = transfer.ends_mut();
             close_ends(&outcome, client, upstream).await;
-            Finished { outcome, to_upstream, to_client }
+            Finished { outcome, bytes: crate::access::Bytes::new(to_upstream, to_client) }
         });
         let r = closing.as_mut().poll(cx);
         this.closing = Some(closing);
@@ -268,22 +230,31 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let (mut client_far, client, upstream, mut upstream_far) = relay_world().await;
         let t = transfer(client, upstream, Duration::from_secs(30), Meters::default());
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (end, kill) = (CancellationToken::new(), CancellationToken::new());
+        let route_end = end.clone();
         let relay = tokio::spawn(async move {
-            let stop = std::pin::pin!(async move {
-                let _ = rx.await;
-                Stop::RouteDrained
-            });
+            let stop = std::pin::pin!(stop_on(&route_end, &kill, Stop::RouteDrained));
             run(&mut { t }, stop).await
         });
         client_far.write_all(b"hello").await.unwrap();
         let mut b = [0u8; 5];
         upstream_far.read_exact(&mut b).await.unwrap();
-        tx.send(()).unwrap();
+        end.cancel();
         let f = relay.await.unwrap();
-        assert_eq!((f.outcome.label(), f.to_upstream, f.to_client), ("route_drained", 5, 0));
+        assert_eq!((f.outcome.label(), f.bytes.to_upstream, f.bytes.to_client), ("route_drained", 5, 0));
         assert_eq!(far_end_sees(&mut client_far).await, Ok(0));
         assert_eq!(far_end_sees(&mut upstream_far).await, Ok(0));
+    }
+
+    #[tokio::test]
+    async fn a_stop_is_a_shutdown_once_the_grace_is_over_and_the_drain_otherwise() {
+        let (end, kill) = (CancellationToken::new(), CancellationToken::new());
+        end.cancel();
+        assert_eq!(stop_on(&end, &kill, Stop::ClusterDrained).await, Stop::ClusterDrained);
+        let end = kill.child_token();
+        kill.cancel();
+        assert_eq!(stop_on(&end, &kill, Stop::SessionDrained).await, Stop::Shutdown);
+        assert_eq!(stop_on(&kill, &kill, Stop::Shutdown).await, Stop::Shutdown);
     }
 
     #[tokio::test]

@@ -1,10 +1,10 @@
 //! The agents' listeners: mTLS (TLS 1.3) handshake, cluster identity from the certificate CN, one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
 use crate::Shared;
-use proxy_core::tunnel::h2::run_seed_session;
 use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, TunnelSettings};
+use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, SeedConnection, TunnelSettings, run_seed_session};
 use seedgate_config::server::valid_cluster_name;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -24,32 +24,83 @@ pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
     }
 }
 
-/// Serve one agent connection for its whole life.
-pub async fn serve_agent(
+/// The agents' TCP listener: the TLS handshake, then the session.
+pub async fn accept_tls(
     shared: Arc<Shared>,
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     peer: SocketAddr,
     stop: CancellationToken,
 ) {
-    let m = &shared.metrics;
-    let cfg = shared.config.load_full();
-    let tls = match tokio::time::timeout(cfg.timeouts.handshake.get(), acceptor.accept(tcp)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return handshake_failed(&shared, peer, "TLS", Some(&e)),
-        Err(_) => return handshake_failed(&shared, peer, "TLS", None),
-    };
-    let (_, conn) = tls.get_ref();
-    if conn.alpn_protocol() != Some(ALPN_V1) {
-        m.agent_sessions.with_label_values(&["-", "bad_alpn"]).inc();
-        tracing::warn!(%peer, alpn = ?conn.alpn_protocol().map(String::from_utf8_lossy), "agent did not negotiate seedgate-tunnel/1");
-        return;
+    if let Some(tls) = handshake(&shared, peer, "TLS", acceptor.accept(tcp)).await {
+        serve_agent(shared, tls, peer, stop).await;
     }
-    let Some(admit) = admit(&shared, peer, conn.peer_certificates().and_then(|c| c.first())) else { return };
-    let settings = settings(&cfg);
+}
+
+/// The agents' QUIC listener: the handshake (with the server config built for this
+/// connection), then the session.
+pub async fn accept_quic(
+    shared: Arc<Shared>,
+    incoming: quinn::Incoming,
+    server_config: Arc<quinn::ServerConfig>,
+    stop: CancellationToken,
+) {
+    let peer = incoming.remote_address();
+    let connecting = match incoming.accept_with(server_config) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.metrics.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
+            tracing::warn!(%peer, error = %e, "agent QUIC connection refused");
+            return;
+        }
+    };
+    if let Some(conn) = handshake(&shared, peer, "QUIC", connecting).await {
+        serve_agent(shared, conn, peer, stop).await;
+    }
+}
+
+/// An agent's `over` (TLS or QUIC) handshake, within the handshake timeout; `None` when it
+/// failed or timed out (counted and logged).
+async fn handshake<C, E>(
+    shared: &Shared,
+    peer: SocketAddr,
+    over: &str,
+    h: impl Future<Output = Result<C, E>>,
+) -> Option<C>
+where
+    E: std::error::Error + 'static,
+{
+    let timeout = shared.config.load().timeouts.handshake.get();
+    match tokio::time::timeout(timeout, h).await {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            handshake_failed(shared, peer, over, Some(&e));
+            None
+        }
+        Err(_) => {
+            handshake_failed(shared, peer, over, None);
+            None
+        }
+    }
+}
+
+/// Serve one agent connection of any transport for its whole life: the protocol and identity
+/// checks, then the session, registered while it runs.
+pub async fn serve_agent<C: SeedConnection>(shared: Arc<Shared>, conn: C, peer: SocketAddr, stop: CancellationToken) {
+    let transport = conn.transport();
+    let alpn = conn.alpn();
+    if alpn.as_deref() != Some(ALPN_V1) {
+        shared.metrics.agent_sessions.with_label_values(&["-", "bad_alpn"]).inc();
+        tracing::warn!(%peer, transport, alpn = ?alpn.as_deref().map(String::from_utf8_lossy), "agent did not negotiate seedgate-tunnel/1");
+        return conn.refuse("ALPN");
+    }
+    let Some(admit) = admit(&shared, peer, conn.peer_certificate().as_ref(), transport) else {
+        return conn.refuse("refused");
+    };
+    let settings = settings(&shared.config.load());
     let session_stop = stop.child_token();
     let registered = std::sync::Mutex::new(None);
-    let result = run_seed_session(tls, &settings, session_stop.clone(), |s| {
+    let result = run_seed_session(conn, &settings, session_stop.clone(), |s| {
         admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
     })
     .await;
@@ -57,7 +108,7 @@ pub async fn serve_agent(
 }
 
 /// An agent whose certificate names a cluster this seed may serve (not fenced).
-pub(crate) struct Admitted {
+struct Admitted {
     peer: SocketAddr,
     cluster: String,
     /// Not a cluster this seed knows, and unknown clusters are refused: the session only
@@ -66,11 +117,12 @@ pub(crate) struct Admitted {
     transport: &'static str,
 }
 
-/// Both transports: the cluster from the certificate CN, fencing, the unknown-cluster rule.
-pub(crate) fn admit(
+/// The cluster from the certificate CN, fencing, the unknown-cluster rule.
+fn admit(
     shared: &Shared,
     peer: SocketAddr,
     cert: Option<&rustls::pki_types::CertificateDer<'_>>,
+    transport: &'static str,
 ) -> Option<Admitted> {
     let m = &shared.metrics;
     let cfg = shared.config.load_full();
@@ -86,13 +138,13 @@ pub(crate) fn admit(
         return None;
     }
     let refuse = !shared.knows_cluster(&cluster, peer) && !cfg.agents.accept_unknown_clusters;
-    Some(Admitted { peer, cluster, refuse, transport: "h2" })
+    Some(Admitted { peer, cluster, refuse, transport })
 }
 
 impl Admitted {
     /// Once the session runs: send the refusal (then close), or register the session and
     /// announce this replica to the agent.
-    pub(crate) fn register(
+    fn register(
         &self,
         shared: &Shared,
         opener: Arc<dyn Opener>,
@@ -134,7 +186,7 @@ impl Admitted {
     }
 
     /// The session ended: remove it from the registry.
-    pub(crate) fn unregister(
+    fn unregister(
         &self,
         shared: &Shared,
         registered: &std::sync::Mutex<Option<Arc<crate::registry::Session>>>,
@@ -150,56 +202,6 @@ impl Admitted {
             }
         }
     }
-}
-
-/// Serve one agent QUIC connection for its whole life: the handshake (with the server config
-/// built for it), then the same identity rules and registration as over TCP.
-pub async fn serve_agent_quic(
-    shared: Arc<Shared>,
-    incoming: quinn::Incoming,
-    server_config: Arc<quinn::ServerConfig>,
-    stop: CancellationToken,
-) {
-    let m = &shared.metrics;
-    let cfg = shared.config.load_full();
-    let peer = incoming.remote_address();
-    let connecting = match incoming.accept_with(server_config) {
-        Ok(c) => c,
-        Err(e) => {
-            m.agent_sessions.with_label_values(&["-", "tls_handshake_failed"]).inc();
-            tracing::warn!(%peer, error = %e, "agent QUIC connection refused");
-            return;
-        }
-    };
-    let conn = match tokio::time::timeout(cfg.timeouts.handshake.get(), connecting).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return handshake_failed(&shared, peer, "QUIC", Some(&e)),
-        Err(_) => return handshake_failed(&shared, peer, "QUIC", None),
-    };
-    let alpn = conn
-        .handshake_data()
-        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
-        .and_then(|h| h.protocol);
-    if alpn.as_deref() != Some(ALPN_V1) {
-        m.agent_sessions.with_label_values(&["-", "bad_alpn"]).inc();
-        tracing::warn!(%peer, "agent did not negotiate seedgate-tunnel/1 over QUIC");
-        conn.close(quinn::VarInt::from_u32(quic::CLOSE_PROTOCOL), b"ALPN");
-        return;
-    }
-    let certs = conn.peer_identity().and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok());
-    let Some(mut admit) = admit(&shared, peer, certs.as_ref().and_then(|c| c.first())) else {
-        conn.close(quinn::VarInt::from_u32(quic::CLOSE_PROTOCOL), b"refused");
-        return;
-    };
-    admit.transport = "quic";
-    let settings = settings(&cfg);
-    let session_stop = stop.child_token();
-    let registered = std::sync::Mutex::new(None);
-    let result = quic::run_seed_session_quic(conn, &settings, session_stop.clone(), |s| {
-        admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
-    })
-    .await;
-    admit.unregister(&shared, &registered, result.map_err(|e| e.to_string()));
 }
 
 /// The quinn server config of one agent connection: the agents' current TLS material and the

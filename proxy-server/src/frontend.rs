@@ -8,19 +8,19 @@ use hyper::body::Incoming;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::TokioIo;
 use proxy_core::accept::ConnPermit;
+use proxy_core::access::Bytes as Moved;
 use proxy_core::copy::{Meters, Outcome, Stop, transfer};
 use proxy_core::guard::Active;
 use proxy_core::ids::ConnId;
-use proxy_core::io::Prefixed;
+use proxy_core::io::{Prefixed, Resettable};
 use proxy_core::pending::Admitted;
 use proxy_core::prometheus::{IntCounter, IntCounterVec};
-use proxy_core::relay::Abort;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -44,54 +44,14 @@ const PROXY_CHALLENGE: &str = "Basic realm=\"seedgate\"";
 /// `token`. `Err`: the reject reason.
 fn proxy_auth_cluster(value: Option<&[u8]>, token: &str) -> Result<String, &'static str> {
     let value = value.ok_or("proxy_auth_missing")?;
-    let value = std::str::from_utf8(value).map_err(|_| "proxy_auth_invalid")?.trim();
-    let (scheme, cred) = value.split_once(' ').ok_or("proxy_auth_invalid")?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return Err("proxy_auth_invalid");
-    }
-    let decoded = base64_decode(cred.trim()).ok_or("proxy_auth_invalid")?;
-    let decoded = String::from_utf8(decoded).map_err(|_| "proxy_auth_invalid")?;
-    let (user, pass) = decoded.split_once(':').ok_or("proxy_auth_invalid")?;
+    let creds = proxy_wire::proxy_auth::basic(value).map_err(|_| "proxy_auth_invalid")?;
     // Compare without an early exit so the time taken does not reveal the matching prefix.
-    let (a, b) = (pass.as_bytes(), token.as_bytes());
+    let (a, b) = (creds.password.as_bytes(), token.as_bytes());
     let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
-    if !same || !seedgate_config::server::valid_cluster_name(user) {
+    if !same || !seedgate_config::server::valid_cluster_name(&creds.user) {
         return Err("proxy_auth_invalid");
     }
-    Ok(user.to_owned())
-}
-
-/// Standard base64 with padding (RFC 4648 §4), as HTTP Basic credentials are encoded.
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let s = s.as_bytes();
-    if !s.len().is_multiple_of(4) {
-        return None;
-    }
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let mut out = Vec::with_capacity(s.len() / 4 * 3);
-    for (i, q) in s.chunks(4).enumerate() {
-        let last = i == s.len() / 4 - 1;
-        let pad = q.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && !last) {
-            return None;
-        }
-        let mut n = 0u32;
-        for &c in &q[..4 - pad] {
-            n = (n << 6) | val(c)?;
-        }
-        n <<= 6 * pad as u32;
-        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
-    }
-    Some(out)
+    Ok(creds.user)
 }
 
 /// A 407 answer with the Basic challenge; the connection closes after it.
@@ -123,30 +83,22 @@ impl Ctx {
     fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
         let result = if code == 200 || self.kind == "forward" { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
-        tracing::info!(
-            target: "access",
+        proxy_core::access_event!(
+            "connection closed", Moved::new(up, down), self.started, reason;
             conn_id = %self.conn_id,
             frontend = %self.fe.name,
             client = %self.peer,
             cluster = %self.cluster,
             kind = self.kind,
             target = %self.target,
-            code,
-            bytes_up = up,
-            bytes_down = down,
-            duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
-            reason,
-            "connection closed"
+            code
         );
     }
 }
 
-/// A front-end stream of any kind (TCP, TLS over TCP, Unix socket).
-pub trait FrontIo: AsyncRead + AsyncWrite + Abort + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Abort + Unpin + Send> FrontIo for T {}
-
-/// Boxed, so every kind of front end shares one (small) relay future.
-type BoxIo = Box<dyn FrontIo>;
+/// A front-end stream of any kind (TCP, TLS over TCP, Unix socket), boxed so every kind of
+/// front end shares one (small) relay future.
+type BoxIo = Box<dyn Resettable>;
 
 /// An accepted front-end connection, before any handshake.
 pub enum Accepted {
@@ -481,15 +433,12 @@ async fn relay(shared: &Shared, r: Ready) {
     let idle = shared.config.load().timeouts.idle.get();
     let end = shared.registry.stream_end(&ctx.cluster);
     let mut t = transfer(io, stream, idle, meters);
-    let stop = std::pin::pin!(async {
-        end.cancelled().await;
-        if shared.shutdown.kill.is_cancelled() { Stop::Shutdown } else { Stop::ClusterDrained }
-    });
+    let stop = std::pin::pin!(proxy_core::relay::stop_on(&end, &shared.shutdown.kill, Stop::ClusterDrained));
     let done = proxy_core::relay::run(&mut t, stop).await;
     if matches!(done.outcome, Outcome::Stopped(Stop::ClusterDrained)) {
         m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
     }
-    ctx.log(200, done.outcome.label(), done.to_upstream + replayed, done.to_client);
+    ctx.log(200, done.outcome.label(), done.bytes.to_upstream + replayed, done.bytes.to_client);
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -580,6 +529,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     }
 }
 
+/// What the requests of one forward-proxy connection moved, for the connection's end event:
+/// the bytes of their tunnel streams, and the status of the last one answered.
+#[derive(Default)]
+struct Forwarded {
+    to_upstream: AtomicU64,
+    to_client: AtomicU64,
+    last_code: AtomicU16,
+}
+
+impl Forwarded {
+    fn add(&self, moved: Moved, code: u16) {
+        self.to_upstream.fetch_add(moved.to_upstream, Ordering::Relaxed);
+        self.to_client.fetch_add(moved.to_client, Ordering::Relaxed);
+        self.last_code.store(code, Ordering::Relaxed);
+    }
+}
+
 /// One forwarded request: its own access event once its answer has been sent (or failed).
 struct RequestLog {
     conn_id: ConnId,
@@ -591,24 +557,23 @@ struct RequestLog {
     started: Instant,
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
+    conn: Arc<Forwarded>,
 }
 
 impl RequestLog {
+    /// Log the request, once, and count it into its connection's totals.
     fn emit(&self, reason: &str) {
-        tracing::info!(
-            target: "access",
+        let moved = Moved::new(self.sent.load(Ordering::Relaxed), self.received.load(Ordering::Relaxed));
+        self.conn.add(moved, self.code);
+        proxy_core::access_event!(
+            "request forwarded", moved, self.started, reason;
             conn_id = %self.conn_id,
             frontend = %self.frontend,
             client = %self.client,
             cluster = %self.cluster,
             kind = "forward",
             target = %self.target,
-            code = self.code,
-            bytes_up = self.sent.load(Ordering::Relaxed),
-            bytes_down = self.received.load(Ordering::Relaxed),
-            duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
-            reason,
-            "request forwarded"
+            code = self.code
         );
     }
 }
@@ -669,9 +634,12 @@ where
     let conn_id = ctx.conn_id;
     let sh = shared.clone();
     let token = ctx.fe.proxy_token.clone();
+    let forwarded = Arc::new(Forwarded::default());
+    let totals = forwarded.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let shared = sh.clone();
         let (frontend, client, cluster) = (frontend.clone(), client.clone(), cluster.clone());
+        let conn = forwarded.clone();
         // Per request: each may name another cluster in its proxy credentials.
         let by_auth = token.as_ref().map(|t| {
             let v = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
@@ -689,6 +657,7 @@ where
                 started: Instant::now(),
                 sent: Arc::default(),
                 received: Arc::default(),
+                conn,
             };
             // An answer of our own (no target reached): counted as a reject, logged now.
             let refuse = |log: &mut RequestLog, status: StatusCode, reason: &str, msg: String| {
@@ -779,24 +748,24 @@ where
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(shared.config.load().timeouts.handshake.get())
         .serve_connection(TokioIo::new(io), svc);
+    // The connection (and any answer in flight, which logs itself when dropped) is gone
+    // once the select is: the totals are complete.
     let reason = tokio::select! {
         r = conn => if r.is_ok() { "closed" } else { "http_error" },
         _ = shared.shutdown.kill.cancelled() => "shutdown",
     };
-    ctx.log(0, reason, 0, 0);
+    let code = totals.last_code.load(Ordering::Relaxed);
+    ctx.log(code, reason, totals.to_upstream.load(Ordering::Relaxed), totals.to_client.load(Ordering::Relaxed));
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn proxy_credentials_name_the_cluster_with_the_right_token() {
-        use super::{base64_decode, proxy_auth_cluster};
-        assert_eq!(base64_decode("c2hvb3QtYTpzM2NyZXQ="), Some(b"shoot-a:s3cret".to_vec()));
-        assert_eq!(base64_decode("YQ=="), Some(b"a".to_vec()));
-        assert_eq!(base64_decode("YWI="), Some(b"ab".to_vec()));
-        assert_eq!(base64_decode(""), Some(vec![]));
-        for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!="] {
-            assert_eq!(base64_decode(bad), None, "{bad}");
+        use super::proxy_auth_cluster;
+        for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!=", "YQ=="] {
+            let value = format!("Basic {bad}");
+            assert_eq!(proxy_auth_cluster(Some(value.as_bytes()), "s3cret"), Err("proxy_auth_invalid"), "{bad}");
         }
         let ok = proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cret");
         assert_eq!(ok.as_deref(), Ok("shoot-a"));

@@ -293,7 +293,7 @@ impl Listeners {
             tokio_util::task::TaskTracker::new(),
             move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
             move |tcp, peer, permit| {
-                let fut = crate::agents::serve_agent(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
+                let fut = crate::agents::accept_tls(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
                 async move {
                     fut.await;
                     drop(permit);
@@ -565,12 +565,7 @@ async fn serve_agents_quic(
         let cfg = shared.config.load_full();
         match crate::agents::quic_server_config(tls.load().material.current(), &cfg) {
             Ok(sc) => {
-                tokio::spawn(crate::agents::serve_agent_quic(
-                    shared.clone(),
-                    incoming,
-                    Arc::new(sc),
-                    sessions_stop.clone(),
-                ));
+                tokio::spawn(crate::agents::accept_quic(shared.clone(), incoming, Arc::new(sc), sessions_stop.clone()));
             }
             Err(e) => {
                 tracing::error!(error = %e, "agents QUIC listener: TLS material unusable for QUIC");

@@ -4,6 +4,7 @@ use crate::Shared;
 use crate::listeners::ListenerRt;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
+use proxy_core::access::Bytes;
 use proxy_core::copy::{Meters, Stop, transfer_tcp};
 use proxy_core::ids::ConnId;
 use proxy_core::net::ConnectFailure;
@@ -448,15 +449,13 @@ pub(crate) fn serve(
         let mut relay = transfer_tcp(client, up, held.idle, meters);
         // The route's token ends its connections: at a drain deadline after a reload changed the
         // route, or (as a child of the kill token) at the end of the shutdown grace.
-        let stop = std::pin::pin!(async {
-            route.end.cancelled().await;
-            if shared.shutdown.kill.is_cancelled() { Stop::Shutdown } else { Stop::RouteDrained }
-        });
+        let stop = std::pin::pin!(proxy_core::relay::stop_on(&route.end, &shared.shutdown.kill, Stop::RouteDrained));
         let done = proxy_core::relay::run(&mut relay, stop).await;
         let reason = done.outcome.label();
         shared.metrics.conn.closes.with_label_values(&[&lst.name, reason]).inc();
         let log = &held.log;
-        access_log(&lst.name, log, Some(&route.name), (done.to_upstream + log.replayed, done.to_client), reason);
+        let bytes = Bytes::new(done.bytes.to_upstream + log.replayed, done.bytes.to_client);
+        access_log(&lst.name, log, Some(&route.name), bytes, reason);
     }
 }
 
@@ -565,7 +564,7 @@ async fn prepare(
         Err(reason) => {
             m.conn.rejects.with_label_values(&[name, reason]).inc();
             m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
-            access_log(name, &pre, Some(&route.name), (0, 0), reason);
+            access_log(name, &pre, Some(&route.name), Bytes::default(), reason);
             return None;
         }
     };
@@ -656,13 +655,13 @@ async fn reject(
     m.rejects.with_label_values(&[listener, rej.reason]).inc();
     let route = route.map(|r| &*r.name);
     m.connections.with_label_values(&[listener, route.unwrap_or("-"), rej.reason]).inc();
-    access_log(listener, pre, route, (0, 0), rej.reason);
+    access_log(listener, pre, route, Bytes::default(), rej.reason);
     refuse(client, &rej.answer, pre.http_version).await;
 }
 
-fn access_log(listener: &str, pre: &Pre, route: Option<&str>, (bytes_up, bytes_down): (u64, u64), reason: &str) {
-    tracing::info!(
-        target: "access",
+fn access_log(listener: &str, pre: &Pre, route: Option<&str>, bytes: Bytes, reason: &str) {
+    proxy_core::access_event!(
+        "connection closed", bytes, pre.started, reason;
         conn_id = %pre.conn_id,
         listener,
         client = %pre.client,
@@ -673,12 +672,7 @@ fn access_log(listener: &str, pre: &Pre, route: Option<&str>, (bytes_up, bytes_d
         alpn = pre.alpn.as_deref().unwrap_or("-"),
         connect = pre.connect_target.as_deref().unwrap_or("-"),
         route = route.unwrap_or("-"),
-        upstream = pre.up_addr.map(|u| u.to_string()).as_deref().unwrap_or("-"),
-        bytes_up,
-        bytes_down,
-        duration_ms = pre.started.elapsed().as_secs_f64() * 1000.0,
-        reason,
-        "connection closed"
+        upstream = pre.up_addr.map(|u| u.to_string()).as_deref().unwrap_or("-")
     );
 }
 

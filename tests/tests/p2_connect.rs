@@ -278,7 +278,12 @@ async fn openvpn_style_connect_gets_a_lone_200_and_pipelined_bytes_arrive() -> a
     assert_eq!(seen, vec![b"EARLY-BYTESLATE".to_vec(), b"LATE".to_vec()], "upstream got exactly the tunnel bytes");
     w.router
         .wait_log_line(
-            &["connection closed", "route=\"shoot-a-vpn\"", "connect=\"vpn-seed-server:1194\"", "bytes_up=15 "],
+            &[
+                "connection closed",
+                "route=\"shoot-a-vpn\"",
+                "connect=\"vpn-seed-server:1194\"",
+                "bytes_to_upstream=15 ",
+            ],
             WAIT,
         )
         .await?;

@@ -242,8 +242,8 @@ async fn kube_apiserver_style(transport: Transport) -> anyhow::Result<()> {
     assert_eq!(requests.len(), 2, "{slog}");
     for l in &requests {
         assert!(l.contains("code=200") && l.contains("reason=\"closed\""), "{l}");
-        let down = field_u64(l, "bytes_down").unwrap_or(0);
-        let up = field_u64(l, "bytes_up").unwrap_or(0);
+        let down = field_u64(l, "bytes_to_client").unwrap_or(0);
+        let up = field_u64(l, "bytes_to_upstream").unwrap_or(0);
         assert!(down > "pod page\n".len() as u64 && up > 0, "{l}");
     }
     // The tunnel's byte counters include forwarded traffic.

@@ -6,8 +6,12 @@
 use crate::client_hello::{self, HelloParser};
 use crate::http_head::{self, HeadReader, RequestHead, ResponseHeadReader};
 use crate::lines::{LineFramer, TooLong};
+use crate::proxy_auth;
 use crate::proxy_protocol::{self, Command, ProxyHeader, Transport, V2Options};
 use crate::quic_initial::{self, InitialError, InitialReader};
+use crate::tunnel::control::{self, AgentHello, AgentMsg, CONTROL_LINE_MAX, ControlMsg, ControlReader, Line};
+use crate::tunnel::quic::{Answer, Progress, StreamError, StreamHeader};
+use serde::{Serialize, de::DeserializeOwned};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Inputs up to this length are also fed cut at every single point and byte by byte; longer
@@ -504,6 +508,133 @@ pub fn check_control_framing(data: &[u8], big_limit: usize) -> Framed {
     let small = usize::from(data.first().copied().unwrap_or(0) % 64);
     check_lines(data, small);
     check_lines(data, big_limit)
+}
+
+/// The tunnel's control stream: framing at a small limit and the real one, then every line
+/// decoded as each message a reader may expect; a decoded message encodes to a line that
+/// decodes to it again; and [`ControlReader`] (framing and decoding together) reads the same
+/// messages, then the same end, in every split.
+pub fn check_control_input(data: &[u8]) {
+    let (lines, end) = check_control_framing(data, CONTROL_LINE_MAX);
+    for line in &lines {
+        roundtrip::<ControlMsg>(line);
+        roundtrip::<AgentHello>(line);
+        roundtrip::<AgentMsg>(line);
+    }
+    let read = |cuts: &[usize]| {
+        let mut r = ControlReader::new(CONTROL_LINE_MAX);
+        let mut msgs = Vec::new();
+        let mut from = 0;
+        for &c in cuts {
+            r.push(data.get(from..c).unwrap_or_default());
+            from = c;
+            loop {
+                match r.next_msg::<ControlMsg>() {
+                    Ok(Some(Line::Msg(m))) => msgs.push(Some(m)),
+                    Ok(Some(Line::Unknown(_))) => msgs.push(None),
+                    Ok(None) => break,
+                    Err(e) => return (msgs, Some(e)),
+                }
+            }
+        }
+        (msgs, None)
+    };
+    let whole = read(&[data.len()]);
+    assert_eq!((whole.0.len(), whole.1), (lines.len(), end), "the reader and the framing disagree");
+    for cuts in splits(data) {
+        assert_eq!(read(&cuts), whole, "control messages fed at {cuts:?} differ");
+    }
+}
+
+fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(line: &[u8]) {
+    let Ok(msg) = serde_json::from_slice::<T>(line) else { return };
+    let again = match control::encode_line(&msg) {
+        Ok(l) => l,
+        Err(e) => panic!("{msg:?} decoded but does not encode: {e}"),
+    };
+    assert_eq!(again.last(), Some(&b'\n'));
+    let body = again.strip_suffix(b"\n").unwrap_or_default();
+    assert!(!body.contains(&b'\n'), "an encoded message spans lines");
+    assert_eq!(serde_json::from_slice::<T>(body).ok().as_ref(), Some(&msg), "{msg:?} does not survive encoding");
+}
+
+// ---------------------------------------------------------------- QUIC stream header and answer
+
+/// A QUIC stream reader's verdict on a whole input: the value and the bytes it took, or the error.
+type StreamVerdict<T> = Option<Result<(T, usize), StreamError>>;
+
+/// `read` fed every split of `data`, and fed as the transport feeds it (exactly the bytes it
+/// asks for, never more): always the verdict of the whole input at once, and a value takes only
+/// bytes it asked for.
+fn check_stream_reader<T: PartialEq + std::fmt::Debug>(
+    data: &[u8],
+    read: impl Fn(&[u8]) -> Result<Progress<T>, StreamError>,
+) -> StreamVerdict<T> {
+    let verdict = |buf: &[u8]| match read(buf) {
+        Ok(Progress::More(n)) => {
+            assert!(n > 0, "asked for nothing more");
+            None
+        }
+        Ok(Progress::Done(v, used)) => {
+            assert!(used <= buf.len(), "took {used} of {} bytes", buf.len());
+            Some(Ok((v, used)))
+        }
+        Err(e) => Some(Err(e)),
+    };
+    let whole = split_invariant(data, || (), |_, buf| verdict(buf));
+    let mut have = 0;
+    let asked = loop {
+        match read(data.get(..have).unwrap_or_default()) {
+            Ok(Progress::More(n)) if have + n <= data.len() => have += n,
+            Ok(Progress::More(_)) => break None,
+            Ok(Progress::Done(v, used)) => {
+                assert_eq!(used, have, "took other bytes than it asked for");
+                break Some(Ok((v, used)));
+            }
+            Err(e) => break Some(Err(e)),
+        }
+    };
+    assert_eq!(asked, whole, "fed as asked differs from the whole input");
+    whole
+}
+
+/// The QUIC transport's stream header and dial answer, both read from the same input: a header
+/// read encodes to the bytes it was read from; an answer read encodes to bytes that read back
+/// to it (when its payload fits after lossy UTF-8 decoding).
+pub fn check_quic_stream(data: &[u8]) {
+    if let Some(Ok((h, used))) = check_stream_reader(data, StreamHeader::read) {
+        assert_eq!(h.encode().ok().as_deref(), data.get(..used), "{h:?} re-encodes differently");
+    }
+    if let Some(Ok((a, _))) = check_stream_reader(data, Answer::read) {
+        let again = a.encode();
+        if again.len() <= 3 + crate::tunnel::quic::ANSWER_MAX {
+            assert_eq!(Answer::read(&again), Ok(Progress::Done(a.clone(), again.len())), "{a:?}");
+        }
+        let _ = a.into_result();
+    }
+}
+
+// ---------------------------------------------------------------- proxy credentials
+
+/// `Proxy-Authorization` values: the input taken as a header value, and the input as a request
+/// head (read in any split) whose header is then decoded. Credentials decoded from a value
+/// encode to a value that decodes to them again.
+pub fn check_proxy_auth(data: &[u8]) {
+    check_credentials(data);
+    let head = split_invariant(data, || HeadReader::new(http_head::DEFAULT_MAX_LEN), |r, buf| r.poll(buf).transpose());
+    if let Some(Ok(head)) = head
+        && let Some(value) = head.header("proxy-authorization")
+    {
+        check_credentials(value);
+    }
+}
+
+fn check_credentials(value: &[u8]) {
+    if let Ok(c) = proxy_auth::basic(value) {
+        assert!(!c.user.contains(':'), "{c:?}");
+        let again = proxy_auth::encode_basic(&c.user, &c.password);
+        assert_eq!(proxy_auth::basic(again.as_bytes()), Ok(c), "{again}");
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,4 @@
 //! Replays every file of the fuzzing corpora and crash directories (`wire/fuzz/`) through the checks the AFL targets run.
-// The control-line target's JSON decoding needs proxy-core's `ControlMsg`; its replay lives in
-// proxy-core's tests (control_corpus.rs) so that this crate stays free of tokio. Here the same
-// files go through the line framing only.
 
 use proxy_wire::fuzzing;
 use std::path::{Path, PathBuf};
@@ -63,6 +60,21 @@ fn control_lines_framing() {
     replay("control_lines", |d| {
         fuzzing::check_control_framing(d, 64 * 1024);
     });
+}
+
+#[test]
+fn control_lines() {
+    replay("control_lines", fuzzing::check_control_input);
+}
+
+#[test]
+fn quic_stream() {
+    replay("quic_stream", fuzzing::check_quic_stream);
+}
+
+#[test]
+fn proxy_auth() {
+    replay("proxy_auth", fuzzing::check_proxy_auth);
 }
 
 #[test]

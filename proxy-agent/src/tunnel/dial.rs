@@ -3,9 +3,11 @@
 use super::Tunnel;
 use super::machine::{Carrier, Event, SessionId};
 use super::stream::serve_stream;
-use proxy_core::tunnel::h2::{AgentHandler, run_agent_session};
 use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, AgentHello, BoxFuture, ControlMsg, Incoming, ServerInfo, TunnelSettings};
+use proxy_core::tunnel::{
+    ALPN_V1, AgentConnection, AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, ServerInfo,
+    TunnelSettings, run_agent_session,
+};
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
 use std::net::SocketAddr;
@@ -36,10 +38,7 @@ fn node_name(cfg: &TunnelCfg) -> String {
 }
 
 /// Connect and handshake with `target` (resolved afresh).
-async fn establish(
-    t: &Tunnel,
-    target: &HostPort,
-) -> Result<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr), String> {
+async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
     let (tcp, addr) =
@@ -58,13 +57,7 @@ async fn establish(
     if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
         return Err(format!("{addr} does not speak seedgate-tunnel/1"));
     }
-    Ok((tls, addr))
-}
-
-/// A connection to a server, ready for its session.
-enum Established {
-    H2(Box<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr)>),
-    Quic((quinn::Connection, SocketAddr)),
+    Ok((Box::new(tls), addr))
 }
 
 /// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
@@ -74,7 +67,7 @@ async fn establish_quic(
     t: &Tunnel,
     target: &HostPort,
     timeout: Duration,
-) -> Result<(quinn::Connection, SocketAddr), String> {
+) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
@@ -111,7 +104,7 @@ async fn establish_quic(
                 if alpn.as_deref() != Some(ALPN_V1) {
                     return Err(format!("{addr} does not speak seedgate-tunnel/1"));
                 }
-                return Ok((conn, addr));
+                return Ok((Box::new(conn), addr));
             }
             Ok(Err(e)) => {
                 last = match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
@@ -148,18 +141,14 @@ impl Dialer {
     /// Connect to `target` over `over` and run a session there, in its own task.
     pub async fn connect(&self, id: SessionId, target: HostPort, over: Carrier) -> Result<Running, String> {
         let cfg = self.t.cfg.load_full();
-        let conn = match over {
-            Carrier::H2 => Established::H2(Box::new(establish(&self.t, &target).await?)),
+        let (conn, peer) = match over {
+            Carrier::H2 => establish(&self.t, &target).await?,
             Carrier::Quic => {
                 // Under `auto`, QUIC is tried first or probed from h2: it gets the (short) QUIC timeout.
                 let timeout =
                     if cfg.transport == Transport::Auto { cfg.quic_timeout.get() } else { cfg.dial_timeout.get() };
-                Established::Quic(establish_quic(&self.t, &target, timeout).await?)
+                establish_quic(&self.t, &target, timeout).await?
             }
-        };
-        let peer = match &conn {
-            Established::H2(h2) => h2.1,
-            Established::Quic((_, peer)) => *peer,
         };
         let stop = self.stop.child_token();
         let kill = self.t.kill.child_token();
@@ -174,16 +163,10 @@ impl Dialer {
         let settings = settings(&cfg);
         let (st, tracker) = (stop.clone(), self.tracker.clone());
         let done = tokio::spawn(async move {
+            let session = AgentSession { settings: &settings, handler, stop: st, tracker };
             // With TLS 1.3 the server checks our certificate after our side of the handshake is
             // done: its refusal arrives as an alert on the session's first read.
-            match conn {
-                Established::H2(h2) => {
-                    run_agent_session(h2.0, &settings, handler, st, tracker).await.map_err(|e| hinted(&e))
-                }
-                Established::Quic((conn, _)) => {
-                    quic::run_agent_session_quic(conn, &settings, handler, st, tracker).await.map_err(|e| hinted(&e))
-                }
-            }
+            run_agent_session(conn, session).await.map_err(|e| hinted(&e))
         });
         tracing::debug!(server = %self.label, target = %target, %peer, transport = over.as_str(), "TLS up; waiting for the seed's first stream");
         Ok(Running { id, target, peer, stop, kill, done, state, seen: SessionState::default(), handler_gone: false })

@@ -5,7 +5,7 @@ use proxy_core::copy::{Meters, Stop, transfer};
 use proxy_core::guard::Active;
 use proxy_core::net::connect_in_turn;
 use proxy_core::relay;
-use proxy_core::tunnel::{DialError, Incoming};
+use proxy_core::tunnel::{DialError, Incoming, connect_failed};
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use seedgate_config::{CidrPort, HostPort};
 use std::net::SocketAddr;
@@ -45,7 +45,7 @@ async fn resolve_allowed(allow: &[CidrPort], target: &str, timeout: Duration) ->
 async fn dial_allowed(cfg: &TunnelCfg, target: &str) -> Result<(TcpStream, SocketAddr), DialError> {
     let timeout = cfg.dial_timeout.get();
     let addrs = resolve_allowed(&cfg.allow, target, timeout).await?;
-    connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await.map_err(|e| DialError::from_connect(target, &e))
+    connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await.map_err(|e| connect_failed(target, &e))
 }
 
 pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: CancellationToken, inc: Incoming) {
@@ -86,20 +86,10 @@ pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: Cancellat
     };
     let mut relay = transfer(stream, tcp, cfg.idle_timeout.get(), meters);
     // The session's kill token: its re-homing drain passed, or the shutdown grace is over.
-    let stop = std::pin::pin!(async {
-        kill.cancelled().await;
-        if t.kill.is_cancelled() { Stop::Shutdown } else { Stop::SessionDrained }
-    });
+    let stop = std::pin::pin!(relay::stop_on(&kill, &t.kill, Stop::SessionDrained));
     let done = relay::run(&mut relay, stop).await;
-    tracing::info!(
-        target: "access",
-        server = %server,
-        target = %target,
-        upstream = %addr,
-        bytes_to_shoot = done.to_upstream,
-        bytes_to_seed = done.to_client,
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        reason = done.outcome.label(),
-        "stream closed"
+    proxy_core::access_event!(
+        "stream closed", done.bytes, started, done.outcome.label();
+        server = %server, target = %target, upstream = %addr
     );
 }

@@ -1,37 +1,35 @@
 //! The HTTP/2 transport of the tunnel, roles reversed: the seed is the h2 client on the agent's TLS connection.
+//!
+//! What is HTTP/2's own: the handshakes, PING keepalive, `CONNECT` requests and their answers
+//! (`:status`, `seedgate-error`, `seedgate-reason`), the control stream as a `POST`, GOAWAY as
+//! the agent's going-away notice. The sessions themselves run in [`super::session`].
 
 pub use super::AgentHandler;
-use super::{
-    AgentHello, BoxFuture, CONTROL_PATH, ControlMsg, DialError, ERROR_HEADER, H2Stream, Incoming, Opener, OpenerState,
-    REASON_HEADER, Responder, TunnelSettings, TunnelStream,
+pub use super::session::SessionError;
+use super::session::{
+    self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionOpener,
 };
-use crate::guard::Active;
+use super::{
+    AgentConnection, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming, REASON_HEADER,
+    Responder, SeedConnection, SeedSession, TunnelSettings, TunnelStream,
+};
 use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, client, server};
 use http::{Method, Request, Response, StatusCode};
-use proxy_wire::lines::LineFramer;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Largest control line accepted (bytes before its newline).
-pub const CONTROL_LINE_MAX: usize = 64 * 1024;
+/// The seed side of an HTTP/2 session.
+pub type H2Opener = SessionOpener<H2Seed>;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("HTTP/2 handshake failed: {0}")]
-    Handshake(#[source] h2::Error),
-    #[error("HTTP/2 handshake: no preface from the peer within {0:?}")]
-    HandshakeTimeout(Duration),
-    #[error("keepalive: no PING answer within {0:?}")]
-    KeepaliveTimeout(Duration),
-    #[error("session failed: {0}")]
-    H2(#[from] h2::Error),
-    #[error("session stopped")]
-    Stopped,
+fn failed(context: &'static str) -> impl FnOnce(h2::Error) -> SessionError {
+    move |e| SessionError::transport(context, e)
 }
 
 /// Send a PING every interval; fail when one goes unanswered for the timeout.
@@ -40,150 +38,119 @@ async fn keepalive(mut pp: PingPong, interval: Duration, timeout: Duration) -> S
         tokio::time::sleep(interval).await;
         match tokio::time::timeout(timeout, pp.ping(Ping::opaque())).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return SessionError::H2(e),
+            Ok(Err(e)) => return SessionError::transport("session failed", e),
             Err(_) => return SessionError::KeepaliveTimeout(timeout),
         }
     }
 }
 
-/// Seed side of a session: opens streams on the agent's connection.
-pub struct H2Opener {
+impl ControlSend for h2::SendStream<Bytes> {
+    async fn send(&mut self, line: Vec<u8>) -> io::Result<()> {
+        self.send_data(Bytes::from(line), false).map_err(io::Error::other)
+    }
+}
+
+impl ControlRecv for h2::RecvStream {
+    async fn recv(&mut self) -> Option<Bytes> {
+        let chunk = self.data().await?.ok()?;
+        let _ = self.flow_control().release_capacity(chunk.len());
+        Some(chunk)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seed side
+// ---------------------------------------------------------------------------------------------
+
+/// The seed's end of an HTTP/2 session: opens streams as requests.
+pub struct H2Seed {
     send: client::SendRequest<Bytes>,
-    state: OpenerState,
 }
 
-impl H2Opener {
-    /// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried
-    /// on another agent), anything else is a transport failure.
-    fn open_error(&self, e: h2::Error) -> DialError {
-        if e.is_go_away() && e.is_remote() {
-            self.state.set_draining();
-            DialError::Draining(format!("the agent is shutting down ({e})"))
-        } else {
-            DialError::Transport(e.to_string())
-        }
-    }
-}
-
-/// Counts a stream as active until dropped.
-struct ActiveStream {
-    inner: H2Stream,
-    _active: Active<Arc<AtomicUsize>>,
-}
-
-impl super::Io for ActiveStream {
-    fn reset(&mut self) {
-        super::Io::reset(&mut self.inner);
-    }
-}
-
-impl AsyncRead for ActiveStream {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ActiveStream {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+/// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried on
+/// another agent), anything else is a transport failure.
+fn open_error(e: h2::Error) -> OpenError {
+    if e.is_go_away() && e.is_remote() {
+        OpenError::GoingAway(format!("the agent is shutting down ({e})"))
+    } else {
+        DialError::Transport(e.to_string()).into()
     }
 }
 
 fn dial_error_from_response(resp: &Response<h2::RecvStream>) -> DialError {
     let h = |name| resp.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let code = h(ERROR_HEADER);
-    let reason = h(REASON_HEADER);
     if code.is_empty() {
         DialError::Transport(format!("agent answered {}", resp.status()))
     } else {
-        DialError::from_code(&code, reason)
+        DialError::from_code(&code, h(REASON_HEADER))
     }
 }
 
-impl Opener for H2Opener {
-    fn open(&self, target: &str, timeout: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
-        let target = target.to_owned();
-        Box::pin(async move {
-            if self.state.closed.is_cancelled() {
-                return Err(DialError::Transport("session closed".into()));
-            }
-            let req = Request::builder()
-                .method(Method::CONNECT)
-                .uri(target.as_str())
-                .body(())
-                .map_err(|e| DialError::BadTarget(format!("{target}: {e}")))?;
-            let send = self.send.clone();
-            let fut = async move {
-                let mut ready = send.ready().await.map_err(|e| self.open_error(e))?;
-                let (resp, stream) = ready.send_request(req, false).map_err(|e| self.open_error(e))?;
-                let resp = resp.await.map_err(|e| self.open_error(e))?;
-                Ok::<_, DialError>((resp, stream))
-            };
-            let (resp, stream) = match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}")));
-                }
-            };
-            if resp.status() != StatusCode::OK {
-                return Err(dial_error_from_response(&resp));
-            }
-            Ok(TunnelStream::new(ActiveStream {
-                inner: H2Stream::new(stream, resp.into_body()),
-                _active: Active::new(self.state.active.clone()),
-            }))
-        })
-    }
-
-    fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.state.control(msg)
-    }
-
-    fn active_streams(&self) -> usize {
-        self.state.active_streams()
-    }
-
-    fn is_closed(&self) -> bool {
-        self.state.is_closed()
-    }
+/// Send `req` and wait for its answer.
+async fn request(
+    send: &client::SendRequest<Bytes>,
+    req: Request<()>,
+) -> Result<(Response<h2::RecvStream>, h2::SendStream<Bytes>), h2::Error> {
+    let mut ready = send.clone().ready().await?;
+    let (resp, stream) = ready.send_request(req, false)?;
+    Ok((resp.await?, stream))
 }
 
-/// Everything the seed learns when an agent session starts.
-pub struct SeedSession {
-    pub opener: Arc<H2Opener>,
-    /// What the agent said about itself on the control stream (may arrive after the start).
-    pub hello: Arc<Mutex<Option<AgentHello>>>,
+impl SeedTransport for H2Seed {
+    type Stream = H2Stream;
+    type ControlSend = h2::SendStream<Bytes>;
+    type ControlRecv = h2::RecvStream;
+
+    async fn open(&self, target: &str) -> Result<H2Stream, OpenError> {
+        let req = Request::builder()
+            .method(Method::CONNECT)
+            .uri(target)
+            .body(())
+            .map_err(|e| DialError::BadTarget(format!("{target}: {e}")))?;
+        let (resp, stream) = request(&self.send, req).await.map_err(open_error)?;
+        if resp.status() != StatusCode::OK {
+            return Err(dial_error_from_response(&resp).into());
+        }
+        Ok(H2Stream::new(stream, resp.into_body()))
+    }
+
+    /// The connection closes when the session drops its driver (the h2 client side cannot send
+    /// a GOAWAY).
+    fn stop(&self) {}
 }
 
-/// Run the seed side of a session on an established TLS connection. Returns the opener at once
-/// (through `on_ready`) and completes when the session ends. `stop` ends it early: the
-/// connection closes (the h2 client side cannot send a GOAWAY), so streams in flight are cut.
+/// The control stream: a `POST` the agent answers 200 (then its hello line).
+async fn open_control(
+    send: client::SendRequest<Bytes>,
+) -> Result<(h2::SendStream<Bytes>, h2::RecvStream), SessionError> {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("https://agent{CONTROL_PATH}"))
+        .body(())
+        .map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let (resp, stream) = request(&send, req).await.map_err(failed("control stream"))?;
+    if resp.status() != StatusCode::OK {
+        return Err(SessionError::Protocol(format!("the agent refused the control stream: {}", resp.status())));
+    }
+    Ok((stream, resp.into_body()))
+}
+
+/// Run the seed side of a session on an established TLS connection ([`session::run_seed`]).
 pub async fn run_seed_session<T>(
     io: T,
     settings: &TunnelSettings,
     stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession),
+    on_ready: impl FnOnce(SeedSession<H2Opener>) + Send,
 ) -> Result<(), SessionError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    session::run_seed(seed_conn(io, settings).await?, stop, on_ready).await
+}
+
+/// The seed's end of a session on an established TLS connection: the HTTP/2 handshake.
+async fn seed_conn<T>(io: T, settings: &TunnelSettings) -> Result<SeedConn<H2Seed>, SessionError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -196,84 +163,44 @@ where
         .enable_push(false)
         .handshake::<_, Bytes>(io)
         .await
-        .map_err(SessionError::Handshake)?;
+        .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
-    let closed = CancellationToken::new();
-    let (state, ctl_rx) = OpenerState::new(closed.clone());
-    let opener = Arc::new(H2Opener { send: send.clone(), state });
-    let hello = Arc::new(Mutex::new(None));
-    on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
-    let control = tokio::spawn(seed_control(send, ctl_rx, hello, closed.clone()));
-    let result = tokio::select! {
-        r = &mut conn => r.map_err(SessionError::H2),
-        e = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout) => Err(e),
-        _ = stop.cancelled() => Err(SessionError::Stopped),
+    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
+    let ended = async move {
+        tokio::select! {
+            r = &mut conn => r.map_err(failed("session failed")),
+            e = ka => Err(e),
+        }
     };
-    closed.cancel();
-    control.abort();
-    result
+    Ok(SeedConn { control: Box::pin(open_control(send.clone())), transport: H2Seed { send }, ended: Box::pin(ended) })
 }
 
-/// Open the control stream, read the agent's hello, then forward queued control messages.
-async fn seed_control(
-    send: client::SendRequest<Bytes>,
-    mut rx: mpsc::Receiver<ControlMsg>,
-    hello: Arc<Mutex<Option<AgentHello>>>,
-    closed: CancellationToken,
-) {
-    let run = async {
-        let req = Request::builder().method(Method::POST).uri(format!("https://agent{CONTROL_PATH}")).body(()).ok()?;
-        let mut ready = send.ready().await.ok()?;
-        let (resp, mut stream) = ready.send_request(req, false).ok()?;
-        let resp = resp.await.ok()?;
-        if resp.status() != StatusCode::OK {
-            tracing::warn!(status = %resp.status(), "agent refused the control stream");
-            return None;
-        }
-        let mut lines = Lines::new(resp.into_body());
-        if let Some(line) = lines.next().await
-            && let Ok(h) = serde_json::from_slice::<AgentHello>(&line)
-        {
-            *hello.lock().expect("not poisoned") = Some(h);
-        }
-        while let Some(msg) = rx.recv().await {
-            let mut line = serde_json::to_vec(&msg).ok()?;
-            line.push(b'\n');
-            stream.send_data(Bytes::from(line), false).ok()?;
-        }
-        Some(())
-    };
-    tokio::select! {
-        _ = run => {}
-        _ = closed.cancelled() => {}
+impl SeedConnection for tokio_rustls::server::TlsStream<TcpStream> {
+    type Transport = H2Seed;
+
+    fn transport(&self) -> &'static str {
+        "h2"
+    }
+
+    fn alpn(&self) -> Option<Vec<u8>> {
+        self.get_ref().1.alpn_protocol().map(<[u8]>::to_vec)
+    }
+
+    fn peer_certificate(&self) -> Option<rustls::pki_types::CertificateDer<'static>> {
+        self.get_ref().1.peer_certificates()?.first().map(|c| c.clone().into_owned())
+    }
+
+    /// TCP has nothing to say it with: the connection just closes.
+    fn refuse(self, _why: &'static str) {}
+
+    fn start(self, settings: &TunnelSettings) -> impl Future<Output = Result<SeedConn<H2Seed>, SessionError>> + Send {
+        seed_conn(self, settings)
     }
 }
 
-/// JSON lines on a control stream, framed by [`LineFramer`] (sans-IO, so it is fuzzed and
-/// tested without a session).
-struct Lines {
-    recv: h2::RecvStream,
-    framer: LineFramer,
-}
-
-impl Lines {
-    fn new(recv: h2::RecvStream) -> Self {
-        Self { recv, framer: LineFramer::new(CONTROL_LINE_MAX) }
-    }
-
-    /// The next line without its `\n`; `None` at the end of the stream, on an error, or when a
-    /// line is longer than [`CONTROL_LINE_MAX`] (the stream is then useless: it is dropped).
-    async fn next(&mut self) -> Option<Vec<u8>> {
-        loop {
-            if let Some(line) = self.framer.next_line().ok()? {
-                return Some(line);
-            }
-            let chunk = self.recv.data().await?.ok()?;
-            let _ = self.recv.flow_control().release_capacity(chunk.len());
-            self.framer.push(&chunk);
-        }
-    }
-}
+// ---------------------------------------------------------------------------------------------
+// Agent side
+// ---------------------------------------------------------------------------------------------
 
 struct H2Responder {
     respond: server::SendResponse<Bytes>,
@@ -300,14 +227,58 @@ impl Responder for H2Responder {
     }
 }
 
-/// Run the agent side of a session on an established TLS connection until it ends.
-/// `stop` ends it with a GOAWAY (streams in flight may finish).
+/// The agent's end of an HTTP/2 session: the seed's requests, and PINGs.
+struct H2Agent<T> {
+    conn: server::Connection<T, Bytes>,
+    keepalive: BoxFuture<'static, SessionError>,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Agent<T> {
+    type ControlSend = h2::SendStream<Bytes>;
+    type ControlRecv = h2::RecvStream;
+    type Pending = std::future::Ready<Option<Incoming>>;
+
+    async fn accept(&mut self) -> Result<Option<Accepted<Self>>, SessionError> {
+        loop {
+            let next = tokio::select! {
+                r = self.conn.accept() => r,
+                e = &mut self.keepalive => return Err(e),
+            };
+            let (req, mut respond) = match next {
+                None => return Ok(None),
+                Some(r) => r.map_err(failed("session failed"))?,
+            };
+            let (parts, recv) = req.into_parts();
+            if parts.method == Method::CONNECT {
+                let target = parts.uri.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+                let responder = Box::new(H2Responder { respond, recv });
+                return Ok(Some(Accepted::Stream(Incoming { target, responder })));
+            }
+            if parts.method == Method::POST && parts.uri.path() == CONTROL_PATH {
+                match respond.send_response(Response::new(()), false) {
+                    Ok(send) => return Ok(Some(Accepted::Control(send, recv))),
+                    Err(e) => tracing::debug!(error = %e, "control stream gone before its answer"),
+                }
+            } else {
+                respond.send_reset(Reason::REFUSED_STREAM);
+            }
+        }
+    }
+
+    fn going_away(&mut self) -> Notice {
+        self.conn.graceful_shutdown();
+        Notice::Sent
+    }
+}
+
+/// Run the agent side of a session on an established TLS connection until it ends
+/// ([`session::run_agent`]). `stop` ends it with a GOAWAY (streams in flight may finish).
 pub async fn run_agent_session<T>(
     io: T,
     settings: &TunnelSettings,
     handler: Arc<dyn AgentHandler>,
     stop: CancellationToken,
-    tracker: tokio_util::task::TaskTracker,
+    tracker: TaskTracker,
 ) -> Result<(), SessionError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -322,66 +293,18 @@ where
         .handshake::<_, Bytes>(io);
     // The seed's preface must come within the keepalive timeout: keepalive runs only once the
     // session is up, and a seed that finished TLS and then says nothing must not hold the agent.
-    let mut conn = tokio::time::timeout(settings.keepalive_timeout, handshake)
+    let timeout = settings.keepalive_timeout;
+    let mut conn = tokio::time::timeout(timeout, handshake)
         .await
-        .map_err(|_| SessionError::HandshakeTimeout(settings.keepalive_timeout))?
-        .map_err(SessionError::Handshake)?;
-    handler.established();
+        .map_err(|_| SessionError::HandshakeTimeout { waiting_for: "HTTP/2 preface", timeout })?
+        .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
-    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
-    tokio::pin!(ka);
-    let going_away = AtomicBool::new(false);
-    // The control stream lives as long as the session; it must not keep a draining session open.
-    let mut control: Option<tokio::task::JoinHandle<()>> = None;
-    loop {
-        let next = tokio::select! {
-            r = conn.accept() => r,
-            e = &mut ka => return Err(e),
-            _ = stop.cancelled(), if !going_away.load(Ordering::Relaxed) => {
-                going_away.store(true, Ordering::Relaxed);
-                if let Some(c) = control.take() {
-                    c.abort();
-                }
-                conn.graceful_shutdown();
-                continue;
-            }
-        };
-        let (req, respond) = match next {
-            None => return Ok(()),
-            Some(Err(e)) => return Err(SessionError::H2(e)),
-            Some(Ok(x)) => x,
-        };
-        let (parts, recv) = req.into_parts();
-        if parts.method == Method::CONNECT {
-            let target = parts.uri.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
-            let inc = Incoming { target, responder: Box::new(H2Responder { respond, recv }) };
-            tracker.spawn(handler.incoming(inc));
-        } else if parts.method == Method::POST && parts.uri.path() == CONTROL_PATH {
-            let task = tokio::spawn(agent_control(respond, recv, handler.clone()));
-            if going_away.load(Ordering::Relaxed) {
-                task.abort();
-            } else if let Some(old) = control.replace(task) {
-                old.abort();
-            }
-        } else {
-            let mut respond = respond;
-            respond.send_reset(Reason::REFUSED_STREAM);
-        }
-    }
+    let keepalive = Box::pin(keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout));
+    session::run_agent(H2Agent { conn, keepalive }, None, handler, stop, tracker).await
 }
 
-async fn agent_control(mut respond: server::SendResponse<Bytes>, recv: h2::RecvStream, handler: Arc<dyn AgentHandler>) {
-    let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
-    let mut hello = serde_json::to_vec(&handler.hello()).unwrap_or_default();
-    hello.push(b'\n');
-    if send.send_data(Bytes::from(hello), false).is_err() {
-        return;
-    }
-    let mut lines = Lines::new(recv);
-    while let Some(line) = lines.next().await {
-        match serde_json::from_slice::<ControlMsg>(&line) {
-            Ok(msg) => handler.control(msg),
-            Err(e) => tracing::warn!(error = %e, "unknown control message ignored"),
-        }
+impl AgentConnection for tokio_rustls::client::TlsStream<TcpStream> {
+    fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
+        Box::pin(run_agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
     }
 }

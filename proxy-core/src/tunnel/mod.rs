@@ -1,11 +1,14 @@
-//! The reverse tunnel between proxy-server (seed) and proxy-agent (shoot): transport-neutral types and wire constants.
+//! The reverse tunnel between proxy-server (seed) and proxy-agent (shoot): transport-neutral types, the session seam, and the transports.
 //!
-//! The agent always dials out. Over its TLS 1.3 session the roles are reversed: the seed side
-//! opens one stream per proxied connection (it is the HTTP/2 client), the agent accepts them
-//! (it is the HTTP/2 server). Dial and front-end code only see [`Opener`], [`Incoming`] and
-//! [`TunnelStream`], so the second transport, QUIC ([`quic`]), sits beside [`h2`] without touching them.
+//! The agent always dials out. Over its session the roles are reversed: the seed side opens one
+//! stream per proxied connection, the agent accepts them. Dial and front-end code only see
+//! [`Opener`], [`Incoming`] and [`TunnelStream`]. Below them each side runs one session loop
+//! ([`session`]) over whichever transport carries it: HTTP/2 over TLS ([`h2`]) or QUIC
+//! ([`quic`]); a transport implements the seam of [`session`] and nothing else. The protocol's
+//! own messages and codes (control lines, dial errors, QUIC's stream framing) are sans-IO, in
+//! `proxy_wire::tunnel`.
 //!
-//! Wire protocol, version 1 (ALPN `seedgate-tunnel/1`):
+//! Wire protocol, version 1 (ALPN `seedgate-tunnel/1`), over HTTP/2:
 //! - stream open: `CONNECT` with `:authority` = `host:port` of the target in the shoot;
 //! - answer: `:status 200` once the agent's dial succeeded; otherwise a status from
 //!   [`DialError::http_status`] with headers `seedgate-error: <code>` and `seedgate-reason`;
@@ -14,146 +17,77 @@
 //! - control: the seed opens `POST /seedgate/v1/control`; the agent answers 200 with a JSON
 //!   hello line; the seed then sends JSON lines ([`ControlMsg`]);
 //! - liveness: HTTP/2 PING from both sides every keepalive interval.
+//!
+//! Over QUIC: see [`quic`].
 
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod h2;
 pub mod quic;
+#[cfg(test)]
+mod quic_tests;
+pub mod session;
 mod stream;
 
-use serde::{Deserialize, Serialize};
+use crate::guard::Active;
+use crate::io::Resettable;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, ServerInfo};
+pub use session::{
+    AgentConnection, AgentSession, SeedConnection, SeedSession, SessionError, run_agent_session, run_seed_session,
+};
 pub use stream::H2Stream;
 
-/// ALPN of tunnel protocol version 1.
-pub const ALPN_V1: &[u8] = b"seedgate-tunnel/1";
 pub const ERROR_HEADER: &str = "seedgate-error";
 pub const REASON_HEADER: &str = "seedgate-reason";
 pub const CONTROL_PATH: &str = "/seedgate/v1/control";
 
-/// Why a dial through the tunnel failed. The code travels in `seedgate-error`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DialError {
-    #[error("destination not allowed: {0}")]
-    NotAllowed(String),
-    #[error("connection refused: {0}")]
-    Refused(String),
-    #[error("destination unreachable: {0}")]
-    Unreachable(String),
-    #[error("cannot resolve destination: {0}")]
-    Resolve(String),
-    #[error("dial timed out: {0}")]
-    Timeout(String),
-    #[error("agent stream limit reached: {0}")]
-    Limit(String),
-    #[error("agent is draining: {0}")]
-    Draining(String),
-    #[error("no agent connected: {0}")]
-    NoAgent(String),
-    #[error("cluster moved: {0}")]
-    Moved(String),
-    #[error("bad destination: {0}")]
-    BadTarget(String),
-    #[error("tunnel failure: {0}")]
-    Transport(String),
-}
-
-impl DialError {
-    pub fn code(&self) -> &'static str {
-        match self {
-            DialError::NotAllowed(_) => "not_allowed",
-            DialError::Refused(_) => "refused",
-            DialError::Unreachable(_) => "unreachable",
-            DialError::Resolve(_) => "resolve_failed",
-            DialError::Timeout(_) => "dial_timeout",
-            DialError::Limit(_) => "stream_limit",
-            DialError::Draining(_) => "draining",
-            DialError::NoAgent(_) => "no_agent",
-            DialError::Moved(_) => "cluster_moved",
-            DialError::BadTarget(_) => "bad_target",
-            DialError::Transport(_) => "tunnel_error",
-        }
+/// Classify a failed TCP connect of the agent as the dial error the seed gets.
+pub fn connect_failed(target: &str, e: &io::Error) -> DialError {
+    use crate::net::ConnectFailure::*;
+    let msg = format!("{target}: {e}");
+    match crate::net::ConnectFailure::classify(e) {
+        Timeout => DialError::Timeout(msg),
+        Refused => DialError::Refused(msg),
+        Unreachable => DialError::Unreachable(msg),
+        Resolve => DialError::Resolve(msg),
+        Other => DialError::Unreachable(msg),
     }
-
-    /// The HTTP status a front end answers with.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            DialError::NotAllowed(_) => 403,
-            DialError::Refused(_) | DialError::Unreachable(_) | DialError::Resolve(_) | DialError::Transport(_) => 502,
-            DialError::Timeout(_) => 504,
-            DialError::Limit(_) | DialError::Draining(_) | DialError::NoAgent(_) | DialError::Moved(_) => 503,
-            DialError::BadTarget(_) => 400,
-        }
-    }
-
-    pub fn detail(&self) -> &str {
-        match self {
-            DialError::NotAllowed(s)
-            | DialError::Refused(s)
-            | DialError::Unreachable(s)
-            | DialError::Resolve(s)
-            | DialError::Timeout(s)
-            | DialError::Limit(s)
-            | DialError::Draining(s)
-            | DialError::NoAgent(s)
-            | DialError::Moved(s)
-            | DialError::BadTarget(s)
-            | DialError::Transport(s) => s,
-        }
-    }
-
-    /// Rebuild from the wire (`seedgate-error` code and reason).
-    pub fn from_code(code: &str, reason: String) -> Self {
-        match code {
-            "not_allowed" => DialError::NotAllowed(reason),
-            "refused" => DialError::Refused(reason),
-            "unreachable" => DialError::Unreachable(reason),
-            "resolve_failed" => DialError::Resolve(reason),
-            "dial_timeout" => DialError::Timeout(reason),
-            "stream_limit" => DialError::Limit(reason),
-            "draining" => DialError::Draining(reason),
-            "bad_target" => DialError::BadTarget(reason),
-            _ => DialError::Transport(format!("{code}: {reason}")),
-        }
-    }
-
-    /// Classify a failed TCP connect of the agent.
-    pub fn from_connect(target: &str, e: &io::Error) -> Self {
-        use crate::net::ConnectFailure::*;
-        let msg = format!("{target}: {e}");
-        match crate::net::ConnectFailure::classify(e) {
-            Timeout => DialError::Timeout(msg),
-            Refused => DialError::Refused(msg),
-            Unreachable => DialError::Unreachable(msg),
-            Resolve => DialError::Resolve(msg),
-            Other => DialError::Unreachable(msg),
-        }
-    }
-}
-
-/// Object-safe byte stream.
-pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {
-    /// Abort the stream so the peer sees a reset rather than an orderly end.
-    fn reset(&mut self);
 }
 
 /// One proxied connection carried by the tunnel.
 pub struct TunnelStream {
-    io: Box<dyn Io>,
+    io: Box<dyn Resettable>,
+    /// Counts the stream on its session until dropped (after the stream itself).
+    _active: Option<Active<Arc<AtomicUsize>>>,
 }
 
 impl TunnelStream {
-    pub fn new(io: impl Io + 'static) -> Self {
-        Self { io: Box::new(io) }
+    pub fn new(io: impl Resettable + 'static) -> Self {
+        Self { io: Box::new(io), _active: None }
     }
 
+    /// A stream counted in its session's active streams while it lives.
+    pub(crate) fn counted(io: impl Resettable + 'static, active: Active<Arc<AtomicUsize>>) -> Self {
+        Self { io: Box::new(io), _active: Some(active) }
+    }
+
+    /// Abort the stream: the peer sees a reset rather than an orderly end.
     pub fn reset(&mut self) {
+        self.io.reset();
+    }
+}
+
+impl Resettable for TunnelStream {
+    fn reset(&mut self) {
         self.io.reset();
     }
 }
@@ -191,46 +125,6 @@ pub trait Opener: Send + Sync + 'static {
     fn is_closed(&self) -> bool;
 }
 
-/// Control messages queued for one agent; a slow agent cannot make this grow without bound.
-const CONTROL_QUEUE: usize = 16;
-
-/// What every transport's [`Opener`] keeps besides its connection: the streams open on the
-/// session, its end, the agent's draining notice and the queue of control messages to it.
-pub(crate) struct OpenerState {
-    pub(crate) active: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    pub(crate) closed: tokio_util::sync::CancellationToken,
-    /// The agent announced its shutdown (GOAWAY, a going-away notice, or a stream refused as
-    /// draining): streams it has keep going, new ones must go to another agent.
-    draining: std::sync::atomic::AtomicBool,
-    control: tokio::sync::mpsc::Sender<ControlMsg>,
-}
-
-impl OpenerState {
-    /// A session's state, and the receiving end of its control queue.
-    pub(crate) fn new(closed: tokio_util::sync::CancellationToken) -> (Self, tokio::sync::mpsc::Receiver<ControlMsg>) {
-        let (control, rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
-        let state = Self { active: Default::default(), closed, draining: Default::default(), control };
-        (state, rx)
-    }
-
-    pub(crate) fn set_draining(&self) {
-        self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub(crate) fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.control.try_send(msg.clone()).map_err(|e| DialError::Transport(format!("control queue: {e}")))
-    }
-
-    pub(crate) fn active_streams(&self) -> usize {
-        self.active.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Ended, or the agent is draining.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.is_cancelled() || self.draining.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
 /// A stream the seed asked the agent to open.
 pub struct Incoming {
     pub target: String,
@@ -250,50 +144,9 @@ pub trait AgentHandler: Send + Sync + 'static {
     /// A control message from the seed.
     fn control(&self, msg: ControlMsg);
     fn hello(&self) -> AgentHello;
-    /// The session is up: the seed's HTTP/2 preface (TCP) or control stream (QUIC) arrived, so
-    /// TLS (the seed's verdict on our certificate included) and the transport handshake passed.
+    /// The session is up: the transport's handshake passed (TLS, the seed's verdict on our
+    /// certificate included, and the seed's HTTP/2 preface or QUIC control stream arrived).
     fn established(&self) {}
-}
-
-/// Messages from the seed to an agent on the control stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ControlMsg {
-    /// This server stops serving the cluster: open a session to `to` (or re-resolve the
-    /// configured server names when empty), move new streams there, let old ones finish within
-    /// `drain_deadline_ms`, then close this session.
-    Move { to: Vec<String>, drain_deadline_ms: u64 },
-    /// This server does not serve the agent's cluster and is about to close the session; the
-    /// agent logs `reason` (the session is not used for dials meanwhile).
-    Refused { reason: String },
-    /// Who this server is: sent when the session is registered and again whenever the count or
-    /// the draining flag changes. The agent keeps sessions to `count` distinct server ids behind
-    /// the name it dialled.
-    Server(ServerInfo),
-}
-
-/// A proxy-server replica as it announces itself to its agents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerInfo {
-    /// The replica's identity (distinct per replica).
-    pub id: String,
-    /// How many replicas the agent should reach behind the name it dialled.
-    pub count: u32,
-    /// When this replica's `count` took its value (Unix milliseconds). Replicas may disagree
-    /// for a while (one reloaded, another not yet): the agent trusts the newest.
-    #[serde(default)]
-    pub since_ms: u64,
-    /// The replica is shutting down: its live streams continue until its drain deadline, new
-    /// streams should go elsewhere, and the agent looks for a session to a replacement.
-    #[serde(default)]
-    pub draining: bool,
-}
-
-/// What an agent says about itself when the control stream opens.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentHello {
-    pub node: String,
-    pub version: String,
 }
 
 /// Tunnel tuning shared by both ends.

@@ -5,82 +5,50 @@
 //! transport; QUIC brings per-stream flow control, no head-of-line blocking between streams and
 //! connection migration (an agent whose address changes keeps its session).
 //!
-//! Stream header (seed → agent), first bytes of every stream the seed opens:
-//! `[version = 1: u8][kind: u8][len: u16 big-endian][target: len bytes, UTF-8 host:port]`,
-//! kind `0` = connect to `target`, kind `1` = the control stream (`len` = 0).
-//!
-//! Answer (agent → seed) on a connect stream:
-//! `[status: u8][len: u16 big-endian][payload: len bytes]`: status `0` = the dial succeeded
-//! (`len` = 0; the stream's bytes follow), `1` = refused, payload `<code>\n<reason>` (the codes
-//! of [`DialError::code`]); the agent then finishes the stream.
-//!
-//! Control stream: the first stream the seed opens. The agent writes its [`AgentHello`] as a
-//! JSON line, the seed then writes [`ControlMsg`] JSON lines. When the agent shuts down it writes
-//! the line `{"type":"going_away"}` (the GOAWAY equivalent): the seed opens no new stream on the
-//! session, streams in flight continue; streams that crossed the notice are refused with
-//! `draining`. Once its last stream ends the agent closes the connection with code
-//! [`CLOSE_DONE`].
+//! What is QUIC's own: every stream starts with a header, and a connect stream's answer is a few
+//! bytes of its own (both in `proxy_wire::tunnel::quic`); the control stream is the first stream
+//! the seed opens. When the agent shuts down it writes `{"type":"going_away"}` on the control
+//! stream (the GOAWAY equivalent): the seed opens no new stream on the session, streams in
+//! flight continue; streams that crossed the notice are refused with `draining`. Once its last
+//! stream ends the agent closes the connection with code [`CLOSE_DONE`].
 //!
 //! Bytes: QUIC stream data, flow control per stream (`stream_window`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
 //! is a reset. Liveness: QUIC keep-alive every keepalive interval, the idle timeout is the
 //! keepalive timeout.
 
-use super::h2::CONTROL_LINE_MAX;
+use super::session::{
+    self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
+    SessionOpener,
+};
 use super::{
-    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Io, Opener, OpenerState, Responder,
+    AgentConnection, AgentHandler, AgentSession, BoxFuture, DialError, Incoming, Responder, SeedConnection,
     TunnelSettings, TunnelStream,
 };
 use crate::guard::Active;
-use proxy_wire::lines::LineFramer;
+use crate::io::Resettable;
+use bytes::Bytes;
+use proxy_wire::tunnel::quic::{Answer, KIND_CONNECT, KIND_CONTROL, Progress, StreamError, StreamHeader};
+pub use proxy_wire::tunnel::quic::{CLOSE_DONE, CLOSE_PROTOCOL, CLOSE_STOPPED, RESET_CODE};
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
-use serde::{Deserialize, Serialize};
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Version byte of the stream header.
-pub const HEADER_VERSION: u8 = 1;
-pub const KIND_CONNECT: u8 = 0;
-pub const KIND_CONTROL: u8 = 1;
-pub const STATUS_OK: u8 = 0;
-pub const STATUS_REFUSED: u8 = 1;
-/// Application error code of a reset stream (RESET_STREAM, STOP_SENDING).
-pub const RESET_CODE: u32 = 0x10;
-/// Connection close: the session ended in order (the agent drained after its going-away notice).
-pub const CLOSE_DONE: u32 = 0;
-/// Connection close: the seed stopped the session.
-pub const CLOSE_STOPPED: u32 = 1;
-/// Connection close: a peer broke the protocol.
-pub const CLOSE_PROTOCOL: u32 = 2;
-/// Largest refusal payload (code and reason).
-const ANSWER_MAX: usize = 1024;
+/// The seed side of a QUIC session.
+pub type QuicOpener = SessionOpener<QuicSeed>;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("QUIC connection: {0}")]
-    Connection(#[from] ConnectionError),
-    #[error("no control stream from the seed within {0:?}")]
-    HandshakeTimeout(Duration),
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    #[error("session stopped")]
-    Stopped,
-}
-
-/// What the agent writes on the control stream after its hello.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum AgentMsg {
-    /// The agent shuts down: no new streams on this session.
-    GoingAway,
-}
+/// How long the agent waits for a stream's header once the stream is open.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest control-stream chunk read at once.
+const CONTROL_CHUNK: usize = 4096;
 
 /// quinn transport settings from the tunnel's: flow-control windows, stream limit, keepalive.
 pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
@@ -118,63 +86,31 @@ pub fn endpoint(
     quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, Arc::new(quinn::TokioRuntime))
 }
 
-/// Encode a stream header.
-pub fn encode_header(kind: u8, target: &str) -> Result<Vec<u8>, DialError> {
-    let len =
-        u16::try_from(target.len()).map_err(|_| DialError::BadTarget(format!("target too long: {target:.64}")))?;
-    let mut h = Vec::with_capacity(4 + target.len());
-    h.extend_from_slice(&[HEADER_VERSION, kind]);
-    h.extend_from_slice(&len.to_be_bytes());
-    h.extend_from_slice(target.as_bytes());
-    Ok(h)
+/// Why the framing at the start of a stream could not be read.
+#[derive(Debug, thiserror::Error)]
+enum FramingError {
+    #[error("{0}")]
+    Read(#[from] quinn::ReadExactError),
+    #[error("{0}")]
+    Bad(#[from] StreamError),
 }
 
-/// Read a stream header: the kind and the target.
-pub async fn read_header(recv: &mut RecvStream) -> Result<(u8, String), String> {
-    let mut fixed = [0u8; 4];
-    recv.read_exact(&mut fixed).await.map_err(|e| format!("stream header: {e}"))?;
-    if fixed[0] != HEADER_VERSION {
-        return Err(format!("stream header version {} (want {HEADER_VERSION})", fixed[0]));
-    }
-    let len = u16::from_be_bytes([fixed[2], fixed[3]]) as usize;
-    let mut target = vec![0u8; len];
-    recv.read_exact(&mut target).await.map_err(|e| format!("stream header: {e}"))?;
-    let target = String::from_utf8(target).map_err(|_| "stream header: target is not UTF-8".to_owned())?;
-    Ok((fixed[1], target))
-}
-
-fn encode_answer(err: Option<&DialError>) -> Vec<u8> {
-    match err {
-        None => vec![STATUS_OK, 0, 0],
-        Some(e) => {
-            let mut payload = format!("{}\n{}", e.code(), e.detail()).into_bytes();
-            payload.truncate(ANSWER_MAX);
-            let mut a = vec![STATUS_REFUSED];
-            a.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-            a.extend_from_slice(&payload);
-            a
+/// Read what `read` frames at the start of `recv` (a stream header, an answer), exactly: the
+/// stream's own bytes behind it stay unread.
+async fn read_framed<T>(
+    recv: &mut RecvStream,
+    read: fn(&[u8]) -> Result<Progress<T>, StreamError>,
+) -> Result<T, FramingError> {
+    let mut buf = Vec::new();
+    loop {
+        match read(&buf)? {
+            Progress::Done(v, _) => return Ok(v),
+            Progress::More(n) => {
+                let have = buf.len();
+                buf.resize(have + n, 0);
+                recv.read_exact(buf.get_mut(have..).unwrap_or_default()).await?;
+            }
         }
-    }
-}
-
-async fn read_answer(recv: &mut RecvStream) -> Result<(), DialError> {
-    let t = |e: String| DialError::Transport(format!("answer from the agent: {e}"));
-    let mut fixed = [0u8; 3];
-    recv.read_exact(&mut fixed).await.map_err(|e| t(e.to_string()))?;
-    let len = u16::from_be_bytes([fixed[1], fixed[2]]) as usize;
-    if len > ANSWER_MAX {
-        return Err(t(format!("{len} bytes")));
-    }
-    let mut payload = vec![0u8; len];
-    recv.read_exact(&mut payload).await.map_err(|e| t(e.to_string()))?;
-    match fixed[0] {
-        STATUS_OK => Ok(()),
-        STATUS_REFUSED => {
-            let payload = String::from_utf8_lossy(&payload);
-            let (code, reason) = payload.split_once('\n').unwrap_or((&payload, ""));
-            Err(DialError::from_code(code, reason.to_owned()))
-        }
-        s => Err(t(format!("status {s}"))),
     }
 }
 
@@ -186,13 +122,11 @@ pub struct QuicStream {
     write_closed: bool,
     /// Bytes to send before the stream's own (the agent's answer), not yet sent.
     prefix: Vec<u8>,
-    /// Counts the stream as active (on its session) until dropped.
-    _active: Option<Active<Arc<AtomicUsize>>>,
 }
 
 impl QuicStream {
-    fn new(send: SendStream, recv: RecvStream, active: Option<Active<Arc<AtomicUsize>>>) -> Self {
-        Self { send, recv, read_eof: false, write_closed: false, prefix: Vec::new(), _active: active }
+    fn new(send: SendStream, recv: RecvStream) -> Self {
+        Self { send, recv, read_eof: false, write_closed: false, prefix: Vec::new() }
     }
 
     /// Send what is left of the prefix.
@@ -205,7 +139,7 @@ impl QuicStream {
     }
 }
 
-impl Io for QuicStream {
+impl Resettable for QuicStream {
     fn reset(&mut self) {
         let _ = self.send.reset(VarInt::from_u32(RESET_CODE));
         let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
@@ -266,157 +200,106 @@ impl Drop for QuicStream {
     }
 }
 
-/// Seed side of a QUIC session: opens streams on the agent's connection.
-pub struct QuicOpener {
-    conn: Connection,
-    state: OpenerState,
+impl ControlSend for SendStream {
+    async fn send(&mut self, line: Vec<u8>) -> io::Result<()> {
+        self.write_all(&line).await.map_err(io::Error::other)
+    }
 }
 
-impl Opener for QuicOpener {
-    fn open(&self, target: &str, timeout: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
-        let target = target.to_owned();
-        Box::pin(async move {
-            if self.is_closed() {
-                return Err(DialError::Draining("the agent is shutting down".into()));
-            }
-            let header = encode_header(KIND_CONNECT, &target)?;
-            let run = async {
-                let (mut send, mut recv) =
-                    self.conn.open_bi().await.map_err(|e| DialError::Transport(e.to_string()))?;
-                let active = Active::new(self.state.active.clone());
-                send.write_all(&header).await.map_err(|e| DialError::Transport(e.to_string()))?;
-                match read_answer(&mut recv).await {
-                    Ok(()) => Ok(TunnelStream::new(QuicStream::new(send, recv, Some(active)))),
-                    Err(e) => {
-                        if matches!(e, DialError::Draining(_)) {
-                            self.state.set_draining();
-                        }
-                        Err(e)
-                    }
-                }
-            };
-            match tokio::time::timeout(timeout, run).await {
-                Ok(r) => r,
-                Err(_) => Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}"))),
-            }
-        })
+impl ControlRecv for RecvStream {
+    async fn recv(&mut self) -> Option<Bytes> {
+        Some(self.read_chunk(CONTROL_CHUNK, true).await.ok()??.bytes)
     }
+}
 
-    fn control(&self, msg: &ControlMsg) -> Result<(), DialError> {
-        self.state.control(msg)
-    }
+// ---------------------------------------------------------------------------------------------
+// Seed side
+// ---------------------------------------------------------------------------------------------
 
-    fn active_streams(&self) -> usize {
-        self.state.active_streams()
+/// The seed's end of a QUIC session: opens streams on the agent's connection.
+pub struct QuicSeed {
+    conn: Connection,
+}
+
+impl SeedTransport for QuicSeed {
+    type Stream = QuicStream;
+    type ControlSend = SendStream;
+    type ControlRecv = RecvStream;
+
+    async fn open(&self, target: &str) -> Result<QuicStream, OpenError> {
+        let header =
+            StreamHeader::connect(target).encode().map_err(|e| DialError::BadTarget(format!("{target:.64}: {e}")))?;
+        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| DialError::Transport(e.to_string()))?;
+        send.write_all(&header).await.map_err(|e| DialError::Transport(e.to_string()))?;
+        let answer = read_framed(&mut recv, Answer::read)
+            .await
+            .map_err(|e| DialError::Transport(format!("answer from the agent: {e}")))?;
+        match answer.into_result() {
+            Ok(()) => Ok(QuicStream::new(send, recv)),
+            // Only a stream that crossed the going-away notice is refused so.
+            Err(DialError::Draining(why)) => Err(OpenError::GoingAway(why)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn is_closed(&self) -> bool {
-        self.state.is_closed() || self.conn.close_reason().is_some()
+        self.conn.close_reason().is_some()
+    }
+
+    fn stop(&self) {
+        self.conn.close(VarInt::from_u32(CLOSE_STOPPED), b"stopped");
     }
 }
 
-/// Everything the seed learns when an agent session starts.
-pub struct SeedSession {
-    pub opener: Arc<QuicOpener>,
-    /// What the agent said about itself on the control stream (may arrive after the start).
-    pub hello: Arc<Mutex<Option<AgentHello>>>,
-}
-
-/// Run the seed side of a session on an established QUIC connection. Opens the control stream,
-/// hands the opener to `on_ready` and completes when the session ends. `stop` closes the
-/// connection (streams in flight are cut).
-pub async fn run_seed_session_quic(
-    conn: Connection,
-    _settings: &TunnelSettings,
-    stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession),
-) -> Result<(), SessionError> {
-    // The control stream is the first stream: opened (and made visible by its header) before
-    // any connect stream can be.
-    let (mut ctl_send, ctl_recv) = conn.open_bi().await?;
-    let header = encode_header(KIND_CONTROL, "").map_err(|e| SessionError::Protocol(e.to_string()))?;
+/// The seed's end of a session on an established QUIC connection. Opens the control stream
+/// first: the agent takes the first stream as the control stream.
+async fn seed_conn(conn: Connection) -> Result<SeedConn<QuicSeed>, SessionError> {
+    let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| SessionError::transport("QUIC connection", e))?;
+    let header = StreamHeader::control().encode().map_err(|e| SessionError::Protocol(e.to_string()))?;
     ctl_send.write_all(&header).await.map_err(|e| SessionError::Protocol(format!("control stream: {e}")))?;
-    let closed = CancellationToken::new();
-    let (state, ctl_rx) = OpenerState::new(closed.clone());
-    let opener = Arc::new(QuicOpener { conn: conn.clone(), state });
-    let hello = Arc::new(Mutex::new(None));
-    on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
-    let control = tokio::spawn(seed_control(ctl_send, ctl_recv, ctl_rx, hello, opener.clone()));
-    let result = tokio::select! {
-        e = conn.closed() => match e {
+    let closed = conn.clone();
+    let ended = async move {
+        match closed.closed().await {
             ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(CLOSE_DONE) => Ok(()),
             ConnectionError::LocallyClosed => Ok(()),
-            e => Err(SessionError::Connection(e)),
-        },
-        _ = stop.cancelled() => {
-            conn.close(VarInt::from_u32(CLOSE_STOPPED), b"stopped");
-            Err(SessionError::Stopped)
+            e => Err(SessionError::transport("QUIC connection", e)),
         }
     };
-    closed.cancel();
-    control.abort();
-    result
+    let control = Box::pin(std::future::ready(Ok((ctl_send, ctl_recv))));
+    Ok(SeedConn { transport: QuicSeed { conn }, control, ended: Box::pin(ended) })
 }
 
-/// Read the agent's hello (and later its going-away notice); write queued control messages.
-async fn seed_control(
-    mut send: SendStream,
-    recv: RecvStream,
-    mut rx: mpsc::Receiver<ControlMsg>,
-    hello: Arc<Mutex<Option<AgentHello>>>,
-    opener: Arc<QuicOpener>,
-) {
-    let reader = async move {
-        let mut lines = Lines::new(recv);
-        if let Some(line) = lines.next().await
-            && let Ok(h) = serde_json::from_slice::<AgentHello>(&line)
-        {
-            *hello.lock().expect("not poisoned") = Some(h);
-        }
-        while let Some(line) = lines.next().await {
-            match serde_json::from_slice::<AgentMsg>(&line) {
-                Ok(AgentMsg::GoingAway) => {
-                    tracing::debug!("agent going away: no new streams on this session");
-                    opener.state.set_draining();
-                }
-                Err(e) => tracing::warn!(error = %e, "unknown message from the agent ignored"),
-            }
-        }
-    };
-    let writer = async move {
-        while let Some(msg) = rx.recv().await {
-            let Ok(mut line) = serde_json::to_vec(&msg) else { continue };
-            line.push(b'\n');
-            if send.write_all(&line).await.is_err() {
-                return;
-            }
-        }
-    };
-    tokio::join!(reader, writer);
-}
+impl SeedConnection for Connection {
+    type Transport = QuicSeed;
 
-/// JSON lines on a control stream, framed by [`LineFramer`].
-struct Lines {
-    recv: RecvStream,
-    framer: LineFramer,
-}
-
-impl Lines {
-    fn new(recv: RecvStream) -> Self {
-        Self { recv, framer: LineFramer::new(CONTROL_LINE_MAX) }
+    fn transport(&self) -> &'static str {
+        "quic"
     }
 
-    async fn next(&mut self) -> Option<Vec<u8>> {
-        let mut buf = [0u8; 4096];
-        loop {
-            if let Some(line) = self.framer.next_line().ok()? {
-                return Some(line);
-            }
-            let n = self.recv.read(&mut buf).await.ok()??;
-            self.framer.push(&buf[..n]);
-        }
+    fn alpn(&self) -> Option<Vec<u8>> {
+        self.handshake_data()?.downcast::<quinn::crypto::rustls::HandshakeData>().ok()?.protocol
+    }
+
+    fn peer_certificate(&self) -> Option<rustls::pki_types::CertificateDer<'static>> {
+        let certs = self.peer_identity()?.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok()?;
+        certs.first().cloned()
+    }
+
+    fn refuse(self, why: &'static str) {
+        self.close(VarInt::from_u32(CLOSE_PROTOCOL), why.as_bytes());
+    }
+
+    fn start(
+        self,
+        _settings: &TunnelSettings,
+    ) -> impl Future<Output = Result<SeedConn<QuicSeed>, SessionError>> + Send {
+        seed_conn(self)
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Agent side
+// ---------------------------------------------------------------------------------------------
 
 /// Answers one incoming stream on the agent.
 struct QuicResponder {
@@ -428,8 +311,8 @@ struct QuicResponder {
 impl Responder for QuicResponder {
     fn accept(self: Box<Self>) -> Result<TunnelStream, DialError> {
         let QuicResponder { send, recv, active } = *self;
-        let mut stream = QuicStream::new(send, recv, Some(active));
-        stream.prefix = encode_answer(None);
+        let mut stream = QuicStream::new(send, recv);
+        stream.prefix = Answer::Connected.encode();
         // A fresh stream has send credit for 3 bytes: queue the answer now, so the seed learns
         // of the dial at once even if the target sends nothing first. Anything left (no credit
         // on the connection) goes out on the stream's next read or write.
@@ -437,12 +320,12 @@ impl Responder for QuicResponder {
         if let Poll::Ready(Err(e)) = stream.poll_prefix(&mut cx) {
             return Err(DialError::Transport(format!("answer to the seed: {e}")));
         }
-        Ok(TunnelStream::new(stream))
+        Ok(TunnelStream::counted(stream, active))
     }
 
     fn refuse(self: Box<Self>, err: &DialError) {
         let QuicResponder { mut send, recv, active } = *self;
-        let answer = encode_answer(Some(err));
+        let answer = Answer::refusal(err).encode();
         tokio::spawn(async move {
             let _ = send.write_all(&answer).await;
             let _ = send.finish();
@@ -452,27 +335,96 @@ impl Responder for QuicResponder {
     }
 }
 
-/// Run the agent side of a session on an established QUIC connection until it ends.
-/// `stop` announces the shutdown (streams in flight may finish), then the connection closes
-/// once the last stream ended.
-pub async fn run_agent_session_quic(
+/// The agent's end of a QUIC session: the seed's streams after the control stream.
+struct QuicAgent {
+    conn: Connection,
+    /// Streams accepted and not yet ended (the control stream aside).
+    active: Arc<AtomicUsize>,
+    /// The going-away notice went out: streams that crossed it are refused.
+    draining: bool,
+}
+
+/// Read a stream's header and turn it into the dial it asks for; anything else is refused
+/// (or, without a header in time, reset).
+async fn incoming(
+    send: SendStream,
+    mut recv: RecvStream,
+    active: Active<Arc<AtomicUsize>>,
+    draining: bool,
+) -> Option<Incoming> {
+    let Ok(Ok(header)) = tokio::time::timeout(HEADER_TIMEOUT, read_framed(&mut recv, StreamHeader::read)).await else {
+        let mut send = send;
+        let _ = send.reset(VarInt::from_u32(RESET_CODE));
+        return None;
+    };
+    let responder = Box::new(QuicResponder { send, recv, active });
+    if header.kind != KIND_CONNECT {
+        responder.refuse(&DialError::BadTarget(format!("unexpected stream kind {}", header.kind)));
+        None
+    } else if draining {
+        responder.refuse(&DialError::Draining("the agent is shutting down".into()));
+        None
+    } else {
+        Some(Incoming { target: header.target, responder })
+    }
+}
+
+impl AgentTransport for QuicAgent {
+    type ControlSend = SendStream;
+    type ControlRecv = RecvStream;
+    type Pending = BoxFuture<'static, Option<Incoming>>;
+
+    async fn accept(&mut self) -> Result<Option<Accepted<Self>>, SessionError> {
+        let (send, recv) = match self.conn.accept_bi().await {
+            Ok(s) => s,
+            Err(ConnectionError::ApplicationClosed(_) | ConnectionError::LocallyClosed) => return Ok(None),
+            Err(e) => return Err(SessionError::transport("QUIC connection", e)),
+        };
+        let active = Active::new(self.active.clone());
+        let pending: BoxFuture<'static, _> = Box::pin(incoming(send, recv, active, self.draining));
+        Ok(Some(Accepted::Pending(pending)))
+    }
+
+    /// The notice goes on the control stream; the connection closes once the last stream ended.
+    fn going_away(&mut self) -> Notice {
+        self.draining = true;
+        let (conn, active) = (self.conn.clone(), self.active.clone());
+        tokio::spawn(async move {
+            while active.load(Ordering::Relaxed) > 0 && conn.close_reason().is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            conn.close(VarInt::from_u32(CLOSE_DONE), b"agent shut down");
+        });
+        Notice::OnControl
+    }
+}
+
+/// The seed's control stream: the first stream, its header read.
+async fn accept_control(conn: &Connection) -> Result<(SendStream, RecvStream), SessionError> {
+    let (send, mut recv) = conn.accept_bi().await.map_err(|e| SessionError::transport("QUIC connection", e))?;
+    let header = read_framed(&mut recv, StreamHeader::read)
+        .await
+        .map_err(|e| SessionError::Protocol(format!("stream header: {e}")))?;
+    if header.kind != KIND_CONTROL {
+        return Err(SessionError::Protocol(format!("first stream is of kind {}, not control", header.kind)));
+    }
+    Ok((send, recv))
+}
+
+/// Run the agent side of a session on an established QUIC connection until it ends
+/// ([`session::run_agent`]). `stop` announces the shutdown (streams in flight may finish),
+/// then the connection closes once the last stream ended.
+pub async fn run_agent_session(
     conn: Connection,
     settings: &TunnelSettings,
     handler: Arc<dyn AgentHandler>,
     stop: CancellationToken,
-    tracker: tokio_util::task::TaskTracker,
+    tracker: TaskTracker,
 ) -> Result<(), SessionError> {
     // The seed's control stream comes first, within the keepalive timeout.
-    let first = async {
-        let (send, mut recv) = conn.accept_bi().await?;
-        let (kind, _) = read_header(&mut recv).await.map_err(SessionError::Protocol)?;
-        if kind != KIND_CONTROL {
-            return Err(SessionError::Protocol(format!("first stream is of kind {kind}, not control")));
-        }
-        Ok((send, recv))
-    };
-    let (ctl_send, ctl_recv) = match tokio::time::timeout(settings.keepalive_timeout, first).await {
-        Ok(Ok(x)) => x,
+    let timeout = settings.keepalive_timeout;
+    let control = match tokio::time::timeout(timeout, accept_control(&conn)).await {
+        Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             if let SessionError::Protocol(_) = e {
                 conn.close(VarInt::from_u32(CLOSE_PROTOCOL), b"protocol error");
@@ -481,88 +433,15 @@ pub async fn run_agent_session_quic(
         }
         Err(_) => {
             conn.close(VarInt::from_u32(CLOSE_PROTOCOL), b"no control stream");
-            return Err(SessionError::HandshakeTimeout(settings.keepalive_timeout));
+            return Err(SessionError::HandshakeTimeout { waiting_for: "control stream", timeout });
         }
     };
-    handler.established();
-    let (away_tx, away_rx) = mpsc::channel::<()>(1);
-    let control = tokio::spawn(agent_control(ctl_send, ctl_recv, handler.clone(), away_rx));
-    let active = Arc::new(AtomicUsize::new(0));
-    let mut going_away = false;
-    let result = loop {
-        let next = tokio::select! {
-            r = conn.accept_bi() => r,
-            _ = stop.cancelled(), if !going_away => {
-                going_away = true;
-                let _ = away_tx.try_send(());
-                let (conn, active) = (conn.clone(), active.clone());
-                // Close once the last stream ended.
-                tokio::spawn(async move {
-                    while active.load(Ordering::Relaxed) > 0 && conn.close_reason().is_none() {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    conn.close(VarInt::from_u32(CLOSE_DONE), b"agent shut down");
-                });
-                continue;
-            }
-        };
-        let (send, mut recv) = match next {
-            Ok(x) => x,
-            Err(ConnectionError::ApplicationClosed(_) | ConnectionError::LocallyClosed) => break Ok(()),
-            Err(e) => break Err(SessionError::Connection(e)),
-        };
-        let guard = Active::new(active.clone());
-        let (handler, draining) = (handler.clone(), going_away);
-        tracker.spawn(async move {
-            let Ok(Ok((kind, target))) = tokio::time::timeout(Duration::from_secs(10), read_header(&mut recv)).await
-            else {
-                let mut send = send;
-                let _ = send.reset(VarInt::from_u32(RESET_CODE));
-                return;
-            };
-            let responder = Box::new(QuicResponder { send, recv, active: guard });
-            if kind != KIND_CONNECT {
-                responder.refuse(&DialError::BadTarget(format!("unexpected stream kind {kind}")));
-            } else if draining {
-                responder.refuse(&DialError::Draining("the agent is shutting down".into()));
-            } else {
-                handler.incoming(Incoming { target, responder }).await;
-            }
-        });
-    };
-    control.abort();
-    result
+    let agent = QuicAgent { conn, active: Default::default(), draining: false };
+    session::run_agent(agent, Some(control), handler, stop, tracker).await
 }
 
-async fn agent_control(
-    mut send: SendStream,
-    recv: RecvStream,
-    handler: Arc<dyn AgentHandler>,
-    mut away: mpsc::Receiver<()>,
-) {
-    let mut hello = serde_json::to_vec(&handler.hello()).unwrap_or_default();
-    hello.push(b'\n');
-    if send.write_all(&hello).await.is_err() {
-        return;
+impl AgentConnection for Connection {
+    fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
+        Box::pin(run_agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
     }
-    let reader = async {
-        let mut lines = Lines::new(recv);
-        while let Some(line) = lines.next().await {
-            match serde_json::from_slice::<ControlMsg>(&line) {
-                Ok(msg) => handler.control(msg),
-                Err(e) => tracing::warn!(error = %e, "unknown control message ignored"),
-            }
-        }
-    };
-    let notice = async {
-        if away.recv().await.is_some()
-            && let Ok(mut line) = serde_json::to_vec(&AgentMsg::GoingAway)
-        {
-            line.push(b'\n');
-            let _ = send.write_all(&line).await;
-        }
-        // Keep the send side open: the seed reads until the connection closes.
-        std::future::pending::<()>().await;
-    };
-    tokio::join!(reader, notice);
 }

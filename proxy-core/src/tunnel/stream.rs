@@ -1,6 +1,6 @@
 //! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream.
 
-use super::Io;
+use crate::io::Resettable;
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use std::io;
@@ -40,7 +40,7 @@ impl H2Stream {
     }
 }
 
-impl Io for H2Stream {
+impl Resettable for H2Stream {
     fn reset(&mut self) {
         self.send.send_reset(Reason::CANCEL);
     }

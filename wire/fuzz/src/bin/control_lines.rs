@@ -1,5 +1,5 @@
-//! AFL target: the tunnel's control lines, framing then `ControlMsg` decoding (replayed by proxy-core's `control_corpus` test).
+//! AFL target: the tunnel's control lines, framing then `ControlMsg`/`AgentHello`/`AgentMsg` decoding (checks in `proxy_wire::fuzzing`, replayed by `cargo test -p proxy-wire --test fuzz_corpus`).
 
 fn main() {
-    afl::fuzz!(|data: &[u8]| proxy_core::tunnel::fuzzing::check_control_input(data));
+    afl::fuzz!(|data: &[u8]| proxy_wire::fuzzing::check_control_input(data));
 }

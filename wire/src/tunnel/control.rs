@@ -1,0 +1,178 @@
+//! The control stream: one JSON object per line, the agent's hello and notices one way, the seed's messages the other.
+//!
+//! The agent writes its [`AgentHello`] as the stream's first line, then at most the notices of
+//! [`AgentMsg`] (QUIC only: HTTP/2 has GOAWAY for it); the seed writes [`ControlMsg`] lines.
+//! A line is at most [`CONTROL_LINE_MAX`] bytes before its newline; a longer one ends the
+//! stream's use (its framing is lost). A line that is not a message the reader knows is skipped,
+//! so either end may learn new messages without breaking the other.
+
+#![deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+
+use crate::lines::{LineFramer, TooLong};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Largest control line accepted (bytes before its newline).
+pub const CONTROL_LINE_MAX: usize = 64 * 1024;
+
+/// Messages from the seed to an agent on the control stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlMsg {
+    /// This server stops serving the cluster: open a session to `to` (or re-resolve the
+    /// configured server names when empty), move new streams there, let old ones finish within
+    /// `drain_deadline_ms`, then close this session.
+    Move { to: Vec<String>, drain_deadline_ms: u64 },
+    /// This server does not serve the agent's cluster and is about to close the session; the
+    /// agent logs `reason` (the session is not used for dials meanwhile).
+    Refused { reason: String },
+    /// Who this server is: sent when the session is registered and again whenever the count or
+    /// the draining flag changes. The agent keeps sessions to `count` distinct server ids behind
+    /// the name it dialled.
+    Server(ServerInfo),
+}
+
+/// A proxy-server replica as it announces itself to its agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// The replica's identity (distinct per replica).
+    pub id: String,
+    /// How many replicas the agent should reach behind the name it dialled.
+    pub count: u32,
+    /// When this replica's `count` took its value (Unix milliseconds). Replicas may disagree
+    /// for a while (one reloaded, another not yet): the agent trusts the newest.
+    #[serde(default)]
+    pub since_ms: u64,
+    /// The replica is shutting down: its live streams continue until its drain deadline, new
+    /// streams should go elsewhere, and the agent looks for a session to a replacement.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// What an agent says about itself when the control stream opens (its first line).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHello {
+    pub node: String,
+    pub version: String,
+}
+
+/// What the agent writes on the control stream after its hello.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMsg {
+    /// The agent shuts down: no new streams on this session (QUIC's GOAWAY), `{"type":"going_away"}`.
+    GoingAway,
+}
+
+/// `msg` as one control line: its JSON and the newline.
+pub fn encode_line<T: Serialize>(msg: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let mut line = serde_json::to_vec(msg)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// One line of a control stream, read as a `T`.
+#[derive(Debug)]
+pub enum Line<T> {
+    Msg(T),
+    /// Not a `T` (another version's message, or garbage): skipped, the stream goes on.
+    Unknown(serde_json::Error),
+}
+
+/// Reads a control stream as its bytes come: [`LineFramer`] at [`CONTROL_LINE_MAX`], then
+/// each line decoded as the message the caller expects next.
+#[derive(Debug, Clone)]
+pub struct ControlReader {
+    framer: LineFramer,
+}
+
+impl Default for ControlReader {
+    fn default() -> Self {
+        Self::new(CONTROL_LINE_MAX)
+    }
+}
+
+impl ControlReader {
+    /// `limit`: the longest line accepted ([`CONTROL_LINE_MAX`] on the wire).
+    pub fn new(limit: usize) -> Self {
+        Self { framer: LineFramer::new(limit) }
+    }
+
+    /// Bytes received. Call [`ControlReader::next_msg`] until it returns `Ok(None)` before pushing more.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.framer.push(chunk);
+    }
+
+    /// The next complete line as a `T`; `Ok(None)` until one has arrived. `Err` is final: a
+    /// line was longer than the limit and the stream has lost its framing.
+    pub fn next_msg<T: DeserializeOwned>(&mut self) -> Result<Option<Line<T>>, TooLong> {
+        Ok(self.framer.next_line()?.map(|line| match serde_json::from_slice(&line) {
+            Ok(msg) => Line::Msg(msg),
+            Err(e) => Line::Unknown(e),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_all<T: DeserializeOwned>(r: &mut ControlReader) -> Vec<Option<T>> {
+        let mut out = Vec::new();
+        while let Ok(Some(line)) = r.next_msg::<T>() {
+            out.push(match line {
+                Line::Msg(m) => Some(m),
+                Line::Unknown(_) => None,
+            });
+        }
+        out
+    }
+
+    /// The bytes on the wire are version 1's: agents and servers of the previous version read them.
+    #[test]
+    fn lines_are_the_wire_format_of_version_1() {
+        let server = ControlMsg::Server(ServerInfo { id: "r0".into(), count: 3, since_ms: 17, draining: false });
+        assert_eq!(
+            encode_line(&server).ok().as_deref(),
+            Some(&b"{\"type\":\"server\",\"id\":\"r0\",\"count\":3,\"since_ms\":17,\"draining\":false}\n"[..])
+        );
+        let moved = ControlMsg::Move { to: vec!["b:8132".into()], drain_deadline_ms: 30_000 };
+        assert_eq!(
+            encode_line(&moved).ok().as_deref(),
+            Some(&b"{\"type\":\"move\",\"to\":[\"b:8132\"],\"drain_deadline_ms\":30000}\n"[..])
+        );
+        let refused = ControlMsg::Refused { reason: "no".into() };
+        assert_eq!(encode_line(&refused).ok().as_deref(), Some(&b"{\"type\":\"refused\",\"reason\":\"no\"}\n"[..]));
+        assert_eq!(encode_line(&AgentMsg::GoingAway).ok().as_deref(), Some(&b"{\"type\":\"going_away\"}\n"[..]));
+        let hello = AgentHello { node: "n".into(), version: "1".into() };
+        assert_eq!(encode_line(&hello).ok().as_deref(), Some(&b"{\"node\":\"n\",\"version\":\"1\"}\n"[..]));
+    }
+
+    /// An announcement of a server before `since_ms` and `draining` existed still reads.
+    #[test]
+    fn an_older_servers_announcement_reads_with_defaults() {
+        let mut r = ControlReader::default();
+        r.push(b"{\"type\":\"server\",\"id\":\"r1\",\"count\":2}\n");
+        let want = ControlMsg::Server(ServerInfo { id: "r1".into(), count: 2, since_ms: 0, draining: false });
+        assert_eq!(read_all::<ControlMsg>(&mut r), vec![Some(want)]);
+    }
+
+    #[test]
+    fn unknown_lines_are_skipped_and_the_stream_goes_on() {
+        let mut r = ControlReader::default();
+        r.push(b"{\"type\":\"reboot\"}\nnot json\n{\"type\":\"refused\",\"reason\":\"x\"}\n{\"type\":");
+        let got = read_all::<ControlMsg>(&mut r);
+        assert_eq!(got, vec![None, None, Some(ControlMsg::Refused { reason: "x".into() })]);
+        r.push(b"\"refused\",\"reason\":\"y\"}\n");
+        assert_eq!(read_all::<ControlMsg>(&mut r), vec![Some(ControlMsg::Refused { reason: "y".into() })]);
+    }
+
+    #[test]
+    fn a_line_over_the_limit_ends_the_stream_for_good() {
+        let mut r = ControlReader::new(8);
+        r.push(b"{\"type\":\"going_away\"}\n{}\n");
+        assert!(r.next_msg::<AgentMsg>().is_err());
+        r.push(b"{}\n");
+        assert!(r.next_msg::<AgentMsg>().is_err(), "no resynchronisation on a later newline");
+    }
+}
