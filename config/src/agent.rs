@@ -148,6 +148,28 @@ pub struct Tunnel {
     /// Default `60s`.
     #[serde(default = "quic_probe_interval_default")]
     pub quic_probe_interval: Dur,
+    /// What the agent tells proxy-server about its node, so that a dial to this node's name or
+    /// addresses comes to this agent (`agents.proxy_strategies: [dest_host, ...]`). Default: all
+    /// from the downward API's environment (see [`Identifiers`]).
+    #[serde(default, deserialize_with = "null_is_default")]
+    pub identifiers: Identifiers,
+}
+
+/// The agent's identifiers, announced in its hello.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Identifiers {
+    /// The node's name. Default `null`: `$NODE_NAME` (unset: no host identifier).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The node's addresses. Default `null`: `$HOST_IPS` (comma-separated, the downward API's
+    /// `status.hostIPs`), else `$HOST_IP` (`status.hostIP`), else none.
+    #[serde(default)]
+    pub addresses: Option<Vec<std::net::IpAddr>>,
+    /// This agent offers a default route: dials that no agent's identifiers claim may come here
+    /// when `default_route` is among the server's strategies. Default `false`.
+    #[serde(default)]
+    pub default_route: bool,
 }
 
 /// The tunnel's transport.
@@ -359,6 +381,11 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
     if t.reconnect.max < t.reconnect.initial {
         p.push(at, format!("{f}.reconnect.max"), "must not be below reconnect.initial");
     }
+    if let Some(h) = &t.identifiers.host
+        && (h.is_empty() || h.len() > 253 || h.contains(|c: char| c.is_whitespace() || c.is_control() || c == ':'))
+    {
+        p.push(at, format!("{f}.identifiers.host"), format!("{h:?} is not a node name"));
+    }
 }
 
 pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
@@ -478,6 +505,26 @@ apiserver_proxy:
         // Compared as served by /config: the values, not the line numbers.
         let json = |c: AgentConfig| serde_json::to_value(c.apiserver_proxy.unwrap()).unwrap();
         assert_eq!(json(explicit), json(implicit));
+    }
+
+    #[test]
+    fn tunnel_identifiers() {
+        let base = "tunnel:\n  servers: [a:1]\n  tls: { cert: c, key: k, ca: ca }\n  allow: [10.0.0.0/8]\n";
+        let c = parse(base, "f.yaml").unwrap();
+        assert_eq!(c.tunnel.unwrap().identifiers, Identifiers::default());
+        let y = format!(
+            "{base}  identifiers: {{ host: node-1, addresses: [10.250.0.7, 'fd00::7'], default_route: true }}\n"
+        );
+        let i = parse(&y, "f.yaml").unwrap().tunnel.unwrap().identifiers.clone();
+        assert_eq!(i.host.as_deref(), Some("node-1"));
+        assert_eq!(i.addresses.unwrap().len(), 2);
+        assert!(i.default_route);
+        let e = problems(&format!("{base}  identifiers: {{ host: 'a b', addresses: [node-1] }}\n"));
+        assert!(e.iter().any(|p| p.contains("tunnel.identifiers.addresses")), "{e:#?}");
+        let e = problems(&format!("{base}  identifiers: {{ host: 'a b' }}\n"));
+        assert!(e.iter().any(|p| p.contains("tunnel.identifiers.host: \"a b\" is not a node name")), "{e:#?}");
+        let e = problems(&format!("{base}  identifiers: {{ hostname: x }}\n"));
+        assert!(e.iter().any(|p| p.contains("unknown field")), "{e:#?}");
     }
 
     #[test]

@@ -169,6 +169,40 @@ pub struct Agents {
     /// material (`tls`), identity and rules. Default `null`: TCP only. Restart-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<AgentsQuic>,
+    /// How a dial picks the agent of its cluster, tried in order until one names a connected
+    /// agent: `dest_host` (the agent whose identifiers include the destination's host),
+    /// `default_route` (an agent that offers a default route), `default` (any agent). Among
+    /// equals the least loaded. Default `[default]`. A cluster may override it
+    /// (`clusters.<name>.proxy_strategies`).
+    #[serde(default = "proxy_strategies_default", deserialize_with = "null_is_default")]
+    pub proxy_strategies: Vec<ProxyStrategy>,
+}
+
+/// One step of the agent choice of a dial (`agents.proxy_strategies`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyStrategy {
+    /// The agent whose identifiers (node name, node addresses) include the destination's host.
+    DestHost,
+    /// An agent that offers a default route (`tunnel.identifiers.default_route: true`).
+    DefaultRoute,
+    /// Any agent of the cluster.
+    Default,
+}
+
+impl ProxyStrategy {
+    /// The config spelling, also the `strategy` label of metrics and access events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyStrategy::DestHost => "dest_host",
+            ProxyStrategy::DefaultRoute => "default_route",
+            ProxyStrategy::Default => "default",
+        }
+    }
+}
+
+fn proxy_strategies_default() -> Vec<ProxyStrategy> {
+    vec![ProxyStrategy::Default]
 }
 
 /// The agents' QUIC listener.
@@ -219,6 +253,36 @@ pub struct Frontend {
     /// whitespace trimmed); read at start and on every reload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_token_file: Option<String>,
+    /// What clients speak: `http-connect` (the default: HTTP CONNECT and absolute-form
+    /// requests) or `grpc` (konnectivity's `ProxyService`, kube-apiserver's
+    /// `proxyProtocol: GRPC`).
+    #[serde(default, skip_serializing_if = "FrontendProtocol::is_default")]
+    pub protocol: FrontendProtocol,
+}
+
+/// The protocol of a front end.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrontendProtocol {
+    #[default]
+    HttpConnect,
+    /// konnectivity's gRPC `ProxyService.Proxy` over HTTP/2 (TLS with ALPN `h2`, or cleartext
+    /// on a Unix socket or plain TCP).
+    Grpc,
+}
+
+impl FrontendProtocol {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The config spelling (logs, `kind` of access events).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendProtocol::HttpConnect => "http-connect",
+            FrontendProtocol::Grpc => "grpc",
+        }
+    }
 }
 
 /// Where a front end without a fixed `cluster` takes the cluster from.
@@ -256,6 +320,9 @@ pub struct ClusterState {
     /// When draining: live streams end this long after the drain started.
     #[serde(default)]
     pub drain_deadline: Option<Dur>,
+    /// This cluster's own `agents.proxy_strategies`; `null` (the default): the global list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_strategies: Option<Vec<ProxyStrategy>>,
 }
 
 impl ServerConfig {
@@ -375,6 +442,13 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
         if by_auth && f.cluster.is_some() {
             p.push(at, format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
         }
+        if by_auth && f.protocol == FrontendProtocol::Grpc {
+            p.push(
+                at,
+                format!("{ff}.cluster_from"),
+                "a grpc front end has no proxy credentials: give cluster, or tls.client_ca",
+            )
+        }
         match (by_auth, &f.proxy_token_file) {
             (true, None) => p.push(
                 at,
@@ -398,6 +472,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
             _ => {}
         }
     }
+    validate_strategies("agents.proxy_strategies", &cfg.agents.proxy_strategies, p);
     for (name, c) in &cfg.clusters {
         validate_cluster(name, c, p);
     }
@@ -423,6 +498,18 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
     }
     if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
         p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+    }
+    if let Some(s) = &c.proxy_strategies {
+        validate_strategies(&format!("{cf}.proxy_strategies"), s, p);
+    }
+}
+
+fn validate_strategies(key: &str, s: &[ProxyStrategy], p: &mut Problems) {
+    if s.is_empty() {
+        p.push((0, 0), key, "give at least one of dest_host, default_route, default");
+    }
+    if s.iter().enumerate().any(|(i, x)| s[..i].contains(x)) {
+        p.push((0, 0), key, "a strategy is listed twice");
     }
 }
 
@@ -577,6 +664,37 @@ clusters:                            # per-cluster state (migration); absent = a
             let e = parse(&format!("{base}, {bad} }}\n"), "s.yaml").unwrap_err().to_string();
             assert!(e.contains(key), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn grpc_front_ends_and_proxy_strategies() {
+        let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }";
+        let c = parse(&format!("{base} }}\n"), "s.yaml").unwrap();
+        assert_eq!(c.agents.proxy_strategies, vec![ProxyStrategy::Default]);
+        let y = format!(
+            "{base}, proxy_strategies: [dest_host, default_route, default] }}\nfrontends:\n  - name: kas\n    unix: /run/k.sock\n    protocol: grpc\n    cluster: a\nclusters:\n  a: {{ proxy_strategies: [dest_host] }}\n"
+        );
+        let c = parse(&y, "s.yaml").unwrap();
+        assert_eq!(c.frontends[0].protocol, FrontendProtocol::Grpc);
+        assert_eq!(serde_json::to_value(&c).unwrap()["frontends"][0]["protocol"], "grpc");
+        assert_eq!(c.agents.proxy_strategies.len(), 3);
+        assert_eq!(c.clusters["a"].proxy_strategies, Some(vec![ProxyStrategy::DestHost]));
+        let y = format!(
+            "{base}, proxy_strategies: [] }}\nfrontends:\n  - name: p\n    listen: 127.0.0.1:2\n    protocol: grpc\n    cluster_from: proxy_authorization\n    proxy_token_file: /t\nclusters:\n  a: {{ proxy_strategies: [default, default] }}\n"
+        );
+        let e = parse(&y, "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("agents.proxy_strategies: give at least one"), "{e}");
+        assert!(e.contains("clusters.a.proxy_strategies: a strategy is listed twice"), "{e}");
+        assert!(e.contains("frontends[0].cluster_from: a grpc front end has no proxy credentials"), "{e}");
+        let e = parse(&format!("{base}, proxy_strategies: [dest_ip] }}\n"), "s.yaml").unwrap_err().to_string();
+        assert!(e.contains("agents.proxy_strategies"), "{e}");
+        let e = parse(
+            &format!("{base} }}\nfrontends:\n  - {{ name: a, listen: 127.0.0.1:2, cluster: a, protocol: http2 }}\n"),
+            "s.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("frontends[0].protocol"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Front ends: HTTP CONNECT (kube-apiserver egress, Prometheus https targets) and absolute-form forward proxying (Prometheus http targets).
 
 use crate::Shared;
+use crate::registry::Dialed;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -72,6 +73,9 @@ struct Ctx {
     cluster: String,
     kind: &'static str,
     target: String,
+    /// How the agent was chosen (the proxy strategy) and its node, once a dial succeeded.
+    strategy: &'static str,
+    agent: String,
     started: Instant,
     /// `seedgate_connections_total`, counted once per connection when it is logged.
     results: IntCounterVec,
@@ -91,8 +95,17 @@ impl Ctx {
             cluster = %self.cluster,
             kind = self.kind,
             target = %self.target,
+            strategy = self.strategy,
+            agent = %self.agent,
             code
         );
+    }
+
+    /// The agent a dial reached: its stream, with how it was chosen noted for the access event.
+    fn dialed(&mut self, d: Dialed) -> TunnelStream {
+        self.strategy = d.strategy.as_str();
+        self.agent = d.node;
+        d.stream
     }
 }
 
@@ -246,6 +259,8 @@ async fn serve(
         cluster: conn_cluster.clone().unwrap_or_else(|| "-".into()),
         kind: "-",
         target: "-".into(),
+        strategy: "-",
+        agent: String::new(),
         started,
         results: m.conn.connections.clone(),
     };
@@ -324,7 +339,7 @@ async fn serve(
         ctx.cluster = cluster.clone();
         // The target, never the Host header, says where to go.
         let stream = match dial(&shared, &cluster, &target).await {
-            Ok(s) => s,
+            Ok(d) => ctx.dialed(d),
             Err(e) => {
                 reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
                 return None;
@@ -398,12 +413,12 @@ async fn reply_error<S: AsyncWrite + Unpin>(
     ctx.log(status, reason, 0, 0);
 }
 
-/// Dial through the tunnel with the configured timeout, recording metrics.
-async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStream, DialError> {
+/// Dial through the tunnel with the configured timeout and proxy strategies, recording metrics.
+pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialError> {
     let m = &shared.metrics;
     let started = Instant::now();
-    let timeout = shared.config.load().timeouts.dial.get();
-    let r = shared.registry.dial(cluster, target, timeout).await;
+    let cfg = shared.config.load();
+    let r = shared.registry.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
     match &r {
         Ok(_) => {
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
@@ -554,6 +569,8 @@ struct RequestLog {
     cluster: Arc<str>,
     target: String,
     code: u16,
+    strategy: &'static str,
+    agent: String,
     started: Instant,
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
@@ -573,6 +590,8 @@ impl RequestLog {
             cluster = %self.cluster,
             kind = "forward",
             target = %self.target,
+            strategy = self.strategy,
+            agent = %self.agent,
             code = self.code
         );
     }
@@ -654,6 +673,8 @@ where
                 cluster,
                 target: req.uri().to_string(),
                 code: 0,
+                strategy: "-",
+                agent: String::new(),
                 started: Instant::now(),
                 sent: Arc::default(),
                 received: Arc::default(),
@@ -691,7 +712,11 @@ where
             };
             let target = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
             let stream = match dial(&shared, &log.cluster, &target).await {
-                Ok(s) => s,
+                Ok(d) => {
+                    log.strategy = d.strategy.as_str();
+                    log.agent = d.node;
+                    d.stream
+                }
                 Err(e) => {
                     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
                     return refuse(&mut log, status, e.code(), e.to_string());

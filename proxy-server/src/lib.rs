@@ -12,6 +12,7 @@ mod listeners;
 mod metrics;
 mod registry;
 mod replica;
+mod strategy;
 mod unix_socket;
 
 use arc_swap::ArcSwap;
@@ -65,7 +66,13 @@ impl Shared {
         let files = self.cluster_files.lock().expect("not poisoned");
         s.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         drop(files);
-        s.extend(self.overrides.lock().expect("not poisoned").clone());
+        for (name, mut o) in self.overrides.lock().expect("not poisoned").clone() {
+            // An override sets the state; the cluster's strategies stay configured unless it names them.
+            if o.proxy_strategies.is_none() {
+                o.proxy_strategies = s.get(&name).and_then(|c| c.proxy_strategies.clone());
+            }
+            s.insert(name, o);
+        }
         s
     }
 

@@ -13,6 +13,7 @@ pub struct ServerMetrics {
     pub streams_opened: IntCounterVec,
     pub dial_seconds: HistogramVec,
     pub dial_failures: IntCounterVec,
+    pub dial_strategy: IntCounterVec,
     pub tunnel_bytes: IntCounterVec,
     pub requests: IntCounterVec,
     pub cluster_state: IntGaugeVec,
@@ -62,6 +63,12 @@ impl ServerMetrics {
                 "seedgate_tunnel_dial_failures_total",
                 "Failed dials, by cluster and reason.",
                 &["cluster", "reason"],
+            ),
+            dial_strategy: counter_vec(
+                reg,
+                "seedgate_tunnel_dial_strategy_total",
+                "Dials answered by an agent, by cluster and the proxy strategy that chose it (dest_host, default_route, default).",
+                &["cluster", "strategy"],
             ),
             tunnel_bytes: counter_vec(
                 reg,

@@ -1,8 +1,9 @@
 //! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
 
 use crate::metrics::ServerMetrics;
+use crate::strategy::{self, NodeIndex};
 use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
-use seedgate_config::server::{ClusterMode, ClusterState};
+use seedgate_config::server::{ClusterMode, ClusterState, ProxyStrategy};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,6 +29,17 @@ pub struct Mode {
     pub drain_deadline: Option<Duration>,
     /// When the current mode was entered (drain deadlines count from here).
     pub since: Instant,
+    /// The cluster's own proxy strategies (`None`: the global `agents.proxy_strategies`).
+    pub strategies: Option<Vec<ProxyStrategy>>,
+}
+
+/// A stream a dial opened, and how its agent was chosen.
+pub struct Dialed {
+    pub stream: TunnelStream,
+    /// The proxy strategy that chose the agent.
+    pub strategy: ProxyStrategy,
+    /// The node the agent announced (empty when it named none).
+    pub node: String,
 }
 
 impl Mode {
@@ -37,6 +49,7 @@ impl Mode {
             move_to: c.map(|c| c.move_to.iter().map(|h| h.to_string()).collect()).unwrap_or_default(),
             drain_deadline: c.and_then(|c| c.drain_deadline).map(|d| d.get()),
             since: Instant::now(),
+            strategies: c.and_then(|c| c.proxy_strategies.clone()),
         }
     }
 
@@ -47,6 +60,8 @@ impl Mode {
 
 struct Cluster {
     sessions: Vec<Arc<Session>>,
+    /// The sessions by the identifiers their agents announced.
+    index: NodeIndex,
     /// Ends the cluster's live streams: cancelled when the cluster is fenced, or at the drain
     /// deadline; then replaced by a fresh one for streams admitted later. A child of the
     /// shutdown kill token, so the end of the grace period ends the streams too. One token per
@@ -58,7 +73,7 @@ struct Cluster {
 
 impl Cluster {
     fn new(kill: &CancellationToken) -> Self {
-        Self { sessions: Vec::new(), end: kill.child_token(), generation: 0 }
+        Self { sessions: Vec::new(), index: NodeIndex::default(), end: kill.child_token(), generation: 0 }
     }
 
     /// End every stream admitted so far.
@@ -108,7 +123,8 @@ impl Registry {
                 let new = Mode::from_cfg(states.get(name));
                 match modes.get(name) {
                     Some(old) if old.same_as(&new) => {
-                        next.insert(name.clone(), old.clone());
+                        // The same state (no notices, deadlines keep counting); strategies as now.
+                        next.insert(name.clone(), Mode { strategies: new.strategies, ..old.clone() });
                     }
                     old => {
                         if old.is_some() || new.mode != ClusterMode::Active {
@@ -197,6 +213,7 @@ impl Registry {
             let mut clusters = self.clusters.write().expect("not poisoned");
             let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
             c.sessions.push(s.clone());
+            c.index.add(s.clone());
             c.sessions.len()
         };
         self.metrics.agents.with_label_values(&[cluster]).set(n as i64);
@@ -212,6 +229,7 @@ impl Registry {
             let mut clusters = self.clusters.write().expect("not poisoned");
             let Some(c) = clusters.get_mut(&s.cluster) else { return };
             c.sessions.retain(|x| x.id != s.id);
+            c.index.remove(s.id);
             c.sessions.len()
         };
         self.metrics.agents.with_label_values(&[&s.cluster]).set(n as i64);
@@ -256,30 +274,40 @@ impl Registry {
         clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
     }
 
-    /// Open a stream to `target` through an agent of `cluster`: the least busy of two random
-    /// sessions; a transport failure before the agent answered, or an agent that turns out to
-    /// be shutting down, is retried once on another one.
-    pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
-        match self.mode(cluster).mode {
-            ClusterMode::Fenced => {
-                return Err(DialError::Moved(format!(
-                    "cluster {cluster} moved to another seed; this seed no longer serves it"
-                )));
-            }
-            ClusterMode::Active | ClusterMode::Draining => {}
+    /// Open a stream to `target` through an agent of `cluster`, chosen by the cluster's proxy
+    /// strategies (else `strategies`, the global list): the least busy of two random sessions
+    /// of the first strategy that names a usable one; a transport failure before the agent
+    /// answered, or an agent that turns out to be shutting down, is retried once on another one.
+    pub async fn dial(
+        &self,
+        cluster: &str,
+        target: &str,
+        timeout: Duration,
+        strategies: &[ProxyStrategy],
+    ) -> Result<Dialed, DialError> {
+        let mode = self.mode(cluster);
+        if mode.mode == ClusterMode::Fenced {
+            return Err(DialError::Moved(format!(
+                "cluster {cluster} moved to another seed; this seed no longer serves it"
+            )));
         }
+        let strategies = mode.strategies.as_deref().unwrap_or(strategies);
         let mut tried: Vec<u64> = Vec::new();
-        let mut last = DialError::NoAgent(format!("no agent of cluster {cluster} is connected"));
+        let mut last = DialError::NoAgent(match self.sessions(cluster).is_empty() {
+            true => format!("no agent of cluster {cluster} is connected"),
+            false => format!("no agent of cluster {cluster} for {target} by proxy strategies {}", names(strategies)),
+        });
         for _ in 0..2 {
-            let candidates: Vec<Arc<Session>> = self
-                .sessions(cluster)
-                .into_iter()
-                .filter(|s| !s.opener.is_closed() && !tried.contains(&s.id))
-                .collect();
+            let Some((strategy, candidates)) = self.candidates(cluster, target, strategies, &tried) else { break };
             let Some(s) = pick(&candidates) else { break };
             tried.push(s.id);
             match s.opener.open(target, timeout).await {
-                Ok(st) => return Ok(st),
+                Ok(stream) => {
+                    self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
+                    let node =
+                        s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
+                    return Ok(Dialed { stream, strategy, node });
+                }
                 // Nothing reached the target: another agent may take it.
                 Err(e @ (DialError::Transport(_) | DialError::Draining(_))) => last = e,
                 Err(e) => return Err(e),
@@ -287,6 +315,33 @@ impl Registry {
         }
         Err(last)
     }
+
+    /// The sessions of `cluster` the first fitting strategy names (open, not tried yet).
+    fn candidates(
+        &self,
+        cluster: &str,
+        target: &str,
+        strategies: &[ProxyStrategy],
+        tried: &[u64],
+    ) -> Option<(ProxyStrategy, Vec<Arc<Session>>)> {
+        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id);
+        {
+            let clusters = self.clusters.read().expect("not poisoned");
+            let c = clusters.get(cluster)?;
+            if !c.index.has_unread() {
+                return strategy::candidates(&c.index, &c.sessions, strategies, target, usable);
+            }
+        }
+        // A session registered since whose hello may have arrived: file it first.
+        let mut clusters = self.clusters.write().expect("not poisoned");
+        let c = clusters.get_mut(cluster)?;
+        c.index.refresh();
+        strategy::candidates(&c.index, &c.sessions, strategies, target, usable)
+    }
+}
+
+fn names(s: &[ProxyStrategy]) -> String {
+    s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// Power of two choices on active streams.
@@ -304,8 +359,12 @@ mod tests {
     }
 
     fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
-        let s =
-            ClusterState { state: mode, move_to: Vec::new(), drain_deadline: deadline.map(seedgate_config::Dur::secs) };
+        let s = ClusterState {
+            state: mode,
+            move_to: Vec::new(),
+            drain_deadline: deadline.map(seedgate_config::Dur::secs),
+            proxy_strategies: None,
+        };
         BTreeMap::from([("a".to_owned(), s)])
     }
 

@@ -37,6 +37,36 @@ fn node_name(cfg: &TunnelCfg) -> String {
         .unwrap_or_default()
 }
 
+/// The hello: the node name, the version and the identifiers, from the config in force or,
+/// where it leaves them out, from `env` (the downward API's variables).
+fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
+    let ids = &cfg.identifiers;
+    let host = ids.host.clone().or_else(|| env("NODE_NAME")).unwrap_or_default();
+    let addresses: Vec<String> = match &ids.addresses {
+        Some(a) => a.iter().map(ToString::to_string).collect(),
+        None => {
+            // `status.hostIPs` renders as a comma-separated list; `status.hostIP` is its first.
+            let list = env("HOST_IPS").filter(|v| !v.trim().is_empty()).or_else(|| env("HOST_IP")).unwrap_or_default();
+            let parsed =
+                list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(|a| a.parse::<std::net::IpAddr>());
+            parsed
+                .filter_map(|a| {
+                    a.inspect_err(|e| tracing::warn!(error = %e, %list, "HOST_IPS/HOST_IP: not an address; ignored"))
+                        .ok()
+                })
+                .map(|a| a.to_string())
+                .collect()
+        }
+    };
+    AgentHello {
+        node: node_name(cfg),
+        version: env!("CARGO_PKG_VERSION").into(),
+        host,
+        addresses,
+        default_route: ids.default_route,
+    }
+}
+
 /// Connect and handshake with `target` (resolved afresh).
 async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
     let cfg = t.cfg.load_full();
@@ -264,11 +294,51 @@ impl AgentHandler for Handler {
     }
 
     fn hello(&self) -> AgentHello {
-        // From the config in force: a reload of `node_name` shows in the next session's hello.
-        AgentHello { node: node_name(&self.t.cfg.load()), version: env!("CARGO_PKG_VERSION").into() }
+        // From the config in force: a reload of `node_name` or the identifiers shows in the next
+        // session's hello.
+        hello(&self.t.cfg.load(), |k| std::env::var(k).ok())
     }
 
     fn established(&self) {
         self.state.send_modify(|s| s.up = true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(identifiers: &str) -> TunnelCfg {
+        let y = format!(
+            "tunnel:\n  servers: [a:1]\n  tls: {{ cert: c, key: k, ca: ca }}\n  allow: [10.0.0.0/8]\n  node_name: n1\n{identifiers}"
+        );
+        let c = seedgate_config::agent::parse(&y, "a.yaml").expect("valid");
+        c.tunnel.expect("tunnel").value
+    }
+
+    #[test]
+    fn identifiers_come_from_the_config_else_the_downward_api() {
+        let env = |k: &str| match k {
+            "NODE_NAME" => Some("node-env".to_owned()),
+            "HOST_IPS" => Some("10.250.0.7, fd00::7".to_owned()),
+            "HOST_IP" => Some("10.250.0.9".to_owned()),
+            _ => None,
+        };
+        let h = hello(&cfg(""), env);
+        assert_eq!((h.node.as_str(), h.host.as_str()), ("n1", "node-env"));
+        assert_eq!(h.addresses, ["10.250.0.7", "fd00::7"]);
+        assert!(!h.default_route);
+        let only_ip = |k: &str| (k == "HOST_IP").then(|| "10.250.0.9".to_owned());
+        let h = hello(&cfg(""), only_ip);
+        assert_eq!((h.host.as_str(), h.addresses.as_slice()), ("", &["10.250.0.9".to_owned()][..]));
+        let h = hello(&cfg("  identifiers: { host: node-cfg, addresses: ['10.1.0.1'], default_route: true }\n"), env);
+        assert_eq!(
+            (h.host.as_str(), h.addresses.as_slice(), h.default_route),
+            ("node-cfg", &["10.1.0.1".to_owned()][..], true)
+        );
+        let garbage = |k: &str| (k == "HOST_IPS").then(|| "10.0.0.1,not-an-ip".to_owned());
+        assert_eq!(hello(&cfg(""), garbage).addresses, ["10.0.0.1"]);
+        let none = hello(&cfg("  identifiers: { addresses: [] }\n"), env);
+        assert!(none.addresses.is_empty(), "an explicit empty list is no addresses, not the environment's");
     }
 }

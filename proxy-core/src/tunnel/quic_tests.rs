@@ -21,7 +21,7 @@ async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
 }
 
 fn agent_hello() -> AgentHello {
-    AgentHello { node: "shoot-node-1".into(), version: "9.9.9-test".into() }
+    AgentHello { node: "shoot-node-1".into(), version: "9.9.9-test".into(), ..AgentHello::default() }
 }
 
 /// A quinn connection from an agent endpoint to a seed endpoint on loopback: (seed's, agent's).

@@ -50,10 +50,25 @@ pub struct ServerInfo {
 }
 
 /// What an agent says about itself when the control stream opens (its first line).
+///
+/// The identifiers (`host`, `addresses`, `default_route`) came later: they are left out when
+/// empty, so an agent without them sends the line of version 1 unchanged; a server that does not
+/// know them skips them (unknown fields are ignored), and a hello without them reads as an agent
+/// with no identifiers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentHello {
     pub node: String,
     pub version: String,
+    /// The agent's node name, matched against a dial's host (`dest_host`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
+    /// The node's addresses, matched against a dial's host (`dest_host`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    /// The agent offers a default route: dials no other agent claims may come here
+    /// (`default_route`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default_route: bool,
 }
 
 /// What the agent writes on the control stream after its hello.
@@ -144,8 +159,40 @@ mod tests {
         let refused = ControlMsg::Refused { reason: "no".into() };
         assert_eq!(encode_line(&refused).ok().as_deref(), Some(&b"{\"type\":\"refused\",\"reason\":\"no\"}\n"[..]));
         assert_eq!(encode_line(&AgentMsg::GoingAway).ok().as_deref(), Some(&b"{\"type\":\"going_away\"}\n"[..]));
-        let hello = AgentHello { node: "n".into(), version: "1".into() };
+        let hello = AgentHello { node: "n".into(), version: "1".into(), ..AgentHello::default() };
         assert_eq!(encode_line(&hello).ok().as_deref(), Some(&b"{\"node\":\"n\",\"version\":\"1\"}\n"[..]));
+    }
+
+    /// The identifiers travel in the hello; a hello without them (an older agent) reads as no
+    /// identifiers, and a reader that predates them skips them.
+    #[test]
+    fn hello_identifiers_are_a_compatible_addition() {
+        let hello = AgentHello {
+            node: "n".into(),
+            version: "2".into(),
+            host: "node-1".into(),
+            addresses: vec!["10.250.0.7".into(), "fd00::7".into()],
+            default_route: true,
+        };
+        let line = encode_line(&hello).ok().unwrap_or_default();
+        assert_eq!(
+            line,
+            b"{\"node\":\"n\",\"version\":\"2\",\"host\":\"node-1\",\"addresses\":[\"10.250.0.7\",\"fd00::7\"],\"default_route\":true}\n"
+        );
+        let mut r = ControlReader::default();
+        r.push(&line);
+        r.push(b"{\"node\":\"old\",\"version\":\"1\"}\n");
+        let old = AgentHello { node: "old".into(), version: "1".into(), ..AgentHello::default() };
+        assert_eq!(read_all::<AgentHello>(&mut r), vec![Some(hello), Some(old)]);
+
+        /// The hello as a reader before the identifiers knew it.
+        #[derive(Debug, PartialEq, Deserialize)]
+        struct HelloV1 {
+            node: String,
+            version: String,
+        }
+        r.push(&line);
+        assert_eq!(read_all::<HelloV1>(&mut r), vec![Some(HelloV1 { node: "n".into(), version: "2".into() })]);
     }
 
     /// An announcement of a server before `since_ms` and `draining` existed still reads.
