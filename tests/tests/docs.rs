@@ -1,6 +1,7 @@
-//! The generated references stay true: every binary prints the checked-in schema, the config
-//! reference's "restart" keys are the ones a reload refuses, and the metrics reference lists
-//! exactly the metrics the binaries register.
+//! The documentation (README.md and the book under docs/) stays true: its relative links and
+//! anchors resolve, every YAML block says what it is and each seedgate config among them passes
+//! the binary's `--check` and its JSON Schema, every binary prints the checked-in schema, and the
+//! metrics reference lists exactly the metrics the binaries register.
 
 use proxy_core::app::Options;
 use proxy_core::metrics::{MetricInfo, noting};
@@ -11,12 +12,104 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use testbed::docs::{read, repo_root};
+use testbed::docs::{anchors, examples, links, markdown_files, read, repo_root};
 use testbed::tunnel_kit::{AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, server_yaml};
 use testbed::{TempDir, bin_path, ensure_built};
 
 const UPDATE: &str = "SEEDGATE_UPDATE_DOCS";
 const BINARIES: [&str; 3] = ["sni-router", "proxy-server", "proxy-agent"];
+
+#[test]
+fn relative_links_and_anchors_resolve() {
+    let root = repo_root();
+    let mut broken = Vec::new();
+    for file in markdown_files() {
+        let dir = file.parent().unwrap_or(Path::new(""));
+        for (line, target) in links(&read(&file)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() { file.clone() } else { normalize(&dir.join(path)) };
+            let at = format!("{}:{line}: {target}", file.display());
+            if !root.join(&resolved).exists() {
+                broken.push(format!("{at}: no such file {}", resolved.display()));
+            } else if !anchor.is_empty()
+                && resolved.extension().is_some_and(|x| x == "md")
+                && !anchors(&read(&resolved)).iter().any(|a| a == anchor)
+            {
+                broken.push(format!("{at}: {} has no heading with the anchor #{anchor}", resolved.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
+}
+
+/// `a/b/../c` -> `a/c` (the path need not exist).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readme_is_short_and_pictures_the_paths_as_the_book_does() {
+    let readme = read("README.md");
+    let n = readme.lines().count();
+    assert!(n <= 250, "README.md has {n} lines: keep it at most 250 and move the rest into a page of docs/");
+    let picture = |text: &str| -> Vec<String> {
+        let from = text.lines().position(|l| l.starts_with("```") && l.trim() == "```").expect("a picture");
+        text.lines().skip(from).take_while(|l| !l.starts_with("Nothing here")).map(str::to_owned).collect()
+    };
+    let book = read("docs/README.md");
+    let book_paths = book.split("## The traffic paths").nth(1).expect("docs/README.md pictures the traffic paths");
+    let readme_paths = readme.split("## Traffic paths").nth(1).expect("README.md pictures the traffic paths");
+    assert_eq!(picture(readme_paths), picture(book_paths), "the README and the book picture the paths differently");
+}
+
+const KINDS: [&str; 6] = ["sni-router", "proxy-server", "proxy-agent", "route-file", "cluster-file", "other"];
+
+#[test]
+fn every_yaml_block_says_what_it_is() {
+    let (all, unmarked) = examples();
+    let unmarked: Vec<String> = unmarked.iter().map(|(f, l)| format!("{}:{l}", f.display())).collect();
+    assert!(
+        unmarked.is_empty(),
+        "these ```yaml blocks have no <!-- example: NAME (KIND, ...) --> line above them (KIND: one of {KINDS:?} per \
+         YAML document):\n  {}",
+        unmarked.join("\n  ")
+    );
+    let mut names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "two blocks share a name");
+    for e in &all {
+        for (kind, _) in e.documents() {
+            assert!(KINDS.contains(&kind.as_str()), "{}:{}: unknown kind {kind:?}", e.file.display(), e.line);
+        }
+    }
+    assert!(all.len() >= 18, "only {} marked examples", all.len());
+}
+
+fn file_kind(kind: &str) -> Option<ConfigFile> {
+    Some(match kind {
+        "sni-router" => ConfigFile::Router,
+        "proxy-server" => ConfigFile::Server,
+        "proxy-agent" => ConfigFile::Agent,
+        "route-file" => ConfigFile::RouteFile,
+        "cluster-file" => ConfigFile::ClusterFile,
+        _ => return None,
+    })
+}
 
 /// The binaries of this test's own profile, built and fresh.
 fn binaries() -> Vec<PathBuf> {
@@ -24,6 +117,58 @@ fn binaries() -> Vec<PathBuf> {
     let profile =
         if p.parent().and_then(Path::file_name).is_some_and(|n| n == "release") { "release" } else { "debug" };
     ensure_built(profile, &BINARIES).expect("the binaries build")
+}
+
+/// `BINARY --config FILE --check --skip-file-checks` (the files a documentation example names are
+/// not there): its exit code and what it printed.
+fn check(bin: &str, file: &Path) -> (i32, String) {
+    let out = Command::new(bin_path(bin).unwrap())
+        .args(["--check", "--skip-file-checks", "--config"])
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// YAML read as editors' YAML language server reads it (YAML 1.2: `off` is a string, not `false`).
+fn yaml_1_2() -> serde_saphyr::Options {
+    serde_saphyr::options! { strict_booleans: true }
+}
+
+#[test]
+fn every_seedgate_example_passes_check_and_its_schema() {
+    binaries();
+    let dir = TempDir::new("docs-examples").unwrap();
+    let validators: BTreeMap<&str, jsonschema::Validator> = ConfigFile::ALL
+        .iter()
+        .map(|f| (f.name(), jsonschema::draft7::new(&f.schema()).expect("a draft-07 schema")))
+        .collect();
+    let (all, _) = examples();
+    let mut checked = 0;
+    for e in &all {
+        for (i, (kind, yaml)) in e.documents().into_iter().enumerate() {
+            let at = format!("{}:{} (example {}, document {})", e.file.display(), e.line, e.name, i + 1);
+            let value: Value = serde_saphyr::from_str_with_options(&yaml, yaml_1_2())
+                .unwrap_or_else(|err| panic!("{at}: not YAML: {err}"));
+            let Some(file) = file_kind(&kind) else { continue };
+            let errors: Vec<String> = validators[file.name()].iter_errors(&value).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{at}: the {} schema refuses it:\n  {}", file.name(), errors.join("\n  "));
+            if matches!(file, ConfigFile::RouteFile | ConfigFile::ClusterFile) {
+                let parsed = match file {
+                    ConfigFile::RouteFile => seedgate_config::router::parse_route_file(&yaml, &at).map(drop),
+                    _ => seedgate_config::server::parse_cluster_file(&yaml, &at).map(drop),
+                };
+                parsed.unwrap_or_else(|err| panic!("{at}: {err}"));
+                continue;
+            }
+            let cfg = dir.write(&format!("{}-{i}.yaml", e.name), &yaml).unwrap();
+            let (code, said) = check(file.binary(), &cfg);
+            assert_eq!(code, 0, "{at}: {} --check refuses it:\n{said}", file.binary());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "only {checked} configs checked");
 }
 
 #[test]
