@@ -8,12 +8,14 @@
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
+//! - [`docs`]: the repository's Markdown (README and book): files, anchors, links, marked examples.
 //! - [`secret_volume`]: a directory laid out like a mounted Kubernetes secret (atomic `..data` swaps).
 //!
 //! Everything async expects a tokio runtime.
 
 pub mod admin;
 pub mod backend;
+pub mod docs;
 pub mod netns;
 pub mod peers;
 pub mod pki;

@@ -499,7 +499,7 @@ fn pki_script_makes_the_secrets_the_overlays_mount() -> anyhow::Result<()> {
             .arg(pki.join(format!("{leaf}.crt"))))?;
         ensure!(ok, "{leaf} does not chain to {ca}: {o}{e}");
     }
-    // What the README's certificate tables say of each: CN, SANs, EKU, a leaf.
+    // What the certificate tables (docs/guides/certificates.md) say of each: CN, SANs, EKU, a leaf.
     for (leaf, cn, san, eku) in [
         (
             "agents-listener",

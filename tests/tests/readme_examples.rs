@@ -1,66 +1,14 @@
-//! The README's YAML examples are real configs: each block marked `<!-- example: NAME -->` and
-//! each "config reference" block parses with the parser of the binary it documents, and the
-//! third-party examples (kube-apiserver egress selector, Prometheus) carry the fields that
-//! connect them to proxy-server.
+//! The documentation's YAML examples (README.md and the book under docs/) are real configs: each
+//! block marked `<!-- example: NAME (KINDS) -->` parses with the parser of the binary it documents
+//! (the annotated "every key" files included), and the third-party examples (kube-apiserver egress
+//! selector, Prometheus) carry the fields that connect them to proxy-server.
 
 use serde_json::Value;
-use std::path::Path;
+use testbed::docs::{documents, example as marked};
 
-fn readme() -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
-}
-
-/// The fenced ```yaml block starting at or after line `from` (the fence must be the first
-/// non-blank line), as text.
-fn yaml_block_after(lines: &[&str], from: usize, what: &str) -> String {
-    let mut i = from;
-    while i < lines.len() && lines[i].trim().is_empty() {
-        i += 1;
-    }
-    assert!(
-        lines.get(i).is_some_and(|l| l.trim() == "```yaml"),
-        "{what}: expected a ```yaml fence on README line {}, found {:?}",
-        i + 1,
-        lines.get(i)
-    );
-    let body: Vec<&str> = lines[i + 1..].iter().take_while(|l| l.trim() != "```").copied().collect();
-    assert!(i + 1 + body.len() < lines.len(), "{what}: the ```yaml block is not closed");
-    body.join("\n") + "\n"
-}
-
-/// The block marked `<!-- example: NAME -->`.
+/// The YAML of the block marked `name`.
 fn example(name: &str) -> String {
-    let text = readme();
-    let lines: Vec<&str> = text.lines().collect();
-    let marker = format!("<!-- example: {name} -->");
-    let at: Vec<usize> = lines.iter().enumerate().filter(|(_, l)| l.trim() == marker).map(|(i, _)| i).collect();
-    assert_eq!(at.len(), 1, "README must mark exactly one block {marker}");
-    yaml_block_after(&lines, at[0] + 1, name)
-}
-
-/// The block directly under the heading `heading`.
-fn under_heading(heading: &str) -> String {
-    let text = readme();
-    let lines: Vec<&str> = text.lines().collect();
-    let at =
-        lines.iter().position(|l| l.trim() == heading).unwrap_or_else(|| panic!("README has no heading {heading:?}"));
-    yaml_block_after(&lines, at + 1, heading)
-}
-
-/// YAML documents separated by `---` lines.
-fn documents(yaml: &str) -> Vec<String> {
-    let mut docs = vec![String::new()];
-    for l in yaml.lines() {
-        if l.trim_end() == "---" {
-            docs.push(String::new());
-        } else {
-            let d = docs.last_mut().expect("never empty");
-            d.push_str(l);
-            d.push('\n');
-        }
-    }
-    docs
+    marked(name).yaml
 }
 
 fn generic(yaml: &str, what: &str) -> Value {
@@ -77,11 +25,11 @@ fn show<E: std::fmt::Display>(r: Result<impl Sized, E>, what: &str, yaml: &str) 
 fn p2_proxy_protocol_example() {
     let docs = documents(&example("p2-proxy-protocol"));
     assert_eq!(docs.len(), 2, "agent part, then router part");
-    let agent = seedgate_config::agent::parse(&docs[0], "README p2-proxy-protocol (agent)")
+    let agent = seedgate_config::agent::parse(&docs[0], "docs p2-proxy-protocol (agent)")
         .unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
     let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
     assert_eq!(ap.mode, seedgate_config::agent::Mode::ProxyProtocolV2);
-    let router = seedgate_config::router::parse(&docs[1], "README p2-proxy-protocol (router)")
+    let router = seedgate_config::router::parse(&docs[1], "docs p2-proxy-protocol (router)")
         .unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
     let l = &router.listeners[0];
     assert_eq!(l.proxy_protocol, seedgate_config::router::ProxyProtocolMode::Required);
@@ -97,12 +45,12 @@ fn p2_proxy_protocol_example() {
 fn p2_http_connect_example() {
     let docs = documents(&example("p2-http-connect"));
     assert_eq!(docs.len(), 2, "agent part, then router part");
-    let agent = seedgate_config::agent::parse(&docs[0], "README p2-http-connect (agent)")
+    let agent = seedgate_config::agent::parse(&docs[0], "docs p2-http-connect (agent)")
         .unwrap_or_else(|e| panic!("{e}\n{}", docs[0]));
     let ap = agent.apiserver_proxy.as_deref().expect("the agent part configures apiserver_proxy");
     assert_eq!(ap.mode, seedgate_config::agent::Mode::HttpConnect);
     let dest = ap.destination.clone().expect("http-connect needs destination");
-    let router = seedgate_config::router::parse(&docs[1], "README p2-http-connect (router)")
+    let router = seedgate_config::router::parse(&docs[1], "docs p2-http-connect (router)")
         .unwrap_or_else(|e| panic!("{e}\n{}", docs[1]));
     let routes = &router.listeners[0].routes;
     // The agent's header value is one the router lists, under the same header name.
@@ -120,7 +68,7 @@ fn p2_http_connect_example() {
     assert!(re, "the Reversed-VPN regex must match the OpenVPN header value");
 }
 
-/// Tiny matcher for the README's regex, which only escapes `|` and `.`: compare it with the
+/// Tiny matcher for the example's regex, which only escapes `|` and `.`: compare it with the
 /// value after unescaping (keeps the regex crate out of the test dependencies).
 fn regex_lite_match(re: &str, value: &str) -> bool {
     let mut out = String::new();
@@ -137,12 +85,12 @@ fn regex_lite_match(re: &str, value: &str) -> bool {
 
 #[test]
 fn config_references_parse() {
-    let y = under_heading("### sni-router config reference");
-    show(seedgate_config::router::parse(&y, "README sni-router reference"), "the sni-router reference", &y);
-    let y = under_heading("### proxy-agent config reference");
-    show(seedgate_config::agent::parse(&y, "README proxy-agent reference"), "the proxy-agent reference", &y);
-    let y = under_heading("### proxy-server config reference");
-    show(seedgate_config::server::parse(&y, "README proxy-server reference"), "the proxy-server reference", &y);
+    let y = example("reference-sni-router");
+    show(seedgate_config::router::parse(&y, "docs reference-sni-router"), "the sni-router reference", &y);
+    let y = example("reference-proxy-agent");
+    show(seedgate_config::agent::parse(&y, "docs reference-proxy-agent"), "the proxy-agent reference", &y);
+    let y = example("reference-proxy-server");
+    show(seedgate_config::server::parse(&y, "docs reference-proxy-server"), "the proxy-server reference", &y);
 }
 
 #[test]
@@ -164,13 +112,13 @@ fn egress_selector_example() {
     let uds = sel["connection"]["transport"]["uds"]["udsName"].as_str().expect("uds.udsName");
     assert!(uds.starts_with('/') && uds.ends_with(".sock"), "{uds}");
     // The socket is one a proxy-server front end can listen on (the reference's example path).
-    let server_ref = under_heading("### proxy-server config reference");
+    let server_ref = example("reference-proxy-server");
     assert!(server_ref.contains(uds), "the proxy-server reference should show unix: {uds}");
 }
 
 /// The mTLS TCP variant: an `https://` URL whose port a TLS front end of the accompanying proxy-server
 /// config listens on, the three `tlsConfig` files, and a front end that takes the cluster from the
-/// client certificate (the rule the README states next to it).
+/// client certificate (the rule the guide states next to it).
 #[test]
 fn egress_selector_tcp_example() {
     let v = generic(&example("egress-selector-tcp"), "egress-selector-tcp");
@@ -191,7 +139,7 @@ fn egress_selector_tcp_example() {
         assert!(f.starts_with('/'), "tlsConfig.{k}: {f}");
     }
     let y = example("egress-tcp-frontend");
-    let c = seedgate_config::server::parse(&y, "README egress-tcp-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+    let c = seedgate_config::server::parse(&y, "docs egress-tcp-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
     let fe = c
         .frontends
         .iter()
@@ -207,7 +155,7 @@ fn egress_selector_tcp_example() {
 #[test]
 fn unix_socket_examples() {
     let y = example("unix-frontend");
-    let c = seedgate_config::server::parse(&y, "README unix-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+    let c = seedgate_config::server::parse(&y, "docs unix-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
     let f = &c.frontends[0];
     assert_eq!(f.unix_mode, Some(seedgate_config::FileMode(0o660)));
     let group = f.unix_group.clone().expect("unix_group");
@@ -242,7 +190,7 @@ fn prometheus_proxy_url_example() {
 fn proxy_credentials_examples() {
     let y = example("proxy-credentials-frontend");
     let c =
-        seedgate_config::server::parse(&y, "README proxy-credentials-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
+        seedgate_config::server::parse(&y, "docs proxy-credentials-frontend").unwrap_or_else(|e| panic!("{e}\n{y}"));
     let v = generic(&example("prometheus-proxy-credentials"), "prometheus-proxy-credentials");
     let url = v["scrape_configs"][0]["proxy_url"].as_str().expect("proxy_url");
     let rest = url.strip_prefix("http://").expect("http:// proxy_url");
@@ -272,11 +220,11 @@ fn walkthrough_configs() {
     };
     let (server_y, router_y, agent_y) =
         (whole("walkthrough-proxy-server"), whole("walkthrough-sni-router"), whole("walkthrough-proxy-agent"));
-    let server = seedgate_config::server::parse(&server_y, "README walkthrough-proxy-server")
+    let server = seedgate_config::server::parse(&server_y, "docs walkthrough-proxy-server")
         .unwrap_or_else(|e| panic!("{e}\n{server_y}"));
-    let router = seedgate_config::router::parse(&router_y, "README walkthrough-sni-router")
+    let router = seedgate_config::router::parse(&router_y, "docs walkthrough-sni-router")
         .unwrap_or_else(|e| panic!("{e}\n{router_y}"));
-    let agent = seedgate_config::agent::parse(&agent_y, "README walkthrough-proxy-agent")
+    let agent = seedgate_config::agent::parse(&agent_y, "docs walkthrough-proxy-agent")
         .unwrap_or_else(|e| panic!("{e}\n{agent_y}"));
 
     let tunnel = agent.tunnel.as_deref().expect("the agent configures tunnel");
@@ -316,26 +264,21 @@ fn walkthrough_configs() {
     assert_eq!(unique.len(), ports.len(), "a port is used twice: {ports:?}");
 }
 
-/// The table of contents lists every `##` section (outside code blocks) in order.
+/// The book's table of contents (docs/SUMMARY.md) lists every page of the book once, and nothing
+/// else: a page is never left out of the book, nor listed twice.
 #[test]
-fn contents_lists_every_section() {
-    let text = readme();
-    let mut in_code = false;
-    let mut sections = Vec::new();
-    for l in text.lines() {
-        if l.starts_with("```") {
-            in_code = !in_code;
-        } else if !in_code && let Some(h) = l.strip_prefix("## ") {
-            sections.push(h.to_owned());
-        }
-    }
-    let at = sections.iter().position(|s| s == "Contents").expect("a Contents section");
-    let contents: Vec<&str> = text
-        .lines()
-        .skip_while(|l| *l != "## Contents")
-        .skip(1)
-        .take_while(|l| !l.starts_with("## "))
-        .filter_map(|l| l.strip_prefix("- [")?.split_once("](").map(|(t, _)| t))
+fn contents_lists_every_page_once() {
+    let summary = testbed::docs::read("docs/SUMMARY.md");
+    let mut listed: Vec<String> =
+        testbed::docs::links(&summary).into_iter().map(|(_, t)| format!("docs/{t}")).collect();
+    let mut pages: Vec<String> = testbed::docs::markdown_files()
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .filter(|p| p.starts_with("docs/") && p != "docs/SUMMARY.md")
         .collect();
-    assert_eq!(contents, sections[at + 1..].iter().map(String::as_str).collect::<Vec<_>>());
+    listed.sort();
+    let twice: Vec<&String> = listed.windows(2).filter(|w| w[0] == w[1]).map(|w| &w[0]).collect();
+    assert!(twice.is_empty(), "docs/SUMMARY.md lists these twice: {twice:?}");
+    pages.sort();
+    assert_eq!(listed, pages, "docs/SUMMARY.md must list every page under docs/ (and only those)");
 }

@@ -1,32 +1,24 @@
-//! The README walk-through, run: its three configs (the blocks marked `walkthrough-*`), taken
-//! whole, start the real binaries, and each path the walk-through tries answers. The configs'
-//! fixed loopback ports are moved by a fixed offset to unusual ones (so a developer's own
-//! walk-through on the README ports does not collide), and `/tmp/seedgate/` becomes a temp dir.
+//! The walk-through (docs/getting-started.md), run: its three configs (the blocks marked
+//! `walkthrough-*`), taken whole, start the real binaries, and each path the walk-through tries
+//! answers. The configs' fixed loopback ports are moved by a fixed offset to unusual ones (so a
+//! developer's own walk-through on the documented ports does not collide), and `/tmp/seedgate/`
+//! becomes a temp dir.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
+use testbed::docs::example;
 use testbed::tls_client::http_get_request;
 use testbed::{
     Ca, Proc, TempDir, TlsHttpBackend, bin_path, ensure_built, http_get, metric_sum, poll_until, tls_request,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// Added to every README port: 8443 -> 28443 and so on, below the ephemeral range.
+/// Added to every walk-through port: 8443 -> 28443 and so on, below the ephemeral range.
 const OFFSET: u16 = 20000;
-const README_DIR: &str = "/tmp/seedgate/";
+const WALKTHROUGH_DIR: &str = "/tmp/seedgate/";
 const APISERVER: &str = "api.shoot-a.example.com";
 const TUNNEL_NAME: &str = "proxy.seed.example.com";
-
-/// The block marked `<!-- example: NAME -->`, as the reader copies it.
-fn example(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-    let marker = format!("<!-- example: {name} -->");
-    let mut lines = text.lines().skip_while(|l| l.trim() != marker).skip(1);
-    assert_eq!(lines.next().map(str::trim), Some("```yaml"), "README block {name}");
-    lines.take_while(|l| l.trim() != "```").map(|l| format!("{l}\n")).collect()
-}
 
 /// `127.0.0.1:PORT` -> `127.0.0.1:PORT+OFFSET` everywhere (CIDRs such as `127.0.0.0/8` have no port).
 fn shift_ports(yaml: &str, ports: &mut Vec<u16>) -> String {
@@ -38,7 +30,7 @@ fn shift_ports(yaml: &str, ports: &mut Vec<u16>) -> String {
         rest = &rest[at + HOST.len()..];
         let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
         let port: u16 = rest[..digits].parse().expect("a port after 127.0.0.1:");
-        let moved = port.checked_add(OFFSET).expect("README ports are below 45535");
+        let moved = port.checked_add(OFFSET).expect("walk-through ports are below 45535");
         ports.push(moved);
         out.push_str(&moved.to_string());
         rest = &rest[digits..];
@@ -77,18 +69,19 @@ async fn readme_walkthrough_runs() {
 
     let mut ports = Vec::new();
     let mut config = |name: &str| {
-        let yaml = shift_ports(&example(&format!("walkthrough-{name}")), &mut ports).replace(README_DIR, &base);
+        let yaml =
+            shift_ports(&example(&format!("walkthrough-{name}")).yaml, &mut ports).replace(WALKTHROUGH_DIR, &base);
         dir.write(&format!("{name}.yaml"), yaml).unwrap()
     };
     let (server_cfg, router_cfg, agent_cfg) = (config("proxy-server"), config("sni-router"), config("proxy-agent"));
-    // The stand-in kube-apiserver's port: the router's upstream in the README (6443).
+    // The stand-in kube-apiserver's port: the router's upstream in the walk-through (6443).
     let apiserver = at(6443 + OFFSET);
     ports.push(apiserver.port());
     ports.sort_unstable();
     ports.dedup();
     for p in &ports {
         if let Err(e) = std::net::TcpListener::bind(at(*p)) {
-            panic!("this test needs 127.0.0.1:{p} (a README walk-through port + {OFFSET}), which is taken: {e}");
+            panic!("this test needs 127.0.0.1:{p} (a walk-through port + {OFFSET}), which is taken: {e}");
         }
     }
 
