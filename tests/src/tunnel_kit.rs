@@ -5,6 +5,7 @@
 
 use crate::admin::http_get;
 use crate::backend::{Serving, serve};
+use crate::inproc::InProc;
 use crate::pki::{self, Ca, Issued};
 use crate::proc::{Addresses, Proc, bin_path};
 use crate::tmp::TempDir;
@@ -209,6 +210,20 @@ pub async fn start_agent(
         None => std::process::Command::new(&bin),
     };
     Proc::spawn_seedgate(cmd, &cfg, &[]).await
+}
+
+/// proxy-server with `yaml`, in this process.
+pub async fn inproc_server(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    let p = InProc::start(dir, "proxy-server", yaml).await?;
+    let addrs = p.addrs()?;
+    Ok((p, addrs))
+}
+
+/// proxy-agent with `yaml`, in this process.
+pub async fn inproc_agent(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    let p = InProc::start(dir, "proxy-agent", yaml).await?;
+    let addrs = p.addrs()?;
+    Ok((p, addrs))
 }
 
 /// `GET /metrics` of an admin listener.

@@ -6,12 +6,11 @@
 //! was not waiting for a deadline to free a slot. Every wait polls with a deadline.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 use testbed::pki::client_config;
 use testbed::tls_client::http_get_request;
 use testbed::{
-    Addresses, Ca, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, poll_until, tls_request,
+    Addresses, Ca, InProc, TcpEcho, TempDir, TlsHttpBackend, http_get, metric_value, poll_until, tls_request,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -22,12 +21,12 @@ const TICK: Duration = Duration::from_millis(20);
 const HANDSHAKE: Duration = Duration::from_secs(60);
 
 /// A real ClientHello (openssl s_client, SNI api.shoot-b.example.com).
-const HELLO_SHOOT_B: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/openssl.bin");
+const HELLO_SHOOT_B: &[u8] = include_bytes!("../../../wire/tests/fixtures/client_hello/openssl.bin");
 
-async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    let r = InProc::start(dir, "sni-router", yaml).await?;
+    let addrs = r.addrs()?;
+    Ok((r, addrs))
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -81,7 +80,7 @@ struct Gateway {
     ca: Ca,
     _backend: TlsHttpBackend,
     _echo: TcpEcho,
-    _router: Proc,
+    _router: InProc,
     addrs: Addresses,
 }
 
@@ -98,7 +97,7 @@ impl Gateway {
             backend.addr(),
             echo.addr()
         );
-        let (router, addrs, _) = start_router(dir, &yaml).await?;
+        let (router, addrs) = start_router(dir, &yaml).await?;
         Ok(Self { ca, _backend: backend, _echo: echo, _router: router, addrs })
     }
 
@@ -233,7 +232,7 @@ async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
         HANDSHAKE.as_secs(),
         echo.addr()
     );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (_r, addrs) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
     // Ten fill the budget; the next ones meet a full budget: the floor.
     let mut stalled = Vec::new();
@@ -254,7 +253,7 @@ async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
 /// here: no agent is connected, which is the point: it got past its head).
 #[tokio::test]
 async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyhow::Result<()> {
-    use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, refusal_of, server_yaml, start_server};
+    use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, inproc_server, refusal_of, server_yaml};
     let dir = TempDir::new("pending-frontend")?;
     let pki = TunnelPki::new(dir.path())?;
     let extra = format!(
@@ -263,7 +262,7 @@ async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyho
         HANDSHAKE.as_secs()
     );
     let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], &extra);
-    let (_p, addrs) = start_server(&dir, "server", &yaml).await?;
+    let (_p, addrs) = inproc_server(&dir, &yaml).await?;
     let fe = addrs.listener("egress")?;
 
     let mut stalled = Vec::new();
@@ -312,7 +311,7 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
          \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
         echo.addr()
     );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (_r, addrs) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
     let admin = addrs.admin()?;
 
