@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, ChecksumSink, Dialer, End, FRONTEND_NAME, Fe, FeKind, Fnv, Pattern, STEP, SpeakFirst, Stall, TunnelPki,
+    AgentOpts, ChecksumSink, Crc, Dialer, End, FRONTEND_NAME, Fe, FeKind, Pattern, STEP, SpeakFirst, Stall, TunnelPki,
     Watcher, agent_yaml, connect, connect_strict, connect_tcp, fd_count, inproc_agent, inproc_server, metrics,
     parse_sum_line, read_checksum, refusal_of, server_yaml, start_agent, start_server, tls_get_over, wait_agents,
     write_pattern,
@@ -23,6 +23,9 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 
 const TICK: Duration = Duration::from_millis(20);
 const MIB: u64 = 1024 * 1024;
+/// The smallest flow-control windows both ends accept (`stream_window`, `connection_window`):
+/// 64 KiB a stream, 1 MiB a session, so that a transfer of a few MiB spans many windows.
+const WINDOWS: &str = "  stream_window: 65535\n  connection_window: 1048576\n";
 
 /// The tunnel transport a test runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +123,13 @@ impl World {
         allow: &[&str],
     ) -> anyhow::Result<Self> {
         Self::build(Run::InProcess, transport, frontends, agents_extra, agent, allow).await
+    }
+
+    /// [`World::plain_over`] with flow-control windows of [`WINDOWS`] on both ends, so that a few
+    /// MiB are many windows.
+    async fn small_windows_over(transport: Transport) -> anyhow::Result<Self> {
+        let agent = |o: &mut AgentOpts| o.tunnel_extra.push_str(WINDOWS);
+        Self::build(Run::InProcess, transport, &[plain_fe()], WINDOWS, agent, &["127.0.0.1/32"]).await
     }
 
     /// The plain front end `egress` in front of one agent over `transport`, both as processes.
@@ -397,7 +407,8 @@ async fn kube_apiserver_style(transport: Transport) -> anyhow::Result<()> {
 
 // Test 4: one stream whose reader never reads fills its window (the client's writes block),
 // and one whose seed-side client never reads while its backend floods, while 50 other streams
-// each move 16 MiB (half of them towards the shoot, half back) with correct checksums.
+// each move 1 MiB (half of them towards the shoot, half back) with correct checksums, through
+// windows of 64 KiB a stream and 1 MiB a session.
 over_both!(
     stalled_stream:
     stalled_stream_does_not_block_the_others,
@@ -405,12 +416,13 @@ over_both!(
 );
 
 async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
-    let w = World::start_over(transport, &[plain_fe()], "", |_| {}, &["127.0.0.1/32"]).await?;
+    let w = World::small_windows_over(transport).await?;
     let d = w.plain("egress")?;
     let stall = Stall::start_on("127.0.0.1:0".parse()?).await?;
-    const LEN: u64 = 16 * MIB;
+    // 16 stream windows each; all 50 together are 50 session windows.
+    const LEN: u64 = MIB;
     let sink = ChecksumSink::start_on("127.0.0.1:0".parse()?, 0).await?;
-    // Answers a 1-byte upload with a 16 MiB download.
+    // Answers a 1-byte upload with a LEN download.
     let source = ChecksumSink::start_on("127.0.0.1:0".parse()?, LEN).await?;
     // The reverse stall: this backend sends 1 GiB to a client that reads nothing for now.
     let flood = SpeakFirst::start_on("127.0.0.1:0".parse()?, 1024 * MIB).await?;
@@ -443,7 +455,7 @@ async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
     eprintln!("the stalled stream took {stalled_bytes} bytes before its writes blocked");
     assert_eq!(stall.connections(), 1);
 
-    // 50 streams × 16 MiB while the stalled ones hold their windows.
+    // 50 streams × LEN while the stalled ones hold their windows.
     const N: u64 = 50;
     let mut set = tokio::task::JoinSet::new();
     for i in 0..N {
@@ -463,7 +475,7 @@ async fn stalled_stream(transport: Transport) -> anyhow::Result<()> {
                 "stream {i}: backend got {n} bytes sum {sum:?}, sent {up} sum {sent:?}"
             );
             let down = read_checksum(&mut r).await?;
-            let want = if up == 1 { (LEN, Pattern::checksum(1, LEN)) } else { (0, Fnv::default()) };
+            let want = if up == 1 { (LEN, Pattern::checksum(1, LEN)) } else { (0, Crc::default()) };
             anyhow::ensure!(down == want, "stream {i}: received {down:?}, want {want:?}");
             anyhow::Ok(())
         });
@@ -501,11 +513,12 @@ over_both!(
 );
 
 async fn concurrent_large_transfers(transport: Transport) -> anyhow::Result<()> {
-    let w = World::plain_over(transport).await?;
+    let w = World::small_windows_over(transport).await?;
     let d = w.plain("egress")?;
     let echo = TcpEcho::start().await?;
+    // 32 stream windows each; 16 session windows each way in all.
     const N: u64 = 8;
-    const LEN: u64 = 32 * MIB;
+    const LEN: u64 = 2 * MIB;
     let mut set = tokio::task::JoinSet::new();
     for i in 0..N {
         let d = d.clone();
@@ -1108,9 +1121,9 @@ fn checksums_tell_streams_apart() {
     assert_eq!(a, Pattern::checksum(1, 1000));
     assert_ne!(a, Pattern::checksum(2, 1000));
     assert_ne!(a, Pattern::checksum(1, 999));
-    let mut f = Fnv::default();
+    let mut f = Crc::default();
     f.update(b"a");
-    assert_eq!(f.0, 0xaf63_dc4c_8601_ec8c, "FNV-1a 64 of \"a\"");
+    assert_eq!(f.0, 0xc1d0_4330, "CRC-32C of \"a\"");
 }
 
 /// The value of `key=<number>` in a log line.
