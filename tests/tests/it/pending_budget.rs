@@ -345,32 +345,22 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
     Ok(())
 }
 
-/// The soft limit on open files of this process (`/proc/self/limits`).
-fn open_files_limit() -> anyhow::Result<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits")?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files")).ok_or_else(|| anyhow::anyhow!("{limits}"))?;
-    let soft = line.split_whitespace().nth(3).ok_or_else(|| anyhow::anyhow!("{line}"))?;
-    Ok(soft.parse().unwrap_or(u64::MAX))
-}
-
-/// The attack as it happens, against sni-router's default limits (nothing under `limits:` or
-/// `timeouts:`): 12,000 stalled clients from one address range (127.0.2.0/24, 70 from each
-/// address), more than the 10,000 default connection slots they could once hold. The budget keeps
-/// them to 2,000 pending, refuses what is over 64 per address and evicts the oldest; a real client
-/// from another address is routed without ever waiting for a connection slot, and a connection
-/// established before the attack keeps flowing.
+/// The attack as it happens, against sni-router's default pending limits (nothing under
+/// `timeouts:`, and under `limits:` only `max_connections: 1000`): 2,450 stalled clients from one
+/// address range (127.0.2.0/24, 70 from each of 35 addresses), more than the 1,000 connection
+/// slots they could once hold and than the budget of 2,000. The budget keeps them to 2,000
+/// pending, refuses what is over 64 per address and evicts the oldest; a real client from
+/// another address is routed without ever waiting for a connection slot, and a connection
+/// established before the attack keeps flowing. (The same at the default `max_connections` of
+/// 10,000 takes more than 10,000 stalled clients: the bench's slowloris scenario measures that
+/// shape, 2,500 stalled clients against 1,000 slots, next to haproxy and nginx.)
 #[tokio::test]
-async fn default_limits_twelve_thousand_stalled_clients() -> anyhow::Result<()> {
-    const SOURCES: u8 = 172;
+async fn default_limits_thousands_of_stalled_clients() -> anyhow::Result<()> {
+    const SOURCES: u8 = 35;
     const PER_SOURCE: usize = 70;
     let total = usize::from(SOURCES) * PER_SOURCE;
-    let limit = open_files_limit()?;
-    anyhow::ensure!(
-        limit > total as u64 + 1_000,
-        "this test holds {total} sockets; the open-files limit is {limit} (run it as `.ci/run` does, after `ulimit -n 20000`)"
-    );
     let dir = TempDir::new("pending-defaults")?;
-    let g = Gateway::start(&dir, "").await?;
+    let g = Gateway::start(&dir, "limits: { max_connections: 1000 }\n").await?;
     let (addrs, gw) = (g.addrs.clone(), g.gw()?);
     let mut est = g.established().await?;
 
