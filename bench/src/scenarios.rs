@@ -68,6 +68,10 @@ pub struct Opts {
     /// profiling one system (see BENCH_PERF_DIR in bench/README.md).
     #[arg(long, global = true)]
     pub only: Option<String>,
+    /// Start no anchor, only seedgate's systems (and direct): for checking that every seedgate
+    /// row works (CI's smoke run); the anchors' rows say they were left out.
+    #[arg(long, global = true)]
+    pub seedgate_only: bool,
     /// Keep the directory with every config and process log, and print its path.
     #[arg(long, global = true)]
     pub keep: bool,
@@ -319,6 +323,7 @@ async fn run_async(
     if let Some(o) = &opts.only {
         let _ = crate::systems::ONLY.set(o.clone());
     }
+    crate::systems::SEEDGATE_ONLY.store(opts.seedgate_only, std::sync::atomic::Ordering::Relaxed);
     let mut machine = Machine::probe(nofile);
     let anchors = Anchors::find();
     let mut dir = TempDir::new("bench")?;
