@@ -85,6 +85,13 @@ impl InProc {
         Ok(Self { files, label, log, shutdown, task: Some(task), rt: Some(rt) })
     }
 
+    /// [`InProc::start`], and the addresses it bound.
+    pub async fn serve(dir: &TempDir, bin: &str, yaml: &str) -> anyhow::Result<(Self, Addresses)> {
+        let p = Self::start(dir, bin, yaml).await?;
+        let addrs = p.addrs()?;
+        Ok((p, addrs))
+    }
+
     /// The addresses it is bound to now (rewritten after every reload).
     pub fn addrs(&self) -> anyhow::Result<Addresses> {
         self.read_addresses().with_context(|| format!("reading {}", self.addresses.display()))

@@ -224,6 +224,19 @@ impl Proc {
         Self::spawn_seedgate(std::process::Command::new(bin), config, extra_args).await
     }
 
+    /// Write `yaml` to `<dir>/<stem>.yaml` and start the seedgate binary `bin` on it; also returns
+    /// the config's path (rewrite it, or signal SIGHUP, to reload).
+    pub async fn start_with_config(
+        dir: &TempDir,
+        bin: &str,
+        stem: &str,
+        yaml: &str,
+    ) -> anyhow::Result<(Self, Addresses, PathBuf)> {
+        let cfg = dir.write(&format!("{stem}.yaml"), yaml)?;
+        let (p, addrs) = Self::start_seedgate(&bin_path(bin)?, &cfg, &[]).await?;
+        Ok((p, addrs, cfg))
+    }
+
     /// [`Proc::start_seedgate`] for a prepared command (e.g. `ns.command(bin)`).
     pub async fn spawn_seedgate(
         mut cmd: std::process::Command,

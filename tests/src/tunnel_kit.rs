@@ -191,8 +191,7 @@ pub fn ensure_binaries() -> anyhow::Result<()> {
 /// Start proxy-server with `yaml` (written to `<dir>/<stem>.yaml`).
 pub async fn start_server(dir: &TempDir, stem: &str, yaml: &str) -> anyhow::Result<(Proc, Addresses)> {
     ensure_binaries()?;
-    let cfg = dir.write(&format!("{stem}.yaml"), yaml)?;
-    Proc::start_seedgate(&bin_path("proxy-server")?, &cfg, &[]).await
+    Proc::start_with_config(dir, "proxy-server", stem, yaml).await.map(|(p, a, _)| (p, a))
 }
 
 /// Start proxy-agent with `yaml`, inside `ns` when given.
@@ -214,16 +213,12 @@ pub async fn start_agent(
 
 /// proxy-server with `yaml`, in this process.
 pub async fn inproc_server(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let p = InProc::start(dir, "proxy-server", yaml).await?;
-    let addrs = p.addrs()?;
-    Ok((p, addrs))
+    InProc::serve(dir, "proxy-server", yaml).await
 }
 
 /// proxy-agent with `yaml`, in this process.
 pub async fn inproc_agent(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let p = InProc::start(dir, "proxy-agent", yaml).await?;
-    let addrs = p.addrs()?;
-    Ok((p, addrs))
+    InProc::serve(dir, "proxy-agent", yaml).await
 }
 
 /// `GET /metrics` of an admin listener.

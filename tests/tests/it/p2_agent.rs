@@ -38,14 +38,7 @@ async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(InProc,
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\nlisteners:\n{listeners}"
     );
-    start(dir, "sni-router", &yaml).await
-}
-
-/// `bin` in this process, and the addresses it is bound to.
-async fn start(dir: &TempDir, bin: &str, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let p = InProc::start(dir, bin, yaml).await?;
-    let addrs = p.addrs()?;
-    Ok((p, addrs))
+    InProc::serve(dir, "sni-router", &yaml).await
 }
 
 /// A proxy-agent running only the apiserver proxy on `listen` (port 0), towards `gateway`.
@@ -60,7 +53,7 @@ async fn start_agent(
          apiserver_proxy:\n  listen: [{}]\n  gateway: {gateway}\n  {mode}\n",
         listen.join(", ")
     );
-    start(dir, "proxy-agent", &yaml).await
+    InProc::serve(dir, "proxy-agent", &yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {

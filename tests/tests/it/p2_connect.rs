@@ -157,8 +157,7 @@ listeners:
         fallback = fallback.addr,
         hole = hole.addr,
     );
-    let router = InProc::start(&dir, "sni-router", &yaml).await?;
-    let addrs = router.addrs()?;
+    let (router, addrs) = InProc::serve(&dir, "sni-router", &yaml).await?;
     Ok(World { dir, ca, api, vpn, fallback, _hole: hole, router, addrs })
 }
 

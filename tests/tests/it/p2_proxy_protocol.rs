@@ -55,9 +55,7 @@ async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(InProc,
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 1s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\nlisteners:\n{listeners}"
     );
-    let router = InProc::start(dir, "sni-router", &yaml).await?;
-    let addrs = router.addrs()?;
-    Ok((router, addrs))
+    InProc::serve(dir, "sni-router", &yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {

@@ -24,9 +24,7 @@ const HANDSHAKE: Duration = Duration::from_secs(60);
 const HELLO_SHOOT_B: &[u8] = include_bytes!("../../../wire/tests/fixtures/client_hello/openssl.bin");
 
 async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let r = InProc::start(dir, "sni-router", yaml).await?;
-    let addrs = r.addrs()?;
-    Ok((r, addrs))
+    InProc::serve(dir, "sni-router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::pki::provider;
-use testbed::{Addresses, Ca, InProc, Issued, Proc, TempDir, bin_path, http_get, metric_sum, metric_value, poll_until};
+use testbed::{Addresses, Ca, InProc, Issued, Proc, TempDir, http_get, metric_sum, metric_value, poll_until};
 use tokio::net::UdpSocket;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -119,16 +119,12 @@ fn router_config(w: &World, with_b: bool) -> anyhow::Result<String> {
 
 /// The router in this process.
 async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let r = InProc::start(dir, "sni-router", yaml).await?;
-    let addrs = r.addrs()?;
-    Ok((r, addrs))
+    InProc::serve(dir, "sni-router", yaml).await
 }
 
 /// The router as a process, for SIGHUP.
 async fn start_router_process(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+    Proc::start_with_config(dir, "sni-router", "router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {

@@ -54,18 +54,14 @@ fn ab_routes(w: &World) -> String {
     )
 }
 
-/// The router in this process (routing, refusals, admin: no process boundary is the point).
+/// The router in this process.
 async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
-    let r = InProc::start(dir, "sni-router", yaml).await?;
-    let addrs = r.addrs()?;
-    Ok((r, addrs))
+    InProc::serve(dir, "sni-router", yaml).await
 }
 
 /// The router as a process, for what only a process has: signals and its exit.
 async fn start_router_process(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+    Proc::start_with_config(dir, "sni-router", "router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {

@@ -265,9 +265,7 @@ async fn migration(router: Option<&str>) -> anyhow::Result<()> {
                 "admin: {{ listen: 127.0.0.1:0 }}\nlisteners:\n  - name: {name}\n    listen: {seed}:0\n    protocol: udp\n    routes:\n      - name: tunnel\n        sni: [{}]\n        upstreams: [{quic}]\n",
                 testbed::tunnel_kit::SERVER_NAME
             );
-            let router = InProc::start(&dir, "sni-router", &y).await?;
-            let raddrs = router.addrs()?;
-            Some((router, raddrs))
+            Some(InProc::serve(&dir, "sni-router", &y).await?)
         }
     };
     let mut echo_cmd = shoot.command(testbed::bin_path("stand-in")?);

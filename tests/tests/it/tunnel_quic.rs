@@ -42,8 +42,7 @@ async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
         servers[0].1.listener("agents-quic")?,
         servers[1].1.listener("agents-quic")?,
     );
-    let router = InProc::start(&dir, "sni-router", &router_yaml).await?;
-    let raddrs = router.addrs()?;
+    let (router, raddrs) = InProc::serve(&dir, "sni-router", &router_yaml).await?;
     let echo = TcpEcho::start().await?;
     let mut agents = Vec::new();
     for (i, (cluster, name)) in
