@@ -2,10 +2,11 @@
 //! clients hold connections open without routing them: sni-router, haproxy and nginx with the
 //! same connection cap.
 //!
-//! The stalled clients connect from 50 loopback source addresses (127.0.2.1 and up, 50 each,
-//! under sni-router's default per-source cap) and send the first three bytes of a TLS record,
-//! then nothing. Every system is capped at 1,000 client connections, fewer than the stalled
-//! clients, and gives a connection 5 s to show its ClientHello:
+//! The stalled clients (2,500; 1,500 in a smoke run) connect from loopback source addresses
+//! (127.0.2.1 and up, 50 each, under sni-router's default per-source cap) and send the first
+//! three bytes of a TLS record, then nothing. Every system is capped at 1,000 client
+//! connections, fewer than the stalled clients, and gives a connection 5 s to show its
+//! ClientHello:
 //! - sni-router: `max_connections: 1000` (routed connections) and its defaults otherwise
 //!   (handshake deadline 5 s, pending budget 2,000 of connections not routed yet);
 //! - haproxy: `maxconn 1000`, global and frontend (every accepted connection counts),
