@@ -3,6 +3,7 @@
 //! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
 //! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).
 //! - [`proc`]: finding, building and running the seedgate binaries; the address-file contract.
+//! - [`inproc`]: the same binaries served in this process (`bind()` → `run`), with the same files.
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
@@ -16,6 +17,7 @@
 pub mod admin;
 pub mod backend;
 pub mod docs;
+pub mod inproc;
 pub mod netns;
 pub mod peers;
 pub mod pki;
@@ -28,6 +30,7 @@ pub mod tunnel_kit;
 
 pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};
 pub use backend::{HttpBackend, TcpEcho, TcpSink, TlsHttpBackend};
+pub use inproc::InProc;
 pub use pki::{Ca, Issued};
 pub use poll::poll_until;
 pub use proc::{Addresses, Proc, bin_path, ensure_built};

@@ -1,4 +1,6 @@
 //! End-to-end tests of the sni-router binary (path P1): real rustls clients and backends, curl and openssl as third-party clients.
+//!
+//! The router runs in this process; SIGHUP, SIGTERM and `--check` are tested on the process.
 
 use anyhow::Context as _;
 use rustls::AlertDescription;
@@ -8,8 +10,8 @@ use std::time::Duration;
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, tls_connect};
 use testbed::{
-    Addresses, Ca, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_sum, metric_value, poll_until,
-    tls_handshake_error, tls_request,
+    Addresses, Ca, InProc, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_sum, metric_value,
+    poll_until, tls_handshake_error, tls_request,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -18,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(15);
 const TICK: Duration = Duration::from_millis(20);
 
 /// A real ClientHello (openssl s_client, SNI api.shoot-b.example.com) for raw-socket tests.
-const HELLO_SHOOT_B: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/openssl.bin");
+const HELLO_SHOOT_B: &[u8] = include_bytes!("../../../wire/tests/fixtures/client_hello/openssl.bin");
 
 struct World {
     dir: TempDir,
@@ -52,10 +54,14 @@ fn ab_routes(w: &World) -> String {
     )
 }
 
-async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+/// The router in this process.
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    InProc::serve(dir, "sni-router", yaml).await
+}
+
+/// The router as a process, for what only a process has: signals and its exit.
+async fn start_router_process(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
+    Proc::start_with_config(dir, "sni-router", "router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -67,7 +73,7 @@ async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
 #[tokio::test]
 async fn routes_by_sni_and_passes_mtls_through() -> anyhow::Result<()> {
     let w = world().await?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
     let gw = addrs.listener("gateway")?;
     let client_id = w.ca.client("kubectl-user")?;
 
@@ -114,7 +120,7 @@ async fn routes_by_sni_and_passes_mtls_through() -> anyhow::Result<()> {
 #[tokio::test]
 async fn unknown_name_no_sni_and_garbage_are_refused_and_counted() -> anyhow::Result<()> {
     let w = world().await?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
     let gw = addrs.listener("gateway")?;
     let cc = client_config(&w.ca, None, &[])?;
 
@@ -155,7 +161,7 @@ async fn hello_one_byte_at_a_time_routes_and_a_stuck_hello_is_cut() -> anyhow::R
         ab_routes(&w),
         w.a.addr()
     );
-    let (_p, addrs, _) = start_router(&w.dir, &router_config("", &routes)).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config("", &routes)).await?;
     let gw = addrs.listener("gateway")?;
 
     // A dribbling relay between a rustls client and the router: client bytes go one per write.
@@ -233,7 +239,7 @@ async fn half_close_propagates_both_ways() -> anyhow::Result<()> {
     );
     // The closer route is reached through the default route (the fixture's SNI is fixed).
     let yaml = router_config("    default_route: closer\n", &routes.replace("sni: [closer.example.com]\n        ", ""));
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (_r, addrs) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
 
     // Client FIN first: the echo backend sees EOF and still sends everything back.
@@ -282,7 +288,7 @@ async fn reload_switches_a_route_and_keeps_live_connections() -> anyhow::Result<
     let route = |up: SocketAddr| {
         format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{up}]\n")
     };
-    let (mut p, addrs, cfg) = start_router(&dir, &router_config("", &route(echo_a.addr()))).await?;
+    let (mut p, addrs, cfg) = start_router_process(&dir, &router_config("", &route(echo_a.addr()))).await?;
     let gw = addrs.listener("gateway")?;
 
     let mut live = TcpStream::connect(gw).await?;
@@ -338,7 +344,7 @@ async fn sigterm_stops_accepting_and_drains() -> anyhow::Result<()> {
     let routes =
         format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
     let yaml = router_config("", &routes).replace("drain_grace: 5s", "drain_grace: 30s");
-    let (mut p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (mut p, addrs, _) = start_router_process(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
     let mut live = TcpStream::connect(gw).await?;
     live.write_all(HELLO_SHOOT_B).await?;
@@ -383,7 +389,7 @@ async fn drain_grace_ends_connections_that_outlive_it() -> anyhow::Result<()> {
     let routes =
         format!("      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{}]\n", echo.addr());
     let yaml = router_config("", &routes).replace("drain_grace: 5s", "drain_grace: 1s");
-    let (mut p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (mut p, addrs, _) = start_router_process(&dir, &yaml).await?;
     let mut live = TcpStream::connect(addrs.listener("gateway")?).await?;
     live.write_all(HELLO_SHOOT_B).await?;
     let mut buf = vec![0u8; HELLO_SHOOT_B.len()];
@@ -406,7 +412,7 @@ async fn sends_proxy_v2_with_the_client_address_and_fails_over() -> anyhow::Resu
     let routes = format!(
         "      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{dead}, {up}]\n        balance: least-connections\n        send_proxy_protocol: v2\n"
     );
-    let (_p, addrs, _) = start_router(&dir, &router_config("", &routes)).await?;
+    let (_r, addrs) = start_router(&dir, &router_config("", &routes)).await?;
     let mut c = TcpStream::connect(addrs.listener("gateway")?).await?;
     let client_addr = c.local_addr()?;
     c.write_all(HELLO_SHOOT_B).await?;
@@ -439,7 +445,7 @@ async fn sends_proxy_v2_with_the_client_address_and_fails_over() -> anyhow::Resu
 #[tokio::test]
 async fn third_party_clients_curl_and_openssl() -> anyhow::Result<()> {
     let w = world().await?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
     let gw = addrs.listener("gateway")?;
     let ca = w.ca.write(w.dir.path(), "ca")?;
     let port = gw.port().to_string();
@@ -504,7 +510,7 @@ async fn check_flag_validates_configs() -> anyhow::Result<()> {
 #[tokio::test]
 async fn admin_endpoints() -> anyhow::Result<()> {
     let w = world().await?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config("", &ab_routes(&w))).await?;
     let admin = addrs.admin()?;
     assert_eq!(http_get(admin, "/healthz").await?.0, 200);
     let (code, body) = http_get(admin, "/readyz?verbose").await?;

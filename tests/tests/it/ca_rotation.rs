@@ -18,9 +18,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const TICK: Duration = Duration::from_millis(50);
-const SEED: &str = "10.217.1.1";
-const NODE: &str = "10.217.1.2";
-const POD: &str = "10.218.1.5";
+const SEED: &str = "10.219.1.1";
+const NODE: &str = "10.219.1.2";
+const POD: &str = "10.220.1.5";
 
 fn bundle(cas: &[&Ca]) -> String {
     cas.iter().map(|c| c.cert_pem.as_str()).collect()

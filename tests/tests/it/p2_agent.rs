@@ -8,7 +8,7 @@ use std::time::Duration;
 use testbed::peers::{connect_from, free_port, read_to_close, start_haproxy, start_nginx, tls_over};
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
-use testbed::{Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value};
+use testbed::{Addresses, Ca, InProc, TempDir, TlsHttpBackend, http_get, metric_value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -34,29 +34,26 @@ async fn world() -> anyhow::Result<World> {
     Ok(World { dir, ca, a, b })
 }
 
-async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(Proc, Addresses)> {
+async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(InProc, Addresses)> {
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\nlisteners:\n{listeners}"
     );
-    let cfg = dir.write("router.yaml", &yaml)?;
-    Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await
+    InProc::serve(dir, "sni-router", &yaml).await
 }
 
 /// A proxy-agent running only the apiserver proxy on `listen` (port 0), towards `gateway`.
 async fn start_agent(
     dir: &TempDir,
-    name: &str,
     listen: &[&str],
     gateway: SocketAddr,
     mode: &str,
-) -> anyhow::Result<(Proc, Addresses)> {
+) -> anyhow::Result<(InProc, Addresses)> {
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\n\
          apiserver_proxy:\n  listen: [{}]\n  gateway: {gateway}\n  {mode}\n",
         listen.join(", ")
     );
-    let cfg = dir.write(&format!("{name}.yaml"), &yaml)?;
-    Proc::start_seedgate(&bin_path("proxy-agent")?, &cfg, &[]).await
+    InProc::serve(dir, "proxy-agent", &yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -81,7 +78,7 @@ async fn pod_request(w: &World, addr: SocketAddr, path: &str) -> anyhow::Result<
     Ok((me, cn, String::from_utf8_lossy(&out).into_owned()))
 }
 
-async fn access_line(p: &Proc, needles: &[&str]) -> anyhow::Result<String> {
+async fn access_line(p: &InProc, needles: &[&str]) -> anyhow::Result<String> {
     let mut all = vec!["access", "connection closed"];
     all.extend_from_slice(needles);
     p.wait_log_line(&all, WAIT).await
@@ -99,8 +96,7 @@ async fn agent_proxy_protocol_v2_into_router_destination_routes() -> anyhow::Res
     );
     let (router, raddrs) = start_router(&w.dir, &listeners).await?;
     let gw = raddrs.listener("apiserver-proxy")?;
-    let (agent, aaddrs) =
-        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
+    let (agent, aaddrs) = start_agent(&w.dir, &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
     let (to_a, to_b) = (aaddrs.listener("apiserver-proxy")?, aaddrs.listener("apiserver-proxy-1")?);
 
     let (me, cn, resp) = pod_request(&w, to_a, "/a").await?;
@@ -139,7 +135,7 @@ async fn agent_http_connect_into_router_connect_route() -> anyhow::Result<()> {
     let (router, raddrs) = start_router(&w.dir, &listeners).await?;
     let gw = raddrs.listener("apiserver-proxy")?;
     let mode = format!("mode: http-connect\n  destination: \"{API_DEST}\"");
-    let (agent, aaddrs) = start_agent(&w.dir, "agent", &["127.0.0.3:0"], gw, &mode).await?;
+    let (agent, aaddrs) = start_agent(&w.dir, &["127.0.0.3:0"], gw, &mode).await?;
     let to_a = aaddrs.listener("apiserver-proxy")?;
 
     let (me, cn, resp) = pod_request(&w, to_a, "/connect").await?;
@@ -153,7 +149,7 @@ async fn agent_http_connect_into_router_connect_route() -> anyhow::Result<()> {
     // An agent whose destination the router does not list: the router answers 403, the agent
     // closes the pod's connection and counts the gateway's status.
     let mode = "mode: http-connect\n  destination: \"outbound|443||kube-apiserver.shoot--zzz.svc.cluster.local\"";
-    let (_stranger, saddrs) = start_agent(&w.dir, "stranger", &["127.0.0.4:0"], gw, mode).await?;
+    let (_stranger, saddrs) = start_agent(&w.dir, &["127.0.0.4:0"], gw, mode).await?;
     let r = pod_request(&w, saddrs.listener("apiserver-proxy")?, "/nope").await;
     assert!(r.is_err(), "an unlisted destination must not get through: {r:?}");
     let m = metrics(&saddrs).await?;
@@ -183,8 +179,7 @@ async fn router_proxy_out_after_the_agent_is_what_nginx_reads() -> anyhow::Resul
     );
     let (router, raddrs) = start_router(&w.dir, &listeners).await?;
     let gw = raddrs.listener("apiserver-proxy")?;
-    let (_agent, aaddrs) =
-        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
+    let (_agent, aaddrs) = start_agent(&w.dir, &["127.0.0.3:0", "127.0.0.4:0"], gw, "mode: proxy-protocol-v2").await?;
 
     for listener in ["apiserver-proxy", "apiserver-proxy-1"] {
         let node = aaddrs.listener(listener)?;
@@ -228,8 +223,7 @@ async fn stacked_headers_outer_source_inner_destination() -> anyhow::Result<()> 
          backend router\n    server r {gw} source 127.0.0.7 send-proxy-v2\n"
     );
     let Some(_haproxy) = start_haproxy(&hcfg, &[lb]).await? else { return Ok(()) };
-    let (_agent, aaddrs) =
-        start_agent(&w.dir, "agent", &["127.0.0.3:0", "127.0.0.4:0"], lb, "mode: proxy-protocol-v2").await?;
+    let (_agent, aaddrs) = start_agent(&w.dir, &["127.0.0.3:0", "127.0.0.4:0"], lb, "mode: proxy-protocol-v2").await?;
     let (to_a, to_b) = (aaddrs.listener("apiserver-proxy")?, aaddrs.listener("apiserver-proxy-1")?);
 
     let (me, cn, resp) = pod_request(&w, to_a, "/stacked").await?;

@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, metrics, server_yaml, start_agent, start_server,
+    AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, inproc_agent, inproc_server, metrics, server_yaml,
 };
 use testbed::{TempDir, http_get, metric_value, poll_until};
 
@@ -29,10 +29,10 @@ async fn counted(admin: std::net::SocketAddr, cluster: &str, result: &str) -> an
 async fn an_unknown_cluster_is_accepted_with_one_warning_and_listed() -> anyhow::Result<()> {
     let dir = TempDir::new("unknown-accepted")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (server, saddrs) = start_server(&dir, "server", &server(&pki, true)).await?;
+    let (server, saddrs) = inproc_server(&dir, &server(&pki, true)).await?;
     let admin = saddrs.admin()?;
     let o = AgentOpts::new("shoot-typo", saddrs.listener("agents")?, &["127.0.0.0/8"]);
-    let (agent, _) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+    let (agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
     poll_until(DEADLINE, TICK, || async move {
         anyhow::ensure!(counted(admin, "shoot-typo", "accepted").await? >= 1.0, "no session yet");
         Ok(())
@@ -53,10 +53,10 @@ async fn an_unknown_cluster_is_accepted_with_one_warning_and_listed() -> anyhow:
 async fn an_unknown_cluster_is_refused_when_the_operator_says_so() -> anyhow::Result<()> {
     let dir = TempDir::new("unknown-refused")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (_server, saddrs) = start_server(&dir, "server", &server(&pki, false)).await?;
+    let (_server, saddrs) = inproc_server(&dir, &server(&pki, false)).await?;
     let admin = saddrs.admin()?;
     let o = AgentOpts::new("shoot-typo", saddrs.listener("agents")?, &["127.0.0.0/8"]);
-    let (agent, _) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+    let (agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
     agent
         .wait_log_line(
             &["proxy-server refused this agent's session", "shoot-typo", "accept_unknown_clusters"],

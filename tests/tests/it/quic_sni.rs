@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::pki::provider;
-use testbed::{Addresses, Ca, Issued, Proc, TempDir, bin_path, http_get, metric_sum, metric_value, poll_until};
+use testbed::{Addresses, Ca, InProc, Issued, Proc, TempDir, http_get, metric_sum, metric_value, poll_until};
 use tokio::net::UdpSocket;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -117,10 +117,14 @@ fn router_config(w: &World, with_b: bool) -> anyhow::Result<String> {
     Ok(y)
 }
 
-async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+/// The router in this process.
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    InProc::serve(dir, "sni-router", yaml).await
+}
+
+/// The router as a process, for SIGHUP.
+async fn start_router_process(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
+    Proc::start_with_config(dir, "sni-router", "router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -165,7 +169,7 @@ fn hello(tls: rustls::ClientConfig) -> anyhow::Result<Vec<u8>> {
 #[tokio::test]
 async fn quic_is_routed_by_sni_to_two_backends() -> anyhow::Result<()> {
     let w = world()?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, true)?).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config(&w, true)?).await?;
     let gw = addrs.listener("quic")?;
     // One endpoint (UDP socket) per connection: the router's flows are keyed by client address.
     let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
@@ -197,7 +201,7 @@ async fn quic_is_routed_by_sni_to_two_backends() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_client_hello_spanning_several_initials_is_routed() -> anyhow::Result<()> {
     let w = world()?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, true)?).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config(&w, true)?).await?;
     let gw = addrs.listener("quic")?;
     let tls = client_tls(&w.ca, post_quantum())?;
     // Beyond what one 1,200-byte Initial carries: the router must reassemble.
@@ -216,7 +220,7 @@ async fn a_client_hello_spanning_several_initials_is_routed() -> anyhow::Result<
 #[tokio::test]
 async fn unknown_names_and_garbage_are_dropped_and_counted() -> anyhow::Result<()> {
     let w = world()?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config(&w, false)?).await?;
     let gw = addrs.listener("quic")?;
 
     // No route for this name: the handshake never completes.
@@ -264,7 +268,7 @@ async fn unknown_names_and_garbage_are_dropped_and_counted() -> anyhow::Result<(
 #[tokio::test]
 async fn a_flow_survives_a_reload_that_adds_a_route() -> anyhow::Result<()> {
     let w = world()?;
-    let (mut p, addrs, cfg) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let (mut p, addrs, cfg) = start_router_process(&w.dir, &router_config(&w, false)?).await?;
     let gw = addrs.listener("quic")?;
     let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
     let a = connect(&ep, gw, "a.quic.example").await?;
@@ -350,7 +354,7 @@ impl Drop for Nat {
 #[tokio::test]
 async fn a_flow_follows_its_client_to_a_new_address() -> anyhow::Result<()> {
     let w = world()?;
-    let (_p, addrs, _) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let (_r, addrs) = start_router(&w.dir, &router_config(&w, false)?).await?;
     let nat = Nat::start(addrs.listener("quic")?).await?;
     let ep = client(client_tls(&w.ca, provider())?, WAIT)?;
     let a = connect(&ep, nat.addr, "a.quic.example").await.context("through the NAT and the router")?;
@@ -376,7 +380,7 @@ async fn a_flow_follows_its_client_to_a_new_address() -> anyhow::Result<()> {
 /// fuzz corpus, in the target's datagram mode (a 0 byte, then each datagram after its u16
 /// length); and such ClientHellos (rustls's, as quinn sends them) in its sealed mode, cut in
 /// three pieces, shuffled, one sent twice.
-/// `cargo test -p seedgate-tests --test quic_sni -- --ignored write_quic_initial_corpus`
+/// `cargo test -p seedgate-tests --test it -- --ignored write_quic_initial_corpus`
 #[tokio::test]
 #[ignore = "writes wire/fuzz/corpus/quic_initial/"]
 async fn write_quic_initial_corpus() -> anyhow::Result<()> {

@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 use testbed::tunnel_kit::{
-    AgentOpts, STEP, TunnelPki, agent_yaml, metrics, server_yaml, start_agent, start_server, wait_agents,
+    AgentOpts, STEP, TunnelPki, agent_yaml, inproc_agent, inproc_server, metrics, server_yaml, wait_agents,
 };
 use testbed::{HttpBackend, TempDir, metric_value};
 
@@ -40,9 +40,9 @@ async fn proxy_credentials_select_the_cluster_per_request() -> anyhow::Result<()
         "  - name: prom\n    listen: 127.0.0.1:0\n    cluster_from: proxy_authorization\n    proxy_token_file: {}\n",
         token_file.display()
     );
-    let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[], &fe)).await?;
+    let (server, saddrs) = inproc_server(&dir, &server_yaml(&pki, "127.0.0.1:0", &[], &fe)).await?;
     let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
-    let (agent, _) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+    let (agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
     let fe = saddrs.listener("prom")?;
     let page = HttpBackend::start("text/plain", "node metrics\n").await?;

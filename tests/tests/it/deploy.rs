@@ -13,6 +13,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 use testbed::admin::http_request;
 use testbed::tunnel_kit::{
@@ -83,9 +84,18 @@ fn kustomizations() -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// `kubectl kustomize <dir>`, run once per directory in a test run: several tests read the same
+/// renders (the lock is held while rendering, so a render another test is waiting for is not
+/// started twice).
 fn render(kubectl: &Path, dir: &Path) -> anyhow::Result<String> {
+    static RENDERED: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+    let mut rendered = RENDERED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(yaml) = rendered.get(dir) {
+        return Ok(yaml.clone());
+    }
     let (ok, out, err) = run(Command::new(kubectl).arg("kustomize").arg(dir))?;
     ensure!(ok, "kubectl kustomize {} failed:\n{err}", dir.display());
+    rendered.insert(dir.to_owned(), out.clone());
     Ok(out)
 }
 

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, BoxStream, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, metrics, server_yaml, start_agent,
-    start_server, wait_agents,
+    AgentOpts, BoxStream, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, inproc_agent, inproc_server,
+    metrics, server_yaml, start_agent, wait_agents,
 };
-use testbed::{Addresses, Proc, TcpEcho, TempDir, http_get, metric_value, poll_until};
+use testbed::{Addresses, InProc, Proc, TcpEcho, TempDir, http_get, metric_value, poll_until};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UdpSocket;
 
@@ -19,9 +19,9 @@ const TICK: Duration = Duration::from_millis(50);
 
 struct World {
     _dir: TempDir,
-    server: Proc,
+    server: InProc,
     saddrs: Addresses,
-    agent: Proc,
+    agent: InProc,
     aaddrs: Addresses,
 }
 
@@ -36,10 +36,10 @@ impl World {
         if quic {
             yaml = yaml.replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
         }
-        let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+        let (server, saddrs) = inproc_server(&dir, &yaml).await?;
         let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
         o.tunnel_extra = "  transport: auto\n  quic_timeout: 500ms\n  quic_probe_interval: 1s\n".into();
-        let (agent, aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+        let (agent, aaddrs) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
         wait_agents(saddrs.admin()?, "shoot-a", 1.0)
             .await
             .with_context(|| format!("server log:\n{}\nagent log:\n{}", server.log(), agent.log()))?;
@@ -254,7 +254,9 @@ async fn migration(router: Option<&str>) -> anyhow::Result<()> {
         &format!("agents:\n  quic: {{ listen: {seed}:0 }}\n"),
         1,
     );
-    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    // The seed's binaries run in this process (the test's namespace is the seed); the agent runs
+    // in the shoot's namespace.
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
     let quic = saddrs.listener("agents-quic")?;
     let gateway = match router {
         None => None,
@@ -263,8 +265,7 @@ async fn migration(router: Option<&str>) -> anyhow::Result<()> {
                 "admin: {{ listen: 127.0.0.1:0 }}\nlisteners:\n  - name: {name}\n    listen: {seed}:0\n    protocol: udp\n    routes:\n      - name: tunnel\n        sni: [{}]\n        upstreams: [{quic}]\n",
                 testbed::tunnel_kit::SERVER_NAME
             );
-            let cfg = dir.write("router.yaml", &y)?;
-            Some(Proc::start_seedgate(&testbed::bin_path("sni-router")?, &cfg, &[]).await?)
+            Some(InProc::serve(&dir, "sni-router", &y).await?)
         }
     };
     let mut echo_cmd = shoot.command(testbed::bin_path("stand-in")?);

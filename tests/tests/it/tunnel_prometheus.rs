@@ -6,8 +6,8 @@ use anyhow::Context as _;
 use std::path::Path;
 use std::time::Duration;
 use testbed::tunnel_kit::{
-    AgentOpts, Fe, FeKind, TlsPage, TunnelPki, agent_yaml, metrics, metrics_page, server_yaml, start_agent,
-    start_server, wait_agents,
+    AgentOpts, Fe, FeKind, TlsPage, TunnelPki, agent_yaml, inproc_agent, inproc_server, metrics, metrics_page,
+    server_yaml, wait_agents,
 };
 use testbed::{HttpBackend, Proc, TempDir, http_get, metric_value, poll_until};
 
@@ -55,13 +55,13 @@ async fn prometheus_scrapes(quic: bool) -> anyhow::Result<()> {
     if quic {
         yaml = yaml.replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
     }
-    let (server, saddrs) = start_server(&dir, "server", &yaml).await?;
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
     let mut o =
         AgentOpts::new("shoot-a", saddrs.listener(if quic { "agents-quic" } else { "agents" })?, &["127.0.0.1/32"]);
     if quic {
         o.tunnel_extra = "  transport: quic\n".into();
     }
-    let (agent, _aaddrs) = start_agent(&dir, "agent", &agent_yaml(&pki, &o)?, None).await?;
+    let (agent, _aaddrs) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
     wait_agents(saddrs.admin()?, "shoot-a", 1.0).await?;
 
     let node_exporter = HttpBackend::metrics("node-exporter").await?;

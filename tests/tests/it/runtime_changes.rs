@@ -5,9 +5,8 @@
 
 use anyhow::Context as _;
 use std::time::Duration;
-use testbed::proc::Running;
 use testbed::tunnel_kit::{AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, connect_tcp, server_yaml, wait_agents};
-use testbed::{TcpEcho, TempDir, poll_until};
+use testbed::{InProc, TcpEcho, TempDir, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -28,11 +27,11 @@ async fn a_front_end_added_then_removed_by_config_change() -> anyhow::Result<()>
     let pki = TunnelPki::new(dir.path())?;
     let echo = TcpEcho::start().await?;
     let base = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("first", "shoot-a", FeKind::Plain)], "");
-    let server = Running::start(&dir, "proxy-server", &base).await?;
+    let server = InProc::start(&dir, "proxy-server", &base).await?;
     let a = server.read_addresses().context("addresses")?;
     let agent_cfg = agent_yaml(&pki, &AgentOpts::new("shoot-a", a.listener("agents")?, &["127.0.0.0/8"]))?;
-    let agent = Running::start(&dir, "proxy-agent", &agent_cfg).await?;
-    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    let agent = InProc::start(&dir, "proxy-agent", &agent_cfg).await?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
 
     // Added: it listens and dials through the tunnel.
     let two = server_yaml(
@@ -64,7 +63,7 @@ async fn a_front_end_added_then_removed_by_config_change() -> anyhow::Result<()>
     }
     let (mut other, _) = connect_tcp(a.listener("first")?, &target).await?;
     echo_once(&mut other, b"the other front end is untouched").await?;
-    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
+    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.log());
     Ok(())
 }
 
@@ -75,13 +74,13 @@ async fn the_agents_listener_moves_and_sessions_on_the_old_one_hold() -> anyhow:
     let echo = TcpEcho::start().await?;
     let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
     let yaml = server_yaml(&pki, "127.0.0.1:0", &fe, "");
-    let server = Running::start(&dir, "proxy-server", &yaml).await?;
+    let server = InProc::start(&dir, "proxy-server", &yaml).await?;
     let a = server.read_addresses().context("addresses")?;
     let old = a.listener("agents")?;
     let agent =
-        Running::start(&dir, "proxy-agent", &agent_yaml(&pki, &AgentOpts::new("shoot-a", old, &["127.0.0.0/8"]))?)
+        InProc::start(&dir, "proxy-agent", &agent_yaml(&pki, &AgentOpts::new("shoot-a", old, &["127.0.0.0/8"]))?)
             .await?;
-    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
     let (mut live, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut live, b"before the move").await?;
 
@@ -114,7 +113,7 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
     let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
     let base = server_yaml(&pki, "127.0.0.1:0", &fe, "");
     let with_quic = |ip: &str| base.replacen("agents:\n", &format!("agents:\n  quic: {{ listen: {ip}:0 }}\n"), 1);
-    let server = Running::start(&dir, "proxy-server", &base).await?;
+    let server = InProc::start(&dir, "proxy-server", &base).await?;
     let a = server.read_addresses().context("addresses")?;
     anyhow::ensure!(!a.listeners.contains_key("agents-quic"), "no QUIC listener configured yet");
     let quic_agent = |name: &str, at: std::net::SocketAddr| {
@@ -127,8 +126,8 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
     // Added.
     server.reload_with(&with_quic("127.0.0.1")).await?;
     let first = server.addresses_where(|x| x.listeners.contains_key("agents-quic")).await?.listener("agents-quic")?;
-    let one = Running::start(&dir, "proxy-agent", &quic_agent("node-1", first)?).await?;
-    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| one.proc.log())?;
+    let one = InProc::start(&dir, "proxy-agent", &quic_agent("node-1", first)?).await?;
+    wait_agents(a.admin()?, "shoot-a", 1.0).await.with_context(|| one.log())?;
     let (mut live, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut live, b"over the added QUIC listener").await?;
 
@@ -140,9 +139,8 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
         .listener("agents-quic")?;
     // Its own directory: config and addresses files are named by the binary.
     let dir2 = TempDir::new("runtime-quic-2")?;
-    let two = Running::start(&dir2, "proxy-agent", &quic_agent("node-2", moved)?).await?;
-    let logs =
-        || format!("--- server:\n{}\n--- one:\n{}\n--- two:\n{}", server.proc.log(), one.proc.log(), two.proc.log());
+    let two = InProc::start(&dir2, "proxy-agent", &quic_agent("node-2", moved)?).await?;
+    let logs = || format!("--- server:\n{}\n--- one:\n{}\n--- two:\n{}", server.log(), one.log(), two.log());
     wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(logs)?;
     echo_once(&mut live, b"after the move").await?;
 
@@ -155,7 +153,7 @@ async fn the_agents_quic_listener_is_added_moved_and_removed_by_reload() -> anyh
     wait_agents(a.admin()?, "shoot-a", 2.0).await.with_context(logs)?;
     let (mut fresh, _) = connect_tcp(a.listener("egress")?, &echo.addr().to_string()).await?;
     echo_once(&mut fresh, b"a new stream over the held sessions").await?;
-    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.proc.log());
+    anyhow::ensure!(server.reloads(a.admin()?, "failure").await == 0.0, "{}", server.log());
     Ok(())
 }
 
@@ -170,23 +168,23 @@ async fn the_agents_servers_are_added_and_removed_by_reload() -> anyhow::Result<
     let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
     // Each process has its own directory: its config and addresses files are named by the binary.
     let dir2 = TempDir::new("runtime-servers-2")?;
-    let one = Running::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
-    let two = Running::start(&dir2, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
+    let one = InProc::start(&dir, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
+    let two = InProc::start(&dir2, "proxy-server", &server_yaml(&pki, "127.0.0.1:0", &fe, "")).await?;
     let (a1, a2) = (one.read_addresses().context("addresses")?, two.read_addresses().context("addresses")?);
     let agent_cfg = |servers: &[std::net::SocketAddr]| {
         let mut o = AgentOpts::new("shoot-a", servers[0], &["127.0.0.0/8"]);
         o.servers = servers.iter().map(|s| s.to_string()).collect();
         agent_yaml(&pki, &o)
     };
-    let agent = Running::start(&dir, "proxy-agent", &agent_cfg(&[a1.listener("agents")?])?).await?;
+    let agent = InProc::start(&dir, "proxy-agent", &agent_cfg(&[a1.listener("agents")?])?).await?;
     let admin = agent.read_addresses().context("agent addresses")?.admin()?;
-    wait_agents(a1.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    wait_agents(a1.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
     let (mut live, _) = connect_tcp(a1.listener("egress")?, &target).await?;
     echo_once(&mut live, b"through the first server").await?;
 
     // Added.
     agent.reload_with(&agent_cfg(&[a1.listener("agents")?, a2.listener("agents")?])?).await?;
-    wait_agents(a2.admin()?, "shoot-a", 1.0).await.with_context(|| agent.proc.log())?;
+    wait_agents(a2.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
     let (mut second, _) = connect_tcp(a2.listener("egress")?, &target).await?;
     echo_once(&mut second, b"through the added server").await?;
     echo_once(&mut live, b"the first one untouched").await?;
@@ -211,6 +209,6 @@ async fn the_agents_servers_are_added_and_removed_by_reload() -> anyhow::Result<
     let (_, body) = testbed::http_get(admin, "/readyz?verbose").await?;
     let first_name = a1.listener("agents")?.to_string();
     anyhow::ensure!(!body.contains(&first_name) && body.contains(&a2.listener("agents")?.to_string()), "{body}");
-    anyhow::ensure!(agent.reloads(admin, "failure").await == 0.0, "{}", agent.proc.log());
+    anyhow::ensure!(agent.reloads(admin, "failure").await == 0.0, "{}", agent.log());
     Ok(())
 }

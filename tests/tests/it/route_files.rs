@@ -6,10 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::pki::client_config;
-use testbed::proc::Running;
 use testbed::tls_client::{http_get_request, tls_connect};
 use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, refusal_of, server_yaml};
-use testbed::{Ca, TcpEcho, TempDir, TlsHttpBackend, http_get, metric_value, poll_until, tls_request};
+use testbed::{Ca, InProc, TcpEcho, TempDir, TlsHttpBackend, http_get, metric_value, poll_until, tls_request};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -118,10 +117,10 @@ async fn shoot_files_change_one_shoot_and_leave_the_others_streaming() -> anyhow
         "admin: {{ listen: 127.0.0.1:0 }}\nroutes_dir: {}\nlisteners:\n  - name: gateway\n    listen: 127.0.0.1:0\n",
         routes.display()
     );
-    let router = Running::start(&dir, "sni-router", &yaml).await?;
+    let router = InProc::start(&dir, "sni-router", &yaml).await?;
     let addrs = router.read_addresses().context("addresses")?;
     let (gw, admin) = (addrs.listener("gateway")?, addrs.admin()?);
-    let log = || router.proc.log();
+    let log = || router.log();
 
     wait_backend(gw, &ca, "api.shoot-b.example.com", Some("shoot-b")).await.with_context(log)?;
     let mut streaming_b = open_stream(gw, &ca, "api.shoot-b.example.com").await?;
@@ -182,7 +181,7 @@ async fn a_cluster_file_fences_a_cluster() -> anyhow::Result<()> {
     std::fs::create_dir_all(&clusters)?;
     let extra = format!("clusters_dir: {}\n", clusters.display());
     let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], &extra);
-    let server = Running::start(&dir, "proxy-server", &yaml).await?;
+    let server = InProc::start(&dir, "proxy-server", &yaml).await?;
     let a = server.read_addresses().context("addresses")?;
     let fe = a.listener("egress")?;
     let target = Arc::new(echo.addr().to_string());
@@ -199,19 +198,19 @@ async fn a_cluster_file_fences_a_cluster() -> anyhow::Result<()> {
     };
     refusal(false).await?;
     put(&clusters, "shoot-a.yaml", "clusters:\n  shoot-a: { state: fenced }\n")?;
-    poll_until(WAIT, TICK, || refusal(true)).await.with_context(|| server.proc.log())?;
+    poll_until(WAIT, TICK, || refusal(true)).await.with_context(|| server.log())?;
     let (_, ready) = http_get(a.admin()?, "/readyz?verbose").await?;
     anyhow::ensure!(ready.contains("1 files, 1 clusters"), "{ready}");
     // Defined twice: refused, naming both files; the state in force stays.
     put(&clusters, "other.yaml", "clusters:\n  shoot-a: { state: active }\n")?;
     poll_until(WAIT, TICK, || async {
-        anyhow::ensure!(server.proc.log().contains("clusters.shoot-a: also defined in"), "not refused yet");
+        anyhow::ensure!(server.log().contains("clusters.shoot-a: also defined in"), "not refused yet");
         Ok(())
     })
     .await?;
     refusal(true).await?;
     std::fs::remove_file(clusters.join("other.yaml"))?;
     std::fs::remove_file(clusters.join("shoot-a.yaml"))?;
-    poll_until(WAIT, TICK, || refusal(false)).await.with_context(|| server.proc.log())?;
+    poll_until(WAIT, TICK, || refusal(false)).await.with_context(|| server.log())?;
     Ok(())
 }

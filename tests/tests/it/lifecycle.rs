@@ -1,13 +1,12 @@
-//! The lifecycle every binary shares, end to end through the real binaries: host names as listen
+//! The lifecycle every binary shares, end to end through the binaries (in this process): host names as listen
 //! addresses, the addresses file after a reload, restart-only keys refused by name, and a
 //! `limits.max_connections` reload that takes effect.
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
 use std::time::Duration;
-use testbed::proc::Running;
 use testbed::tunnel_kit::{AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, server_yaml};
-use testbed::{TempDir, http_get, metric_value, poll_until};
+use testbed::{InProc, TempDir, http_get, metric_value, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -45,9 +44,9 @@ async fn healthz(addr: SocketAddr) -> anyhow::Result<()> {
 async fn listen_host_names_work_in_every_binary() -> anyhow::Result<()> {
     let dir = TempDir::new("lifecycle-names")?;
     let pki = TunnelPki::new(dir.path())?;
-    let router = Running::start(&dir, "sni-router", &router_yaml("localhost:0", "localhost:0")).await?;
-    let server = Running::start(&dir, "proxy-server", &tunnel_server_yaml(&pki, "localhost:0", "")).await?;
-    let agent = Running::start(&dir, "proxy-agent", &agent_proxy_yaml("localhost:0", "localhost:0")).await?;
+    let router = InProc::start(&dir, "sni-router", &router_yaml("localhost:0", "localhost:0")).await?;
+    let server = InProc::start(&dir, "proxy-server", &tunnel_server_yaml(&pki, "localhost:0", "")).await?;
+    let agent = InProc::start(&dir, "proxy-agent", &agent_proxy_yaml("localhost:0", "localhost:0")).await?;
     for (r, names) in
         [(&router, &["gateway"][..]), (&server, &["agents", "egress"][..]), (&agent, &["apiserver-proxy"][..])]
     {
@@ -81,7 +80,7 @@ async fn addresses_file_rewritten_after_a_reload_in_every_binary() -> anyhow::Re
     ];
     for (bin, before, after) in cases {
         anyhow::ensure!(before != after, "{bin}: the test must change the config");
-        let r = Running::start(&dir, bin, &before).await?;
+        let r = InProc::start(&dir, bin, &before).await?;
         let old = r.read_addresses().context("addresses")?;
         let old_admin = old.admin()?;
         r.reload_with(&after).await?;
@@ -110,11 +109,11 @@ async fn restart_only_keys_are_refused_by_name() -> anyhow::Result<()> {
     let o = AgentOpts::new("shoot-a", "127.0.0.1:9", &["127.0.0.0/8"]);
     let proxy = "apiserver_proxy:\n  listen: [127.0.0.1:0]\n  gateway: 127.0.0.1:9\n  mode: proxy-protocol-v2\n";
     let ayaml = format!("{}{proxy}", agent_yaml(&pki, &o)?);
-    let agent = Running::start(&dir, "proxy-agent", &ayaml).await?;
+    let agent = InProc::start(&dir, "proxy-agent", &ayaml).await?;
     let admin = agent.read_addresses().context("addresses")?.admin()?;
     agent.reload_with(&ayaml.replace("listen: [127.0.0.1:0]", "listen: [127.0.0.2:0]")).await?;
     agent.wait_reloads(admin, "failure", 1.0).await?;
-    let log = agent.proc.log();
+    let log = agent.log();
     anyhow::ensure!(
         log.contains("apiserver_proxy.listen[0] cannot change at runtime; restart proxy-agent to apply it"),
         "the refusal names the key:\n{log}"
@@ -139,7 +138,7 @@ async fn max_connections_reload_takes_effect_on_proxy_server() -> anyhow::Result
     let pki = TunnelPki::new(dir.path())?;
     // A long handshake deadline: the first connection idles between requests while the test runs.
     let one = tunnel_server_yaml(&pki, "127.0.0.1:0", "limits: { max_connections: 1 }\ntimeouts: { handshake: 60s }\n");
-    let server = Running::start(&dir, "proxy-server", &one).await?;
+    let server = InProc::start(&dir, "proxy-server", &one).await?;
     let a = server.read_addresses().context("addresses")?;
     let (admin, fe) = (a.admin()?, a.listener("egress")?);
     // The first connection holds the only slot: its request head was read (a slot is taken
@@ -162,7 +161,7 @@ async fn max_connections_reload_takes_effect_on_proxy_server() -> anyhow::Result
     server.reload_with(&one.replace("max_connections: 1", "max_connections: 2")).await?;
     let status = tokio::time::timeout(DEADLINE, connect_status(&mut second))
         .await
-        .with_context(|| format!("no answer after raising the limit; log:\n{}", server.proc.log()))??;
+        .with_context(|| format!("no answer after raising the limit; log:\n{}", server.log()))??;
     anyhow::ensure!(status.starts_with("HTTP/1.1 503"), "no agent is connected, so 503: {status}");
     anyhow::ensure!(server.reloads(admin, "success").await == 1.0);
     drop(first);

@@ -1,6 +1,6 @@
 //! nginx as the real PROXY protocol v2 peer: it must see our client and the advertised destination.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context as _, bail};
 use common::*;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use testbed::TempDir;
 use testbed::pki::{self, Ca};
 use testbed::tunnel_kit::{
-    AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect, server_yaml, start_agent,
-    start_server,
+    AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect, inproc_agent, inproc_server,
+    server_yaml,
 };
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -21,12 +21,12 @@ async fn agent_refused(
 ) -> anyhow::Result<()> {
     let dir = TempDir::new("cert-errors")?;
     let pki = TunnelPki::new(dir.path())?;
-    let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &[], "")).await?;
+    let (server, saddrs) = inproc_server(&dir, &server_yaml(&pki, "127.0.0.1:0", &[], "")).await?;
     let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
     let yaml = agent_yaml(&pki, &o)?;
     // agent_yaml wrote a good certificate; the agent reads these files instead.
     bad(&pki)?.write(dir.path(), "agent-shoot-a")?;
-    let (agent, _) = start_agent(&dir, "agent", &yaml, None).await?;
+    let (agent, _) = inproc_agent(&dir, &yaml).await?;
     eprintln!("{}", server.wait_log_line(server_needle, DEADLINE).await?);
     eprintln!("{}", agent.wait_log_line(agent_needle, DEADLINE).await?);
     Ok(())
@@ -58,7 +58,7 @@ async fn a_front_end_client_from_another_ca_is_refused_naming_the_front_ends_cli
     let dir = TempDir::new("cert-errors-fe")?;
     let pki = TunnelPki::new(dir.path())?;
     let fes = [Fe::new("egress-mtls", "shoot-a", FeKind::Mtls)];
-    let (server, saddrs) = start_server(&dir, "server", &server_yaml(&pki, "127.0.0.1:0", &fes, "")).await?;
+    let (server, saddrs) = inproc_server(&dir, &server_yaml(&pki, "127.0.0.1:0", &fes, "")).await?;
     let other = Ca::new("some-other-ca")?;
     let cfg = pki::client_config(&pki.ca, Some(&other.client("shoot-a")?), &["http/1.1"])?;
     let d = Dialer::Tls(saddrs.listener("egress-mtls")?, cfg, FRONTEND_NAME.into());

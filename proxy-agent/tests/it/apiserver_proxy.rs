@@ -1,6 +1,6 @@
 //! The node-local apiserver proxy against fake gateways: PROXY v2, CONNECT, bad peers, reload, drain.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context as _, ensure};
 use common::*;

@@ -289,7 +289,7 @@ fn the_metrics_reference_lists_exactly_the_registered_metrics() {
     panic!(
         "{page_path} is not what the binaries register (registered but not listed: {missing:?}; listed but not \
          registered: {unknown:?}; or a type, label or help text changed). Regenerate it with\n  {UPDATE}=1 cargo test \
-         -p seedgate-tests --test docs the_metrics_reference\nand commit the result"
+         -p seedgate-tests --test it docs::the_metrics_reference\nand commit the result"
     );
 }
 

@@ -9,7 +9,7 @@ use testbed::peers::{self, connect_from, free_port, read_to_close, start_haproxy
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
 use testbed::{
-    Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, tls_handshake_error, tls_request,
+    Addresses, Ca, InProc, TempDir, TlsHttpBackend, http_get, metric_value, tls_handshake_error, tls_request,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -51,12 +51,11 @@ impl World {
     }
 }
 
-async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(Proc, Addresses)> {
+async fn start_router(dir: &TempDir, listeners: &str) -> anyhow::Result<(InProc, Addresses)> {
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 1s, connect: 2s, idle: 1h }}\ndrain_grace: 1s\nlisteners:\n{listeners}"
     );
-    let cfg = dir.write("router.yaml", &yaml)?;
-    Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await
+    InProc::serve(dir, "sni-router", &yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -70,7 +69,7 @@ fn rejects(m: &str, listener: &str, reason: &str) -> f64 {
 }
 
 /// The router's access-log line (written when the connection closes) with all of `needles`.
-async fn access_line(router: &Proc, needles: &[&str]) -> anyhow::Result<String> {
+async fn access_line(router: &InProc, needles: &[&str]) -> anyhow::Result<String> {
     let mut all = vec!["access", "connection closed"];
     all.extend_from_slice(needles);
     router.wait_log_line(&all, WAIT).await
@@ -276,7 +275,7 @@ async fn bad_proxy_input_is_closed_and_counted() -> anyhow::Result<()> {
          \x20     - name: greeter\n        destination: [10.1.2.4/32:22]\n        upstreams: [{greeter_addr}]\n",
         w.a.addr()
     );
-    let (mut router, addrs) = start_router(&w.dir, &listeners).await?;
+    let (router, addrs) = start_router(&w.dir, &listeners).await?;
     let pp = addrs.listener("pp")?;
     let src: SocketAddr = "192.0.2.7:40000".parse()?;
     let dst: SocketAddr = "10.1.2.3:443".parse()?;

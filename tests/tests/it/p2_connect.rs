@@ -10,7 +10,7 @@ use std::time::Duration;
 use testbed::peers::{self, read_response_head, read_to_close, tls_over};
 use testbed::pki::client_config;
 use testbed::tls_client::{http_get_request, peer_info};
-use testbed::{Addresses, Ca, Proc, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, poll_until};
+use testbed::{Addresses, Ca, InProc, TempDir, TlsHttpBackend, http_get, metric_value, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -104,7 +104,7 @@ struct World {
     vpn: Recorder,
     fallback: Recorder,
     _hole: Blackhole,
-    router: Proc,
+    router: InProc,
     addrs: Addresses,
 }
 
@@ -157,8 +157,7 @@ listeners:
         fallback = fallback.addr,
         hole = hole.addr,
     );
-    let cfg = dir.write("router.yaml", &yaml)?;
-    let (router, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
+    let (router, addrs) = InProc::serve(&dir, "sni-router", &yaml).await?;
     Ok(World { dir, ca, api, vpn, fallback, _hole: hole, router, addrs })
 }
 
@@ -422,7 +421,6 @@ async fn bad_connect_heads_are_answered_and_counted() -> anyhow::Result<()> {
     w.assert_no_fallback();
     let (code, _) = http_get(w.addrs.admin()?, "/healthz").await?;
     assert_eq!(code, 200);
-    let mut router = w.router;
-    assert!(router.running());
+    assert!(w.router.running());
     Ok(())
 }

@@ -2,7 +2,7 @@
 // That rustls itself accepts the fixtures is checked in the tests/ crate (client_hello_rustls.rs):
 // this crate runs no TLS session, not even for tests.
 
-#[path = "support/refragment.rs"]
+#[path = "../support/refragment.rs"]
 mod refragment;
 
 use proxy_wire::client_hello::{
@@ -10,13 +10,13 @@ use proxy_wire::client_hello::{
     DEFAULT_MAX_LEN, HelloError, HelloParser, Status, alert_record, parse_handshake_message,
 };
 
-const RUSTLS_PQ: &[u8] = include_bytes!("fixtures/client_hello/rustls_pq.bin");
-const RUSTLS_FRAGMENTED: &[u8] = include_bytes!("fixtures/client_hello/rustls_fragmented.bin");
-const OPENSSL: &[u8] = include_bytes!("fixtures/client_hello/openssl.bin");
-const CURL: &[u8] = include_bytes!("fixtures/client_hello/curl.bin");
-const BIG: &[u8] = include_bytes!("fixtures/client_hello/big.bin");
-const MULTI_RECORD: &[u8] = include_bytes!("fixtures/client_hello/multi_record.bin");
-const NO_SNI: &[u8] = include_bytes!("fixtures/client_hello/no_sni.bin");
+const RUSTLS_PQ: &[u8] = include_bytes!("../fixtures/client_hello/rustls_pq.bin");
+const RUSTLS_FRAGMENTED: &[u8] = include_bytes!("../fixtures/client_hello/rustls_fragmented.bin");
+const OPENSSL: &[u8] = include_bytes!("../fixtures/client_hello/openssl.bin");
+const CURL: &[u8] = include_bytes!("../fixtures/client_hello/curl.bin");
+const BIG: &[u8] = include_bytes!("../fixtures/client_hello/big.bin");
+const MULTI_RECORD: &[u8] = include_bytes!("../fixtures/client_hello/multi_record.bin");
+const NO_SNI: &[u8] = include_bytes!("../fixtures/client_hello/no_sni.bin");
 
 const MAX: usize = DEFAULT_MAX_LEN;
 

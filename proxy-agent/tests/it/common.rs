@@ -1,5 +1,5 @@
 //! Test helpers: an in-process agent, admin scraping, polling with a deadline, fake-gateway reads.
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(dead_code)] // not every helper is used by every module
 
 use anyhow::{Context as _, anyhow, bail};
 use proxy_core::addrs::Addresses;

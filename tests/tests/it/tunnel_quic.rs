@@ -5,10 +5,10 @@
 
 use anyhow::Context as _;
 use testbed::tunnel_kit::{
-    AgentOpts, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, metrics, server_yaml, start_agent,
-    start_server, wait_agents,
+    AgentOpts, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, inproc_agent, inproc_server, metrics,
+    server_yaml, wait_agents,
 };
-use testbed::{Proc, TcpEcho, TempDir, metric_value};
+use testbed::{InProc, TcpEcho, TempDir, metric_value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Two proxy-servers (two seeds' tunnel names) behind one sni-router UDP listener: each agent's
@@ -34,7 +34,7 @@ async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
                 .replace(&c1.display().to_string(), &c.display().to_string())
                 .replace(&k1.display().to_string(), &k.display().to_string());
         }
-        servers.push(start_server(&dir, &format!("server-{cluster}"), &yaml).await?);
+        servers.push(inproc_server(&dir, &yaml).await?);
     }
     let router_yaml = format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 2s, udp_idle: 30s }}\ndrain_grace: 1s\nlisteners:\n  - name: quic\n    listen: 127.0.0.1:0\n    protocol: udp\n    routes:\n      - name: seed-a\n        sni: [{}]\n        upstreams: [{}]\n      - name: seed-b\n        sni: [{SECOND}]\n        upstreams: [{}]\n",
@@ -42,8 +42,7 @@ async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
         servers[0].1.listener("agents-quic")?,
         servers[1].1.listener("agents-quic")?,
     );
-    let cfg = dir.write("router.yaml", &router_yaml)?;
-    let (router, raddrs) = Proc::start_seedgate(&testbed::bin_path("sni-router")?, &cfg, &[]).await?;
+    let (router, raddrs) = InProc::serve(&dir, "sni-router", &router_yaml).await?;
     let echo = TcpEcho::start().await?;
     let mut agents = Vec::new();
     for (i, (cluster, name)) in
@@ -53,7 +52,7 @@ async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
         o.tunnel_extra = "  transport: quic\n".into();
         let y = agent_yaml(&pki, &o)?
             .replace(&format!("server_name: {}", testbed::tunnel_kit::SERVER_NAME), &format!("server_name: {name}"));
-        let (agent, _) = start_agent(&dir, &format!("agent-{cluster}"), &y, None).await?;
+        let (agent, _) = inproc_agent(&dir, &y).await?;
         let (server, saddrs) = &servers[i];
         let logs =
             || format!("--- server:\n{}\n--- router:\n{}\n--- agent:\n{}", server.log(), router.log(), agent.log());

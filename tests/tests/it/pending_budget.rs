@@ -6,12 +6,11 @@
 //! was not waiting for a deadline to free a slot. Every wait polls with a deadline.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 use testbed::pki::client_config;
 use testbed::tls_client::http_get_request;
 use testbed::{
-    Addresses, Ca, Proc, TcpEcho, TempDir, TlsHttpBackend, bin_path, http_get, metric_value, poll_until, tls_request,
+    Addresses, Ca, InProc, TcpEcho, TempDir, TlsHttpBackend, http_get, metric_value, poll_until, tls_request,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -22,12 +21,10 @@ const TICK: Duration = Duration::from_millis(20);
 const HANDSHAKE: Duration = Duration::from_secs(60);
 
 /// A real ClientHello (openssl s_client, SNI api.shoot-b.example.com).
-const HELLO_SHOOT_B: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/openssl.bin");
+const HELLO_SHOOT_B: &[u8] = include_bytes!("../../../wire/tests/fixtures/client_hello/openssl.bin");
 
-async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(Proc, Addresses, PathBuf)> {
-    let cfg = dir.write("router.yaml", yaml)?;
-    let (p, addrs) = Proc::start_seedgate(&bin_path("sni-router")?, &cfg, &[]).await?;
-    Ok((p, addrs, cfg))
+async fn start_router(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    InProc::serve(dir, "sni-router", yaml).await
 }
 
 async fn metrics(addrs: &Addresses) -> anyhow::Result<String> {
@@ -81,7 +78,7 @@ struct Gateway {
     ca: Ca,
     _backend: TlsHttpBackend,
     _echo: TcpEcho,
-    _router: Proc,
+    _router: InProc,
     addrs: Addresses,
 }
 
@@ -98,7 +95,7 @@ impl Gateway {
             backend.addr(),
             echo.addr()
         );
-        let (router, addrs, _) = start_router(dir, &yaml).await?;
+        let (router, addrs) = start_router(dir, &yaml).await?;
         Ok(Self { ca, _backend: backend, _echo: echo, _router: router, addrs })
     }
 
@@ -233,7 +230,7 @@ async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
         HANDSHAKE.as_secs(),
         echo.addr()
     );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (_r, addrs) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
     // Ten fill the budget; the next ones meet a full budget: the floor.
     let mut stalled = Vec::new();
@@ -254,7 +251,7 @@ async fn the_deadline_shrinks_under_pressure() -> anyhow::Result<()> {
 /// here: no agent is connected, which is the point: it got past its head).
 #[tokio::test]
 async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyhow::Result<()> {
-    use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, refusal_of, server_yaml, start_server};
+    use testbed::tunnel_kit::{Fe, FeKind, TunnelPki, connect_tcp, inproc_server, refusal_of, server_yaml};
     let dir = TempDir::new("pending-frontend")?;
     let pki = TunnelPki::new(dir.path())?;
     let extra = format!(
@@ -263,7 +260,7 @@ async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyho
         HANDSHAKE.as_secs()
     );
     let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], &extra);
-    let (_p, addrs) = start_server(&dir, "server", &yaml).await?;
+    let (_p, addrs) = inproc_server(&dir, &yaml).await?;
     let fe = addrs.listener("egress")?;
 
     let mut stalled = Vec::new();
@@ -312,7 +309,7 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
          \x20     - name: echo\n        sni: [\"*.shoot-b.example.com\"]\n        upstreams: [{}]\n",
         echo.addr()
     );
-    let (_p, addrs, _) = start_router(&dir, &yaml).await?;
+    let (_r, addrs) = start_router(&dir, &yaml).await?;
     let gw = addrs.listener("gateway")?;
     let admin = addrs.admin()?;
 
@@ -346,32 +343,22 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
     Ok(())
 }
 
-/// The soft limit on open files of this process (`/proc/self/limits`).
-fn open_files_limit() -> anyhow::Result<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits")?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files")).ok_or_else(|| anyhow::anyhow!("{limits}"))?;
-    let soft = line.split_whitespace().nth(3).ok_or_else(|| anyhow::anyhow!("{line}"))?;
-    Ok(soft.parse().unwrap_or(u64::MAX))
-}
-
-/// The attack as it happens, against sni-router's default limits (nothing under `limits:` or
-/// `timeouts:`): 12,000 stalled clients from one address range (127.0.2.0/24, 70 from each
-/// address), more than the 10,000 default connection slots they could once hold. The budget keeps
-/// them to 2,000 pending, refuses what is over 64 per address and evicts the oldest; a real client
-/// from another address is routed without ever waiting for a connection slot, and a connection
-/// established before the attack keeps flowing.
+/// The attack as it happens, against sni-router's default pending limits (nothing under
+/// `timeouts:`, and under `limits:` only `max_connections: 1000`): 2,450 stalled clients from one
+/// address range (127.0.2.0/24, 70 from each of 35 addresses), more than the 1,000 connection
+/// slots they could once hold and than the budget of 2,000. The budget keeps them to 2,000
+/// pending, refuses what is over 64 per address and evicts the oldest; a real client from
+/// another address is routed without ever waiting for a connection slot, and a connection
+/// established before the attack keeps flowing. (The same at the default `max_connections` of
+/// 10,000 takes more than 10,000 stalled clients: the bench's slowloris scenario measures that
+/// shape, 2,500 stalled clients against 1,000 slots, next to haproxy and nginx.)
 #[tokio::test]
-async fn default_limits_twelve_thousand_stalled_clients() -> anyhow::Result<()> {
-    const SOURCES: u8 = 172;
+async fn default_limits_thousands_of_stalled_clients() -> anyhow::Result<()> {
+    const SOURCES: u8 = 35;
     const PER_SOURCE: usize = 70;
     let total = usize::from(SOURCES) * PER_SOURCE;
-    let limit = open_files_limit()?;
-    anyhow::ensure!(
-        limit > total as u64 + 1_000,
-        "this test holds {total} sockets; the open-files limit is {limit} (run it as `.ci/run` does, after `ulimit -n 20000`)"
-    );
     let dir = TempDir::new("pending-defaults")?;
-    let g = Gateway::start(&dir, "").await?;
+    let g = Gateway::start(&dir, "limits: { max_connections: 1000 }\n").await?;
     let (addrs, gw) = (g.addrs.clone(), g.gw()?);
     let mut est = g.established().await?;
 

@@ -1,7 +1,7 @@
 //! rustls against the ClientHello fixtures and the re-framing helper of proxy-wire's tests: what the reader is tested with is valid TLS.
 // Here rather than in proxy-wire because it needs a TLS stack, which that crate must not depend on.
 
-#[path = "../../wire/tests/support/refragment.rs"]
+#[path = "../../../wire/tests/support/refragment.rs"]
 #[allow(dead_code)] // shared helpers; only the re-framing is needed here
 mod refragment;
 
@@ -13,7 +13,7 @@ use std::time::Duration;
 use proxy_wire::client_hello::{ClientHelloInfo, DEFAULT_MAX_LEN, HelloParser, Status};
 use testbed::pki::provider;
 
-const MULTI_RECORD: &[u8] = include_bytes!("../../wire/tests/fixtures/client_hello/multi_record.bin");
+const MULTI_RECORD: &[u8] = include_bytes!("../../../wire/tests/fixtures/client_hello/multi_record.bin");
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn complete(buf: &[u8]) -> ClientHelloInfo {
