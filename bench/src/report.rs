@@ -166,6 +166,29 @@ impl Results {
         r.info = Some(text.into());
     }
 
+    /// What failed on seedgate's side: a row whose system did not start (other than left out by
+    /// `--only`) or whose measurement ended in an error. Each is a defect, whatever the figures
+    /// (which are never asserted); one line each, without repeats.
+    pub fn seedgate_failures(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for m in &self.metrics {
+            for r in m.rows.iter().filter(|r| r.kind == Kind::Seedgate) {
+                let what = match &r.skipped {
+                    Some(why) if why.contains("filtered out") => continue,
+                    Some(why) => format!("{}: {} did not start: {why}", m.scenario, r.system),
+                    None => match r.notes.iter().find(|n| n.starts_with("error:")) {
+                        Some(e) => format!("{} | {} | {}: {e}", m.scenario, m.name, r.system),
+                        None => continue,
+                    },
+                };
+                if !out.contains(&what) {
+                    out.push(what);
+                }
+            }
+        }
+        out
+    }
+
     pub fn remark(&mut self, scenario: &str, text: &str) {
         self.remarks.push((scenario.into(), text.into()));
     }
@@ -696,6 +719,35 @@ mod tests {
         assert_eq!(ratio(0.05), "0.05×");
         assert_eq!(ratio(0.0), "0.00×");
         assert_eq!(ratio(2.2), "2.20×");
+    }
+
+    #[test]
+    fn seedgate_errors_and_start_failures_are_failures_anchor_ones_are_not() {
+        let mut r = Results::default();
+        let m = r.metric("idle-memory", "SNI passthrough", "KiB", Better::Lower);
+        r.add(m, "direct", Kind::Direct, 1.0);
+        r.note(m, "sni-router", Kind::Seedgate, "error: 0 of 300 connections opened before the first failure");
+        r.note(m, "haproxy", Kind::Anchor, "error: refused");
+        r.add(m, "nginx", Kind::Anchor, 2.0);
+        let ok = r.metric("idle-memory", "CONNECT", "KiB", Better::Lower);
+        r.add(ok, "sni-router", Kind::Seedgate, 3.0);
+        r.note(ok, "sni-router", Kind::Seedgate, "2 errors of 300");
+        let reload = r.metric("reload", "p99", "ms", Better::Lower);
+        r.skip(reload, "sni-router", Kind::Seedgate, "cannot bind");
+        r.skip(reload, "proxy-server", Kind::Seedgate, "filtered out (--only nginx)");
+        let p50 = r.metric("reload", "p50", "ms", Better::Lower);
+        r.skip(p50, "sni-router", Kind::Seedgate, "cannot bind");
+        assert_eq!(
+            r.seedgate_failures(),
+            [
+                "idle-memory | SNI passthrough | sni-router: error: 0 of 300 connections opened before the first failure",
+                "reload: sni-router did not start: cannot bind",
+            ]
+        );
+        let mut clean = Results::default();
+        let m = clean.metric("sni-bulk", "bulk", "Gbit/s", Better::Higher);
+        clean.add(m, "sni-router", Kind::Seedgate, 1.0);
+        assert!(clean.seedgate_failures().is_empty());
     }
 
     #[test]

@@ -26,6 +26,17 @@ pub(crate) fn check_only(label: &str) -> anyhow::Result<()> {
     }
 }
 
+/// `--seedgate-only`: start no anchor.
+pub static SEEDGATE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`check_only`] for an anchor, which `--seedgate-only` leaves out too.
+fn check_anchor(label: &str) -> anyhow::Result<()> {
+    if SEEDGATE_ONLY.load(std::sync::atomic::Ordering::Relaxed) {
+        bail!("filtered out (--seedgate-only)");
+    }
+    check_only(label)
+}
+
 /// A program the harness may run, or why it cannot.
 pub type Tool = Result<PathBuf, String>;
 
@@ -583,7 +594,7 @@ pub async fn haproxy_with(
     splice: bool,
     maxconn: Option<u32>,
 ) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let bin = env.anchors.haproxy.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     for (name, text) in files {
@@ -635,7 +646,7 @@ pub async fn nginx_with(
     njs: bool,
     worker_connections: Option<u32>,
 ) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let bin = if njs { env.anchors.nginx_njs() } else { env.anchors.nginx_stream() }.map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     let dir = d.display().to_string();
@@ -666,7 +677,7 @@ pub async fn nginx_with(
 /// squid as a CONNECT proxy for loopback clients (no cache, no access log, one worker).
 /// Address: `proxy`.
 pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let bin = env.anchors.squid.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     let port = host::free_port([127, 0, 0, 1])?;
@@ -697,7 +708,7 @@ pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
 
 /// tinyproxy as a CONNECT proxy (any port allowed, loopback clients). Address: `proxy`.
 pub async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let bin = env.anchors.tinyproxy.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     let port = host::free_port([127, 0, 0, 1])?;
@@ -732,7 +743,7 @@ pub async fn rathole(
     services: &[(&str, SocketAddr)],
     tls: bool,
 ) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let bin = env.anchors.rathole.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
     let ctrl = host::free_port([127, 0, 0, 1])?;
@@ -809,7 +820,7 @@ async fn wait_listening_alive(r: &mut Running, a: SocketAddr) -> anyhow::Result<
 /// "shoot" to it: one SSH connection whose channels carry every forwarded connection. For each
 /// `(name, target)` sshd listens on a loopback port (role = name) forwarded to the target.
 pub async fn ssh_reverse(env: &Env<'_>, label: &str, forwards: &[(&str, SocketAddr)]) -> anyhow::Result<Running> {
-    check_only(label)?;
+    check_anchor(label)?;
     let sshd = env.anchors.sshd.clone().map_err(anyhow::Error::msg)?;
     let ssh = env.anchors.ssh.clone().map_err(anyhow::Error::msg)?;
     let keygen = env.anchors.ssh_keygen.clone().map_err(anyhow::Error::msg)?;

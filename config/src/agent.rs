@@ -38,34 +38,48 @@ pub const MAX_RETRIES: u32 = 16;
 pub const MAX_DESTINATION_LEN: usize = 1024;
 
 /// The whole proxy-agent config file.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// Admin HTTP listener. Default `{ listen: 127.0.0.1:9903 }`.
+    /// Admin HTTP listener; absent or `null`: `{ listen: 127.0.0.1:9903 }`.
     #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
+    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
     pub admin: AdminConfig,
-    /// Default `{ handshake: 5s, connect: 5s, idle: 1h }`.
+    /// Deadlines of the apiserver proxy's connections; absent or `null`:
+    /// `{ handshake: 5s, connect: 5s, idle: 1h }`.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
     pub timeouts: Timeouts,
     /// After SIGTERM: how long live connections may continue before the process exits. Default `30s`.
     #[serde(default = "drain_grace_default")]
+    #[schemars(extend("x-reload" = "live"))]
     pub drain_grace: Dur,
-    /// Default `{ max_connections: 10000 }`.
+    /// Absent or `null`: `{ max_connections: 10000 }`.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Limits>", extend("x-reload" = "live"))]
     pub limits: Limits,
-    /// The node-local apiserver proxy; absent or `null` = not run.
+    /// The node-local apiserver proxy; absent or `null` = not run. Adding or removing it changes
+    /// `apiserver_proxy.listen`, which needs a restart.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "restart"))]
     pub apiserver_proxy: Option<Located<ApiserverProxy>>,
-    /// The reverse tunnel to the seed's proxy-server(s); absent or `null` = not run.
+    /// The reverse tunnel to the seed's proxy-server(s); absent or `null` = not run. Adding or
+    /// removing the section needs a restart; its keys change as each says.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "restart"))]
     pub tunnel: Option<Located<Tunnel>>,
 }
 
 /// TLS identity of the agent (its certificate CN names its cluster) and the CA of the servers.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The files themselves are watched: a changed file is reloaded within a second, without a
+/// config reload, and new sessions use it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
 pub struct TunnelTls {
+    /// The agent's client certificate (PEM); its subject CN is the cluster name.
     pub cert: String,
+    /// The private key (PEM) of `cert`.
     pub key: String,
     /// CA that issued the proxy-servers' certificates.
     pub ca: String,
@@ -75,8 +89,10 @@ pub struct TunnelTls {
     pub server_name: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Back-off between session attempts.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
 pub struct Reconnect {
     /// First wait after a session ends or fails; doubles per failure (with jitter). Default `250ms`.
     #[serde(default = "reconnect_initial_default")]
@@ -93,37 +109,55 @@ impl Default for Reconnect {
 }
 
 /// The agent end of the reverse tunnel: it dials out to every server and keeps a session to each.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"), transform = crate::schema::Require("allow"))]
 pub struct Tunnel {
     /// proxy-server tunnel addresses (`host:port`); names are resolved again on every connect.
+    /// The agent keeps sessions to every replica behind each. A reload gives an added server its
+    /// sessions at once; a removed one's sessions get GOAWAY (no new streams; live ones run to
+    /// their end); the others are untouched.
+    #[schemars(length(min = 1), extend("x-reload" = "live"))]
     pub servers: Vec<HostPort>,
+    /// The agent's client certificate and the servers' CA. Required.
     pub tls: TunnelTls,
     /// Destinations the seed may dial, as CIDRs with optional port (`10.250.0.0/16`,
     /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
     /// address, for one, is unreachable unless listed. A name is resolved and every address
     /// dialled must be listed.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(length(min = 1), extend("x-reload" = "new streams"))]
     pub allow: Vec<CidrPort>,
     /// Resolving and connecting to a destination. Default `5s`.
     #[serde(default = "dial_timeout_default")]
+    #[schemars(extend("x-reload" = "new streams"))]
     pub dial_timeout: Dur,
     /// A stream with no byte either way for this long is closed. Default `1h`.
     #[serde(default = "tunnel_idle_default")]
+    #[schemars(extend("x-reload" = "new streams"))]
     pub idle_timeout: Dur,
+    /// PING interval and timeout of every session; absent or `null`: the defaults.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
+    /// Exponential back-off with jitter between session attempts; absent or `null`: the
+    /// defaults.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Reconnect>")]
     pub reconnect: Reconnect,
     /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
     /// Default `16384`.
     #[serde(default = "max_streams_default")]
+    #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
     pub max_streams: usize,
     /// Bytes one stream may have in flight unread. Default `262144`.
     #[serde(default = "stream_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
     pub stream_window: u32,
-    /// Bytes all streams of one session may have in flight unread. Default `67108864`.
+    /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
+    /// Default `67108864`.
     #[serde(default = "connection_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
     /// Reported to the server (readiness, logs). Default: `$NODE_NAME`, else the host name.
     #[serde(default)]
@@ -144,8 +178,8 @@ pub struct Tunnel {
     /// Default `3s`.
     #[serde(default = "quic_timeout_default")]
     pub quic_timeout: Dur,
-    /// `auto` only: while a session runs over h2, how often QUIC is tried again (with jitter).
-    /// Default `60s`.
+    /// `auto` only: while a session runs over h2, how often QUIC is tried again (with jitter:
+    /// ¾ to all of it). Default `60s`. A reload applies it from the next probe.
     #[serde(default = "quic_probe_interval_default")]
     pub quic_probe_interval: Dur,
     /// What the agent tells proxy-server about its node, so that a dial to this node's name or
@@ -173,11 +207,13 @@ pub struct Identifiers {
 }
 
 /// The tunnel's transport.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
+    /// HTTP/2 over TLS over TCP.
     #[default]
     H2,
+    /// QUIC over UDP, to the same `servers` addresses.
     Quic,
     /// QUIC when it gets through, else h2 (re-probing QUIC now and then).
     Auto,
@@ -193,8 +229,10 @@ impl Transport {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Deadlines of the apiserver proxy's connections.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Timeouts {
     /// Everything between a successful gateway connect and the first relayed byte: writing the
     /// PROXY header, or sending the CONNECT request and reading the gateway's answer (plus
@@ -215,11 +253,15 @@ impl Default for Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Bounds of what the process holds.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "live"))]
 pub struct Limits {
-    /// Connections held at once by the whole process (accepting pauses at the limit). Default `10000`.
+    /// Connections held at once by the whole process (accepting pauses at the limit). Default
+    /// `10000`. A reload resizes it at once (slots grow at once, shrink as connections end).
     #[serde(default = "max_connections_default")]
+    #[schemars(range(min = 1))]
     pub max_connections: usize,
 }
 
@@ -230,7 +272,7 @@ impl Default for Limits {
 }
 
 /// How the agent tells the seed gateway where the client wanted to go.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub enum Mode {
     /// Gardener GEP-8: a PROXY protocol v2 header whose destination is the address the client
     /// connected to (the apiserver's advertised address), then the client's bytes unchanged.
@@ -262,12 +304,14 @@ impl Mode {
 /// `retries` (and `timeouts`, `drain_grace`) to new connections; live connections keep going.
 /// `listen` cannot change on reload: such a reload is refused (naming the key) and the
 /// agent must be restarted.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct ApiserverProxy {
     /// IP:port addresses to listen on, usually the apiserver's advertised address (the IP must be
     /// assigned to the node, e.g. on a dummy interface). Required, at least one; port 0 picks a
     /// free port (tests).
+    #[schemars(length(min = 1), extend("x-reload" = "restart"))]
     pub listen: Vec<Located<HostPort>>,
     /// The seed gateway (sni-router's proxy-protocol or http-connect listener), `host:port`.
     /// The name is resolved again for every new connection, so a DNS change (control-plane
@@ -279,10 +323,13 @@ pub struct ApiserverProxy {
     /// `outbound|443||kube-apiserver.shoot--a.svc.cluster.local`. Ignored in
     /// `proxy-protocol-v2` mode. Default `null`.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^[!-~]([ !-~]*[!-~])?$"))]
     pub destination: Option<String>,
-    /// `http-connect` only: the request header carrying `destination`.
+    /// `http-connect` only: the request header carrying `destination` (not one the CONNECT
+    /// request itself uses: `Host`, `Content-Length`, `Transfer-Encoding`, `Connection`).
     /// Default `X-Gardener-Destination`.
     #[serde(default = "destination_header_default")]
+    #[schemars(regex(pattern = r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$"))]
     pub destination_header: String,
     /// `http-connect` only: the CONNECT request target and `Host` header. Default `null` = the
     /// listen address the client connected to (e.g. `10.1.2.3:443`).
@@ -292,6 +339,7 @@ pub struct ApiserverProxy {
     /// gateway's resolved addresses; only attempts that failed before any byte was sent are
     /// retried. Between 1 and 16. Default `3`.
     #[serde(default = "retries_default")]
+    #[schemars(range(min = 1, max = 16))]
     pub retries: u32,
 }
 

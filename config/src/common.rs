@@ -295,13 +295,17 @@ pub(crate) fn null_is_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + D
 }
 
 /// The admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/config`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "live"))]
 pub struct AdminConfig {
-    /// `host:port` to listen on; `null` disables the admin listener.
+    /// `host:port` to listen on; `null` (or leaving it out of an `admin` section that is
+    /// given) disables the admin listener. A reload moves the listener (the new socket is bound
+    /// first).
     pub listen: Option<HostPort>,
-    /// File holding a bearer token required by the admin endpoints that change state.
-    /// Without it those endpoints answer 403. Never shown by `/config`.
+    /// File holding a bearer token required by the admin endpoints that change state (under
+    /// `/control/`). Without it those endpoints answer 403. Re-read on every reload; never shown
+    /// by `/config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
 }
@@ -313,8 +317,9 @@ impl AdminConfig {
 }
 
 /// Tunnel keepalive, the same on both ends: a session whose PING goes unanswered is dead.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
 pub struct Keepalive {
     /// PING every this long. Default `5s`.
     #[serde(default = "ka_interval_default")]

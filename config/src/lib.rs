@@ -6,7 +6,9 @@
 pub mod agent;
 mod common;
 mod error;
+pub mod reference;
 pub mod router;
+pub mod schema;
 pub mod server;
 mod yaml;
 
@@ -21,6 +23,8 @@ pub use yaml::locate;
 
 /// What every binary's config has, and how its file is read: the process lifecycle needs no more.
 pub trait BinaryConfig: Sized {
+    /// The config file's JSON Schema as `--print-schema` prints it.
+    fn schema_text() -> String;
     /// Parse and validate one config file's text (`file` names it in messages).
     fn parse(text: &str, file: &str) -> Result<Self, ConfigError>;
     /// Every problem [`BinaryConfig::parse`] finds, and the config too when its structure could
@@ -80,8 +84,11 @@ impl TlsFiles {
 }
 
 macro_rules! binary_config {
-    ($t:ty, $parse:path, $validate:path) => {
+    ($t:ty, $file:expr, $parse:path, $validate:path) => {
         impl $crate::BinaryConfig for $t {
+            fn schema_text() -> String {
+                $file.schema_text()
+            }
             fn parse(text: &str, file: &str) -> Result<Self, $crate::ConfigError> {
                 $parse(text, file)
             }
@@ -110,9 +117,9 @@ macro_rules! binary_config {
     };
 }
 
-binary_config!(RouterConfig, router::parse, router::validate);
-binary_config!(ServerConfig, server::parse, server::validate);
-binary_config!(AgentConfig, agent::parse, agent::validate);
+binary_config!(RouterConfig, schema::ConfigFile::Router, router::parse, router::validate);
+binary_config!(ServerConfig, schema::ConfigFile::Server, server::parse, server::validate);
+binary_config!(AgentConfig, schema::ConfigFile::Agent, agent::parse, agent::validate);
 
 /// Read `path` and parse it with `parse` (one of the `parse_*` functions of this crate).
 pub fn load<T>(path: &std::path::Path, parse: fn(&str, &str) -> Result<T, ConfigError>) -> Result<T, ConfigError> {

@@ -37,39 +37,60 @@ default_fn! {
 }
 admin_or_null!();
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The whole sni-router config file.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`); absent or `null`:
+    /// `{ listen: 127.0.0.1:9901 }`. There is no `/control/` endpoint on sni-router yet, so
+    /// `token_file` guards nothing here.
     #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
+    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
     pub admin: AdminConfig,
+    /// Deadlines of each phase of a connection; absent or `null`: every default.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
     pub timeouts: Timeouts,
-    /// After SIGTERM: how long live connections may continue before the process exits.
+    /// After SIGTERM: how long live connections may continue before the process exits (the
+    /// grace in force at SIGTERM counts).
     #[serde(default = "drain_grace_default")]
+    #[schemars(extend("x-reload" = "live"))]
     pub drain_grace: Dur,
+    /// Bounds of what the process holds; absent or `null`: every default.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Limits>", extend("x-reload" = "new connections"))]
     pub limits: Limits,
-    /// How long an upstream that refused or timed out a connect is skipped.
+    /// How long an upstream that refused or timed out a connect is skipped (tried last); after a
+    /// refused connect at most 1s, so a restarted upstream is back within a second.
     #[serde(default = "eject_default")]
+    #[schemars(extend("x-reload" = "new connections"))]
     pub upstream_eject: Dur,
     /// A directory of route files (`*.yaml`, one per shoot), watched and merged with the
-    /// listeners' own routes; `null` (the default): none.
+    /// listeners' own routes; `null` (the default): none. Relative to the working directory.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "restart"))]
     pub routes_dir: Option<String>,
+    /// The listening sockets and their routes; at least one. A reload adds, removes and moves
+    /// listeners (new sockets are bound first; removed or moved ones stop accepting, their
+    /// connections continue).
+    #[schemars(length(min = 1), extend("x-reload" = "live"))]
     pub listeners: Vec<Listener>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Deadlines of each phase of a connection (and of a UDP flow).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Timeouts {
-    /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head.
+    /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head. Also how long
+    /// a UDP flow may wait for its ClientHello.
     #[serde(default = "handshake_default")]
     pub handshake: Dur,
     /// What `handshake` shrinks to for a connection accepted while the pending budget is full
     /// (linearly from half full). At or above `handshake`: no shrinking.
     #[serde(default = "handshake_floor_default")]
     pub handshake_floor: Dur,
-    /// One upstream TCP connect attempt.
+    /// One upstream TCP connect attempt; on timeout the next upstream is tried.
     #[serde(default = "connect_default")]
     pub connect: Dur,
     /// A proxied connection with no byte in either direction for this long is closed.
@@ -93,43 +114,61 @@ impl Default for Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Bounds of what the process holds.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Limits {
     /// Routed (established) connections held at once by the whole process; accepting pauses at
-    /// the limit. Connections still being routed count in `max_pending` instead.
+    /// the limit. Connections still being routed count in `max_pending` instead. A reload
+    /// resizes it at once (slots grow at once, shrink as connections end).
     #[serde(default = "max_connections_default")]
+    #[schemars(range(min = 1), extend("x-reload" = "live"))]
     pub max_connections: usize,
     /// Connections accepted and not yet routed; when full, the oldest of them is closed to make
     /// room for a new one.
     #[serde(default = "max_pending_default")]
+    #[schemars(range(min = 1))]
     pub max_pending: usize,
-    /// Not-yet-routed connections per source (TCP peer address masked by `source_prefix_v4` /
-    /// `source_prefix_v6`); more are closed at once. 0: no per-source cap. Peers in a listener's
-    /// `trusted_proxies` are exempt (all their clients share their address).
+    /// One source's share of a full budget of not-yet-routed connections (source: the TCP peer
+    /// address masked by `source_prefix_v4` / `source_prefix_v6`); the share is half the budget
+    /// while at most half of it is in use and shrinks linearly to this when it is full. More are
+    /// closed at once. 0: no per-source cap. Peers in a listener's `trusted_proxies` are exempt
+    /// (all their clients share their address).
     #[serde(default = "pending_per_source_default")]
     pub pending_per_source: usize,
+    /// The per-source key of `pending_per_source`: an IPv4 peer address masked to this prefix.
     #[serde(default = "source_prefix_v4_default")]
+    #[schemars(range(max = 32))]
     pub source_prefix_v4: u8,
+    /// The per-source key of `pending_per_source`: an IPv6 peer address masked to this prefix.
     #[serde(default = "source_prefix_v6_default")]
+    #[schemars(range(max = 128))]
     pub source_prefix_v6: u8,
     /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
-    /// their 5-byte headers included. The default takes one maximal record.
+    /// their 5-byte headers included. The default takes one maximal record (5-byte header plus
+    /// 16 KiB). Larger: TLS alert `decode_error`.
     #[serde(default = "client_hello_max_default")]
+    #[schemars(range(min = 512, max = 262144))]
     pub client_hello_max: usize,
-    /// Largest HTTP CONNECT request head.
+    /// Largest HTTP CONNECT request head, in bytes. Larger: `431`.
     #[serde(default = "connect_head_max_default")]
+    #[schemars(range(min = 256, max = 65536))]
     pub connect_head_max: usize,
     /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
     #[serde(default = "proxy_depth_default")]
+    #[schemars(range(min = 1, max = 4))]
     pub proxy_protocol_depth: u8,
     /// UDP flows (one per client address) the whole process holds, routed or still waiting for
     /// their ClientHello; when full, Initials of new clients are dropped (and counted).
     #[serde(default = "udp_flows_default")]
+    #[schemars(range(min = 1, max = 1000000))]
     pub udp_flows: usize,
-    /// SO_RCVBUF / SO_SNDBUF asked for each UDP socket (listener and per-flow upstream
-    /// sockets), in bytes; the kernel may grant less (`net.core.rmem_max`), which is logged.
+    /// SO_RCVBUF / SO_SNDBUF asked for each UDP listener socket, in bytes (each flow's upstream
+    /// socket asks for a sixteenth of it, at least 64 KiB); the kernel may grant less
+    /// (`net.core.rmem_max`), which is logged.
     #[serde(default = "udp_socket_buffer_default")]
+    #[schemars(range(min = 65536, max = 268435456))]
     pub udp_socket_buffer: usize,
 }
 
@@ -150,7 +189,8 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+/// Whether a listener reads PROXY protocol headers (v1 or v2) before the payload.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyProtocolMode {
     #[default]
@@ -159,7 +199,8 @@ pub enum ProxyProtocolMode {
     Required,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+/// Which PROXY protocol header a route sends its upstream, if any.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SendProxy {
     #[default]
@@ -168,7 +209,8 @@ pub enum SendProxy {
     V2,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+/// How a route picks one of its upstreams.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Balance {
     /// Two upstreams picked at random, the one with fewer active connections wins.
@@ -178,7 +220,8 @@ pub enum Balance {
     LeastConnections,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+/// The answer to a CONNECT that matches no route.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConnectUnmatched {
     /// `403 Forbidden` with a one-line reason.
@@ -189,7 +232,7 @@ pub enum ConnectUnmatched {
 }
 
 /// What a listener accepts.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ListenerProtocol {
     /// TLS (routed by SNI), PROXY protocol, HTTP CONNECT.
@@ -199,71 +242,124 @@ pub enum ListenerProtocol {
     Udp,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// One listening socket (TCP, or UDP for QUIC) and its routes.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Listener {
+    /// The listener's name: unique, a word without spaces; the metric label `listener`.
+    #[schemars(extend("x-reload" = "live"))]
     pub name: Located<String>,
+    /// Where to listen. A reload that changes it moves the listener (the new socket is bound
+    /// first; if that fails, nothing changes).
+    #[schemars(extend("x-reload" = "live"))]
     pub listen: HostPort,
+    /// `tcp` (the default): TLS routed by SNI, PROXY protocol, HTTP CONNECT. `udp`: QUIC routed
+    /// by SNI (SNI and default routes only). A `tcp` and a `udp` listener may share a port.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<ListenerProtocol>", extend("x-reload" = "live"))]
     pub protocol: ListenerProtocol,
+    /// Whether PROXY headers are read: `off`, `optional` or `required` (then `trusted_proxies`
+    /// is required).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<ProxyProtocolMode>")]
     pub proxy_protocol: ProxyProtocolMode,
-    /// Peers allowed to send PROXY headers (CIDRs on the TCP peer address).
+    /// Peers allowed to send PROXY headers (CIDRs on the TCP peer address); a header from
+    /// anyone else is rejected. Required when `proxy_protocol` is on.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<IpCidr>>")]
     pub trusted_proxies: Vec<IpCidr>,
-    /// Route for connections nothing else matched; `null` rejects them.
+    /// Route for connections nothing else matched (never used for a CONNECT); `null` rejects
+    /// them. Must name a route of this listener in the main config.
     #[serde(default)]
     pub default_route: Option<String>,
-    /// Answer to a CONNECT that matches no route.
+    /// Answer to a CONNECT that matches no route: `forbidden` (`403` with a one-line reason) or
+    /// `redirect` (`301` to `https://<authority host>:443`).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<ConnectUnmatched>")]
     pub connect_unmatched: ConnectUnmatched,
-    /// Per-listener connection cap, below the process-wide `limits.max_connections`.
+    /// Per-listener cap of routed connections, below the process-wide
+    /// `limits.max_connections`; `null`: none. Not on a `udp` listener (see `limits.udp_flows`).
     #[serde(default)]
+    #[schemars(range(min = 1), extend("x-reload" = "live"))]
     pub max_connections: Option<usize>,
+    /// The routes. A connection keeps the route it was given; one of a changed or removed
+    /// route ends by the route's `drain_deadline` if set (a clean FIN), else runs on.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<Route>>")]
     pub routes: Vec<Route>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// One route: what it matches (SNI, PROXY destination or CONNECT request) and where it goes.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Route {
+    /// The route's name: unique in its listener (across the main config and every route file),
+    /// a word without spaces; the metric label `route`.
     pub name: Located<String>,
     /// Only in a file of `routes_dir`: the listener this route belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listener: Option<Located<String>>,
-    /// Exact names or `*.suffix` (one label), case-insensitive, trailing dot ignored.
+    /// Exact names or `*.suffix` (one label), case-insensitive, trailing dot ignored. Exact
+    /// names beat wildcards.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<String>>")]
     pub sni: Vec<String>,
-    /// PROXY header destinations, `ip[/prefix][:port]`; longest prefix wins.
+    /// PROXY header destinations, `ip[/prefix][:port]`; longest prefix wins. Matched before
+    /// the payload is read.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<CidrPort>>")]
     pub destination: Vec<CidrPort>,
+    /// How a CONNECT request selects this route; `null`: it does not route CONNECTs.
     #[serde(default)]
     pub connect: Option<ConnectMatch>,
+    /// Where the route's connections go, `host:port` each (names resolved on every connect);
+    /// at least one. A connect that fails before any byte was forwarded is retried on the next.
+    #[schemars(length(min = 1))]
     pub upstreams: Vec<HostPort>,
+    /// How an upstream is picked: `power-of-two` (the default) or `least-connections`.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Balance>")]
     pub balance: Balance,
+    /// A PROXY header sent to the upstream first: `off` (the default), `v1` or `v2`. It carries
+    /// the real client address and the original destination; v2 adds the TLVs AUTHORITY (the
+    /// SNI) and UNIQUE_ID (the connection id).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<SendProxy>")]
     pub send_proxy_protocol: SendProxy,
-    /// Real client addresses allowed to use this route; empty = any.
+    /// Real client addresses allowed to use this route (CIDRs on the real client address, the
+    /// outer PROXY header's source when there is one); empty = any.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<IpCidr>>")]
     pub allowed_sources: Vec<IpCidr>,
-    /// Live connections of this route end this long after a reload changed or removed the
-    /// route; `null` (the default) lets them run until they close by themselves.
+    /// Live connections of this route end (a clean FIN both ways) this long after a reload
+    /// changed or removed the route; `null` (the default) lets them run until they close by
+    /// themselves. The deadline of the reloaded config applies.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "live"))]
     pub drain_deadline: Option<Dur>,
 }
 
 /// How a CONNECT request selects this route. Either `header` with `values` and/or `regex`, or
 /// `authority` (the request target), or both (all given conditions must hold).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct ConnectMatch {
+    /// The request header whose value selects the route, e.g. `X-Gardener-Destination`.
+    #[schemars(regex(pattern = r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$"))]
     pub header: Option<String>,
+    /// Header values (trimmed) that select the route.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<String>>")]
     pub values: Vec<String>,
-    /// Anchored: must match the whole header value.
+    /// A regular expression the header value (trimmed) must match; anchored: it must match the
+    /// whole value.
     pub regex: Option<String>,
+    /// Request targets (`host:port`) that select the route.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<String>>")]
     pub authority: Vec<String>,
 }
 
@@ -505,10 +601,13 @@ fn validate_connect(c: &ConnectMatch, cf: &str, at: (u64, u64), p: &mut Problems
 }
 
 /// The contents of one file of `routes_dir`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RouteFile {
+pub(crate) struct RouteFile {
+    /// The file's routes, each a route as in `listeners[].routes[]` plus the `listener` it
+    /// belongs to.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "new connections"))]
     routes: Vec<Route>,
 }
 

@@ -27,33 +27,58 @@ default_fn! {
 }
 admin_or_null!();
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The whole proxy-server config file.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, and with a
+    /// `token_file` `/control/clusters/<name>`); absent or `null`: `{ listen: 127.0.0.1:9902 }`.
     #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
+    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
     pub admin: AdminConfig,
+    /// Deadlines of front-end connections and dials; absent or `null`: every default.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
     pub timeouts: Timeouts,
+    /// After SIGTERM: how long live connections and streams may continue before the process
+    /// exits (the grace in force at SIGTERM counts).
     #[serde(default = "drain_grace_default")]
+    #[schemars(extend("x-reload" = "live"))]
     pub drain_grace: Dur,
+    /// Bounds of the front ends; absent or `null`: every default.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Limits>", extend("x-reload" = "new connections"))]
     pub limits: Limits,
+    /// The agents' tunnel listener. Required.
+    #[schemars(extend("x-reload" = "live"))]
     pub agents: Agents,
+    /// The front ends kube-apiserver (egress selector) and Prometheus (`proxy_url`) connect to.
+    /// A reload starts a new front end listening; a removed one stops accepting while its live
+    /// connections continue; one whose address changed moves (the new socket is bound first).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<Frontend>>", extend("x-reload" = "live"))]
     pub frontends: Vec<Frontend>,
-    /// Per-cluster state for control-plane migration; a cluster not listed is `active`.
+    /// Per-cluster state for control-plane migration, by cluster name; a cluster not listed is
+    /// `active`. Admin overrides (`/control/clusters/<name>`) win over it.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(
+        with = "Option<BTreeMap<String, ClusterState>>",
+        extend("x-reload" = "live", "propertyNames" = { "pattern": CLUSTER_NAME_PATTERN })
+    )]
     pub clusters: BTreeMap<String, ClusterState>,
     /// A directory of cluster-state files (`*.yaml`), watched and merged with `clusters`;
     /// `null` (the default): none.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "restart"))]
     pub clusters_dir: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Deadlines of front-end connections and of dials through the tunnel.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Timeouts {
-    /// Front-end pre-relay phase: TLS handshake and the request head.
+    /// Front-end pre-relay phase: TLS handshake and the request head, together.
     #[serde(default = "handshake_default")]
     pub handshake: Dur,
     /// What `handshake` shrinks to for a front-end connection accepted while the pending budget
@@ -61,8 +86,10 @@ pub struct Timeouts {
     #[serde(default = "handshake_floor_default")]
     pub handshake_floor: Dur,
     /// From sending a dial to the agent until its answer (includes the agent's own connect).
+    /// Expired: `504`.
     #[serde(default = "dial_default")]
     pub dial: Dur,
+    /// A front-end connection with no byte in either direction for this long is closed.
     #[serde(default = "idle_default")]
     pub idle: Dur,
 }
@@ -78,31 +105,43 @@ impl Default for Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// Bounds of the front ends (the agents listener is not limited by them: agents authenticate
+/// with client certificates).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Limits {
     /// Front-end connections past their request head held at once (accepting pauses at the
     /// limit). Connections still in the TLS handshake or request head count in `max_pending`.
+    /// A reload resizes it at once (slots grow at once, shrink as connections end).
     #[serde(default = "max_connections_default")]
+    #[schemars(range(min = 1), extend("x-reload" = "live"))]
     pub max_connections: usize,
     /// Front-end connections in the TLS handshake or request head; when full, the oldest of them
     /// is closed to make room for a new one.
     #[serde(default = "max_pending_default")]
+    #[schemars(range(min = 1))]
     pub max_pending: usize,
-    /// Such connections per source (TCP peer address masked by `source_prefix_v4` /
-    /// `source_prefix_v6`); more are closed at once. 0 (the default): no per-source cap — the
+    /// One source's share of a full budget of such connections (TCP peer address masked by
+    /// `source_prefix_v4` / `source_prefix_v6`), wider while the budget has room, as in
+    /// sni-router; more are closed at once. 0 (the default): no per-source cap — the
     /// front ends' clients are a few kube-apiservers and Prometheus, each one source that opens
     /// bursts of connections (hundreds of streams at once); `max_pending` with its eviction still
     /// bounds them. Set it for a front end reachable by many clients. Unix-socket front ends are
     /// exempt.
     #[serde(default = "pending_per_source_default")]
     pub pending_per_source: usize,
+    /// The per-source key of `pending_per_source`: an IPv4 peer address masked to this prefix.
     #[serde(default = "source_prefix_v4_default")]
+    #[schemars(range(max = 32))]
     pub source_prefix_v4: u8,
+    /// The per-source key of `pending_per_source`: an IPv6 peer address masked to this prefix.
     #[serde(default = "source_prefix_v6_default")]
+    #[schemars(range(max = 128))]
     pub source_prefix_v6: u8,
-    /// Largest CONNECT / proxy request head.
+    /// Largest CONNECT / proxy request head, in bytes. Larger: `431`.
     #[serde(default = "head_max_default")]
+    #[schemars(range(min = 256, max = 65536))]
     pub request_head_max: usize,
 }
 
@@ -120,28 +159,43 @@ impl Default for Limits {
 }
 
 /// Paths of a TLS identity and, optionally, the CA that client certificates must chain to.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The files themselves are watched: a changed file is reloaded within a second, without a
+/// config reload, and new handshakes use it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerTls {
+    /// The certificate chain (PEM), leaf first.
     pub cert: String,
+    /// The private key (PEM) of `cert`.
     pub key: String,
+    /// The CA(s) (PEM) client certificates must chain to; `null`: no client certificate asked.
     #[serde(default)]
     pub client_ca: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The agents' tunnel listener: mTLS (TLS 1.3, ALPN `seedgate-tunnel/1`), HTTP/2 inside.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
 pub struct Agents {
+    /// TCP `host:port`. A reload moves it; sessions made on the old socket continue.
+    #[schemars(extend("x-reload" = "live"))]
     pub listen: HostPort,
-    /// Agents must present a client certificate from `client_ca`; its CN names the cluster.
+    /// Agents must present a client certificate from `client_ca` (required here); its CN names
+    /// the cluster.
+    #[schemars(extend("required" = ["client_ca"], "properties" = { "client_ca": { "type": "string" } }))]
     pub tls: ServerTls,
+    /// PING interval and timeout of every session; absent or `null`: the defaults.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
     /// Bytes one stream may have in flight unread (per-stream flow-control window).
     #[serde(default = "stream_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
     pub stream_window: u32,
-    /// Bytes all streams of one session may have in flight unread.
+    /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
     #[serde(default = "connection_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
     /// An agent whose certificate names a cluster that no front end and no `clusters` entry
     /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
@@ -149,25 +203,33 @@ pub struct Agents {
     #[serde(default = "accept_unknown_default")]
     pub accept_unknown_clusters: bool,
     /// This replica's identity, announced to every agent so that an agent holding sessions to
-    /// several replicas behind one name can tell them apart. Default: the host name (a pod's
-    /// name). Replicas must have distinct ids.
+    /// several replicas behind one name can tell them apart. Default: `$POD_NAME`, else the host
+    /// name. Replicas must have distinct ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^\S+$"), extend("x-reload" = "live"))]
     pub server_id: Option<String>,
     /// How many replicas of this proxy-server run behind the agents' server name: each agent
     /// keeps a session to that many distinct replicas. Default `1`. Give this or `peers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64), extend("x-reload" = "live"))]
     pub server_count: Option<u32>,
     /// A name that resolves to one address per replica (a Kubernetes headless Service,
     /// `host:port`; the port is not dialled): the replica count is the number of addresses, read
-    /// again every `peers_interval`. Instead of a static `server_count`.
+    /// again every `peers_interval` (a failed lookup keeps the last count). Instead of a static
+    /// `server_count`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "live"))]
     pub peers: Option<HostPort>,
-    /// How often `peers` is resolved again. Default `10s`.
+    /// How often `peers` is resolved again; at least `1s`.
     #[serde(default = "peers_interval_default")]
+    #[schemars(extend("x-reload" = "live"))]
     pub peers_interval: Dur,
     /// The tunnel's QUIC transport: a UDP listener beside the TCP one, with the same TLS
-    /// material (`tls`), identity and rules. Default `null`: TCP only. Restart-only.
+    /// material (`tls`), identity and rules. Default `null`: TCP only. A reload adds, moves or
+    /// removes it (the new socket is bound first); sessions made on an old socket continue and
+    /// keep its port until they end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "live"))]
     pub quic: Option<AgentsQuic>,
     /// How a dial picks the agent of its cluster, tried in order until one names a connected
     /// agent: `dest_host` (the agent whose identifiers include the destination's host),
@@ -206,10 +268,11 @@ fn proxy_strategies_default() -> Vec<ProxyStrategy> {
 }
 
 /// The agents' QUIC listener.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "live"))]
 pub struct AgentsQuic {
-    /// UDP `host:port`.
+    /// UDP `host:port`; for agents with `transport: auto`, the same port number as `listen`.
     pub listen: HostPort,
 }
 
@@ -220,29 +283,43 @@ fn peers_interval_default() -> Dur {
 /// Most replicas an agent keeps sessions to behind one name (bounds the agent's sessions).
 pub const MAX_SERVER_COUNT: u32 = 64;
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// A front end: HTTP CONNECT and absolute-form requests, carried to the cluster's agents.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
 pub struct Frontend {
+    /// The front end's name: unique; the metric label `frontend`.
+    #[schemars(extend("x-reload" = "live"))]
     pub name: Located<String>,
-    /// TCP `host:port`; give this or `unix`.
+    /// TCP `host:port`; give this or `unix`. A reload moves it (the new socket is bound first;
+    /// if that fails the reload is refused and nothing changes).
     #[serde(default)]
+    #[schemars(extend("x-reload" = "live"))]
     pub listen: Option<HostPort>,
     /// Unix socket path (kube-apiserver's egress selector `transport.uds`); no TLS. A missing
     /// parent directory is created (mode 0750, group `unix_group`).
     #[serde(default)]
+    #[schemars(extend("x-reload" = "live"))]
     pub unix: Option<String>,
     /// Permission bits of the socket file, octal as a string (`"0660"`: owner and group may
-    /// connect). Default `null`: as the process umask leaves them.
+    /// connect). Default `null`: as the process umask leaves them. A reload applies it to the
+    /// existing socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "live"))]
     pub unix_mode: Option<FileMode>,
     /// Group of the socket file (and of a parent directory it creates): a name from
-    /// `/etc/group` or a numeric gid. Default `null`: the process's group.
+    /// `/etc/group` or a numeric gid. Default `null`: the process's group. A reload applies it
+    /// to the existing socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "live"))]
     pub unix_group: Option<String>,
+    /// TLS for a TCP front end; `null`: plain TCP. With `client_ca`, clients must present a
+    /// certificate from it (and without `cluster`, its CN names the cluster).
     #[serde(default)]
     pub tls: Option<ServerTls>,
     /// The cluster whose agents carry this front end's streams. Absent: `cluster_from` names it.
     #[serde(default)]
+    #[schemars(regex(pattern = CLUSTER_NAME_PATTERN))]
     pub cluster: Option<String>,
     /// Where the cluster comes from without `cluster`: the client certificate's CN (the default;
     /// needs `tls.client_ca`), or each request's proxy credentials (`proxy_authorization`: the
@@ -286,7 +363,7 @@ impl FrontendProtocol {
 }
 
 /// Where a front end without a fixed `cluster` takes the cluster from.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ClusterFrom {
     #[default]
@@ -300,22 +377,34 @@ impl ClusterFrom {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+/// A cluster's state on this proxy-server.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ClusterMode {
+    /// Agents connect, dials are served.
     #[default]
     Active,
+    /// Every agent of the cluster gets a move notice (to `move_to`); new dials still work while
+    /// agents are connected; live streams end `drain_deadline` after the drain started.
     Draining,
+    /// No agent session and no dial is accepted for the cluster (`503 cluster moved`), and its
+    /// remaining sessions are closed.
     Fenced,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// The state of one cluster (control-plane migration).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "live"))]
 pub struct ClusterState {
+    /// `active` (the default), `draining` or `fenced`.
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<ClusterMode>")]
     pub state: ClusterMode,
-    /// Tunnel addresses of the destination seed, sent to the agents with the move notice.
+    /// Tunnel addresses of the destination seed, sent to the agents with the move notice
+    /// (`draining` only).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<HostPort>>")]
     pub move_to: Vec<HostPort>,
     /// When draining: live streams end this long after the drain started.
     #[serde(default)]
@@ -356,6 +445,9 @@ impl ServerConfig {
 pub fn parse(text: &str, file: &str) -> Result<ServerConfig, ConfigError> {
     crate::yaml::parse(text, file, validate)
 }
+
+/// [`valid_cluster_name`] as a JSON Schema pattern.
+pub const CLUSTER_NAME_PATTERN: &str = "^[A-Za-z0-9._-]{1,253}$";
 
 /// A cluster name: a DNS-label-like word (it is a metric label and a certificate CN).
 pub fn valid_cluster_name(s: &str) -> bool {
@@ -514,10 +606,13 @@ fn validate_strategies(key: &str, s: &[ProxyStrategy], p: &mut Problems) {
 }
 
 /// The contents of one file of `clusters_dir`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ClusterFile {
+pub(crate) struct ClusterFile {
+    /// Cluster states, as in the main config's `clusters`; a cluster may be defined in one
+    /// place only.
     #[serde(default)]
+    #[schemars(extend("x-reload" = "live", "propertyNames" = { "pattern": CLUSTER_NAME_PATTERN }))]
     clusters: BTreeMap<String, ClusterState>,
 }
 

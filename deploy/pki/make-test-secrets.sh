@@ -2,8 +2,8 @@
 # Certificates and Secrets for a TEST landscape (self-signed CAs made here; production takes its
 # certificates from the landscape's own CAs and rotation). Needs openssl; kubectl (client only: the
 # Secrets are written as files, nothing is sent to a cluster) for the Secrets: without it only the
-# PKI (OUT_DIR/pki) is written. The README's "Certificates: which goes where" says which file is
-# used where.
+# PKI (OUT_DIR/pki) is written. docs/guides/certificates.md ("Certificates: which goes where") says
+# which file is used where.
 #
 #   deploy/pki/make-test-secrets.sh OUT_DIR [SHOOT ...]      (default shoot: shoot-a)
 #   kubectl apply -f OUT_DIR/seed/            # on the seed (namespace seedgate, shoot namespaces)

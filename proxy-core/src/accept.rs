@@ -122,7 +122,7 @@ impl Slots {
             Box::new(s.wait_seconds.clone()),
             Box::new(s.waiting.clone()),
         ] {
-            reg.register(m).expect("metric registered once");
+            crate::metrics::register(reg, m).expect("metric registered once");
         }
     }
 

@@ -422,7 +422,7 @@ fn connection_limit_check(slots: &Slots) -> Check {
 /// binary cannot start (the reason on stderr).
 pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
-    let args = crate::cli::CommonArgs::parse_for(S::NAME, about);
+    let args = crate::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
     crate::telemetry::init(args.log_format);
     let cfg = crate::cli::load_or_exit::<S::Config>(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -11,6 +11,10 @@ pub struct CommonArgs {
     /// YAML config file. It is reloaded on SIGHUP and when the file changes.
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
+    /// Print the JSON Schema (draft-07) of the config file and exit. Point an editor's YAML
+    /// language server at it: `# yaml-language-server: $schema=<file>` as the file's first line.
+    #[arg(long, exclusive = true)]
+    pub print_schema: bool,
     /// Validate the config, print every problem with file, line and field, and exit:
     /// 0 when valid, 2 when not.
     #[arg(long)]
@@ -29,11 +33,17 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    /// Parse the process arguments for the binary `name`; `--help` shows `about`.
-    pub fn parse_for(name: &'static str, about: &'static str) -> Self {
+    /// Parse the process arguments for the binary `name`, whose config is `T`; `--help` shows
+    /// `about`. `--print-schema` prints `T`'s schema and exits here.
+    pub fn parse_for<T: BinaryConfig>(name: &'static str, about: &'static str) -> Self {
         use clap::{Args, FromArgMatches};
         let cmd = Self::augment_args(clap::Command::new(name).about(about).version(env!("CARGO_PKG_VERSION")));
-        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+        let matches = cmd.get_matches();
+        if matches.get_flag("print_schema") {
+            print!("{}", T::schema_text());
+            std::process::exit(0);
+        }
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 }
 

@@ -1,32 +1,90 @@
 //! The metrics registry and the connection metrics every binary shares (prefix `seedgate_`).
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder, exponential_buckets,
 };
+use std::cell::RefCell;
+
+/// Register `c` in `reg`; while [`noting`] runs on this thread, also note what it is. Every
+/// metric of the binaries is registered through here, so the metrics reference lists them all.
+pub fn register(reg: &Registry, c: Box<dyn Collector>) -> prometheus::Result<()> {
+    NOTED.with(|n| {
+        if let Some(list) = n.borrow_mut().as_mut() {
+            list.extend(describe(&*c));
+        }
+    });
+    reg.register(c)
+}
+
+/// [`register`], for a metric registered once per registry.
+fn register_once(reg: &Registry, c: Box<dyn Collector>) {
+    register(reg, c).expect("metric registered once");
+}
+
+/// One registered metric as the metrics reference shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MetricInfo {
+    pub name: String,
+    /// `counter`, `gauge`, `histogram`, ...
+    pub kind: String,
+    pub labels: Vec<String>,
+    pub help: String,
+}
+
+thread_local! {
+    /// `Some` while [`noting`] runs on this thread.
+    static NOTED: RefCell<Option<Vec<MetricInfo>>> = const { RefCell::new(None) };
+}
+
+/// Run `f` and return, with its result, every metric [`register`] registered on this thread
+/// meanwhile (run a binary's `bind` on a current-thread runtime inside it to learn its metrics).
+pub fn noting<T>(f: impl FnOnce() -> T) -> (T, Vec<MetricInfo>) {
+    let outer = NOTED.with(|n| n.borrow_mut().replace(Vec::new()));
+    let out = f();
+    let noted = NOTED.with(|n| std::mem::replace(&mut *n.borrow_mut(), outer)).unwrap_or_default();
+    (out, noted)
+}
+
+fn describe(c: &dyn Collector) -> Vec<MetricInfo> {
+    let families = c.collect();
+    c.desc()
+        .into_iter()
+        .map(|d| {
+            let kind = families.iter().find(|f| f.name() == d.fq_name).map(|f| f.get_field_type());
+            MetricInfo {
+                name: d.fq_name.clone(),
+                kind: kind.map(|k| format!("{k:?}").to_ascii_lowercase()).unwrap_or_else(|| "untyped".into()),
+                labels: d.variable_labels.clone(),
+                help: d.help.clone(),
+            }
+        })
+        .collect()
+}
 
 /// Build a labelled counter and register it.
 pub fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    reg.register(Box::new(c.clone())).expect("metric registered once");
+    register_once(reg, Box::new(c.clone()));
     c
 }
 
 pub fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    reg.register(Box::new(g.clone())).expect("metric registered once");
+    register_once(reg, Box::new(g.clone()));
     g
 }
 
 pub fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("valid metric");
-    reg.register(Box::new(c.clone())).expect("metric registered once");
+    register_once(reg, Box::new(c.clone()));
     c
 }
 
 pub fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid metric");
-    reg.register(Box::new(g.clone())).expect("metric registered once");
+    register_once(reg, Box::new(g.clone()));
     g
 }
 
@@ -34,7 +92,7 @@ pub fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
 pub fn seconds_histogram(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
     let buckets = exponential_buckets(0.00005, 2.0, 21).expect("valid buckets");
     let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("valid metric");
-    reg.register(Box::new(h.clone())).expect("metric registered once");
+    register_once(reg, Box::new(h.clone()));
     h
 }
 

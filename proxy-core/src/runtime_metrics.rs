@@ -82,7 +82,7 @@ fn as_i64(n: usize) -> i64 {
 /// Register a [`RuntimeCollector`] for the calling runtime. A registry that has one already
 /// (several binaries sharing a registry in tests) keeps it.
 pub fn register(reg: &Registry) {
-    if let Err(e) = reg.register(Box::new(RuntimeCollector::new())) {
+    if let Err(e) = crate::metrics::register(reg, Box::new(RuntimeCollector::new())) {
         tracing::debug!(error = %e, "runtime gauges already registered");
     }
 }

@@ -44,7 +44,7 @@ impl TlsMetrics {
             &["use", "file", "subject"],
         )
         .expect("valid metric");
-        reg.register(Box::new(expiry.clone())).expect("metric registered once");
+        crate::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
         Self { reloads, expiry }
     }
 }

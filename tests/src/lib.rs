@@ -3,17 +3,21 @@
 //! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
 //! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).
 //! - [`proc`]: finding, building and running the seedgate binaries; the address-file contract.
+//! - [`inproc`]: the same binaries served in this process (`bind()` → `run`), with the same files.
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
+//! - [`docs`]: the repository's Markdown (README and book): files, anchors, links, marked examples.
 //! - [`secret_volume`]: a directory laid out like a mounted Kubernetes secret (atomic `..data` swaps).
 //!
 //! Everything async expects a tokio runtime.
 
 pub mod admin;
 pub mod backend;
+pub mod docs;
+pub mod inproc;
 pub mod netns;
 pub mod peers;
 pub mod pki;
@@ -26,6 +30,7 @@ pub mod tunnel_kit;
 
 pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};
 pub use backend::{HttpBackend, TcpEcho, TcpSink, TlsHttpBackend};
+pub use inproc::InProc;
 pub use pki::{Ca, Issued};
 pub use poll::poll_until;
 pub use proc::{Addresses, Proc, bin_path, ensure_built};

@@ -224,6 +224,19 @@ impl Proc {
         Self::spawn_seedgate(std::process::Command::new(bin), config, extra_args).await
     }
 
+    /// Write `yaml` to `<dir>/<stem>.yaml` and start the seedgate binary `bin` on it; also returns
+    /// the config's path (rewrite it, or signal SIGHUP, to reload).
+    pub async fn start_with_config(
+        dir: &TempDir,
+        bin: &str,
+        stem: &str,
+        yaml: &str,
+    ) -> anyhow::Result<(Self, Addresses, PathBuf)> {
+        let cfg = dir.write(&format!("{stem}.yaml"), yaml)?;
+        let (p, addrs) = Self::start_seedgate(&bin_path(bin)?, &cfg, &[]).await?;
+        Ok((p, addrs, cfg))
+    }
+
     /// [`Proc::start_seedgate`] for a prepared command (e.g. `ns.command(bin)`).
     pub async fn spawn_seedgate(
         mut cmd: std::process::Command,
@@ -316,12 +329,22 @@ impl Proc {
     /// Wait up to `deadline` for a log line containing every one of `needles`; returns the line.
     /// (Access-log events are written when a connection closes, so they trail the client.)
     pub async fn wait_log_line(&self, needles: &[&str], deadline: Duration) -> anyhow::Result<String> {
-        crate::poll::poll_until(deadline, Duration::from_millis(20), || async {
-            self.log().lines().find(|l| needles.iter().all(|n| l.contains(n))).map(str::to_owned)
-        })
-        .await
-        .with_context(|| format!("no log line of {} with {needles:?}; log:\n{}", self.label, self.log()))
+        wait_log_line(&self.label, || self.log(), needles, deadline).await
     }
+}
+
+/// Poll `log` of `label` for up to `deadline` for a line containing every one of `needles`.
+pub(crate) async fn wait_log_line(
+    label: &str,
+    log: impl Fn() -> String,
+    needles: &[&str],
+    deadline: Duration,
+) -> anyhow::Result<String> {
+    crate::poll::poll_until(deadline, Duration::from_millis(20), || async {
+        log().lines().find(|l| needles.iter().all(|n| l.contains(n))).map(str::to_owned)
+    })
+    .await
+    .with_context(|| format!("no log line of {label} with {needles:?}; log:\n{}", log()))
 }
 
 impl Drop for Proc {
@@ -340,43 +363,24 @@ impl Drop for Proc {
     }
 }
 
-/// Polling bound for [`Running`].
+/// Polling bound for [`Files`].
 const RUNNING_DEADLINE: Duration = Duration::from_secs(20);
 const RUNNING_TICK: Duration = Duration::from_millis(20);
 
-/// One of the three binaries, started with `--write-addresses` on a file that outlives the start
-/// (so rewrites after a reload can be read).
-pub struct Running {
-    pub proc: Proc,
+/// A binary's config file, which a reload rewrites, and the addresses file the binary rewrites
+/// after every reload. Shared by a process ([`Running`]) and a binary in this process
+/// ([`crate::inproc::InProc`]).
+#[derive(Debug)]
+pub struct Files {
     pub config: PathBuf,
     pub addresses: PathBuf,
 }
 
-impl Running {
-    pub async fn start(dir: &crate::TempDir, bin: &str, yaml: &str) -> anyhow::Result<Self> {
-        Self::start_in(dir, bin, yaml, None).await
-    }
-
-    /// [`Running::start`] inside the network namespace `ns` when given.
-    pub async fn start_in(
-        dir: &crate::TempDir,
-        bin: &str,
-        yaml: &str,
-        ns: Option<&crate::netns::Netns>,
-    ) -> anyhow::Result<Self> {
-        crate::tunnel_kit::ensure_binaries()?;
-        ensure_built("debug", &["sni-router"]).ok();
-        let config = dir.write(&format!("{bin}.yaml"), yaml)?;
-        let addresses = dir.join(format!("{bin}.addresses.json"));
-        let mut cmd = match ns {
-            Some(ns) => ns.command(bin_path(bin)?),
-            None => std::process::Command::new(bin_path(bin)?),
-        };
-        cmd.arg("--config").arg(&config).arg("--write-addresses").arg(&addresses);
-        let proc = Proc::spawn(cmd)?;
-        let r = Self { proc, config, addresses };
-        r.addresses_where(|_| true).await.with_context(|| format!("{bin} log:\n{}", r.proc.log()))?;
-        Ok(r)
+impl Files {
+    /// `<dir>/<stem>.yaml` holding `yaml`, and `<dir>/<stem>.addresses.json` (not written yet).
+    pub fn write(dir: &crate::TempDir, stem: &str, yaml: &str) -> anyhow::Result<Self> {
+        let config = dir.write(&format!("{stem}.yaml"), yaml)?;
+        Ok(Self { config, addresses: dir.join(format!("{stem}.addresses.json")) })
     }
 
     pub fn read_addresses(&self) -> Option<Addresses> {
@@ -391,7 +395,7 @@ impl Running {
             async move { if ok { Ok(a.expect("checked")) } else { Err(anyhow::anyhow!("not yet")) } }
         })
         .await
-        .with_context(|| format!("addresses file now: {:?}\nlog:\n{}", self.read_addresses(), self.proc.log()))
+        .with_context(|| format!("addresses file now: {:?}", self.read_addresses()))
     }
 
     pub async fn reload_with(&self, yaml: &str) -> anyhow::Result<()> {
@@ -412,7 +416,59 @@ impl Running {
             if self.reloads(admin, result).await >= n { Ok(()) } else { Err(anyhow::anyhow!("not yet")) }
         })
         .await
-        .with_context(|| format!("no {result} reload counted; log:\n{}", self.proc.log()))
+        .with_context(|| format!("no {result} reload counted"))
+    }
+}
+
+/// One of the three binaries as a process, started with `--write-addresses` on a file that
+/// outlives the start (so rewrites after a reload can be read). Its [`Files`] are reached
+/// through `Deref`.
+pub struct Running {
+    pub proc: Proc,
+    pub files: Files,
+}
+
+impl std::ops::Deref for Running {
+    type Target = Files;
+    fn deref(&self) -> &Files {
+        &self.files
+    }
+}
+
+impl Running {
+    pub async fn start(dir: &crate::TempDir, bin: &str, yaml: &str) -> anyhow::Result<Self> {
+        Self::start_in(dir, bin, yaml, None).await
+    }
+
+    /// [`Running::start`] inside the network namespace `ns` when given.
+    pub async fn start_in(
+        dir: &crate::TempDir,
+        bin: &str,
+        yaml: &str,
+        ns: Option<&crate::netns::Netns>,
+    ) -> anyhow::Result<Self> {
+        crate::tunnel_kit::ensure_binaries()?;
+        ensure_built("debug", &["sni-router"]).ok();
+        let files = Files::write(dir, bin, yaml)?;
+        let mut cmd = match ns {
+            Some(ns) => ns.command(bin_path(bin)?),
+            None => std::process::Command::new(bin_path(bin)?),
+        };
+        cmd.arg("--config").arg(&files.config).arg("--write-addresses").arg(&files.addresses);
+        let proc = Proc::spawn(cmd)?;
+        let r = Self { proc, files };
+        r.addresses_where(|_| true).await?;
+        Ok(r)
+    }
+
+    /// [`Files::addresses_where`], with the process's log when it fails.
+    pub async fn addresses_where(&self, pred: impl Fn(&Addresses) -> bool) -> anyhow::Result<Addresses> {
+        self.files.addresses_where(pred).await.with_context(|| format!("log:\n{}", self.proc.log()))
+    }
+
+    /// [`Files::wait_reloads`], with the process's log when it fails.
+    pub async fn wait_reloads(&self, admin: SocketAddr, result: &str, n: f64) -> anyhow::Result<()> {
+        self.files.wait_reloads(admin, result, n).await.with_context(|| format!("log:\n{}", self.proc.log()))
     }
 }
 

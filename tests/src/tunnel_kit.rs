@@ -5,6 +5,7 @@
 
 use crate::admin::http_get;
 use crate::backend::{Serving, serve};
+use crate::inproc::InProc;
 use crate::pki::{self, Ca, Issued};
 use crate::proc::{Addresses, Proc, bin_path};
 use crate::tmp::TempDir;
@@ -190,8 +191,7 @@ pub fn ensure_binaries() -> anyhow::Result<()> {
 /// Start proxy-server with `yaml` (written to `<dir>/<stem>.yaml`).
 pub async fn start_server(dir: &TempDir, stem: &str, yaml: &str) -> anyhow::Result<(Proc, Addresses)> {
     ensure_binaries()?;
-    let cfg = dir.write(&format!("{stem}.yaml"), yaml)?;
-    Proc::start_seedgate(&bin_path("proxy-server")?, &cfg, &[]).await
+    Proc::start_with_config(dir, "proxy-server", stem, yaml).await.map(|(p, a, _)| (p, a))
 }
 
 /// Start proxy-agent with `yaml`, inside `ns` when given.
@@ -209,6 +209,16 @@ pub async fn start_agent(
         None => std::process::Command::new(&bin),
     };
     Proc::spawn_seedgate(cmd, &cfg, &[]).await
+}
+
+/// proxy-server with `yaml`, in this process.
+pub async fn inproc_server(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    InProc::serve(dir, "proxy-server", yaml).await
+}
+
+/// proxy-agent with `yaml`, in this process.
+pub async fn inproc_agent(dir: &TempDir, yaml: &str) -> anyhow::Result<(InProc, Addresses)> {
+    InProc::serve(dir, "proxy-agent", yaml).await
 }
 
 /// `GET /metrics` of an admin listener.
@@ -423,24 +433,15 @@ pub async fn tls_get_over(s: BoxStream, ca: &Ca, name: &str, path: &str) -> anyh
 // ---------------------------------------------------------------------------------------------
 // Data and checksums
 
-/// FNV-1a, 64 bit: enough to tell a reordered, dropped or duplicated byte from a faithful copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fnv(pub u64);
+/// CRC-32C (hardware-assisted in the `crc32c` crate, which is built optimised even in test
+/// builds): enough to tell a reordered, dropped or duplicated byte from a faithful copy, at
+/// memory speed, so that checking a transfer costs far less than making it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Crc(pub u32);
 
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
+impl Crc {
     pub fn update(&mut self, data: &[u8]) {
-        let mut h = self.0;
-        for &b in data {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.0 = h;
+        self.0 = crc32c::crc32c_append(self.0, data);
     }
 }
 
@@ -471,9 +472,9 @@ impl Pattern {
     }
 
     /// The checksum of the whole stream.
-    pub fn checksum(seed: u64, len: u64) -> Fnv {
+    pub fn checksum(seed: u64, len: u64) -> Crc {
         let mut p = Pattern::new(seed, len);
-        let mut f = Fnv::default();
+        let mut f = Crc::default();
         let mut buf = vec![0u8; 64 * 1024];
         // Bounded by len / buf.len().
         loop {
@@ -487,9 +488,9 @@ impl Pattern {
 }
 
 /// Write `len` pattern bytes of `seed`; returns their checksum.
-pub async fn write_pattern<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, seed: u64, len: u64) -> std::io::Result<Fnv> {
+pub async fn write_pattern<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, seed: u64, len: u64) -> std::io::Result<Crc> {
     let mut p = Pattern::new(seed, len);
-    let mut f = Fnv::default();
+    let mut f = Crc::default();
     let mut buf = vec![0u8; 64 * 1024];
     // Bounded by len / buf.len().
     loop {
@@ -503,8 +504,8 @@ pub async fn write_pattern<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, seed: u64,
 }
 
 /// Read to EOF; returns the byte count and checksum.
-pub async fn read_checksum<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> std::io::Result<(u64, Fnv)> {
-    let mut f = Fnv::default();
+pub async fn read_checksum<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> std::io::Result<(u64, Crc)> {
+    let mut f = Crc::default();
     let mut n = 0u64;
     let mut buf = vec![0u8; 64 * 1024];
     // Ends at EOF or an error; callers bound it with a deadline.
@@ -521,7 +522,7 @@ pub async fn read_checksum<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> std::io:
 // ---------------------------------------------------------------------------------------------
 // Backends
 
-/// Reads every byte until EOF, then answers `<bytes> <fnv hex>\n`, then `trailer` pattern bytes
+/// Reads every byte until EOF, then answers `<bytes> <crc32c hex>\n`, then `trailer` pattern bytes
 /// (seed = the byte count), then closes. So a client learns that its FIN arrived (the answer
 /// comes only after it) and that the backend can still send after it.
 #[derive(Debug)]
@@ -538,7 +539,7 @@ impl ChecksumSink {
         let accepted = Arc::new(AtomicU64::new(0));
         let serving = serve(l, accepted.clone(), move |mut s| async move {
             let Ok((n, f)) = read_checksum(&mut s).await else { return };
-            if s.write_all(format!("{n} {:016x}\n", f.0).as_bytes()).await.is_err() {
+            if s.write_all(format!("{n} {:08x}\n", f.0).as_bytes()).await.is_err() {
                 return;
             }
             let _ = write_pattern(&mut s, n, trailer).await;
@@ -557,9 +558,9 @@ impl ChecksumSink {
 }
 
 /// Parse a [`ChecksumSink`] answer line.
-pub fn parse_sum_line(line: &str) -> anyhow::Result<(u64, Fnv)> {
+pub fn parse_sum_line(line: &str) -> anyhow::Result<(u64, Crc)> {
     let (n, f) = line.trim().split_once(' ').with_context(|| format!("bad checksum line {line:?}"))?;
-    Ok((n.parse()?, Fnv(u64::from_str_radix(f, 16)?)))
+    Ok((n.parse()?, Crc(u32::from_str_radix(f, 16)?)))
 }
 
 /// Accepts and never reads (nor writes, nor closes): the stalled reader of head-of-line tests.
@@ -596,7 +597,7 @@ impl Stall {
 #[derive(Debug)]
 pub struct SpeakFirst {
     addr: SocketAddr,
-    received: Arc<Mutex<Vec<(u64, Fnv)>>>,
+    received: Arc<Mutex<Vec<(u64, Crc)>>>,
     _serving: Serving,
 }
 
@@ -627,7 +628,7 @@ impl SpeakFirst {
     }
 
     /// What each finished connection received from its client.
-    pub fn received(&self) -> Vec<(u64, Fnv)> {
+    pub fn received(&self) -> Vec<(u64, Crc)> {
         self.received.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

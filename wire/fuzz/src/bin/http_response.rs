@@ -1,4 +1,4 @@
-//! AFL target: HTTP response heads (checks in `proxy_wire::fuzzing`, replayed by `cargo test -p proxy-wire --test fuzz_corpus`).
+//! AFL target: HTTP response heads (checks in `proxy_wire::fuzzing`, replayed by `cargo test -p proxy-wire --test it fuzz_corpus`).
 
 fn main() {
     afl::fuzz!(|data: &[u8]| proxy_wire::fuzzing::check_http_response(data));

@@ -1,0 +1,34 @@
+//! seedgate's end-to-end tests, one test binary: one module per area. The binaries run in this
+//! process (their `bind()` → `run(shutdown)` API) unless a process boundary is the point
+//! (signals, exit codes, `--check`, network namespaces, the deployment and the README
+//! walk-through). Tests in different modules run at the same time: each binds `127.0.0.1:0`,
+//! and topology tests use address ranges no other module uses.
+
+mod ca_rotation;
+mod certificate_errors;
+mod check;
+mod client_hello_rustls;
+mod deploy;
+mod docs;
+mod forward_totals;
+mod ha;
+mod lifecycle;
+mod migration;
+mod p2_agent;
+mod p2_connect;
+mod p2_proxy_protocol;
+mod pending_budget;
+mod proxy_credentials;
+mod quic_sni;
+mod readme_examples;
+mod readme_walkthrough;
+mod route_files;
+mod runtime_changes;
+mod sni_router;
+mod tunnel;
+mod tunnel_auto;
+mod tunnel_prometheus;
+mod tunnel_quic;
+mod tunnel_topology;
+mod unix_socket;
+mod unknown_clusters;
