@@ -184,14 +184,16 @@ pub struct Tunnel {
     pub quic_probe_interval: Dur,
     /// What the agent tells proxy-server about its node, so that a dial to this node's name or
     /// addresses comes to this agent (`agents.proxy_strategies: [dest_host, ...]`). Default: all
-    /// from the downward API's environment (see [`Identifiers`]).
+    /// from the downward API's environment (`NODE_NAME`, `HOST_IPS`, `HOST_IP`).
     #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Identifiers>")]
     pub identifiers: Identifiers,
 }
 
-/// The agent's identifiers, announced in its hello.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+/// The agent's identifiers, announced in its hello (a change shows in the next session's hello).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
 pub struct Identifiers {
     /// The node's name. Default `null`: `$NODE_NAME` (unset: no host identifier).
     #[serde(default)]

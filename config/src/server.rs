@@ -237,11 +237,12 @@ pub struct Agents {
     /// equals the least loaded. Default `[default]`. A cluster may override it
     /// (`clusters.<name>.proxy_strategies`).
     #[serde(default = "proxy_strategies_default", deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<Vec<ProxyStrategy>>", extend("x-reload" = "new connections"))]
     pub proxy_strategies: Vec<ProxyStrategy>,
 }
 
 /// One step of the agent choice of a dial (`agents.proxy_strategies`).
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProxyStrategy {
     /// The agent whose identifiers (node name, node addresses) include the destination's host.
@@ -334,13 +335,15 @@ pub struct Frontend {
     /// requests) or `grpc` (konnectivity's `ProxyService`, kube-apiserver's
     /// `proxyProtocol: GRPC`).
     #[serde(default, skip_serializing_if = "FrontendProtocol::is_default")]
+    #[schemars(with = "Option<FrontendProtocol>")]
     pub protocol: FrontendProtocol,
 }
 
 /// The protocol of a front end.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum FrontendProtocol {
+    /// HTTP CONNECT and absolute-form forward-proxy requests (HTTP/1.1).
     #[default]
     HttpConnect,
     /// konnectivity's gRPC `ProxyService.Proxy` over HTTP/2 (TLS with ALPN `h2`, or cleartext
@@ -410,6 +413,7 @@ pub struct ClusterState {
     #[serde(default)]
     pub drain_deadline: Option<Dur>,
     /// This cluster's own `agents.proxy_strategies`; `null` (the default): the global list.
+    /// Applies to dials made after a reload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_strategies: Option<Vec<ProxyStrategy>>,
 }

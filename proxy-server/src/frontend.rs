@@ -36,6 +36,8 @@ pub struct FrontendRt {
     /// `cluster_from: proxy_authorization`: the token each request's proxy credentials must carry
     /// as the password (their user name is the cluster).
     pub proxy_token: Option<Arc<str>>,
+    /// `grpc`: konnectivity's `ProxyService` over HTTP/2 rather than CONNECT.
+    pub grpc: bool,
 }
 
 /// The `Proxy-Authenticate` challenge of a 407.
@@ -65,26 +67,26 @@ fn auth_required(version: u8, msg: &str) -> Vec<u8> {
     out
 }
 
-/// Everything known about one front-end connection, for its access log.
-struct Ctx {
-    conn_id: ConnId,
-    fe: Arc<FrontendRt>,
-    peer: String,
-    cluster: String,
-    kind: &'static str,
-    target: String,
+/// Everything known about one front-end connection (or gRPC `Proxy` stream), for its access log.
+pub(crate) struct Ctx {
+    pub(crate) conn_id: ConnId,
+    pub(crate) fe: Arc<FrontendRt>,
+    pub(crate) peer: String,
+    pub(crate) cluster: String,
+    pub(crate) kind: &'static str,
+    pub(crate) target: String,
     /// How the agent was chosen (the proxy strategy) and its node, once a dial succeeded.
-    strategy: &'static str,
-    agent: String,
-    started: Instant,
+    pub(crate) strategy: &'static str,
+    pub(crate) agent: String,
+    pub(crate) started: Instant,
     /// `seedgate_connections_total`, counted once per connection when it is logged.
-    results: IntCounterVec,
+    pub(crate) results: IntCounterVec,
 }
 
 impl Ctx {
     /// The access event of the connection's end, and its count by result (`ok` for a CONNECT
     /// answered 200 or a forward-proxy connection, else the reject reason).
-    fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
+    pub(crate) fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
         let result = if code == 200 || self.kind == "forward" { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
         proxy_core::access_event!(
@@ -102,7 +104,7 @@ impl Ctx {
     }
 
     /// The agent a dial reached: its stream, with how it was chosen noted for the access event.
-    fn dialed(&mut self, d: Dialed) -> TunnelStream {
+    pub(crate) fn dialed(&mut self, d: Dialed) -> TunnelStream {
         self.strategy = d.strategy.as_str();
         self.agent = d.node;
         d.stream
@@ -111,7 +113,7 @@ impl Ctx {
 
 /// A front-end stream of any kind (TCP, TLS over TCP, Unix socket), boxed so every kind of
 /// front end shares one (small) relay future.
-type BoxIo = Box<dyn Resettable>;
+pub(crate) type BoxIo = Box<dyn Resettable>;
 
 /// An accepted front-end connection, before any handshake.
 pub enum Accepted {
@@ -167,8 +169,8 @@ async fn prepare(
         }
     };
     match conn {
-        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None, admitted).await,
-        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None, admitted).await,
+        Accepted::Unix(s) => by_protocol(shared, fe, Box::new(s), peer, None, admitted).await,
+        Accepted::Tcp(tcp, None) => by_protocol(shared, fe, Box::new(tcp), peer, None, admitted).await,
         Accepted::Tcp(tcp, Some(acc)) => {
             let handshake = tokio::select! {
                 biased;
@@ -186,7 +188,7 @@ async fn prepare(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    serve(shared, fe, Box::new(s), peer, cn, admitted).await
+                    by_protocol(shared, fe, Box::new(s), peer, cn, admitted).await
                 }
                 Ok(Err(e)) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,
@@ -211,6 +213,22 @@ async fn prepare(
             }
         }
     }
+}
+
+/// Serve a connection by its front end's protocol: gRPC to its end, CONNECT up to the relay.
+async fn by_protocol(
+    shared: Arc<Shared>,
+    fe: Arc<FrontendRt>,
+    io: BoxIo,
+    peer: String,
+    cert_cluster: Option<String>,
+    admitted: Admitted,
+) -> Option<Ready> {
+    if fe.grpc {
+        crate::grpc::serve(shared, fe, io, peer, cert_cluster, admitted).await;
+        return None;
+    }
+    serve(shared, fe, io, peer, cert_cluster, admitted).await
 }
 
 /// Move a connection whose head was read from the pending budget to an established slot. At
@@ -814,8 +832,12 @@ mod tests {
         let shared = crate::test_shared();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let fe =
-            std::sync::Arc::new(super::FrontendRt { name: "fe".into(), cluster: Some("c".into()), proxy_token: None });
+        let fe = std::sync::Arc::new(super::FrontendRt {
+            name: "fe".into(),
+            cluster: Some("c".into()),
+            proxy_token: None,
+            grpc: false,
+        });
         let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), None);
         // Every byte here is held by each open tunnel stream for its whole life (the pre-relay
         // phases are boxed and freed before the relay).

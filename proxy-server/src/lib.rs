@@ -8,6 +8,7 @@ mod agents;
 mod cluster_files;
 mod control;
 mod frontend;
+mod grpc;
 mod listeners;
 mod metrics;
 mod registry;

@@ -15,7 +15,7 @@ use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_la
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::ALPN_V1;
-use seedgate_config::server::{Frontend, ServerTls};
+use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
 use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -78,7 +78,11 @@ fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rus
     let Some(t) = &f.tls else { return Ok(None) };
     let ca = t.client_ca.as_deref().map(AsRef::as_ref);
     let use_ = format!("frontend {}", *f.name);
-    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, &[b"http/1.1"], false, m)?))
+    let alpn: &[&[u8]] = match f.protocol {
+        FrontendProtocol::HttpConnect => &[b"http/1.1"],
+        FrontendProtocol::Grpc => &[b"h2"],
+    };
+    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
 }
 
 /// Where a front end listens: its socket is kept across a reload while this stays the same.
@@ -308,6 +312,7 @@ impl Listeners {
             name: Arc::from(f.name.as_str()),
             cluster: f.cluster.clone(),
             proxy_token: files.token,
+            grpc: f.protocol == FrontendProtocol::Grpc,
         });
         Served { rt, tls: files.tls.map(|m| watched(m, &shared.shutdown.stop)) }
     }

@@ -18,6 +18,7 @@ pub mod admin;
 pub mod backend;
 pub mod docs;
 pub mod inproc;
+pub mod konnectivity;
 pub mod netns;
 pub mod peers;
 pub mod pki;

@@ -11,6 +11,7 @@ mod client_hello_rustls;
 mod deploy;
 mod docs;
 mod forward_totals;
+mod grpc;
 mod ha;
 mod lifecycle;
 mod migration;

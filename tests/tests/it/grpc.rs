@@ -1,0 +1,298 @@
+//! proxy-server's gRPC front end (`protocol: grpc`, konnectivity's `ProxyService`) with a client generated from the proto, over a Unix socket and over mTLS TCP.
+//!
+//! Each scenario runs over both: a dial with bytes echoed both ways, 16 MiB with a checksum, the
+//! dial errors as `DIAL_RSP.error`, a dial cancelled by `DIAL_CLS`, `CLOSE_REQ` from the client,
+//! the shoot side closing first (`CLOSE_RSP`), many `Proxy` streams on one gRPC connection, and
+//! one gRPC connection per dial as older kube-apiservers do.
+
+use anyhow::Context as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use testbed::konnectivity::{Client, Packet, Payload, close_dial, close_request, dial_request};
+use testbed::tunnel_kit::{
+    AgentOpts, Crc, Dialer, FRONTEND_NAME, Fe, FeKind, Pattern, SpeakFirst, TunnelPki, agent_yaml, inproc_agent,
+    inproc_server, metrics, server_yaml, wait_agents,
+};
+use testbed::{Addresses, InProc, TcpEcho, TempDir, metric_value, poll_until};
+
+const STEP: Duration = Duration::from_secs(10);
+const TICK: Duration = Duration::from_millis(20);
+const MIB: u64 = 1024 * 1024;
+
+/// How the test's kube-apiserver reaches the front end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Unix,
+    Mtls,
+}
+
+/// One scenario body per front-end kind: `name` over the Unix socket, `name_over_mtls` over TCP.
+macro_rules! over_both {
+    ($body:ident: $uds:ident, $mtls:ident) => {
+        #[tokio::test]
+        async fn $uds() -> anyhow::Result<()> {
+            $body(Via::Unix).await
+        }
+
+        #[tokio::test]
+        async fn $mtls() -> anyhow::Result<()> {
+            $body(Via::Mtls).await
+        }
+    };
+}
+
+/// proxy-server with two gRPC front ends of `shoot-a` (`uds`, `mtls`) and one agent of it.
+struct World {
+    _dir: TempDir,
+    pki: TunnelPki,
+    sock: PathBuf,
+    server: InProc,
+    saddrs: Addresses,
+    agent: InProc,
+}
+
+/// proxy-server YAML whose front ends all speak gRPC.
+pub fn grpc_server_yaml(pki: &TunnelPki, fes: &[Fe], extra: &str) -> String {
+    let mut y = server_yaml(pki, "127.0.0.1:0", fes, extra);
+    for f in fes {
+        let line = format!("  - name: {}\n", f.name);
+        y = y.replacen(&line, &format!("{line}    protocol: grpc\n"), 1);
+    }
+    y
+}
+
+impl World {
+    async fn start() -> anyhow::Result<Self> {
+        let dir = TempDir::new("grpc")?;
+        let pki = TunnelPki::new(dir.path())?;
+        let sock = dir.join("kas/konnectivity-server.socket");
+        let fes = [Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone())), Fe::new("mtls", "shoot-a", FeKind::Mtls)];
+        let (server, saddrs) = inproc_server(&dir, &grpc_server_yaml(&pki, &fes, "")).await?;
+        let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
+        let (agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
+        wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
+        Ok(Self { _dir: dir, pki, sock, server, saddrs, agent })
+    }
+
+    fn dialer(&self, via: Via) -> anyhow::Result<Dialer> {
+        Ok(match via {
+            Via::Unix => Dialer::Unix(self.sock.clone()),
+            Via::Mtls => {
+                let tls = testbed::pki::client_config(&self.pki.ca, Some(&self.pki.apiserver), &["h2"])?;
+                Dialer::Tls(self.saddrs.listener("mtls")?, tls, FRONTEND_NAME.into())
+            }
+        })
+    }
+
+    async fn client(&self, via: Via) -> anyhow::Result<Client> {
+        Client::connect(self.dialer(via)?).await
+    }
+
+    /// The access event of a `Proxy` stream that ended with `reason`.
+    async fn access_event(&self, reason: &str) -> anyhow::Result<String> {
+        let reason = format!("reason=\"{reason}\"");
+        self.server.wait_log_line(&["connection closed", "kind=\"grpc\"", &reason], STEP).await
+    }
+}
+
+async fn echo_both_ways(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let echo = TcpEcho::start().await?;
+    let client = w.client(via).await?;
+    let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    for msg in [&b"hello"[..], b"kubectl exec", &[0u8; 40_000]] {
+        conn.send(msg.to_vec()).await?;
+        anyhow::ensure!(conn.read_exact(msg.len()).await? == msg, "echo of {} bytes differs", msg.len());
+    }
+    // The client's CLOSE_REQ ends the connection: CLOSE_RSP, then the stream's end.
+    conn.stream.tx.send(close_request(conn.connect_id)).await?;
+    let rest = conn.read_to_close().await?;
+    anyhow::ensure!(rest.closed && rest.data.is_empty(), "{rest:?}");
+    let line = w.access_event("client_close").await?;
+    for field in ["frontend=", "cluster=shoot-a", "strategy=\"default\"", "agent=shoot-a-node-1", "code=200"] {
+        anyhow::ensure!(line.contains(field), "{field} not in {line}");
+    }
+    anyhow::ensure!(line.contains(&format!("target={}", echo.addr())), "{line}");
+    Ok(())
+}
+over_both!(echo_both_ways: echo_and_client_close_over_uds, echo_and_client_close_over_mtls);
+
+/// 16 MiB out through the echo backend and back, checksummed, while both directions run.
+async fn sixteen_mib(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let echo = TcpEcho::start().await?;
+    let client = w.client(via).await?;
+    let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    let (tx, id) = (conn.stream.tx.clone(), conn.connect_id);
+    let writer = tokio::spawn(async move {
+        let mut p = Pattern::new(42, 16 * MIB);
+        let mut buf = vec![0u8; 32 * 1024];
+        // Bounded by 16 MiB / 32 KiB.
+        loop {
+            let n = p.fill(&mut buf);
+            if n == 0 {
+                return anyhow::Ok(());
+            }
+            tx.send(testbed::konnectivity::data(id, buf[..n].to_vec())).await?;
+        }
+    });
+    let mut crc = Crc::default();
+    let mut got = 0u64;
+    // Bounded: every packet carries at least one byte, or the loop ends with an error.
+    while got < 16 * MIB {
+        match conn.stream.next().await? {
+            Some(Packet { payload: Some(Payload::Data(d)), .. }) if !d.data.is_empty() => {
+                crc.update(&d.data);
+                got += d.data.len() as u64;
+            }
+            other => anyhow::bail!("after {got} bytes: {other:?}"),
+        }
+    }
+    writer.await??;
+    anyhow::ensure!(got == 16 * MIB, "{got} bytes back");
+    anyhow::ensure!(crc == Pattern::checksum(42, 16 * MIB), "checksum differs");
+    // The client's end of stream is a half-close: the echo ends its side, which ends ours.
+    drop(conn.stream.tx);
+    let rest = conn.stream.rx.message().await?;
+    let closed = matches!(&rest, Some(p) if matches!(p.payload, Some(Payload::CloseResponse(_))));
+    anyhow::ensure!(closed, "after the half-close: {rest:?}");
+    w.access_event("closed").await?;
+    Ok(())
+}
+over_both!(sixteen_mib: sixteen_mib_checksummed_over_uds, sixteen_mib_checksummed_over_mtls);
+
+/// Dial errors arrive as `DIAL_RSP.error`, each with its reason in the access event.
+async fn dial_errors(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let client = w.client(via).await?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let cases = [
+        (closed.to_string(), "connection refused", "refused"),
+        ("192.0.2.1:80".to_owned(), "destination not allowed", "not_allowed"),
+        ("no-port".to_owned(), "bad destination", "bad_target"),
+    ];
+    for (target, text, reason) in cases {
+        let e = match client.dial(&target).await? {
+            Err(e) => e,
+            Ok(_) => anyhow::bail!("{target}: dialled"),
+        };
+        anyhow::ensure!(e.contains(text), "{target}: {e:?} does not say {text:?}");
+        w.access_event(reason).await?;
+    }
+    Ok(())
+}
+over_both!(dial_errors: dial_errors_as_dial_rsp_over_uds, dial_errors_as_dial_rsp_over_mtls);
+
+/// A listener whose accept queue is full, so a connect to it stays pending (its SYN unanswered).
+async fn unanswered() -> anyhow::Result<(tokio::net::TcpListener, SocketAddr, Vec<tokio::net::TcpStream>)> {
+    let s = tokio::net::TcpSocket::new_v4()?;
+    s.bind("127.0.0.1:0".parse()?)?;
+    let l = s.listen(0)?;
+    let addr = l.local_addr()?;
+    let mut fill = Vec::new();
+    // The queue takes one or two; more connects stay pending themselves.
+    for _ in 0..3 {
+        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await
+        {
+            fill.push(c);
+        }
+    }
+    Ok((l, addr, fill))
+}
+
+/// `DIAL_CLS` cancels a pending dial: no `DIAL_RSP`, the stream ends, the event says so.
+async fn dial_cancelled(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let (_l, addr, _fill) = unanswered().await?;
+    let client = w.client(via).await?;
+    let random = 77;
+    let mut s = client.open(dial_request(&addr.to_string(), random)).await?;
+    // The agent's connect to `addr` cannot complete: the dial is pending until cancelled.
+    s.tx.send(close_dial(random)).await?;
+    let next = s.next().await?;
+    anyhow::ensure!(next.is_none(), "after DIAL_CLS: {next:?}");
+    let line = w.access_event("dial_cancelled").await?;
+    anyhow::ensure!(line.contains("code=499"), "{line}");
+    Ok(())
+}
+over_both!(dial_cancelled: dial_cancelled_by_dial_cls_over_uds, dial_cancelled_by_dial_cls_over_mtls);
+
+/// The shoot side speaks and closes first: its bytes, then `CLOSE_RSP`.
+async fn shoot_closes_first(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let backend = SpeakFirst::start_on("127.0.0.1:0".parse()?, 100_000).await?;
+    let client = w.client(via).await?;
+    let mut conn = client.dial(&backend.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    let r = conn.read_to_close().await?;
+    anyhow::ensure!(r.closed, "no CLOSE_RSP");
+    let mut crc = Crc::default();
+    crc.update(&r.data);
+    anyhow::ensure!(
+        r.data.len() == 100_000 && crc == Pattern::checksum(SpeakFirst::SEED, 100_000),
+        "{} bytes",
+        r.data.len()
+    );
+    w.access_event("closed").await?;
+    Ok(())
+}
+over_both!(shoot_closes_first: shoot_closes_first_close_rsp_over_uds, shoot_closes_first_close_rsp_over_mtls);
+
+/// Many `Proxy` streams at once on one gRPC connection (newer kube-apiservers), and one gRPC
+/// connection per dial (older ones): each carries its own bytes.
+async fn many_streams(via: Via) -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let echo = TcpEcho::start().await?;
+    let shared = w.client(via).await?;
+    let target = echo.addr().to_string();
+    let mut tasks = Vec::new();
+    for i in 0..64u32 {
+        // Even: a stream on the shared connection; odd: a connection of its own.
+        let own = if i % 2 == 1 { Some(w.dialer(via)?) } else { None };
+        let (shared, target) = (shared.clone(), target.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = match own {
+                Some(d) => Client::connect(d).await?,
+                None => shared,
+            };
+            let mut conn = client.dial(&target).await?.map_err(anyhow::Error::msg)?;
+            let msg = format!("stream {i} says hello").into_bytes();
+            for _ in 0..3 {
+                conn.send(msg.clone()).await?;
+                anyhow::ensure!(conn.read_exact(msg.len()).await? == msg, "stream {i}: wrong bytes");
+            }
+            conn.stream.tx.send(close_request(conn.connect_id)).await?;
+            anyhow::ensure!(conn.read_to_close().await?.closed, "stream {i}: no CLOSE_RSP");
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    // Every stream ended: none is left open at the server.
+    let admin = w.saddrs.admin()?;
+    poll_until(STEP, TICK, || async {
+        let m = metrics(admin).await?;
+        let active = metric_value(&m, "seedgate_tunnel_streams_active", &[("cluster", "shoot-a")]).unwrap_or(0.0);
+        anyhow::ensure!(active == 0.0, "{active} streams active");
+        Ok(())
+    })
+    .await?;
+    anyhow::ensure!(w.agent.running() && w.server.running());
+    Ok(())
+}
+over_both!(many_streams: many_streams_one_connection_and_one_per_dial_over_uds, many_streams_one_connection_and_one_per_dial_over_mtls);
+
+/// The mTLS front end takes only clients with a certificate of its CA.
+#[tokio::test]
+async fn mtls_front_end_refuses_a_client_without_certificate() -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let tls = testbed::pki::client_config(&w.pki.ca, None, &["h2"])?;
+    let d = Dialer::Tls(w.saddrs.listener("mtls")?, tls, FRONTEND_NAME.into());
+    let r = match Client::connect(d).await {
+        Ok(c) => c.dial("127.0.0.1:1").await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    anyhow::ensure!(r.is_err(), "a client without certificate got through");
+    Ok(())
+}
