@@ -20,6 +20,7 @@ mod p2_connect;
 mod p2_proxy_protocol;
 mod pending_budget;
 mod proxy_credentials;
+mod proxy_strategies;
 mod quic_sni;
 mod readme_examples;
 mod readme_walkthrough;
