@@ -169,8 +169,12 @@ async fn prepare(
         }
     };
     match conn {
-        Accepted::Unix(s) => by_protocol(shared, fe, Box::new(s), peer, None, admitted).await,
-        Accepted::Tcp(tcp, None) => by_protocol(shared, fe, Box::new(tcp), peer, None, admitted).await,
+        Accepted::Unix(s) => {
+            by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: None, admitted }).await
+        }
+        Accepted::Tcp(tcp, None) => {
+            by_protocol(shared, fe, Handshaken { io: Box::new(tcp), peer, cert_cluster: None, admitted }).await
+        }
         Accepted::Tcp(tcp, Some(acc)) => {
             let handshake = tokio::select! {
                 biased;
@@ -188,7 +192,7 @@ async fn prepare(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    by_protocol(shared, fe, Box::new(s), peer, cn, admitted).await
+                    by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: cn, admitted }).await
                 }
                 Ok(Err(e)) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,
@@ -216,19 +220,21 @@ async fn prepare(
 }
 
 /// Serve a connection by its front end's protocol: gRPC to its end, CONNECT up to the relay.
-async fn by_protocol(
-    shared: Arc<Shared>,
-    fe: Arc<FrontendRt>,
-    io: BoxIo,
-    peer: String,
-    cert_cluster: Option<String>,
-    admitted: Admitted,
-) -> Option<Ready> {
+async fn by_protocol(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Option<Ready> {
     if fe.grpc {
-        crate::grpc::serve(shared, fe, io, peer, cert_cluster, admitted).await;
+        crate::grpc::serve(shared, fe, conn).await;
         return None;
     }
-    serve(shared, fe, io, peer, cert_cluster, admitted).await
+    serve(shared, fe, conn).await
+}
+
+/// A front-end connection after its TLS handshake (if any), still in the pending budget.
+pub(crate) struct Handshaken {
+    pub(crate) io: BoxIo,
+    pub(crate) peer: String,
+    /// The client certificate's CN.
+    pub(crate) cert_cluster: Option<String>,
+    pub(crate) admitted: Admitted,
 }
 
 /// Move a connection whose head was read from the pending budget to an established slot. At
@@ -250,14 +256,8 @@ async fn establish(shared: &Shared, admitted: Admitted) -> Result<ConnPermit, &'
 /// Serve one front-end connection (after TLS, if any) up to the relay. `cert_cluster` is the
 /// client certificate's CN when the front end derives the cluster from it. `Some` for a CONNECT
 /// that was answered 200; everything else is answered (and logged) here.
-async fn serve(
-    shared: Arc<Shared>,
-    fe: Arc<FrontendRt>,
-    mut io: BoxIo,
-    peer: String,
-    cert_cluster: Option<String>,
-    admitted: Admitted,
-) -> Option<Ready> {
+async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Option<Ready> {
+    let Handshaken { mut io, peer, cert_cluster, admitted } = conn;
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
     let conn_id = shared.ids.next();

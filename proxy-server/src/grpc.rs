@@ -13,14 +13,13 @@
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
 use crate::Shared;
-use crate::frontend::{BoxIo, Ctx, FrontendRt};
+use crate::frontend::{Ctx, FrontendRt, Handshaken};
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxy_core::accept::ConnPermit;
 use proxy_core::copy::Stop;
 use proxy_core::guard::Active;
 use proxy_core::io::Prefixed;
-use proxy_core::pending::Admitted;
 use proxy_core::prometheus::IntCounter;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use std::sync::Arc;
@@ -58,14 +57,8 @@ static CONNECT_IDS: AtomicI64 = AtomicI64::new(1);
 
 /// Serve one front-end connection (after TLS, if any) as gRPC: pending until its HTTP/2
 /// preface arrived, then its `Proxy` streams until the client closes it or the process stops.
-pub(crate) async fn serve(
-    shared: Arc<Shared>,
-    fe: Arc<FrontendRt>,
-    mut io: BoxIo,
-    peer: String,
-    cert_cluster: Option<String>,
-    admitted: Admitted,
-) {
+pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) {
+    let Handshaken { mut io, peer, cert_cluster, admitted } = conn;
     let m = &shared.metrics;
     let reject = |reason: &str| m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {

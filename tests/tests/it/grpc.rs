@@ -64,11 +64,16 @@ pub fn grpc_server_yaml(pki: &TunnelPki, fes: &[Fe], extra: &str) -> String {
 
 impl World {
     async fn start() -> anyhow::Result<Self> {
+        Self::start_with("").await
+    }
+
+    /// With `extra` top-level keys in the server's config.
+    async fn start_with(extra: &str) -> anyhow::Result<Self> {
         let dir = TempDir::new("grpc")?;
         let pki = TunnelPki::new(dir.path())?;
         let sock = dir.join("kas/konnectivity-server.socket");
         let fes = [Fe::new("uds", "shoot-a", FeKind::Unix(sock.clone())), Fe::new("mtls", "shoot-a", FeKind::Mtls)];
-        let (server, saddrs) = inproc_server(&dir, &grpc_server_yaml(&pki, &fes, "")).await?;
+        let (server, saddrs) = inproc_server(&dir, &grpc_server_yaml(&pki, &fes, extra)).await?;
         let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.1/32"]);
         let (agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
         wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
@@ -294,5 +299,83 @@ async fn mtls_front_end_refuses_a_client_without_certificate() -> anyhow::Result
         Err(e) => Err(e),
     };
     anyhow::ensure!(r.is_err(), "a client without certificate got through");
+    Ok(())
+}
+
+/// `rejects_total{listener,reason}` of the server.
+async fn rejects(w: &World, listener: &str, reason: &str) -> anyhow::Result<f64> {
+    let m = metrics(w.saddrs.admin()?).await?;
+    Ok(metric_value(&m, "seedgate_rejects_total", &[("listener", listener), ("reason", reason)]).unwrap_or(0.0))
+}
+
+/// A connection is pending until its HTTP/2 preface: one that sends nothing is closed at the
+/// handshake timeout, one that speaks HTTP/1.1 at once; each `Proxy` stream takes a slot of
+/// `limits.max_connections`, and at the limit its `DIAL_RSP` says so.
+#[tokio::test]
+async fn pending_until_the_preface_and_one_slot_per_stream() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let w =
+        World::start_with("timeouts: { handshake: 1s, handshake_floor: 1s }\nlimits: { max_connections: 1 }\n").await?;
+    let mut silent = tokio::net::UnixStream::connect(&w.sock).await?;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(STEP, silent.read(&mut buf)).await.context("still open")??;
+    anyhow::ensure!(n == 0, "{n} bytes to a silent client");
+    poll_until(STEP, TICK, || async {
+        anyhow::ensure!(rejects(&w, "uds", "handshake_timeout").await? == 1.0);
+        Ok(())
+    })
+    .await?;
+    let mut h1 = tokio::net::UnixStream::connect(&w.sock).await?;
+    h1.write_all(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+    // Closed unread: an end of stream or a reset.
+    let r = tokio::time::timeout(STEP, h1.read(&mut buf)).await.context("still open")?;
+    anyhow::ensure!(matches!(r, Ok(0) | Err(_)), "{r:?} to an HTTP/1.1 client");
+    anyhow::ensure!(rejects(&w, "uds", "not_http2").await? == 1.0);
+
+    let echo = TcpEcho::start().await?;
+    let client = w.client(Via::Unix).await?;
+    let first = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    let e = client.dial(&echo.addr().to_string()).await?.err().context("a second stream over the limit")?;
+    anyhow::ensure!(e.contains("connection limit"), "{e}");
+    w.access_event("connection_limit").await?;
+    // The slot is free again once the first stream ends.
+    first.stream.tx.send(close_request(first.connect_id)).await?;
+    drop(first);
+    poll_until(STEP, TICK, || async {
+        match client.dial(&echo.addr().to_string()).await? {
+            Ok(_) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!(e)),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// A front end switched by reload from HTTP CONNECT to gRPC keeps its socket; new connections
+/// speak gRPC.
+#[tokio::test]
+async fn protocol_changes_by_reload() -> anyhow::Result<()> {
+    let w = World::start().await?;
+    let echo = TcpEcho::start().await?;
+    let admin = w.saddrs.admin()?;
+    let grpc_yaml = std::fs::read_to_string(&w.server.config)?;
+    let connect_yaml = grpc_yaml.replace("    protocol: grpc\n", "");
+    let before = w.server.reloads(admin, "success").await;
+    w.server.reload_with(&connect_yaml).await?;
+    w.server.wait_reloads(admin, "success", before + 1.0).await?;
+    let mut s = testbed::tunnel_kit::connect(&Dialer::Unix(w.sock.clone()), &echo.addr().to_string()).await?;
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        s.write_all(b"connect").await?;
+        let mut back = [0u8; 7];
+        tokio::time::timeout(STEP, s.read_exact(&mut back)).await??;
+        anyhow::ensure!(&back == b"connect");
+    }
+    w.server.reload_with(&grpc_yaml).await?;
+    w.server.wait_reloads(admin, "success", before + 2.0).await?;
+    let client = w.client(Via::Unix).await?;
+    let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    conn.send(b"grpc".to_vec()).await?;
+    anyhow::ensure!(conn.read_exact(4).await? == b"grpc");
     Ok(())
 }
