@@ -101,7 +101,7 @@ pub struct Results {
 
 /// A handle to a metric inside [`Results`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MetricId(usize);
+pub struct MetricId(pub(crate) usize);
 
 impl Results {
     /// The metric `scenario`/`name`, created on first use.

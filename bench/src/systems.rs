@@ -429,7 +429,7 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 
 /// proxy-server (one plain-TCP CONNECT front end for cluster `shoot-a`, the agents listener
 /// with mTLS) and one proxy-agent tunnelled to it, allowed to dial loopback. Ready once a
-/// CONNECT to `probe` is answered 200. Addresses: `frontend`, `server-admin`, `agent-admin`.
+/// CONNECT to `probe` is answered 200. Addresses: `frontend`, `grpc`, `server-admin`, `agent-admin`.
 pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
     seedgate_tunnel_with(env, label, probe, "limits: { max_connections: 19000 }\n", false).await
 }
@@ -458,7 +458,8 @@ pub async fn seedgate_tunnel_with(
         &format!(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{server_top_yaml}\
              agents:\n  listen: 127.0.0.1:0\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
-             frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n",
+             frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n\
+             \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n    protocol: grpc\n",
             if quic { "  quic: { listen: 127.0.0.1:0 }\n" } else { "" },
             sc.display(),
             sk.display(),
@@ -493,6 +494,9 @@ pub async fn seedgate_tunnel_with(
     r.push_seedgate(sp);
     r.push_seedgate(ap);
     r.set_addr("frontend", frontend);
+    // konnectivity's gRPC front end (cleartext HTTP/2 on TCP, so its cost beside CONNECT's is
+    // the framing alone).
+    r.set_addr("grpc", sa.listener("grpc")?);
     r.set_addr("server-admin", sa.admin()?);
     r.set_addr("agent-admin", aa.admin()?);
     wait_connect_ok(&mut r, frontend, probe).await?;

@@ -49,6 +49,8 @@ const STREAM_WINDOW: u32 = 256 * 1024;
 const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 /// Largest read from a tunnel stream, so the largest `DATA` payload we send.
 const READ_CHUNK: usize = 16 * 1024;
+/// The first read from a tunnel stream, and the smallest.
+const FIRST_READ: usize = 2 * 1024;
 /// `DATA` packets read from the tunnel stream and not yet taken by HTTP/2.
 const OUT_QUEUE: usize = 2;
 
@@ -394,12 +396,16 @@ impl Relay {
     /// Shoot to client: the tunnel stream's bytes as `DATA`, until its end. Returns the reason.
     async fn down(&self, mut rd: tokio::io::ReadHalf<TunnelStream>, tx: &mpsc::Sender<Packet>) -> &'static str {
         let mut buf = BytesMut::new();
+        // Small while the stream is quiet (an idle `kubectl logs -f` holds this), doubling up to
+        // READ_CHUNK while reads fill it.
+        let mut want = FIRST_READ;
         loop {
             // Reuses the last chunk's memory once HTTP/2 has sent it.
-            buf.reserve(READ_CHUNK);
+            buf.reserve(want);
             match rd.read_buf(&mut buf).await {
                 Ok(0) => return "closed",
                 Ok(n) => {
+                    want = if n >= want { (want * 2).min(READ_CHUNK) } else { FIRST_READ.max(want / 2) };
                     self.down.fetch_add(n as u64, Ordering::Relaxed);
                     self.to_seed.inc_by(n as u64);
                     self.touch();

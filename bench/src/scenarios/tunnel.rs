@@ -28,6 +28,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod grpc;
+
 const SC: &str = "tunnel";
 
 /// The shoot-side targets.
@@ -193,6 +195,7 @@ pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     connect_through_tunnel(ctx, res, &t).await?;
     concurrent_streams(ctx, res, &t, &kinds).await?;
     transport_ratios(res);
+    grpc::run(ctx, res, &t, &sink).await?;
     Ok(())
 }
 
