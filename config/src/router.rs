@@ -104,9 +104,11 @@ pub struct Limits {
     /// room for a new one.
     #[serde(default = "max_pending_default")]
     pub max_pending: usize,
-    /// Not-yet-routed connections per source (TCP peer address masked by `source_prefix_v4` /
-    /// `source_prefix_v6`); more are closed at once. 0: no per-source cap. Peers in a listener's
-    /// `trusted_proxies` are exempt (all their clients share their address).
+    /// One source's share of a full budget of not-yet-routed connections (source: the TCP peer
+    /// address masked by `source_prefix_v4` / `source_prefix_v6`); the share is half the budget
+    /// while at most half of it is in use and shrinks linearly to this when it is full. More are
+    /// closed at once. 0: no per-source cap. Peers in a listener's `trusted_proxies` are exempt
+    /// (all their clients share their address).
     #[serde(default = "pending_per_source_default")]
     pub pending_per_source: usize,
     #[serde(default = "source_prefix_v4_default")]

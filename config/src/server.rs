@@ -89,8 +89,9 @@ pub struct Limits {
     /// is closed to make room for a new one.
     #[serde(default = "max_pending_default")]
     pub max_pending: usize,
-    /// Such connections per source (TCP peer address masked by `source_prefix_v4` /
-    /// `source_prefix_v6`); more are closed at once. 0 (the default): no per-source cap — the
+    /// One source's share of a full budget of such connections (TCP peer address masked by
+    /// `source_prefix_v4` / `source_prefix_v6`), wider while the budget has room, as in
+    /// sni-router; more are closed at once. 0 (the default): no per-source cap — the
     /// front ends' clients are a few kube-apiservers and Prometheus, each one source that opens
     /// bursts of connections (hundreds of streams at once); `max_pending` with its eviction still
     /// bounds them. Set it for a front end reachable by many clients. Unix-socket front ends are

@@ -5,10 +5,14 @@
 //! (routed) ones, so clients that open connections and stall cannot hold the slots a real client
 //! needs:
 //!
-//! - **Per-source cap**: at most `per_source` pending connections per source key, the TCP peer
-//!   address masked to `/prefix_v4` or `/prefix_v6` (IPv4-mapped IPv6 counts as IPv4). The key is
-//!   the TCP peer, never an address from a PROXY header: that header is itself pending input. A
-//!   connection over the cap is refused at once.
+//! - **Per-source share, tightening under pressure**: a source key is the TCP peer address masked
+//!   to `/prefix_v4` or `/prefix_v6` (IPv4-mapped IPv6 counts as IPv4); the TCP peer, never an
+//!   address from a PROXY header: that header is itself pending input. With `P` pending when a
+//!   connection comes out of a budget of `B` and a configured `per_source` of `S`, one source may
+//!   hold `H = max(S, B/2)` while `P <= B/2`, and `max(S, H - (H - S) * (2P/B - 1))` above,
+//!   reaching `S` when the budget is full. A connection over its source's share is refused at
+//!   once. So a burst from one address (a node pool behind one NAT reconnecting) is served while
+//!   the budget has room, and a source that stalls connections holds at most `S` of a full one.
 //! - **Oldest evicted**: when the budget is full, the oldest pending connection is cancelled
 //!   (its [`Admitted::evicted`] fires) and the new one takes its place, so a full budget costs
 //!   the stalled client, not the next one.
@@ -43,6 +47,25 @@ pub struct PendingLimits {
 }
 
 impl PendingLimits {
+    /// The most pending connections one source key may hold when `pending` connections are
+    /// pending in all (see the module documentation for the formula); `usize::MAX` with no
+    /// per-source cap.
+    pub fn per_source_at(&self, pending: usize) -> usize {
+        let s = match self.per_source {
+            0 => return usize::MAX,
+            s => s,
+        };
+        let b = self.max_pending.max(1);
+        let h = s.max(b / 2);
+        if h == s || 2 * pending <= b {
+            return h;
+        }
+        let frac = (2.0 * pending as f64 / b as f64 - 1.0).min(1.0);
+        // Rounded up, so the share never drops below `S` by rounding and reaches it only when full.
+        let cap = h as f64 - (h - s) as f64 * frac;
+        (cap.ceil() as usize).clamp(s, h)
+    }
+
     /// The deadline of a connection admitted while `pending` others are pending (see the
     /// module documentation for the formula).
     pub fn deadline_at(&self, pending: usize) -> Duration {
@@ -170,8 +193,7 @@ impl<T> Budget<T> {
     pub fn admit(&mut self, ip: IpAddr, exempt: bool, handle: T) -> Result<Admission<T>, Refused> {
         let key = (!exempt).then(|| self.limits.source_key(ip));
         if let Some(k) = key
-            && self.limits.per_source > 0
-            && self.per_source.get(&k).copied().unwrap_or(0) >= self.limits.per_source
+            && self.per_source.get(&k).copied().unwrap_or(0) >= self.limits.per_source_at(self.entries.len())
         {
             return Err(Refused::PerSource(k));
         }
@@ -217,7 +239,7 @@ impl<T> Budget<T> {
 /// Why a pending connection was refused or ended, as the metric label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectReason {
-    /// Its source already had `per_source` pending connections.
+    /// Its source already held its share of the budget (`per_source` when full, more below).
     PerSource,
     /// The budget was full and it was the oldest.
     Evicted,
@@ -360,14 +382,20 @@ impl Pending {
     pub fn readiness(&self) -> crate::admin::Check {
         let l = self.limits();
         let counts = self.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
+        let pending = self.len();
         let per_source = match l.per_source {
             0 => "no per-source cap".to_owned(),
-            n => format!("at most {n} per source /{} or /{}", l.prefix_v4, l.prefix_v6),
+            n => format!(
+                "at most {} per source /{} or /{} now, {n} when full",
+                l.per_source_at(pending),
+                l.prefix_v4,
+                l.prefix_v6
+            ),
         };
         crate::admin::Check::new(
             "pending-connections",
             true,
-            format!("{}/{} not yet routed ({per_source}); closed so far: {counts}", self.len(), l.max_pending),
+            format!("{pending}/{} not yet routed ({per_source}); closed so far: {counts}", l.max_pending),
         )
     }
 
@@ -438,7 +466,9 @@ mod tests {
 
     #[test]
     fn per_source_cap_counts_pending_only() {
-        let mut b = Budget::new(limits(100, 2));
+        // A budget of 4 with 2 per source: half the budget is the configured share, so it
+        // applies at every pressure.
+        let mut b = Budget::new(limits(4, 2));
         let a1 = b.admit(ip("10.0.0.1"), false, 1).expect("first");
         b.admit(ip("10.0.0.1"), false, 2).expect("second");
         assert!(matches!(b.admit(ip("10.0.0.1"), false, 3), Err(Refused::PerSource(_))));
@@ -511,8 +541,59 @@ mod tests {
     }
 
     #[test]
+    fn per_source_share_tightens_as_the_budget_fills() {
+        let l = limits(100, 10);
+        // Half the budget while at most half full, then linearly down to `per_source` when full.
+        assert_eq!(l.per_source_at(0), 50);
+        assert_eq!(l.per_source_at(50), 50, "no pressure up to half the budget");
+        assert_eq!(l.per_source_at(51), 50, "rounded up: never below the line");
+        assert_eq!(l.per_source_at(75), 30, "halfway between half and full: halfway between B/2 and S");
+        assert_eq!(l.per_source_at(99), 11);
+        assert_eq!(l.per_source_at(100), 10);
+        assert_eq!(l.per_source_at(5000), 10, "never below per_source");
+        let mut prev = usize::MAX;
+        for p in 0..=120 {
+            assert!(l.per_source_at(p) <= prev, "monotone");
+            prev = l.per_source_at(p);
+        }
+        // A configured share of half the budget or more does not change; 0 is no cap.
+        assert_eq!(limits(10, 8).per_source_at(0), 8);
+        assert_eq!(limits(10, 8).per_source_at(10), 8);
+        assert_eq!(limits(10, 5).per_source_at(10), 5);
+        assert_eq!(limits(10, 0).per_source_at(10), usize::MAX);
+    }
+
+    /// 200 connections at once from one address (a node pool behind one NAT reconnecting) meet an
+    /// empty default budget: all are admitted. A stalling source meeting a full budget gets
+    /// exactly `per_source` places.
+    #[test]
+    fn a_burst_is_served_while_the_budget_has_room_a_full_budget_caps_each_source() {
+        let mut b = Budget::new(limits(2000, 64));
+        for i in 0..200 {
+            b.admit(ip("192.0.2.1"), false, i).expect("a burst into an empty budget");
+        }
+        // Up to half the budget from one source, then the share shrinks below what it holds.
+        for i in 200..1000 {
+            b.admit(ip("192.0.2.1"), false, i).expect("up to half the budget");
+        }
+        assert!(matches!(b.admit(ip("192.0.2.1"), false, 0), Err(Refused::PerSource(_))), "half the budget");
+        // Other sources fill it; the first source's oldest entries are evicted for them.
+        for i in 0..1000 {
+            let other = IpAddr::V4(std::net::Ipv4Addr::from(0xc633_6400 + i));
+            b.admit(other, false, i as usize).expect("other sources");
+        }
+        assert_eq!(b.len(), 2000);
+        for i in 0..64 {
+            b.admit(ip("203.0.113.1"), false, i).expect("its share of a full budget");
+        }
+        assert!(matches!(b.admit(ip("203.0.113.1"), false, 64), Err(Refused::PerSource(_))), "64 when full");
+        assert_eq!(b.from_source(ip("203.0.113.1")), 64);
+        assert_eq!(b.from_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
+    }
+
+    #[test]
     fn prefix_masking_v4_and_v6() {
-        let l = PendingLimits { prefix_v4: 24, prefix_v6: 64, ..limits(10, 1) };
+        let l = PendingLimits { prefix_v4: 24, prefix_v6: 64, ..limits(2, 1) };
         assert_eq!(l.source_key(ip("192.0.2.77")).ip(), ip("192.0.2.0"));
         assert_eq!(l.source_key(ip("::ffff:192.0.2.77")), l.source_key(ip("192.0.2.1")), "mapped = v4");
         assert_eq!(l.source_key(ip("2001:db8:1:2:aaaa::1")).ip(), ip("2001:db8:1:2::"));
