@@ -2,6 +2,7 @@
 //!
 //! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
 //! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).
+//! - [`inproc`]: a seedgate binary bound and served in the test's own process.
 //! - [`proc`]: finding, building and running the seedgate binaries; the address-file contract.
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
@@ -14,6 +15,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod inproc;
 pub mod netns;
 pub mod peers;
 pub mod pki;
