@@ -7,6 +7,7 @@
 mod conn;
 mod files;
 mod listeners;
+mod migration;
 mod table;
 mod udp;
 mod upstream;
