@@ -1,6 +1,7 @@
 //! Front ends: HTTP CONNECT (kube-apiserver egress, Prometheus https targets) and absolute-form forward proxying (Prometheus http targets).
 
 use crate::Shared;
+use crate::registry::{DialRefused, Dialed};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -15,7 +16,8 @@ use proxy_core::ids::ConnId;
 use proxy_core::io::{Prefixed, Resettable};
 use proxy_core::pending::Admitted;
 use proxy_core::prometheus::{IntCounter, IntCounterVec};
-use proxy_core::tunnel::{DialError, TunnelStream};
+use proxy_core::share::{Hold, Kind};
+use proxy_core::tunnel::TunnelStream;
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
@@ -114,6 +116,8 @@ struct Ready {
     ctx: Box<Ctx>,
     /// The established connection's slot.
     _permit: ConnPermit,
+    /// The stream's place in its cluster's share.
+    _share: Hold,
 }
 
 /// Serve one accepted front-end connection to its end. The handshake, the request head and
@@ -145,25 +149,35 @@ async fn prepare(
     ip: Option<IpAddr>,
 ) -> Option<Ready> {
     // Until its request head is read the connection is pending, counted by its TCP peer; a
-    // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap.
-    let admitted = match shared.pending.admit(ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), ip.is_none()) {
+    // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap. A front
+    // end of one cluster admits it for that cluster: at the cluster's share, the cluster's own
+    // oldest pending connection makes room, never another cluster's.
+    let tenant = fe.cluster.as_deref().map(|c| shared.registry.pending_share(c));
+    let ip_or_unix = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let admitted = match shared.pending.admit_as(ip_or_unix, ip.is_none(), tenant.as_ref()) {
         Ok(a) => a,
         Err(_) => {
             shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_per_source"]).inc();
             return None;
         }
     };
+    let share = fe.cluster.as_deref().map(|c| {
+        let t = shared.registry.shares.tenant(&[c]);
+        t.count_refused(Kind::Handshake, admitted.own_evicted());
+        t.hold(Kind::Handshake)
+    });
+    let pre = Pre { admitted, share };
     match conn {
-        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None, admitted).await,
-        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None, admitted).await,
+        Accepted::Unix(s) => serve(shared, fe, Box::new(s), peer, None, pre).await,
+        Accepted::Tcp(tcp, None) => serve(shared, fe, Box::new(tcp), peer, None, pre).await,
         Accepted::Tcp(tcp, Some(acc)) => {
             let handshake = tokio::select! {
                 biased;
-                _ = admitted.evicted() => {
+                _ = pre.admitted.evicted() => {
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
                     return None;
                 }
-                r = tokio::time::timeout(admitted.remaining(), acc.accept(tcp)) => r,
+                r = tokio::time::timeout(pre.admitted.remaining(), acc.accept(tcp)) => r,
             };
             match handshake {
                 Ok(Ok(s)) => {
@@ -173,7 +187,7 @@ async fn prepare(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    serve(shared, fe, Box::new(s), peer, cn, admitted).await
+                    serve(shared, fe, Box::new(s), peer, cn, pre).await
                 }
                 Ok(Err(e)) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,
@@ -191,13 +205,21 @@ async fn prepare(
                     None
                 }
                 Err(_) => {
-                    let reason = if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" };
+                    let missed = pre.admitted.deadline_missed();
+                    let reason = if missed { "handshake_timeout" } else { "pending_evicted" };
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
                     None
                 }
             }
         }
     }
+}
+
+/// A front-end connection before its request head is read: its place in the pending budget,
+/// and in its cluster's count of pending work when its front end names the cluster.
+struct Pre {
+    admitted: Admitted,
+    share: Option<Hold>,
 }
 
 /// Move a connection whose head was read from the pending budget to an established slot. At
@@ -225,8 +247,9 @@ async fn serve(
     mut io: BoxIo,
     peer: String,
     cert_cluster: Option<String>,
-    admitted: Admitted,
+    pre: Pre,
 ) -> Option<Ready> {
+    let Pre { admitted, share: pending } = pre;
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
     let conn_id = shared.ids.next();
@@ -280,6 +303,7 @@ async fn serve(
         }
     };
     // Routed (the head names where to go): from the pending budget to an established slot.
+    drop(pending);
     let permit = match establish(&shared, admitted).await {
         Ok(p) => p,
         Err("pending_evicted") => {
@@ -323,8 +347,8 @@ async fn serve(
         };
         ctx.cluster = cluster.clone();
         // The target, never the Host header, says where to go.
-        let stream = match dial(&shared, &cluster, &target).await {
-            Ok(s) => s,
+        let Dialed { stream, share } = match dial(&shared, &cluster, &target).await {
+            Ok(d) => d,
             Err(e) => {
                 reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
                 return None;
@@ -337,7 +361,7 @@ async fn serve(
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx), _permit: permit })
+        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx), _permit: permit, _share: share })
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();
@@ -398,8 +422,9 @@ async fn reply_error<S: AsyncWrite + Unpin>(
     ctx.log(status, reason, 0, 0);
 }
 
-/// Dial through the tunnel with the configured timeout, recording metrics.
-async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStream, DialError> {
+/// Dial through the tunnel with the configured timeout, recording metrics (a refusal for the
+/// cluster's share is no dial: its caller counts it as a reject).
+async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialRefused> {
     let m = &shared.metrics;
     let started = Instant::now();
     let timeout = shared.config.load().timeouts.dial.get();
@@ -409,7 +434,8 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
             m.streams_opened.with_label_values(&[cluster]).inc();
         }
-        Err(e) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+        Err(DialRefused::Dial(e)) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+        Err(DialRefused::Share { .. }) => {}
     }
     r
 }
@@ -417,7 +443,7 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<TunnelStre
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay(shared: &Shared, r: Ready) {
-    let Ready { io, mut stream, pipelined, ctx, _permit } = r;
+    let Ready { io, mut stream, pipelined, ctx, _permit, _share } = r;
     let m = &shared.metrics;
     let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let replayed = pipelined.len() as u64;
@@ -489,6 +515,8 @@ const FORWARD_STREAM_LINGER: std::time::Duration = std::time::Duration::from_sec
 /// request's access event.
 struct Counted<S> {
     io: S,
+    /// The stream's place in its cluster's share.
+    _share: Hold,
     to_shoot: IntCounter,
     to_seed: IntCounter,
     sent: Arc<AtomicU64>,
@@ -698,7 +726,8 @@ where
                 }
             };
             let stream = Counted {
-                io: stream,
+                io: stream.stream,
+                _share: stream.share,
                 to_shoot: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_shoot"]),
                 to_seed: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_seed"]),
                 sent: log.sent.clone(),

@@ -1,13 +1,19 @@
 //! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
 
 use crate::metrics::ServerMetrics;
+use proxy_core::pending::TenantShare;
+use proxy_core::share::{Cap, Hold, Kind, Naming, Shares};
 use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
-use seedgate_config::server::{ClusterMode, ClusterState};
+use seedgate_config::ServerConfig;
+use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
+const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
 
 /// One connected agent.
 pub struct Session {
@@ -67,8 +73,69 @@ impl Cluster {
     }
 }
 
+/// How clusters' shares are set: their own limits and the default share of the process limits.
+#[derive(Debug, Clone, Default)]
+pub struct ShareConfig {
+    pub own: BTreeMap<String, ClusterLimits>,
+    /// `limits.tenant_share`, of `limits.max_connections` (streams) and `limits.max_pending`.
+    pub fraction: f64,
+    pub max_streams: usize,
+    pub max_pending: usize,
+}
+
+impl ShareConfig {
+    pub fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
+        let l = &cfg.limits;
+        Self { own, fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending }
+    }
+
+    fn cap(&self, cluster: &str, kind: Kind) -> Cap {
+        let own = self.own.get(cluster).copied().unwrap_or_default();
+        match kind {
+            Kind::Established => Cap::new(own.max_streams, self.fraction, self.max_streams),
+            Kind::Pending | Kind::Handshake => Cap::new(own.max_pending, self.fraction, self.max_pending),
+        }
+    }
+}
+
+/// Why a dial was not made or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialRefused {
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// The cluster holds its share of streams or pending dials: refused before any dial.
+    #[error("over capacity: cluster {cluster} holds its share of {what} ({cap})")]
+    Share { cluster: String, what: &'static str, cap: usize },
+}
+
+impl DialRefused {
+    pub fn code(&self) -> &'static str {
+        match self {
+            DialRefused::Dial(e) => e.code(),
+            DialRefused::Share { what: "streams", .. } => "cluster_stream_limit",
+            DialRefused::Share { .. } => "cluster_pending_limit",
+        }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            DialRefused::Dial(e) => e.http_status(),
+            DialRefused::Share { .. } => 503,
+        }
+    }
+}
+
+/// A dialled tunnel stream and its place in its cluster's share of streams.
+pub struct Dialed {
+    pub stream: TunnelStream,
+    pub share: Hold,
+}
+
 pub struct Registry {
     clusters: Arc<RwLock<HashMap<String, Cluster>>>,
+    /// Each cluster's streams and pending work against its share of the process limits.
+    pub shares: Shares,
+    share_cfg: RwLock<ShareConfig>,
     /// The shutdown kill token (the streams' end tokens are its children).
     kill: CancellationToken,
     modes: Arc<RwLock<BTreeMap<String, Mode>>>,
@@ -77,7 +144,12 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(metrics: ServerMetrics, states: &BTreeMap<String, ClusterState>, kill: CancellationToken) -> Self {
+    pub fn new(
+        metrics: ServerMetrics,
+        reg: &proxy_core::prometheus::Registry,
+        states: &BTreeMap<String, ClusterState>,
+        kill: CancellationToken,
+    ) -> Self {
         let modes = states.iter().map(|(k, v)| (k.clone(), Mode::from_cfg(Some(v)))).collect();
         Self {
             clusters: Arc::new(RwLock::new(HashMap::new())),
@@ -85,7 +157,32 @@ impl Registry {
             modes: Arc::new(RwLock::new(modes)),
             next_id: AtomicU64::new(1),
             metrics,
+            shares: Shares::new(reg, CLUSTER_SHARES),
+            share_cfg: RwLock::default(),
         }
+    }
+
+    /// New cluster limits (config, cluster files, admin overrides); for work admitted from now.
+    pub fn set_shares(&self, cfg: ShareConfig) {
+        *self.share_cfg.write().expect("not poisoned") = cfg;
+    }
+
+    /// `cluster` as a tenant of the front ends' pending budget, with its cap there.
+    pub fn pending_share(&self, cluster: &str) -> TenantShare {
+        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, Kind::Pending);
+        TenantShare { name: Arc::from(cluster), cap }
+    }
+
+    /// Take a place in `cluster`'s share of `kind`, or say why not.
+    pub fn take_share(&self, cluster: &str, kind: Kind) -> Result<Hold, DialRefused> {
+        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, kind);
+        let tenant = self.shares.tenant(&[cluster]);
+        let in_use = self.shares.total(kind);
+        tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
+            cluster: cluster.to_owned(),
+            what: if kind == Kind::Established { "streams" } else { "pending dials" },
+            cap: cap.at(in_use),
+        })
     }
 
     pub fn mode(&self, cluster: &str) -> Mode {
@@ -256,18 +353,24 @@ impl Registry {
         clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
     }
 
-    /// Open a stream to `target` through an agent of `cluster`: the least busy of two random
-    /// sessions; a transport failure before the agent answered, or an agent that turns out to
-    /// be shutting down, is retried once on another one.
-    pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
-        match self.mode(cluster).mode {
-            ClusterMode::Fenced => {
-                return Err(DialError::Moved(format!(
-                    "cluster {cluster} moved to another seed; this seed no longer serves it"
-                )));
-            }
-            ClusterMode::Active | ClusterMode::Draining => {}
+    /// Open a stream to `target` through an agent of `cluster`, within the cluster's shares: a
+    /// place among its streams (held by the returned stream) and, while the dial is in flight,
+    /// among its pending work, so an agent that does not answer holds at most that share.
+    pub async fn dial(&self, cluster: &str, target: &str, timeout: Duration) -> Result<Dialed, DialRefused> {
+        if self.mode(cluster).mode == ClusterMode::Fenced {
+            let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
+            return Err(DialError::Moved(msg).into());
         }
+        let share = self.take_share(cluster, Kind::Established)?;
+        let pending = self.take_share(cluster, Kind::Pending)?;
+        let stream = self.dial_agent(cluster, target, timeout).await;
+        drop(pending);
+        Ok(Dialed { stream: stream?, share })
+    }
+
+    /// The least busy of two random sessions of `cluster`; a transport failure before the agent
+    /// answered, or an agent that turns out to be shutting down, is retried once on another one.
+    async fn dial_agent(&self, cluster: &str, target: &str, timeout: Duration) -> Result<TunnelStream, DialError> {
         let mut tried: Vec<u64> = Vec::new();
         let mut last = DialError::NoAgent(format!("no agent of cluster {cluster} is connected"));
         for _ in 0..2 {
@@ -299,13 +402,17 @@ mod tests {
     use super::*;
 
     fn registry() -> Registry {
-        let metrics = ServerMetrics::new(&proxy_core::prometheus::Registry::new());
-        Registry::new(metrics, &BTreeMap::new(), CancellationToken::new())
+        let reg = proxy_core::prometheus::Registry::new();
+        Registry::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
     }
 
     fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
-        let s =
-            ClusterState { state: mode, move_to: Vec::new(), drain_deadline: deadline.map(seedgate_config::Dur::secs) };
+        let s = ClusterState {
+            state: mode,
+            move_to: Vec::new(),
+            drain_deadline: deadline.map(seedgate_config::Dur::secs),
+            limits: None,
+        };
         BTreeMap::from([("a".to_owned(), s)])
     }
 
