@@ -114,6 +114,13 @@ struct Ready {
     stream: TunnelStream,
     pipelined: Vec<u8>,
     ctx: Box<Ctx>,
+    /// Its places in the process and cluster limits, boxed: every byte of the relay future is
+    /// held by each open stream for its whole life.
+    _places: Box<Places>,
+}
+
+/// What an established stream holds while it relays.
+struct Places {
     /// The established connection's slot.
     _permit: ConnPermit,
     /// The stream's place in its cluster's share.
@@ -361,7 +368,13 @@ async fn serve(
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx), _permit: permit, _share: share })
+        Some(Ready {
+            io,
+            stream,
+            pipelined,
+            ctx: Box::new(ctx),
+            _places: Box::new(Places { _permit: permit, _share: share }),
+        })
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();
@@ -443,7 +456,7 @@ async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, Di
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay(shared: &Shared, r: Ready) {
-    let Ready { io, mut stream, pipelined, ctx, _permit, _share } = r;
+    let Ready { io, mut stream, pipelined, ctx, _places } = r;
     let m = &shared.metrics;
     let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let replayed = pipelined.len() as u64;
