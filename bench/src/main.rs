@@ -53,6 +53,10 @@ enum Cmd {
     /// real client to be served through SNI routing, with the same cap of 1,000 client
     /// connections: sni-router, haproxy (maxconn) and nginx ssl_preread (worker_connections).
     Slowloris,
+    /// Shoot B's time to first byte through SNI routing (p50/p99), quiet and while shoot A's
+    /// clients hold the gateway at its connection limit: sni-router (default route share),
+    /// haproxy (per-backend server maxconn + queue) and nginx ssl_preread, each capped at 1,000.
+    NoisyNeighbour,
     /// N connections (--leak-connections, default 100,000) of every kind — complete, client
     /// reset, stalled until the handshake deadline, refused dial — through every path (SNI,
     /// PROXY v2, CONNECT, tunnel CONNECT, forward proxy): open fds, tokio tasks and RSS of each
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         Cmd::IdleMemory => vec![Scenario::IdleMemory],
         Cmd::Reload => vec![Scenario::Reload],
         Cmd::Slowloris => vec![Scenario::Slowloris],
+        Cmd::NoisyNeighbour => vec![Scenario::NoisyNeighbour],
         Cmd::Leak => vec![Scenario::Leak],
         Cmd::Ha => vec![Scenario::Ha],
         Cmd::Soak => vec![Scenario::Soak],

@@ -699,6 +699,19 @@ pub fn targets(res: &Results) -> String {
     if let Some(v) = med(res, rl, "new route live", "sni-router (routes_dir") {
         rows.push(("one new shoot file live < 20 ms at 10,000 routes".into(), format!("{v:.1} ms"), v < 20.0));
     }
+    let nn = "noisy-neighbour";
+    if let (Some(quiet), Some(flood)) = (
+        med(res, nn, "shoot B time to first byte p99, quiet", "sni-router"),
+        med(res, nn, "shoot B time to first byte p99, shoot A flooding", "sni-router"),
+    ) && quiet > 0.0
+    {
+        let r = flood / quiet;
+        rows.push((
+            "shoot B's p99 with shoot A flooding ≤ 1.5× quiet".into(),
+            format!("{} ÷ {} µs = {r:.2}×", fmt_num(flood), fmt_num(quiet)),
+            r <= 1.5,
+        ));
+    }
     if rows.is_empty() {
         return String::new();
     }

@@ -9,6 +9,7 @@ mod connect;
 mod ha;
 mod idle_memory;
 mod leak;
+mod noisy_neighbour;
 mod proxy_protocol;
 mod reload;
 mod slowloris;
@@ -98,6 +99,7 @@ pub enum Scenario {
     IdleMemory,
     Reload,
     Slowloris,
+    NoisyNeighbour,
     Leak,
     Ha,
     Soak,
@@ -105,7 +107,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -114,6 +116,7 @@ impl Scenario {
         Self::IdleMemory,
         Self::Reload,
         Self::Slowloris,
+        Self::NoisyNeighbour,
         Self::Leak,
         Self::Ha,
     ];
@@ -128,6 +131,7 @@ impl Scenario {
             Self::IdleMemory => "idle-memory",
             Self::Reload => "reload",
             Self::Slowloris => "slowloris",
+            Self::NoisyNeighbour => "noisy-neighbour",
             Self::Leak => "leak",
             Self::Ha => "ha",
             Self::Soak => "soak",
@@ -362,6 +366,7 @@ async fn run_async(
                 Scenario::IdleMemory => idle_memory::run(&ctx, &mut res).await,
                 Scenario::Reload => reload::run(&ctx, &mut res).await,
                 Scenario::Slowloris => slowloris::run(&ctx, &mut res).await,
+                Scenario::NoisyNeighbour => noisy_neighbour::run(&ctx, &mut res).await,
                 Scenario::Leak => leak::run(&ctx, &mut res).await,
                 Scenario::Ha => ha::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,

@@ -344,6 +344,27 @@ impl Default for Keepalive {
     }
 }
 
+/// `limits.tenant_share`: a fraction of the process limits, above 0 and at most 1.
+pub(crate) fn validate_share(share: f64, field: &str, p: &mut crate::error::Problems) {
+    if !(share > 0.0 && share <= 1.0) {
+        p.push((0, 0), field, "must be a fraction above 0 and at most 1 (0.25: a quarter of each process limit)");
+    }
+}
+
+/// One tenant's own limits (a route's or a cluster's `limits`): each set one at least 1.
+pub(crate) fn validate_tenant_limits(
+    keys: &[(&str, Option<usize>)],
+    field: &str,
+    at: (u64, u64),
+    p: &mut crate::error::Problems,
+) {
+    for (key, v) in keys {
+        if *v == Some(0) {
+            p.push(at, format!("{field}.{key}"), "must be at least 1 (leave it out for the default share)");
+        }
+    }
+}
+
 /// An HTTP header name (RFC 9110 token).
 pub fn valid_header_name(h: &str) -> bool {
     !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))

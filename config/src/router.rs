@@ -34,6 +34,7 @@ default_fn! {
     udp_idle_default: Dur = Dur::secs(30);
     udp_flows_default: usize = 10_000;
     udp_socket_buffer_default: usize = 4 * 1024 * 1024;
+    tenant_share_default: f64 = 0.25;
 }
 admin_or_null!();
 
@@ -170,6 +171,12 @@ pub struct Limits {
     #[serde(default = "udp_socket_buffer_default")]
     #[schemars(range(min = 65536, max = 268435456))]
     pub udp_socket_buffer: usize,
+    /// The default share of each route, as a fraction of `max_connections` (its routed
+    /// connections) and of `max_pending` (its connections waiting for an upstream connect), for
+    /// routes without their own `limits`. A route may hold up to half of the process limit while
+    /// at most half of it is in use; the share tightens linearly to this fraction as it fills.
+    #[serde(default = "tenant_share_default")]
+    pub tenant_share: f64,
 }
 
 impl Default for Limits {
@@ -185,6 +192,7 @@ impl Default for Limits {
             proxy_protocol_depth: proxy_depth_default(),
             udp_flows: udp_flows_default(),
             udp_socket_buffer: udp_socket_buffer_default(),
+            tenant_share: tenant_share_default(),
         }
     }
 }
@@ -339,6 +347,25 @@ pub struct Route {
     #[serde(default)]
     #[schemars(extend("x-reload" = "live"))]
     pub drain_deadline: Option<Dur>,
+    /// This route's own share of the process limits; unset keys take the default share
+    /// (`limits.tenant_share`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub limits: Option<RouteLimits>,
+}
+
+/// One route's limits: hard caps, whatever else the process holds.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new connections"))]
+pub struct RouteLimits {
+    /// Routed connections of this route held at once (relaying or connecting upstream).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Connections of this route routed and not relaying yet (waiting for their upstream
+    /// connect), so an upstream that does not answer holds at most this many.
+    #[serde(default)]
+    pub max_pending: Option<usize>,
 }
 
 /// How a CONNECT request selects this route. Either `header` with `values` and/or `regex`, or
@@ -460,6 +487,7 @@ fn validate_limits(l: &Limits, p: &mut Problems) {
     if l.udp_socket_buffer < 64 * 1024 || l.udp_socket_buffer > 256 * 1024 * 1024 {
         p.push((0, 0), "limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes");
     }
+    crate::common::validate_share(l.tenant_share, "limits.tenant_share", p);
 }
 
 /// What a route of a UDP listener may not have: it routes QUIC by SNI only. Each entry is the
@@ -575,6 +603,10 @@ fn validate_route(r: &Route, rf: &str, listener: &str, is_default: bool, seen: &
         && d.get().is_zero()
     {
         p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
+    }
+    if let Some(l) = &r.limits {
+        let keys = [("max_connections", l.max_connections), ("max_pending", l.max_pending)];
+        crate::common::validate_tenant_limits(&keys, &format!("{rf}.limits"), at, p);
     }
 }
 

@@ -24,6 +24,7 @@ default_fn! {
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
     accept_unknown_default: bool = true;
+    tenant_share_default: f64 = 0.25;
 }
 admin_or_null!();
 
@@ -143,6 +144,13 @@ pub struct Limits {
     #[serde(default = "head_max_default")]
     #[schemars(range(min = 256, max = 65536))]
     pub request_head_max: usize,
+    /// The default share of each cluster, as a fraction of `max_connections` (its tunnel
+    /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
+    /// in flight), for clusters without their own `clusters.<name>.limits`. A cluster may hold up
+    /// to half of the process limit while at most half of it is in use; the share tightens
+    /// linearly to this fraction as it fills.
+    #[serde(default = "tenant_share_default")]
+    pub tenant_share: f64,
 }
 
 impl Default for Limits {
@@ -154,6 +162,7 @@ impl Default for Limits {
             source_prefix_v4: source_prefix_v4_default(),
             source_prefix_v6: source_prefix_v6_default(),
             request_head_max: head_max_default(),
+            tenant_share: tenant_share_default(),
         }
     }
 }
@@ -416,6 +425,24 @@ pub struct ClusterState {
     /// Applies to dials made after a reload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_strategies: Option<Vec<ProxyStrategy>>,
+    /// This cluster's own share of the process limits; unset keys take the default share
+    /// (`limits.tenant_share`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ClusterLimits>,
+}
+
+/// One cluster's limits: hard caps, whatever else the process holds.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new streams"))]
+pub struct ClusterLimits {
+    /// Tunnel streams of this cluster open at once (CONNECTs relaying, forwarded requests).
+    #[serde(default)]
+    pub max_streams: Option<usize>,
+    /// Work of this cluster not relaying yet: front-end connections of its front ends in their
+    /// TLS handshake or request head, and dials in flight to its agents.
+    #[serde(default)]
+    pub max_pending: Option<usize>,
 }
 
 impl ServerConfig {
@@ -474,6 +501,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
         p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
     }
+    crate::common::validate_share(cfg.limits.tenant_share, "limits.tenant_share", p);
     if cfg.agents.tls.client_ca.is_none() {
         p.push(
             (0, 0),
@@ -594,6 +622,10 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
     }
     if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
         p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+    }
+    if let Some(l) = &c.limits {
+        let keys = [("max_streams", l.max_streams), ("max_pending", l.max_pending)];
+        crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), (0, 0), p);
     }
     if let Some(s) = &c.proxy_strategies {
         validate_strategies(&format!("{cf}.proxy_strategies"), s, p);

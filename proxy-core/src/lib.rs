@@ -24,6 +24,7 @@ pub mod pending;
 pub mod relay;
 pub mod reload;
 pub mod runtime_metrics;
+pub mod share;
 pub mod shutdown;
 mod splice;
 pub mod telemetry;

@@ -16,6 +16,12 @@
 //! - **Oldest evicted**: when the budget is full, the oldest pending connection is cancelled
 //!   (its [`Admitted::evicted`] fires) and the new one takes its place, so a full budget costs
 //!   the stalled client, not the next one.
+//! - **A tenant's oldest first** (connections admitted for a known tenant, see [`TenantShare`]):
+//!   a tenant may hold its share `S` of the budget, or more while the others leave room: with
+//!   `O` pending for everyone else, at most `max(S, B - O)` (an explicit cap is a hard one). A
+//!   connection of a tenant at that cap evicts the tenant's own oldest pending connection, never
+//!   another tenant's: one tenant's stalled clients can fill a budget nobody else wants, and make
+//!   way as soon as others come, without costing them.
 //! - **Deadline shrinks under pressure**: with `P` pending when a connection comes (the new one
 //!   not counted, those it evicts counted) out of a budget of `B`, base deadline `D` and floor
 //!   `F`, a new connection gets `D` while `P <= B/2`, and `max(F, D - (D - F) * (2P/B - 1))`
@@ -24,8 +30,9 @@
 //! [`Budget`] is the bookkeeping without I/O or clock; [`Pending`] puts it behind a lock, gives
 //! every entry a cancellation token and counts what happens in metrics.
 
+use crate::share::Cap;
 use prometheus::{IntCounterVec, IntGauge, Registry};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,19 +58,7 @@ impl PendingLimits {
     /// pending in all (see the module documentation for the formula); `usize::MAX` with no
     /// per-source cap.
     pub fn per_source_at(&self, pending: usize) -> usize {
-        let s = match self.per_source {
-            0 => return usize::MAX,
-            s => s,
-        };
-        let b = self.max_pending.max(1);
-        let h = s.max(b / 2);
-        if h == s || 2 * pending <= b {
-            return h;
-        }
-        let frac = (2.0 * pending as f64 / b as f64 - 1.0).min(1.0);
-        // Rounded up, so the share never drops below `S` by rounding and reaches it only when full.
-        let cap = h as f64 - (h - s) as f64 * frac;
-        (cap.ceil() as usize).clamp(s, h)
+        crate::share::share_at(self.per_source, self.max_pending, pending)
     }
 
     /// The deadline of a connection admitted while `pending` others are pending (see the
@@ -134,7 +129,18 @@ pub type EntryId = u64;
 struct Entry<T> {
     /// `None` when the entry is exempt from the per-source cap (not counted there).
     key: Option<SourceKey>,
+    /// The tenant the entry was admitted for, if known.
+    tenant: Option<Arc<str>>,
     handle: T,
+}
+
+/// The tenant a connection is admitted for (a cluster, when its front end names one) and the
+/// tenant's cap: `Cap::Share { share, .. }` holds `share` of a full budget, more while the
+/// others leave room; `Cap::Fixed(n)` at most `n`.
+#[derive(Debug, Clone)]
+pub struct TenantShare {
+    pub name: Arc<str>,
+    pub cap: Cap,
 }
 
 /// The bookkeeping of a pending budget, without I/O: entries in admission order, counts per
@@ -146,6 +152,8 @@ pub struct Budget<T> {
     entries: BTreeMap<EntryId, Entry<T>>,
     /// Only sources with at least one entry (bounded by `max_pending`).
     per_source: HashMap<SourceKey, usize>,
+    /// Each tenant's entries, oldest first (only tenants with at least one).
+    tenants: HashMap<Arc<str>, BTreeSet<EntryId>>,
 }
 
 /// A successful admission.
@@ -157,11 +165,13 @@ pub struct Admission<T> {
     /// Handles of the entries evicted to make room, oldest first (more than one only after
     /// `max_pending` shrank).
     pub evicted: Vec<T>,
+    /// How many of them were the tenant's own (it was at its cap).
+    pub own_evicted: usize,
 }
 
 impl<T> Budget<T> {
     pub fn new(limits: PendingLimits) -> Self {
-        Self { limits, next: 0, entries: BTreeMap::new(), per_source: HashMap::new() }
+        Self { limits, next: 0, entries: BTreeMap::new(), per_source: HashMap::new(), tenants: HashMap::new() }
     }
 
     pub fn limits(&self) -> &PendingLimits {
@@ -191,6 +201,23 @@ impl<T> Budget<T> {
     /// trusted load balancer whose address all its clients share); it still takes a place in
     /// the budget and can be evicted.
     pub fn admit(&mut self, ip: IpAddr, exempt: bool, handle: T) -> Result<Admission<T>, Refused> {
+        self.admit_as(ip, exempt, None, handle)
+    }
+
+    /// Pending entries of tenant `name`.
+    pub fn of_tenant(&self, name: &str) -> usize {
+        self.tenants.get(name).map_or(0, BTreeSet::len)
+    }
+
+    /// [`Budget::admit`] for `tenant`: when the tenant is at its cap, its own oldest entries make
+    /// room (see the module documentation).
+    pub fn admit_as(
+        &mut self,
+        ip: IpAddr,
+        exempt: bool,
+        tenant: Option<&TenantShare>,
+        handle: T,
+    ) -> Result<Admission<T>, Refused> {
         let key = (!exempt).then(|| self.limits.source_key(ip));
         if let Some(k) = key
             && self.per_source.get(&k).copied().unwrap_or(0) >= self.limits.per_source_at(self.entries.len())
@@ -201,38 +228,67 @@ impl<T> Budget<T> {
         // The pressure the new entry meets is what was pending when it came (evictions make
         // room for it, not less pressure): a full budget gives the floor.
         let deadline = self.limits.deadline_at(self.entries.len());
-        let mut evicted = Vec::new();
+        let mut evicted = self.evict_own(tenant);
+        let own_evicted = evicted.len();
         // Bounded: each turn removes an entry.
         while self.entries.len() >= max {
-            let Some((_, e)) = self.entries.pop_first() else { break };
-            self.uncount(e.key);
-            evicted.push(e.handle);
+            let Some(&id) = self.entries.keys().next() else { break };
+            evicted.extend(self.release(id));
         }
         let id = self.next;
         self.next += 1;
         if let Some(k) = key {
             *self.per_source.entry(k).or_insert(0) += 1;
         }
-        self.entries.insert(id, Entry { key, handle });
-        Ok(Admission { id, deadline, evicted })
+        let tenant = tenant.map(|t| t.name.clone());
+        if let Some(t) = &tenant {
+            self.tenants.entry(t.clone()).or_default().insert(id);
+        }
+        self.entries.insert(id, Entry { key, tenant, handle });
+        Ok(Admission { id, deadline, evicted, own_evicted })
+    }
+
+    /// Make room for one more entry of `tenant` among its own: its oldest entries while it holds
+    /// its cap (the cap is at least 1, so this ends).
+    fn evict_own(&mut self, tenant: Option<&TenantShare>) -> Vec<T> {
+        let Some(t) = tenant else { return Vec::new() };
+        let own = self.of_tenant(&t.name);
+        let others = self.entries.len() - own;
+        let cap = match t.cap {
+            Cap::Fixed(n) => n,
+            Cap::Share { share, .. } => share.max(self.limits.max_pending.saturating_sub(others)),
+        }
+        .max(1);
+        let mut evicted = Vec::new();
+        // Bounded: each turn removes one of the tenant's entries.
+        for _ in cap..=own {
+            let Some(id) = self.tenants.get(&t.name).and_then(|ids| ids.first().copied()) else { break };
+            evicted.extend(self.release(id));
+        }
+        evicted
     }
 
     /// The entry left the pending phase (routed, refused or closed). `None` if it was evicted
     /// before (or never admitted).
     pub fn release(&mut self, id: EntryId) -> Option<T> {
         let e = self.entries.remove(&id)?;
-        self.uncount(e.key);
-        Some(e.handle)
-    }
-
-    fn uncount(&mut self, key: Option<SourceKey>) {
-        let Some(k) = key else { return };
-        if let Some(n) = self.per_source.get_mut(&k) {
+        if let Some(k) = e.key
+            && let Some(n) = self.per_source.get_mut(&k)
+        {
             *n -= 1;
             if *n == 0 {
                 self.per_source.remove(&k);
             }
         }
+        if let Some(t) = &e.tenant
+            && let Some(ids) = self.tenants.get_mut(t)
+        {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.tenants.remove(t);
+            }
+        }
+        Some(e.handle)
     }
 }
 
@@ -305,9 +361,15 @@ pub struct Admitted {
     token: CancellationToken,
     deadline: Duration,
     since: Instant,
+    own_evicted: usize,
 }
 
 impl Admitted {
+    /// How many pending connections of its own tenant were evicted to make room for it.
+    pub fn own_evicted(&self) -> usize {
+        self.own_evicted
+    }
+
     /// How long this connection may take to be routed.
     pub fn deadline(&self) -> Duration {
         self.deadline
@@ -408,10 +470,21 @@ impl Pending {
     /// Admit a connection whose TCP peer is `ip` (see [`Budget::admit`]); evicted entries are
     /// cancelled and counted here.
     pub fn admit(self: &Arc<Self>, ip: IpAddr, exempt: bool) -> Result<Admitted, Refused> {
+        self.admit_as(ip, exempt, None)
+    }
+
+    /// Admit a connection of `tenant` (see [`Budget::admit_as`]); [`Admitted::own_evicted`]
+    /// says how many of the tenant's own connections made room for it.
+    pub fn admit_as(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        exempt: bool,
+        tenant: Option<&TenantShare>,
+    ) -> Result<Admitted, Refused> {
         let token = CancellationToken::new();
         let adm = {
             let mut b = self.lock();
-            let r = b.admit(ip, exempt, token.clone());
+            let r = b.admit_as(ip, exempt, tenant, token.clone());
             // Under the lock, so concurrent admissions and releases cannot leave it stale.
             self.metrics.pending.set(b.len() as i64);
             r
@@ -427,7 +500,14 @@ impl Pending {
                 for t in a.evicted {
                     t.cancel();
                 }
-                Ok(Admitted { pending: self.clone(), id: a.id, token, deadline: a.deadline, since: Instant::now() })
+                Ok(Admitted {
+                    pending: self.clone(),
+                    id: a.id,
+                    token,
+                    deadline: a.deadline,
+                    since: Instant::now(),
+                    own_evicted: a.own_evicted,
+                })
             }
             Err(e) => {
                 self.metrics.rejects.with_label_values(&[RejectReason::PerSource.label()]).inc();
@@ -505,6 +585,38 @@ mod tests {
         b.set_limits(limits(1, 0));
         assert_eq!(b.admit(ip("10.0.0.4"), false, 14).expect("evicts").evicted, vec![11, 12, 13]);
         assert_eq!(b.len(), 1);
+    }
+
+    /// A tenant alone may fill the budget; once another tenant holds some of it, the first
+    /// tenant's newcomers evict its own oldest, never the other's.
+    #[test]
+    fn a_tenant_at_its_cap_evicts_its_own_oldest_never_another_tenants() {
+        let share = |name: &str| TenantShare { name: name.into(), cap: Cap::Share { share: 2, budget: 10 } };
+        let (a, other) = (share("a"), share("b"));
+        let mut b = Budget::new(limits(10, 0));
+        for i in 0..10 {
+            assert!(b.admit_as(ip("10.0.0.1"), false, Some(&a), i).expect("room").evicted.is_empty());
+        }
+        let x = b.admit_as(ip("10.0.0.1"), false, Some(&a), 10).expect("full: its own oldest goes");
+        assert_eq!((x.evicted, x.own_evicted), (vec![0], 1));
+        // Another tenant, below its share, finds the budget full: the oldest (a's) makes room.
+        let y = b.admit_as(ip("10.0.0.2"), false, Some(&other), 11).expect("room made");
+        assert_eq!((y.evicted, y.own_evicted), (vec![1], 0));
+        // a holds 9 beside 1 of b: its cap is now 10 - 1; its newcomer evicts its own oldest.
+        let z = b.admit_as(ip("10.0.0.1"), false, Some(&a), 12).expect("its own oldest goes");
+        assert_eq!((z.evicted, z.own_evicted), (vec![2], 1));
+        assert_eq!((b.of_tenant("a"), b.of_tenant("b"), b.len()), (9, 1, 10));
+        // A connection of no known tenant is counted among the others.
+        let n = b.admit(ip("10.0.0.3"), false, 13).expect("the oldest goes");
+        assert_eq!((n.evicted, n.own_evicted), (vec![3], 0));
+        // An explicit cap is hard, whatever room there is; released entries leave the count.
+        let f = TenantShare { name: "f".into(), cap: Cap::Fixed(1) };
+        let mut c = Budget::new(limits(10, 0));
+        c.admit_as(ip("10.0.0.1"), false, Some(&f), 0).expect("room");
+        let w = c.admit_as(ip("10.0.0.1"), false, Some(&f), 1).expect("its own oldest goes");
+        assert_eq!((w.evicted, w.own_evicted), (vec![0], 1));
+        c.release(w.id);
+        assert_eq!((c.of_tenant("f"), c.len()), (0, 0));
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
         }
         _ => return Some((StatusCode::METHOD_NOT_ALLOWED, "use PUT or DELETE\n".into())),
     }
-    shared.registry.set_modes(&shared.effective_states());
+    shared.apply_states();
     let mode = shared.registry.mode(name);
     Some((StatusCode::OK, format!("cluster {name}: {:?}\n", mode.mode).to_lowercase()))
 }

@@ -1,7 +1,7 @@
 //! Front ends: HTTP CONNECT (kube-apiserver egress, Prometheus https targets) and absolute-form forward proxying (Prometheus http targets).
 
 use crate::Shared;
-use crate::registry::Dialed;
+use crate::registry::{DialRefused, Dialed};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -16,7 +16,8 @@ use proxy_core::ids::ConnId;
 use proxy_core::io::{Prefixed, Resettable};
 use proxy_core::pending::Admitted;
 use proxy_core::prometheus::{IntCounter, IntCounterVec};
-use proxy_core::tunnel::{DialError, TunnelStream};
+use proxy_core::share::{Hold, Kind};
+use proxy_core::tunnel::TunnelStream;
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
@@ -103,11 +104,12 @@ impl Ctx {
         );
     }
 
-    /// The agent a dial reached: its stream, with how it was chosen noted for the access event.
-    pub(crate) fn dialed(&mut self, d: Dialed) -> TunnelStream {
+    /// The agent a dial reached: its stream and its place in the cluster's share, with how it
+    /// was chosen noted for the access event.
+    pub(crate) fn dialed(&mut self, d: Dialed) -> (TunnelStream, Hold) {
         self.strategy = d.strategy.as_str();
         self.agent = d.node;
-        d.stream
+        (d.stream, d.share)
     }
 }
 
@@ -127,8 +129,17 @@ struct Ready {
     stream: TunnelStream,
     pipelined: Vec<u8>,
     ctx: Box<Ctx>,
+    /// Its places in the process and cluster limits, boxed: every byte of the relay future is
+    /// held by each open stream for its whole life.
+    _places: Box<Places>,
+}
+
+/// What an established stream holds while it relays.
+struct Places {
     /// The established connection's slot.
     _permit: ConnPermit,
+    /// The stream's place in its cluster's share.
+    _share: Hold,
 }
 
 /// Serve one accepted front-end connection to its end. The handshake, the request head and
@@ -160,29 +171,39 @@ async fn prepare(
     ip: Option<IpAddr>,
 ) -> Option<Ready> {
     // Until its request head is read the connection is pending, counted by its TCP peer; a
-    // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap.
-    let admitted = match shared.pending.admit(ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), ip.is_none()) {
+    // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap. A front
+    // end of one cluster admits it for that cluster: at the cluster's share, the cluster's own
+    // oldest pending connection makes room, never another cluster's.
+    let tenant = fe.cluster.as_deref().map(|c| shared.registry.pending_share(c));
+    let ip_or_unix = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let admitted = match shared.pending.admit_as(ip_or_unix, ip.is_none(), tenant.as_ref()) {
         Ok(a) => a,
         Err(_) => {
             shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_per_source"]).inc();
             return None;
         }
     };
+    let share = fe.cluster.as_deref().map(|c| {
+        let t = shared.registry.shares.tenant(&[c]);
+        t.count_refused(Kind::Handshake, admitted.own_evicted());
+        t.hold(Kind::Handshake)
+    });
+    let pre = Pre { admitted, share };
     match conn {
         Accepted::Unix(s) => {
-            by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: None, admitted }).await
+            by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: None, pre }).await
         }
         Accepted::Tcp(tcp, None) => {
-            by_protocol(shared, fe, Handshaken { io: Box::new(tcp), peer, cert_cluster: None, admitted }).await
+            by_protocol(shared, fe, Handshaken { io: Box::new(tcp), peer, cert_cluster: None, pre }).await
         }
         Accepted::Tcp(tcp, Some(acc)) => {
             let handshake = tokio::select! {
                 biased;
-                _ = admitted.evicted() => {
+                _ = pre.admitted.evicted() => {
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
                     return None;
                 }
-                r = tokio::time::timeout(admitted.remaining(), acc.accept(tcp)) => r,
+                r = tokio::time::timeout(pre.admitted.remaining(), acc.accept(tcp)) => r,
             };
             match handshake {
                 Ok(Ok(s)) => {
@@ -192,7 +213,7 @@ async fn prepare(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: cn, admitted }).await
+                    by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: cn, pre }).await
                 }
                 Ok(Err(e)) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,
@@ -210,7 +231,8 @@ async fn prepare(
                     None
                 }
                 Err(_) => {
-                    let reason = if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" };
+                    let missed = pre.admitted.deadline_missed();
+                    let reason = if missed { "handshake_timeout" } else { "pending_evicted" };
                     shared.metrics.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
                     None
                 }
@@ -228,13 +250,20 @@ async fn by_protocol(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken)
     serve(shared, fe, conn).await
 }
 
-/// A front-end connection after its TLS handshake (if any), still in the pending budget.
+/// A front-end connection after its TLS handshake (if any), still pending.
 pub(crate) struct Handshaken {
     pub(crate) io: BoxIo,
     pub(crate) peer: String,
     /// The client certificate's CN.
     pub(crate) cert_cluster: Option<String>,
+    pub(crate) pre: Pre,
+}
+
+/// A front-end connection before its request head is read: its place in the pending budget,
+/// and in its cluster's count of pending work when its front end names the cluster.
+pub(crate) struct Pre {
     pub(crate) admitted: Admitted,
+    pub(crate) share: Option<Hold>,
 }
 
 /// Move a connection whose head was read from the pending budget to an established slot. At
@@ -257,7 +286,8 @@ async fn establish(shared: &Shared, admitted: Admitted) -> Result<ConnPermit, &'
 /// client certificate's CN when the front end derives the cluster from it. `Some` for a CONNECT
 /// that was answered 200; everything else is answered (and logged) here.
 async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Option<Ready> {
-    let Handshaken { mut io, peer, cert_cluster, admitted } = conn;
+    let Handshaken { mut io, peer, cert_cluster, pre } = conn;
+    let Pre { admitted, share: pending } = pre;
     let cfg = shared.config.load_full();
     let m = &shared.metrics;
     let conn_id = shared.ids.next();
@@ -313,6 +343,7 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         }
     };
     // Routed (the head names where to go): from the pending budget to an established slot.
+    drop(pending);
     let permit = match establish(&shared, admitted).await {
         Ok(p) => p,
         Err("pending_evicted") => {
@@ -356,7 +387,7 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         };
         ctx.cluster = cluster.clone();
         // The target, never the Host header, says where to go.
-        let stream = match dial(&shared, &cluster, &target).await {
+        let (stream, share) = match dial(&shared, &cluster, &target).await {
             Ok(d) => ctx.dialed(d),
             Err(e) => {
                 reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
@@ -370,7 +401,13 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        Some(Ready { io, stream, pipelined, ctx: Box::new(ctx), _permit: permit })
+        Some(Ready {
+            io,
+            stream,
+            pipelined,
+            ctx: Box::new(ctx),
+            _places: Box::new(Places { _permit: permit, _share: share }),
+        })
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();
@@ -431,8 +468,9 @@ async fn reply_error<S: AsyncWrite + Unpin>(
     ctx.log(status, reason, 0, 0);
 }
 
-/// Dial through the tunnel with the configured timeout and proxy strategies, recording metrics.
-pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialError> {
+/// Dial through the tunnel with the configured timeout and proxy strategies, recording metrics
+/// (a refusal for the cluster's share is no dial: its caller counts it as a reject).
+pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialRefused> {
     let m = &shared.metrics;
     let started = Instant::now();
     let cfg = shared.config.load();
@@ -442,7 +480,8 @@ pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
             m.streams_opened.with_label_values(&[cluster]).inc();
         }
-        Err(e) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+        Err(DialRefused::Dial(e)) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+        Err(DialRefused::Share { .. }) => {}
     }
     r
 }
@@ -450,7 +489,7 @@ pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result
 /// Relay a CONNECT client and its tunnel stream until both ends close, the idle timeout, a
 /// drain of the cluster, or the end of the shutdown grace period.
 async fn relay(shared: &Shared, r: Ready) {
-    let Ready { io, mut stream, pipelined, ctx, _permit } = r;
+    let Ready { io, mut stream, pipelined, ctx, _places } = r;
     let m = &shared.metrics;
     let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let replayed = pipelined.len() as u64;
@@ -522,6 +561,8 @@ const FORWARD_STREAM_LINGER: std::time::Duration = std::time::Duration::from_sec
 /// request's access event.
 struct Counted<S> {
     io: S,
+    /// The stream's place in its cluster's share.
+    _share: Hold,
     to_shoot: IntCounter,
     to_seed: IntCounter,
     sent: Arc<AtomicU64>,
@@ -732,8 +773,8 @@ where
             let stream = match dial(&shared, &log.cluster, &target).await {
                 Ok(d) => {
                     log.strategy = d.strategy.as_str();
-                    log.agent = d.node;
-                    d.stream
+                    log.agent = d.node.clone();
+                    d
                 }
                 Err(e) => {
                     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -741,7 +782,8 @@ where
                 }
             };
             let stream = Counted {
-                io: stream,
+                io: stream.stream,
+                _share: stream.share,
                 to_shoot: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_shoot"]),
                 to_seed: m.tunnel_bytes.with_label_values(&[&log.cluster, "to_seed"]),
                 sent: log.sent.clone(),

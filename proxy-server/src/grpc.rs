@@ -13,7 +13,7 @@
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
 use crate::Shared;
-use crate::frontend::{Ctx, FrontendRt, Handshaken};
+use crate::frontend::{Ctx, FrontendRt, Handshaken, Pre};
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxy_core::accept::ConnPermit;
@@ -21,6 +21,7 @@ use proxy_core::copy::Stop;
 use proxy_core::guard::Active;
 use proxy_core::io::Prefixed;
 use proxy_core::prometheus::IntCounter;
+use proxy_core::share::Hold;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -60,7 +61,8 @@ static CONNECT_IDS: AtomicI64 = AtomicI64::new(1);
 /// Serve one front-end connection (after TLS, if any) as gRPC: pending until its HTTP/2
 /// preface arrived, then its `Proxy` streams until the client closes it or the process stops.
 pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) {
-    let Handshaken { mut io, peer, cert_cluster, admitted } = conn;
+    let Handshaken { mut io, peer, cert_cluster, pre } = conn;
+    let Pre { admitted, share: pending } = pre;
     let m = &shared.metrics;
     let reject = |reason: &str| m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
@@ -80,7 +82,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         Ok(Err(_)) => return reject("client_closed_early"),
         Err(_) => return reject(if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" }),
     }
-    // Out of the pending budget: each `Proxy` stream takes a connection slot of its own.
+    // Out of the pending budget (and its cluster's pending work): each `Proxy` stream takes a
+    // connection slot and a place in its cluster's share of streams of its own.
+    drop(pending);
     if !admitted.release() {
         return reject("pending_evicted");
     }
@@ -93,7 +97,6 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         .max_concurrent_streams(MAX_STREAMS)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_frame_size(READ_CHUNK as u32 + 64)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let conn = builder.serve_connection(TokioIo::new(Prefixed::new(preface.to_vec(), io)), svc);
     let mut conn = std::pin::pin!(conn);
@@ -164,6 +167,8 @@ struct Open {
     stream: TunnelStream,
     connect_id: i64,
     _permit: ConnPermit,
+    /// Its place in the cluster's share of streams.
+    _share: Hold,
 }
 
 /// One `Proxy` stream from its `DIAL_REQ` to its end.
@@ -239,14 +244,14 @@ async fn dial(
     };
     match dialed {
         Ok(d) => {
-            let stream = ctx.dialed(d);
+            let (stream, share) = ctx.dialed(d);
             let connect_id = CONNECT_IDS.fetch_add(1, Ordering::Relaxed);
             if tx.send(answer(String::new(), connect_id)).await.is_err() {
                 ctx.log(200, "client_closed_early", 0, 0);
                 return None;
             }
             m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, "200"]).inc();
-            Some(Open { stream, connect_id, _permit: permit })
+            Some(Open { stream, connect_id, _permit: permit, _share: share })
         }
         Err(e) => {
             let _ = tx.send(answer(e.to_string(), 0)).await;

@@ -27,7 +27,7 @@ use proxy_core::ids::ConnIds;
 use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::shutdown::Shutdown;
 use proxy_core::tls_watch::TlsMetrics;
-use registry::Registry;
+use registry::{Registry, ShareConfig};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
@@ -75,6 +75,26 @@ impl Shared {
             s.insert(name, o);
         }
         s
+    }
+
+    /// Apply the effective cluster states and limits to the registry (after a reload, a cluster
+    /// file change or an admin override).
+    pub(crate) fn apply_states(&self) {
+        let states = self.effective_states();
+        // A cluster's own limits come from where its state is set; an admin override that gives
+        // none keeps those of the config or cluster file.
+        let mut own = BTreeMap::new();
+        let cfg = self.config.load();
+        let files = self.cluster_files.lock().expect("not poisoned");
+        let sources = cfg.clusters.iter().chain(files.states()).chain(states.iter());
+        for (name, s) in sources {
+            if let Some(l) = s.limits {
+                own.insert(name.clone(), l);
+            }
+        }
+        drop(files);
+        self.registry.set_shares(ShareConfig::of(&cfg, own));
+        self.registry.set_modes(&states);
     }
 
     /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
@@ -150,7 +170,7 @@ impl Service for Server {
         let mut states = cfg.clusters.clone();
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
-            registry: Registry::new(metrics.clone(), &states, ctx.shutdown.kill.clone()),
+            registry: Registry::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
             pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
@@ -163,6 +183,7 @@ impl Service for Server {
             unknown_refused: Mutex::default(),
             replica: replica::Replica::new(&cfg),
         });
+        shared.apply_states();
         for (name, mode) in shared.registry.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
         }
@@ -195,7 +216,7 @@ impl Service for Server {
                     let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
                     if changed {
                         // As a config reload of the states: admin overrides still win.
-                        shared.registry.set_modes(&shared.effective_states());
+                        shared.apply_states();
                     }
                 }
             });
@@ -211,7 +232,7 @@ impl Service for Server {
         self.shared.pending.set_limits(pending_limits(&new));
         self.shared.replica.reconfigure(&self.shared, &new);
         self.shared.config.store(new);
-        self.shared.registry.set_modes(&self.shared.effective_states());
+        self.shared.apply_states();
         Ok(())
     }
 
@@ -222,6 +243,7 @@ impl Service for Server {
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
         checks.push(self.shared.pending.readiness());
+        checks.push(self.shared.registry.shares.readiness(self.shared.config.load().limits.tenant_share));
         checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
@@ -262,7 +284,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
         pending: Pending::new(pending_limits(&cfg), PendingMetrics::unregistered()),
-        registry: Registry::new(metrics.clone(), &cfg.clusters, CancellationToken::new()),
+        registry: Registry::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),

@@ -2,13 +2,19 @@
 
 use crate::metrics::ServerMetrics;
 use crate::strategy::{self, NodeIndex};
+use proxy_core::pending::TenantShare;
+use proxy_core::share::{Cap, Hold, Kind, Naming, Shares};
 use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
-use seedgate_config::server::{ClusterMode, ClusterState, ProxyStrategy};
+use seedgate_config::ServerConfig;
+use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
+const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
 
 /// One connected agent.
 pub struct Session {
@@ -31,15 +37,6 @@ pub struct Mode {
     pub since: Instant,
     /// The cluster's own proxy strategies (`None`: the global `agents.proxy_strategies`).
     pub strategies: Option<Vec<ProxyStrategy>>,
-}
-
-/// A stream a dial opened, and how its agent was chosen.
-pub struct Dialed {
-    pub stream: TunnelStream,
-    /// The proxy strategy that chose the agent.
-    pub strategy: ProxyStrategy,
-    /// The node the agent announced (empty when it named none).
-    pub node: String,
 }
 
 impl Mode {
@@ -82,8 +79,74 @@ impl Cluster {
     }
 }
 
+/// How clusters' shares are set: their own limits and the default share of the process limits.
+#[derive(Debug, Clone, Default)]
+pub struct ShareConfig {
+    pub own: BTreeMap<String, ClusterLimits>,
+    /// `limits.tenant_share`, of `limits.max_connections` (streams) and `limits.max_pending`.
+    pub fraction: f64,
+    pub max_streams: usize,
+    pub max_pending: usize,
+}
+
+impl ShareConfig {
+    pub fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
+        let l = &cfg.limits;
+        Self { own, fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending }
+    }
+
+    fn cap(&self, cluster: &str, kind: Kind) -> Cap {
+        let own = self.own.get(cluster).copied().unwrap_or_default();
+        match kind {
+            Kind::Established => Cap::new(own.max_streams, self.fraction, self.max_streams),
+            Kind::Pending | Kind::Handshake => Cap::new(own.max_pending, self.fraction, self.max_pending),
+        }
+    }
+}
+
+/// Why a dial was not made or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialRefused {
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// The cluster holds its share of streams or pending dials: refused before any dial.
+    #[error("over capacity: cluster {cluster} holds its share of {what} ({cap})")]
+    Share { cluster: String, what: &'static str, cap: usize },
+}
+
+impl DialRefused {
+    pub fn code(&self) -> &'static str {
+        match self {
+            DialRefused::Dial(e) => e.code(),
+            DialRefused::Share { what: "streams", .. } => "cluster_stream_limit",
+            DialRefused::Share { .. } => "cluster_pending_limit",
+        }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            DialRefused::Dial(e) => e.http_status(),
+            DialRefused::Share { .. } => 503,
+        }
+    }
+}
+
+/// A dialled tunnel stream, its place in its cluster's share of streams, and how its agent was
+/// chosen.
+pub struct Dialed {
+    pub stream: TunnelStream,
+    pub share: Hold,
+    /// The proxy strategy that chose the agent.
+    pub strategy: ProxyStrategy,
+    /// The node the agent announced (empty when it named none).
+    pub node: String,
+}
+
 pub struct Registry {
     clusters: Arc<RwLock<HashMap<String, Cluster>>>,
+    /// Each cluster's streams and pending work against its share of the process limits.
+    pub shares: Shares,
+    share_cfg: RwLock<ShareConfig>,
     /// The shutdown kill token (the streams' end tokens are its children).
     kill: CancellationToken,
     modes: Arc<RwLock<BTreeMap<String, Mode>>>,
@@ -92,7 +155,12 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(metrics: ServerMetrics, states: &BTreeMap<String, ClusterState>, kill: CancellationToken) -> Self {
+    pub fn new(
+        metrics: ServerMetrics,
+        reg: &proxy_core::prometheus::Registry,
+        states: &BTreeMap<String, ClusterState>,
+        kill: CancellationToken,
+    ) -> Self {
         let modes = states.iter().map(|(k, v)| (k.clone(), Mode::from_cfg(Some(v)))).collect();
         Self {
             clusters: Arc::new(RwLock::new(HashMap::new())),
@@ -100,7 +168,32 @@ impl Registry {
             modes: Arc::new(RwLock::new(modes)),
             next_id: AtomicU64::new(1),
             metrics,
+            shares: Shares::new(reg, CLUSTER_SHARES),
+            share_cfg: RwLock::default(),
         }
+    }
+
+    /// New cluster limits (config, cluster files, admin overrides); for work admitted from now.
+    pub fn set_shares(&self, cfg: ShareConfig) {
+        *self.share_cfg.write().expect("not poisoned") = cfg;
+    }
+
+    /// `cluster` as a tenant of the front ends' pending budget, with its cap there.
+    pub fn pending_share(&self, cluster: &str) -> TenantShare {
+        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, Kind::Pending);
+        TenantShare { name: Arc::from(cluster), cap }
+    }
+
+    /// Take a place in `cluster`'s share of `kind`, or say why not.
+    pub fn take_share(&self, cluster: &str, kind: Kind) -> Result<Hold, DialRefused> {
+        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, kind);
+        let tenant = self.shares.tenant(&[cluster]);
+        let in_use = self.shares.total(kind);
+        tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
+            cluster: cluster.to_owned(),
+            what: if kind == Kind::Established { "streams" } else { "pending dials" },
+            cap: cap.at(in_use),
+        })
     }
 
     pub fn mode(&self, cluster: &str) -> Mode {
@@ -274,24 +367,42 @@ impl Registry {
         clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
     }
 
-    /// Open a stream to `target` through an agent of `cluster`, chosen by the cluster's proxy
-    /// strategies (else `strategies`, the global list): the least busy of two random sessions
-    /// of the first strategy that names a usable one; a transport failure before the agent
-    /// answered, or an agent that turns out to be shutting down, is retried once on another one.
+    /// Open a stream to `target` through an agent of `cluster`, within the cluster's shares: a
+    /// place among its streams (held by the returned stream) and, while the dial is in flight,
+    /// among its pending work, so an agent that does not answer holds at most that share. The
+    /// agent is chosen by the cluster's proxy strategies, else `strategies` (the global list).
     pub async fn dial(
         &self,
         cluster: &str,
         target: &str,
         timeout: Duration,
         strategies: &[ProxyStrategy],
-    ) -> Result<Dialed, DialError> {
+    ) -> Result<Dialed, DialRefused> {
         let mode = self.mode(cluster);
         if mode.mode == ClusterMode::Fenced {
-            return Err(DialError::Moved(format!(
-                "cluster {cluster} moved to another seed; this seed no longer serves it"
-            )));
+            let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
+            return Err(DialError::Moved(msg).into());
         }
         let strategies = mode.strategies.as_deref().unwrap_or(strategies);
+        let share = self.take_share(cluster, Kind::Established)?;
+        let pending = self.take_share(cluster, Kind::Pending)?;
+        let chosen = self.dial_agent(cluster, target, timeout, strategies).await;
+        drop(pending);
+        let (stream, strategy, node) = chosen?;
+        Ok(Dialed { stream, share, strategy, node })
+    }
+
+    /// The least busy of two random sessions of the first of `strategies` that names a usable
+    /// one; a transport failure before the agent answered, or an agent that turns out to be
+    /// shutting down, is retried once on another one. Returns the stream, the strategy and the
+    /// agent's node.
+    async fn dial_agent(
+        &self,
+        cluster: &str,
+        target: &str,
+        timeout: Duration,
+        strategies: &[ProxyStrategy],
+    ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
         let mut tried: Vec<u64> = Vec::new();
         let mut last = DialError::NoAgent(match self.sessions(cluster).is_empty() {
             true => format!("no agent of cluster {cluster} is connected"),
@@ -306,7 +417,7 @@ impl Registry {
                     self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
                     let node =
                         s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
-                    return Ok(Dialed { stream, strategy, node });
+                    return Ok((stream, strategy, node));
                 }
                 // Nothing reached the target: another agent may take it.
                 Err(e @ (DialError::Transport(_) | DialError::Draining(_))) => last = e,
@@ -354,8 +465,8 @@ mod tests {
     use super::*;
 
     fn registry() -> Registry {
-        let metrics = ServerMetrics::new(&proxy_core::prometheus::Registry::new());
-        Registry::new(metrics, &BTreeMap::new(), CancellationToken::new())
+        let reg = proxy_core::prometheus::Registry::new();
+        Registry::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
     }
 
     fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
@@ -364,6 +475,7 @@ mod tests {
             move_to: Vec::new(),
             drain_deadline: deadline.map(seedgate_config::Dur::secs),
             proxy_strategies: None,
+            limits: None,
         };
         BTreeMap::from([("a".to_owned(), s)])
     }

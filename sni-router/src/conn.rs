@@ -9,6 +9,7 @@ use proxy_core::copy::{Meters, Stop, transfer_tcp};
 use proxy_core::ids::ConnId;
 use proxy_core::net::ConnectFailure;
 use proxy_core::prometheus::IntGauge;
+use proxy_core::share::{Cap, Hold, Kind};
 use proxy_wire::client_hello::{self, HelloError, HelloParser, Status};
 use proxy_wire::http_head::{self, Detect3, HeadReader, RequestHead};
 use proxy_wire::proxy_protocol::{self, Command, Detect, V2Options};
@@ -419,6 +420,8 @@ struct Held {
     /// What was learnt before the relay, for the access log (its buffer is already freed).
     log: Pre,
     _permit: proxy_core::accept::ConnPermit,
+    /// The connection's place in its route's share.
+    _share: Hold,
     _active: proxy_core::guard::Active<IntGauge>,
     _guard: upstream::UpstreamGuard,
     idle: std::time::Duration,
@@ -516,6 +519,19 @@ async fn prepare(
         return None;
     }
 
+    // The route's share of the process limits, taken at once or refused: one shoot's flood (or
+    // its upstream that does not answer) cannot take what the other routes need.
+    let holds = match take_shares(&shared, name, &route, &cfg) {
+        Ok(h) => h,
+        Err(reason) => {
+            drop(admitted);
+            let msg = format!("over capacity: route {} holds its share of {reason}", route.name);
+            let why = if reason == "connections" { "route_connection_limit" } else { "route_pending_limit" };
+            reject(&shared, name, client, &pre, Some(&route), Reject::new(why, over_capacity(pre.proto, msg))).await;
+            return None;
+        }
+    };
+
     // Routed: from the pending budget to an established slot. At the connection limit it waits
     // (still pending, so still evictable) for what is left of its deadline.
     let permit = match lst.limit.try_acquire() {
@@ -531,11 +547,9 @@ async fn prepare(
                 Ok(p) => p,
                 Err(reason) => {
                     drop(admitted);
-                    let answer = match (reason, pre.proto) {
-                        ("pending_evicted", _) => Answer::Abort,
-                        (_, Proto::Tls) => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
-                        (_, Proto::Connect) => Answer::Http(503, "over capacity: connection limit reached".into()),
-                        _ => Answer::Close,
+                    let answer = match reason {
+                        "pending_evicted" => Answer::Abort,
+                        _ => over_capacity(pre.proto, "over capacity: connection limit reached".into()),
                     };
                     reject(&shared, name, client, &pre, Some(&route), Reject::new(reason, answer)).await;
                     return None;
@@ -549,14 +563,16 @@ async fn prepare(
     }
 
     let connect_timeout = cfg.timeouts.connect.get();
-    let Connected { stream: mut up, addr: up_addr, guard } =
-        match connect_upstream(&shared, name, &route, &pre, &cfg).await {
-            Ok(c) => c,
-            Err(rej) => {
-                reject(&shared, name, client, &pre, Some(&route), rej).await;
-                return None;
-            }
-        };
+    let connected = connect_upstream(&shared, name, &route, &pre, &cfg).await;
+    // Connected or failed: no longer pending work of the route.
+    drop(holds.pending);
+    let Connected { stream: mut up, addr: up_addr, guard } = match connected {
+        Ok(c) => c,
+        Err(rej) => {
+            reject(&shared, name, client, &pre, Some(&route), rej).await;
+            return None;
+        }
+    };
     pre.up_addr = Some(up_addr);
     let handover = hand_over(&mut client, &mut up, &route, &pre);
     let replayed = match tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
@@ -580,11 +596,41 @@ async fn prepare(
         held: Box::new(Held {
             log: pre,
             _permit: permit,
+            _share: holds.established,
             _active: active,
             _guard: guard,
             idle: cfg.timeouts.idle.get(),
         }),
     })
+}
+
+/// A route's share taken by one connection: routed (until it ends) and pending (until its
+/// upstream connect is done).
+struct RouteHolds {
+    established: Hold,
+    pending: Hold,
+}
+
+/// Take the connection's place in its route's shares of routed and pending connections, or say
+/// which share is full (`connections` or `pending`).
+fn take_shares(shared: &Shared, listener: &str, route: &Route, cfg: &RouterConfig) -> Result<RouteHolds, &'static str> {
+    let (l, own) = (&cfg.limits, route.cfg.limits.unwrap_or_default());
+    let tenant = route.tenant(&shared.shares, listener);
+    let pending_cap = Cap::new(own.max_pending, l.tenant_share, l.max_pending);
+    let pending =
+        tenant.try_take_at(Kind::Pending, pending_cap, shared.shares.total(Kind::Pending)).ok_or("pending")?;
+    let cap = Cap::new(own.max_connections, l.tenant_share, l.max_connections);
+    let established = tenant.try_take_at(Kind::Established, cap, shared.connections.in_use()).ok_or("connections")?;
+    Ok(RouteHolds { established, pending })
+}
+
+/// The answer to a connection refused for capacity, as its protocol allows.
+fn over_capacity(proto: Proto, msg: String) -> Answer {
+    match proto {
+        Proto::Tls => Answer::Alert(client_hello::ALERT_INTERNAL_ERROR),
+        Proto::Connect => Answer::Http(503, msg),
+        Proto::Raw | Proto::Unknown => Answer::Close,
+    }
 }
 
 /// Connect to one of the route's upstreams, or say how to refuse the client.

@@ -7,6 +7,7 @@
 mod conn;
 mod files;
 mod listeners;
+mod migration;
 mod table;
 mod udp;
 mod upstream;
@@ -22,6 +23,7 @@ use proxy_core::ids::ConnIds;
 use proxy_core::metrics::{self, ConnMetrics};
 use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::prometheus::IntGaugeVec;
+use proxy_core::share::{Naming, Shares};
 use proxy_core::shutdown::Shutdown;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::Route as RouteCfg;
@@ -47,7 +49,12 @@ pub(crate) struct Shared {
     pub(crate) pending: Arc<Pending>,
     /// UDP flows held by every UDP listener (`limits.udp_flows`).
     pub(crate) udp_flows: Arc<udp::FlowBudget>,
+    /// Each route's routed and pending connections against its share of the process limits.
+    pub(crate) shares: Shares,
 }
+
+/// How routes are named as tenants: `seedgate_route_connections{listener,route}` and friends.
+const ROUTE_SHARES: Naming = Naming { tenant: "route", labels: &["listener", "route"], established: "connections" };
 
 /// The pending budget's settings in `cfg`.
 fn pending_limits(cfg: &RouterConfig) -> PendingLimits {
@@ -91,6 +98,7 @@ fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
             udp: udp::UdpMetrics::new(reg),
         },
         udp_flows: Arc::default(),
+        shares: Shares::new(reg, ROUTE_SHARES),
         shutdown: ctx.shutdown.clone(),
         ids: ConnIds::default(),
         connections: ctx.connections.clone(),
@@ -172,7 +180,8 @@ impl Service for Router {
     }
 
     fn ready(&self) -> Vec<Check> {
-        let mut checks = vec![self.shared.pending.readiness()];
+        let share = self.shared.config.load().limits.tenant_share;
+        let mut checks = vec![self.shared.pending.readiness(), self.shared.shares.readiness(share)];
         checks.extend(self.listeners.ready());
         if let Some(dir) = &self.shared.config.load().routes_dir
             && let Ok(files) = self.files.try_lock()

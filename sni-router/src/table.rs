@@ -2,6 +2,7 @@
 
 use crate::upstream::Upstream;
 use proxy_core::prometheus::IntCounter;
+use proxy_core::share::{Shares, Tenant};
 use regex::Regex;
 use seedgate_config::router::{
     Balance, ConnectUnmatched, Listener as ListenerCfg, ProxyProtocolMode, Route as RouteCfg, SendProxy,
@@ -11,7 +12,7 @@ use seedgate_config::{CidrPort, IpCidr};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -50,9 +51,19 @@ pub struct Route {
     /// (it is a child of the kill token), or `drain_deadline` after a reload changed or removed
     /// the route. One token per route, so a connection waits on a single small future.
     pub end: CancellationToken,
+    /// The route's counts against its share of the process limits, found on first use (so a
+    /// reload that builds 10,000 routes does no work for them): the same counts for every
+    /// object of this route name on this listener.
+    tenant: OnceLock<Arc<Tenant>>,
 }
 
 impl Route {
+    /// The route's counts of routed and pending connections, shared with earlier objects of the
+    /// same route (a reload that changed it), so its share holds across reloads.
+    pub fn tenant(&self, shares: &Shares, listener: &str) -> &Arc<Tenant> {
+        self.tenant.get_or_init(|| shares.tenant(&[listener, &self.name]))
+    }
+
     pub fn source_allowed(&self, ip: IpAddr) -> bool {
         self.allowed_sources.is_empty() || self.allowed_sources.iter().any(|c| c.contains(ip))
     }
@@ -334,6 +345,7 @@ pub fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &CancellationTo
         allowed_sources: cfg.allowed_sources.clone(),
         meters,
         end: kill.child_token(),
+        tenant: OnceLock::new(),
     })
 }
 

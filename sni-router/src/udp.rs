@@ -8,12 +8,18 @@
 //!
 //! A flow also follows its client to a new address (NAT rebinding, a node whose address
 //! changed): the router learns the connection IDs the upstream gives itself in its handshake
-//! packets, and a short-header packet from an unknown address that is addressed to one of them
-//! moves that flow to the new address. Connection IDs are random and at least 8 bytes with the
-//! QUIC stacks in use, so an off-path sender cannot guess one.
+//! packets, and short-header packets from an unknown address that are addressed to one of them
+//! may move that flow to the new address, by the rule of [`crate::migration`]: only once the
+//! flow's address has gone quiet and the new one has sent several fresh datagrams, so a copied
+//! or forged datagram cannot take a live flow's return path. Connection IDs are random and at
+//! least 8 bytes with the QUIC stacks in use, so an off-path sender cannot guess one.
+//!
+//! The receive loop holds the listener's `flows` lock only to look flows up and change the
+//! table: reading an Initial (key derivation, AES-GCM) happens outside it.
 
 use crate::Shared;
 use crate::listeners::ListenerRt;
+use crate::migration::{Candidates, Verdict};
 use crate::table::Route;
 use crate::upstream::{UpstreamGuard, attempt_order};
 use proxy_core::guard::Active;
@@ -50,6 +56,7 @@ pub(crate) struct UdpMetrics {
     flows: IntCounterVec,
     dropped: IntCounterVec,
     migrated: IntCounterVec,
+    migrations_refused: IntCounterVec,
 }
 
 impl UdpMetrics {
@@ -78,6 +85,13 @@ impl UdpMetrics {
                 "seedgate_udp_flows_migrated_total",
                 "UDP flows that moved to a new client address (found by their connection ID), by listener and route.",
                 &["listener", "route"],
+            ),
+            migrations_refused: counter_vec(
+                reg,
+                "seedgate_udp_migrations_refused_total",
+                "Datagrams for a UDP flow from an address it did not move to, by listener, route and reason \
+                 (client_active, too_few_packets, duplicate, too_many_addresses, source_not_allowed).",
+                &["listener", "route", "reason"],
             ),
         }
     }
@@ -143,7 +157,8 @@ impl Queue {
 /// A flow still reading its ClientHello, or choosing its upstream (`routing`).
 struct Pending {
     id: u64,
-    reader: InitialReader,
+    /// Taken out while a datagram is read into it, outside the `flows` lock.
+    reader: Option<Box<InitialReader>>,
     queue: Queue,
     routing: bool,
     slot: FlowSlot,
@@ -160,6 +175,10 @@ struct Routed {
     route: Arc<Route>,
     /// Milliseconds since [`epoch`] of the last datagram either way.
     last: AtomicU64,
+    /// Milliseconds since [`epoch`] of the last datagram from the client's address now.
+    client_last: AtomicU64,
+    /// Other addresses sending the flow's datagrams: whether to follow one.
+    candidates: Mutex<Candidates>,
     _slot: FlowSlot,
     _guard: UpstreamGuard,
 }
@@ -167,6 +186,11 @@ struct Routed {
 impl Routed {
     fn touch(&self) {
         self.last.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// A datagram from the client's address now.
+    fn heard(&self) {
+        self.client_last.store(now_ms(), Ordering::Relaxed);
     }
 
     fn peer(&self) -> SocketAddr {
@@ -295,6 +319,8 @@ pub(crate) struct UdpListener {
     shared: Arc<Shared>,
     flows: Mutex<Flows>,
     next_id: AtomicU64,
+    /// Hashes datagrams from addresses a flow may move to (copies are told apart by it).
+    hasher: foldhash::fast::RandomState,
 }
 
 /// Bind a listener's UDP socket. Must be called inside a tokio runtime.
@@ -323,6 +349,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: UdpSocket) 
         shared: shared.clone(),
         flows: Mutex::new(Flows::default()),
         next_id: AtomicU64::new(0),
+        hasher: Default::default(),
     });
     tracing::info!(listener = %this.rt.name, addr = ?this.sock.local_addr().ok(), "listening (udp)");
     shared.shutdown.tracker.spawn(this.run());
@@ -349,7 +376,7 @@ impl UdpListener {
                     Err(e) => tracing::debug!(listener = %self.rt.name, error = %e, "udp receive error"),
                 },
                 _ = check.tick() => {
-                    if stop.is_cancelled() && self.flows.lock().expect("not poisoned").map.is_empty() {
+                    if stop.is_cancelled() && self.lock().map.is_empty() {
                         break;
                     }
                 }
@@ -359,12 +386,17 @@ impl UdpListener {
         tracing::info!(listener = %self.rt.name, "udp listener stopped");
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Flows> {
+        self.flows.lock().expect("not poisoned")
+    }
+
     fn on_datagram(self: &Arc<Self>, data: &[u8], peer: SocketAddr) {
-        let mut flows = self.flows.lock().expect("not poisoned");
+        let mut flows = self.lock();
         match flows.map.get_mut(&peer) {
             Some(Flow::Routed(f)) => {
                 let f = f.clone();
                 drop(flows);
+                f.heard();
                 self.to_upstream(&f, data);
             }
             Some(Flow::Pending(p)) => {
@@ -375,79 +407,117 @@ impl UdpListener {
                 if p.routing {
                     return;
                 }
-                match p.reader.push(data) {
-                    Ok(Status::Incomplete) => {}
-                    Ok(Status::Complete(info)) => {
-                        p.routing = true;
-                        let id = p.id;
-                        drop(flows);
-                        self.route(peer, id, info.sni);
-                    }
-                    Err(e) => {
-                        let id = p.id;
-                        let queued = flows.remove_pending(peer, id).map_or(0, |p| p.queue.items.len());
-                        drop(flows);
-                        tracing::debug!(listener = %self.rt.name, %peer, error = %e, "udp flow refused");
-                        self.drop_datagrams(e.reason(), queued);
-                        self.flow_result("", e.reason());
-                    }
-                }
+                // The receive loop is the only reader: the reader is always there to take.
+                let Some(mut reader) = p.reader.take() else { return };
+                let id = p.id;
+                drop(flows);
+                let status = reader.push(data);
+                self.initial_read(peer, id, reader, status);
             }
             None => match flows.by_short_header(data) {
                 Some(f) => self.migrate(flows, f, data, peer),
-                None => self.new_flow(flows, data, peer),
+                None => {
+                    drop(flows);
+                    self.new_flow(data, peer);
+                }
             },
         }
     }
 
-    /// A datagram from `peer`, unknown so far, addressed to routed flow `f`: the client moved.
-    /// The flow follows it (the upstream sees no change: it talks to the flow's socket).
+    /// A pending flow's reader took a datagram (outside the lock): keep waiting, route, or refuse.
+    fn initial_read(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        id: u64,
+        reader: Box<InitialReader>,
+        status: Result<Status, proxy_wire::quic_initial::InitialError>,
+    ) {
+        let mut flows = self.lock();
+        // The deadline may have ended the flow meanwhile: then there is nothing to do.
+        let p = match flows.map.get_mut(&peer) {
+            Some(Flow::Pending(p)) if p.id == id => p,
+            _ => return,
+        };
+        match status {
+            Ok(Status::Incomplete) => p.reader = Some(reader),
+            Ok(Status::Complete(info)) => {
+                p.routing = true;
+                drop(flows);
+                self.route(peer, id, info.sni);
+            }
+            Err(e) => {
+                let queued = flows.remove_pending(peer, id).map_or(0, |p| p.queue.items.len());
+                drop(flows);
+                tracing::debug!(listener = %self.rt.name, %peer, error = %e, "udp flow refused");
+                self.drop_datagrams(e.reason(), queued);
+                self.flow_result("", e.reason());
+            }
+        }
+    }
+
+    /// A datagram from `peer`, unknown so far, addressed to routed flow `f`: maybe the client
+    /// moved ([`crate::migration`] decides). It goes to the upstream either way (the upstream
+    /// sees no change: it talks to the flow's socket); only a move sends answers to `peer`.
     fn migrate(&self, mut flows: std::sync::MutexGuard<'_, Flows>, f: Arc<Routed>, data: &[u8], peer: SocketAddr) {
+        let refused = |why: &str| {
+            self.shared.metrics.udp.migrations_refused.with_label_values(&[&self.rt.name, &f.route.name, why]).inc()
+        };
         if !f.route.source_allowed(peer.ip()) {
             drop(flows);
+            refused("source_not_allowed");
             return self.drop_datagrams("source_not_allowed", 1);
         }
-        let old = std::mem::replace(&mut *f.peer.lock().expect("not poisoned"), peer);
-        if matches!(flows.map.get(&old), Some(Flow::Routed(g)) if g.id == f.id) {
-            flows.map.remove(&old);
+        let now = now_ms();
+        let current = f.peer();
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, data);
+        let client_last = f.client_last.load(Ordering::Relaxed);
+        let verdict = f.candidates.lock().expect("not poisoned").observe(peer, hash, now, current, client_last);
+        match verdict {
+            Verdict::Stay(why) => {
+                drop(flows);
+                refused(why);
+            }
+            Verdict::Move => {
+                *f.peer.lock().expect("not poisoned") = peer;
+                f.client_last.store(now, Ordering::Relaxed);
+                if matches!(flows.map.get(&current), Some(Flow::Routed(g)) if g.id == f.id) {
+                    flows.map.remove(&current);
+                }
+                flows.map.insert(peer, Flow::Routed(f.clone()));
+                drop(flows);
+                tracing::debug!(listener = %self.rt.name, route = %f.route.name, from = %current, to = %peer, "udp flow migrated");
+                self.shared.metrics.udp.migrated.with_label_values(&[&self.rt.name, &f.route.name]).inc();
+            }
         }
-        flows.map.insert(peer, Flow::Routed(f.clone()));
-        drop(flows);
-        tracing::debug!(listener = %self.rt.name, route = %f.route.name, from = %old, to = %peer, "udp flow migrated");
-        self.shared.metrics.udp.migrated.with_label_values(&[&self.rt.name, &f.route.name]).inc();
         self.to_upstream(&f, data);
     }
 
     /// The first datagram of a client address: a flow if it starts a QUIC connection and the
-    /// bounds allow one more.
-    fn new_flow(self: &Arc<Self>, mut flows: std::sync::MutexGuard<'_, Flows>, data: &[u8], peer: SocketAddr) {
+    /// bounds allow one more. Called without the `flows` lock: the Initial is read outside it.
+    fn new_flow(self: &Arc<Self>, data: &[u8], peer: SocketAddr) {
         // Cheap checks first: garbage costs no key derivation and no state.
         if let Err(e) = looks_like_initial(data) {
-            drop(flows);
             return self.drop_datagrams(e.reason(), 1);
         }
         if self.rt.stop.is_cancelled() {
-            drop(flows);
             return self.drop_datagrams("stopping", 1);
         }
         let limits = FlowLimits::of(&self.shared.config.load());
-        if flows.pending >= limits.pending {
-            drop(flows);
+        // Only the receive loop adds flows, so the count can only fall before the insert below.
+        if self.lock().pending >= limits.pending {
             self.flow_result("", "pending_full");
             return self.drop_datagrams("pending_full", 1);
         }
         let gauge = self.shared.metrics.udp.flows_active.with_label_values(&[&self.rt.name]);
         let Some(slot) = self.shared.udp_flows.try_take(limits.flows, gauge) else {
-            drop(flows);
             self.flow_result("", "flows_full");
             return self.drop_datagrams("flows_full", 1);
         };
-        let mut reader = InitialReader::new(limits.hello_max, limits.packets);
+        let mut reader = Box::new(InitialReader::new(limits.hello_max, limits.packets));
         let complete = match reader.push(data) {
             Ok(Status::Incomplete) => None,
             Ok(Status::Complete(info)) => Some(info.sni),
             Err(e) => {
-                drop(flows);
                 tracing::debug!(listener = %self.rt.name, %peer, error = %e, "udp flow refused");
                 self.flow_result("", e.reason());
                 return self.drop_datagrams(e.reason(), 1);
@@ -457,7 +527,8 @@ impl UdpListener {
         let mut queue = Queue::new(limits.queue_items, limits.queue_bytes);
         queue.push(data);
         let routing = complete.is_some();
-        flows.map.insert(peer, Flow::Pending(Box::new(Pending { id, reader, queue, routing, slot })));
+        let mut flows = self.lock();
+        flows.map.insert(peer, Flow::Pending(Box::new(Pending { id, reader: Some(reader), queue, routing, slot })));
         flows.pending += 1;
         drop(flows);
 
@@ -465,7 +536,7 @@ impl UdpListener {
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(limits.deadline).await;
-            let gone = this.flows.lock().expect("not poisoned").remove_pending(peer, id);
+            let gone = this.lock().remove_pending(peer, id);
             if let Some(p) = gone {
                 this.flow_result("", "timeout");
                 this.drop_datagrams("timeout", p.queue.items.len());
@@ -525,7 +596,7 @@ impl UdpListener {
     }
 
     fn refuse(&self, peer: SocketAddr, id: u64, route: &str, why: &str) {
-        let gone = self.flows.lock().expect("not poisoned").remove_pending(peer, id);
+        let gone = self.lock().remove_pending(peer, id);
         if let Some(p) = gone {
             self.flow_result(route, why);
             self.drop_datagrams(why, p.queue.items.len());
@@ -541,7 +612,7 @@ impl UdpListener {
         sock: UdpSocket,
         limits: &FlowLimits,
     ) {
-        let mut flows = self.flows.lock().expect("not poisoned");
+        let mut flows = self.lock();
         // The deadline may have passed while the upstream was looked up.
         let Some(p) = flows.remove_pending(peer, id) else { return };
         let f = Arc::new(Routed {
@@ -551,6 +622,8 @@ impl UdpListener {
             upstream: Arc::new(sock),
             route,
             last: AtomicU64::new(now_ms()),
+            client_last: AtomicU64::new(now_ms()),
+            candidates: Mutex::default(),
             _slot: p.slot,
             _guard: guard,
         });
@@ -581,7 +654,7 @@ impl UdpListener {
                         let data = buf.get(..n).unwrap_or_default();
                         // Long headers come only in the handshake: the lock is not taken after it.
                         if let Some(cid) = long_header_scid(data) {
-                            self.flows.lock().expect("not poisoned").learn(&f, cid);
+                            self.lock().learn(&f, cid);
                         }
                         match self.sock.send_to(data, f.peer()).await {
                         Ok(sent) => {
@@ -598,13 +671,13 @@ impl UdpListener {
                 _ = f.route.end.cancelled() => break,
             }
         }
-        self.flows.lock().expect("not poisoned").forget(&f);
+        self.lock().forget(&f);
     }
 
     /// Flows held by this listener (routed and pending).
     #[cfg(test)]
     fn flow_count(&self) -> usize {
-        self.flows.lock().expect("not poisoned").map.len()
+        self.lock().map.len()
     }
 }
 
@@ -649,7 +722,13 @@ mod tests {
         let mut flows = Flows::default();
         let peer: SocketAddr = "192.0.2.1:4433".parse().expect("addr");
         let slot = b.try_take(10, gauge()).expect("free");
-        let p = Pending { id: 7, reader: InitialReader::new(1024, 4), queue: Queue::new(1, 1), routing: false, slot };
+        let p = Pending {
+            id: 7,
+            reader: Some(Box::new(InitialReader::new(1024, 4))),
+            queue: Queue::new(1, 1),
+            routing: false,
+            slot,
+        };
         flows.map.insert(peer, Flow::Pending(Box::new(p)));
         flows.pending += 1;
         assert!(flows.remove_pending(peer, 8).is_none(), "another flow of the same address");
@@ -685,6 +764,7 @@ mod tests {
             shared: shared.clone(),
             flows: Mutex::new(Flows::default()),
             next_id: AtomicU64::new(0),
+            hasher: Default::default(),
         });
         // Genuine Initials (a PING each: no ClientHello yet, so every one would wait).
         let initial = build::initial_v1(&[0x5a; 8], 0, &[0x01]).expect("sealed");

@@ -11,6 +11,7 @@ use crate::proc::{Addresses, Files};
 use crate::tmp::TempDir;
 use anyhow::{Context as _, bail};
 use proxy_core::app::{Bound, Options, Service};
+use proxy_core::prometheus::Registry;
 use proxy_core::shutdown::{Drained, Shutdown};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -30,6 +31,8 @@ pub struct InProc {
     pub files: Files,
     label: String,
     log: Log,
+    /// Its metrics registry (one per binary: their metric names would collide in a shared one).
+    registry: Registry,
     shutdown: Shutdown,
     task: Option<JoinHandle<Drained>>,
     rt: Option<tokio::runtime::Runtime>,
@@ -51,11 +54,12 @@ impl InProc {
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
         let files = Files::write(dir, &format!("{bin}-{n}"), yaml)?;
         let log = Log::default();
+        let registry = Registry::new();
         let rt = runtime(bin, &log)?;
         let opts = Options {
             config_path: Some(files.config.clone()),
             write_addresses: Some(files.addresses.clone()),
-            registry: None,
+            registry: Some(registry.clone()),
         };
         let (file, yaml) = (files.config.display().to_string(), yaml.to_owned());
         // Bound on its own runtime, so its sockets belong to that runtime's reactor.
@@ -82,7 +86,7 @@ impl InProc {
                 return Err(e.context(format!("{label} did not start; its log:\n{}", log.text())));
             }
         };
-        Ok(Self { files, label, log, shutdown, task: Some(task), rt: Some(rt) })
+        Ok(Self { files, label, log, registry, shutdown, task: Some(task), rt: Some(rt) })
     }
 
     /// [`InProc::start`], and the addresses it bound.
@@ -95,6 +99,21 @@ impl InProc {
     /// The addresses it is bound to now (rewritten after every reload).
     pub fn addrs(&self) -> anyhow::Result<Addresses> {
         self.read_addresses().with_context(|| format!("reading {}", self.addresses.display()))
+    }
+
+    /// The address of its listener `name` now.
+    pub fn listener(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
+        self.addrs()?.listener(name)
+    }
+
+    /// The address of its admin listener.
+    pub fn admin(&self) -> anyhow::Result<std::net::SocketAddr> {
+        self.addrs()?.admin()
+    }
+
+    /// Its metrics now, in the Prometheus text format (read from its registry, not over HTTP).
+    pub fn metrics(&self) -> String {
+        proxy_core::metrics::render(&self.registry)
     }
 
     /// Everything it logged so far (the binary's text format).

@@ -6,6 +6,7 @@
 //! - [`inproc`]: the same binaries served in this process (`bind()` → `run`), with the same files.
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
+//! - [`quic`]: a quinn echo server, quinn clients, a stand-in NAT that rebinds and reads connection IDs.
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
@@ -24,6 +25,7 @@ pub mod peers;
 pub mod pki;
 pub mod poll;
 pub mod proc;
+pub mod quic;
 pub mod secret_volume;
 pub mod tls_client;
 pub mod tmp;

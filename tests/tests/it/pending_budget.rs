@@ -394,3 +394,35 @@ async fn default_limits_thousands_of_stalled_clients() -> anyhow::Result<()> {
     drop(stalled);
     Ok(())
 }
+
+/// A burst from one address (a node pool or an agent fleet behind one cloud NAT, reconnecting at
+/// once) is served with the default limits: 200 connections from 127.0.0.1 are all pending at the
+/// same time, far past `pending_per_source` (64), while the budget (2,000) has room; each is then
+/// routed and echoes, and none was refused for its source.
+#[tokio::test]
+async fn a_burst_from_one_address_is_served_while_the_budget_has_room() -> anyhow::Result<()> {
+    const BURST: usize = 200;
+    let dir = TempDir::new("pending-burst")?;
+    let gw = Gateway::start(&dir, "").await?;
+    let mut conns = Vec::with_capacity(BURST);
+    for _ in 0..BURST {
+        conns.push(stalled_client(Ipv4Addr::LOCALHOST, gw.gw()?, &HELLO_SHOOT_B[..TLS_START.len()]).await?);
+    }
+    let m = metrics_until(&gw.addrs, "the whole burst pending at once", |m| {
+        value(m, "seedgate_pending_connections", &[]) == BURST as f64
+    })
+    .await?;
+    assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]), 0.0, "{m}");
+    for c in &mut conns {
+        c.write_all(&HELLO_SHOOT_B[TLS_START.len()..]).await?;
+    }
+    for c in &mut conns {
+        let mut back = vec![0u8; HELLO_SHOOT_B.len()];
+        tokio::time::timeout(WAIT, c.read_exact(&mut back)).await??;
+        anyhow::ensure!(back == HELLO_SHOOT_B, "the echo returns the hello");
+    }
+    let m = metrics(&gw.addrs).await?;
+    assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "per_source")]), 0.0, "{m}");
+    assert_eq!(value(&m, "seedgate_pending_connections", &[]), 0.0, "{m}");
+    Ok(())
+}

@@ -3,90 +3,16 @@
 use anyhow::Context as _;
 use proxy_wire::quic_initial::build;
 use rustls::crypto::CryptoProvider;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::pki::provider;
-use testbed::{Addresses, Ca, InProc, Issued, Proc, TempDir, http_get, metric_sum, metric_value, poll_until};
+use testbed::quic::{Nat, QuicEcho, client, client_tls, connect, echo};
+use testbed::{Addresses, Ca, InProc, Proc, TempDir, http_get, metric_sum, metric_value, poll_until};
 use tokio::net::UdpSocket;
 
 const WAIT: Duration = Duration::from_secs(15);
 const TICK: Duration = Duration::from_millis(20);
-const ALPN: &[u8] = b"seedgate-echo";
-
-/// A quinn server answering each bidirectional stream with `<name>:` and what it read.
-struct QuicEcho {
-    endpoint: quinn::Endpoint,
-}
-
-impl QuicEcho {
-    fn start(name: &'static str, id: &Issued) -> anyhow::Result<Self> {
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_no_client_auth()
-            .with_single_cert(id.chain(), id.key())?;
-        tls.alpn_protocols = vec![ALPN.to_vec()];
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
-        let endpoint =
-            quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(crypto)), "127.0.0.1:0".parse()?)?;
-        let ep = endpoint.clone();
-        tokio::spawn(async move {
-            while let Some(incoming) = ep.accept().await {
-                tokio::spawn(async move {
-                    let Ok(conn) = incoming.await else { return };
-                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                        tokio::spawn(async move {
-                            let Ok(data) = recv.read_to_end(64 * 1024).await else { return };
-                            let _ = send.write_all(format!("{name}:").as_bytes()).await;
-                            let _ = send.write_all(&data).await;
-                            let _ = send.finish();
-                        });
-                    }
-                });
-            }
-        });
-        Ok(Self { endpoint })
-    }
-
-    fn addr(&self) -> anyhow::Result<SocketAddr> {
-        Ok(self.endpoint.local_addr()?)
-    }
-}
-
-/// A client TLS config trusting `ca`, with `provider`'s key exchange groups.
-fn client_tls(ca: &Ca, provider: Arc<CryptoProvider>) -> anyhow::Result<rustls::ClientConfig> {
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(ca.roots())
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(tls)
-}
-
-/// A quinn client endpoint whose connections use `tls` and give up after `idle` of silence.
-fn client(tls: rustls::ClientConfig, idle: Duration) -> anyhow::Result<quinn::Endpoint> {
-    let mut cfg = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
-    let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(Some(idle.try_into()?));
-    cfg.transport_config(Arc::new(transport));
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
-    ep.set_default_client_config(cfg);
-    Ok(ep)
-}
-
-/// One bidirectional stream on `conn`: send `msg`, return the whole answer.
-async fn echo(conn: &quinn::Connection, msg: &str) -> anyhow::Result<String> {
-    let (mut send, mut recv) = conn.open_bi().await?;
-    send.write_all(msg.as_bytes()).await?;
-    send.finish()?;
-    let answer = tokio::time::timeout(WAIT, recv.read_to_end(64 * 1024)).await??;
-    Ok(String::from_utf8(answer)?)
-}
-
-async fn connect(ep: &quinn::Endpoint, to: SocketAddr, name: &str) -> anyhow::Result<quinn::Connection> {
-    Ok(tokio::time::timeout(WAIT, ep.connect(to, name)?).await??)
-}
 
 struct World {
     dir: TempDir,
@@ -294,58 +220,6 @@ async fn a_flow_survives_a_reload_that_adds_a_route() -> anyhow::Result<()> {
     assert_eq!(metric_value(&m, "seedgate_udp_flows_total", &[("route", "shoot-a"), ("result", "ok")]), Some(1.0));
     assert!(metric_value(&m, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0) >= 1.0);
     Ok(())
-}
-
-/// A stand-in NAT between a QUIC client and the router: client datagrams leave from its outer
-/// socket, answers come back to the client. `rebind` gives it a new outer socket on another
-/// address, as a NAT that lost its mapping (or a node whose address changed) does; the client
-/// cannot tell.
-struct Nat {
-    addr: SocketAddr,
-    rebind: tokio::sync::mpsc::Sender<std::net::IpAddr>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Nat {
-    async fn start(to: SocketAddr) -> anyhow::Result<Self> {
-        let inner = UdpSocket::bind("127.0.0.1:0").await?;
-        let addr = inner.local_addr()?;
-        let (rebind, mut rx) = tokio::sync::mpsc::channel::<std::net::IpAddr>(1);
-        let mut out = UdpSocket::bind("127.0.0.1:0").await?;
-        out.connect(to).await?;
-        let task = tokio::spawn(async move {
-            let (mut a, mut b) = (vec![0u8; 65_535], vec![0u8; 65_535]);
-            let mut client = None;
-            loop {
-                tokio::select! {
-                    r = inner.recv_from(&mut a) => {
-                        let Ok((n, from)) = r else { return };
-                        client = Some(from);
-                        let _ = out.send(&a[..n]).await;
-                    }
-                    r = out.recv(&mut b) => {
-                        let (Ok(n), Some(c)) = (r, client) else { continue };
-                        let _ = inner.send_to(&b[..n], c).await;
-                    }
-                    ip = rx.recv() => {
-                        let Some(ip) = ip else { return };
-                        let Ok(s) = UdpSocket::bind(SocketAddr::new(ip, 0)).await else { return };
-                        if s.connect(to).await.is_err() {
-                            return;
-                        }
-                        out = s;
-                    }
-                }
-            }
-        });
-        Ok(Self { addr, rebind, task })
-    }
-}
-
-impl Drop for Nat {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// A flow follows its client to a new address: after the NAT in front of the client rebinds,
