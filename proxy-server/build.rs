@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         // DATA's payload as `Bytes`: decoded without a copy into a `Vec` of its own.
         .bytes(".Data.data")
+        // prost's codec with small first buffers (an idle Proxy stream holds them).
+        .codec_path("crate::grpc::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

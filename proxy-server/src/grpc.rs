@@ -55,6 +55,31 @@ const FIRST_READ: usize = 2 * 1024;
 /// `DATA` packets read from the tunnel stream and not yet taken by HTTP/2.
 const OUT_QUEUE: usize = 2;
 
+/// First size of a `Proxy` stream's encode and decode buffers: tonic's default (8 KiB each) is
+/// most of what an idle stream holds; they grow for larger packets.
+const CODEC_BUFFER: usize = 1024;
+/// Encoded bytes a stream gathers before handing them to HTTP/2 (tonic's default).
+const CODEC_YIELD: usize = 32 * 1024;
+
+/// prost's codec for `Packet`s with [`CODEC_BUFFER`]-sized first buffers.
+#[derive(Debug, Default)]
+pub struct Codec;
+
+impl tonic::codec::Codec for Codec {
+    type Encode = Packet;
+    type Decode = Packet;
+    type Encoder = tonic_prost::ProstEncoder<Packet>;
+    type Decoder = tonic_prost::ProstDecoder<Packet>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(tonic::codec::BufferSettings::new(CODEC_BUFFER, CODEC_YIELD))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::new(CODEC_BUFFER, CODEC_YIELD))
+    }
+}
+
 /// Connect ids of this process (positive, unique per process as konnectivity's are per server).
 static CONNECT_IDS: AtomicI64 = AtomicI64::new(1);
 
