@@ -148,7 +148,8 @@ pub struct Limits {
     /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
     /// in flight), for clusters without their own `clusters.<name>.limits`. A cluster may hold up
     /// to half of the process limit while at most half of it is in use; the share tightens
-    /// linearly to this fraction as it fills.
+    /// linearly to this fraction as it fills. The default share applies only while another
+    /// cluster has an agent connected: a cluster alone on its proxy-server may use it all.
     #[serde(default = "tenant_share_default")]
     pub tenant_share: f64,
 }

@@ -186,7 +186,11 @@ impl Registry {
 
     /// Take a place in `cluster`'s share of `kind`, or say why not.
     pub fn take_share(&self, cluster: &str, kind: Kind) -> Result<Hold, DialRefused> {
-        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, kind);
+        let mut cap = self.share_cfg.read().expect("not poisoned").cap(cluster, kind);
+        if matches!(cap, Cap::Share { .. }) && !self.others_served(cluster) {
+            // Nobody else could use what the share would keep free: only the process limit applies.
+            cap = Cap::Fixed(usize::MAX);
+        }
         let tenant = self.shares.tenant(&[cluster]);
         let in_use = self.shares.total(kind);
         tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
@@ -194,6 +198,14 @@ impl Registry {
             what: if kind == Kind::Established { "streams" } else { "pending dials" },
             cap: cap.at(in_use),
         })
+    }
+
+    /// Whether a cluster other than `cluster` has an agent session. Only such a cluster can
+    /// want the streams and dials a default share keeps free (without a session it can carry
+    /// none), so a cluster alone on its proxy-server — the usual deployment, one per control
+    /// plane — may use the whole process.
+    fn others_served(&self, cluster: &str) -> bool {
+        self.clusters.read().expect("not poisoned").iter().any(|(c, e)| c != cluster && !e.sessions.is_empty())
     }
 
     pub fn mode(&self, cluster: &str) -> Mode {

@@ -324,3 +324,25 @@ async fn stalled_clients_of_one_cluster_make_room_among_themselves() -> anyhow::
     drop(stalled);
     Ok(())
 }
+
+/// A cluster alone on its proxy-server (no other cluster has an agent) is held by the process
+/// limits only: nobody else could use what a share would keep free. 30 streams, more than the
+/// half a share would allow (20) and fewer than the process limit (40), all go through.
+#[tokio::test]
+async fn a_cluster_alone_on_its_proxy_server_may_use_the_whole_process() -> anyhow::Result<()> {
+    const STREAMS: usize = HALF + 10;
+    let seed = Seed::start(&["shoot-a"]).await?;
+    let fe_a = seed.server.listener("fe-a")?;
+    let echo = TcpEcho::start().await?;
+    let mut held = Vec::new();
+    for _ in 0..STREAMS {
+        held.push(connect_echo(fe_a, echo.addr()).await?.context("a stream of the lone cluster")?);
+    }
+    let m = seed.server.metrics();
+    assert_eq!(value(&m, "seedgate_cluster_streams", &[("cluster", "shoot-a")]), STREAMS, "{m}");
+    assert_eq!(metric_sum(&m, "seedgate_cluster_limit_rejects_total", &[]), 0.0, "{m}");
+    for s in &mut held {
+        still_flowing(s).await?;
+    }
+    Ok(())
+}
