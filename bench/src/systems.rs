@@ -459,8 +459,7 @@ pub async fn seedgate_tunnel_with(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{server_top_yaml}\
              agents:\n  listen: 127.0.0.1:0\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
              frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n\
-             \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n    protocol: grpc\n\
-             clusters:\n  shoot-a: {{ limits: {{ max_streams: 19000 }} }}\n",
+             \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n    protocol: grpc\n",
             if quic { "  quic: { listen: 127.0.0.1:0 }\n" } else { "" },
             sc.display(),
             sk.display(),
@@ -495,8 +494,6 @@ pub async fn seedgate_tunnel_with(
     r.push_seedgate(sp);
     r.push_seedgate(ap);
     r.set_addr("frontend", frontend);
-    // The one cluster is the only tenant: its share is the whole process (`clusters:` above), so
-    // the 10,000-stream runs are not refused at the default share.
     // konnectivity's gRPC front end (cleartext HTTP/2 on TCP, so its cost beside CONNECT's is
     // the framing alone).
     r.set_addr("grpc", sa.listener("grpc")?);
