@@ -5,8 +5,10 @@ use rustls::AlertDescription;
 use std::fmt::Write as _;
 use std::time::Duration;
 use testbed::admin::{http_get, metric_sum};
+use testbed::konnectivity::Client;
 use testbed::pki::{self, Ca};
 use testbed::tls_client::{TlsFailure, http_get_request, tls_request};
+use testbed::tunnel_kit::Dialer;
 use testbed::{Proc, TempDir, TlsHttpBackend, ensure_built, poll_until};
 
 /// The binaries the demo runs.
@@ -287,6 +289,8 @@ struct SeedServer {
     yaml: String,
     agents: std::net::SocketAddr,
     egress: std::net::SocketAddr,
+    /// The front end kube-apiserver's `proxyProtocol: GRPC` reaches (konnectivity's protocol).
+    grpc: std::net::SocketAddr,
     admin: std::net::SocketAddr,
 }
 
@@ -310,15 +314,22 @@ async fn start_proxy_server(
     let ca_path = ca.write(dir.path(), "ca")?;
     let token = dir.write("admin-token", ADMIN_TOKEN)?;
     let yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n{agents_extra}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n",
+        "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n{agents_extra}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n\
+         \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n    protocol: grpc\n",
         token.display(),
         srv_crt.display(),
         srv_key.display(),
         ca_path.display()
     );
     let (proc, s) = Proc::start_seedgate(&bins[2], &dir.write(&format!("{stem}.yaml"), &yaml)?, &[]).await?;
-    let seed =
-        SeedServer { agents: s.listener("agents")?, egress: s.listener("egress")?, admin: s.admin()?, proc, yaml };
+    let seed = SeedServer {
+        agents: s.listener("agents")?,
+        egress: s.listener("egress")?,
+        grpc: s.listener("grpc")?,
+        admin: s.admin()?,
+        proc,
+        yaml,
+    };
     Ok((seed, s))
 }
 
@@ -358,7 +369,7 @@ async fn tunnel(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let kubelet = TlsHttpBackend::start("kubelet", &ca.server(&["10.250.0.5", "kubelet.shoot-a"])?, None).await?;
     let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
-    let SeedServer { proc: server, yaml: server_yaml, agents, egress, admin: s_admin } = seed;
+    let SeedServer { proc: server, yaml: server_yaml, agents, egress, grpc, admin: s_admin } = seed;
     let agent_yaml = agent_tunnel_yaml(dir, ca, CLUSTER, "agent-shoot-a", via.tunnel, PROXY_NAME, "")?;
     let (agent, _) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
     let agent_pid = agent.pid();
@@ -475,6 +486,31 @@ async fn tunnel(
         Err(_) => r.check(false, "GET", "no answer within 10s"),
     }
 
+    r.heading(&format!(
+        "P4 gRPC: a konnectivity Proxy dial to {} through proxy-server {grpc} (kube-apiserver's proxyProtocol: GRPC)",
+        node_exporter.addr()
+    ));
+    let target = node_exporter.addr();
+    let dialled = async {
+        let client = Client::connect(Dialer::Tcp(grpc)).await?;
+        let mut conn = match client.dial(&target.to_string()).await? {
+            Ok(conn) => conn,
+            Err(e) => anyhow::bail!("DIAL_RSP error: {e}"),
+        };
+        conn.send(format!("GET /metrics HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")).await?;
+        anyhow::Ok(conn.read_to_close().await?)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), dialled).await {
+        Ok(Ok(got)) => {
+            let text = String::from_utf8_lossy(&got.data);
+            let status = text.lines().next().unwrap_or("").to_owned();
+            r.check(status.contains(" 200 "), "DIAL_RSP, then the response in DATA packets", &status);
+            r.check(got.closed, "the shoot side closed: CLOSE_RSP", &format!("{} bytes before it", got.data.len()));
+        }
+        Ok(Err(e)) => r.check(false, "gRPC dial", &format!("{e:#}")),
+        Err(_) => r.check(false, "gRPC dial", "no answer within 10s"),
+    }
+
     r.heading("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)");
     let refused = async {
         let mut s = tokio::net::TcpStream::connect(egress).await?;
@@ -504,7 +540,7 @@ async fn tunnel(
             println!("       {l}");
         }
         let opened = metric_sum(&text, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]);
-        r.check(opened >= 2.0, "streams opened through the tunnel", &format!("{opened}"));
+        r.check(opened >= 3.0, "streams opened through the tunnel", &format!("{opened}"));
     }
     Ok(TunnelWorld { server_yaml, agents, egress, admin: s_admin, kubelet })
 }
