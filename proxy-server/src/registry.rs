@@ -184,20 +184,27 @@ impl Registry {
         TenantShare { name: Arc::from(cluster), cap }
     }
 
-    /// Take a place in `cluster`'s share of `kind`, or say why not.
-    pub fn take_share(&self, cluster: &str, kind: Kind) -> Result<Hold, DialRefused> {
-        let mut cap = self.share_cfg.read().expect("not poisoned").cap(cluster, kind);
-        if matches!(cap, Cap::Share { .. }) && !self.others_served(cluster) {
-            // Nobody else could use what the share would keep free: only the process limit applies.
-            cap = Cap::Fixed(usize::MAX);
-        }
+    /// Take a place in `cluster`'s share of streams and of pending dials (in that order), or say
+    /// why not. The config, the tenant and the other clusters are looked at once for both.
+    fn take_shares(&self, cluster: &str) -> Result<(Hold, Hold), DialRefused> {
+        let caps = {
+            let cfg = self.share_cfg.read().expect("not poisoned");
+            [cfg.cap(cluster, Kind::Established), cfg.cap(cluster, Kind::Pending)]
+        };
+        // Nobody else could use what a default share would keep free: only the process limit applies.
+        let alone = caps.iter().any(|c| matches!(c, Cap::Share { .. })) && !self.others_served(cluster);
         let tenant = self.shares.tenant(&[cluster]);
-        let in_use = self.shares.total(kind);
-        tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
-            cluster: cluster.to_owned(),
-            what: if kind == Kind::Established { "streams" } else { "pending dials" },
-            cap: cap.at(in_use),
-        })
+        let take = |kind: Kind, cap: Cap| {
+            let cap = if alone && matches!(cap, Cap::Share { .. }) { Cap::Fixed(usize::MAX) } else { cap };
+            let in_use = self.shares.total(kind);
+            tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
+                cluster: cluster.to_owned(),
+                what: if kind == Kind::Established { "streams" } else { "pending dials" },
+                cap: cap.at(in_use),
+            })
+        };
+        let streams = take(Kind::Established, caps[0])?;
+        Ok((streams, take(Kind::Pending, caps[1])?))
     }
 
     /// Whether a cluster other than `cluster` has an agent session. Only such a cluster can
@@ -396,8 +403,7 @@ impl Registry {
             return Err(DialError::Moved(msg).into());
         }
         let strategies = mode.strategies.as_deref().unwrap_or(strategies);
-        let share = self.take_share(cluster, Kind::Established)?;
-        let pending = self.take_share(cluster, Kind::Pending)?;
+        let (share, pending) = self.take_shares(cluster)?;
         let chosen = self.dial_agent(cluster, target, timeout, strategies).await;
         drop(pending);
         let (stream, strategy, node) = chosen?;
