@@ -150,7 +150,7 @@ impl Admitted {
         opener: Arc<dyn Opener>,
         hello: Arc<std::sync::Mutex<Option<proxy_core::tunnel::AgentHello>>>,
         session_stop: &CancellationToken,
-        registered: &std::sync::Mutex<Option<Arc<crate::registry::Session>>>,
+        registered: &std::sync::Mutex<Option<Arc<crate::session::Session>>>,
     ) {
         let (m, peer, cluster) = (&shared.metrics, self.peer, &self.cluster);
         if self.refuse {
@@ -189,7 +189,7 @@ impl Admitted {
     fn unregister(
         &self,
         shared: &Shared,
-        registered: &std::sync::Mutex<Option<Arc<crate::registry::Session>>>,
+        registered: &std::sync::Mutex<Option<Arc<crate::session::Session>>>,
         result: Result<(), String>,
     ) {
         let (peer, cluster) = (self.peer, &self.cluster);

@@ -1,4 +1,9 @@
 //! Front ends: HTTP CONNECT (kube-apiserver egress, Prometheus https targets) and absolute-form forward proxying (Prometheus http targets).
+//!
+//! konnectivity's gRPC protocol is one of them too ([`grpc`]): it shares this module's
+//! handshake, dial and accounting, and only its framing differs.
+
+mod grpc;
 
 use crate::Shared;
 use crate::registry::{DialRefused, Dialed};
@@ -244,7 +249,7 @@ async fn prepare(
 /// Serve a connection by its front end's protocol: gRPC to its end, CONNECT up to the relay.
 async fn by_protocol(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Option<Ready> {
     if fe.grpc {
-        crate::grpc::serve(shared, fe, conn).await;
+        grpc::serve(shared, fe, conn).await;
         return None;
     }
     serve(shared, fe, conn).await

@@ -8,11 +8,11 @@ mod agents;
 mod cluster_files;
 mod control;
 mod frontend;
-mod grpc;
 mod listeners;
 mod metrics;
 mod registry;
 mod replica;
+mod session;
 mod strategy;
 mod unix_socket;
 

@@ -1,6 +1,7 @@
 //! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
 
 use crate::metrics::ServerMetrics;
+use crate::session::Session;
 use crate::strategy::{self, NodeIndex};
 use proxy_core::pending::TenantShare;
 use proxy_core::share::{Cap, Hold, Kind, Naming, Shares};
@@ -15,17 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 /// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
 const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
-
-/// One connected agent.
-pub struct Session {
-    pub id: u64,
-    pub cluster: String,
-    pub peer: String,
-    pub opener: Arc<dyn Opener>,
-    pub hello: Arc<Mutex<Option<AgentHello>>>,
-    /// Cancel to end the session (GOAWAY and close).
-    pub stop: CancellationToken,
-}
 
 /// A cluster's mode as the data plane applies it.
 #[derive(Clone, Debug, PartialEq)]

@@ -64,7 +64,7 @@ impl Replica {
     }
 
     /// Tell a session just registered who we are.
-    pub fn announce_to(&self, shared: &Shared, s: &crate::registry::Session) {
+    pub fn announce_to(&self, shared: &Shared, s: &crate::session::Session) {
         let info = self.info.lock().expect("not poisoned");
         send(shared, s, &info);
     }
@@ -137,7 +137,7 @@ impl Replica {
     }
 }
 
-fn send(shared: &Shared, s: &crate::registry::Session, info: &ServerInfo) {
+fn send(shared: &Shared, s: &crate::session::Session, info: &ServerInfo) {
     match s.opener.control(&ControlMsg::Server(info.clone())) {
         Ok(()) => shared.metrics.announcements.inc(),
         Err(e) => tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot announce this replica"),

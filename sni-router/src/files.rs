@@ -1,7 +1,8 @@
 //! Routes from the files of `routes_dir` (one per shoot): each changed file is validated on its own, cross-checked against the rest, and rebuilds only the listeners it touches.
 
 use crate::Shared;
-use crate::listeners::{Extra, Listeners};
+use crate::listener::Extra;
+use crate::listeners::Listeners;
 use crate::table::FileChange;
 use proxy_core::dirwatch::{FileMetrics, Update};
 use seedgate_config::ConfigError;

@@ -6,6 +6,7 @@
 
 mod conn;
 mod files;
+mod listener;
 mod listeners;
 mod migration;
 mod table;

@@ -1,72 +1,18 @@
 //! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
 
-use crate::table::{FastMap, FileChange, Route, RouteMeters, Table, fast_map, new_route};
-use crate::{Metrics, Shared};
-use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, UNLIMITED, WhileFree, accept_error_label, accept_loop};
+use crate::Shared;
+use crate::listener::{Extra, ListenerRt, build_table, route_meters};
+use crate::table::{FastMap, FileChange, Route, Table, fast_map, new_route};
+use proxy_core::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::admin::Check;
 use proxy_core::app::{StartError, listen_tcp};
-use proxy_core::guard::Active;
 use proxy_core::net::resolve_one;
-use proxy_core::prometheus::IntGauge;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, UdpSocket};
-use tokio_util::sync::CancellationToken;
-
-/// A running listener: its routing table (swapped by reloads), limits and accept-loop switch.
-pub(crate) struct ListenerRt {
-    pub(crate) name: Arc<str>,
-    pub(crate) table: ArcSwap<Table>,
-    addr: SocketAddr,
-    cfg_listen: seedgate_config::HostPort,
-    protocol: ListenerProtocol,
-    /// Established (routed) connections: the listener's own cap and the process-wide one.
-    pub(crate) limit: ConnLimit,
-    pub(crate) stop: CancellationToken,
-    active: IntGauge,
-}
-
-impl ListenerRt {
-    /// Counts the connection in `seedgate_connections_active` while it lives.
-    pub(crate) fn active_guard(&self) -> Active<IntGauge> {
-        Active::new(self.active.clone())
-    }
-}
-
-fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
-    RouteMeters {
-        ok: m.conn.connections.with_label_values(&[listener, route, "ok"]),
-        to_upstream: m.conn.bytes.with_label_values(&[listener, route, "to_upstream"]),
-        to_client: m.conn.bytes.with_label_values(&[listener, route, "to_client"]),
-    }
-}
-
-/// Route-file routes of each listener, by listener name.
-pub(crate) type Extra<'a> = HashMap<&'a str, Vec<&'a Arc<RouteCfg>>>;
-
-fn build_table(
-    m: &Metrics,
-    kill: &CancellationToken,
-    cfg: &ListenerCfg,
-    extra: &[&Arc<RouteCfg>],
-    old: Option<&Table>,
-) -> Table {
-    let mut old_routes: FastMap<&str, &Arc<Route>> = fast_map(old.map_or(0, |t| t.routes.len()));
-    old_routes.extend(old.iter().flat_map(|t| t.routes.iter().map(|r| (&*r.name, r))));
-    Table::build(
-        cfg,
-        extra,
-        // An unchanged file route is the same allocation: no config comparison needed.
-        |rc: &Arc<RouteCfg>| {
-            old_routes.get(rc.name.as_str()).filter(|r| Arc::ptr_eq(&r.cfg, rc) || r.cfg == *rc).map(|r| (*r).clone())
-        },
-        |rc: &Arc<RouteCfg>| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
-    )
-}
 
 /// Retire the routes of `old` that `new` does not carry over, so their live connections
 /// drain by the deadline the new config gives the route (or the old one, if it was removed).
@@ -110,37 +56,11 @@ async fn bind_listener(l: &ListenerCfg, cfg: &RouterConfig) -> Result<(Sock, Soc
     }
 }
 
-/// Whether the running listener `rt` can take config `l` without a new socket.
-fn same_socket(rt: &ListenerRt, l: &ListenerCfg) -> bool {
-    rt.cfg_listen == l.listen && rt.protocol == l.protocol
-}
-
 /// Every listener of the router, and the sockets bound but not yet serving.
 #[derive(Default)]
 pub(crate) struct Listeners {
     running: Mutex<BTreeMap<String, Arc<ListenerRt>>>,
     pending: Mutex<Vec<(Arc<ListenerRt>, Sock)>>,
-}
-
-fn new_listener_rt(
-    shared: &Shared,
-    l: &ListenerCfg,
-    extra: &Extra<'_>,
-    addr: SocketAddr,
-    old: Option<&Table>,
-) -> Arc<ListenerRt> {
-    let extra = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
-    let table = build_table(&shared.metrics, &shared.shutdown.kill, l, extra, old);
-    Arc::new(ListenerRt {
-        name: Arc::from(l.name.as_str()),
-        table: ArcSwap::from_pointee(table),
-        addr,
-        cfg_listen: l.listen.clone(),
-        protocol: l.protocol,
-        limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
-        stop: shared.shutdown.stop.child_token(),
-        active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
-    })
 }
 
 impl Listeners {
@@ -149,7 +69,7 @@ impl Listeners {
         let this = Self::default();
         for l in &cfg.listeners {
             let (sock, addr) = bind_listener(l, cfg).await?;
-            let rt = new_listener_rt(shared, l, extra, addr, None);
+            let rt = ListenerRt::new(shared, l, extra, addr, None);
             this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
             this.pending.lock().expect("not poisoned").push((rt, sock));
         }
@@ -197,7 +117,7 @@ impl Listeners {
         // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
         let moved: Vec<&ListenerCfg> = {
             let running = self.running.lock().expect("not poisoned");
-            new.listeners.iter().filter(|l| running.get(l.name.as_str()).is_none_or(|rt| !same_socket(rt, l))).collect()
+            new.listeners.iter().filter(|l| running.get(l.name.as_str()).is_none_or(|rt| !rt.same_socket(l))).collect()
         };
         let mut fresh = Vec::new();
         for l in moved {
@@ -209,7 +129,7 @@ impl Listeners {
         let mut running = self.running.lock().expect("not poisoned");
         let mut next: BTreeMap<String, Arc<ListenerRt>> = BTreeMap::new();
         for l in &new.listeners {
-            if let Some(rt) = running.get(l.name.as_str()).filter(|rt| same_socket(rt, l)) {
+            if let Some(rt) = running.get(l.name.as_str()).filter(|rt| rt.same_socket(l)) {
                 let old_table = rt.table.load_full();
                 let ex = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
                 let table = build_table(&shared.metrics, &shared.shutdown.kill, l, ex, Some(&old_table));
@@ -221,7 +141,7 @@ impl Listeners {
         }
         for (l, sock, addr) in fresh {
             let old_table = running.get(l.name.as_str()).map(|rt| rt.table.load_full());
-            let rt = new_listener_rt(shared, l, extra, addr, old_table.as_deref());
+            let rt = ListenerRt::new(shared, l, extra, addr, old_table.as_deref());
             if let Some(t) = &old_table {
                 retire_replaced(t, Some(&rt.table.load()));
             }
@@ -305,10 +225,4 @@ fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: Sock) {
         // it is held by each open connection.
         move |stream, peer, ()| crate::conn::serve(shared.clone(), rt.clone(), stream, peer),
     ));
-}
-
-#[cfg(test)]
-pub(crate) fn test_listener(shared: &Arc<Shared>) -> Arc<ListenerRt> {
-    let cfg = shared.config.load_full();
-    new_listener_rt(shared, &cfg.listeners[0], &Extra::new(), "127.0.0.1:1".parse().expect("addr"), None)
 }

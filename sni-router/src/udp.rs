@@ -18,7 +18,7 @@
 //! table: reading an Initial (key derivation, AES-GCM) happens outside it.
 
 use crate::Shared;
-use crate::listeners::ListenerRt;
+use crate::listener::ListenerRt;
 use crate::migration::{Candidates, Verdict};
 use crate::table::Route;
 use crate::upstream::{UpstreamGuard, attempt_order};
@@ -756,7 +756,7 @@ mod tests {
         let shared = Arc::new(crate::test_shared_with(
             "limits: { udp_flows: 5 }\nlisteners:\n  - name: q\n    listen: 127.0.0.1:0\n    protocol: udp\n",
         ));
-        let rt = crate::listeners::test_listener(&shared);
+        let rt = crate::listener::test_listener(&shared);
         let sock = bind_udp("127.0.0.1:0".parse().expect("addr"), 64 * 1024, "test").expect("bind");
         let l = Arc::new(UdpListener {
             rt,

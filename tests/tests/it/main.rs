@@ -15,6 +15,7 @@ mod grpc;
 mod ha;
 mod lifecycle;
 mod migration;
+mod module_graph;
 mod p2_agent;
 mod p2_connect;
 mod p2_proxy_protocol;

@@ -12,8 +12,8 @@
 //! only while the client's stream has room (a queue of [`OUT_QUEUE`] packets between them), so a
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
+use super::{Ctx, FrontendRt, Handshaken, Pre};
 use crate::Shared;
-use crate::frontend::{Ctx, FrontendRt, Handshaken, Pre};
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxy_core::accept::ConnPermit;
@@ -259,7 +259,7 @@ async fn dial(
         return refuse(shared, ctx, 503, "connection_limit").then_none();
     };
     let dialed = tokio::select! {
-        r = crate::frontend::dial(shared, &ctx.cluster, &target) => r,
+        r = super::dial(shared, &ctx.cluster, &target) => r,
         _ = cancelled(inbound) => {
             // The client gave up on the dial: nothing is answered.
             m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, "499"]).inc();

@@ -1,0 +1,101 @@
+//! One running listener: its routing table (built from its config and file routes), its limits and its accept-loop switch; what the accept loops, connection tasks and reloads share.
+
+use crate::Metrics;
+use crate::Shared;
+use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
+use arc_swap::ArcSwap;
+use proxy_core::accept::ConnLimit;
+use proxy_core::guard::Active;
+use proxy_core::prometheus::IntGauge;
+use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// A running listener: its routing table (swapped by reloads), limits and accept-loop switch.
+pub(crate) struct ListenerRt {
+    pub(crate) name: Arc<str>,
+    pub(crate) table: ArcSwap<Table>,
+    pub(crate) addr: SocketAddr,
+    cfg_listen: seedgate_config::HostPort,
+    protocol: ListenerProtocol,
+    /// Established (routed) connections: the listener's own cap and the process-wide one.
+    pub(crate) limit: ConnLimit,
+    pub(crate) stop: CancellationToken,
+    active: IntGauge,
+}
+
+/// Route-file routes of each listener, by listener name.
+pub(crate) type Extra<'a> = HashMap<&'a str, Vec<&'a Arc<RouteCfg>>>;
+
+impl ListenerRt {
+    /// Listener `l` bound at `addr`, its table built from `l`, its file routes in `extra` and
+    /// (routes carried over) the `old` table.
+    pub(crate) fn new(
+        shared: &Shared,
+        l: &ListenerCfg,
+        extra: &Extra<'_>,
+        addr: SocketAddr,
+        old: Option<&Table>,
+    ) -> Arc<Self> {
+        let extra = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+        let table = build_table(&shared.metrics, &shared.shutdown.kill, l, extra, old);
+        Arc::new(Self {
+            name: Arc::from(l.name.as_str()),
+            table: ArcSwap::from_pointee(table),
+            addr,
+            cfg_listen: l.listen.clone(),
+            protocol: l.protocol,
+            limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
+            stop: shared.shutdown.stop.child_token(),
+            active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
+        })
+    }
+
+    /// Counts the connection in `seedgate_connections_active` while it lives.
+    pub(crate) fn active_guard(&self) -> Active<IntGauge> {
+        Active::new(self.active.clone())
+    }
+
+    /// Whether this listener can take config `l` without a new socket.
+    pub(crate) fn same_socket(&self, l: &ListenerCfg) -> bool {
+        self.cfg_listen == l.listen && self.protocol == l.protocol
+    }
+}
+
+pub(crate) fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
+    RouteMeters {
+        ok: m.conn.connections.with_label_values(&[listener, route, "ok"]),
+        to_upstream: m.conn.bytes.with_label_values(&[listener, route, "to_upstream"]),
+        to_client: m.conn.bytes.with_label_values(&[listener, route, "to_client"]),
+    }
+}
+
+/// Listener `cfg`'s table with its file routes `extra`; routes unchanged since `old` are
+/// carried over (with their live connections).
+pub(crate) fn build_table(
+    m: &Metrics,
+    kill: &CancellationToken,
+    cfg: &ListenerCfg,
+    extra: &[&Arc<RouteCfg>],
+    old: Option<&Table>,
+) -> Table {
+    let mut old_routes: FastMap<&str, &Arc<Route>> = fast_map(old.map_or(0, |t| t.routes.len()));
+    old_routes.extend(old.iter().flat_map(|t| t.routes.iter().map(|r| (&*r.name, r))));
+    Table::build(
+        cfg,
+        extra,
+        // An unchanged file route is the same allocation: no config comparison needed.
+        |rc: &Arc<RouteCfg>| {
+            old_routes.get(rc.name.as_str()).filter(|r| Arc::ptr_eq(&r.cfg, rc) || r.cfg == *rc).map(|r| (*r).clone())
+        },
+        |rc: &Arc<RouteCfg>| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
+    )
+}
+
+#[cfg(test)]
+pub(crate) fn test_listener(shared: &Arc<Shared>) -> Arc<ListenerRt> {
+    let cfg = shared.config.load_full();
+    ListenerRt::new(shared, &cfg.listeners[0], &Extra::new(), "127.0.0.1:1".parse().expect("addr"), None)
+}
