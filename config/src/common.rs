@@ -72,12 +72,41 @@ impl Dur {
     }
 }
 
+/// A value written as a string (duration, address, CIDR, file mode) that does not parse. Its
+/// text is the config problem's message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid duration {text:?} ({reason}); write e.g. 5s, 250ms, 1h")]
+    Duration { text: String, reason: humantime::DurationError },
+    #[error("invalid address {0:?}: expected host:port (IPv6 as [addr]:port)")]
+    HostPort(String),
+    #[error("CIDR {text:?} has host bits set; did you mean {network}?")]
+    HostBits { text: String, network: ipnet::IpNet },
+    #[error("invalid CIDR {0:?}: expected e.g. 10.0.0.0/8 or 10.1.2.3")]
+    Cidr(String),
+    #[error("invalid {text:?}: {fault}; expected CIDR[:port], IPv6 as [cidr]:port")]
+    CidrPort { text: String, fault: CidrPortFault },
+    #[error("invalid file mode {0:?}: write octal permission bits as a string, e.g. \"0660\"")]
+    FileMode(String),
+}
+
+/// What is wrong in a `CIDR[:port]`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CidrPortFault {
+    #[error("missing ]")]
+    MissingBracket,
+    #[error("bad port")]
+    Port,
+    #[error(transparent)]
+    Cidr(Box<ValueError>),
+}
+
 impl FromStr for Dur {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         humantime::parse_duration(s.trim())
             .map(Dur)
-            .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 5s, 250ms, 1h"))
+            .map_err(|reason| ValueError::Duration { text: s.to_owned(), reason })
     }
 }
 
@@ -102,9 +131,9 @@ impl HostPort {
 }
 
 impl FromStr for HostPort {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("invalid address {s:?}: expected host:port (IPv6 as [addr]:port)");
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
+        let bad = || ValueError::HostPort(s.to_owned());
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
             h.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
@@ -160,18 +189,16 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 impl FromStr for IpCidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim();
         if let Ok(net) = s.parse::<ipnet::IpNet>() {
             if net.trunc() != net {
-                return Err(format!("CIDR {s:?} has host bits set; did you mean {}?", net.trunc()));
+                return Err(ValueError::HostBits { text: s.to_owned(), network: net.trunc() });
             }
             return Ok(Self(net));
         }
-        s.parse::<IpAddr>()
-            .map(|ip| Self(ipnet::IpNet::from(ip)))
-            .map_err(|_| format!("invalid CIDR {s:?}: expected e.g. 10.0.0.0/8 or 10.1.2.3"))
+        s.parse::<IpAddr>().map(|ip| Self(ipnet::IpNet::from(ip))).map_err(|_| ValueError::Cidr(s.to_owned()))
     }
 }
 
@@ -199,28 +226,29 @@ impl CidrPort {
 }
 
 impl FromStr for CidrPort {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim();
-        let bad = |why: String| format!("invalid {s:?}: {why}; expected CIDR[:port], IPv6 as [cidr]:port");
+        let bad = |fault| ValueError::CidrPort { text: s.to_owned(), fault };
+        let net = |n: &str| n.parse::<IpCidr>().map_err(|e| bad(CidrPortFault::Cidr(Box::new(e))));
         if let Some(rest) = s.strip_prefix('[') {
-            let (net, port) = rest.split_once(']').ok_or_else(|| bad("missing ]".into()))?;
+            let (n, port) = rest.split_once(']').ok_or_else(|| bad(CidrPortFault::MissingBracket))?;
             let port = match port {
                 "" => None,
                 p => Some(
-                    p.strip_prefix(':').and_then(|p| p.parse::<u16>().ok()).ok_or_else(|| bad("bad port".into()))?,
+                    p.strip_prefix(':').and_then(|p| p.parse::<u16>().ok()).ok_or_else(|| bad(CidrPortFault::Port))?,
                 ),
             };
-            return Ok(Self { net: net.parse().map_err(bad)?, port });
+            return Ok(Self { net: net(n)?, port });
         }
         // IPv4 (or a bare IPv6 without port): a colon after the address part is the port.
         if s.contains('.')
-            && let Some((net, port)) = s.rsplit_once(':')
+            && let Some((n, port)) = s.rsplit_once(':')
         {
-            let port = port.parse::<u16>().map_err(|_| bad("bad port".into()))?;
-            return Ok(Self { net: net.parse().map_err(bad)?, port: Some(port) });
+            let port = port.parse::<u16>().map_err(|_| bad(CidrPortFault::Port))?;
+            return Ok(Self { net: net(n)?, port: Some(port) });
         }
-        Ok(Self { net: s.parse().map_err(bad)?, port: None })
+        Ok(Self { net: net(s)?, port: None })
     }
 }
 
@@ -242,12 +270,12 @@ impl fmt::Display for CidrPort {
 pub struct FileMode(pub u32);
 
 impl FromStr for FileMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let digits = s.trim().strip_prefix("0o").unwrap_or(s.trim());
         match u32::from_str_radix(digits, 8) {
             Ok(m) if !digits.is_empty() && m <= 0o777 => Ok(Self(m)),
-            _ => Err(format!("invalid file mode {s:?}: write octal permission bits as a string, e.g. \"0660\"")),
+            _ => Err(ValueError::FileMode(s.to_owned())),
         }
     }
 }
@@ -267,8 +295,8 @@ macro_rules! string_serde {
                     return s.parse().map_err(de::Error::custom);
                 }
                 let s = serde_saphyr::Spanned::<String>::deserialize(d)?;
-                s.value.parse().or_else(|e: String| {
-                    crate::yaml::record(s.referenced.line(), s.referenced.column(), e);
+                s.value.parse().or_else(|e: ValueError| {
+                    crate::yaml::record(s.referenced.line(), s.referenced.column(), e.to_string());
                     Ok($placeholder)
                 })
             }

@@ -120,7 +120,7 @@ impl Service for Agent {
     /// New connections and streams take the new config; live ones keep going.
     async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), String> {
         if let (Some(t), Some(cfg)) = (&self.shared.tunnel, &new.tunnel) {
-            t.reconfigure(cfg.value.clone())?;
+            t.reconfigure(cfg.value.clone()).map_err(|e| e.to_string())?;
         }
         let gateway_changed = gateway_of(&self.shared.config.load()) != gateway_of(&new);
         self.shared.config.store(new);

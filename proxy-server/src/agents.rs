@@ -2,7 +2,7 @@
 
 use crate::Shared;
 use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, SeedConnection, TunnelSettings, run_seed_session};
+use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, SeedConnection, SessionError, TunnelSettings, run_seed_session};
 use seedgate_config::server::valid_cluster_name;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -104,7 +104,7 @@ pub async fn serve_agent<C: SeedConnection>(shared: Arc<Shared>, conn: C, peer: 
         admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
     })
     .await;
-    admit.unregister(&shared, &registered, result.map_err(|e| e.to_string()));
+    admit.unregister(&shared, &registered, result);
 }
 
 /// An agent whose certificate names a cluster this seed may serve (not fenced).
@@ -190,7 +190,7 @@ impl Admitted {
         &self,
         shared: &Shared,
         registered: &std::sync::Mutex<Option<Arc<crate::session::Session>>>,
-        result: Result<(), String>,
+        result: Result<(), SessionError>,
     ) {
         let (peer, cluster) = (self.peer, &self.cluster);
         let sess = registered.lock().expect("not poisoned").take();
@@ -209,8 +209,8 @@ impl Admitted {
 pub fn quic_server_config(
     tls: Arc<rustls::ServerConfig>,
     cfg: &seedgate_config::ServerConfig,
-) -> Result<quinn::ServerConfig, String> {
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+) -> Result<quinn::ServerConfig, quinn::crypto::rustls::NoInitialCipherSuite> {
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     sc.transport_config(Arc::new(quic::transport_config(&settings(cfg))));
     Ok(sc)

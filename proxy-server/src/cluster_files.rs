@@ -6,6 +6,33 @@ use std::collections::{BTreeMap, HashMap};
 
 type States = BTreeMap<String, ClusterState>;
 
+/// A cluster a file defines that is defined elsewhere too (the file is refused).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Taken {
+    #[error("{file}: clusters.{cluster}: also defined in the main config")]
+    ByMain { file: String, cluster: String },
+    #[error("{file}: clusters.{cluster}: also defined in {other}")]
+    ByFile { file: String, cluster: String, other: String },
+}
+
+/// Why a cluster file was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error(transparent)]
+    Invalid(#[from] seedgate_config::ConfigError),
+    /// Every cluster of the file defined elsewhere too, one per line.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Taken(Vec<Taken>),
+}
+
+/// A main config that defines a cluster a file defines (the reload is refused).
+#[derive(Debug, thiserror::Error)]
+#[error("cluster {cluster:?} is defined in both the main config and {file}")]
+pub(crate) struct DefinedTwice {
+    cluster: String,
+    file: String,
+}
+
 /// The cluster files in force.
 #[derive(Default)]
 pub(crate) struct ClusterFiles {
@@ -27,10 +54,8 @@ impl ClusterFiles {
     }
 
     /// The first cluster that both `main` (the main config's `clusters`) and a file define.
-    pub(crate) fn conflict_with(&self, main: &States) -> Option<String> {
-        main.keys().find_map(|c| {
-            self.owner.get(c).map(|f| format!("cluster {c:?} is defined in both the main config and {f}"))
-        })
+    pub(crate) fn conflict_with(&self, main: &States) -> Option<DefinedTwice> {
+        main.keys().find_map(|c| self.owner.get(c).map(|f| DefinedTwice { cluster: c.clone(), file: f.clone() }))
     }
 
     pub(crate) fn show(&self) -> serde_json::Value {
@@ -50,12 +75,12 @@ impl ClusterFiles {
     pub(crate) fn absorb(&mut self, up: Update<States>, main: &States) -> bool {
         let mut changed = false;
         for (file, parsed) in up.loaded {
-            let states = match parsed.map_err(|e| e.to_string()).and_then(|s| self.fits(&file, s, main)) {
+            let states = match parsed.map_err(Refused::from).and_then(|s| self.fits(&file, s, main)) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!(%file, error = %e, "cluster file refused; its earlier states (if any) stay in force");
                     self.count("failure");
-                    self.refused.insert(file, e);
+                    self.refused.insert(file, e.to_string());
                     continue;
                 }
             };
@@ -83,16 +108,17 @@ impl ClusterFiles {
         changed
     }
 
-    fn fits(&self, file: &str, states: States, main: &States) -> Result<States, String> {
-        let mut problems = Vec::new();
+    fn fits(&self, file: &str, states: States, main: &States) -> Result<States, Refused> {
+        let mut taken = Vec::new();
         for c in states.keys() {
+            let (file, cluster) = (file.to_owned(), c.clone());
             if main.contains_key(c) {
-                problems.push(format!("{file}: clusters.{c}: also defined in the main config"));
-            } else if let Some(other) = self.owner.get(c).filter(|o| *o != file) {
-                problems.push(format!("{file}: clusters.{c}: also defined in {other}"));
+                taken.push(Taken::ByMain { file, cluster });
+            } else if let Some(other) = self.owner.get(c).filter(|o| *o != &file) {
+                taken.push(Taken::ByFile { file, cluster, other: other.clone() });
             }
         }
-        if problems.is_empty() { Ok(states) } else { Err(problems.join("\n")) }
+        if taken.is_empty() { Ok(states) } else { Err(Refused::Taken(taken)) }
     }
 
     fn drop_file(&mut self, file: &str) -> bool {
@@ -140,6 +166,6 @@ mod tests {
         assert_eq!(f.states().count(), 0);
         assert!(f.absorb(update(&[("b.yaml", "clusters:\n  a: { state: fenced }\n")], &[]), &main));
         let main2 = parse_cluster_file("clusters:\n  a: { state: active }\n", "main").unwrap();
-        assert!(f.conflict_with(&main2).is_some_and(|e| e.contains("b.yaml")));
+        assert!(f.conflict_with(&main2).is_some_and(|e| e.to_string().contains("b.yaml")));
     }
 }

@@ -226,9 +226,9 @@ impl Service for Server {
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
     async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), String> {
         if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
-            return Err(e);
+            return Err(e.to_string());
         }
-        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
+        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await.map_err(|e| e.to_string())?;
         self.shared.pending.set_limits(pending_limits(&new));
         self.shared.replica.reconfigure(&self.shared, &new);
         self.shared.config.store(new);

@@ -23,6 +23,19 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+/// Why a reload's sockets or TLS files could not be taken up (then nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApplyError {
+    #[error("not started yet")]
+    NotStarted,
+    /// A TLS file, or a new or moved socket.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// A kept Unix socket's new mode or group.
+    #[error("front end {frontend}: {error}")]
+    SocketAccess { frontend: String, error: unix_socket::SocketError },
+}
+
 /// TLS material reloaded from its files while the guard lives.
 struct Tls {
     material: Arc<Reloading<rustls::ServerConfig>>,
@@ -362,7 +375,7 @@ impl Listeners {
         shared: &Arc<Shared>,
         sessions_stop: &CancellationToken,
         new: &ServerConfig,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         // Phase 1: everything that can fail — TLS files read, new sockets bound.
         let (agents_now, frontends_now): (Option<(HostPort, ServerTls)>, BTreeMap<String, Frontend>) = {
             let a = self.agents.lock().expect("not poisoned");
@@ -372,15 +385,11 @@ impl Listeners {
                 f.iter().map(|(n, e)| (n.clone(), e.cfg.clone())).collect(),
             )
         };
-        let Some((agents_listen, agents_tls_cfg)) = agents_now else { return Err("not started yet".into()) };
-        let e = |e: StartError| e.to_string();
-        let agents_material = if new.agents.tls != agents_tls_cfg {
-            Some(agents_tls(&new.agents.tls, &self.metrics).map_err(e)?)
-        } else {
-            None
-        };
+        let Some((agents_listen, agents_tls_cfg)) = agents_now else { return Err(ApplyError::NotStarted) };
+        let agents_material =
+            if new.agents.tls != agents_tls_cfg { Some(agents_tls(&new.agents.tls, &self.metrics)?) } else { None };
         let agents_sock = if new.agents.listen != agents_listen {
-            Some(listen_tcp("agents listener", &new.agents.listen).await.map_err(e)?)
+            Some(listen_tcp("agents listener", &new.agents.listen).await?)
         } else {
             None
         };
@@ -395,7 +404,7 @@ impl Listeners {
                         self.agents.lock().expect("not poisoned").as_ref().expect("checked").tls.load().material.clone()
                     }
                 };
-                let (endpoint, addr) = listen_quic(&q.listen, &material, new).await.map_err(e)?;
+                let (endpoint, addr) = listen_quic(&q.listen, &material, new).await?;
                 Some((endpoint, q.listen.clone(), addr.to_string()))
             }
             _ => None,
@@ -406,7 +415,7 @@ impl Listeners {
             if old == Some(f) {
                 continue;
             }
-            let tls = frontend_files(f, &self.metrics).map_err(e)?;
+            let tls = frontend_files(f, &self.metrics)?;
             let sock = match old {
                 Some(o) if place(o) == place(f) => {
                     if access(o) != access(f) {
@@ -414,7 +423,7 @@ impl Listeners {
                     }
                     None
                 }
-                _ => Some(bind_place(f).await.map_err(e)?),
+                _ => Some(bind_place(f).await?),
             };
             fresh.push((f.clone(), tls, sock));
         }
@@ -491,10 +500,12 @@ impl Listeners {
     }
 
     /// A kept socket's new mode or group, set on its file.
-    fn reapply_access(&self, f: &Frontend) -> Result<(), String> {
+    fn reapply_access(&self, f: &Frontend) -> Result<(), ApplyError> {
         let frontends = self.frontends.lock().expect("not poisoned");
         match frontends.get(f.name.as_str()).and_then(|e| e.socket.as_ref()) {
-            Some(s) => s.apply(&access(f)).map_err(|e| format!("front end {}: {e}", *f.name)),
+            Some(s) => {
+                s.apply(&access(f)).map_err(|error| ApplyError::SocketAccess { frontend: f.name.value.clone(), error })
+            }
             None => Ok(()),
         }
     }

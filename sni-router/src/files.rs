@@ -15,6 +15,11 @@ use std::time::Instant;
 /// What [`Claims`] calls the main config in messages.
 pub(crate) const MAIN: &str = "the main config";
 
+/// A route file in force that a new main config does not fit (the reload is refused).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}\n(a route file conflicts with the new config)")]
+pub(crate) struct RouteFileConflict(ConfigError);
+
 /// The route files in force, and what their routes claim.
 pub(crate) struct RouteFiles {
     /// Routes by file (its path), in name order: a listener's file routes follow its own routes in
@@ -93,10 +98,10 @@ impl RouteFiles {
 
     /// The claims of a new main config with the files in force, if they all fit; `Err` names
     /// the first misfit. [`RouteFiles::set_claims`] commits them once the config is applied.
-    pub(crate) fn rebase(&self, main: &RouterConfig) -> Result<Claims, String> {
+    pub(crate) fn rebase(&self, main: &RouterConfig) -> Result<Claims, RouteFileConflict> {
         let mut claims = Claims::of_config(main, MAIN);
         for (file, routes) in &self.files {
-            claims.check(routes, file).map_err(|e| format!("{e}\n(a route file conflicts with the new config)"))?;
+            claims.check(routes, file).map_err(RouteFileConflict)?;
             claims.insert(routes, file);
         }
         Ok(claims)

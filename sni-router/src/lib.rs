@@ -168,9 +168,9 @@ impl Service for Router {
     async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), String> {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
-        let claims = files.rebase(&new)?;
+        let claims = files.rebase(&new).map_err(|e| e.to_string())?;
         let limits = pending_limits(&new);
-        self.listeners.apply(&self.shared, new, &files.extra()).await?;
+        self.listeners.apply(&self.shared, new, &files.extra()).await.map_err(|e| e.to_string())?;
         self.shared.pending.set_limits(limits);
         files.set_claims(claims);
         Ok(())

@@ -113,7 +113,7 @@ impl Listeners {
         shared: &Arc<Shared>,
         new: Arc<RouterConfig>,
         extra: &Extra<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StartError> {
         // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
         let moved: Vec<&ListenerCfg> = {
             let running = self.running.lock().expect("not poisoned");
@@ -121,7 +121,7 @@ impl Listeners {
         };
         let mut fresh = Vec::new();
         for l in moved {
-            let (sock, addr) = bind_listener(l, &new).await.map_err(|e| e.to_string())?;
+            let (sock, addr) = bind_listener(l, &new).await?;
             fresh.push((l, sock, addr));
         }
         // Phase 2: commit. Tables first, so a rebinding listener starts with the new routes.

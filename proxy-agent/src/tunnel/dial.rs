@@ -6,7 +6,7 @@ use super::stream::serve_stream;
 use proxy_core::tunnel::quic;
 use proxy_core::tunnel::{
     ALPN_V1, AgentConnection, AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, ServerInfo,
-    TunnelSettings, run_agent_session,
+    SessionError, TunnelSettings, run_agent_session,
 };
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
@@ -67,25 +67,54 @@ fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
     }
 }
 
+/// Why a tunnel session could not be established (the slot logs it and tries again).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum EstablishError {
+    #[error("connect {target}: {source}")]
+    Connect { target: HostPort, source: std::io::Error },
+    #[error("server_name {name:?}: {source}")]
+    ServerName { name: String, source: rustls::pki_types::InvalidDnsNameError },
+    #[error("TLS handshake with {addr} timed out")]
+    TlsTimeout { addr: SocketAddr },
+    #[error("TLS handshake with {addr}: {}", hinted(.source))]
+    Tls { addr: SocketAddr, source: std::io::Error },
+    #[error("{addr} does not speak seedgate-tunnel/1")]
+    NotTunnel { addr: SocketAddr },
+    #[error("tunnel TLS material unusable for QUIC: {0}")]
+    QuicMaterial(#[source] quinn::crypto::rustls::NoInitialCipherSuite),
+    #[error("resolve {target}: timed out")]
+    ResolveTimeout { target: HostPort },
+    #[error("resolve {target}: {source}")]
+    Resolve { target: HostPort, source: std::io::Error },
+    #[error("resolve {target}: no address")]
+    NoAddress { target: HostPort },
+    #[error("QUIC socket: {0}")]
+    QuicSocket(#[source] std::io::Error),
+    #[error("QUIC connect {addr}: {source}")]
+    QuicConnect { addr: SocketAddr, source: quinn::ConnectError },
+    #[error("QUIC handshake with {addr} timed out")]
+    QuicTimeout { addr: SocketAddr },
+    #[error("QUIC handshake with {addr}: {}", hinted(.source))]
+    Quic { addr: SocketAddr, source: quinn::ConnectionError },
+}
+
 /// Connect and handshake with `target` (resolved afresh).
-async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
+async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
     let cfg = t.cfg.load_full();
     let timeout = cfg.dial_timeout.get();
-    let (tcp, addr) =
-        proxy_core::net::connect_host(target, timeout).await.map_err(|e| format!("connect {target}: {e}"))?;
+    let (tcp, addr) = proxy_core::net::connect_host(target, timeout)
+        .await
+        .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
-    let sni =
-        rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| format!("server_name {name:?}: {e}"))?;
+    let sni = rustls::pki_types::ServerName::try_from(name.clone())
+        .map_err(|source| EstablishError::ServerName { name, source })?;
     let connector = TlsConnector::from(t.tls.load().material.current());
     let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
         .await
-        .map_err(|_| format!("TLS handshake with {addr} timed out"))?
-        .map_err(|e| match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
-            Some(hint) => format!("TLS handshake with {addr}: {e}: {hint}"),
-            None => format!("TLS handshake with {addr}: {e}"),
-        })?;
+        .map_err(|_| EstablishError::TlsTimeout { addr })?
+        .map_err(|source| EstablishError::Tls { addr, source })?;
     if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
-        return Err(format!("{addr} does not speak seedgate-tunnel/1"));
+        return Err(EstablishError::NotTunnel { addr });
     }
     Ok((Box::new(tls), addr))
 }
@@ -97,19 +126,19 @@ async fn establish_quic(
     t: &Tunnel,
     target: &HostPort,
     timeout: Duration,
-) -> Result<(Box<dyn AgentConnection>, SocketAddr), String> {
+) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
     let cfg = t.cfg.load_full();
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
-        .map_err(|e| format!("tunnel TLS material unusable for QUIC: {e}"))?;
+        .map_err(EstablishError::QuicMaterial)?;
     let mut client = quinn::ClientConfig::new(Arc::new(crypto));
     client.transport_config(Arc::new(quic::transport_config(&settings(&cfg))));
     let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(target.to_string()))
         .await
-        .map_err(|_| format!("resolve {target}: timed out"))?
-        .map_err(|e| format!("resolve {target}: {e}"))?
+        .map_err(|_| EstablishError::ResolveTimeout { target: target.clone() })?
+        .map_err(|source| EstablishError::Resolve { target: target.clone(), source })?
         .collect();
-    let mut last = format!("resolve {target}: no address");
+    let mut last = EstablishError::NoAddress { target: target.clone() };
     for addr in addrs {
         let local: SocketAddr = if addr.is_ipv4() {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
@@ -117,11 +146,11 @@ async fn establish_quic(
             (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
         };
         let endpoint = quic::endpoint(local, &settings(&cfg), None, "tunnel QUIC session", "tunnel.connection_window")
-            .map_err(|e| format!("QUIC socket: {e}"))?;
+            .map_err(EstablishError::QuicSocket)?;
         let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
             Ok(c) => c,
-            Err(e) => {
-                last = format!("QUIC connect {addr}: {e}");
+            Err(source) => {
+                last = EstablishError::QuicConnect { addr, source };
                 continue;
             }
         };
@@ -132,17 +161,12 @@ async fn establish_quic(
                     .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
                     .and_then(|h| h.protocol);
                 if alpn.as_deref() != Some(ALPN_V1) {
-                    return Err(format!("{addr} does not speak seedgate-tunnel/1"));
+                    return Err(EstablishError::NotTunnel { addr });
                 }
                 return Ok((Box::new(conn), addr));
             }
-            Ok(Err(e)) => {
-                last = match proxy_core::tls::hint_for(&e, &proxy_core::tls::AGENT_TUNNEL) {
-                    Some(hint) => format!("QUIC handshake with {addr}: {e}: {hint}"),
-                    None => format!("QUIC handshake with {addr}: {e}"),
-                }
-            }
-            Err(_) => last = format!("QUIC handshake with {addr} timed out"),
+            Ok(Err(source)) => last = EstablishError::Quic { addr, source },
+            Err(_) => last = EstablishError::QuicTimeout { addr },
         }
     }
     Err(last)
@@ -169,7 +193,7 @@ pub(super) struct Dialer {
 
 impl Dialer {
     /// Connect to `target` over `over` and run a session there, in its own task.
-    pub async fn connect(&self, id: SessionId, target: HostPort, over: Carrier) -> Result<Running, String> {
+    pub async fn connect(&self, id: SessionId, target: HostPort, over: Carrier) -> Result<Running, EstablishError> {
         let cfg = self.t.cfg.load_full();
         let (conn, peer) = match over {
             Carrier::H2 => establish(&self.t, &target).await?,
@@ -196,7 +220,7 @@ impl Dialer {
             let session = AgentSession { settings: &settings, handler, stop: st, tracker };
             // With TLS 1.3 the server checks our certificate after our side of the handshake is
             // done: its refusal arrives as an alert on the session's first read.
-            run_agent_session(conn, session).await.map_err(|e| hinted(&e))
+            run_agent_session(conn, session).await
         });
         tracing::debug!(server = %self.label, target = %target, %peer, transport = over.as_str(), "TLS up; waiting for the seed's first stream");
         Ok(Running { id, target, peer, stop, kill, done, state, seen: SessionState::default(), handler_gone: false })
@@ -219,7 +243,7 @@ pub(super) struct Running {
     pub stop: CancellationToken,
     /// Cancel to end the session's streams now.
     pub kill: CancellationToken,
-    pub done: tokio::task::JoinHandle<Result<(), String>>,
+    pub done: tokio::task::JoinHandle<Result<(), SessionError>>,
     /// What the handler reports.
     state: watch::Receiver<SessionState>,
     /// The part of `state` already reported to the slot.
@@ -248,7 +272,7 @@ impl Running {
                 r = &mut self.done => {
                     let error = match r {
                         Ok(Ok(())) => None,
-                        Ok(Err(e)) => Some(e),
+                        Ok(Err(e)) => Some(hinted(&e)),
                         Err(e) => Some(format!("the session's task failed: {e}")),
                     };
                     return Event::Ended { id: self.id, error };

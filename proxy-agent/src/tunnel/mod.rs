@@ -57,6 +57,11 @@ impl Drop for ClientTls {
     }
 }
 
+/// The new `tunnel.tls` files of a reload could not be loaded (the reload is refused).
+#[derive(Debug, thiserror::Error)]
+#[error("tunnel.tls: {0}")]
+pub struct TlsReloadError(#[source] proxy_core::tls::TlsError);
+
 fn client_tls(cfg: &TunnelCfg, metrics: &TlsMetrics) -> Result<ClientTls, proxy_core::tls::TlsError> {
     let t = &cfg.tls;
     let material =
@@ -88,9 +93,9 @@ impl Tunnel {
     /// streams. Changed TLS contents need no reload: they are watched. A server name added to
     /// `servers` gets its sessions now; one removed has its sessions closed with GOAWAY (their
     /// streams run to their end); names in both are untouched.
-    pub fn reconfigure(self: &Arc<Self>, cfg: TunnelCfg) -> Result<(), String> {
+    pub fn reconfigure(self: &Arc<Self>, cfg: TunnelCfg) -> Result<(), TlsReloadError> {
         if cfg.tls != self.cfg.load().tls {
-            let tls = client_tls(&cfg, &self.tls_metrics).map_err(|e| format!("tunnel.tls: {e}"))?;
+            let tls = client_tls(&cfg, &self.tls_metrics).map_err(TlsReloadError)?;
             tls.material.watch(tls.watching.clone());
             self.tls.store(Arc::new(tls));
         }

@@ -1,7 +1,7 @@
 //! The async driver of one slot (it performs the machine's actions and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
 use super::Tunnel;
-use super::dial::{Dialer, Running};
+use super::dial::{Dialer, EstablishError, Running};
 use super::machine::{Action, Event, Machine, QueryId, SessionId, Settings, Slot};
 use super::metrics::SlotMetrics;
 use crate::replicas::Replicas;
@@ -79,7 +79,7 @@ type PendingIo = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 /// A dial or a resolution finished.
 enum Done {
-    Dialed(SessionId, Result<Running, String>),
+    Dialed(SessionId, Result<Running, EstablishError>),
     Resolved(QueryId, Option<Vec<SocketAddr>>),
 }
 
@@ -121,7 +121,8 @@ impl Io {
                 self.sessions.push(session);
                 Event::Dialed { id, result: Ok(peer) }
             }
-            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e) },
+            // The machine only reports why: it gets the text.
+            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e.to_string()) },
             Wake::Done(Done::Resolved(query, addrs)) => Event::Resolved { query, addrs },
         }
     }

@@ -7,7 +7,7 @@ use proxy_core::net::connect_in_turn;
 use proxy_core::relay;
 use proxy_core::tunnel::{DialError, Incoming, connect_failed};
 use seedgate_config::agent::Tunnel as TunnelCfg;
-use seedgate_config::{CidrPort, HostPort};
+use seedgate_config::{CidrPort, HostPort, ValueError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,7 +22,7 @@ fn allowed(allow: &[CidrPort], addr: SocketAddr) -> bool {
 /// Resolve and check the target: every address dialled must be on the allowlist (a name that
 /// resolves to a forbidden address is refused, so DNS cannot be used to escape the list).
 async fn resolve_allowed(allow: &[CidrPort], target: &str, timeout: Duration) -> Result<Vec<SocketAddr>, DialError> {
-    let hp: HostPort = target.parse().map_err(|e: String| DialError::BadTarget(e))?;
+    let hp: HostPort = target.parse().map_err(|e: ValueError| DialError::BadTarget(e.to_string()))?;
     if let Some(sa) = hp.socket_addr() {
         return if allowed(allow, sa) {
             Ok(vec![sa])
