@@ -393,6 +393,140 @@ pub(crate) fn validate_tenant_limits(
     }
 }
 
+/// The pending budget's settings: connections accepted and not yet past their first phase
+/// (sni-router: routing; proxy-server: a front end's TLS handshake and request head). Its keys
+/// are in `limits` and `timeouts`: [`limits_with_pending_budget`] and
+/// [`timeouts_with_pending_budget`] declare them, for both binaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingBudget {
+    /// `limits.max_pending`.
+    pub max_pending: usize,
+    /// `limits.pending_per_source`; 0: no per-source cap.
+    pub per_source: usize,
+    /// `limits.source_prefix_v4` and `limits.source_prefix_v6`: the per-source key.
+    pub prefix_v4: u8,
+    pub prefix_v6: u8,
+    /// `timeouts.handshake`, and `timeouts.handshake_floor` it shrinks to when the budget is full.
+    pub deadline: Duration,
+    pub deadline_floor: Duration,
+}
+
+/// The pending budget's keys of a `limits` section: `max_pending`, `pending_per_source`,
+/// `source_prefix_v4`, `source_prefix_v6`, after the section's first key. serde's `flatten` does
+/// not combine with `deny_unknown_fields`, so the keys are declared once here and written into
+/// each binary's section. The docs of `max_pending` and `pending_per_source` are the binary's
+/// (what is pending differs), and so is the default of `pending_per_source`.
+macro_rules! limits_with_pending_budget {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(#[$first_meta:meta])*
+            pub $first:ident: $first_ty:ty,
+            $(#[$max_pending_meta:meta])*
+            pub max_pending,
+            $(#[$per_source_meta:meta])*
+            pub pending_per_source = $per_source:expr,
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(#[$first_meta])*
+            pub $first: $first_ty,
+            $(#[$max_pending_meta])*
+            #[serde(default = "max_pending_default")]
+            #[schemars(range(min = 1))]
+            pub max_pending: usize,
+            $(#[$per_source_meta])*
+            #[serde(default = "pending_per_source_default")]
+            pub pending_per_source: usize,
+            /// The per-source key of `pending_per_source`: an IPv4 peer address masked to this prefix.
+            #[serde(default = "source_prefix_v4_default")]
+            #[schemars(range(max = 32))]
+            pub source_prefix_v4: u8,
+            /// The per-source key of `pending_per_source`: an IPv6 peer address masked to this prefix.
+            #[serde(default = "source_prefix_v6_default")]
+            #[schemars(range(max = 128))]
+            pub source_prefix_v6: u8,
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        $crate::common::default_fn! {
+            max_pending_default: usize = 2_000;
+            pending_per_source_default: usize = $per_source;
+            source_prefix_v4_default: u8 = 32;
+            source_prefix_v6_default: u8 = 64;
+        }
+    };
+}
+pub(crate) use limits_with_pending_budget;
+
+/// The pending budget's keys of a `timeouts` section, first in it: `handshake` (the deadline
+/// of the pending phase) and `handshake_floor`, with the binary's docs.
+macro_rules! timeouts_with_pending_budget {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(#[$handshake_meta:meta])*
+            pub handshake,
+            $(#[$floor_meta:meta])*
+            pub handshake_floor,
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(#[$handshake_meta])*
+            #[serde(default = "handshake_default")]
+            pub handshake: Dur,
+            $(#[$floor_meta])*
+            #[serde(default = "handshake_floor_default")]
+            pub handshake_floor: Dur,
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        $crate::common::default_fn! {
+            handshake_default: Dur = Dur::secs(5);
+            handshake_floor_default: Dur = Dur::millis(500);
+        }
+    };
+}
+pub(crate) use timeouts_with_pending_budget;
+
+/// `pending_budget()` of a binary config whose `limits` and `timeouts` have the pending budget's keys.
+macro_rules! pending_budget_of {
+    ($t:ty) => {
+        impl $t {
+            /// The pending budget's settings in this config.
+            pub fn pending_budget(&self) -> $crate::common::PendingBudget {
+                let (l, t) = (&self.limits, &self.timeouts);
+                $crate::common::PendingBudget {
+                    max_pending: l.max_pending,
+                    per_source: l.pending_per_source,
+                    prefix_v4: l.source_prefix_v4,
+                    prefix_v6: l.source_prefix_v6,
+                    deadline: t.handshake.get(),
+                    deadline_floor: t.handshake_floor.get(),
+                }
+            }
+        }
+    };
+}
+pub(crate) use pending_budget_of;
+
+/// The pending budget's checks, as problems of `limits.*`.
+pub(crate) fn validate_pending_budget(b: &PendingBudget, p: &mut crate::error::Problems) {
+    if b.max_pending == 0 {
+        p.push((0, 0), "limits.max_pending", "must be at least 1");
+    }
+    if b.prefix_v4 > 32 {
+        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
+    }
+    if b.prefix_v6 > 128 {
+        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
+    }
+}
+
 /// An HTTP header name (RFC 9110 token).
 pub fn valid_header_name(h: &str) -> bool {
     !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))

@@ -14,8 +14,8 @@ mod yaml;
 
 pub use agent::AgentConfig;
 pub use common::{
-    AdminConfig, CidrPort, CidrPortFault, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, ValueError, canonical,
-    valid_header_name,
+    AdminConfig, CidrPort, CidrPortFault, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, PendingBudget,
+    ValueError, canonical, valid_header_name,
 };
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;

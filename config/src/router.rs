@@ -1,8 +1,8 @@
 //! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
 
 use crate::common::{
-    AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, admin_or_null, default_fn, null_is_default,
-    valid_header_name,
+    AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, admin_or_null, default_fn, limits_with_pending_budget,
+    null_is_default, pending_budget_of, timeouts_with_pending_budget, valid_header_name, validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
@@ -18,15 +18,9 @@ pub const CLIENT_HELLO_ONE_RECORD: usize = 5 + 16 * 1024;
 default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9901);
     drain_grace_default: Dur = Dur::secs(30);
-    handshake_default: Dur = Dur::secs(5);
-    handshake_floor_default: Dur = Dur::millis(500);
     connect_default: Dur = Dur::secs(5);
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
-    max_pending_default: usize = 2_000;
-    pending_per_source_default: usize = 64;
-    source_prefix_v4_default: u8 = 32;
-    source_prefix_v6_default: u8 = 64;
     client_hello_max_default: usize = CLIENT_HELLO_ONE_RECORD;
     connect_head_max_default: usize = 8 * 1024;
     proxy_depth_default: u8 = 2;
@@ -78,29 +72,29 @@ pub struct RouterConfig {
     pub listeners: Vec<Listener>,
 }
 
-/// Deadlines of each phase of a connection (and of a UDP flow).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new connections"))]
-pub struct Timeouts {
-    /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head. Also how long
-    /// a UDP flow may wait for its ClientHello.
-    #[serde(default = "handshake_default")]
-    pub handshake: Dur,
-    /// What `handshake` shrinks to for a connection accepted while the pending budget is full
-    /// (linearly from half full). At or above `handshake`: no shrinking.
-    #[serde(default = "handshake_floor_default")]
-    pub handshake_floor: Dur,
-    /// One upstream TCP connect attempt; on timeout the next upstream is tried.
-    #[serde(default = "connect_default")]
-    pub connect: Dur,
-    /// A proxied connection with no byte in either direction for this long is closed.
-    #[serde(default = "idle_default")]
-    pub idle: Dur,
-    /// A UDP flow (QUIC routed by SNI) with no datagram in either direction for this long is
-    /// forgotten; the client's next datagram must then be a new Initial.
-    #[serde(default = "udp_idle_default")]
-    pub udp_idle: Dur,
+timeouts_with_pending_budget! {
+    /// Deadlines of each phase of a connection (and of a UDP flow).
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub struct Timeouts {
+        /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head. Also how long
+        /// a UDP flow may wait for its ClientHello.
+        pub handshake,
+        /// What `handshake` shrinks to for a connection accepted while the pending budget is full
+        /// (linearly from half full). At or above `handshake`: no shrinking.
+        pub handshake_floor,
+        /// One upstream TCP connect attempt; on timeout the next upstream is tried.
+        #[serde(default = "connect_default")]
+        pub connect: Dur,
+        /// A proxied connection with no byte in either direction for this long is closed.
+        #[serde(default = "idle_default")]
+        pub idle: Dur,
+        /// A UDP flow (QUIC routed by SNI) with no datagram in either direction for this long is
+        /// forgotten; the client's next datagram must then be a new Initial.
+        #[serde(default = "udp_idle_default")]
+        pub udp_idle: Dur,
+    }
 }
 
 impl Default for Timeouts {
@@ -115,69 +109,61 @@ impl Default for Timeouts {
     }
 }
 
-/// Bounds of what the process holds.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new connections"))]
-pub struct Limits {
-    /// Routed (established) connections held at once by the whole process; accepting pauses at
-    /// the limit. Connections still being routed count in `max_pending` instead. A reload
-    /// resizes it at once (slots grow at once, shrink as connections end).
-    #[serde(default = "max_connections_default")]
-    #[schemars(range(min = 1), extend("x-reload" = "live"))]
-    pub max_connections: usize,
-    /// Connections accepted and not yet routed; when full, the oldest of them is closed to make
-    /// room for a new one.
-    #[serde(default = "max_pending_default")]
-    #[schemars(range(min = 1))]
-    pub max_pending: usize,
-    /// One source's share of a full budget of not-yet-routed connections (source: the TCP peer
-    /// address masked by `source_prefix_v4` / `source_prefix_v6`); the share is half the budget
-    /// while at most half of it is in use and shrinks linearly to this when it is full. More are
-    /// closed at once. 0: no per-source cap. Peers in a listener's `trusted_proxies` are exempt
-    /// (all their clients share their address).
-    #[serde(default = "pending_per_source_default")]
-    pub pending_per_source: usize,
-    /// The per-source key of `pending_per_source`: an IPv4 peer address masked to this prefix.
-    #[serde(default = "source_prefix_v4_default")]
-    #[schemars(range(max = 32))]
-    pub source_prefix_v4: u8,
-    /// The per-source key of `pending_per_source`: an IPv6 peer address masked to this prefix.
-    #[serde(default = "source_prefix_v6_default")]
-    #[schemars(range(max = 128))]
-    pub source_prefix_v6: u8,
-    /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
-    /// their 5-byte headers included. The default takes one maximal record (5-byte header plus
-    /// 16 KiB). Larger: TLS alert `decode_error`.
-    #[serde(default = "client_hello_max_default")]
-    #[schemars(range(min = 512, max = 262144))]
-    pub client_hello_max: usize,
-    /// Largest HTTP CONNECT request head, in bytes. Larger: `431`.
-    #[serde(default = "connect_head_max_default")]
-    #[schemars(range(min = 256, max = 65536))]
-    pub connect_head_max: usize,
-    /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
-    #[serde(default = "proxy_depth_default")]
-    #[schemars(range(min = 1, max = 4))]
-    pub proxy_protocol_depth: u8,
-    /// UDP flows (one per client address) the whole process holds, routed or still waiting for
-    /// their ClientHello; when full, Initials of new clients are dropped (and counted).
-    #[serde(default = "udp_flows_default")]
-    #[schemars(range(min = 1, max = 1000000))]
-    pub udp_flows: usize,
-    /// SO_RCVBUF / SO_SNDBUF asked for each UDP listener socket, in bytes (each flow's upstream
-    /// socket asks for a sixteenth of it, at least 64 KiB); the kernel may grant less
-    /// (`net.core.rmem_max`), which is logged.
-    #[serde(default = "udp_socket_buffer_default")]
-    #[schemars(range(min = 65536, max = 268435456))]
-    pub udp_socket_buffer: usize,
-    /// The default share of each route, as a fraction of `max_connections` (its routed
-    /// connections) and of `max_pending` (its connections waiting for an upstream connect), for
-    /// routes without their own `limits`. A route may hold up to half of the process limit while
-    /// at most half of it is in use; the share tightens linearly to this fraction as it fills.
-    #[serde(default = "tenant_share_default")]
-    pub tenant_share: f64,
+limits_with_pending_budget! {
+    /// Bounds of what the process holds.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub struct Limits {
+        /// Routed (established) connections held at once by the whole process; accepting pauses at
+        /// the limit. Connections still being routed count in `max_pending` instead. A reload
+        /// resizes it at once (slots grow at once, shrink as connections end).
+        #[serde(default = "max_connections_default")]
+        #[schemars(range(min = 1), extend("x-reload" = "live"))]
+        pub max_connections: usize,
+        /// Connections accepted and not yet routed; when full, the oldest of them is closed to make
+        /// room for a new one.
+        pub max_pending,
+        /// One source's share of a full budget of not-yet-routed connections (source: the TCP peer
+        /// address masked by `source_prefix_v4` / `source_prefix_v6`); the share is half the budget
+        /// while at most half of it is in use and shrinks linearly to this when it is full. More are
+        /// closed at once. 0: no per-source cap. Peers in a listener's `trusted_proxies` are exempt
+        /// (all their clients share their address).
+        pub pending_per_source = 64,
+        /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
+        /// their 5-byte headers included. The default takes one maximal record (5-byte header plus
+        /// 16 KiB). Larger: TLS alert `decode_error`.
+        #[serde(default = "client_hello_max_default")]
+        #[schemars(range(min = 512, max = 262144))]
+        pub client_hello_max: usize,
+        /// Largest HTTP CONNECT request head, in bytes. Larger: `431`.
+        #[serde(default = "connect_head_max_default")]
+        #[schemars(range(min = 256, max = 65536))]
+        pub connect_head_max: usize,
+        /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
+        #[serde(default = "proxy_depth_default")]
+        #[schemars(range(min = 1, max = 4))]
+        pub proxy_protocol_depth: u8,
+        /// UDP flows (one per client address) the whole process holds, routed or still waiting for
+        /// their ClientHello; when full, Initials of new clients are dropped (and counted).
+        #[serde(default = "udp_flows_default")]
+        #[schemars(range(min = 1, max = 1000000))]
+        pub udp_flows: usize,
+        /// SO_RCVBUF / SO_SNDBUF asked for each UDP listener socket, in bytes (each flow's upstream
+        /// socket asks for a sixteenth of it, at least 64 KiB); the kernel may grant less
+        /// (`net.core.rmem_max`), which is logged.
+        #[serde(default = "udp_socket_buffer_default")]
+        #[schemars(range(min = 65536, max = 268435456))]
+        pub udp_socket_buffer: usize,
+        /// The default share of each route, as a fraction of `max_connections` (its routed
+        /// connections) and of `max_pending` (its connections waiting for an upstream connect), for
+        /// routes without their own `limits`. A route may hold up to half of the process limit while
+        /// at most half of it is in use; the share tightens linearly to this fraction as it fills.
+        #[serde(default = "tenant_share_default")]
+        pub tenant_share: f64,
+    }
 }
+pending_budget_of!(RouterConfig);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -428,7 +414,7 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {
         p.push((0, 0), "listeners", "at least one listener is required");
     }
-    validate_limits(&cfg.limits, p);
+    validate_limits(cfg, p);
     let mut listener_names = HashSet::new();
     let mut addrs = HashSet::new();
     for (li, l) in cfg.listeners.iter().enumerate() {
@@ -455,19 +441,12 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
     }
 }
 
-fn validate_limits(l: &Limits, p: &mut Problems) {
+fn validate_limits(cfg: &RouterConfig, p: &mut Problems) {
+    let l = &cfg.limits;
     if l.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }
-    if l.max_pending == 0 {
-        p.push((0, 0), "limits.max_pending", "must be at least 1");
-    }
-    if l.source_prefix_v4 > 32 {
-        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
-    }
-    if l.source_prefix_v6 > 128 {
-        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
-    }
+    validate_pending_budget(&cfg.pending_budget(), p);
     if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
         p.push(
             (0, 0),

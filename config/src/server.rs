@@ -1,7 +1,8 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
 use crate::common::{
-    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default,
+    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, admin_or_null, default_fn, limits_with_pending_budget,
+    null_is_default, pending_budget_of, timeouts_with_pending_budget, validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
@@ -11,15 +12,9 @@ use std::time::Duration;
 default_fn! {
     admin_default: AdminConfig = AdminConfig::on(9902);
     drain_grace_default: Dur = Dur::secs(30);
-    handshake_default: Dur = Dur::secs(5);
-    handshake_floor_default: Dur = Dur::millis(500);
     dial_default: Dur = Dur::secs(10);
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
-    max_pending_default: usize = 2_000;
-    pending_per_source_default: usize = 0;
-    source_prefix_v4_default: u8 = 32;
-    source_prefix_v6_default: u8 = 64;
     head_max_default: usize = 8 * 1024;
     stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
@@ -74,25 +69,25 @@ pub struct ServerConfig {
     pub clusters_dir: Option<String>,
 }
 
-/// Deadlines of front-end connections and of dials through the tunnel.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new connections"))]
-pub struct Timeouts {
-    /// Front-end pre-relay phase: TLS handshake and the request head, together.
-    #[serde(default = "handshake_default")]
-    pub handshake: Dur,
-    /// What `handshake` shrinks to for a front-end connection accepted while the pending budget
-    /// is full (linearly from half full). At or above `handshake`: no shrinking.
-    #[serde(default = "handshake_floor_default")]
-    pub handshake_floor: Dur,
-    /// From sending a dial to the agent until its answer (includes the agent's own connect).
-    /// Expired: `504`.
-    #[serde(default = "dial_default")]
-    pub dial: Dur,
-    /// A front-end connection with no byte in either direction for this long is closed.
-    #[serde(default = "idle_default")]
-    pub idle: Dur,
+timeouts_with_pending_budget! {
+    /// Deadlines of front-end connections and of dials through the tunnel.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub struct Timeouts {
+        /// Front-end pre-relay phase: TLS handshake and the request head, together.
+        pub handshake,
+        /// What `handshake` shrinks to for a front-end connection accepted while the pending budget
+        /// is full (linearly from half full). At or above `handshake`: no shrinking.
+        pub handshake_floor,
+        /// From sending a dial to the agent until its answer (includes the agent's own connect).
+        /// Expired: `504`.
+        #[serde(default = "dial_default")]
+        pub dial: Dur,
+        /// A front-end connection with no byte in either direction for this long is closed.
+        #[serde(default = "idle_default")]
+        pub idle: Dur,
+    }
 }
 
 impl Default for Timeouts {
@@ -106,53 +101,45 @@ impl Default for Timeouts {
     }
 }
 
-/// Bounds of the front ends (the agents listener is not limited by them: agents authenticate
-/// with client certificates).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new connections"))]
-pub struct Limits {
-    /// Front-end connections past their request head held at once (accepting pauses at the
-    /// limit). Connections still in the TLS handshake or request head count in `max_pending`.
-    /// A reload resizes it at once (slots grow at once, shrink as connections end).
-    #[serde(default = "max_connections_default")]
-    #[schemars(range(min = 1), extend("x-reload" = "live"))]
-    pub max_connections: usize,
-    /// Front-end connections in the TLS handshake or request head; when full, the oldest of them
-    /// is closed to make room for a new one.
-    #[serde(default = "max_pending_default")]
-    #[schemars(range(min = 1))]
-    pub max_pending: usize,
-    /// One source's share of a full budget of such connections (TCP peer address masked by
-    /// `source_prefix_v4` / `source_prefix_v6`), wider while the budget has room, as in
-    /// sni-router; more are closed at once. 0 (the default): no per-source cap — the
-    /// front ends' clients are a few kube-apiservers and Prometheus, each one source that opens
-    /// bursts of connections (hundreds of streams at once); `max_pending` with its eviction still
-    /// bounds them. Set it for a front end reachable by many clients. Unix-socket front ends are
-    /// exempt.
-    #[serde(default = "pending_per_source_default")]
-    pub pending_per_source: usize,
-    /// The per-source key of `pending_per_source`: an IPv4 peer address masked to this prefix.
-    #[serde(default = "source_prefix_v4_default")]
-    #[schemars(range(max = 32))]
-    pub source_prefix_v4: u8,
-    /// The per-source key of `pending_per_source`: an IPv6 peer address masked to this prefix.
-    #[serde(default = "source_prefix_v6_default")]
-    #[schemars(range(max = 128))]
-    pub source_prefix_v6: u8,
-    /// Largest CONNECT / proxy request head, in bytes. Larger: `431`.
-    #[serde(default = "head_max_default")]
-    #[schemars(range(min = 256, max = 65536))]
-    pub request_head_max: usize,
-    /// The default share of each cluster, as a fraction of `max_connections` (its tunnel
-    /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
-    /// in flight), for clusters without their own `clusters.<name>.limits`. A cluster may hold up
-    /// to half of the process limit while at most half of it is in use; the share tightens
-    /// linearly to this fraction as it fills. The default share applies only while another
-    /// cluster has an agent connected: a cluster alone on its proxy-server may use it all.
-    #[serde(default = "tenant_share_default")]
-    pub tenant_share: f64,
+limits_with_pending_budget! {
+    /// Bounds of the front ends (the agents listener is not limited by them: agents authenticate
+    /// with client certificates).
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub struct Limits {
+        /// Front-end connections past their request head held at once (accepting pauses at the
+        /// limit). Connections still in the TLS handshake or request head count in `max_pending`.
+        /// A reload resizes it at once (slots grow at once, shrink as connections end).
+        #[serde(default = "max_connections_default")]
+        #[schemars(range(min = 1), extend("x-reload" = "live"))]
+        pub max_connections: usize,
+        /// Front-end connections in the TLS handshake or request head; when full, the oldest of them
+        /// is closed to make room for a new one.
+        pub max_pending,
+        /// One source's share of a full budget of such connections (TCP peer address masked by
+        /// `source_prefix_v4` / `source_prefix_v6`), wider while the budget has room, as in
+        /// sni-router; more are closed at once. 0 (the default): no per-source cap — the
+        /// front ends' clients are a few kube-apiservers and Prometheus, each one source that opens
+        /// bursts of connections (hundreds of streams at once); `max_pending` with its eviction still
+        /// bounds them. Set it for a front end reachable by many clients. Unix-socket front ends are
+        /// exempt.
+        pub pending_per_source = 0,
+        /// Largest CONNECT / proxy request head, in bytes. Larger: `431`.
+        #[serde(default = "head_max_default")]
+        #[schemars(range(min = 256, max = 65536))]
+        pub request_head_max: usize,
+        /// The default share of each cluster, as a fraction of `max_connections` (its tunnel
+        /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
+        /// in flight), for clusters without their own `clusters.<name>.limits`. A cluster may hold up
+        /// to half of the process limit while at most half of it is in use; the share tightens
+        /// linearly to this fraction as it fills. The default share applies only while another
+        /// cluster has an agent connected: a cluster alone on its proxy-server may use it all.
+        #[serde(default = "tenant_share_default")]
+        pub tenant_share: f64,
+    }
 }
+pending_budget_of!(ServerConfig);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -490,15 +477,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }
-    if cfg.limits.max_pending == 0 {
-        p.push((0, 0), "limits.max_pending", "must be at least 1");
-    }
-    if cfg.limits.source_prefix_v4 > 32 {
-        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
-    }
-    if cfg.limits.source_prefix_v6 > 128 {
-        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
-    }
+    validate_pending_budget(&cfg.pending_budget(), p);
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
         p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
     }

@@ -53,6 +53,15 @@ pub struct PendingLimits {
     pub deadline_floor: Duration,
 }
 
+/// The budget a binary's config gives (`limits` and `timeouts` keys).
+impl From<seedgate_config::PendingBudget> for PendingLimits {
+    fn from(b: seedgate_config::PendingBudget) -> Self {
+        let seedgate_config::PendingBudget { max_pending, per_source, prefix_v4, prefix_v6, deadline, deadline_floor } =
+            b;
+        Self { max_pending, per_source, prefix_v4, prefix_v6, deadline, deadline_floor }
+    }
+}
+
 impl PendingLimits {
     /// The most pending connections one source key may hold when `pending` connections are
     /// pending in all (see the module documentation for the formula); `usize::MAX` with no

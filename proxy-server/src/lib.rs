@@ -117,19 +117,6 @@ impl Shared {
 
 type States = BTreeMap<String, ClusterState>;
 
-/// The front ends' pending budget settings in `cfg`.
-fn pending_limits(cfg: &ServerConfig) -> PendingLimits {
-    let l = &cfg.limits;
-    PendingLimits {
-        max_pending: l.max_pending,
-        per_source: l.pending_per_source,
-        prefix_v4: l.source_prefix_v4,
-        prefix_v6: l.source_prefix_v6,
-        deadline: cfg.timeouts.handshake.get(),
-        deadline_floor: cfg.timeouts.handshake_floor.get(),
-    }
-}
-
 /// proxy-server as a [`Service`] of the shared lifecycle.
 pub struct Server {
     shared: Arc<Shared>,
@@ -171,7 +158,7 @@ impl Service for Server {
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
             registry: Registry::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
-            pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(&ctx.registry)),
+            pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
             metrics,
@@ -229,7 +216,7 @@ impl Service for Server {
             return Err(e.to_string());
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await.map_err(|e| e.to_string())?;
-        self.shared.pending.set_limits(pending_limits(&new));
+        self.shared.pending.set_limits(PendingLimits::from(new.pending_budget()));
         self.shared.replica.reconfigure(&self.shared, &new);
         self.shared.config.store(new);
         self.shared.apply_states();
@@ -283,7 +270,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let reg = proxy_core::prometheus::Registry::new();
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
-        pending: Pending::new(pending_limits(&cfg), PendingMetrics::unregistered()),
+        pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::unregistered()),
         registry: Registry::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,

@@ -57,19 +57,6 @@ pub(crate) struct Shared {
 /// How routes are named as tenants: `seedgate_route_connections{listener,route}` and friends.
 const ROUTE_SHARES: Naming = Naming { tenant: "route", labels: &["listener", "route"], established: "connections" };
 
-/// The pending budget's settings in `cfg`.
-fn pending_limits(cfg: &RouterConfig) -> PendingLimits {
-    let l = &cfg.limits;
-    PendingLimits {
-        max_pending: l.max_pending,
-        per_source: l.pending_per_source,
-        prefix_v4: l.source_prefix_v4,
-        prefix_v6: l.source_prefix_v6,
-        deadline: cfg.timeouts.handshake.get(),
-        deadline_floor: cfg.timeouts.handshake_floor.get(),
-    }
-}
-
 /// The router as a [`Service`] of the shared lifecycle.
 pub struct Router {
     shared: Arc<Shared>,
@@ -91,7 +78,7 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, StartError>
 fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
     let reg = &ctx.registry;
     Shared {
-        pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(reg)),
+        pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(reg)),
         config: ArcSwap::new(cfg),
         metrics: Metrics {
             conn: ConnMetrics::new(reg),
@@ -169,7 +156,7 @@ impl Service for Router {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
         let claims = files.rebase(&new).map_err(|e| e.to_string())?;
-        let limits = pending_limits(&new);
+        let limits = PendingLimits::from(new.pending_budget());
         self.listeners.apply(&self.shared, new, &files.extra()).await.map_err(|e| e.to_string())?;
         self.shared.pending.set_limits(limits);
         files.set_claims(claims);
