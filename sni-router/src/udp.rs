@@ -343,19 +343,23 @@ fn flow_socket(upstream: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
 /// Serve `sock` for listener `rt` until the process is killed, or until the listener stopped
 /// (reload, shutdown) and its last flow ended.
 pub(crate) fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: UdpSocket) {
-    let this = Arc::new(UdpListener {
-        rt,
-        sock: Arc::new(sock),
-        shared: shared.clone(),
-        flows: Mutex::new(Flows::default()),
-        next_id: AtomicU64::new(0),
-        hasher: Default::default(),
-    });
+    let this = UdpListener::new(shared, rt, sock);
     tracing::info!(listener = %this.rt.name, addr = ?this.sock.local_addr().ok(), "listening (udp)");
     shared.shutdown.tracker.spawn(this.run());
 }
 
 impl UdpListener {
+    fn new(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: UdpSocket) -> Arc<Self> {
+        Arc::new(Self {
+            rt,
+            sock: Arc::new(sock),
+            shared: shared.clone(),
+            flows: Mutex::new(Flows::default()),
+            next_id: AtomicU64::new(0),
+            hasher: Default::default(),
+        })
+    }
+
     fn drop_datagrams(&self, reason: &str, n: usize) {
         self.shared.metrics.udp.dropped.with_label_values(&[&self.rt.name, reason]).inc_by(n as u64);
     }
@@ -758,14 +762,7 @@ mod tests {
         ));
         let rt = crate::listener::test_listener(&shared);
         let sock = bind_udp("127.0.0.1:0".parse().expect("addr"), 64 * 1024, "test").expect("bind");
-        let l = Arc::new(UdpListener {
-            rt,
-            sock: Arc::new(sock),
-            shared: shared.clone(),
-            flows: Mutex::new(Flows::default()),
-            next_id: AtomicU64::new(0),
-            hasher: Default::default(),
-        });
+        let l = UdpListener::new(&shared, rt, sock);
         // Genuine Initials (a PING each: no ClientHello yet, so every one would wait).
         let initial = build::initial_v1(&[0x5a; 8], 0, &[0x01]).expect("sealed");
         let mut forged = initial.clone();
