@@ -171,7 +171,7 @@ pub fn looks_like_http(buf: &[u8]) -> Detect3 {
         match b {
             b'A'..=b'Z' if i < MAX_METHOD_LEN => {}
             b' ' if i > 0 => {
-                return if &buf[..i] == b"PROXY" { Detect3::No } else { Detect3::Yes };
+                return if buf.get(..i) == Some(b"PROXY".as_slice()) { Detect3::No } else { Detect3::Yes };
             }
             _ => return Detect3::No,
         }
@@ -215,13 +215,12 @@ impl HeadReader {
         {
             return Err(HeadError::Malformed("request line must start with a method"));
         }
-        let limit = buf.len().min(self.max_len);
-        let end = match self.find_end(&buf[..limit]) {
-            Some(end) => end,
-            None if buf.len() >= self.max_len => return Err(HeadError::TooLarge),
-            None => return Ok(None),
-        };
-        parse_complete(&buf[..end]).map(Some)
+        let window = buf.get(..self.max_len).unwrap_or(buf);
+        match self.find_end(window).and_then(|end| window.get(..end)) {
+            Some(head) => parse_complete(head).map(Some),
+            None if buf.len() >= self.max_len => Err(HeadError::TooLarge),
+            None => Ok(None),
+        }
     }
 
     /// End of the blank line that closes the head (`\n\n` or `\n\r\n`, the forms httparse
@@ -403,18 +402,22 @@ impl ResponseHeadReader {
     /// `buf` must be the same stream as in earlier calls, only longer. A buffer that reaches
     /// `max_len` bytes without the end of the head fails with [`ResponseHeadError::TooLarge`].
     pub fn poll(&mut self, buf: &[u8]) -> Result<Option<ResponseHead>, ResponseHeadError> {
-        let limit = buf.len().min(self.max_len);
-        while let Some(rel) = buf.get(self.line..limit).and_then(|rest| memchr::memchr(b'\n', rest)) {
-            let end = self.line + rel + 1;
-            let line = &buf[self.line..end];
+        let window = buf.get(..self.max_len).unwrap_or(buf);
+        // The next whole line, and the head up to its end.
+        while let Some(rest) = window.get(self.line..)
+            && let Some(rel) = memchr::memchr(b'\n', rest)
+            && let Some((line, _)) = rest.split_at_checked(rel + 1)
+            && let Some((head, _)) = window.split_at_checked(self.line + rel + 1)
+        {
+            let end = head.len();
             let blank = line == b"\n" || line == b"\r\n";
             if !self.status_line_seen {
                 if !blank {
-                    check_status_line(&buf[..end])?;
+                    check_status_line(head)?;
                     self.status_line_seen = true;
                 }
             } else if blank {
-                return parse_complete_response(&buf[..end]).map(Some);
+                return parse_complete_response(head).map(Some);
             } else {
                 self.headers += 1;
                 check_header_line(line, self.headers)?;
@@ -422,7 +425,7 @@ impl ResponseHeadReader {
             self.line = end;
         }
         if !self.status_line_seen {
-            check_version_prefix(buf.get(self.line..limit).unwrap_or_default())?;
+            check_version_prefix(window.get(self.line..).unwrap_or_default())?;
         }
         if buf.len() >= self.max_len { Err(ResponseHeadError::TooLarge) } else { Ok(None) }
     }
@@ -435,8 +438,8 @@ fn check_version_prefix(partial: &[u8]) -> Result<(), ResponseHeadError> {
     if matches!(partial.first(), None | Some(b'\r' | b'\n')) {
         return Ok(());
     }
-    let n = partial.len().min(8);
-    if partial[..n] == b"HTTP/1.0"[..n] || partial[..n] == b"HTTP/1.1"[..n] {
+    let seen = partial.get(..8).unwrap_or(partial);
+    if b"HTTP/1.0".starts_with(seen) || b"HTTP/1.1".starts_with(seen) {
         Ok(())
     } else {
         Err(ResponseHeadError::Malformed(httparse::Error::Version))

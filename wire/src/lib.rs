@@ -1,4 +1,7 @@
 //! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads and proxy credentials, the tunnel's own protocol), with no async runtime.
+// Untrusted bytes must never panic a reader: no indexing or slicing that could be out of
+// bounds, no unwrap or expect (tests may).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client_hello;
 #[doc(hidden)]

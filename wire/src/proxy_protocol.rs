@@ -132,8 +132,8 @@ pub enum Detect {
 pub fn detect(buf: &[u8]) -> Detect {
     fn prefix_state(buf: &[u8], sig: &[u8]) -> Option<bool> {
         // Some(true) = full signature present, Some(false) = matching prefix, None = mismatch.
-        let n = buf.len().min(sig.len());
-        (buf[..n] == sig[..n]).then_some(n == sig.len())
+        let seen = buf.get(..sig.len()).unwrap_or(buf);
+        sig.starts_with(seen).then_some(seen.len() == sig.len())
     }
     if buf.is_empty() {
         return Detect::Incomplete;
@@ -181,7 +181,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
 fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     use ppp::v1::{Addresses, Header};
 
-    let window = &buf[..buf.len().min(V1_MAX_LEN)];
+    let window = buf.get(..V1_MAX_LEN).unwrap_or(buf);
     let printable = |b: &u8| (0x20..0x7f).contains(b);
     // Find the end of the line ourselves so "incomplete" vs "broken" is decided here, not by
     // ppp's error classification (ppp reports some complete-but-bad lines as incomplete).
@@ -189,26 +189,23 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     // CRLF. Checked before the CR so the first problem by position is the one reported,
     // whatever the length of the prefix seen.
     let cr = memchr::memchr(b'\r', window);
-    if !window[..cr.unwrap_or(window.len())].iter().all(printable) {
+    if !window.iter().take_while(|&&b| b != b'\r').all(printable) {
         return Err(ProxyError::V1Malformed("non-printable byte"));
     }
-    let line_len = match cr {
-        Some(i) if i + 1 < window.len() => {
-            if window[i + 1] != b'\n' {
-                return Err(ProxyError::V1Malformed("CR not followed by LF"));
-            }
-            i + 2
-        }
+    // The CR and the byte after it, once that has arrived.
+    let line = match cr.and_then(|i| Some((i, *window.get(i + 1)?))) {
+        Some((i, b'\n')) => window.get(..i + 2).unwrap_or(window),
+        Some(_) => return Err(ProxyError::V1Malformed("CR not followed by LF")),
         // No CR yet, or CR is the last byte seen. A CR at index 106 still needs its LF at
         // 107: the line would be 108 bytes.
-        _ if window.len() >= V1_MAX_LEN => return Err(ProxyError::V1TooLong),
-        _ => return Ok(None),
+        None if window.len() >= V1_MAX_LEN => return Err(ProxyError::V1TooLong),
+        None => return Ok(None),
     };
-    let line = &buf[..line_len];
+    let line_len = line.len();
     // ppp gap: the spec says a receiver must ignore whatever follows "UNKNOWN" up to the
     // CRLF, but ppp fails on five or more extra fields. Handle UNKNOWN here.
     if let Some(rest) = line.strip_prefix(b"PROXY UNKNOWN".as_slice())
-        && (rest[0] == b' ' || rest[0] == b'\r')
+        && matches!(rest.first(), Some(b' ' | b'\r'))
     {
         return Ok(Some(ProxyHeader {
             version: 1,
@@ -244,7 +241,7 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     if addrs.is_some() {
         // ppp gap: ports go through u16::from_str, which accepts a leading '+' ("+80").
         // The spec grammar is digits only. ppp already rejects leading zeros.
-        let text = &line[..line_len - 2];
+        let text = line.strip_suffix(b"\r\n").unwrap_or(line);
         let ports_ok = text.split(|&b| b == b' ').skip(4).all(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
         if !ports_ok {
             return Err(ProxyError::V1Malformed("port is not a decimal number"));
@@ -295,10 +292,10 @@ fn v2_address_len(fam: u8) -> usize {
 }
 
 fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
-    let Some(total) = v2_header_len(buf)? else {
+    let Some((raw, addr_len)) = v2_header(buf)? else {
         return Ok(None);
     };
-    let raw = &buf[..total];
+    let total = raw.len();
 
     let hdr = ppp::v2::Header::try_from(raw).map_err(map_v2_error)?;
     let command = match hdr.command {
@@ -309,9 +306,9 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     // Spec: with LOCAL the receiver must ignore the address block.
     let addrs = if command == Command::Local { None } else { addrs };
 
-    let tlvs = walk_tlvs(raw, V2_FIXED_LEN + v2_address_len(raw[13]))?;
-    if let Some(at) = tlvs.crc_at {
-        check_crc(raw, at)?;
+    let tlvs = walk_tlvs(raw, V2_FIXED_LEN + addr_len)?;
+    if let Some((at, expected)) = tlvs.crc {
+        check_crc(raw, at, expected)?;
     }
 
     Ok(Some(ProxyHeader {
@@ -327,11 +324,12 @@ fn parse_v2(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
     }))
 }
 
-/// Total length of the v2 header starting `buf` once all of it has arrived, `None` before.
+/// The v2 header starting `buf` and the length of its address block, once all of it has
+/// arrived; `None` before.
 ///
 /// The fixed block is validated byte by byte as it arrives so a bad header is rejected without
 /// waiting for its (possibly 64 KiB) declared length.
-fn v2_header_len(buf: &[u8]) -> Result<Option<usize>, ProxyError> {
+fn v2_header(buf: &[u8]) -> Result<Option<(&[u8], usize)>, ProxyError> {
     if let Some(&ver_cmd) = buf.get(12) {
         if ver_cmd >> 4 != 0x2 {
             return Err(ProxyError::BadVersion(ver_cmd >> 4));
@@ -347,16 +345,15 @@ fn v2_header_len(buf: &[u8]) -> Result<Option<usize>, ProxyError> {
             return Err(ProxyError::BadFamily(fam));
         }
     }
-    if buf.len() < V2_FIXED_LEN {
+    let Some(&[.., fam, len_hi, len_lo]) = buf.first_chunk::<V2_FIXED_LEN>() else {
         return Ok(None);
-    }
-    let declared = u16::from_be_bytes([buf[14], buf[15]]);
-    let addr_len = v2_address_len(buf[13]);
+    };
+    let declared = u16::from_be_bytes([len_hi, len_lo]);
+    let addr_len = v2_address_len(fam);
     if usize::from(declared) < addr_len {
         return Err(ProxyError::V2BadLength { declared, required: addr_len });
     }
-    let total = V2_FIXED_LEN + usize::from(declared);
-    Ok((buf.len() >= total).then_some(total))
+    Ok(buf.get(..V2_FIXED_LEN + usize::from(declared)).map(|raw| (raw, addr_len)))
 }
 
 /// Transport and (source, destination) as ppp decoded them from the address block.
@@ -387,8 +384,8 @@ struct Tlvs {
     all: Vec<(u8, Vec<u8>)>,
     authority: Option<String>,
     unique_id: Option<Vec<u8>>,
-    /// Offset of the 4-byte CRC32C value in the header.
-    crc_at: Option<usize>,
+    /// Offset of the 4-byte CRC32C value in the header, and the value.
+    crc: Option<(usize, u32)>,
 }
 
 /// Walk the TLVs of `raw` (one whole header) from `start` to its end.
@@ -397,7 +394,7 @@ struct Tlvs {
 /// payload as "address bytes" (hiding its TLVs), and checks neither nested SSL sub-TLVs,
 /// CRC32C, UNIQUE_ID length nor AUTHORITY encoding. So the TLV walk is done here.
 fn walk_tlvs(raw: &[u8], start: usize) -> Result<Tlvs, ProxyError> {
-    let mut t = Tlvs { all: Vec::new(), authority: None, unique_id: None, crc_at: None };
+    let mut t = Tlvs { all: Vec::new(), authority: None, unique_id: None, crc: None };
     let mut off = start;
     while off < raw.len() {
         let (tlv_type, value) = next_tlv(raw, off, raw.len(), false)?;
@@ -416,13 +413,13 @@ fn walk_tlvs(raw: &[u8], start: usize) -> Result<Tlvs, ProxyError> {
                 t.authority = Some(s.to_owned());
             }
             PP2_TYPE_CRC32C => {
-                if t.crc_at.is_some() {
+                if t.crc.is_some() {
                     return Err(ProxyError::TlvDuplicate(tlv_type));
                 }
-                if value.len() != 4 {
+                let Ok(expected) = <[u8; 4]>::try_from(value) else {
                     return Err(ProxyError::TlvBadValue { tlv_type, what: "CRC32C value must be 4 bytes" });
-                }
-                t.crc_at = Some(value_at);
+                };
+                t.crc = Some((value_at, u32::from_be_bytes(expected)));
             }
             PP2_TYPE_UNIQUE_ID => {
                 if t.unique_id.is_some() {
@@ -458,9 +455,9 @@ fn check_ssl_tlv(value: &[u8]) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// The CRC32C TLV whose value sits at `raw[at..at + 4]` matches the header (spec section 2.2.5).
-fn check_crc(raw: &[u8], at: usize) -> Result<(), ProxyError> {
-    let expected = u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+/// The CRC32C TLV whose value `expected` sits at `raw[at..at + 4]` matches the header (spec
+/// section 2.2.5).
+fn check_crc(raw: &[u8], at: usize, expected: u32) -> Result<(), ProxyError> {
     let computed = crc32c_with_zeroed(raw, at);
     if expected != computed {
         return Err(ProxyError::CrcMismatch { expected, computed });
@@ -470,22 +467,22 @@ fn check_crc(raw: &[u8], at: usize) -> Result<(), ProxyError> {
 
 /// One TLV at `buf[off..end]`; errors if its 3-byte head or its value crosses `end`.
 fn next_tlv(buf: &[u8], off: usize, end: usize, nested: bool) -> Result<(u8, &[u8]), ProxyError> {
-    let tlv_type = buf[off];
-    if end - off < 3 {
-        return Err(ProxyError::TlvOverrun { tlv_type, nested });
-    }
-    let len = usize::from(u16::from_be_bytes([buf[off + 1], buf[off + 2]]));
-    if end - off - 3 < len {
-        return Err(ProxyError::TlvOverrun { tlv_type, nested });
-    }
-    Ok((tlv_type, &buf[off + 3..off + 3 + len]))
+    // Callers pass `off < end <= buf.len()`.
+    let tlv = buf.get(off..end).unwrap_or_default();
+    let overrun = || ProxyError::TlvOverrun { tlv_type: tlv.first().copied().unwrap_or_default(), nested };
+    let Some((&[tlv_type, len_hi, len_lo], rest)) = tlv.split_first_chunk::<3>() else {
+        return Err(overrun());
+    };
+    let value = rest.get(..usize::from(u16::from_be_bytes([len_hi, len_lo]))).ok_or_else(overrun)?;
+    Ok((tlv_type, value))
 }
 
 /// CRC32C of `hdr` with the 4 bytes at `at` taken as zero (spec section 2.2.5).
 fn crc32c_with_zeroed(hdr: &[u8], at: usize) -> u32 {
-    let crc = crc32c::crc32c(&hdr[..at]);
+    let (before, rest) = hdr.split_at_checked(at).unwrap_or((hdr, &[]));
+    let crc = crc32c::crc32c(before);
     let crc = crc32c::crc32c_append(crc, &[0; 4]);
-    crc32c::crc32c_append(crc, &hdr[at + 4..])
+    crc32c::crc32c_append(crc, rest.get(4..).unwrap_or_default())
 }
 
 fn map_v2_error(e: ppp::v2::ParseError) -> ProxyError {
@@ -619,7 +616,9 @@ pub fn try_encode_v2(src: SocketAddr, dst: SocketAddr, opts: &V2Options<'_>) -> 
     if opts.crc32c {
         let at = V2_FIXED_LEN + addr_len + 3;
         let crc = crc32c_with_zeroed(&out, at);
-        out[at..at + 4].copy_from_slice(&crc.to_be_bytes());
+        if let Some(value) = out.get_mut(at..at + 4) {
+            value.copy_from_slice(&crc.to_be_bytes());
+        }
     }
     Ok(out)
 }
