@@ -1,7 +1,7 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
 use crate::common::{
-    AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, admin_or_null, default_fn, null_is_default,
+    AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, config_file, default_fn, null_is_default,
     valid_header_name,
 };
 use crate::error::{ConfigError, Problems};
@@ -28,7 +28,6 @@ default_fn! {
     quic_timeout_default: Dur = Dur::secs(3);
     quic_probe_interval_default: Dur = Dur::secs(60);
 }
-admin_or_null!();
 
 /// Header that carries `destination` in `http-connect` mode unless `destination_header` says otherwise.
 pub const DEFAULT_DESTINATION_HEADER: &str = "X-Gardener-Destination";
@@ -37,37 +36,31 @@ pub const MAX_RETRIES: u32 = 16;
 /// Longest `apiserver_proxy.destination` value accepted.
 pub const MAX_DESTINATION_LEN: usize = 1024;
 
-/// The whole proxy-agent config file.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AgentConfig {
-    /// Admin HTTP listener; absent or `null`: `{ listen: 127.0.0.1:9903 }`.
-    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
-    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
-    pub admin: AdminConfig,
-    /// Deadlines of the apiserver proxy's connections; absent or `null`:
-    /// `{ handshake: 5s, connect: 5s, idle: 1h }`.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
-    pub timeouts: Timeouts,
-    /// After SIGTERM: how long live connections may continue before the process exits. Default `30s`.
-    #[serde(default = "drain_grace_default")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub drain_grace: Dur,
-    /// Absent or `null`: `{ max_connections: 10000 }`.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Limits>", extend("x-reload" = "live"))]
-    pub limits: Limits,
-    /// The node-local apiserver proxy; absent or `null` = not run. Adding or removing it changes
-    /// `apiserver_proxy.listen`, which needs a restart.
-    #[serde(default)]
-    #[schemars(extend("x-reload" = "restart"))]
-    pub apiserver_proxy: Option<Located<ApiserverProxy>>,
-    /// The reverse tunnel to the seed's proxy-server(s); absent or `null` = not run. Adding or
-    /// removing the section needs a restart; its keys change as each says.
-    #[serde(default)]
-    #[schemars(extend("x-reload" = "restart"))]
-    pub tunnel: Option<Located<Tunnel>>,
+config_file! {
+    /// The whole proxy-agent config file.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct AgentConfig {
+        /// Admin HTTP listener; absent or `null`: `{ listen: 127.0.0.1:9903 }`.
+        pub admin,
+        /// Deadlines of the apiserver proxy's connections; absent or `null`:
+        /// `{ handshake: 5s, connect: 5s, idle: 1h }`.
+        pub timeouts,
+        /// After SIGTERM: how long live connections may continue before the process exits. Default `30s`.
+        pub drain_grace,
+        /// Absent or `null`: `{ max_connections: 10000 }`.
+        pub limits (reload = "live"),
+        /// The node-local apiserver proxy; absent or `null` = not run. Adding or removing it changes
+        /// `apiserver_proxy.listen`, which needs a restart.
+        #[serde(default)]
+        #[schemars(extend("x-reload" = "restart"))]
+        pub apiserver_proxy: Option<Located<ApiserverProxy>>,
+        /// The reverse tunnel to the seed's proxy-server(s); absent or `null` = not run. Adding or
+        /// removing the section needs a restart; its keys change as each says.
+        #[serde(default)]
+        #[schemars(extend("x-reload" = "restart"))]
+        pub tunnel: Option<Located<Tunnel>>,
+    }
 }
 
 /// TLS identity of the agent (its certificate CN names its cluster) and the CA of the servers.

@@ -540,6 +540,50 @@ macro_rules! default_fn {
 }
 pub(crate) use default_fn;
 
+/// A binary's whole config file: the keys every binary has — `admin`, `timeouts`,
+/// `drain_grace`, `limits` — with the binary's docs (and when its `limits` apply), then its own
+/// keys. The module gives `admin_default`, `drain_grace_default`, `Timeouts` and `Limits`.
+macro_rules! config_file {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(#[$admin_meta:meta])*
+            pub admin,
+            $(#[$timeouts_meta:meta])*
+            pub timeouts,
+            $(#[$grace_meta:meta])*
+            pub drain_grace,
+            $(#[$limits_meta:meta])*
+            pub limits (reload = $limits_reload:literal),
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(#[$admin_meta])*
+            #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
+            #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
+            pub admin: AdminConfig,
+            $(#[$timeouts_meta])*
+            #[serde(default, deserialize_with = "null_is_default")]
+            #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
+            pub timeouts: Timeouts,
+            $(#[$grace_meta])*
+            #[serde(default = "drain_grace_default")]
+            #[schemars(extend("x-reload" = "live"))]
+            pub drain_grace: Dur,
+            $(#[$limits_meta])*
+            #[serde(default, deserialize_with = "null_is_default")]
+            #[schemars(with = "Option<Limits>", extend("x-reload" = $limits_reload))]
+            pub limits: Limits,
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        $crate::common::admin_or_null!();
+    };
+}
+pub(crate) use config_file;
+
 /// Defines `admin_or_null` for a module with an `admin_default`: `admin: null` means the
 /// binary's default admin section, as when the key is left out.
 macro_rules! admin_or_null {

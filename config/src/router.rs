@@ -1,7 +1,7 @@
 //! The sni-router config: listeners, their routes (by SNI, PROXY destination or CONNECT header) and limits.
 
 use crate::common::{
-    AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, admin_or_null, default_fn, limits_with_pending_budget,
+    AdminConfig, CidrPort, Dur, HostPort, IpCidr, Located, config_file, default_fn, limits_with_pending_budget,
     null_is_default, pending_budget_of, timeouts_with_pending_budget, valid_header_name, validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
@@ -30,46 +30,39 @@ default_fn! {
     udp_socket_buffer_default: usize = 4 * 1024 * 1024;
     tenant_share_default: f64 = 0.25;
 }
-admin_or_null!();
 
-/// The whole sni-router config file.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RouterConfig {
-    /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`); absent or `null`:
-    /// `{ listen: 127.0.0.1:9901 }`. There is no `/control/` endpoint on sni-router yet, so
-    /// `token_file` guards nothing here.
-    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
-    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
-    pub admin: AdminConfig,
-    /// Deadlines of each phase of a connection; absent or `null`: every default.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
-    pub timeouts: Timeouts,
-    /// After SIGTERM: how long live connections may continue before the process exits (the
-    /// grace in force at SIGTERM counts).
-    #[serde(default = "drain_grace_default")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub drain_grace: Dur,
-    /// Bounds of what the process holds; absent or `null`: every default.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Limits>", extend("x-reload" = "new connections"))]
-    pub limits: Limits,
-    /// How long an upstream that refused or timed out a connect is skipped (tried last); after a
-    /// refused connect at most 1s, so a restarted upstream is back within a second.
-    #[serde(default = "eject_default")]
-    #[schemars(extend("x-reload" = "new connections"))]
-    pub upstream_eject: Dur,
-    /// A directory of route files (`*.yaml`, one per shoot), watched and merged with the
-    /// listeners' own routes; `null` (the default): none. Relative to the working directory.
-    #[serde(default)]
-    #[schemars(extend("x-reload" = "restart"))]
-    pub routes_dir: Option<String>,
-    /// The listening sockets and their routes; at least one. A reload adds, removes and moves
-    /// listeners (new sockets are bound first; removed or moved ones stop accepting, their
-    /// connections continue).
-    #[schemars(length(min = 1), extend("x-reload" = "live"))]
-    pub listeners: Vec<Listener>,
+config_file! {
+    /// The whole sni-router config file.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct RouterConfig {
+        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`); absent or `null`:
+        /// `{ listen: 127.0.0.1:9901 }`. There is no `/control/` endpoint on sni-router yet, so
+        /// `token_file` guards nothing here.
+        pub admin,
+        /// Deadlines of each phase of a connection; absent or `null`: every default.
+        pub timeouts,
+        /// After SIGTERM: how long live connections may continue before the process exits (the
+        /// grace in force at SIGTERM counts).
+        pub drain_grace,
+        /// Bounds of what the process holds; absent or `null`: every default.
+        pub limits (reload = "new connections"),
+        /// How long an upstream that refused or timed out a connect is skipped (tried last); after a
+        /// refused connect at most 1s, so a restarted upstream is back within a second.
+        #[serde(default = "eject_default")]
+        #[schemars(extend("x-reload" = "new connections"))]
+        pub upstream_eject: Dur,
+        /// A directory of route files (`*.yaml`, one per shoot), watched and merged with the
+        /// listeners' own routes; `null` (the default): none. Relative to the working directory.
+        #[serde(default)]
+        #[schemars(extend("x-reload" = "restart"))]
+        pub routes_dir: Option<String>,
+        /// The listening sockets and their routes; at least one. A reload adds, removes and moves
+        /// listeners (new sockets are bound first; removed or moved ones stop accepting, their
+        /// connections continue).
+        #[schemars(length(min = 1), extend("x-reload" = "live"))]
+        pub listeners: Vec<Listener>,
+    }
 }
 
 timeouts_with_pending_budget! {

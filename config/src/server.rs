@@ -1,7 +1,7 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
 use crate::common::{
-    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, admin_or_null, default_fn, limits_with_pending_budget,
+    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, config_file, default_fn, limits_with_pending_budget,
     null_is_default, pending_budget_of, timeouts_with_pending_budget, validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
@@ -21,52 +21,45 @@ default_fn! {
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
 }
-admin_or_null!();
 
-/// The whole proxy-server config file.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ServerConfig {
-    /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, and with a
-    /// `token_file` `/control/clusters/<name>`); absent or `null`: `{ listen: 127.0.0.1:9902 }`.
-    #[serde(default = "admin_default", deserialize_with = "admin_or_null")]
-    #[schemars(with = "Option<AdminConfig>", extend("x-reload" = "live"))]
-    pub admin: AdminConfig,
-    /// Deadlines of front-end connections and dials; absent or `null`: every default.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Timeouts>", extend("x-reload" = "new connections"))]
-    pub timeouts: Timeouts,
-    /// After SIGTERM: how long live connections and streams may continue before the process
-    /// exits (the grace in force at SIGTERM counts).
-    #[serde(default = "drain_grace_default")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub drain_grace: Dur,
-    /// Bounds of the front ends; absent or `null`: every default.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Limits>", extend("x-reload" = "new connections"))]
-    pub limits: Limits,
-    /// The agents' tunnel listener. Required.
-    #[schemars(extend("x-reload" = "live"))]
-    pub agents: Agents,
-    /// The front ends kube-apiserver (egress selector) and Prometheus (`proxy_url`) connect to.
-    /// A reload starts a new front end listening; a removed one stops accepting while its live
-    /// connections continue; one whose address changed moves (the new socket is bound first).
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Vec<Frontend>>", extend("x-reload" = "live"))]
-    pub frontends: Vec<Frontend>,
-    /// Per-cluster state for control-plane migration, by cluster name; a cluster not listed is
-    /// `active`. Admin overrides (`/control/clusters/<name>`) win over it.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(
-        with = "Option<BTreeMap<String, ClusterState>>",
-        extend("x-reload" = "live", "propertyNames" = { "pattern": CLUSTER_NAME_PATTERN })
-    )]
-    pub clusters: BTreeMap<String, ClusterState>,
-    /// A directory of cluster-state files (`*.yaml`), watched and merged with `clusters`;
-    /// `null` (the default): none.
-    #[serde(default)]
-    #[schemars(extend("x-reload" = "restart"))]
-    pub clusters_dir: Option<String>,
+config_file! {
+    /// The whole proxy-server config file.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct ServerConfig {
+        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, and with a
+        /// `token_file` `/control/clusters/<name>`); absent or `null`: `{ listen: 127.0.0.1:9902 }`.
+        pub admin,
+        /// Deadlines of front-end connections and dials; absent or `null`: every default.
+        pub timeouts,
+        /// After SIGTERM: how long live connections and streams may continue before the process
+        /// exits (the grace in force at SIGTERM counts).
+        pub drain_grace,
+        /// Bounds of the front ends; absent or `null`: every default.
+        pub limits (reload = "new connections"),
+        /// The agents' tunnel listener. Required.
+        #[schemars(extend("x-reload" = "live"))]
+        pub agents: Agents,
+        /// The front ends kube-apiserver (egress selector) and Prometheus (`proxy_url`) connect to.
+        /// A reload starts a new front end listening; a removed one stops accepting while its live
+        /// connections continue; one whose address changed moves (the new socket is bound first).
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(with = "Option<Vec<Frontend>>", extend("x-reload" = "live"))]
+        pub frontends: Vec<Frontend>,
+        /// Per-cluster state for control-plane migration, by cluster name; a cluster not listed is
+        /// `active`. Admin overrides (`/control/clusters/<name>`) win over it.
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(
+            with = "Option<BTreeMap<String, ClusterState>>",
+            extend("x-reload" = "live", "propertyNames" = { "pattern": CLUSTER_NAME_PATTERN })
+        )]
+        pub clusters: BTreeMap<String, ClusterState>,
+        /// A directory of cluster-state files (`*.yaml`), watched and merged with `clusters`;
+        /// `null` (the default): none.
+        #[serde(default)]
+        #[schemars(extend("x-reload" = "restart"))]
+        pub clusters_dir: Option<String>,
+    }
 }
 
 timeouts_with_pending_budget! {
