@@ -411,17 +411,19 @@ pub struct PendingBudget {
     pub deadline_floor: Duration,
 }
 
-/// The pending budget's keys of a `limits` section: `max_pending`, `pending_per_source`,
-/// `source_prefix_v4`, `source_prefix_v6`, after the section's first key. serde's `flatten` does
-/// not combine with `deny_unknown_fields`, so the keys are declared once here and written into
-/// each binary's section. The docs of `max_pending` and `pending_per_source` are the binary's
-/// (what is pending differs), and so is the default of `pending_per_source`.
+/// A binary's `limits` section (reloads apply it to new connections, `max_connections` at once)
+/// whose first keys are `max_connections` and the pending budget's: `max_pending`,
+/// `pending_per_source`, `source_prefix_v4`, `source_prefix_v6`. serde's `flatten` does not
+/// combine with `deny_unknown_fields`, so the keys are declared once here and written into each
+/// binary's section. The docs of `max_connections`, `max_pending` and `pending_per_source` are
+/// the binary's (what is pending differs), and so are the defaults of `max_connections` (the
+/// module's `max_connections_default`) and `pending_per_source`.
 macro_rules! limits_with_pending_budget {
     (
-        $(#[$meta:meta])*
+        $(#[$doc:meta])*
         pub struct $name:ident {
-            $(#[$first_meta:meta])*
-            pub $first:ident: $first_ty:ty,
+            $(#[$max_connections_meta:meta])*
+            pub max_connections,
             $(#[$max_pending_meta:meta])*
             pub max_pending,
             $(#[$per_source_meta:meta])*
@@ -429,10 +431,15 @@ macro_rules! limits_with_pending_budget {
             $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
         }
     ) => {
-        $(#[$meta])*
+        $(#[$doc])*
+        #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[schemars(extend("x-reload" = "new connections"))]
         pub struct $name {
-            $(#[$first_meta])*
-            pub $first: $first_ty,
+            $(#[$max_connections_meta])*
+            #[serde(default = "max_connections_default")]
+            #[schemars(range(min = 1), extend("x-reload" = "live"))]
+            pub max_connections: usize,
             $(#[$max_pending_meta])*
             #[serde(default = "max_pending_default")]
             #[schemars(range(min = 1))]
@@ -461,11 +468,12 @@ macro_rules! limits_with_pending_budget {
 }
 pub(crate) use limits_with_pending_budget;
 
-/// The pending budget's keys of a `timeouts` section, first in it: `handshake` (the deadline
-/// of the pending phase) and `handshake_floor`, with the binary's docs.
+/// A binary's `timeouts` section (reloads apply it to new connections) whose first keys are the
+/// pending budget's: `handshake` (the deadline of the pending phase) and `handshake_floor`,
+/// with the binary's docs.
 macro_rules! timeouts_with_pending_budget {
     (
-        $(#[$meta:meta])*
+        $(#[$doc:meta])*
         pub struct $name:ident {
             $(#[$handshake_meta:meta])*
             pub handshake,
@@ -474,7 +482,10 @@ macro_rules! timeouts_with_pending_budget {
             $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
         }
     ) => {
-        $(#[$meta])*
+        $(#[$doc])*
+        #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[schemars(extend("x-reload" = "new connections"))]
         pub struct $name {
             $(#[$handshake_meta])*
             #[serde(default = "handshake_default")]

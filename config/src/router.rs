@@ -67,9 +67,6 @@ config_file! {
 
 timeouts_with_pending_budget! {
     /// Deadlines of each phase of a connection (and of a UDP flow).
-    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schemars(extend("x-reload" = "new connections"))]
     pub struct Timeouts {
         /// The whole pre-routing phase: PROXY header(s), ClientHello or CONNECT head. Also how long
         /// a UDP flow may wait for its ClientHello.
@@ -104,16 +101,11 @@ impl Default for Timeouts {
 
 limits_with_pending_budget! {
     /// Bounds of what the process holds.
-    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schemars(extend("x-reload" = "new connections"))]
     pub struct Limits {
         /// Routed (established) connections held at once by the whole process; accepting pauses at
         /// the limit. Connections still being routed count in `max_pending` instead. A reload
         /// resizes it at once (slots grow at once, shrink as connections end).
-        #[serde(default = "max_connections_default")]
-        #[schemars(range(min = 1), extend("x-reload" = "live"))]
-        pub max_connections: usize,
+        pub max_connections,
         /// Connections accepted and not yet routed; when full, the oldest of them is closed to make
         /// room for a new one.
         pub max_pending,

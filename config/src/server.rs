@@ -64,9 +64,6 @@ config_file! {
 
 timeouts_with_pending_budget! {
     /// Deadlines of front-end connections and of dials through the tunnel.
-    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schemars(extend("x-reload" = "new connections"))]
     pub struct Timeouts {
         /// Front-end pre-relay phase: TLS handshake and the request head, together.
         pub handshake,
@@ -97,16 +94,11 @@ impl Default for Timeouts {
 limits_with_pending_budget! {
     /// Bounds of the front ends (the agents listener is not limited by them: agents authenticate
     /// with client certificates).
-    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schemars(extend("x-reload" = "new connections"))]
     pub struct Limits {
         /// Front-end connections past their request head held at once (accepting pauses at the
         /// limit). Connections still in the TLS handshake or request head count in `max_pending`.
         /// A reload resizes it at once (slots grow at once, shrink as connections end).
-        #[serde(default = "max_connections_default")]
-        #[schemars(range(min = 1), extend("x-reload" = "live"))]
-        pub max_connections: usize,
+        pub max_connections,
         /// Front-end connections in the TLS handshake or request head; when full, the oldest of them
         /// is closed to make room for a new one.
         pub max_pending,
