@@ -395,8 +395,8 @@ pub(crate) fn validate_tenant_limits(
 
 /// The pending budget's settings: connections accepted and not yet past their first phase
 /// (sni-router: routing; proxy-server: a front end's TLS handshake and request head). Its keys
-/// are in `limits` and `timeouts`: [`limits_with_pending_budget`] and
-/// [`timeouts_with_pending_budget`] declare them, for both binaries.
+/// are in `limits` and `timeouts`: `limits_with_pending_budget!` and
+/// `timeouts_with_pending_budget!` declare them, for both binaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingBudget {
     /// `limits.max_pending`.
