@@ -104,7 +104,7 @@ impl Default for Reconnect {
 /// The agent end of the reverse tunnel: it dials out to every server and keeps a session to each.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"), transform = crate::schema::Require("allow"))]
+#[schemars(extend("x-reload" = "new sessions"), transform = crate::common::Require("allow"))]
 pub struct Tunnel {
     /// proxy-server tunnel addresses (`host:port`); names are resolved again on every connect.
     /// The agent keeps sessions to every replica behind each. A reload gives an added server its
@@ -352,10 +352,17 @@ impl AgentConfig {
     }
 
     /// The tunnel's client identity and the CA of the servers.
-    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+    pub fn tls_files(&self) -> Vec<crate::common::TlsFiles> {
         let Some(t) = &self.tunnel else { return Vec::new() };
         let t = &t.tls;
-        vec![crate::TlsFiles::new(crate::TlsRole::Client, "tunnel.tls", &t.cert, &t.key, "ca", Some(&t.ca))]
+        vec![crate::common::TlsFiles::new(
+            crate::common::TlsRole::Client,
+            "tunnel.tls",
+            &t.cert,
+            &t.key,
+            "ca",
+            Some(&t.ca),
+        )]
     }
 
     /// None: the agent listens on TCP only.

@@ -657,3 +657,43 @@ mod tests {
         assert!("10.0.0.0/8:99999".parse::<CidrPort>().is_err());
     }
 }
+
+/// Which end of TLS connections a set of files serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsRole {
+    Server,
+    Client,
+}
+
+/// The files of one `tls` section and the key path of each (e.g. `agents.tls.cert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub role: TlsRole,
+    /// `(key path, file)`.
+    pub cert: (String, String),
+    pub key: (String, String),
+    /// The CA peers' certificates must chain to, if any.
+    pub ca: Option<(String, String)>,
+}
+
+impl TlsFiles {
+    /// `section` is the key path of the `tls` mapping; `ca_key` the name of its CA key there.
+    pub fn new(role: TlsRole, section: &str, cert: &str, key: &str, ca_key: &str, ca: Option<&str>) -> Self {
+        let at = |k: &str, f: &str| (format!("{section}.{k}"), f.to_owned());
+        Self { role, cert: at("cert", cert), key: at("key", key), ca: ca.map(|c| at(ca_key, c)) }
+    }
+}
+
+/// A transform for a struct with a key that serde gives a default but the validator requires
+/// (absent, `null` and empty all read as empty, which is refused): the schema requires it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Require(pub &'static str);
+
+impl schemars::transform::Transform for Require {
+    fn transform(&mut self, schema: &mut schemars::Schema) {
+        let required = schema.ensure_object().entry("required").or_insert_with(|| serde_json::Value::Array(Vec::new()));
+        if let serde_json::Value::Array(keys) = required {
+            keys.push(serde_json::Value::from(self.0));
+        }
+    }
+}

@@ -368,7 +368,7 @@ impl RouterConfig {
     }
 
     /// None: the router passes TLS through and holds no certificate.
-    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+    pub fn tls_files(&self) -> Vec<crate::common::TlsFiles> {
         Vec::new()
     }
 

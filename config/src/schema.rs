@@ -84,9 +84,9 @@ impl ConfigFile {
     /// The file's JSON Schema.
     pub fn schema(self) -> Value {
         match self {
-            Self::Router => root::<crate::RouterConfig>(self),
-            Self::Server => root::<crate::ServerConfig>(self),
-            Self::Agent => root::<crate::AgentConfig>(self),
+            Self::Router => root::<crate::router::RouterConfig>(self),
+            Self::Server => root::<crate::server::ServerConfig>(self),
+            Self::Agent => root::<crate::agent::AgentConfig>(self),
             Self::RouteFile => root::<crate::router::RouteFile>(self),
             Self::ClusterFile => root::<crate::server::ClusterFile>(self),
         }
@@ -199,20 +199,6 @@ string_schema! {
     FileMode: "FileMode", "file mode", FILE_MODE_PATTERN,
         "Permission bits of a file in octal, as a string (quote it in YAML).",
         ["0660", "0o600"];
-}
-
-/// A transform for a struct with a key that serde gives a default but the validator requires
-/// (absent, `null` and empty all read as empty, which is refused): the schema requires it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Require(pub &'static str);
-
-impl schemars::transform::Transform for Require {
-    fn transform(&mut self, schema: &mut Schema) {
-        let required = schema.ensure_object().entry("required").or_insert_with(|| Value::Array(Vec::new()));
-        if let Value::Array(keys) = required {
-            keys.push(Value::from(self.0));
-        }
-    }
 }
 
 /// A located value is its value (the position is the parser's own bookkeeping).

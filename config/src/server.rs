@@ -420,9 +420,16 @@ pub struct ClusterLimits {
 
 impl ServerConfig {
     /// The agents listener's and every TLS front end's files.
-    pub fn tls_files(&self) -> Vec<crate::TlsFiles> {
+    pub fn tls_files(&self) -> Vec<crate::common::TlsFiles> {
         let files = |section: &str, t: &ServerTls| {
-            crate::TlsFiles::new(crate::TlsRole::Server, section, &t.cert, &t.key, "client_ca", t.client_ca.as_deref())
+            crate::common::TlsFiles::new(
+                crate::common::TlsRole::Server,
+                section,
+                &t.cert,
+                &t.key,
+                "client_ca",
+                t.client_ca.as_deref(),
+            )
         };
         let mut out = vec![files("agents.tls", &self.agents.tls)];
         for (i, f) in self.frontends.iter().enumerate() {
@@ -722,7 +729,7 @@ clusters:                            # per-cluster state (migration); absent = a
             "{base}  - name: a\n    unix: /run/seedgate/a.sock\n    unix_mode: \"0660\"\n    unix_group: \"1000\"\n    cluster: x\n"
         );
         let c = parse(&y, "s.yaml").unwrap();
-        assert_eq!(c.frontends[0].unix_mode, Some(crate::FileMode(0o660)));
+        assert_eq!(c.frontends[0].unix_mode, Some(crate::common::FileMode(0o660)));
         assert_eq!(serde_json::to_value(&c).unwrap()["frontends"][0]["unix_mode"], "0660");
         let y = format!(
             "{base}  - name: a\n    listen: 127.0.0.1:2\n    unix_mode: \"0999\"\n    unix_group: a b\n    cluster: x\n"
@@ -853,7 +860,7 @@ mod every_problem {
             "admin: null\ntimeouts: null\nlimits:\nfrontends: null\nclusters: null\n{AGENTS}  keepalive: null\n"
         );
         let c = parse(&y, "s.yaml").unwrap();
-        assert_eq!(c.admin, crate::AdminConfig::on(9902));
+        assert_eq!(c.admin, crate::common::AdminConfig::on(9902));
         assert_eq!(c.timeouts, super::Timeouts::default());
         assert!(c.frontends.is_empty());
     }

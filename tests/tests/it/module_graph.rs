@@ -4,9 +4,10 @@
 //! names another (`use crate::…` trees, `crate::x::…` paths, `super::` and `self::`), and a
 //! cycle among them fails naming the modules and the lines that make it.
 //!
-//! The crate root (`lib.rs`) is not a node: it declares every module and holds the state they
-//! all share, so edges to and from it say nothing about how the modules are layered. Binary
-//! roots (`main.rs`, `src/bin/`) are crates of their own that name the library by its crate
+//! The crate root (`lib.rs`, with what it defines) is a node like the others: it names the
+//! modules it composes, so a module that names something the root defines closes a cycle; what
+//! the modules share lives in a module of its own, and the root only composes and re-exports.
+//! Binary roots (`main.rs`, `src/bin/`) are crates of their own that name the library by its crate
 //! name, so they are not read.
 //!
 //! A small tokenizer, not a Rust parser: it skips comments, strings and character literals,
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 /// The crates whose `src/` is checked.
 const CRATES: &[&str] = &["config", "wire", "proxy-core", "sni-router", "proxy-server", "proxy-agent"];
 
-/// The node of the crate root (`lib.rs` and what it defines), which takes no part in cycles.
+/// The node of the crate root (`lib.rs` and what it defines).
 const ROOT: &str = "crate";
 
 /// Module → module edges, each with where it was first seen (`file:line`).
@@ -250,6 +251,8 @@ impl Reader<'_> {
                 let keep = cur.len().saturating_sub(ups);
                 Some([&cur[..keep], &path[ups..]].concat())
             }
+            // In the root, a bare path starting with a module's name is that module.
+            m if cur.is_empty() && self.modules.contains(m) => Some(path.to_vec()),
             _ => None,
         }
     }
@@ -257,7 +260,7 @@ impl Reader<'_> {
     fn edge(&mut self, cur: &[String], path: &[String], line: usize) {
         let Some(abs) = self.absolute(path, cur) else { return };
         let (from, to) = (self.node(cur), self.node(&abs));
-        if from != to && from != ROOT && to != ROOT {
+        if from != to {
             let at = format!("{}:{line}", self.file);
             self.graph.entry(from).or_default().entry(to).or_insert(at);
         }
@@ -427,8 +430,10 @@ fn the_reader_follows_use_trees_paths_and_super_but_not_text() {
     // `super`s are the root, and the root's `b` is module `b`.
     let nested = "use super::x; use super::super::super::b::Y; fn f() { super::super::c::g(); }";
     assert_eq!(edges_of(nested, &["a", "b", "c"], &mods), pairs(&[("a", "b")]));
-    // What the root defines, and the root itself, are no edge; nor is `pub(in crate::a)`.
+    // What the root defines is the root's node; `pub(in crate::a)` is no edge.
     let uses_root = "use super::*; use crate::Shared; pub(in crate::a) fn f() { x.a::<u8>(); }";
-    assert_eq!(edges_of(uses_root, &["e"], &mods), pairs(&[]));
-    assert_eq!(edges_of("mod a; use crate::b::Thing; use self::c::X;", &[], &mods), pairs(&[]));
+    assert_eq!(edges_of(uses_root, &["e"], &mods), pairs(&[("e", ROOT)]));
+    // The root names its modules by `crate::`, `self::` or bare paths; declaring one is no edge.
+    let root = "mod a; use crate::b::Thing; use self::c::X; pub use d::Y; fn f() { e::g(); std::mem::drop(1); }";
+    assert_eq!(edges_of(root, &[], &mods), pairs(&[(ROOT, "b"), (ROOT, "c"), (ROOT, "d"), (ROOT, "e")]));
 }
