@@ -12,10 +12,10 @@ mod replicas;
 mod tunnel;
 
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
-use proxy_core::admin::Check;
 use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
-use proxy_core::metrics::ConnMetrics;
+use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
+use proxy_core::obs::admin::Check;
+use proxy_core::obs::metrics::ConnMetrics;
 use seedgate_config::agent::ApiserverProxy;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The admin endpoints particular to proxy-server: readiness by cluster, and setting a cluster's state (migration).
 
 use crate::Shared;
-use proxy_core::admin::{Check, ControlRequest};
+use proxy_core::obs::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
 /// Clusters the operator cares about: those with a front end or a configured state.

@@ -19,14 +19,14 @@ mod unix_socket;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
-use proxy_core::accept::ConnLimit;
-use proxy_core::admin::{Check, ControlRequest};
+use proxy_core::app::shutdown::Shutdown;
 use proxy_core::app::{self, Ctx, Service, StartError};
-use proxy_core::dirwatch::{DirWatch, FileMetrics};
-use proxy_core::ids::ConnIds;
-use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
-use proxy_core::shutdown::Shutdown;
-use proxy_core::tls_watch::TlsMetrics;
+use proxy_core::net::accept::ConnLimit;
+use proxy_core::net::ids::ConnIds;
+use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
+use proxy_core::obs::admin::{Check, ControlRequest};
+use proxy_core::watch::dir::{DirWatch, FileMetrics};
+use proxy_core::watch::tls::TlsMetrics;
 use registry::{Registry, ShareConfig};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
@@ -289,7 +289,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         metrics,
         shutdown: Shutdown::new(),
         ids: ConnIds::default(),
-        limit: ConnLimit::new(proxy_core::accept::Slots::new(10), None),
+        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
         overrides: Mutex::new(BTreeMap::new()),
         cluster_files: Mutex::new(ClusterFiles::new(None)),
         unknown_warned: Mutex::default(),

@@ -11,10 +11,13 @@ use crate::Shared;
 use crate::frontend::{self, FrontendRt};
 use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::app::{StartError, listen_tcp};
-use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
+use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::tunnel::ALPN_V1;
+use proxy_core::watch::{
+    self,
+    tls::{Reloading, TlsMetrics},
+};
 use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
 use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
@@ -43,7 +46,7 @@ fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationTo
 
 fn agents_tls(t: &ServerTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
     let ca = t.client_ca.as_deref().map(AsRef::as_ref);
-    Ok(tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
+    Ok(watch::tls::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
 }
 
 /// What a front end reads from files: its TLS material and its proxy token.
@@ -82,7 +85,7 @@ fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rus
         FrontendProtocol::HttpConnect => &[b"http/1.1"],
         FrontendProtocol::Grpc => &[b"h2"],
     };
-    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
+    Ok(Some(watch::tls::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
 }
 
 /// Where a front end listens: its socket is kept across a reload while this stays the same.

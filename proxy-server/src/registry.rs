@@ -2,8 +2,8 @@
 
 use crate::metrics::ServerMetrics;
 use crate::strategy::{self, NodeIndex};
-use proxy_core::pending::TenantShare;
-use proxy_core::share::{Cap, Hold, Kind, Naming, Shares};
+use proxy_core::net::pending::TenantShare;
+use proxy_core::net::share::{Cap, Hold, Kind, Naming, Shares};
 use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
@@ -475,7 +475,7 @@ fn names(s: &[ProxyStrategy]) -> String {
 
 /// Power of two choices on active streams.
 fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
-    proxy_core::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
+    proxy_core::net::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
 }
 
 #[cfg(test)]

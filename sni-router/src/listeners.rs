@@ -3,11 +3,11 @@
 use crate::table::{FastMap, FileChange, Route, RouteMeters, Table, fast_map, new_route};
 use crate::{Metrics, Shared};
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, UNLIMITED, WhileFree, accept_error_label, accept_loop};
-use proxy_core::admin::Check;
 use proxy_core::app::{StartError, listen_tcp};
-use proxy_core::guard::Active;
+use proxy_core::net::accept::{ConnLimit, UNLIMITED, WhileFree, accept_error_label, accept_loop};
+use proxy_core::net::guard::Active;
 use proxy_core::net::resolve_one;
+use proxy_core::obs::admin::Check;
 use proxy_core::prometheus::IntGauge;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};

@@ -29,8 +29,8 @@ mod quic_tests;
 pub mod session;
 mod stream;
 
-use crate::guard::Active;
-use crate::io::Resettable;
+use crate::net::guard::Active;
+use crate::relay::io::Resettable;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;

@@ -1,6 +1,6 @@
 //! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream.
 
-use crate::io::Resettable;
+use crate::relay::io::Resettable;
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use std::io;

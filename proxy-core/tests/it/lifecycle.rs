@@ -3,9 +3,9 @@
 //! and `/config` through the service, and the drain (connections that finish, and ones cut at
 //! the grace).
 
-use proxy_core::admin::Check;
+use proxy_core::app::shutdown::Shutdown;
 use proxy_core::app::{self, Ctx, Service, StartError, fixed};
-use proxy_core::shutdown::Shutdown;
+use proxy_core::obs::admin::Check;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, Dur};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -123,7 +123,7 @@ struct World {
     admin: SocketAddr,
     toy: Arc<Toy>,
     shutdown: Shutdown,
-    run: tokio::task::JoinHandle<proxy_core::shutdown::Drained>,
+    run: tokio::task::JoinHandle<proxy_core::app::shutdown::Drained>,
 }
 
 impl World {

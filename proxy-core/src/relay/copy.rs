@@ -5,7 +5,7 @@
 //! TCP sockets, [`SplicePump`], which moves bytes through a pooled pipe with splice(2) so they never
 //! enter user space. An idle connection holds no buffer and no pipe, only its sockets and state.
 
-use crate::splice::{Pipe, splice};
+use crate::relay::splice::{Pipe, splice};
 use prometheus::IntCounter;
 use socket2::SockRef;
 use std::cell::RefCell;

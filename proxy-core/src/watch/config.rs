@@ -1,6 +1,6 @@
 //! What triggers a config reload: SIGHUP, or a change of the config file (polled, following symlink swaps).
 
-use crate::metrics::ReloadMetrics;
+use crate::obs::metrics::ReloadMetrics;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::signal::unix::{Signal, SignalKind, signal};

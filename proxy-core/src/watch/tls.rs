@@ -9,7 +9,7 @@
 //! so after a change of the trusted CAs no peer can resume a session verified against the old
 //! set.
 
-use crate::reload::{Stamp, stamp};
+use super::config::{Stamp, stamp};
 use crate::tls::TlsError;
 use arc_swap::ArcSwap;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
@@ -30,7 +30,7 @@ pub struct TlsMetrics {
 
 impl TlsMetrics {
     pub fn new(reg: &Registry) -> Self {
-        let reloads = crate::metrics::counter_vec(
+        let reloads = crate::obs::metrics::counter_vec(
             reg,
             "seedgate_tls_reloads_total",
             "TLS material reloads after a file changed, by use, file and result (success, failure).",
@@ -44,7 +44,7 @@ impl TlsMetrics {
             &["use", "file", "subject"],
         )
         .expect("valid metric");
-        crate::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
+        crate::obs::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
         Self { reloads, expiry }
     }
 }

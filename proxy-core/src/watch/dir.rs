@@ -11,8 +11,8 @@
 //! renaming an entry changes its mtime; then the listing is compared) and every file every
 //! [`POLL_INTERVAL`].
 
-use crate::metrics;
-use crate::reload::{POLL_INTERVAL, Stamp, stamp};
+use super::config::{POLL_INTERVAL, Stamp, stamp};
+use crate::obs::metrics;
 use futures_util::{FutureExt, StreamExt};
 use inotify::{EventMask, EventStream, Inotify, WatchMask};
 use prometheus::{IntCounterVec, IntGauge, Registry};

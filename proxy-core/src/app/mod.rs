@@ -1,4 +1,4 @@
-//! The process lifecycle every binary shares: bind, serve, reload, drain — and the whole `main`.
+//! The process every binary runs: the shared lifecycle (bind, serve, reload, drain — and the whole `main`), its flags, shutdown and addresses file.
 //!
 //! A binary implements [`Service`] (what is particular to it: its sockets, how it applies a new
 //! config, its readiness checks); this module does the rest the same way for all three: the admin
@@ -7,13 +7,17 @@
 //! addresses file. The shape follows mini-redis's `run(listener, shutdown)` and linkerd2-proxy's
 //! build → spawn → drain.
 
-use crate::accept::Slots;
-use crate::addrs::Addresses;
-use crate::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
-use crate::metrics::{self, ReloadMetrics};
-use crate::reload::{self, Trigger, Watch};
-use crate::shutdown::{Drained, Shutdown};
+pub mod addrs;
+pub mod cli;
+pub mod shutdown;
+
+use crate::app::addrs::Addresses;
+use crate::app::shutdown::{Drained, Shutdown};
+use crate::net::accept::Slots;
+use crate::obs::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
+use crate::obs::metrics::{self, ReloadMetrics};
 use crate::tls::TlsError;
+use crate::watch::config::{Trigger, Watch, mark_loaded};
 use prometheus::Registry;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, HostPort};
 use serde::Serialize;
@@ -174,7 +178,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     let watch = opts.config_path.map(Watch::new);
     let registry = opts.registry.unwrap_or_default();
     metrics::register_build_info(&registry, S::NAME);
-    crate::runtime_metrics::register(&registry);
+    crate::obs::runtime_metrics::register(&registry);
     let reload = ReloadMetrics::new(&registry);
     let cfg = Arc::new(cfg);
     let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));
@@ -195,7 +199,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
         token,
         write_addresses: opts.write_addresses,
     });
-    reload::mark_loaded(&app.reload);
+    mark_loaded(&app.reload);
     app.write_addresses().map_err(|source| StartError::AddressesFile {
         path: app.write_addresses.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         source,
@@ -254,7 +258,7 @@ impl<S: Service> App<S> {
 
     fn write_addresses(&self) -> io::Result<()> {
         match &self.write_addresses {
-            Some(p) => crate::addrs::write(p, &self.addresses()),
+            Some(p) => crate::app::addrs::write(p, &self.addresses()),
             None => Ok(()),
         }
     }
@@ -298,7 +302,7 @@ impl<S: Service> App<S> {
         match result {
             Ok(()) => {
                 self.reload.reloads.with_label_values(&["success"]).inc();
-                reload::mark_loaded(&self.reload);
+                mark_loaded(&self.reload);
                 tracing::info!(trigger = why.label(), %file, parse_ms, total_ms, "config reloaded");
             }
             Err(e) => {
@@ -422,9 +426,9 @@ fn connection_limit_check(slots: &Slots) -> Check {
 /// binary cannot start (the reason on stderr).
 pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
-    let args = crate::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
-    crate::telemetry::init(args.log_format);
-    let cfg = crate::cli::load_or_exit::<S::Config>(&args);
+    let args = crate::app::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
+    crate::obs::telemetry::init(args.log_format);
+    let cfg = crate::app::cli::load_or_exit::<S::Config>(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -434,7 +438,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     };
     let code = rt.block_on(async {
         // Handlers first: the addresses file tells others we are up and may be signalled.
-        let signal = crate::shutdown::termination_signal();
+        let signal = crate::app::shutdown::termination_signal();
         let opts =
             Options { config_path: Some(args.config.clone()), write_addresses: args.write_addresses, registry: None };
         match bind::<S>(cfg, opts).await {

@@ -30,7 +30,7 @@
 //! [`Budget`] is the bookkeeping without I/O or clock; [`Pending`] puts it behind a lock, gives
 //! every entry a cancellation token and counts what happens in metrics.
 
-use crate::share::Cap;
+use crate::net::share::Cap;
 use prometheus::{IntCounterVec, IntGauge, Registry};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -58,7 +58,7 @@ impl PendingLimits {
     /// pending in all (see the module documentation for the formula); `usize::MAX` with no
     /// per-source cap.
     pub fn per_source_at(&self, pending: usize) -> usize {
-        crate::share::share_at(self.per_source, self.max_pending, pending)
+        crate::net::share::share_at(self.per_source, self.max_pending, pending)
     }
 
     /// The deadline of a connection admitted while `pending` others are pending (see the
@@ -322,7 +322,7 @@ pub struct PendingMetrics {
 
 impl PendingMetrics {
     pub fn new(reg: &Registry) -> Self {
-        let rejects = crate::metrics::counter_vec(
+        let rejects = crate::obs::metrics::counter_vec(
             reg,
             "seedgate_pending_rejects_total",
             "Connections ended in the pre-routing phase by its budget, by reason (per_source, evicted, deadline).",
@@ -333,7 +333,7 @@ impl PendingMetrics {
             rejects.with_label_values(&[r.label()]);
         }
         Self {
-            pending: crate::metrics::gauge(
+            pending: crate::obs::metrics::gauge(
                 reg,
                 "seedgate_pending_connections",
                 "Connections accepted and not yet routed (PROXY header, ClientHello or request head still being read).",
@@ -441,7 +441,7 @@ impl Pending {
 
     /// The `/readyz?verbose` line. Always passing: a full budget is what eviction is for, and
     /// the counts tell whether someone holds connections open without routing them.
-    pub fn readiness(&self) -> crate::admin::Check {
+    pub fn readiness(&self) -> crate::obs::admin::Check {
         let l = self.limits();
         let counts = self.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
         let pending = self.len();
@@ -454,7 +454,7 @@ impl Pending {
                 l.prefix_v6
             ),
         };
-        crate::admin::Check::new(
+        crate::obs::admin::Check::new(
             "pending-connections",
             true,
             format!("{pending}/{} not yet routed ({per_source}); closed so far: {counts}", l.max_pending),
