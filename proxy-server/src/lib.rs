@@ -136,8 +136,12 @@ pub struct Server {
     listeners: Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
-    /// Taken by `start`, which watches `clusters_dir` from then on.
-    watch: Mutex<Option<DirWatch<States>>>,
+}
+
+/// What [`Server`]'s `bind` opened for its `start`: the sockets, and the watch of `clusters_dir`.
+pub struct Opened {
+    listeners: listeners::Opened,
+    watch: Option<DirWatch<States>>,
 }
 
 pub type Bound = app::Bound<Server>;
@@ -150,13 +154,14 @@ pub async fn bind(cfg: ServerConfig, opts: Options) -> Result<Bound, StartError>
 impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
+    type Opened = Opened;
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
     }
 
-    async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {
-        let listeners = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry)).await?;
+    async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
+        let (listeners, opened) = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry), &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
             None => (ClusterFiles::new(None), None),
@@ -187,11 +192,12 @@ impl Service for Server {
         for (name, mode) in shared.registry.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
         }
-        Ok(Self { shared, listeners, sessions_stop: CancellationToken::new(), watch: Mutex::new(watch) })
+        let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
+        Ok((this, Opened { listeners: opened, watch }))
     }
 
-    fn start(self: &Arc<Self>) {
-        self.listeners.start(&self.shared, &self.sessions_stop);
+    fn start(self: &Arc<Self>, opened: Opened) {
+        self.listeners.start(&self.shared, &self.sessions_stop, opened.listeners);
         let shared = &self.shared;
         shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
         tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
@@ -203,21 +209,14 @@ impl Service for Server {
             stop.cancelled().await;
             s.replica.draining(&s);
         });
-        if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
+        if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
-            let stop = shared.shutdown.stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    let up = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        up = watch.next() => up,
-                    };
-                    let main = shared.config.load_full();
-                    let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
-                    if changed {
-                        // As a config reload of the states: admin overrides still win.
-                        shared.apply_states();
-                    }
+            watch.follow(self.shared.shutdown.stop.clone(), "cluster files", move |up| {
+                let main = shared.config.load_full();
+                let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
+                if changed {
+                    // As a config reload of the states: admin overrides still win.
+                    shared.apply_states();
                 }
             });
         }

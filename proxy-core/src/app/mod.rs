@@ -93,10 +93,15 @@ pub trait Service: Sized + Send + Sync + 'static {
     fn restart_only(_cfg: &Self::Config) -> Vec<(&'static str, serde_json::Value)> {
         Vec::new()
     }
+    /// What [`Service::bind`] opened for [`Service::start`] to serve (listening sockets, directory
+    /// watches): handed over by value, so nothing holds it in between.
+    type Opened: Send + 'static;
+
     /// Open every socket of `cfg`; serve nothing yet.
-    fn bind(cfg: Arc<Self::Config>, ctx: Ctx) -> impl Future<Output = Result<Self, StartError>> + Send;
-    /// Start serving: accept loops and background tasks. Called once, inside the runtime.
-    fn start(self: &Arc<Self>);
+    fn bind(cfg: Arc<Self::Config>, ctx: Ctx) -> impl Future<Output = Result<(Self, Self::Opened), StartError>> + Send;
+    /// Start serving what `bind` opened: accept loops and background tasks. Called once, inside
+    /// the runtime.
+    fn start(self: &Arc<Self>, opened: Self::Opened);
     /// Take a reloaded config (valid, restart-only parts unchanged). On `Err` nothing may have
     /// changed: the running config stays in force.
     fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), String>> + Send;
@@ -158,6 +163,7 @@ pub struct Bound<S: Service> {
     app: Arc<App<S>>,
     admin: Option<TcpListener>,
     watch: Option<Watch>,
+    opened: S::Opened,
 }
 
 fn load_token(admin: &AdminConfig) -> Result<Option<Arc<str>>, StartError> {
@@ -185,7 +191,8 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     let admin = bind_admin(cfg.admin()).await?;
     let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(cfg.max_connections()) };
     ctx.connections.register(&ctx.registry);
-    let service = Arc::new(S::bind(cfg.clone(), ctx.clone()).await?);
+    let (service, opened) = S::bind(cfg.clone(), ctx.clone()).await?;
+    let service = Arc::new(service);
     let app = Arc::new(App {
         service,
         ctx,
@@ -204,7 +211,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
         path: app.write_addresses.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         source,
     })?;
-    Ok(Bound { app, admin: admin.map(|(l, _)| l), watch })
+    Ok(Bound { app, admin: admin.map(|(l, _)| l), watch, opened })
 }
 
 impl<S: Service> Bound<S> {
@@ -229,7 +236,7 @@ impl<S: Service> Bound<S> {
         if let Some(l) = self.admin {
             app.serve_admin(l, app.admin.lock().expect("not poisoned").stop.clone());
         }
-        app.service.start();
+        app.service.start(self.opened);
         if let Some(watch) = self.watch {
             tokio::spawn(app.clone().reload_loop(watch));
         }

@@ -21,6 +21,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// A parser of one file's text (`file` names it in messages), e.g. `parse_route_file`.
 pub type Parse<T> = fn(&str, &str) -> Result<T, ConfigError>;
@@ -345,6 +346,30 @@ impl<T: Send + 'static> DirWatch<T> {
                 Err(e) => tracing::error!(error = %e, "directory scan failed"),
             }
         }
+    }
+
+    /// Hand every update to `apply` until `stop`, one at a time, on a blocking thread: applying
+    /// rebuilds tables (CPU work proportional to their size, milliseconds at 10,000 entries),
+    /// which must not stall live relays. `what` names the files in the log when applying fails.
+    pub fn follow(
+        mut self,
+        stop: CancellationToken,
+        what: &'static str,
+        apply: impl Fn(Update<T>) + Send + Sync + 'static,
+    ) {
+        let apply = Arc::new(apply);
+        tokio::spawn(async move {
+            loop {
+                let up = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    up = self.next() => up,
+                };
+                let apply = apply.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || apply(up)).await {
+                    tracing::error!(error = %e, "applying {what} failed");
+                }
+            }
+        });
     }
 
     /// Wait until something may have changed and say what to scan.

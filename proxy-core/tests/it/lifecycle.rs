@@ -60,17 +60,18 @@ struct Toy {
 impl Service for Toy {
     type Config = Cfg;
     const NAME: &'static str = "toy";
+    type Opened = ();
 
     fn restart_only(cfg: &Cfg) -> Vec<(&'static str, serde_json::Value)> {
         vec![fixed("fixed", &cfg.fixed)]
     }
 
-    async fn bind(cfg: Arc<Cfg>, ctx: Ctx) -> Result<Self, StartError> {
+    async fn bind(cfg: Arc<Cfg>, ctx: Ctx) -> Result<(Self, ()), StartError> {
         let _ = ctx;
-        Ok(Self { value: AtomicU32::new(cfg.value), applied: Mutex::default() })
+        Ok((Self { value: AtomicU32::new(cfg.value), applied: Mutex::default() }, ()))
     }
 
-    fn start(self: &Arc<Self>) {}
+    fn start(self: &Arc<Self>, (): ()) {}
 
     async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), String> {
         if new.value == 13 {
