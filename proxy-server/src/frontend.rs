@@ -174,7 +174,7 @@ async fn prepare(
     // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap. A front
     // end of one cluster admits it for that cluster: at the cluster's share, the cluster's own
     // oldest pending connection makes room, never another cluster's.
-    let tenant = fe.cluster.as_deref().map(|c| shared.registry.pending_share(c));
+    let tenant = fe.cluster.as_deref().map(|c| shared.directory.pending_share(c));
     let ip_or_unix = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let admitted = match shared.pending.admit_as(ip_or_unix, ip.is_none(), tenant.as_ref()) {
         Ok(a) => a,
@@ -184,7 +184,7 @@ async fn prepare(
         }
     };
     let share = fe.cluster.as_deref().map(|c| {
-        let t = shared.registry.shares.tenant(&[c]);
+        let t = shared.directory.shares.tenant(&[c]);
         t.count_refused(Kind::Handshake, admitted.own_evicted());
         t.hold(Kind::Handshake)
     });
@@ -474,7 +474,7 @@ pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result
     let m = &shared.metrics;
     let started = Instant::now();
     let cfg = shared.config.load();
-    let r = shared.registry.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
+    let r = shared.directory.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
     match &r {
         Ok(_) => {
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
@@ -503,7 +503,7 @@ async fn relay(shared: &Shared, r: Ready) {
         to_client: Some(m.tunnel_bytes.with_label_values(&[&ctx.cluster, "to_seed"])),
     };
     let idle = shared.config.load().timeouts.idle.get();
-    let end = shared.registry.stream_end(&ctx.cluster);
+    let end = shared.directory.stream_end(&ctx.cluster);
     let mut t = transfer(io, stream, idle, meters);
     let stop = std::pin::pin!(proxy_core::relay::stop_on(&end, &shared.shutdown.kill, Stop::ClusterDrained));
     let done = proxy_core::relay::run(&mut t, stop).await;

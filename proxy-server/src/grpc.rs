@@ -211,7 +211,7 @@ async fn stream(shared: &Shared, mut ctx: Ctx, mut inbound: Streaming<Packet>, t
         started: Instant::now(),
     };
     let idle = shared.config.load().timeouts.idle.get();
-    let end = shared.registry.stream_end(&ctx.cluster);
+    let end = shared.directory.stream_end(&ctx.cluster);
     let stop = proxy_core::relay::stop_on(&end, &shared.shutdown.kill, Stop::ClusterDrained);
     let reason = r.run(open.stream, &mut inbound, &tx, idle, stop).await;
     if reason == "cluster_drained" {

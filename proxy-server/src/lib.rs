@@ -27,7 +27,7 @@ use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
-use registry::{Registry, ShareConfig};
+use registry::{SessionDirectory, ShareConfig};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ pub use proxy_core::app::Options;
 pub(crate) struct Shared {
     pub(crate) config: ArcSwap<ServerConfig>,
     pub(crate) metrics: ServerMetrics,
-    pub(crate) registry: Registry,
+    pub(crate) directory: SessionDirectory,
     pub(crate) shutdown: Shutdown,
     pub(crate) ids: ConnIds,
     /// The front ends' established connections (`limits.max_connections`), taken once the
@@ -77,7 +77,7 @@ impl Shared {
         s
     }
 
-    /// Apply the effective cluster states and limits to the registry (after a reload, a cluster
+    /// Apply the effective cluster states and limits to the session directory (after a reload, a cluster
     /// file change or an admin override).
     pub(crate) fn apply_states(&self) {
         let states = self.effective_states();
@@ -93,8 +93,8 @@ impl Shared {
             }
         }
         drop(files);
-        self.registry.set_shares(ShareConfig::of(&cfg, own));
-        self.registry.set_modes(&states);
+        self.directory.set_shares(ShareConfig::of(&cfg, own));
+        self.directory.set_modes(&states);
     }
 
     /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
@@ -175,7 +175,7 @@ impl Service for Server {
         let mut states = cfg.clusters.clone();
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
-            registry: Registry::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
+            directory: SessionDirectory::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
             pending: Pending::new(pending_limits(&cfg), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
@@ -189,7 +189,7 @@ impl Service for Server {
             replica: replica::Replica::new(&cfg),
         });
         shared.apply_states();
-        for (name, mode) in shared.registry.modes() {
+        for (name, mode) in shared.directory.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
         }
         let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
@@ -242,7 +242,7 @@ impl Service for Server {
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
         checks.push(self.shared.pending.readiness());
-        checks.push(self.shared.registry.shares.readiness(self.shared.config.load().limits.tenant_share));
+        checks.push(self.shared.directory.shares.readiness(self.shared.config.load().limits.tenant_share));
         checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
@@ -283,7 +283,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
         pending: Pending::new(pending_limits(&cfg), PendingMetrics::unregistered()),
-        registry: Registry::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
+        directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),

@@ -142,7 +142,9 @@ pub struct Dialed {
     pub node: String,
 }
 
-pub struct Registry {
+/// The agent sessions of every cluster, and each cluster's mode and share of the process limits:
+/// where a dial finds its agent.
+pub struct SessionDirectory {
     clusters: Arc<RwLock<HashMap<String, Cluster>>>,
     /// Each cluster's streams and pending work against its share of the process limits.
     pub shares: Shares,
@@ -154,7 +156,7 @@ pub struct Registry {
     metrics: ServerMetrics,
 }
 
-impl Registry {
+impl SessionDirectory {
     pub fn new(
         metrics: ServerMetrics,
         reg: &proxy_core::prometheus::Registry,
@@ -403,9 +405,9 @@ impl Registry {
             return Err(DialError::Moved(msg).into());
         }
         let strategies = mode.strategies.as_deref().unwrap_or(strategies);
-        let (share, pending) = self.take_shares(cluster)?;
+        let (share, dialing) = self.take_shares(cluster)?;
         let chosen = self.dial_agent(cluster, target, timeout, strategies).await;
-        drop(pending);
+        drop(dialing);
         let (stream, strategy, node) = chosen?;
         Ok(Dialed { stream, share, strategy, node })
     }
@@ -482,9 +484,9 @@ fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
 mod tests {
     use super::*;
 
-    fn registry() -> Registry {
+    fn directory() -> SessionDirectory {
         let reg = proxy_core::prometheus::Registry::new();
-        Registry::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
+        SessionDirectory::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
     }
 
     fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
@@ -500,7 +502,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_fence_after_a_drain_without_deadline_ends_streams_admitted_while_active() {
-        let r = registry();
+        let r = directory();
         let end = r.stream_end("a");
         r.set_modes(&state(ClusterMode::Draining, None));
         tokio::task::yield_now().await;
@@ -512,7 +514,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_deadline_ends_streams_unless_the_cluster_came_back() {
-        let r = registry();
+        let r = directory();
         let end = r.stream_end("a");
         r.set_modes(&state(ClusterMode::Draining, Some(30)));
         let during = r.stream_end("a");

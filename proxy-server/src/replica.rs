@@ -82,7 +82,7 @@ impl Replica {
         }
         shared.metrics.replica_count.set(i64::from(info.count));
         tracing::info!(id = %info.id, count = info.count, draining = info.draining, "announcing this replica to its agents");
-        for s in shared.registry.all_sessions() {
+        for s in shared.directory.all_sessions() {
             send(shared, &s, &info);
         }
     }
