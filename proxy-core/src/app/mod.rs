@@ -38,7 +38,9 @@ pub struct Options {
     pub config_path: Option<PathBuf>,
     /// Write the bound addresses here (JSON) after binding and after every reload.
     pub write_addresses: Option<PathBuf>,
-    /// Use this registry (tests run several binaries in one process); default: a new one.
+    /// This binary's metrics registry; default: a new one. Several binaries in one process (as
+    /// tests run them) each need their own: their metrics have the same names. A registry that
+    /// already holds a binary's metrics is refused at start ([`StartError::RegistryInUse`]).
     pub registry: Option<Registry>,
 }
 
@@ -63,6 +65,8 @@ pub enum StartError {
     Token(#[source] io::Error),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("the metrics registry already holds the metrics of another binary; give each binary its own")]
+    RegistryInUse,
     #[error("writing the addresses file {path}: {source}")]
     AddressesFile {
         path: String,
@@ -183,6 +187,9 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     // and then would otherwise go unnoticed.
     let watch = opts.config_path.map(Watch::new);
     let registry = opts.registry.unwrap_or_default();
+    if metrics::holds_build_info(&registry) {
+        return Err(StartError::RegistryInUse);
+    }
     metrics::register_build_info(&registry, S::NAME);
     crate::obs::runtime_metrics::register(&registry);
     let reload = ReloadMetrics::new(&registry);

@@ -166,6 +166,34 @@ impl Drop for World {
 
 const BASE: &str = "admin: { listen: 127.0.0.1:0 }\nvalue: 1\nfixed: a\n";
 
+/// Two binaries in one process (as `testbed::inproc` runs them), each with its own registry:
+/// both serve, and each `/metrics` shows its own build info once. Handing the first's registry
+/// to a second is a start error that says why, not a panic.
+#[tokio::test]
+async fn two_binaries_in_one_process_each_have_their_own_registry() {
+    let a = World::start("two-a", BASE).await;
+    let b = World::start("two-b", BASE).await;
+    for w in [&a, &b] {
+        let (code, body) = get(w.admin, "/metrics").await;
+        assert_eq!(code, 200);
+        assert_eq!(body.matches("seedgate_build_info{").count(), 1, "{body}");
+        assert_eq!(reloads(&body, "success"), 0);
+    }
+    // A reload of one is counted in its registry only.
+    a.write(&BASE.replace("value: 1", "value: 2"));
+    a.wait_reloads("success", 1).await;
+    assert_eq!(reloads(&get(b.admin, "/metrics").await.1, "success"), 0);
+
+    let registry = proxy_core::prometheus::Registry::new();
+    let opts = || app::Options { registry: Some(registry.clone()), ..Default::default() };
+    let cfg = || Cfg::parse(BASE, "toy.yaml").unwrap();
+    let first = app::bind::<Toy>(cfg(), opts()).await.expect("the first binary on the registry");
+    let err = app::bind::<Toy>(cfg(), opts()).await.err().expect("a second binary on the same registry");
+    assert!(matches!(err, StartError::RegistryInUse), "{err}");
+    assert!(err.to_string().contains("give each binary its own"), "{err}");
+    drop(first);
+}
+
 #[tokio::test]
 async fn reloads_apply_or_change_nothing() {
     let w = World::start("reload", BASE).await;
