@@ -12,7 +12,7 @@ mod replicas;
 mod tunnel;
 
 use arc_swap::ArcSwap;
-use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
+use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed, listen_tcp};
 use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::obs::admin::Check;
 use proxy_core::obs::metrics::ConnMetrics;
@@ -62,6 +62,7 @@ impl Service for Agent {
     const NAME: &'static str = "proxy-agent";
     /// The apiserver-proxy listeners, by name.
     type Opened = Vec<(String, TcpListener)>;
+    type ApplyError = Refused;
 
     /// Listen addresses are bound at start, and the tunnel (its metrics, its TLS watch) is set
     /// up at start or not at all; its server list changes live.
@@ -119,7 +120,7 @@ impl Service for Agent {
     }
 
     /// New connections and streams take the new config; live ones keep going.
-    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), Refused> {
         if let (Some(t), Some(cfg)) = (&self.shared.tunnel, &new.tunnel) {
             t.reconfigure(cfg.value.clone())?;
         }

@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::app::{self, Ctx, Service, StartError};
+use proxy_core::app::{self, Ctx, Refused, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
@@ -155,6 +155,7 @@ impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
     type Opened = Opened;
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
@@ -223,9 +224,9 @@ impl Service for Server {
     }
 
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
-    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), Refused> {
         if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
-            return Err(e);
+            return Err(e.into());
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.pending.set_limits(pending_limits(&new));

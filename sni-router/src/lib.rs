@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 use files::RouteFiles;
 use listeners::Listeners;
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::app::{self, Ctx, Service, StartError};
+use proxy_core::app::{self, Ctx, Refused, Service, StartError};
 use proxy_core::net::accept::Slots;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
@@ -108,6 +108,7 @@ impl Service for Router {
     const NAME: &'static str = "sni-router";
     /// The watch of `routes_dir`, followed from `start` on.
     type Opened = Option<DirWatch<Vec<RouteCfg>>>;
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &RouterConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("routes_dir", &cfg.routes_dir)]
@@ -148,7 +149,7 @@ impl Service for Router {
         }
     }
 
-    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), Refused> {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
         let claims = files.rebase(&new)?;

@@ -75,6 +75,40 @@ pub enum StartError {
     },
 }
 
+/// Why a reloaded config was refused; the running config stays in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError<E: std::error::Error + 'static> {
+    /// The file could not be read or is not a valid config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A part only a restart can change differs ([`Service::restart_only`]).
+    #[error("{key} cannot change at runtime; restart {binary} to apply it")]
+    RestartOnly { key: String, binary: &'static str },
+    /// The new admin token file or listen address cannot be used.
+    #[error(transparent)]
+    Admin(#[from] StartError),
+    /// The service refused it ([`Service::apply`]).
+    #[error(transparent)]
+    Service(E),
+}
+
+/// A reload a service refuses, with the message that says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+impl From<String> for Refused {
+    fn from(s: String) -> Self {
+        Refused(s)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(s: &str) -> Self {
+        Refused(s.to_owned())
+    }
+}
+
 /// What the lifecycle hands a service when it binds.
 #[derive(Clone)]
 pub struct Ctx {
@@ -97,6 +131,8 @@ pub trait Service: Sized + Send + Sync + 'static {
     fn restart_only(_cfg: &Self::Config) -> Vec<(&'static str, serde_json::Value)> {
         Vec::new()
     }
+    /// Why [`Service::apply`] refuses a config.
+    type ApplyError: std::error::Error + Send + Sync + 'static;
     /// What [`Service::bind`] opened for [`Service::start`] to serve (listening sockets, directory
     /// watches): handed over by value, so nothing holds it in between.
     type Opened: Send + 'static;
@@ -108,7 +144,7 @@ pub trait Service: Sized + Send + Sync + 'static {
     fn start(self: &Arc<Self>, opened: Self::Opened);
     /// Take a reloaded config (valid, restart-only parts unchanged). On `Err` nothing may have
     /// changed: the running config stays in force.
-    fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), String>> + Send;
+    fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), Self::ApplyError>> + Send;
     /// Every listening socket by name (`ip:port`, or `unix:<path>`).
     fn listeners(&self) -> BTreeMap<String, String>;
     /// Readiness checks; the process is ready when all pass (and it is not draining).
@@ -310,7 +346,7 @@ impl<S: Service> App<S> {
         let parse_ms = started.elapsed().as_secs_f64() * 1e3;
         let result = match loaded {
             Ok(cfg) => self.apply(Arc::new(cfg)).await,
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(ReloadError::Config(e)),
         };
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
         match result {
@@ -327,21 +363,17 @@ impl<S: Service> App<S> {
     }
 
     /// Apply `new`, or change nothing. Public to tests through [`Bound`]'s reload path only.
-    async fn apply(self: &Arc<Self>, new: Arc<S::Config>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<S::Config>) -> Result<(), ReloadError<S::ApplyError>> {
         let old = self.running();
         for ((key, was), (_, now)) in S::restart_only(&old).into_iter().zip(S::restart_only(&new)) {
             if let Some(path) = first_difference(key, &was, &now) {
-                return Err(format!("{path} cannot change at runtime; restart {} to apply it", S::NAME));
+                return Err(ReloadError::RestartOnly { key: path, binary: S::NAME });
             }
         }
         // Admin first (bind before anything changes), committed only if the service applies.
-        let token = load_token(new.admin()).map_err(|e| e.to_string())?;
-        let admin = if old.admin().listen != new.admin().listen {
-            Some(bind_admin(new.admin()).await.map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
-        self.service.apply(new.clone()).await?;
+        let token = load_token(new.admin())?;
+        let admin = if old.admin().listen != new.admin().listen { Some(bind_admin(new.admin()).await?) } else { None };
+        self.service.apply(new.clone()).await.map_err(ReloadError::Service)?;
         *self.token.write().expect("not poisoned") = token;
         if let Some(bound) = admin {
             self.move_admin(new.admin().listen.clone(), bound);

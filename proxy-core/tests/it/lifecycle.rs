@@ -4,7 +4,7 @@
 //! the grace).
 
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::app::{self, Ctx, Service, StartError, fixed};
+use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed};
 use proxy_core::obs::admin::Check;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, Dur};
 use serde::{Deserialize, Serialize};
@@ -61,6 +61,7 @@ impl Service for Toy {
     type Config = Cfg;
     const NAME: &'static str = "toy";
     type Opened = ();
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &Cfg) -> Vec<(&'static str, serde_json::Value)> {
         vec![fixed("fixed", &cfg.fixed)]
@@ -73,7 +74,7 @@ impl Service for Toy {
 
     fn start(self: &Arc<Self>, (): ()) {}
 
-    async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), Refused> {
         if new.value == 13 {
             return Err("13 is refused".into());
         }
