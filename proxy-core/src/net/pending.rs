@@ -193,7 +193,8 @@ impl<T> Budget<T> {
     }
 
     /// Pending entries counted for the source of `ip`.
-    pub fn from_source(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    fn held_by_source(&self, ip: IpAddr) -> usize {
         self.per_source.get(&self.limits.source_key(ip)).copied().unwrap_or(0)
     }
 
@@ -343,6 +344,7 @@ impl PendingMetrics {
     }
 
     /// Metrics not registered anywhere (tests).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn unregistered() -> Self {
         Self::new(&Registry::new())
     }
@@ -555,7 +557,7 @@ mod tests {
         // Another source is not affected; an exempt connection is not counted.
         b.admit(ip("10.0.0.2"), false, 4).expect("other source");
         b.admit(ip("10.0.0.1"), true, 5).expect("exempt");
-        assert_eq!(b.from_source(ip("10.0.0.1")), 2);
+        assert_eq!(b.held_by_source(ip("10.0.0.1")), 2);
         // Routed: its place is free again.
         assert_eq!(b.release(a1.id), Some(1));
         assert_eq!(b.release(a1.id), None, "released once");
@@ -580,7 +582,7 @@ mod tests {
         assert_eq!(b.admit(ip("10.0.0.3"), false, 13).expect("evicts").evicted, vec![10]);
         assert_eq!(b.len(), 3);
         // The evicted entry's source count went down with it.
-        assert_eq!(b.from_source(ip("10.0.0.1")), 0);
+        assert_eq!(b.held_by_source(ip("10.0.0.1")), 0);
         // A budget shrunk by a reload evicts down to the new size on the next admission.
         b.set_limits(limits(1, 0));
         assert_eq!(b.admit(ip("10.0.0.4"), false, 14).expect("evicts").evicted, vec![11, 12, 13]);
@@ -699,8 +701,8 @@ mod tests {
             b.admit(ip("203.0.113.1"), false, i).expect("its share of a full budget");
         }
         assert!(matches!(b.admit(ip("203.0.113.1"), false, 64), Err(Refused::PerSource(_))), "64 when full");
-        assert_eq!(b.from_source(ip("203.0.113.1")), 64);
-        assert_eq!(b.from_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
+        assert_eq!(b.held_by_source(ip("203.0.113.1")), 64);
+        assert_eq!(b.held_by_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
     }
 
     #[test]

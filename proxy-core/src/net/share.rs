@@ -239,7 +239,8 @@ impl Shares {
     }
 
     /// Shares whose metrics are registered nowhere (tests).
-    pub fn unregistered(naming: Naming) -> Self {
+    #[cfg(test)]
+    fn unregistered(naming: Naming) -> Self {
         Self::new(&Registry::new(), naming)
     }
 

@@ -40,6 +40,7 @@ thread_local! {
 
 /// Run `f` and return, with its result, every metric [`register`] registered on this thread
 /// meanwhile (run a binary's `bind` on a current-thread runtime inside it to learn its metrics).
+#[cfg(any(test, feature = "test-util"))]
 pub fn noting<T>(f: impl FnOnce() -> T) -> (T, Vec<MetricInfo>) {
     let outer = NOTED.with(|n| n.borrow_mut().replace(Vec::new()));
     let out = f();

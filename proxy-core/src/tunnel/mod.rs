@@ -20,8 +20,6 @@
 //!
 //! Over QUIC: see [`quic`].
 
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod h2;
 pub mod quic;
 #[cfg(test)]

@@ -285,7 +285,7 @@ impl<T: Send + 'static> DirWatch<T> {
 
     /// [`DirWatch::start`] with another period of full scans when inotify works (tests make it
     /// long, to see that events alone find a change).
-    pub async fn start_with(dir: impl Into<PathBuf>, parse: Parse<T>, full_scan: Duration) -> (Self, Update<T>) {
+    async fn start_with(dir: impl Into<PathBuf>, parse: Parse<T>, full_scan: Duration) -> (Self, Update<T>) {
         let mut scan = DirScan::new(dir);
         let source = match notify(scan.dir()) {
             Ok(fd) => Source::Notify(fd),
