@@ -11,7 +11,7 @@ use crate::Shared;
 use crate::frontend::{self, FrontendRt};
 use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
-use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::app::{StartError, listen_tcp, resolve_listen};
 use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::tunnel::ALPN_V1;
 use proxy_core::watch::{
@@ -432,11 +432,7 @@ async fn listen_quic(
     cfg: &ServerConfig,
 ) -> Result<(quinn::Endpoint, std::net::SocketAddr), StartError> {
     let what = "agents QUIC listener";
-    let addr = proxy_core::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
-        what: what.to_owned(),
-        addr: hp.to_string(),
-        source,
-    })?;
+    let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
     let server_config =
         crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;

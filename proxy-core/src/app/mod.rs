@@ -168,13 +168,18 @@ pub fn fixed<T: Serialize + ?Sized>(key: &'static str, value: &T) -> (&'static s
     (key, serde_json::to_value(value).unwrap_or_default())
 }
 
-/// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
-pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
-    let addr = crate::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
+/// Resolve the listen address of `what` without blocking a runtime thread.
+pub async fn resolve_listen(what: &str, hp: &HostPort) -> Result<SocketAddr, StartError> {
+    crate::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
         what: what.to_owned(),
         addr: hp.to_string(),
         source,
-    })?;
+    })
+}
+
+/// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
+pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
+    let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
     let sock = crate::net::bind_tcp(addr).map_err(bind_err)?;
     let local = sock.local_addr().map_err(bind_err)?;
