@@ -74,8 +74,8 @@ pub enum Kind {
     /// in their upstream connect, dials in flight.
     Pending = 1,
     /// Connections of the tenant still in their handshake. Capped by the pending budget, which
-    /// evicts the tenant's oldest ([`crate::net::pending::TenantShare`]); counted here with the
-    /// pending work (same gauge and refusal label), apart from its cap.
+    /// evicts the tenant's oldest (its `TenantShare`); counted here with the pending work (same
+    /// gauge and refusal label), apart from its cap.
     Handshake = 2,
 }
 

@@ -94,7 +94,7 @@ pub enum Stop {
     SessionDrained,
 }
 
-/// How a relay ended. [`crate::relay`] decides from it how both ends close; logs and metrics
+/// How a relay ended. The relay's end policy decides from it how both ends close; logs and metrics
 /// take their reason from [`Outcome::label`].
 #[derive(Debug)]
 pub enum Outcome {
