@@ -2,14 +2,14 @@
 
 use crate::Shared;
 use crate::gateway;
-use proxy_core::accept::ConnPermit;
-use proxy_core::access::Bytes;
-use proxy_core::copy::{Meters, Stop, transfer_tcp};
-use proxy_core::guard::Active;
-use proxy_core::metrics::ConnMetrics;
 use proxy_core::net;
+use proxy_core::net::accept::ConnPermit;
+use proxy_core::net::guard::Active;
+use proxy_core::obs::metrics::ConnMetrics;
 use proxy_core::prometheus::{Histogram, IntCounter, IntGauge};
 use proxy_core::relay;
+use proxy_core::relay::access::Bytes;
+use proxy_core::relay::copy::{Meters, Stop, transfer_tcp};
 use seedgate_config::agent::{ApiserverProxy, Mode, Timeouts};
 use std::borrow::Cow;
 use std::future::Future;

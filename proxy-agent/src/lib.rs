@@ -12,14 +12,14 @@ mod replicas;
 mod tunnel;
 
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, accept_error_label, accept_loop};
-use proxy_core::admin::Check;
-use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
-use proxy_core::metrics::ConnMetrics;
+use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed, listen_tcp};
+use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
+use proxy_core::obs::admin::Check;
+use proxy_core::obs::metrics::ConnMetrics;
 use seedgate_config::agent::ApiserverProxy;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -44,7 +44,6 @@ pub struct Agent {
     shared: Arc<Shared>,
     ctx: Ctx,
     addrs: BTreeMap<String, SocketAddr>,
-    pending: Mutex<Vec<(String, TcpListener)>>,
 }
 
 pub type Bound = app::Bound<Agent>;
@@ -61,6 +60,9 @@ fn gateway_of(c: &AgentConfig) -> Option<&seedgate_config::HostPort> {
 impl Service for Agent {
     type Config = AgentConfig;
     const NAME: &'static str = "proxy-agent";
+    /// The apiserver-proxy listeners, by name.
+    type Opened = Vec<(String, TcpListener)>;
+    type ApplyError = Refused;
 
     /// Listen addresses are bound at start, and the tunnel (its metrics, its TLS watch) is set
     /// up at start or not at all; its server list changes live.
@@ -69,15 +71,15 @@ impl Service for Agent {
         vec![fixed("apiserver_proxy.listen", &listen), fixed("tunnel", &cfg.tunnel.is_some())]
     }
 
-    async fn bind(cfg: Arc<AgentConfig>, ctx: Ctx) -> Result<Self, StartError> {
-        let mut pending = Vec::new();
+    async fn bind(cfg: Arc<AgentConfig>, ctx: Ctx) -> Result<(Self, Self::Opened), StartError> {
+        let mut listeners = Vec::new();
         let mut addrs = BTreeMap::new();
         if let Some(ap) = &cfg.apiserver_proxy {
             for (i, l) in ap.listen.iter().enumerate() {
                 let name = ApiserverProxy::listener_name(i);
                 let (listener, addr) = listen_tcp(&name, l).await?;
                 addrs.insert(name.clone(), addr);
-                pending.push((name, listener));
+                listeners.push((name, listener));
             }
         }
         let tunnel = match &cfg.tunnel {
@@ -91,13 +93,13 @@ impl Service for Agent {
             kill: ctx.shutdown.kill.clone(),
             tunnel,
         });
-        Ok(Self { shared, ctx, addrs, pending: Mutex::new(pending) })
+        Ok((Self { shared, ctx, addrs }, listeners))
     }
 
-    fn start(self: &Arc<Self>) {
+    fn start(self: &Arc<Self>, listeners: Self::Opened) {
         let (shared, shutdown) = (&self.shared, &self.ctx.shutdown);
         let limit = ConnLimit::new(self.ctx.connections.clone(), None);
-        for (name, listener) in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
+        for (name, listener) in listeners {
             let l = Arc::new(apiserver_proxy::Listener::new(name.clone(), shared.clone()));
             let accept_errors = shared.metrics.accept_errors.clone();
             tracing::info!(listener = %name, addr = ?self.addrs.get(&name), "apiserver proxy listening");
@@ -118,7 +120,7 @@ impl Service for Agent {
     }
 
     /// New connections and streams take the new config; live ones keep going.
-    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), Refused> {
         if let (Some(t), Some(cfg)) = (&self.shared.tunnel, &new.tunnel) {
             t.reconfigure(cfg.value.clone()).map_err(|e| e.to_string())?;
         }

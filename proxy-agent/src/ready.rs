@@ -1,6 +1,6 @@
 //! Readiness of the apiserver proxy: the last resolution of the gateway name, refreshed in the background.
 
-use proxy_core::admin::Check;
+use proxy_core::obs::admin::Check;
 use seedgate_config::HostPort;
 use std::io;
 use std::net::SocketAddr;

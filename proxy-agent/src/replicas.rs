@@ -164,7 +164,7 @@ impl Replicas {
     }
 
     /// Readiness: ready while at least one session is up; "degraded" below the count.
-    pub fn check(&self) -> proxy_core::admin::Check {
+    pub fn check(&self) -> proxy_core::obs::admin::Check {
         let st = self.state.lock().expect("not poisoned");
         let up: Vec<&Slot> = st.slots.iter().filter(|s| s.up).collect();
         let ids: Vec<String> = up
@@ -192,7 +192,7 @@ impl Replicas {
         {
             detail.push_str(&format!("; {}", s.detail));
         }
-        proxy_core::admin::Check::new(format!("tunnel-{}", self.name), n > 0, detail)
+        proxy_core::obs::admin::Check::new(format!("tunnel-{}", self.name), n > 0, detail)
     }
 }
 

@@ -1,35 +1,25 @@
 //! proxy-core: the data plane shared by sni-router, proxy-server and proxy-agent.
 //!
-//! The process lifecycle ([`app`]), sockets and the accept loop, upstream connects, the byte
-//! relay, how it ends ([`relay`]) and its access event ([`access`]), shutdown, config reload, metrics and the admin listener,
-//! tracing, TLS files and the tunnel protocol. The sans-IO readers of untrusted bytes live in the
-//! `proxy-wire` crate.
+//! Grouped by what each folder owns; a folder only uses the ones listed before it:
+//!
+//! - [`obs`]: what operators see — the metrics registry, runtime gauges, the admin listener, logs.
+//! - [`tls`]: TLS setup from PEM files.
+//! - [`net`]: sockets and admission — listening, upstream connects, the accept loop and its
+//!   connection slots, the pre-routing budget, tenants' shares, load counters, back-off.
+//! - [`relay`]: the byte relay — the copy (and splice), stream types, how both ends close, the
+//!   access event.
+//! - [`watch`]: files that reload themselves — the config file, per-shoot directories, TLS material.
+//! - [`tunnel`]: the reverse tunnel between proxy-server and proxy-agent, over h2 or QUIC.
+//! - [`app`]: the process — the lifecycle every binary shares, its flags, shutdown, the addresses file.
+//!
+//! The sans-IO readers of untrusted bytes live in the `proxy-wire` crate.
 
-pub mod accept;
-pub mod access;
-pub mod addrs;
-pub mod admin;
 pub mod app;
-pub mod backoff;
-pub mod balance;
-pub mod cli;
-pub mod copy;
-pub mod dirwatch;
-pub mod guard;
-pub mod ids;
-pub mod io;
-pub mod metrics;
 pub mod net;
-pub mod pending;
+pub mod obs;
 pub mod relay;
-pub mod reload;
-pub mod runtime_metrics;
-pub mod share;
-pub mod shutdown;
-mod splice;
-pub mod telemetry;
 pub mod tls;
-pub mod tls_watch;
 pub mod tunnel;
+pub mod watch;
 
 pub use prometheus;

@@ -132,7 +132,7 @@ fn admit(
         tracing::warn!(%peer, "agent certificate has no usable CN (the cluster name)");
         return None;
     };
-    if shared.registry.mode(&cluster).mode == seedgate_config::server::ClusterMode::Fenced {
+    if shared.directory.mode(&cluster).mode == seedgate_config::server::ClusterMode::Fenced {
         m.agent_sessions.with_label_values(&[&cluster, "cluster_fenced"]).inc();
         tracing::info!(%peer, %cluster, "agent refused: cluster is fenced on this seed");
         return None;
@@ -171,7 +171,7 @@ impl Admitted {
             });
             return;
         }
-        match shared.registry.add(cluster, peer.to_string(), opener, hello, session_stop.clone()) {
+        match shared.directory.add(cluster, peer.to_string(), opener, hello, session_stop.clone()) {
             Ok(sess) => {
                 m.agent_sessions.with_label_values(&[cluster, "accepted"]).inc();
                 tracing::info!(%peer, %cluster, session = sess.id, transport = self.transport, "agent session up");
@@ -185,7 +185,7 @@ impl Admitted {
         }
     }
 
-    /// The session ended: remove it from the registry.
+    /// The session ended: remove it from the session directory.
     fn unregister(
         &self,
         shared: &Shared,
@@ -195,7 +195,7 @@ impl Admitted {
         let (peer, cluster) = (self.peer, &self.cluster);
         let sess = registered.lock().expect("not poisoned").take();
         if let Some(sess) = sess {
-            shared.registry.remove(&sess);
+            shared.directory.remove(&sess);
             match &result {
                 Ok(()) => tracing::info!(%peer, %cluster, session = sess.id, "agent session closed"),
                 Err(e) => tracing::info!(%peer, %cluster, session = sess.id, error = %e, "agent session ended"),

@@ -1,6 +1,6 @@
 //! Cluster states from the files of `clusters_dir`, merged with the main config's `clusters`; a cluster defined twice is refused, naming both places.
 
-use proxy_core::dirwatch::{FileMetrics, Update};
+use proxy_core::watch::dir::{FileMetrics, Update};
 use seedgate_config::server::ClusterState;
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,7 +1,7 @@
 //! The admin endpoints particular to proxy-server: readiness by cluster, and setting a cluster's state (migration).
 
 use crate::Shared;
-use proxy_core::admin::{Check, ControlRequest};
+use proxy_core::obs::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
 /// Clusters the operator cares about: those with a front end or a configured state.
@@ -19,7 +19,7 @@ pub(crate) fn clusters(shared: &Shared) -> Vec<String> {
 pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
     let mut checks = known_ready(shared);
     let known = clusters(shared);
-    let mut unknown: Vec<String> = shared.registry.connected().into_iter().filter(|c| !known.contains(c)).collect();
+    let mut unknown: Vec<String> = shared.directory.connected().into_iter().filter(|c| !known.contains(c)).collect();
     let refused = shared.unknown_refused.lock().expect("not poisoned").clone();
     unknown.extend(refused.into_iter().filter(|c| !known.contains(c)));
     unknown.sort();
@@ -27,7 +27,7 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
     if !unknown.is_empty() {
         let list: Vec<String> = unknown
             .iter()
-            .map(|c| match shared.registry.sessions(c).len() {
+            .map(|c| match shared.directory.sessions(c).len() {
                 0 => format!("{c} (refused)"),
                 n => format!("{c} ({n} agents)"),
             })
@@ -40,12 +40,12 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
 }
 
 fn known_ready(shared: &Shared) -> Vec<Check> {
-    let reg = &shared.registry;
+    let dir = &shared.directory;
     clusters(shared)
         .into_iter()
         .map(|c| {
-            let mode = reg.mode(&c);
-            let sessions = reg.sessions(&c);
+            let mode = dir.mode(&c);
+            let sessions = dir.sessions(&c);
             let nodes: Vec<String> = sessions
                 .iter()
                 .map(|s| {
@@ -98,6 +98,6 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
         _ => return Some((StatusCode::METHOD_NOT_ALLOWED, "use PUT or DELETE\n".into())),
     }
     shared.apply_states();
-    let mode = shared.registry.mode(name);
+    let mode = shared.directory.mode(name);
     Some((StatusCode::OK, format!("cluster {name}: {:?}\n", mode.mode).to_lowercase()))
 }

@@ -13,15 +13,15 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::TokioIo;
-use proxy_core::accept::ConnPermit;
-use proxy_core::access::Bytes as Moved;
-use proxy_core::copy::{Meters, Outcome, Stop, transfer};
-use proxy_core::guard::Active;
-use proxy_core::ids::ConnId;
-use proxy_core::io::{Prefixed, Resettable};
-use proxy_core::pending::Admitted;
+use proxy_core::net::accept::ConnPermit;
+use proxy_core::net::guard::Active;
+use proxy_core::net::ids::ConnId;
+use proxy_core::net::pending::Admitted;
+use proxy_core::net::share::{Hold, Kind};
 use proxy_core::prometheus::{IntCounter, IntCounterVec};
-use proxy_core::share::{Hold, Kind};
+use proxy_core::relay::access::Bytes as Moved;
+use proxy_core::relay::copy::{Meters, Outcome, Stop, transfer};
+use proxy_core::relay::io::{Prefixed, Resettable};
 use proxy_core::tunnel::TunnelStream;
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
 use std::net::{IpAddr, Ipv4Addr};
@@ -179,7 +179,7 @@ async fn prepare(
     // Unix-socket client (the local kube-apiserver) is exempt from the per-source cap. A front
     // end of one cluster admits it for that cluster: at the cluster's share, the cluster's own
     // oldest pending connection makes room, never another cluster's.
-    let tenant = fe.cluster.as_deref().map(|c| shared.registry.pending_share(c));
+    let tenant = fe.cluster.as_deref().map(|c| shared.directory.pending_share(c));
     let ip_or_unix = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let admitted = match shared.pending.admit_as(ip_or_unix, ip.is_none(), tenant.as_ref()) {
         Ok(a) => a,
@@ -189,7 +189,7 @@ async fn prepare(
         }
     };
     let share = fe.cluster.as_deref().map(|c| {
-        let t = shared.registry.shares.tenant(&[c]);
+        let t = shared.directory.shares.tenant(&[c]);
         t.count_refused(Kind::Handshake, admitted.own_evicted());
         t.hold(Kind::Handshake)
     });
@@ -479,7 +479,7 @@ pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result
     let m = &shared.metrics;
     let started = Instant::now();
     let cfg = shared.config.load();
-    let r = shared.registry.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
+    let r = shared.directory.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
     match &r {
         Ok(_) => {
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
@@ -508,7 +508,7 @@ async fn relay(shared: &Shared, r: Ready) {
         to_client: Some(m.tunnel_bytes.with_label_values(&[&ctx.cluster, "to_seed"])),
     };
     let idle = shared.config.load().timeouts.idle.get();
-    let end = shared.registry.stream_end(&ctx.cluster);
+    let end = shared.directory.stream_end(&ctx.cluster);
     let mut t = transfer(io, stream, idle, meters);
     let stop = std::pin::pin!(proxy_core::relay::stop_on(&end, &shared.shutdown.kill, Stop::ClusterDrained));
     let done = proxy_core::relay::run(&mut t, stop).await;

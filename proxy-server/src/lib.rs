@@ -19,15 +19,15 @@ mod unix_socket;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
-use proxy_core::accept::ConnLimit;
-use proxy_core::admin::{Check, ControlRequest};
-use proxy_core::app::{self, Ctx, Service, StartError};
-use proxy_core::dirwatch::{DirWatch, FileMetrics};
-use proxy_core::ids::ConnIds;
-use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
-use proxy_core::shutdown::Shutdown;
-use proxy_core::tls_watch::TlsMetrics;
-use registry::{Registry, ShareConfig};
+use proxy_core::app::shutdown::Shutdown;
+use proxy_core::app::{self, Ctx, Refused, Service, StartError};
+use proxy_core::net::accept::ConnLimit;
+use proxy_core::net::ids::ConnIds;
+use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
+use proxy_core::obs::admin::{Check, ControlRequest};
+use proxy_core::watch::dir::{DirWatch, FileMetrics};
+use proxy_core::watch::tls::TlsMetrics;
+use registry::{SessionDirectory, ShareConfig};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ pub use proxy_core::app::Options;
 pub(crate) struct Shared {
     pub(crate) config: ArcSwap<ServerConfig>,
     pub(crate) metrics: ServerMetrics,
-    pub(crate) registry: Registry,
+    pub(crate) directory: SessionDirectory,
     pub(crate) shutdown: Shutdown,
     pub(crate) ids: ConnIds,
     /// The front ends' established connections (`limits.max_connections`), taken once the
@@ -77,7 +77,7 @@ impl Shared {
         s
     }
 
-    /// Apply the effective cluster states and limits to the registry (after a reload, a cluster
+    /// Apply the effective cluster states and limits to the session directory (after a reload, a cluster
     /// file change or an admin override).
     pub(crate) fn apply_states(&self) {
         let states = self.effective_states();
@@ -93,8 +93,8 @@ impl Shared {
             }
         }
         drop(files);
-        self.registry.set_shares(ShareConfig::of(&cfg, own));
-        self.registry.set_modes(&states);
+        self.directory.set_shares(ShareConfig::of(&cfg, own));
+        self.directory.set_modes(&states);
     }
 
     /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
@@ -123,8 +123,12 @@ pub struct Server {
     listeners: Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
-    /// Taken by `start`, which watches `clusters_dir` from then on.
-    watch: Mutex<Option<DirWatch<States>>>,
+}
+
+/// What [`Server`]'s `bind` opened for its `start`: the sockets, and the watch of `clusters_dir`.
+pub struct Opened {
+    listeners: listeners::Opened,
+    watch: Option<DirWatch<States>>,
 }
 
 pub type Bound = app::Bound<Server>;
@@ -137,13 +141,15 @@ pub async fn bind(cfg: ServerConfig, opts: Options) -> Result<Bound, StartError>
 impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
+    type Opened = Opened;
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
     }
 
-    async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<Self, StartError> {
-        let listeners = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry)).await?;
+    async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
+        let (listeners, opened) = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry), &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
             None => (ClusterFiles::new(None), None),
@@ -157,7 +163,7 @@ impl Service for Server {
         let mut states = cfg.clusters.clone();
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
-            registry: Registry::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
+            directory: SessionDirectory::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
             pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
@@ -171,14 +177,15 @@ impl Service for Server {
             replica: replica::Replica::new(&cfg),
         });
         shared.apply_states();
-        for (name, mode) in shared.registry.modes() {
+        for (name, mode) in shared.directory.modes() {
             shared.metrics.set_cluster_state(&name, mode.mode);
         }
-        Ok(Self { shared, listeners, sessions_stop: CancellationToken::new(), watch: Mutex::new(watch) })
+        let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
+        Ok((this, Opened { listeners: opened, watch }))
     }
 
-    fn start(self: &Arc<Self>) {
-        self.listeners.start(&self.shared, &self.sessions_stop);
+    fn start(self: &Arc<Self>, opened: Opened) {
+        self.listeners.start(&self.shared, &self.sessions_stop, opened.listeners);
         let shared = &self.shared;
         shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
         tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
@@ -190,30 +197,23 @@ impl Service for Server {
             stop.cancelled().await;
             s.replica.draining(&s);
         });
-        if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
+        if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
-            let stop = shared.shutdown.stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    let up = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        up = watch.next() => up,
-                    };
-                    let main = shared.config.load_full();
-                    let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
-                    if changed {
-                        // As a config reload of the states: admin overrides still win.
-                        shared.apply_states();
-                    }
+            watch.follow(self.shared.shutdown.stop.clone(), "cluster files", move |up| {
+                let main = shared.config.load_full();
+                let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
+                if changed {
+                    // As a config reload of the states: admin overrides still win.
+                    shared.apply_states();
                 }
             });
         }
     }
 
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
-    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), Refused> {
         if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
-            return Err(e.to_string());
+            return Err(e.to_string().into());
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await.map_err(|e| e.to_string())?;
         self.shared.pending.set_limits(PendingLimits::from(new.pending_budget()));
@@ -230,7 +230,7 @@ impl Service for Server {
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
         checks.push(self.shared.pending.readiness());
-        checks.push(self.shared.registry.shares.readiness(self.shared.config.load().limits.tenant_share));
+        checks.push(self.shared.directory.shares.readiness(self.shared.config.load().limits.tenant_share));
         checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
@@ -271,12 +271,12 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
         pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::unregistered()),
-        registry: Registry::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
+        directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),
         ids: ConnIds::default(),
-        limit: ConnLimit::new(proxy_core::accept::Slots::new(10), None),
+        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
         overrides: Mutex::new(BTreeMap::new()),
         cluster_files: Mutex::new(ClusterFiles::new(None)),
         unknown_warned: Mutex::default(),

@@ -11,10 +11,13 @@ use crate::Shared;
 use crate::frontend::{self, FrontendRt};
 use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
-use proxy_core::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
-use proxy_core::app::{StartError, listen_tcp};
-use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
+use proxy_core::app::{StartError, listen_tcp, resolve_listen};
+use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::tunnel::ALPN_V1;
+use proxy_core::watch::{
+    self,
+    tls::{Reloading, TlsMetrics},
+};
 use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
 use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
@@ -26,8 +29,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// Why a reload's sockets or TLS files could not be taken up (then nothing changed).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApplyError {
-    #[error("not started yet")]
-    NotStarted,
     /// A TLS file, or a new or moved socket.
     #[error(transparent)]
     Start(#[from] StartError),
@@ -56,7 +57,7 @@ fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationTo
 
 fn agents_tls(t: &ServerTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
     let ca = t.client_ca.as_deref().map(AsRef::as_ref);
-    Ok(tls_watch::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
+    Ok(watch::tls::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
 }
 
 /// What a front end reads from files: its TLS material and its proxy token.
@@ -95,7 +96,7 @@ fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rus
         FrontendProtocol::HttpConnect => &[b"http/1.1"],
         FrontendProtocol::Grpc => &[b"h2"],
     };
-    Ok(Some(tls_watch::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
+    Ok(Some(watch::tls::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
 }
 
 /// Where a front end listens: its socket is kept across a reload while this stays the same.
@@ -121,6 +122,21 @@ fn access(f: &Frontend) -> Access {
 enum Sock {
     Tcp(TcpListener),
     Unix(UnixListener, SocketFile),
+}
+
+/// A front end's listening socket, its file (if any) kept by its entry.
+enum Listening {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Sock {
+    fn split(self) -> (Listening, Option<SocketFile>) {
+        match self {
+            Sock::Tcp(l) => (Listening::Tcp(l), None),
+            Sock::Unix(l, file) => (Listening::Unix(l), Some(file)),
+        }
+    }
 }
 
 async fn bind_place(f: &Frontend) -> Result<(Sock, String), StartError> {
@@ -185,188 +201,90 @@ struct QuicEntry {
     stop: CancellationToken,
 }
 
-/// Every socket of the server.
+/// Every socket of the server: what each serves, from [`Listeners::bind`] on (so the addresses
+/// are known before serving); the accept loops run from [`Listeners::start`].
 pub(crate) struct Listeners {
     metrics: TlsMetrics,
-    agents: Mutex<Option<AgentsEntry>>,
+    agents: Mutex<AgentsEntry>,
     quic: Mutex<Option<QuicEntry>>,
     frontends: Mutex<BTreeMap<String, FrontendEntry>>,
-    /// Bound by [`Listeners::bind`], served from [`Listeners::start`].
-    pending: Mutex<Vec<Pending>>,
 }
 
-enum Pending {
-    Agents(TcpListener, Arc<Reloading<rustls::ServerConfig>>, ServerTls, HostPort, String),
-    AgentsQuic(quinn::Endpoint, HostPort, String),
-    Frontend(Frontend, Sock, String),
+/// The sockets [`Listeners::bind`] opened, served by [`Listeners::start`].
+pub(crate) struct Opened {
+    agents: TcpListener,
+    quic: Option<quinn::Endpoint>,
+    /// By front-end name.
+    frontends: Vec<(String, Listening)>,
 }
 
 impl Listeners {
-    pub(crate) async fn bind(cfg: &ServerConfig, metrics: &TlsMetrics) -> Result<Self, StartError> {
+    /// Bind every socket of `cfg` and read its TLS files (a bad file fails the start). `stop`
+    /// (the process's) ends what each entry runs.
+    pub(crate) async fn bind(
+        cfg: &ServerConfig,
+        metrics: &TlsMetrics,
+        stop: &CancellationToken,
+    ) -> Result<(Self, Opened), StartError> {
         let material = agents_tls(&cfg.agents.tls, metrics)?;
-        let (agents, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
-        let mut pending = vec![Pending::Agents(
-            agents,
-            material.clone(),
-            cfg.agents.tls.clone(),
-            cfg.agents.listen.clone(),
-            addr.to_string(),
-        )];
+        let (agents_sock, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
+        let agents = AgentsEntry {
+            listen: cfg.agents.listen.clone(),
+            addr: addr.to_string(),
+            tls_cfg: cfg.agents.tls.clone(),
+            tls: Arc::new(ArcSwap::from_pointee(watched(material.clone(), stop))),
+            stop: stop.child_token(),
+        };
+        let (mut quic, mut quic_sock) = (None, None);
         if let Some(q) = &cfg.agents.quic {
             let (endpoint, addr) = listen_quic(&q.listen, &material, cfg).await?;
-            pending.push(Pending::AgentsQuic(endpoint, q.listen.clone(), addr.to_string()));
+            quic = Some(QuicEntry { listen: q.listen.clone(), addr: addr.to_string(), stop: stop.child_token() });
+            quic_sock = Some(endpoint);
         }
+        let (mut frontends, mut fe_socks) = (BTreeMap::new(), Vec::new());
         for f in &cfg.frontends {
-            // TLS files are checked before the socket is bound, so a bad file fails the start.
-            frontend_files(f, metrics)?;
+            // TLS files are read before the socket is bound, so a bad file fails the start.
+            let files = frontend_files(f, metrics)?;
             let (sock, addr) = bind_place(f).await?;
-            pending.push(Pending::Frontend(f.clone(), sock, addr));
+            let (listening, file) = sock.split();
+            let name = f.name.value.clone();
+            frontends.insert(name.clone(), frontend_entry(stop, f.clone(), addr, files, file));
+            fe_socks.push((name, listening));
         }
-        Ok(Self {
+        let this = Self {
             metrics: metrics.clone(),
-            agents: Mutex::new(None),
-            quic: Mutex::new(None),
-            frontends: Mutex::new(BTreeMap::new()),
-            pending: Mutex::new(pending),
-        })
+            agents: Mutex::new(agents),
+            quic: Mutex::new(quic),
+            frontends: Mutex::new(frontends),
+        };
+        Ok((this, Opened { agents: agents_sock, quic: quic_sock, frontends: fe_socks }))
     }
 
     pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
         let mut out: BTreeMap<String, String> =
             self.frontends.lock().expect("not poisoned").iter().map(|(n, f)| (n.clone(), f.addr.clone())).collect();
-        if let Some(a) = &*self.agents.lock().expect("not poisoned") {
-            out.insert("agents".into(), a.addr.clone());
-        }
+        out.insert("agents".into(), self.agents.lock().expect("not poisoned").addr.clone());
         if let Some(q) = &*self.quic.lock().expect("not poisoned") {
             out.insert("agents-quic".into(), q.addr.clone());
-        }
-        for p in self.pending.lock().expect("not poisoned").iter() {
-            match p {
-                Pending::Agents(.., addr) => out.insert("agents".into(), addr.clone()),
-                Pending::AgentsQuic(.., addr) => out.insert("agents-quic".into(), addr.clone()),
-                Pending::Frontend(f, _, addr) => out.insert(f.name.value.clone(), addr.clone()),
-            };
         }
         out
     }
 
-    /// Start the accept loops. Agent sessions end with `sessions_stop` (after the front ends
-    /// drained); front-end connections drain with the process.
-    pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken) {
-        for p in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
-            match p {
-                Pending::Agents(l, material, tls_cfg, listen, addr) => {
-                    let tls = Arc::new(ArcSwap::from_pointee(watched(material, &shared.shutdown.stop)));
-                    let entry = self.serve_agents(shared, sessions_stop, l, tls, tls_cfg, listen, addr);
-                    *self.agents.lock().expect("not poisoned") = Some(entry);
-                }
-                Pending::AgentsQuic(endpoint, listen, addr) => {
-                    // The agents' listener is first in `pending`: its TLS material is running.
-                    let tls = self.agents.lock().expect("not poisoned").as_ref().map(|a| a.tls.clone());
-                    if let Some(tls) = tls {
-                        let entry = serve_quic(shared, sessions_stop, endpoint, tls, listen, addr);
-                        *self.quic.lock().expect("not poisoned") = Some(entry);
-                    }
-                }
-                Pending::Frontend(f, sock, addr) => {
-                    // Built at bind time already; a failure now (a file changed meanwhile) is logged.
-                    match frontend_files(&f, &self.metrics) {
-                        Ok(files) => {
-                            let entry = self.serve_frontend(shared, f, sock, addr, files);
-                            self.frontends.lock().expect("not poisoned").insert(entry.cfg.name.value.clone(), entry);
-                        }
-                        Err(e) => {
-                            if let Sock::Unix(_, file) = &sock {
-                                file.remove();
-                            }
-                            tracing::error!(frontend = %f.name, error = %e, "front end not started")
-                        }
-                    }
-                }
+    /// Start the accept loops on what [`Listeners::bind`] opened. Agent sessions end with
+    /// `sessions_stop` (after the front ends drained); front-end connections drain with the
+    /// process.
+    pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
+        let agents = self.agents.lock().expect("not poisoned");
+        serve_agents(shared, sessions_stop, opened.agents, &agents);
+        if let (Some(endpoint), Some(q)) = (opened.quic, &*self.quic.lock().expect("not poisoned")) {
+            serve_quic(shared, sessions_stop, endpoint, agents.tls.clone(), q);
+        }
+        let frontends = self.frontends.lock().expect("not poisoned");
+        for (name, listening) in opened.frontends {
+            if let Some(entry) = frontends.get(&name) {
+                serve_frontend(shared, entry, listening);
             }
         }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn serve_agents(
-        &self,
-        shared: &Arc<Shared>,
-        sessions_stop: &CancellationToken,
-        l: TcpListener,
-        tls: Arc<ArcSwap<Tls>>,
-        tls_cfg: ServerTls,
-        listen: HostPort,
-        addr: String,
-    ) -> AgentsEntry {
-        let stop = shared.shutdown.stop.child_token();
-        let errors = shared.metrics.conn.accept_errors.clone();
-        let (sh, t, sessions) = (shared.clone(), tls.clone(), sessions_stop.clone());
-        tracing::info!(%addr, "agents listener up");
-        // Agents: not counted against the front-end limit, not part of the front-end drain.
-        tokio::spawn(accept_loop(
-            l,
-            ConnLimit::new(Slots::new(UNLIMITED), None),
-            stop.clone(),
-            tokio_util::task::TaskTracker::new(),
-            move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
-            move |tcp, peer, permit| {
-                let fut = crate::agents::accept_tls(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
-                async move {
-                    fut.await;
-                    drop(permit);
-                }
-            },
-        ));
-        AgentsEntry { listen, addr, tls_cfg, tls, stop }
-    }
-
-    fn served(&self, shared: &Shared, f: &Frontend, files: FeFiles) -> Served {
-        let rt = Arc::new(FrontendRt {
-            name: Arc::from(f.name.as_str()),
-            cluster: f.cluster.clone(),
-            proxy_token: files.token,
-            grpc: f.protocol == FrontendProtocol::Grpc,
-        });
-        Served { rt, tls: files.tls.map(|m| watched(m, &shared.shutdown.stop)) }
-    }
-
-    fn serve_frontend(
-        &self,
-        shared: &Arc<Shared>,
-        f: Frontend,
-        sock: Sock,
-        addr: String,
-        files: FeFiles,
-    ) -> FrontendEntry {
-        let served = Arc::new(ArcSwap::from_pointee(self.served(shared, &f, files)));
-        let stop = shared.shutdown.stop.child_token();
-        // A slot is taken once the request head is read; until then the connection is in the
-        // pending budget.
-        let limit = WhileFree(shared.limit.clone());
-        let errors = shared.metrics.conn.accept_errors.clone();
-        let name: Arc<str> = Arc::from(f.name.as_str());
-        let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
-        let tracker = shared.shutdown.tracker.clone();
-        let (sh, sv) = (shared.clone(), served.clone());
-        tracing::info!(frontend = %f.name, %addr, tls = f.tls.is_some(), "front end listening");
-        match sock {
-            Sock::Tcp(l) => {
-                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |tcp, peer, ()| {
-                    let s = sv.load();
-                    let conn = frontend::Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
-                    frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
-                }));
-            }
-            Sock::Unix(l, file) => {
-                let peer = addr.clone();
-                tokio::spawn(accept_loop(l, limit, stop.clone(), tracker, on_err, move |s, _addr, ()| {
-                    let rt = sv.load().rt.clone();
-                    frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), None)
-                }));
-                return FrontendEntry { cfg: f, addr, served, stop, socket: Some(file) };
-            }
-        }
-        FrontendEntry { cfg: f, addr, served, stop, socket: None }
     }
 
     /// Apply a new config's sockets and TLS files, or change nothing.
@@ -377,15 +295,12 @@ impl Listeners {
         new: &ServerConfig,
     ) -> Result<(), ApplyError> {
         // Phase 1: everything that can fail — TLS files read, new sockets bound.
-        let (agents_now, frontends_now): (Option<(HostPort, ServerTls)>, BTreeMap<String, Frontend>) = {
+        let (agents_now, frontends_now): ((HostPort, ServerTls), BTreeMap<String, Frontend>) = {
             let a = self.agents.lock().expect("not poisoned");
             let f = self.frontends.lock().expect("not poisoned");
-            (
-                a.as_ref().map(|a| (a.listen.clone(), a.tls_cfg.clone())),
-                f.iter().map(|(n, e)| (n.clone(), e.cfg.clone())).collect(),
-            )
+            ((a.listen.clone(), a.tls_cfg.clone()), f.iter().map(|(n, e)| (n.clone(), e.cfg.clone())).collect())
         };
-        let Some((agents_listen, agents_tls_cfg)) = agents_now else { return Err(ApplyError::NotStarted) };
+        let (agents_listen, agents_tls_cfg) = agents_now;
         let agents_material =
             if new.agents.tls != agents_tls_cfg { Some(agents_tls(&new.agents.tls, &self.metrics)?) } else { None };
         let agents_sock = if new.agents.listen != agents_listen {
@@ -400,9 +315,7 @@ impl Listeners {
             (Some(q), now) if now.as_ref() != Some(&q.listen) => {
                 let material = match &agents_material {
                     Some(m) => m.clone(),
-                    None => {
-                        self.agents.lock().expect("not poisoned").as_ref().expect("checked").tls.load().material.clone()
-                    }
+                    None => self.agents.lock().expect("not poisoned").tls.load().material.clone(),
                 };
                 let (endpoint, addr) = listen_quic(&q.listen, &material, new).await?;
                 Some((endpoint, q.listen.clone(), addr.to_string()))
@@ -430,22 +343,21 @@ impl Listeners {
         // Phase 2: commit.
         {
             let mut agents = self.agents.lock().expect("not poisoned");
-            let a = agents.as_mut().expect("checked above");
+            let a = &mut *agents;
             if let Some(m) = agents_material {
                 a.tls.store(Arc::new(watched(m, &shared.shutdown.stop)));
                 a.tls_cfg = new.agents.tls.clone();
             }
             if let Some((l, addr)) = agents_sock {
                 // The same TLS material (shared with the QUIC listener, which stays).
-                let moved = self.serve_agents(
-                    shared,
-                    sessions_stop,
-                    l,
-                    a.tls.clone(),
-                    a.tls_cfg.clone(),
-                    new.agents.listen.clone(),
-                    addr.to_string(),
-                );
+                let moved = AgentsEntry {
+                    listen: new.agents.listen.clone(),
+                    addr: addr.to_string(),
+                    tls_cfg: a.tls_cfg.clone(),
+                    tls: a.tls.clone(),
+                    stop: shared.shutdown.stop.child_token(),
+                };
+                serve_agents(shared, sessions_stop, l, &moved);
                 let old = std::mem::replace(a, moved);
                 old.stop.cancel();
                 tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
@@ -453,7 +365,9 @@ impl Listeners {
             let mut quic = self.quic.lock().expect("not poisoned");
             let old = match quic_sock {
                 Some((endpoint, listen, addr)) => {
-                    quic.replace(serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), listen, addr))
+                    let entry = QuicEntry { listen, addr, stop: shared.shutdown.stop.child_token() };
+                    serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), &entry);
+                    quic.replace(entry)
                 }
                 None if new.agents.quic.is_none() => quic.take(),
                 None => None,
@@ -474,12 +388,14 @@ impl Listeners {
             match sock {
                 None => {
                     let entry = frontends.get_mut(&name).expect("an unchanged place has a running entry");
-                    entry.served.store(Arc::new(self.served(shared, &f, tls)));
+                    entry.served.store(Arc::new(served(&shared.shutdown.stop, &f, tls)));
                     entry.cfg = f;
                     tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
                 }
                 Some((sock, addr)) => {
-                    let entry = self.serve_frontend(shared, f, sock, addr, tls);
+                    let (listening, file) = sock.split();
+                    let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
+                    serve_frontend(shared, &entry, listening);
                     if let Some(old) = frontends.insert(name.clone(), entry) {
                         old.stop();
                         tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
@@ -515,11 +431,6 @@ impl Listeners {
         for entry in self.frontends.lock().expect("not poisoned").values() {
             entry.stop();
         }
-        for p in self.pending.lock().expect("not poisoned").iter() {
-            if let Pending::Frontend(_, Sock::Unix(_, file), _) = p {
-                file.remove();
-            }
-        }
     }
 }
 
@@ -530,11 +441,7 @@ async fn listen_quic(
     cfg: &ServerConfig,
 ) -> Result<(quinn::Endpoint, std::net::SocketAddr), StartError> {
     let what = "agents QUIC listener";
-    let addr = proxy_core::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
-        what: what.to_owned(),
-        addr: hp.to_string(),
-        source,
-    })?;
+    let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
     let server_config =
         crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;
@@ -552,13 +459,85 @@ fn serve_quic(
     sessions_stop: &CancellationToken,
     endpoint: quinn::Endpoint,
     tls: Arc<ArcSwap<Tls>>,
-    listen: HostPort,
+    entry: &QuicEntry,
+) {
+    tracing::info!(addr = %entry.addr, "agents QUIC listener up");
+    tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls, entry.stop.clone()));
+}
+
+/// Serve the agents' listener until shutdown or until the entry's `stop`. Agents: not counted
+/// against the front-end limit, not part of the front-end drain.
+fn serve_agents(shared: &Arc<Shared>, sessions_stop: &CancellationToken, l: TcpListener, entry: &AgentsEntry) {
+    let errors = shared.metrics.conn.accept_errors.clone();
+    let (sh, t, sessions) = (shared.clone(), entry.tls.clone(), sessions_stop.clone());
+    tracing::info!(addr = %entry.addr, "agents listener up");
+    tokio::spawn(accept_loop(
+        l,
+        ConnLimit::new(Slots::new(UNLIMITED), None),
+        entry.stop.clone(),
+        tokio_util::task::TaskTracker::new(),
+        move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
+        move |tcp, peer, permit| {
+            let fut = crate::agents::accept_tls(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
+            async move {
+                fut.await;
+                drop(permit);
+            }
+        },
+    ));
+}
+
+/// What a front end's new connections use, with its TLS material watched until `stop`.
+fn served(stop: &CancellationToken, f: &Frontend, files: FeFiles) -> Served {
+    let rt = Arc::new(FrontendRt {
+        name: Arc::from(f.name.as_str()),
+        cluster: f.cluster.clone(),
+        proxy_token: files.token,
+        grpc: f.protocol == FrontendProtocol::Grpc,
+    });
+    Served { rt, tls: files.tls.map(|m| watched(m, stop)) }
+}
+
+/// A front end not yet serving: what it will serve, and the token that stops it (a child of
+/// the process's `stop`).
+fn frontend_entry(
+    stop: &CancellationToken,
+    f: Frontend,
     addr: String,
-) -> QuicEntry {
-    let stop = shared.shutdown.stop.child_token();
-    tracing::info!(%addr, "agents QUIC listener up");
-    tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls, stop.clone()));
-    QuicEntry { listen, addr, stop }
+    files: FeFiles,
+    socket: Option<SocketFile>,
+) -> FrontendEntry {
+    let served = Arc::new(ArcSwap::from_pointee(served(stop, &f, files)));
+    FrontendEntry { cfg: f, addr, served, stop: stop.child_token(), socket }
+}
+
+/// Serve a front end until shutdown or until its entry's `stop`.
+fn serve_frontend(shared: &Arc<Shared>, entry: &FrontendEntry, listening: Listening) {
+    // A slot is taken once the request head is read; until then the connection is in the
+    // pending budget.
+    let limit = WhileFree(shared.limit.clone());
+    let errors = shared.metrics.conn.accept_errors.clone();
+    let name: Arc<str> = Arc::from(entry.cfg.name.as_str());
+    let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
+    let (tracker, stop) = (shared.shutdown.tracker.clone(), entry.stop.clone());
+    let (sh, sv) = (shared.clone(), entry.served.clone());
+    tracing::info!(frontend = %entry.cfg.name, addr = %entry.addr, tls = entry.cfg.tls.is_some(), "front end listening");
+    match listening {
+        Listening::Tcp(l) => {
+            tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |tcp, peer, ()| {
+                let s = sv.load();
+                let conn = frontend::Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
+                frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
+            }));
+        }
+        Listening::Unix(l) => {
+            let peer = entry.addr.clone();
+            tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |s, _addr, ()| {
+                let rt = sv.load().rt.clone();
+                frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), None)
+            }));
+        }
+    }
 }
 
 /// Accept agents' QUIC connections until `stop`; each gets a server config built from the

@@ -1,6 +1,6 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
-use proxy_core::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use seedgate_config::server::ClusterMode;
 

@@ -3,8 +3,8 @@
 use crate::metrics::ServerMetrics;
 use crate::session::Session;
 use crate::strategy::{self, NodeIndex};
-use proxy_core::pending::TenantShare;
-use proxy_core::share::{Cap, Hold, Kind, Naming, Shares};
+use proxy_core::net::pending::TenantShare;
+use proxy_core::net::share::{Cap, Hold, Kind, Naming, Shares};
 use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
@@ -132,7 +132,9 @@ pub struct Dialed {
     pub node: String,
 }
 
-pub struct Registry {
+/// The agent sessions of every cluster, and each cluster's mode and share of the process limits:
+/// where a dial finds its agent.
+pub struct SessionDirectory {
     clusters: Arc<RwLock<HashMap<String, Cluster>>>,
     /// Each cluster's streams and pending work against its share of the process limits.
     pub shares: Shares,
@@ -144,7 +146,7 @@ pub struct Registry {
     metrics: ServerMetrics,
 }
 
-impl Registry {
+impl SessionDirectory {
     pub fn new(
         metrics: ServerMetrics,
         reg: &proxy_core::prometheus::Registry,
@@ -393,9 +395,9 @@ impl Registry {
             return Err(DialError::Moved(msg).into());
         }
         let strategies = mode.strategies.as_deref().unwrap_or(strategies);
-        let (share, pending) = self.take_shares(cluster)?;
+        let (share, dialing) = self.take_shares(cluster)?;
         let chosen = self.dial_agent(cluster, target, timeout, strategies).await;
-        drop(pending);
+        drop(dialing);
         let (stream, strategy, node) = chosen?;
         Ok(Dialed { stream, share, strategy, node })
     }
@@ -465,16 +467,16 @@ fn names(s: &[ProxyStrategy]) -> String {
 
 /// Power of two choices on active streams.
 fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
-    proxy_core::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
+    proxy_core::net::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn registry() -> Registry {
+    fn directory() -> SessionDirectory {
         let reg = proxy_core::prometheus::Registry::new();
-        Registry::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
+        SessionDirectory::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new())
     }
 
     fn state(mode: ClusterMode, deadline: Option<u64>) -> BTreeMap<String, ClusterState> {
@@ -490,7 +492,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_fence_after_a_drain_without_deadline_ends_streams_admitted_while_active() {
-        let r = registry();
+        let r = directory();
         let end = r.stream_end("a");
         r.set_modes(&state(ClusterMode::Draining, None));
         tokio::task::yield_now().await;
@@ -502,7 +504,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_deadline_ends_streams_unless_the_cluster_came_back() {
-        let r = registry();
+        let r = directory();
         let end = r.stream_end("a");
         r.set_modes(&state(ClusterMode::Draining, Some(30)));
         let during = r.stream_end("a");

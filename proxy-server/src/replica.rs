@@ -49,14 +49,14 @@ impl Replica {
     }
 
     /// The `/readyz?verbose` line: what this replica announces (always passes).
-    pub fn check(&self, cfg: &ServerConfig) -> proxy_core::admin::Check {
+    pub fn check(&self, cfg: &ServerConfig) -> proxy_core::obs::admin::Check {
         let i = self.info();
         let from = match &cfg.agents.peers {
             Some(p) => format!("from agents.peers {p}"),
             None => "agents.server_count".to_owned(),
         };
         let draining = if i.draining { ", draining" } else { "" };
-        proxy_core::admin::Check::new(
+        proxy_core::obs::admin::Check::new(
             "replica",
             true,
             format!("id {}, announcing {} replicas ({from}){draining}", i.id, i.count),
@@ -82,7 +82,7 @@ impl Replica {
         }
         shared.metrics.replica_count.set(i64::from(info.count));
         tracing::info!(id = %info.id, count = info.count, draining = info.draining, "announcing this replica to its agents");
-        for s in shared.registry.all_sessions() {
+        for s in shared.directory.all_sessions() {
             send(shared, &s, &info);
         }
     }

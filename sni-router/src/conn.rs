@@ -4,12 +4,12 @@ use crate::Shared;
 use crate::listener::ListenerRt;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
-use proxy_core::access::Bytes;
-use proxy_core::copy::{Meters, Stop, transfer_tcp};
-use proxy_core::ids::ConnId;
 use proxy_core::net::ConnectFailure;
+use proxy_core::net::ids::ConnId;
+use proxy_core::net::share::{Cap, Hold, Kind};
 use proxy_core::prometheus::IntGauge;
-use proxy_core::share::{Cap, Hold, Kind};
+use proxy_core::relay::access::Bytes;
+use proxy_core::relay::copy::{Meters, Stop, transfer_tcp};
 use proxy_wire::client_hello::{self, HelloError, HelloParser, Status};
 use proxy_wire::http_head::{self, Detect3, HeadReader, RequestHead};
 use proxy_wire::proxy_protocol::{self, Command, Detect, V2Options};
@@ -419,10 +419,10 @@ struct Ready {
 struct Held {
     /// What was learnt before the relay, for the access log (its buffer is already freed).
     log: Pre,
-    _permit: proxy_core::accept::ConnPermit,
+    _permit: proxy_core::net::accept::ConnPermit,
     /// The connection's place in its route's share.
     _share: Hold,
-    _active: proxy_core::guard::Active<IntGauge>,
+    _active: proxy_core::net::guard::Active<IntGauge>,
     _guard: upstream::UpstreamGuard,
     idle: std::time::Duration,
 }

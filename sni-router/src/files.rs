@@ -4,7 +4,7 @@ use crate::Shared;
 use crate::listener::Extra;
 use crate::listeners::Listeners;
 use crate::table::FileChange;
-use proxy_core::dirwatch::{FileMetrics, Update};
+use proxy_core::watch::dir::{FileMetrics, Update};
 use seedgate_config::ConfigError;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Claims, Route as RouteCfg};

@@ -16,20 +16,20 @@ mod upstream;
 use arc_swap::ArcSwap;
 use files::RouteFiles;
 use listeners::Listeners;
-use proxy_core::accept::Slots;
-use proxy_core::admin::Check;
-use proxy_core::app::{self, Ctx, Service, StartError};
-use proxy_core::dirwatch::{DirWatch, FileMetrics};
-use proxy_core::ids::ConnIds;
-use proxy_core::metrics::{self, ConnMetrics};
-use proxy_core::pending::{Pending, PendingLimits, PendingMetrics};
+use proxy_core::app::shutdown::Shutdown;
+use proxy_core::app::{self, Ctx, Refused, Service, StartError};
+use proxy_core::net::accept::Slots;
+use proxy_core::net::ids::ConnIds;
+use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
+use proxy_core::net::share::{Naming, Shares};
+use proxy_core::obs::admin::Check;
+use proxy_core::obs::metrics::{self, ConnMetrics};
 use proxy_core::prometheus::IntGaugeVec;
-use proxy_core::share::{Naming, Shares};
-use proxy_core::shutdown::Shutdown;
+use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::Route as RouteCfg;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use proxy_core::app::Options;
 
@@ -64,8 +64,6 @@ pub struct Router {
     /// The route files in force. Held across every table change, so a main-config reload and a
     /// route-file change never interleave.
     files: tokio::sync::Mutex<RouteFiles>,
-    /// Taken by `start`, which watches the directory from then on.
-    watch: Mutex<Option<DirWatch<Vec<RouteCfg>>>>,
 }
 
 pub type Bound = app::Bound<Router>;
@@ -96,12 +94,15 @@ fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
 impl Service for Router {
     type Config = RouterConfig;
     const NAME: &'static str = "sni-router";
+    /// The watch of `routes_dir`, followed from `start` on.
+    type Opened = Option<DirWatch<Vec<RouteCfg>>>;
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &RouterConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("routes_dir", &cfg.routes_dir)]
     }
 
-    async fn bind(cfg: Arc<RouterConfig>, ctx: Ctx) -> Result<Self, StartError> {
+    async fn bind(cfg: Arc<RouterConfig>, ctx: Ctx) -> Result<(Self, Self::Opened), StartError> {
         let shared = Arc::new(new_shared(cfg.clone(), &ctx));
         let (files, watch) = match &cfg.routes_dir {
             None => (RouteFiles::new(&cfg, None), None),
@@ -117,42 +118,26 @@ impl Service for Router {
             let (n, routes, refused) = files.summary();
             tracing::info!(files = n, routes, refused, "route files loaded");
         }
-        Ok(Self { shared, listeners, files: tokio::sync::Mutex::new(files), watch: Mutex::new(watch) })
+        Ok((Self { shared, listeners, files: tokio::sync::Mutex::new(files) }, watch))
     }
 
-    fn start(self: &Arc<Self>) {
+    fn start(self: &Arc<Self>, watch: Self::Opened) {
         self.listeners.start(&self.shared);
-        if let Some(mut watch) = self.watch.lock().expect("not poisoned").take() {
+        if let Some(watch) = watch {
             let this = self.clone();
-            let stop = self.shared.shutdown.stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    let up = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        up = watch.next() => up,
-                    };
-                    // Rebuilding a listener's table is CPU work proportional to its routes
-                    // (milliseconds at 10,000): off the runtime, so live relays do not stall.
-                    let this = this.clone();
-                    let applied = tokio::task::spawn_blocking(move || {
-                        let started = std::time::Instant::now();
-                        let mut files = this.files.blocking_lock();
-                        let changes = files.absorb(up);
-                        files.apply(&this.shared, &this.listeners, &changes);
-                        drop(files);
-                        let apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                        tracing::info!(listeners = changes.len(), apply_ms, "route files applied");
-                    })
-                    .await;
-                    if let Err(e) = applied {
-                        tracing::error!(error = %e, "applying route files failed");
-                    }
-                }
+            watch.follow(self.shared.shutdown.stop.clone(), "route files", move |up| {
+                let started = std::time::Instant::now();
+                let mut files = this.files.blocking_lock();
+                let changes = files.absorb(up);
+                files.apply(&this.shared, &this.listeners, &changes);
+                drop(files);
+                let apply_ms = started.elapsed().as_secs_f64() * 1e3;
+                tracing::info!(listeners = changes.len(), apply_ms, "route files applied");
             });
         }
     }
 
-    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), Refused> {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
         let claims = files.rebase(&new).map_err(|e| e.to_string())?;

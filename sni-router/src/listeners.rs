@@ -3,10 +3,10 @@
 use crate::Shared;
 use crate::listener::{Extra, ListenerRt, build_table, route_meters};
 use crate::table::{FastMap, FileChange, Route, Table, fast_map, new_route};
-use proxy_core::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};
-use proxy_core::admin::Check;
 use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::net::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::net::resolve_one;
+use proxy_core::obs::admin::Check;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
 use std::collections::BTreeMap;

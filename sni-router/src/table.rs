@@ -1,8 +1,8 @@
 //! The compiled routing table of one listener: SNI (exact, then `*.` wildcard), PROXY destination and CONNECT matches.
 
 use crate::upstream::Upstream;
+use proxy_core::net::share::{Shares, Tenant};
 use proxy_core::prometheus::IntCounter;
-use proxy_core::share::{Shares, Tenant};
 use regex::Regex;
 use seedgate_config::router::{
     Balance, ConnectUnmatched, Listener as ListenerCfg, ProxyProtocolMode, Route as RouteCfg, SendProxy,

@@ -1,7 +1,7 @@
 //! Upstream choice and connect: power-of-two-choices or least-connections, skip after failure, retry before the first byte.
 
-use proxy_core::balance::p2c;
-use proxy_core::guard::Active;
+use proxy_core::net::balance::p2c;
+use proxy_core::net::guard::Active;
 use proxy_core::net::{ConnectFailure, connect_host};
 use seedgate_config::HostPort;
 use seedgate_config::router::Balance;
@@ -46,7 +46,7 @@ impl Upstream {
     }
 }
 
-impl proxy_core::guard::Tally for Upstream {
+impl proxy_core::net::guard::Tally for Upstream {
     fn up(&self) {
         self.active.up();
     }

@@ -10,9 +10,9 @@
 use crate::proc::{Addresses, Files};
 use crate::tmp::TempDir;
 use anyhow::{Context as _, bail};
+use proxy_core::app::shutdown::{Drained, Shutdown};
 use proxy_core::app::{Bound, Options, Service};
 use proxy_core::prometheus::Registry;
-use proxy_core::shutdown::{Drained, Shutdown};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -113,7 +113,7 @@ impl InProc {
 
     /// Its metrics now, in the Prometheus text format (read from its registry, not over HTTP).
     pub fn metrics(&self) -> String {
-        proxy_core::metrics::render(&self.registry)
+        proxy_core::obs::metrics::render(&self.registry)
     }
 
     /// Everything it logged so far (the binary's text format).
@@ -158,7 +158,7 @@ fn runtime(bin: &str, log: &Log) -> anyhow::Result<tokio::runtime::Runtime> {
     thread_local! {
         static LOGGING: RefCell<Option<tracing::dispatcher::DefaultGuard>> = const { RefCell::new(None) };
     }
-    let dispatch = tracing::Dispatch::new(proxy_core::telemetry::text_subscriber(log.clone(), false));
+    let dispatch = tracing::Dispatch::new(proxy_core::obs::telemetry::text_subscriber(log.clone(), false));
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .thread_name(format!("inproc-{bin}"))

@@ -394,7 +394,7 @@ pub async fn connect(dialer: &Dialer, target: &str) -> anyhow::Result<BoxStream>
     if status != 200 {
         return Err(refusal(&mut s, status, head, rest).await.into());
     }
-    Ok(Box::new(proxy_core::io::Prefixed::new(rest, s)))
+    Ok(Box::new(proxy_core::relay::io::Prefixed::new(rest, s)))
 }
 
 /// [`connect`] over plain TCP, keeping the TcpStream (for socket options such as a zero linger);

@@ -15,7 +15,7 @@
 
 use super::metrics::SlotMetrics;
 use crate::replicas::{Replicas, Verdict};
-use proxy_core::backoff::Backoff;
+use proxy_core::net::backoff::Backoff;
 use proxy_core::tunnel::ServerInfo;
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};

@@ -1,7 +1,7 @@
 //! The tunnel's metrics: per server (sessions, reconnects, moves, replicas, transport) and per stream (dials, bytes, limits).
 
 use super::machine::Carrier;
-use proxy_core::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 #[derive(Clone)]

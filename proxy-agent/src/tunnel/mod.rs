@@ -10,8 +10,11 @@ use crate::replicas::Replicas;
 use arc_swap::ArcSwap;
 use metrics::TunnelMetrics;
 use proxy_core::prometheus::Registry;
-use proxy_core::tls_watch::{self, Reloading, TlsMetrics};
 use proxy_core::tunnel::ALPN_V1;
+use proxy_core::watch::{
+    self,
+    tls::{Reloading, TlsMetrics},
+};
 use seedgate_config::HostPort;
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use std::sync::atomic::AtomicUsize;
@@ -65,7 +68,7 @@ pub struct TlsReloadError(#[source] proxy_core::tls::TlsError);
 fn client_tls(cfg: &TunnelCfg, metrics: &TlsMetrics) -> Result<ClientTls, proxy_core::tls::TlsError> {
     let t = &cfg.tls;
     let material =
-        tls_watch::client("tunnel", t.ca.as_ref(), t.cert.as_ref(), t.key.as_ref(), &[ALPN_V1], true, metrics)?;
+        watch::tls::client("tunnel", t.ca.as_ref(), t.cert.as_ref(), t.key.as_ref(), &[ALPN_V1], true, metrics)?;
     Ok(ClientTls { material, watching: CancellationToken::new() })
 }
 
@@ -159,7 +162,7 @@ impl Tunnel {
 
     /// One check per configured server name: ready while a session is up, "degraded" while
     /// fewer replicas than announced are reached.
-    pub fn ready_checks(&self) -> Vec<proxy_core::admin::Check> {
+    pub fn ready_checks(&self) -> Vec<proxy_core::obs::admin::Check> {
         let transport = self.cfg.load().transport.as_str();
         self.names
             .lock()

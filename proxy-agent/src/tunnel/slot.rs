@@ -59,7 +59,8 @@ async fn slot_loop(
     let me = Slot { index: slot, label: label.clone(), configured, replicas: replicas.clone(), metrics };
     let mut machine = Machine::new(Instant::now(), me, settings, Box::new(rand::random::<f64>));
     let dialer = Arc::new(Dialer { t, label, moves, stop: stop.clone(), tracker });
-    let mut io = Io { dialer, sessions: Vec::new(), pending: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
+    let mut io =
+        Io { dialer, sessions: Vec::new(), in_flight: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
     loop {
         machine.configure(Settings::from(&**io.dialer.t.cfg.load()));
         let event = io.next_event(machine.poll_timeout()).await;
@@ -75,7 +76,8 @@ async fn slot_loop(
     }
 }
 
-type PendingIo = Pin<Box<dyn Future<Output = Done> + Send>>;
+/// A dial or a resolution under way.
+type InFlight = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 /// A dial or a resolution finished.
 enum Done {
@@ -98,7 +100,8 @@ struct Io {
     dialer: Arc<Dialer>,
     /// The sessions not retired: the live one and the one that may replace it.
     sessions: Vec<Running>,
-    pending: Vec<PendingIo>,
+    /// The dials and resolutions under way.
+    in_flight: Vec<InFlight>,
     moves_rx: mpsc::Receiver<Event>,
     wanted: watch::Receiver<u64>,
     stop: CancellationToken,
@@ -138,7 +141,7 @@ impl Io {
         tokio::select! {
             _ = self.stop.cancelled() => Wake::Stop,
             _ = timer => Wake::Timer,
-            done = first(&mut self.pending) => Wake::Done(done),
+            done = first(&mut self.in_flight) => Wake::Done(done),
             event = first(&mut reports) => Wake::Session(event),
             Some(event) = self.moves_rx.recv() => Wake::Session(event),
             // The sender lives in the replica set, which this slot holds: it never closes.
@@ -150,11 +153,11 @@ impl Io {
         match action {
             Action::Dial { id, target, over } => {
                 let dialer = self.dialer.clone();
-                self.pending.push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over).await) }));
+                self.in_flight.push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over).await) }));
             }
             Action::Resolve { query, name } => {
                 let timeout = self.dialer.t.cfg.load().dial_timeout.get();
-                self.pending.push(Box::pin(async move {
+                self.in_flight.push(Box::pin(async move {
                     let addrs = tokio::time::timeout(timeout, proxy_core::net::resolve(&name)).await;
                     Done::Resolved(query, addrs.ok().and_then(Result::ok))
                 }));

@@ -1,10 +1,10 @@
 //! Serving one stream the seed opened: the allowlist, the dial in the shoot, the relay and its access-log event.
 
 use super::Tunnel;
-use proxy_core::copy::{Meters, Stop, transfer};
-use proxy_core::guard::Active;
 use proxy_core::net::connect_in_turn;
+use proxy_core::net::guard::Active;
 use proxy_core::relay;
+use proxy_core::relay::copy::{Meters, Stop, transfer};
 use proxy_core::tunnel::{DialError, Incoming, connect_failed};
 use seedgate_config::agent::Tunnel as TunnelCfg;
 use seedgate_config::{CidrPort, HostPort, ValueError};

@@ -2,8 +2,8 @@
 #![allow(dead_code)] // not every helper is used by every module
 
 use anyhow::{Context as _, anyhow, bail};
-use proxy_core::addrs::Addresses;
-use proxy_core::shutdown::Shutdown;
+use proxy_core::app::addrs::Addresses;
+use proxy_core::app::shutdown::Shutdown;
 use proxy_wire::proxy_protocol::{self, ProxyHeader};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -64,7 +64,7 @@ impl Agent {
     async fn start_inner(yaml: &str, watch: Option<PathBuf>) -> anyhow::Result<Self> {
         // Logs only on request: they go to stderr, past the test harness's capture.
         if std::env::var_os("RUST_LOG").is_some() {
-            proxy_core::telemetry::init(proxy_core::telemetry::LogFormat::Text);
+            proxy_core::obs::telemetry::init(proxy_core::obs::telemetry::LogFormat::Text);
         }
         let cfg = seedgate_config::agent::parse(yaml, "test.yaml")?;
         let opts = proxy_agent::Options { config_path: watch, ..Default::default() };

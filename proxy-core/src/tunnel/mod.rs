@@ -20,8 +20,6 @@
 //!
 //! Over QUIC: see [`quic`].
 
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod h2;
 pub mod quic;
 #[cfg(test)]
@@ -29,8 +27,8 @@ mod quic_tests;
 pub mod session;
 mod stream;
 
-use crate::guard::Active;
-use crate::io::Resettable;
+use crate::net::guard::Active;
+use crate::relay::io::Resettable;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;

@@ -25,8 +25,8 @@ use super::{
     AgentConnection, AgentHandler, AgentSession, BoxFuture, DialError, Incoming, Responder, SeedConnection,
     TunnelSettings, TunnelStream,
 };
-use crate::guard::Active;
-use crate::io::Resettable;
+use crate::net::guard::Active;
+use crate::relay::io::Resettable;
 use bytes::Bytes;
 use proxy_wire::tunnel::quic::{Answer, KIND_CONNECT, KIND_CONTROL, Progress, StreamError, StreamHeader};
 pub use proxy_wire::tunnel::quic::{CLOSE_DONE, CLOSE_PROTOCOL, CLOSE_STOPPED, RESET_CODE};

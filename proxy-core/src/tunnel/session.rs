@@ -12,8 +12,8 @@
 
 use super::TunnelStream;
 use super::{AgentHandler, AgentHello, AgentMsg, BoxFuture, ControlMsg, DialError, Incoming, Opener, TunnelSettings};
-use crate::guard::Active;
-use crate::io::Resettable;
+use crate::net::guard::Active;
+use crate::relay::io::Resettable;
 use bytes::Bytes;
 use proxy_wire::tunnel::control::{ControlReader, Line, encode_line};
 use serde::de::DeserializeOwned;

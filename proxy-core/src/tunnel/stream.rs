@@ -1,6 +1,6 @@
 //! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream.
 
-use crate::io::Resettable;
+use crate::relay::io::Resettable;
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use std::io;
@@ -16,7 +16,7 @@ pub struct H2Stream {
     send: SendStream<Bytes>,
     recv: RecvStream,
     /// Part of the last DATA frame not yet read by the caller (its capacity not yet released).
-    pending: Bytes,
+    unread: Bytes,
     read_eof: bool,
     write_closed: bool,
 }
@@ -36,7 +36,7 @@ fn h2_to_io(e: h2::Error) -> io::Error {
 
 impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
-        Self { send, recv, pending: Bytes::new(), read_eof: false, write_closed: false }
+        Self { send, recv, unread: Bytes::new(), read_eof: false, write_closed: false }
     }
 }
 
@@ -50,10 +50,10 @@ impl AsyncRead for H2Stream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
-            if !this.pending.is_empty() {
-                let n = this.pending.len().min(buf.remaining());
-                buf.put_slice(&this.pending[..n]);
-                this.pending.advance(n);
+            if !this.unread.is_empty() {
+                let n = this.unread.len().min(buf.remaining());
+                buf.put_slice(&this.unread[..n]);
+                this.unread.advance(n);
                 // Only now may the peer send more on this stream.
                 let _ = this.recv.flow_control().release_capacity(n);
                 return Poll::Ready(Ok(()));
@@ -62,7 +62,7 @@ impl AsyncRead for H2Stream {
                 return Poll::Ready(Ok(()));
             }
             match ready!(this.recv.poll_data(cx)) {
-                Some(Ok(b)) => this.pending = b,
+                Some(Ok(b)) => this.unread = b,
                 Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
                 None => this.read_eof = true,
             }

@@ -1,10 +1,10 @@
-//! In-process tests of the accept loop (`proxy_core::accept::accept_loop`): a connection permit before accept (global and per-listener limits), stop while waiting, and no error reports for normal accepts.
+//! In-process tests of the accept loop (`proxy_core::net::accept::accept_loop`): a connection permit before accept (global and per-listener limits), stop while waiting, and no error reports for normal accepts.
 //!
 //! The handler hands each connection and its permit to the test, which decides when the
 //! connection ends (by dropping the permit). Whether a connection is still in the kernel's accept
 //! queue is read from `/proc/net/tcp` where available. Every wait is bounded.
 
-use proxy_core::accept::{ConnLimit, ConnPermit, Slots, accept_loop};
+use proxy_core::net::accept::{ConnLimit, ConnPermit, Slots, accept_loop};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,9 +1,9 @@
-//! In-process tests of the admin HTTP listener (`proxy_core::admin::serve`): health, metrics, readiness and draining, config, token-protected control endpoints, body limit, unknown paths, header-read timeout and stop.
+//! In-process tests of the admin HTTP listener (`proxy_core::obs::admin::serve`): health, metrics, readiness and draining, config, token-protected control endpoints, body limit, unknown paths, header-read timeout and stop.
 //!
 //! The server runs on `127.0.0.1:0` with a test `AdminHooks`; requests are written by hand over a
 //! TCP stream (HTTP/1.1, `Connection: close`) and the answer is read to EOF. Every wait is bounded.
 
-use proxy_core::admin::{AdminHooks, AdminState, Check, ControlRequest, serve};
+use proxy_core::obs::admin::{AdminHooks, AdminState, Check, ControlRequest, serve};
 use proxy_core::prometheus::{IntCounter, Registry};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 // In proxy-core, not proxy-wire, because ControlMsg is defined here and proxy-wire stays free
 // of tokio (proxy-wire's own replay covers the framing alone).
 
-use proxy_core::tunnel::fuzzing::check_control_input;
+use proxy_wire::fuzzing::check_control_input;
 use std::path::Path;
 
 #[test]

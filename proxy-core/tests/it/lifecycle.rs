@@ -3,9 +3,9 @@
 //! and `/config` through the service, and the drain (connections that finish, and ones cut at
 //! the grace).
 
-use proxy_core::admin::Check;
-use proxy_core::app::{self, Ctx, Service, StartError, fixed};
-use proxy_core::shutdown::Shutdown;
+use proxy_core::app::shutdown::Shutdown;
+use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed};
+use proxy_core::obs::admin::Check;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, Dur};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,19 +60,21 @@ struct Toy {
 impl Service for Toy {
     type Config = Cfg;
     const NAME: &'static str = "toy";
+    type Opened = ();
+    type ApplyError = Refused;
 
     fn restart_only(cfg: &Cfg) -> Vec<(&'static str, serde_json::Value)> {
         vec![fixed("fixed", &cfg.fixed)]
     }
 
-    async fn bind(cfg: Arc<Cfg>, ctx: Ctx) -> Result<Self, StartError> {
+    async fn bind(cfg: Arc<Cfg>, ctx: Ctx) -> Result<(Self, ()), StartError> {
         let _ = ctx;
-        Ok(Self { value: AtomicU32::new(cfg.value), applied: Mutex::default() })
+        Ok((Self { value: AtomicU32::new(cfg.value), applied: Mutex::default() }, ()))
     }
 
-    fn start(self: &Arc<Self>) {}
+    fn start(self: &Arc<Self>, (): ()) {}
 
-    async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), Refused> {
         if new.value == 13 {
             return Err("13 is refused".into());
         }
@@ -123,7 +125,7 @@ struct World {
     admin: SocketAddr,
     toy: Arc<Toy>,
     shutdown: Shutdown,
-    run: tokio::task::JoinHandle<proxy_core::shutdown::Drained>,
+    run: tokio::task::JoinHandle<proxy_core::app::shutdown::Drained>,
 }
 
 impl World {
@@ -164,6 +166,34 @@ impl Drop for World {
 }
 
 const BASE: &str = "admin: { listen: 127.0.0.1:0 }\nvalue: 1\nfixed: a\n";
+
+/// Two binaries in one process (as `testbed::inproc` runs them), each with its own registry:
+/// both serve, and each `/metrics` shows its own build info once. Handing the first's registry
+/// to a second is a start error that says why, not a panic.
+#[tokio::test]
+async fn two_binaries_in_one_process_each_have_their_own_registry() {
+    let a = World::start("two-a", BASE).await;
+    let b = World::start("two-b", BASE).await;
+    for w in [&a, &b] {
+        let (code, body) = get(w.admin, "/metrics").await;
+        assert_eq!(code, 200);
+        assert_eq!(body.matches("seedgate_build_info{").count(), 1, "{body}");
+        assert_eq!(reloads(&body, "success"), 0);
+    }
+    // A reload of one is counted in its registry only.
+    a.write(&BASE.replace("value: 1", "value: 2"));
+    a.wait_reloads("success", 1).await;
+    assert_eq!(reloads(&get(b.admin, "/metrics").await.1, "success"), 0);
+
+    let registry = proxy_core::prometheus::Registry::new();
+    let opts = || app::Options { registry: Some(registry.clone()), ..Default::default() };
+    let cfg = || Cfg::parse(BASE, "toy.yaml").unwrap();
+    let first = app::bind::<Toy>(cfg(), opts()).await.expect("the first binary on the registry");
+    let err = app::bind::<Toy>(cfg(), opts()).await.err().expect("a second binary on the same registry");
+    assert!(matches!(err, StartError::RegistryInUse), "{err}");
+    assert!(err.to_string().contains("give each binary its own"), "{err}");
+    drop(first);
+}
 
 #[tokio::test]
 async fn reloads_apply_or_change_nothing() {

@@ -3,7 +3,7 @@
 //! working), broken and mismatched files refused with the old material kept, a CA rotation that
 //! resumption cannot bypass, and the expiry and reload metrics.
 
-use proxy_core::tls_watch::{self, TlsMetrics};
+use proxy_core::watch::{self, tls::TlsMetrics};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::path::{Path, PathBuf};
@@ -112,7 +112,7 @@ fn client_config(ca_pem: &str, client: Option<&(String, String)>) -> Arc<rustls:
 }
 
 /// Serve TLS on a loopback port with whatever `material` holds at each accept; echo bytes.
-async fn serve(material: Arc<tls_watch::Reloading<rustls::ServerConfig>>) -> std::net::SocketAddr {
+async fn serve(material: Arc<watch::tls::Reloading<rustls::ServerConfig>>) -> std::net::SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -160,7 +160,7 @@ async fn echo(s: &mut tokio_rustls::client::TlsStream<TcpStream>) -> bool {
 }
 
 fn metric(reg: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = proxy_core::metrics::render(reg);
+    let text = proxy_core::obs::metrics::render(reg);
     text.lines()
         .filter(|l| l.starts_with(name) && labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -176,7 +176,7 @@ async fn rotation_through_symlink_swaps_reaches_new_handshakes_only() {
     let (c1, k1) = ca.leaf("server-one", true);
     vol.publish(&[("tls.crt", &c1), ("tls.key", &k1)]);
     let m =
-        tls_watch::server("agents", &vol.path("tls.crt"), &vol.path("tls.key"), None, &[], false, &metrics).unwrap();
+        watch::tls::server("agents", &vol.path("tls.crt"), &vol.path("tls.key"), None, &[], false, &metrics).unwrap();
     let addr = serve(m.clone()).await;
     let client = client_config(&ca.pem, None);
     let (cn, mut before) = handshake(addr, client.clone()).await.unwrap();
@@ -206,7 +206,7 @@ async fn broken_or_mismatched_files_are_refused_and_the_old_material_stays() {
     let mut vol = SecretVolume::new("broken");
     let (c1, k1) = ca.leaf("server-one", true);
     vol.publish(&[("tls.crt", &c1), ("tls.key", &k1)]);
-    let m = tls_watch::server("fe", &vol.path("tls.crt"), &vol.path("tls.key"), None, &[], false, &metrics).unwrap();
+    let m = watch::tls::server("fe", &vol.path("tls.crt"), &vol.path("tls.key"), None, &[], false, &metrics).unwrap();
     let addr = serve(m.clone()).await;
     let client = client_config(&ca.pem, None);
 
@@ -242,7 +242,7 @@ async fn a_client_ca_rotation_cannot_be_bypassed_by_resumption() {
     vol.publish(&[("tls.crt", &sc), ("tls.key", &sk), ("ca.crt", &old_ca.pem)]);
     let ca_file = vol.path("ca.crt");
     let m =
-        tls_watch::server("agents", &vol.path("tls.crt"), &vol.path("tls.key"), Some(&ca_file), &[], true, &metrics)
+        watch::tls::server("agents", &vol.path("tls.crt"), &vol.path("tls.key"), Some(&ca_file), &[], true, &metrics)
             .unwrap();
     let addr = serve(m.clone()).await;
     let old_client = client_config(&server_ca.pem, Some(&old_ca.leaf("shoot-a", false)));

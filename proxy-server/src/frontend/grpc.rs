@@ -16,12 +16,12 @@ use super::{Ctx, FrontendRt, Handshaken, Pre};
 use crate::Shared;
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxy_core::accept::ConnPermit;
-use proxy_core::copy::Stop;
-use proxy_core::guard::Active;
-use proxy_core::io::Prefixed;
+use proxy_core::net::accept::ConnPermit;
+use proxy_core::net::guard::Active;
+use proxy_core::net::share::Hold;
 use proxy_core::prometheus::IntCounter;
-use proxy_core::share::Hold;
+use proxy_core::relay::copy::Stop;
+use proxy_core::relay::io::Prefixed;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -211,7 +211,7 @@ async fn stream(shared: &Shared, mut ctx: Ctx, mut inbound: Streaming<Packet>, t
         started: Instant::now(),
     };
     let idle = shared.config.load().timeouts.idle.get();
-    let end = shared.registry.stream_end(&ctx.cluster);
+    let end = shared.directory.stream_end(&ctx.cluster);
     let stop = proxy_core::relay::stop_on(&end, &shared.shutdown.kill, Stop::ClusterDrained);
     let reason = r.run(open.stream, &mut inbound, &tx, idle, stop).await;
     if reason == "cluster_drained" {
@@ -379,7 +379,7 @@ impl Relay {
                     Up::TunnelError => break "upstream_error",
                 },
                 d = &mut down => break d,
-                s = &mut stop => break proxy_core::copy::Outcome::Stopped(s).label(),
+                s = &mut stop => break proxy_core::relay::copy::Outcome::Stopped(s).label(),
                 _ = self.idle(idle) => break "idle_timeout",
             }
         };

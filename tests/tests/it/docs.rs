@@ -4,7 +4,7 @@
 //! metrics reference lists exactly the metrics the binaries register.
 
 use proxy_core::app::Options;
-use proxy_core::metrics::{MetricInfo, noting};
+use proxy_core::obs::metrics::{MetricInfo, noting};
 use proxy_core::prometheus::Registry;
 use seedgate_config::BinaryConfig;
 use seedgate_config::schema::ConfigFile;
@@ -201,7 +201,7 @@ fn registered<B, E: std::fmt::Display>(
     for name in scraped {
         assert!(
             noted.iter().any(|m| m.name == name),
-            "{name} is registered without proxy_core::metrics::register, so the reference cannot list it"
+            "{name} is registered without proxy_core::obs::metrics::register, so the reference cannot list it"
         );
     }
     let _in_runtime = rt.enter();

@@ -30,7 +30,7 @@
 //! [`Budget`] is the bookkeeping without I/O or clock; [`Pending`] puts it behind a lock, gives
 //! every entry a cancellation token and counts what happens in metrics.
 
-use crate::share::Cap;
+use crate::net::share::Cap;
 use prometheus::{IntCounterVec, IntGauge, Registry};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -67,7 +67,7 @@ impl PendingLimits {
     /// pending in all (see the module documentation for the formula); `usize::MAX` with no
     /// per-source cap.
     pub fn per_source_at(&self, pending: usize) -> usize {
-        crate::share::share_at(self.per_source, self.max_pending, pending)
+        crate::net::share::share_at(self.per_source, self.max_pending, pending)
     }
 
     /// The deadline of a connection admitted while `pending` others are pending (see the
@@ -202,7 +202,8 @@ impl<T> Budget<T> {
     }
 
     /// Pending entries counted for the source of `ip`.
-    pub fn from_source(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    fn held_by_source(&self, ip: IpAddr) -> usize {
         self.per_source.get(&self.limits.source_key(ip)).copied().unwrap_or(0)
     }
 
@@ -331,7 +332,7 @@ pub struct PendingMetrics {
 
 impl PendingMetrics {
     pub fn new(reg: &Registry) -> Self {
-        let rejects = crate::metrics::counter_vec(
+        let rejects = crate::obs::metrics::counter_vec(
             reg,
             "seedgate_pending_rejects_total",
             "Connections ended in the pre-routing phase by its budget, by reason (per_source, evicted, deadline).",
@@ -342,7 +343,7 @@ impl PendingMetrics {
             rejects.with_label_values(&[r.label()]);
         }
         Self {
-            pending: crate::metrics::gauge(
+            pending: crate::obs::metrics::gauge(
                 reg,
                 "seedgate_pending_connections",
                 "Connections accepted and not yet routed (PROXY header, ClientHello or request head still being read).",
@@ -352,6 +353,7 @@ impl PendingMetrics {
     }
 
     /// Metrics not registered anywhere (tests).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn unregistered() -> Self {
         Self::new(&Registry::new())
     }
@@ -450,7 +452,7 @@ impl Pending {
 
     /// The `/readyz?verbose` line. Always passing: a full budget is what eviction is for, and
     /// the counts tell whether someone holds connections open without routing them.
-    pub fn readiness(&self) -> crate::admin::Check {
+    pub fn readiness(&self) -> crate::obs::admin::Check {
         let l = self.limits();
         let counts = self.rejects().map(|(r, n)| format!("{} {n}", r.label())).join(", ");
         let pending = self.len();
@@ -463,7 +465,7 @@ impl Pending {
                 l.prefix_v6
             ),
         };
-        crate::admin::Check::new(
+        crate::obs::admin::Check::new(
             "pending-connections",
             true,
             format!("{pending}/{} not yet routed ({per_source}); closed so far: {counts}", l.max_pending),
@@ -564,7 +566,7 @@ mod tests {
         // Another source is not affected; an exempt connection is not counted.
         b.admit(ip("10.0.0.2"), false, 4).expect("other source");
         b.admit(ip("10.0.0.1"), true, 5).expect("exempt");
-        assert_eq!(b.from_source(ip("10.0.0.1")), 2);
+        assert_eq!(b.held_by_source(ip("10.0.0.1")), 2);
         // Routed: its place is free again.
         assert_eq!(b.release(a1.id), Some(1));
         assert_eq!(b.release(a1.id), None, "released once");
@@ -589,7 +591,7 @@ mod tests {
         assert_eq!(b.admit(ip("10.0.0.3"), false, 13).expect("evicts").evicted, vec![10]);
         assert_eq!(b.len(), 3);
         // The evicted entry's source count went down with it.
-        assert_eq!(b.from_source(ip("10.0.0.1")), 0);
+        assert_eq!(b.held_by_source(ip("10.0.0.1")), 0);
         // A budget shrunk by a reload evicts down to the new size on the next admission.
         b.set_limits(limits(1, 0));
         assert_eq!(b.admit(ip("10.0.0.4"), false, 14).expect("evicts").evicted, vec![11, 12, 13]);
@@ -708,8 +710,8 @@ mod tests {
             b.admit(ip("203.0.113.1"), false, i).expect("its share of a full budget");
         }
         assert!(matches!(b.admit(ip("203.0.113.1"), false, 64), Err(Refused::PerSource(_))), "64 when full");
-        assert_eq!(b.from_source(ip("203.0.113.1")), 64);
-        assert_eq!(b.from_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
+        assert_eq!(b.held_by_source(ip("203.0.113.1")), 64);
+        assert_eq!(b.held_by_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
     }
 
     #[test]

@@ -74,8 +74,8 @@ pub enum Kind {
     /// in their upstream connect, dials in flight.
     Pending = 1,
     /// Connections of the tenant still in their handshake. Capped by the pending budget, which
-    /// evicts the tenant's oldest ([`crate::pending::TenantShare`]); counted here with the
-    /// pending work (same gauge and refusal label), apart from its cap.
+    /// evicts the tenant's oldest (its `TenantShare`); counted here with the pending work (same
+    /// gauge and refusal label), apart from its cap.
     Handshake = 2,
 }
 
@@ -210,7 +210,7 @@ impl Shares {
     pub fn new(reg: &Registry, naming: Naming) -> Self {
         let t = naming.tenant;
         let gauge = |what: &str| {
-            crate::metrics::gauge_vec(
+            crate::obs::metrics::gauge_vec(
                 reg,
                 &format!("seedgate_{t}_{what}"),
                 &format!("{what} held now by each {t} (its share of the process limit; see limits.tenant_share)."),
@@ -220,7 +220,7 @@ impl Shares {
         let held = [gauge(naming.established), gauge("pending")];
         let mut labels = naming.labels.to_vec();
         labels.push("limit");
-        let rejects = crate::metrics::counter_vec(
+        let rejects = crate::obs::metrics::counter_vec(
             reg,
             &format!("seedgate_{t}_limit_rejects_total"),
             &format!(
@@ -239,7 +239,8 @@ impl Shares {
     }
 
     /// Shares whose metrics are registered nowhere (tests).
-    pub fn unregistered(naming: Naming) -> Self {
+    #[cfg(test)]
+    fn unregistered(naming: Naming) -> Self {
         Self::new(&Registry::new(), naming)
     }
 
@@ -279,7 +280,7 @@ impl Shares {
 
     /// The `/readyz?verbose` line: always passing (a tenant at its share is handled, not a
     /// fault); names the tenants at their share now and those refused most so far.
-    pub fn readiness(&self, share: f64) -> crate::admin::Check {
+    pub fn readiness(&self, share: f64) -> crate::obs::admin::Check {
         const LISTED: usize = 5;
         let name = |t: &Tenant| t.labels.last().cloned().unwrap_or_default();
         let live: Vec<Arc<Tenant>> = self.lock().values().filter_map(Weak::upgrade).collect();
@@ -315,7 +316,7 @@ impl Shares {
             self.naming.tenant,
             list(full),
         );
-        crate::admin::Check::new(format!("{}-shares", self.naming.tenant), true, detail)
+        crate::obs::admin::Check::new(format!("{}-shares", self.naming.tenant), true, detail)
     }
 }
 

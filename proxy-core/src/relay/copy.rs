@@ -5,7 +5,7 @@
 //! TCP sockets, [`SplicePump`], which moves bytes through a pooled pipe with splice(2) so they never
 //! enter user space. An idle connection holds no buffer and no pipe, only its sockets and state.
 
-use crate::splice::{Pipe, splice};
+use crate::relay::splice::{Pipe, splice};
 use prometheus::IntCounter;
 use socket2::SockRef;
 use std::cell::RefCell;
@@ -94,7 +94,7 @@ pub enum Stop {
     SessionDrained,
 }
 
-/// How a relay ended. [`crate::relay`] decides from it how both ends close; logs and metrics
+/// How a relay ended. The relay's end policy decides from it how both ends close; logs and metrics
 /// take their reason from [`Outcome::label`].
 #[derive(Debug)]
 pub enum Outcome {

@@ -1,4 +1,4 @@
-//! The end of a relay: one policy, for every binary and every kind of stream, on how both ends close.
+//! The byte relay between two streams: the copy, the streams it moves, its access event — and the one policy, for every binary and every kind of stream, on how both ends close.
 //!
 //! Every relay in seedgate (sni-router's connections, the agent's apiserver proxy and tunnel
 //! streams, proxy-server's front ends) ends through [`run`], which closes both ends by this table:
@@ -17,8 +17,13 @@
 //! tunnel stream, a plain close on a Unix socket (which has no reset). "FIN" is the stream's
 //! orderly write shutdown: TCP FIN, TLS close_notify then FIN, END_STREAM on a tunnel stream.
 
-use crate::copy::{Outcome, Pump, Side, Stop, Transfer};
-use crate::io::Resettable;
+pub mod access;
+pub mod copy;
+pub mod io;
+mod splice;
+
+use crate::relay::copy::{Outcome, Pump, Side, Stop, Transfer};
+use crate::relay::io::Resettable;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -82,7 +87,7 @@ pub async fn stop_on(end: &CancellationToken, kill: &CancellationToken, drained:
 #[derive(Debug)]
 pub struct Finished {
     pub outcome: Outcome,
-    pub bytes: crate::access::Bytes,
+    pub bytes: crate::relay::access::Bytes,
 }
 
 /// Relay until the transfer ends or `stop` completes (a drain deadline, the end of the shutdown
@@ -132,7 +137,7 @@ where
             let (to_upstream, to_client) = transfer.counts();
             let (client, upstream) = transfer.ends_mut();
             close_ends(&outcome, client, upstream).await;
-            Finished { outcome, bytes: crate::access::Bytes::new(to_upstream, to_client) }
+            Finished { outcome, bytes: crate::relay::access::Bytes::new(to_upstream, to_client) }
         });
         let r = closing.as_mut().poll(cx);
         this.closing = Some(closing);
@@ -143,7 +148,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{Meters, transfer, transfer_tcp};
+    use crate::relay::copy::{Meters, transfer, transfer_tcp};
     use std::io;
     use tokio::io::AsyncReadExt;
     use tokio::net::{TcpListener, TcpStream};

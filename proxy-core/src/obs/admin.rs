@@ -128,7 +128,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
     match (req.method(), path.as_str()) {
         (&Method::GET, "/metrics") => Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(crate::metrics::render(&state.registry))))
+            .body(Full::new(Bytes::from(crate::obs::metrics::render(&state.registry))))
             .expect("valid response"),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {

@@ -40,6 +40,7 @@ thread_local! {
 
 /// Run `f` and return, with its result, every metric [`register`] registered on this thread
 /// meanwhile (run a binary's `bind` on a current-thread runtime inside it to learn its metrics).
+#[cfg(any(test, feature = "test-util"))]
 pub fn noting<T>(f: impl FnOnce() -> T) -> (T, Vec<MetricInfo>) {
     let outer = NOTED.with(|n| n.borrow_mut().replace(Vec::new()));
     let out = f();
@@ -203,8 +204,15 @@ impl ReloadMetrics {
     }
 }
 
+const BUILD_INFO: &str = "seedgate_build_info";
+
 /// `seedgate_build_info{version, binary} 1`.
 pub fn register_build_info(reg: &Registry, binary: &str) {
-    let g = gauge_vec(reg, "seedgate_build_info", "Build information.", &["binary", "version"]);
+    let g = gauge_vec(reg, BUILD_INFO, "Build information.", &["binary", "version"]);
     g.with_label_values(&[binary, env!("CARGO_PKG_VERSION")]).set(1);
+}
+
+/// Whether `reg` holds `seedgate_build_info` already, i.e. the metrics of a binary.
+pub fn holds_build_info(reg: &Registry) -> bool {
+    reg.gather().iter().any(|f| f.name() == BUILD_INFO)
 }

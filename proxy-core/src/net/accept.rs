@@ -4,7 +4,7 @@
 //! such wait is counted on the process-wide [`Slots`] ([`LimitStats`]), so overload shows in
 //! metrics and `/readyz?verbose` instead of looking like a fault.
 
-use crate::backoff::Backoff;
+use crate::net::backoff::Backoff;
 use prometheus::{Counter, IntCounter, IntGauge, Registry};
 use std::future::Future;
 use std::io;
@@ -122,7 +122,7 @@ impl Slots {
             Box::new(s.wait_seconds.clone()),
             Box::new(s.waiting.clone()),
         ] {
-            crate::metrics::register(reg, m).expect("metric registered once");
+            crate::obs::metrics::register(reg, m).expect("metric registered once");
         }
     }
 

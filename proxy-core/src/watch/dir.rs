@@ -4,15 +4,15 @@
 //! or out, deleted or closed after writing, so only that file is `stat`ed, read and parsed — no
 //! listing of a directory of thousands of files per change. A hidden entry changing (a ConfigMap
 //! mount's `..data` symlink swap) rescans the entries that are symlinks; an event-queue overflow
-//! rescans everything; and every [`NOTIFY_FULL_SCAN_INTERVAL`] a full scan (`stat` of every file)
+//! rescans everything; and every [`Poll::DIR_FULL_SCAN`] period a full scan (`stat` of every file)
 //! catches what no event names (a hard link made with `ln`, a network filesystem that sends no
 //! events). Where inotify cannot be had (its per-user instance or watch limit reached), the watch
-//! polls instead: the directory's own metadata every [`DIR_POLL_INTERVAL`] (adding, removing or
+//! polls instead: the directory's own metadata every [`Poll::DIR`] period (adding, removing or
 //! renaming an entry changes its mtime; then the listing is compared) and every file every
-//! [`POLL_INTERVAL`].
+//! [`Poll::DIR_FILES`] period.
 
-use crate::metrics;
-use crate::reload::{POLL_INTERVAL, Stamp, stamp};
+use super::{Poll, Seen};
+use crate::obs::metrics;
 use futures_util::{FutureExt, StreamExt};
 use inotify::{EventMask, EventStream, Inotify, WatchMask};
 use prometheus::{IntCounterVec, IntGauge, Registry};
@@ -20,13 +20,8 @@ use seedgate_config::ConfigError;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
-
-/// Without inotify: how often the directory's own metadata is checked.
-pub const DIR_POLL_INTERVAL: Duration = Duration::from_millis(10);
-
-/// With inotify: how often every file is `stat`ed anyway, for changes no event names.
-pub const NOTIFY_FULL_SCAN_INTERVAL: Duration = Duration::from_secs(10);
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// A parser of one file's text (`file` names it in messages), e.g. `parse_route_file`.
 pub type Parse<T> = fn(&str, &str) -> Result<T, ConfigError>;
@@ -54,7 +49,7 @@ pub fn is_watched(name: &str) -> bool {
 struct Known {
     /// The directory entry's inode (the link itself for a symlink): a file renamed over it shows.
     entry_ino: u64,
-    stamp: Stamp,
+    seen: Seen,
 }
 
 /// The files of one directory as last seen. Scans block (they read the disk): run them off the
@@ -115,15 +110,18 @@ impl DirScan {
             }
             let path = self.dir.join(&name);
             // Follows symlinks; a file gone between listing and now counts as removed.
-            let Some(now) = stamp(&path) else { continue };
+            let now = Seen::now(&path);
+            if now.is_gone() {
+                continue;
+            }
             present.insert(name.clone());
-            if known.is_some_and(|k| k.stamp == now) {
+            if known.is_some_and(|k| k.seen == now) {
                 continue;
             }
             let file = path.display().to_string();
             let parsed = read_parse(&path, &file, parse);
             up.loaded.push((file, parsed));
-            self.known.insert(name, Known { entry_ino, stamp: now });
+            self.known.insert(name, Known { entry_ino, seen: now });
         }
         let gone: Vec<String> = self.known.keys().filter(|n| !present.contains(*n)).cloned().collect();
         for name in gone {
@@ -146,18 +144,19 @@ impl DirScan {
             let path = self.dir.join(name);
             let entry = std::fs::symlink_metadata(&path).ok();
             // Follows symlinks; a dangling link is as good as gone.
-            let (Some(entry), Some(now)) = (entry, stamp(&path)) else {
+            let now = Seen::now(&path);
+            let Some(entry) = entry.filter(|_| !now.is_gone()) else {
                 if self.known.remove(name).is_some() {
                     up.removed.push(path.display().to_string());
                 }
                 continue;
             };
-            if self.known.get(name).is_some_and(|k| k.stamp == now) {
+            if self.known.get(name).is_some_and(|k| k.seen == now) {
                 continue;
             }
             let file = path.display().to_string();
             up.loaded.push((file.clone(), read_parse(&path, &file, parse)));
-            self.known.insert(name.clone(), Known { entry_ino: entry.ino(), stamp: now });
+            self.known.insert(name.clone(), Known { entry_ino: entry.ino(), seen: now });
         }
         up.loaded.sort_by(|a, b| a.0.cmp(&b.0));
         up.removed.sort();
@@ -228,7 +227,7 @@ impl Dirty {
 /// The events of the directory (inotify), or polling where inotify cannot be had.
 enum Source {
     Notify(EventStream<Vec<u8>>),
-    Poll { dir_stamp: Option<Stamp> },
+    Poll { dir: Seen },
 }
 
 fn notify(dir: &Path) -> std::io::Result<EventStream<Vec<u8>>> {
@@ -281,19 +280,19 @@ impl<T: Send + 'static> DirWatch<T> {
     /// Scan `dir` once, completely (on a blocking thread), and return the watch with what the
     /// scan found. The inotify watch is set up first, so nothing changed during the scan is missed.
     pub async fn start(dir: impl Into<PathBuf>, parse: Parse<T>) -> (Self, Update<T>) {
-        Self::start_with(dir, parse, NOTIFY_FULL_SCAN_INTERVAL).await
+        Self::start_with(dir, parse, Poll::DIR_FULL_SCAN.period()).await
     }
 
     /// [`DirWatch::start`] with another period of full scans when inotify works (tests make it
     /// long, to see that events alone find a change).
-    pub async fn start_with(dir: impl Into<PathBuf>, parse: Parse<T>, full_scan: Duration) -> (Self, Update<T>) {
+    async fn start_with(dir: impl Into<PathBuf>, parse: Parse<T>, full_scan: Duration) -> (Self, Update<T>) {
         let mut scan = DirScan::new(dir);
         let source = match notify(scan.dir()) {
             Ok(fd) => Source::Notify(fd),
             Err(e) => {
                 tracing::warn!(dir = %scan.dir().display(), error = %e,
                     "cannot watch the directory with inotify (see fs.inotify.max_user_instances and max_user_watches); polling it instead");
-                Source::Poll { dir_stamp: stamp(scan.dir()) }
+                Source::Poll { dir: Seen::now(scan.dir()) }
             }
         };
         let (scan, first) = tokio::task::spawn_blocking(move || {
@@ -304,10 +303,9 @@ impl<T: Send + 'static> DirWatch<T> {
         .expect("the first scan does not panic");
         let period = match source {
             Source::Notify(_) => full_scan,
-            Source::Poll { .. } => DIR_POLL_INTERVAL,
+            Source::Poll { .. } => Poll::DIR.period(),
         };
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let tick = Poll(period).ticker();
         let w = Self { scan: Arc::new(Mutex::new(scan)), parse, source, last_full: Instant::now(), tick };
         (w, first)
     }
@@ -350,6 +348,30 @@ impl<T: Send + 'static> DirWatch<T> {
         }
     }
 
+    /// Hand every update to `apply` until `stop`, one at a time, on a blocking thread: applying
+    /// rebuilds tables (CPU work proportional to their size, milliseconds at 10,000 entries),
+    /// which must not stall live relays. `what` names the files in the log when applying fails.
+    pub fn follow(
+        mut self,
+        stop: CancellationToken,
+        what: &'static str,
+        apply: impl Fn(Update<T>) + Send + Sync + 'static,
+    ) {
+        let apply = Arc::new(apply);
+        tokio::spawn(async move {
+            loop {
+                let up = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    up = self.next() => up,
+                };
+                let apply = apply.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || apply(up)).await {
+                    tracing::error!(error = %e, "applying {what} failed");
+                }
+            }
+        });
+    }
+
     /// Wait until something may have changed and say what to scan.
     async fn dirty(&mut self) -> Dirty {
         let dir = self.scan.lock().unwrap_or_else(|e| e.into_inner()).dir().to_owned();
@@ -380,30 +402,22 @@ impl<T: Send + 'static> DirWatch<T> {
                     }
                 }
             }
-            Source::Poll { dir_stamp } => loop {
+            Source::Poll { dir: seen } => loop {
                 self.tick.tick().await;
-                let now = stamp(&dir);
-                let full = self.last_full.elapsed() >= POLL_INTERVAL;
-                if now == *dir_stamp && !full {
+                let full = self.last_full.elapsed() >= Poll::DIR_FILES.period();
+                // A second entry added within the mtime clock tick of the one just seen leaves
+                // the mtime as it is: while it is that recent, the next check scans again.
+                if !seen.changed_settled(&dir, 2 * Poll::DIR.period()) && !full {
                     continue;
                 }
-                // The kernel stamps mtimes with a coarse clock: a second entry added within the
-                // same clock tick as the one just seen leaves the mtime as it is. So while the
-                // mtime is that recent, the next check scans again.
-                let recent = now
-                    .as_ref()
-                    .and_then(|s| s.modified)
-                    .is_some_and(|m| SystemTime::now().duration_since(m).unwrap_or_default() < 2 * DIR_POLL_INTERVAL);
-                *dir_stamp = if recent { None } else { now };
                 return if full { Dirty::Full } else { Dirty::Listing };
             },
         }
     }
 
     fn poll_from_now(&mut self) -> Source {
-        self.tick = tokio::time::interval(DIR_POLL_INTERVAL);
-        self.tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Source::Poll { dir_stamp: None }
+        self.tick = Poll::DIR.ticker();
+        Source::Poll { dir: Seen::default() }
     }
 }
 

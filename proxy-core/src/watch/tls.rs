@@ -1,7 +1,7 @@
 //! TLS material that reloads itself: certificate, key and CA files watched, rebuilt on change, the old kept when the new is broken.
 //!
 //! Every TLS identity a binary serves or presents is a [`Reloading`]: it polls its files every
-//! [`POLL_INTERVAL`] (following symlinks, so the atomic `..data` swap of a Kubernetes secret
+//! [`Poll::TLS`] period (following symlinks, so the atomic `..data` swap of a Kubernetes secret
 //! volume is seen), rebuilds the rustls config when one changed, and swaps it in for new
 //! handshakes. Established sessions keep the config they were made with. A file that is
 //! half-written, or a key that does not match its certificate, fails the rebuild: it is logged
@@ -9,17 +9,13 @@
 //! so after a change of the trusted CAs no peer can resume a session verified against the old
 //! set.
 
-use crate::reload::{Stamp, stamp};
+use super::{Poll, Seen};
 use crate::tls::TlsError;
 use arc_swap::ArcSwap;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// How often the files are checked: rotations show up within this (plus the build time).
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// TLS reload and expiry metrics, shared by every [`Reloading`] of a process.
 #[derive(Clone)]
@@ -30,7 +26,7 @@ pub struct TlsMetrics {
 
 impl TlsMetrics {
     pub fn new(reg: &Registry) -> Self {
-        let reloads = crate::metrics::counter_vec(
+        let reloads = crate::obs::metrics::counter_vec(
             reg,
             "seedgate_tls_reloads_total",
             "TLS material reloads after a file changed, by use, file and result (success, failure).",
@@ -44,7 +40,7 @@ impl TlsMetrics {
             &["use", "file", "subject"],
         )
         .expect("valid metric");
-        crate::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
+        crate::obs::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
         Self { reloads, expiry }
     }
 }
@@ -70,7 +66,7 @@ pub struct Reloading<T> {
     use_: String,
     files: Vec<PathBuf>,
     current: ArcSwap<T>,
-    stamps: Mutex<Vec<Option<Stamp>>>,
+    seen: Mutex<Vec<Seen>>,
     /// The (file, subject) label pairs of the expiry metric now set, to remove them on change.
     recorded: Mutex<Vec<(String, String)>>,
     build: Build<T>,
@@ -86,13 +82,13 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         metrics: &TlsMetrics,
         build: impl Fn() -> Result<T, TlsError> + Send + Sync + 'static,
     ) -> Result<Arc<Self>, TlsError> {
-        let stamps = files.iter().map(|f| stamp(f)).collect();
+        let seen = files.iter().map(|f| Seen::now(f)).collect();
         let first = build()?;
         let this = Arc::new(Self {
             use_: use_.into(),
             files,
             current: ArcSwap::from_pointee(first),
-            stamps: Mutex::new(stamps),
+            seen: Mutex::new(seen),
             recorded: Mutex::new(Vec::new()),
             build: Box::new(build),
             metrics: metrics.clone(),
@@ -130,24 +126,16 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     /// Check the files now; rebuild if one changed. `Some(Ok)` = new material in use,
     /// `Some(Err)` = a change was refused (the old material stays), `None` = nothing changed.
     pub fn check(&self) -> Option<Result<(), TlsError>> {
-        let now: Vec<Option<Stamp>> = self.files.iter().map(|f| stamp(f)).collect();
+        // Each look is remembered, so a broken file is reported once, not every second; fixing it
+        // (another write) is a new change.
         let changed: Vec<String> = {
-            let mut stamps = self.stamps.lock().expect("not poisoned");
-            if *stamps == now {
-                return None;
-            }
-            let changed = self
-                .files
-                .iter()
-                .zip(stamps.iter().zip(&now))
-                .filter(|(_, (a, b))| a != b)
-                .map(|(f, _)| f.display().to_string())
-                .collect();
-            // Remember what was seen, so a broken file is reported once, not every second;
-            // fixing it (another write) is a new change.
-            *stamps = now;
-            changed
+            let mut seen = self.seen.lock().expect("not poisoned");
+            let changed: Vec<bool> = self.files.iter().zip(seen.iter_mut()).map(|(f, s)| s.changed(f)).collect();
+            self.files.iter().zip(changed).filter(|(_, c)| *c).map(|(f, _)| f.display().to_string()).collect()
         };
+        if changed.is_empty() {
+            return None;
+        }
         let result = (self.build)();
         let label = if result.is_ok() { "success" } else { "failure" };
         for f in &changed {
@@ -168,12 +156,11 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         })
     }
 
-    /// Check every [`POLL_INTERVAL`] until `stop`.
+    /// Check every [`Poll::TLS`] period until `stop`.
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(POLL_INTERVAL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = Poll::TLS.ticker();
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => {

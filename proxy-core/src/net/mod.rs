@@ -1,4 +1,12 @@
-//! Socket setup: listening sockets (socket2 options), upstream connects with timeout and DNS re-resolution.
+//! Sockets and what admits a connection: listening sockets (socket2 options), upstream connects with timeout and DNS re-resolution, the accept loop, the pre-routing budget, tenants' shares and load counters.
+
+pub mod accept;
+pub mod backoff;
+pub mod balance;
+pub mod guard;
+pub mod ids;
+pub mod pending;
+pub mod share;
 
 use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};

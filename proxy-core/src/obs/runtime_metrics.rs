@@ -82,7 +82,7 @@ fn as_i64(n: usize) -> i64 {
 /// Register a [`RuntimeCollector`] for the calling runtime. A registry that has one already
 /// (several binaries sharing a registry in tests) keeps it.
 pub fn register(reg: &Registry) {
-    if let Err(e) = crate::metrics::register(reg, Box::new(RuntimeCollector::new())) {
+    if let Err(e) = crate::obs::metrics::register(reg, Box::new(RuntimeCollector::new())) {
         tracing::debug!(error = %e, "runtime gauges already registered");
     }
 }
@@ -124,7 +124,7 @@ mod tests {
         register(&reg);
         // A second registration (a shared registry) is not an error.
         register(&reg);
-        let before = crate::metrics::render(&reg);
+        let before = crate::obs::metrics::render(&reg);
         assert_eq!(value(&before, WORKERS), 2.0, "{before}");
         assert!(value(&before, RESIDENT_MEMORY) > 1e6, "{before}");
 
@@ -138,7 +138,7 @@ mod tests {
             })
             .collect();
         let files: Vec<_> = (0..200).map(|_| std::fs::File::open("/proc/self/statm").unwrap()).collect();
-        let during = crate::metrics::render(&reg);
+        let during = crate::obs::metrics::render(&reg);
         assert!(value(&during, ALIVE_TASKS) >= value(&before, ALIVE_TASKS) + 50.0, "{before}\n{during}");
         assert!(value(&during, OPEN_FDS) >= value(&before, OPEN_FDS) + 150.0, "{before}\n{during}");
 
@@ -147,7 +147,7 @@ mod tests {
             t.await.unwrap();
         }
         drop(files);
-        let after = crate::metrics::render(&reg);
+        let after = crate::obs::metrics::render(&reg);
         // A finished task leaves the runtime's count just after its join handle resolves, so one
         // or two may still show: the margin is 45 of the 50.
         assert!(value(&after, ALIVE_TASKS) <= value(&during, ALIVE_TASKS) - 45.0, "{during}\n{after}");
@@ -155,7 +155,7 @@ mod tests {
 
         // 64 MiB touched page by page shows in RSS.
         let big = std::hint::black_box(vec![1u8; 64 << 20]);
-        let grown = crate::metrics::render(&reg);
+        let grown = crate::obs::metrics::render(&reg);
         assert!(value(&grown, RESIDENT_MEMORY) >= value(&after, RESIDENT_MEMORY) + 32e6, "{after}\n{grown}");
         drop(big);
     }

@@ -1,28 +1,10 @@
 //! What triggers a config reload: SIGHUP, or a change of the config file (polled, following symlink swaps).
 
-use crate::metrics::ReloadMetrics;
+use super::{Poll, Seen};
+use crate::obs::metrics::ReloadMetrics;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::signal::unix::{Signal, SignalKind, signal};
-
-/// How often the file's metadata is checked. Polling (rather than inotify) also follows the
-/// symlink swap Kubernetes uses to update a mounted ConfigMap.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
-
-/// What tells a file changed: modification time, length and inode (after following symlinks).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stamp {
-    pub(crate) modified: Option<SystemTime>,
-    len: u64,
-    ino: u64,
-}
-
-pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    // `metadata` follows symlinks: a swapped `..data` link changes the inode seen here.
-    let m = std::fs::metadata(path).ok()?;
-    Some(Stamp { modified: m.modified().ok(), len: m.len(), ino: m.ino() })
-}
 
 /// Record a successful (re)load in the metrics.
 pub fn mark_loaded(metrics: &ReloadMetrics) {
@@ -49,7 +31,7 @@ impl Trigger {
 /// Watches one config file and SIGHUP.
 pub struct Watch {
     path: PathBuf,
-    last: Option<Stamp>,
+    seen: Seen,
     hup: Option<Signal>,
     tick: tokio::time::Interval,
 }
@@ -65,9 +47,7 @@ impl Watch {
                 None
             }
         };
-        let mut tick = tokio::time::interval(POLL_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { last: stamp(&path), path, hup, tick }
+        Self { seen: Seen::now(&path), path, hup, tick: Poll::CONFIG.ticker() }
     }
 
     pub fn path(&self) -> &Path {
@@ -86,14 +66,16 @@ impl Watch {
             let why = tokio::select! {
                 _ = hup => Trigger::Signal,
                 _ = self.tick.tick() => {
-                    let now = stamp(&self.path);
-                    if now == self.last || now.is_none() {
+                    if !self.seen.changed_present(&self.path) {
                         continue;
                     }
                     Trigger::FileChanged
                 }
             };
-            self.last = stamp(&self.path);
+            if why == Trigger::Signal {
+                // What the reload reads now is not a change to report again.
+                self.seen = Seen::now(&self.path);
+            }
             return why;
         }
     }
@@ -102,6 +84,7 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn a_change_and_a_symlink_swap_trigger_but_a_vanished_file_does_not() {
@@ -123,7 +106,7 @@ mod tests {
         assert_eq!(next(&mut w).await, Some(Trigger::FileChanged));
         // Gone, then back with other content: one trigger, for the reappearance.
         std::fs::remove_file(dir.join("c.yaml")).unwrap();
-        let quiet = tokio::time::timeout(POLL_INTERVAL * 3, w.next()).await;
+        let quiet = tokio::time::timeout(Poll::CONFIG.period() * 3, w.next()).await;
         assert!(quiet.is_err(), "a vanished file is not a change");
         std::fs::write(dir.join("c.yaml"), "a: 3\n").unwrap();
         assert_eq!(next(&mut w).await, Some(Trigger::FileChanged));

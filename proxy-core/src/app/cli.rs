@@ -1,6 +1,6 @@
 //! Command-line flags every binary takes, and the `--check` behaviour (print problems, exit 2).
 
-use crate::telemetry::LogFormat;
+use crate::obs::telemetry::LogFormat;
 use crate::tls::{Part, check_files};
 use seedgate_config::{BinaryConfig, ConfigError};
 use std::path::{Path, PathBuf};
@@ -92,14 +92,14 @@ pub fn load_checked<T: BinaryConfig>(path: &Path) -> Result<T, ConfigError> {
 /// `(key path, message)` for every file of `cfg` that cannot be used.
 pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    if let Err(e) = crate::admin::load_token(cfg.admin().token_file.as_deref()) {
+    if let Err(e) = crate::obs::admin::load_token(cfg.admin().token_file.as_deref()) {
         let f = cfg.admin().token_file.as_deref().unwrap_or_default();
         // An empty token file's error already names the file.
         let msg = if e.kind() == std::io::ErrorKind::InvalidData { e.to_string() } else { format!("{f}: {e}") };
         out.push(("admin.token_file".to_owned(), msg));
     }
     for (key, f) in cfg.token_files() {
-        if let Err(e) = crate::admin::load_token(Some(&f)) {
+        if let Err(e) = crate::obs::admin::load_token(Some(&f)) {
             let msg = if e.kind() == std::io::ErrorKind::InvalidData { e.to_string() } else { format!("{f}: {e}") };
             out.push((key, msg));
         }

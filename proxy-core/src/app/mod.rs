@@ -1,4 +1,4 @@
-//! The process lifecycle every binary shares: bind, serve, reload, drain — and the whole `main`.
+//! The process every binary runs: the shared lifecycle (bind, serve, reload, drain — and the whole `main`), its flags, shutdown and addresses file.
 //!
 //! A binary implements [`Service`] (what is particular to it: its sockets, how it applies a new
 //! config, its readiness checks); this module does the rest the same way for all three: the admin
@@ -7,13 +7,17 @@
 //! addresses file. The shape follows mini-redis's `run(listener, shutdown)` and linkerd2-proxy's
 //! build → spawn → drain.
 
-use crate::accept::Slots;
-use crate::addrs::Addresses;
-use crate::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
-use crate::metrics::{self, ReloadMetrics};
-use crate::reload::{self, Trigger, Watch};
-use crate::shutdown::{Drained, Shutdown};
+pub mod addrs;
+pub mod cli;
+pub mod shutdown;
+
+use crate::app::addrs::Addresses;
+use crate::app::shutdown::{Drained, Shutdown};
+use crate::net::accept::Slots;
+use crate::obs::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
+use crate::obs::metrics::{self, ReloadMetrics};
 use crate::tls::TlsError;
+use crate::watch::config::{Trigger, Watch, mark_loaded};
 use prometheus::Registry;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, HostPort};
 use serde::Serialize;
@@ -34,7 +38,9 @@ pub struct Options {
     pub config_path: Option<PathBuf>,
     /// Write the bound addresses here (JSON) after binding and after every reload.
     pub write_addresses: Option<PathBuf>,
-    /// Use this registry (tests run several binaries in one process); default: a new one.
+    /// This binary's metrics registry; default: a new one. Several binaries in one process (as
+    /// tests run them) each need their own: their metrics have the same names. A registry that
+    /// already holds a binary's metrics is refused at start ([`StartError::RegistryInUse`]).
     pub registry: Option<Registry>,
 }
 
@@ -59,12 +65,48 @@ pub enum StartError {
     Token(#[source] io::Error),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("the metrics registry already holds the metrics of another binary; give each binary its own")]
+    RegistryInUse,
     #[error("writing the addresses file {path}: {source}")]
     AddressesFile {
         path: String,
         #[source]
         source: io::Error,
     },
+}
+
+/// Why a reloaded config was refused; the running config stays in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError<E: std::error::Error + 'static> {
+    /// The file could not be read or is not a valid config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A part only a restart can change differs ([`Service::restart_only`]).
+    #[error("{key} cannot change at runtime; restart {binary} to apply it")]
+    RestartOnly { key: String, binary: &'static str },
+    /// The new admin token file or listen address cannot be used.
+    #[error(transparent)]
+    Admin(#[from] StartError),
+    /// The service refused it ([`Service::apply`]).
+    #[error(transparent)]
+    Service(E),
+}
+
+/// A reload a service refuses, with the message that says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+impl From<String> for Refused {
+    fn from(s: String) -> Self {
+        Refused(s)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(s: &str) -> Self {
+        Refused(s.to_owned())
+    }
 }
 
 /// What the lifecycle hands a service when it binds.
@@ -89,13 +131,20 @@ pub trait Service: Sized + Send + Sync + 'static {
     fn restart_only(_cfg: &Self::Config) -> Vec<(&'static str, serde_json::Value)> {
         Vec::new()
     }
+    /// Why [`Service::apply`] refuses a config.
+    type ApplyError: std::error::Error + Send + Sync + 'static;
+    /// What [`Service::bind`] opened for [`Service::start`] to serve (listening sockets, directory
+    /// watches): handed over by value, so nothing holds it in between.
+    type Opened: Send + 'static;
+
     /// Open every socket of `cfg`; serve nothing yet.
-    fn bind(cfg: Arc<Self::Config>, ctx: Ctx) -> impl Future<Output = Result<Self, StartError>> + Send;
-    /// Start serving: accept loops and background tasks. Called once, inside the runtime.
-    fn start(self: &Arc<Self>);
+    fn bind(cfg: Arc<Self::Config>, ctx: Ctx) -> impl Future<Output = Result<(Self, Self::Opened), StartError>> + Send;
+    /// Start serving what `bind` opened: accept loops and background tasks. Called once, inside
+    /// the runtime.
+    fn start(self: &Arc<Self>, opened: Self::Opened);
     /// Take a reloaded config (valid, restart-only parts unchanged). On `Err` nothing may have
     /// changed: the running config stays in force.
-    fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), String>> + Send;
+    fn apply(self: &Arc<Self>, new: Arc<Self::Config>) -> impl Future<Output = Result<(), Self::ApplyError>> + Send;
     /// Every listening socket by name (`ip:port`, or `unix:<path>`).
     fn listeners(&self) -> BTreeMap<String, String>;
     /// Readiness checks; the process is ready when all pass (and it is not draining).
@@ -119,13 +168,18 @@ pub fn fixed<T: Serialize + ?Sized>(key: &'static str, value: &T) -> (&'static s
     (key, serde_json::to_value(value).unwrap_or_default())
 }
 
-/// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
-pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
-    let addr = crate::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
+/// Resolve the listen address of `what` without blocking a runtime thread.
+pub async fn resolve_listen(what: &str, hp: &HostPort) -> Result<SocketAddr, StartError> {
+    crate::net::resolve_one(hp).await.map_err(|source| StartError::Resolve {
         what: what.to_owned(),
         addr: hp.to_string(),
         source,
-    })?;
+    })
+}
+
+/// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
+pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
+    let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
     let sock = crate::net::bind_tcp(addr).map_err(bind_err)?;
     let local = sock.local_addr().map_err(bind_err)?;
@@ -154,6 +208,7 @@ pub struct Bound<S: Service> {
     app: Arc<App<S>>,
     admin: Option<TcpListener>,
     watch: Option<Watch>,
+    opened: S::Opened,
 }
 
 fn load_token(admin: &AdminConfig) -> Result<Option<Arc<str>>, StartError> {
@@ -173,15 +228,19 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     // and then would otherwise go unnoticed.
     let watch = opts.config_path.map(Watch::new);
     let registry = opts.registry.unwrap_or_default();
+    if metrics::holds_build_info(&registry) {
+        return Err(StartError::RegistryInUse);
+    }
     metrics::register_build_info(&registry, S::NAME);
-    crate::runtime_metrics::register(&registry);
+    crate::obs::runtime_metrics::register(&registry);
     let reload = ReloadMetrics::new(&registry);
     let cfg = Arc::new(cfg);
     let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));
     let admin = bind_admin(cfg.admin()).await?;
     let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(cfg.max_connections()) };
     ctx.connections.register(&ctx.registry);
-    let service = Arc::new(S::bind(cfg.clone(), ctx.clone()).await?);
+    let (service, opened) = S::bind(cfg.clone(), ctx.clone()).await?;
+    let service = Arc::new(service);
     let app = Arc::new(App {
         service,
         ctx,
@@ -195,12 +254,12 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
         token,
         write_addresses: opts.write_addresses,
     });
-    reload::mark_loaded(&app.reload);
+    mark_loaded(&app.reload);
     app.write_addresses().map_err(|source| StartError::AddressesFile {
         path: app.write_addresses.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         source,
     })?;
-    Ok(Bound { app, admin: admin.map(|(l, _)| l), watch })
+    Ok(Bound { app, admin: admin.map(|(l, _)| l), watch, opened })
 }
 
 impl<S: Service> Bound<S> {
@@ -225,7 +284,7 @@ impl<S: Service> Bound<S> {
         if let Some(l) = self.admin {
             app.serve_admin(l, app.admin.lock().expect("not poisoned").stop.clone());
         }
-        app.service.start();
+        app.service.start(self.opened);
         if let Some(watch) = self.watch {
             tokio::spawn(app.clone().reload_loop(watch));
         }
@@ -254,7 +313,7 @@ impl<S: Service> App<S> {
 
     fn write_addresses(&self) -> io::Result<()> {
         match &self.write_addresses {
-            Some(p) => crate::addrs::write(p, &self.addresses()),
+            Some(p) => crate::app::addrs::write(p, &self.addresses()),
             None => Ok(()),
         }
     }
@@ -292,13 +351,13 @@ impl<S: Service> App<S> {
         let parse_ms = started.elapsed().as_secs_f64() * 1e3;
         let result = match loaded {
             Ok(cfg) => self.apply(Arc::new(cfg)).await,
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(ReloadError::Config(e)),
         };
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
         match result {
             Ok(()) => {
                 self.reload.reloads.with_label_values(&["success"]).inc();
-                reload::mark_loaded(&self.reload);
+                mark_loaded(&self.reload);
                 tracing::info!(trigger = why.label(), %file, parse_ms, total_ms, "config reloaded");
             }
             Err(e) => {
@@ -309,21 +368,17 @@ impl<S: Service> App<S> {
     }
 
     /// Apply `new`, or change nothing. Public to tests through [`Bound`]'s reload path only.
-    async fn apply(self: &Arc<Self>, new: Arc<S::Config>) -> Result<(), String> {
+    async fn apply(self: &Arc<Self>, new: Arc<S::Config>) -> Result<(), ReloadError<S::ApplyError>> {
         let old = self.running();
         for ((key, was), (_, now)) in S::restart_only(&old).into_iter().zip(S::restart_only(&new)) {
             if let Some(path) = first_difference(key, &was, &now) {
-                return Err(format!("{path} cannot change at runtime; restart {} to apply it", S::NAME));
+                return Err(ReloadError::RestartOnly { key: path, binary: S::NAME });
             }
         }
         // Admin first (bind before anything changes), committed only if the service applies.
-        let token = load_token(new.admin()).map_err(|e| e.to_string())?;
-        let admin = if old.admin().listen != new.admin().listen {
-            Some(bind_admin(new.admin()).await.map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
-        self.service.apply(new.clone()).await?;
+        let token = load_token(new.admin())?;
+        let admin = if old.admin().listen != new.admin().listen { Some(bind_admin(new.admin()).await?) } else { None };
+        self.service.apply(new.clone()).await.map_err(ReloadError::Service)?;
         *self.token.write().expect("not poisoned") = token;
         if let Some(bound) = admin {
             self.move_admin(new.admin().listen.clone(), bound);
@@ -422,9 +477,9 @@ fn connection_limit_check(slots: &Slots) -> Check {
 /// binary cannot start (the reason on stderr).
 pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
-    let args = crate::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
-    crate::telemetry::init(args.log_format);
-    let cfg = crate::cli::load_or_exit::<S::Config>(&args);
+    let args = crate::app::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
+    crate::obs::telemetry::init(args.log_format);
+    let cfg = crate::app::cli::load_or_exit::<S::Config>(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -434,7 +489,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     };
     let code = rt.block_on(async {
         // Handlers first: the addresses file tells others we are up and may be signalled.
-        let signal = crate::shutdown::termination_signal();
+        let signal = crate::app::shutdown::termination_signal();
         let opts =
             Options { config_path: Some(args.config.clone()), write_addresses: args.write_addresses, registry: None };
         match bind::<S>(cfg, opts).await {

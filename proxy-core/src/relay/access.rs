@@ -40,9 +40,9 @@ impl std::ops::AddAssign for Bytes {
 #[macro_export]
 macro_rules! access_event {
     ($message:literal, $bytes:expr, $started:expr, $reason:expr; $($field:tt)+) => {{
-        let bytes: $crate::access::Bytes = $bytes;
+        let bytes: $crate::relay::access::Bytes = $bytes;
         let reason: &str = $reason;
-        $crate::access::__tracing::info!(
+        $crate::relay::access::__tracing::info!(
             target: "access",
             $($field)+,
             bytes_to_upstream = bytes.to_upstream,
