@@ -1,7 +1,7 @@
 //! One apiserver-proxy connection: dial the gateway, say where the client wanted to go, relay, log.
 
-use crate::Shared;
 use crate::gateway;
+use crate::shared::Shared;
 use proxy_core::net;
 use proxy_core::net::accept::ConnPermit;
 use proxy_core::net::guard::Active;

@@ -9,6 +9,7 @@ mod apiserver_proxy;
 mod gateway;
 mod ready;
 mod replicas;
+mod shared;
 mod tunnel;
 
 use arc_swap::ArcSwap;
@@ -17,27 +18,15 @@ use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::obs::admin::Check;
 use proxy_core::obs::metrics::ConnMetrics;
 use seedgate_config::agent::ApiserverProxy;
+use shared::Shared;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 pub use apiserver_proxy::ROUTE;
 pub use proxy_core::app::Options;
 pub use seedgate_config::AgentConfig;
-
-/// State shared by the accept loops, connection tasks, admin hooks and the reloader.
-pub(crate) struct Shared {
-    /// The running config; each new connection takes a snapshot.
-    pub config: ArcSwap<AgentConfig>,
-    pub metrics: ConnMetrics,
-    pub gateway: ready::GatewayStatus,
-    /// `Shutdown::kill`: the drain grace is over, live connections end now.
-    pub kill: CancellationToken,
-    /// The reverse tunnel, when configured.
-    pub tunnel: Option<Arc<tunnel::Tunnel>>,
-}
 
 /// proxy-agent as a [`Service`] of the shared lifecycle.
 pub struct Agent {
@@ -112,7 +101,8 @@ impl Service for Agent {
                 move |conn, peer, permit| apiserver_proxy::handle(l.clone(), conn, peer, permit),
             ));
         }
-        tokio::spawn(ready::refresh_gateway(shared.clone(), shutdown.stop.clone()));
+        let (refresh, stop) = (shared.clone(), shutdown.stop.clone());
+        tokio::spawn(async move { ready::refresh_gateway(&refresh.config, &refresh.gateway, stop).await });
         if let Some(t) = &shared.tunnel {
             // Sessions end with a GOAWAY at shutdown; streams in flight are drained with the rest.
             t.start(shutdown.stop.clone(), shutdown.tracker.clone());

@@ -69,19 +69,23 @@ impl GatewayStatus {
 
 /// Resolve the configured gateway every few seconds (and at once after a reload changed it) so
 /// `/readyz` answers from a recent result without waiting for DNS.
-pub(crate) async fn refresh_gateway(shared: std::sync::Arc<crate::Shared>, stop: tokio_util::sync::CancellationToken) {
+pub(crate) async fn refresh_gateway(
+    config: &arc_swap::ArcSwap<seedgate_config::AgentConfig>,
+    status: &GatewayStatus,
+    stop: tokio_util::sync::CancellationToken,
+) {
     loop {
-        let cfg = shared.config.load_full();
+        let cfg = config.load_full();
         if let Some(ap) = &cfg.apiserver_proxy {
             let r = tokio::select! {
                 () = stop.cancelled() => return,
                 r = crate::gateway::resolve(&ap.gateway, cfg.timeouts.connect.get()) => r,
             };
-            shared.gateway.record(&ap.gateway, &r);
+            status.record(&ap.gateway, &r);
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = shared.gateway.woken() => {}
+            () = status.woken() => {}
             () = tokio::time::sleep(REFRESH) => {}
         }
     }

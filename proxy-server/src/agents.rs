@@ -1,6 +1,6 @@
 //! The agents' listeners: mTLS (TLS 1.3) handshake, cluster identity from the certificate CN, one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
-use crate::Shared;
+use crate::shared::Shared;
 use proxy_core::tunnel::quic;
 use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, SeedConnection, SessionError, TunnelSettings, run_seed_session};
 use seedgate_config::server::valid_cluster_name;
@@ -137,7 +137,7 @@ fn admit(
         tracing::info!(%peer, %cluster, "agent refused: cluster is fenced on this seed");
         return None;
     }
-    let refuse = !shared.knows_cluster(&cluster, peer) && !cfg.agents.accept_unknown_clusters;
+    let refuse = !crate::control::knows_cluster(shared, &cluster, peer) && !cfg.agents.accept_unknown_clusters;
     Some(Admitted { peer, cluster, refuse, transport })
 }
 
@@ -175,7 +175,7 @@ impl Admitted {
             Ok(sess) => {
                 m.agent_sessions.with_label_values(&[cluster, "accepted"]).inc();
                 tracing::info!(%peer, %cluster, session = sess.id, transport = self.transport, "agent session up");
-                shared.replica.announce_to(shared, &sess);
+                shared.replica.announce_to(&shared.metrics, &sess);
                 *registered.lock().expect("not poisoned") = Some(sess);
             }
             Err(reason) => {

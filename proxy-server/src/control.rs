@@ -1,6 +1,6 @@
 //! The admin endpoints particular to proxy-server: readiness by cluster, and setting a cluster's state (migration).
 
-use crate::Shared;
+use crate::shared::Shared;
 use proxy_core::obs::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
@@ -100,4 +100,21 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
     shared.apply_states();
     let mode = shared.directory.mode(name);
     Some((StatusCode::OK, format!("cluster {name}: {:?}\n", mode.mode).to_lowercase()))
+}
+
+/// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
+pub(crate) fn knows_cluster(shared: &Shared, cluster: &str, peer: std::net::SocketAddr) -> bool {
+    if clusters(shared).iter().any(|c| c == cluster) {
+        return true;
+    }
+    if shared.unknown_warned.lock().expect("not poisoned").insert(cluster.to_owned()) {
+        tracing::warn!(
+            %cluster,
+            %peer,
+            accept = shared.config.load().agents.accept_unknown_clusters,
+            "agent of cluster {cluster:?}, which no front end or clusters entry knows: probably a typo in the \
+             certificate's CN (agents.accept_unknown_clusters: false refuses such agents)"
+        );
+    }
+    false
 }

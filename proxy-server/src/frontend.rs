@@ -5,8 +5,8 @@
 
 mod grpc;
 
-use crate::Shared;
 use crate::registry::{DialRefused, Dialed};
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -876,7 +876,7 @@ mod tests {
 
     #[tokio::test]
     async fn connection_future_stays_small() {
-        let shared = crate::test_shared();
+        let shared = crate::shared::test_shared();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let fe = std::sync::Arc::new(super::FrontendRt {

@@ -13,13 +13,15 @@ mod metrics;
 mod registry;
 mod replica;
 mod session;
+mod shared;
 mod strategy;
 mod unix_socket;
+
+use shared::Shared;
 
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
-use proxy_core::app::shutdown::Shutdown;
 use proxy_core::app::{self, Ctx, Refused, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
@@ -27,7 +29,7 @@ use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
-use registry::{SessionDirectory, ShareConfig};
+use registry::SessionDirectory;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
@@ -36,84 +38,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use metrics::ServerMetrics;
 pub use proxy_core::app::Options;
-
-pub(crate) struct Shared {
-    pub(crate) config: ArcSwap<ServerConfig>,
-    pub(crate) metrics: ServerMetrics,
-    pub(crate) directory: SessionDirectory,
-    pub(crate) shutdown: Shutdown,
-    pub(crate) ids: ConnIds,
-    /// The front ends' established connections (`limits.max_connections`), taken once the
-    /// request head is read.
-    pub(crate) limit: ConnLimit,
-    /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
-    pub(crate) pending: Arc<Pending>,
-    /// Cluster states set through the admin endpoint; they override the config's until cleared.
-    overrides: Mutex<BTreeMap<String, ClusterState>>,
-    /// Cluster states from the files of `clusters_dir`.
-    cluster_files: Mutex<ClusterFiles>,
-    /// Unknown cluster names already warned about (once each).
-    unknown_warned: Mutex<std::collections::HashSet<String>>,
-    /// Unknown clusters whose agents were refused (`agents.accept_unknown_clusters: false`).
-    pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
-    /// This replica's identity and the count it announces to agents.
-    pub(crate) replica: replica::Replica,
-}
-
-impl Shared {
-    /// Config states (main config and cluster files) with the admin overrides on top.
-    fn effective_states(&self) -> BTreeMap<String, ClusterState> {
-        let mut s = self.config.load().clusters.clone();
-        let files = self.cluster_files.lock().expect("not poisoned");
-        s.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
-        drop(files);
-        for (name, mut o) in self.overrides.lock().expect("not poisoned").clone() {
-            // An override sets the state; the cluster's strategies stay configured unless it names them.
-            if o.proxy_strategies.is_none() {
-                o.proxy_strategies = s.get(&name).and_then(|c| c.proxy_strategies.clone());
-            }
-            s.insert(name, o);
-        }
-        s
-    }
-
-    /// Apply the effective cluster states and limits to the session directory (after a reload, a cluster
-    /// file change or an admin override).
-    pub(crate) fn apply_states(&self) {
-        let states = self.effective_states();
-        // A cluster's own limits come from where its state is set; an admin override that gives
-        // none keeps those of the config or cluster file.
-        let mut own = BTreeMap::new();
-        let cfg = self.config.load();
-        let files = self.cluster_files.lock().expect("not poisoned");
-        let sources = cfg.clusters.iter().chain(files.states()).chain(states.iter());
-        for (name, s) in sources {
-            if let Some(l) = s.limits {
-                own.insert(name.clone(), l);
-            }
-        }
-        drop(files);
-        self.directory.set_shares(ShareConfig::of(&cfg, own));
-        self.directory.set_modes(&states);
-    }
-
-    /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
-    fn knows_cluster(&self, cluster: &str, peer: std::net::SocketAddr) -> bool {
-        if control::clusters(self).iter().any(|c| c == cluster) {
-            return true;
-        }
-        if self.unknown_warned.lock().expect("not poisoned").insert(cluster.to_owned()) {
-            tracing::warn!(
-                %cluster,
-                %peer,
-                accept = self.config.load().agents.accept_unknown_clusters,
-                "agent of cluster {cluster:?}, which no front end or clusters entry knows: probably a typo in the \
-                 certificate's CN (agents.accept_unknown_clusters: false refuses such agents)"
-            );
-        }
-        false
-    }
-}
 
 type States = BTreeMap<String, ClusterState>;
 
@@ -189,13 +113,13 @@ impl Service for Server {
         let shared = &self.shared;
         shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
         tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
-        tokio::spawn(replica::Replica::follow_peers(shared.clone()));
+        tokio::spawn(shared.clone().follow_peers());
         // SIGTERM: tell the agents before the drain, so they find another replica while their
         // live streams here finish.
         let (s, stop) = (shared.clone(), shared.shutdown.stop.clone());
         tokio::spawn(async move {
             stop.cancelled().await;
-            s.replica.draining(&s);
+            s.replica.draining(&s.metrics, &s.directory);
         });
         if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
@@ -217,7 +141,7 @@ impl Service for Server {
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await.map_err(|e| e.to_string())?;
         self.shared.pending.set_limits(PendingLimits::from(new.pending_budget()));
-        self.shared.replica.reconfigure(&self.shared, &new);
+        self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
         self.shared.config.store(new);
         self.shared.apply_states();
         Ok(())
@@ -258,29 +182,4 @@ impl Service for Server {
         self.sessions_stop.cancel();
         self.listeners.remove_socket_files();
     }
-}
-
-#[cfg(test)]
-pub(crate) fn test_shared() -> Arc<Shared> {
-    let cfg = seedgate_config::server::parse(
-        "agents: { listen: 127.0.0.1:0, tls: { cert: c, key: k, client_ca: ca } }\n",
-        "t.yaml",
-    )
-    .expect("valid");
-    let reg = proxy_core::prometheus::Registry::new();
-    let metrics = ServerMetrics::new(&reg);
-    Arc::new(Shared {
-        pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::unregistered()),
-        directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, CancellationToken::new()),
-        config: ArcSwap::from_pointee(cfg.clone()),
-        metrics,
-        shutdown: Shutdown::new(),
-        ids: ConnIds::default(),
-        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
-        overrides: Mutex::new(BTreeMap::new()),
-        cluster_files: Mutex::new(ClusterFiles::new(None)),
-        unknown_warned: Mutex::default(),
-        unknown_refused: Mutex::default(),
-        replica: replica::Replica::new(&cfg),
-    })
 }

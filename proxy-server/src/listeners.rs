@@ -7,8 +7,8 @@
 //! agent sessions on a moved agents listener are never cut: they end by themselves (or at the
 //! end of the shutdown grace).
 
-use crate::Shared;
 use crate::frontend::{self, FrontendRt};
+use crate::shared::Shared;
 use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
 use proxy_core::app::{StartError, listen_tcp, resolve_listen};

@@ -1,10 +1,11 @@
 //! This replica's identity, the replica count it announces to its agents (static, or the number of addresses a peers name resolves to), and its draining notice.
 
-use crate::Shared;
+use crate::metrics::ServerMetrics;
+use crate::registry::SessionDirectory;
 use proxy_core::tunnel::{ControlMsg, ServerInfo};
 use seedgate_config::ServerConfig;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What this replica tells its agents.
 pub struct Replica {
@@ -64,13 +65,18 @@ impl Replica {
     }
 
     /// Tell a session just registered who we are.
-    pub fn announce_to(&self, shared: &Shared, s: &crate::session::Session) {
+    pub fn announce_to(&self, metrics: &ServerMetrics, s: &crate::session::Session) {
         let info = self.info.lock().expect("not poisoned");
-        send(shared, s, &info);
+        send(metrics, s, &info);
     }
 
     /// Change what we announce and tell every agent. No-op when nothing changed.
-    fn update(&self, shared: &Shared, change: impl FnOnce(&mut ServerInfo)) {
+    pub(crate) fn update(
+        &self,
+        metrics: &ServerMetrics,
+        directory: &SessionDirectory,
+        change: impl FnOnce(&mut ServerInfo),
+    ) {
         let mut info = self.info.lock().expect("not poisoned");
         let before = info.clone();
         change(&mut info);
@@ -80,18 +86,18 @@ impl Replica {
         if info.count != before.count {
             info.since_ms = now_ms().max(before.since_ms + 1);
         }
-        shared.metrics.replica_count.set(i64::from(info.count));
+        metrics.replica_count.set(i64::from(info.count));
         tracing::info!(id = %info.id, count = info.count, draining = info.draining, "announcing this replica to its agents");
-        for s in shared.directory.all_sessions() {
-            send(shared, &s, &info);
+        for s in directory.all_sessions() {
+            send(metrics, &s, &info);
         }
     }
 
     /// A reload: a new static count or id. (With `peers`, the count comes from its next lookup.)
-    pub fn reconfigure(&self, shared: &Shared, cfg: &ServerConfig) {
+    pub fn reconfigure(&self, metrics: &ServerMetrics, directory: &SessionDirectory, cfg: &ServerConfig) {
         let id = server_id(cfg);
         let count = cfg.agents.peers.is_none().then(|| static_count(cfg));
-        self.update(shared, |i| {
+        self.update(metrics, directory, |i| {
             i.id = id;
             if let Some(c) = count {
                 i.count = c;
@@ -100,46 +106,14 @@ impl Replica {
     }
 
     /// SIGTERM: agents keep their live streams here and look for another replica.
-    pub fn draining(&self, shared: &Shared) {
-        self.update(shared, |i| i.draining = true);
-    }
-
-    /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses
-    /// as the count. A failed lookup keeps the last count (a DNS hiccup must not shrink it).
-    pub async fn follow_peers(shared: std::sync::Arc<Shared>) {
-        let stop = shared.shutdown.stop.clone();
-        loop {
-            let cfg = shared.config.load_full();
-            let wait = cfg.agents.peers_interval.get();
-            if let Some(peers) = &cfg.agents.peers {
-                let lookup = tokio::time::timeout(Duration::from_secs(5), proxy_core::net::resolve(peers)).await;
-                match lookup {
-                    Ok(Ok(addrs)) if !addrs.is_empty() => {
-                        let mut ips: Vec<_> = addrs.iter().map(|a| a.ip()).collect();
-                        ips.sort();
-                        ips.dedup();
-                        let n = (ips.len() as u32).min(seedgate_config::server::MAX_SERVER_COUNT);
-                        shared.metrics.peers.set(i64::from(n));
-                        shared.replica.update(&shared, |i| i.count = n);
-                    }
-                    Ok(Ok(_)) => tracing::warn!(%peers, "agents.peers resolves to no address; keeping the last count"),
-                    Ok(Err(e)) => {
-                        tracing::warn!(%peers, error = %e, "cannot resolve agents.peers; keeping the last count")
-                    }
-                    Err(_) => tracing::warn!(%peers, "resolving agents.peers timed out; keeping the last count"),
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
+    pub fn draining(&self, metrics: &ServerMetrics, directory: &SessionDirectory) {
+        self.update(metrics, directory, |i| i.draining = true);
     }
 }
 
-fn send(shared: &Shared, s: &crate::session::Session, info: &ServerInfo) {
+fn send(metrics: &ServerMetrics, s: &crate::session::Session, info: &ServerInfo) {
     match s.opener.control(&ControlMsg::Server(info.clone())) {
-        Ok(()) => shared.metrics.announcements.inc(),
+        Ok(()) => metrics.announcements.inc(),
         Err(e) => tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot announce this replica"),
     }
 }

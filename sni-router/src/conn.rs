@@ -1,7 +1,7 @@
 //! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
 
-use crate::Shared;
 use crate::listener::ListenerRt;
+use crate::shared::Shared;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
 use proxy_core::net::ConnectFailure;
@@ -763,7 +763,7 @@ mod tests {
 
     async fn route_hello(hello: &[u8]) -> Result<Arc<str>, &'static str> {
         let yaml = "listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n    routes:\n      - name: big\n        sni: [big.example]\n        upstreams: [127.0.0.1:1]\n";
-        let shared = Arc::new(crate::test_shared_with(yaml));
+        let shared = Arc::new(crate::shared::test_shared_with(yaml));
         let rt = crate::listener::test_listener(&shared);
         let cfg = shared.config.load_full();
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -788,7 +788,7 @@ mod tests {
 
     #[tokio::test]
     async fn connection_future_stays_small() {
-        let shared = std::sync::Arc::new(crate::test_shared());
+        let shared = std::sync::Arc::new(crate::shared::test_shared());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let rt = crate::listener::test_listener(&shared);

@@ -1,8 +1,8 @@
 //! Routes from the files of `routes_dir` (one per shoot): each changed file is validated on its own, cross-checked against the rest, and rebuilds only the listeners it touches.
 
-use crate::Shared;
 use crate::listener::Extra;
 use crate::listeners::Listeners;
+use crate::shared::Shared;
 use crate::table::FileChange;
 use proxy_core::watch::dir::{FileMetrics, Update};
 use seedgate_config::ConfigError;

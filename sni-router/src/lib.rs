@@ -6,25 +6,22 @@
 
 mod conn;
 mod files;
+mod flow_budget;
 mod listener;
 mod listeners;
 mod migration;
+mod shared;
 mod table;
 mod udp;
 mod upstream;
 
-use arc_swap::ArcSwap;
+use shared::{Shared, new_shared};
+
 use files::RouteFiles;
 use listeners::Listeners;
-use proxy_core::app::shutdown::Shutdown;
 use proxy_core::app::{self, Ctx, Refused, Service, StartError};
-use proxy_core::net::accept::Slots;
-use proxy_core::net::ids::ConnIds;
-use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
-use proxy_core::net::share::{Naming, Shares};
+use proxy_core::net::pending::PendingLimits;
 use proxy_core::obs::admin::Check;
-use proxy_core::obs::metrics::{self, ConnMetrics};
-use proxy_core::prometheus::IntGaugeVec;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::Route as RouteCfg;
@@ -32,30 +29,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use proxy_core::app::Options;
-
-pub(crate) struct Metrics {
-    pub(crate) conn: ConnMetrics,
-    routes: IntGaugeVec,
-    pub(crate) udp: udp::UdpMetrics,
-}
-
-/// State every connection task can reach.
-pub(crate) struct Shared {
-    pub(crate) config: ArcSwap<RouterConfig>,
-    pub(crate) metrics: Metrics,
-    pub(crate) shutdown: Shutdown,
-    pub(crate) ids: ConnIds,
-    connections: Arc<Slots>,
-    /// Connections accepted and not yet routed (`limits.max_pending` and friends).
-    pub(crate) pending: Arc<Pending>,
-    /// UDP flows held by every UDP listener (`limits.udp_flows`).
-    pub(crate) udp_flows: Arc<udp::FlowBudget>,
-    /// Each route's routed and pending connections against its share of the process limits.
-    pub(crate) shares: Shares,
-}
-
-/// How routes are named as tenants: `seedgate_route_connections{listener,route}` and friends.
-const ROUTE_SHARES: Naming = Naming { tenant: "route", labels: &["listener", "route"], established: "connections" };
 
 /// The router as a [`Service`] of the shared lifecycle.
 pub struct Router {
@@ -71,24 +44,6 @@ pub type Bound = app::Bound<Router>;
 /// Bind every listener and the admin socket of `cfg`; [`app::Bound::run`] serves.
 pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, StartError> {
     app::bind(cfg, opts).await
-}
-
-fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
-    let reg = &ctx.registry;
-    Shared {
-        pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(reg)),
-        config: ArcSwap::new(cfg),
-        metrics: Metrics {
-            conn: ConnMetrics::new(reg),
-            routes: metrics::gauge_vec(reg, "seedgate_routes", "Routes loaded, by listener.", &["listener"]),
-            udp: udp::UdpMetrics::new(reg),
-        },
-        udp_flows: Arc::default(),
-        shares: Shares::new(reg, ROUTE_SHARES),
-        shutdown: ctx.shutdown.clone(),
-        ids: ConnIds::default(),
-        connections: ctx.connections.clone(),
-    }
 }
 
 impl Service for Router {
@@ -179,16 +134,4 @@ impl Service for Router {
         }
         v
     }
-}
-
-#[cfg(test)]
-pub(crate) fn test_shared() -> Shared {
-    test_shared_with("listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n")
-}
-
-#[cfg(test)]
-pub(crate) fn test_shared_with(yaml: &str) -> Shared {
-    let cfg = seedgate_config::router::parse(yaml, "t.yaml").expect("valid");
-    let ctx = Ctx { registry: Default::default(), shutdown: Shutdown::new(), connections: Slots::new(10) };
-    new_shared(Arc::new(cfg), &ctx)
 }

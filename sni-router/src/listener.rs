@@ -1,7 +1,7 @@
 //! One running listener: its routing table (built from its config and file routes), its limits and its accept-loop switch; what the accept loops, connection tasks and reloads share.
 
-use crate::Metrics;
-use crate::Shared;
+use crate::shared::Metrics;
+use crate::shared::Shared;
 use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
 use arc_swap::ArcSwap;
 use proxy_core::net::accept::ConnLimit;

@@ -1,7 +1,7 @@
 //! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
 
-use crate::Shared;
 use crate::listener::{Extra, ListenerRt, build_table, route_meters};
+use crate::shared::Shared;
 use crate::table::{FastMap, FileChange, Route, Table, fast_map, new_route};
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::net::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};

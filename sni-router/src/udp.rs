@@ -17,15 +17,14 @@
 //! The receive loop holds the listener's `flows` lock only to look flows up and change the
 //! table: reading an Initial (key derivation, AES-GCM) happens outside it.
 
-use crate::Shared;
+use crate::flow_budget::FlowSlot;
 use crate::listener::ListenerRt;
 use crate::migration::{Candidates, Verdict};
+use crate::shared::Shared;
 use crate::table::Route;
 use crate::upstream::{UpstreamGuard, attempt_order};
 use proxy_core::net::guard::Active;
 use proxy_core::net::resolve_within;
-use proxy_core::obs::metrics::{counter_vec, gauge_vec};
-use proxy_core::prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_wire::client_hello::Status;
 use proxy_wire::quic_cid::{MAX_CID_LEN, long_header_scid, short_header_dcid};
 use proxy_wire::quic_initial::{InitialReader, looks_like_initial};
@@ -33,7 +32,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
@@ -49,86 +48,6 @@ const FLOW_BUFFER_MIN: usize = 64 * 1024;
 /// Connection IDs learned per flow: an upstream gives itself one in its handshake packets (a
 /// few if it retransmits), so this bounds the table against an upstream that changes it often.
 const MAX_CIDS_PER_FLOW: usize = 4;
-
-/// The UDP listeners' metrics.
-pub(crate) struct UdpMetrics {
-    flows_active: IntGaugeVec,
-    flows: IntCounterVec,
-    dropped: IntCounterVec,
-    migrated: IntCounterVec,
-    migrations_refused: IntCounterVec,
-}
-
-impl UdpMetrics {
-    pub(crate) fn new(reg: &Registry) -> Self {
-        Self {
-            flows_active: gauge_vec(
-                reg,
-                "seedgate_udp_flows_active",
-                "UDP flows held now (routed or waiting for their ClientHello), by listener.",
-                &["listener"],
-            ),
-            flows: counter_vec(
-                reg,
-                "seedgate_udp_flows_total",
-                "UDP flows by listener, route and result (ok, or why the flow was refused).",
-                &["listener", "route", "result"],
-            ),
-            dropped: counter_vec(
-                reg,
-                "seedgate_udp_datagrams_dropped_total",
-                "Datagrams from clients or upstreams not relayed, by listener and reason.",
-                &["listener", "reason"],
-            ),
-            migrated: counter_vec(
-                reg,
-                "seedgate_udp_flows_migrated_total",
-                "UDP flows that moved to a new client address (found by their connection ID), by listener and route.",
-                &["listener", "route"],
-            ),
-            migrations_refused: counter_vec(
-                reg,
-                "seedgate_udp_migrations_refused_total",
-                "Datagrams for a UDP flow from an address it did not move to, by listener, route and reason \
-                 (client_active, too_few_packets, duplicate, too_many_addresses, source_not_allowed).",
-                &["listener", "route", "reason"],
-            ),
-        }
-    }
-}
-
-/// Flows held by the whole process, against `limits.udp_flows`.
-#[derive(Default)]
-pub(crate) struct FlowBudget {
-    used: AtomicUsize,
-}
-
-impl FlowBudget {
-    /// A slot if fewer than `limit` are taken; it is given back when dropped.
-    fn try_take(self: &Arc<Self>, limit: usize, gauge: IntGauge) -> Option<FlowSlot> {
-        self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
-        gauge.inc();
-        Some(FlowSlot { budget: self.clone(), gauge })
-    }
-
-    #[cfg(test)]
-    fn used(&self) -> usize {
-        self.used.load(Ordering::Acquire)
-    }
-}
-
-/// One flow's place in the [`FlowBudget`] and in `seedgate_udp_flows_active`.
-struct FlowSlot {
-    budget: Arc<FlowBudget>,
-    gauge: IntGauge,
-}
-
-impl Drop for FlowSlot {
-    fn drop(&mut self) {
-        self.budget.used.fetch_sub(1, Ordering::AcqRel);
-        self.gauge.dec();
-    }
-}
 
 /// Datagrams of a flow waiting for its route, bounded in count and bytes.
 struct Queue {
@@ -688,6 +607,7 @@ impl UdpListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow_budget::FlowBudget;
     use proxy_core::prometheus::IntGauge;
     use proxy_wire::quic_initial::build;
 
@@ -757,7 +677,7 @@ mod tests {
     /// garbage none at all.
     #[tokio::test]
     async fn a_flood_of_initials_is_bounded_by_the_flow_limit() {
-        let shared = Arc::new(crate::test_shared_with(
+        let shared = Arc::new(crate::shared::test_shared_with(
             "limits: { udp_flows: 5 }\nlisteners:\n  - name: q\n    listen: 127.0.0.1:0\n    protocol: udp\n",
         ));
         let rt = crate::listener::test_listener(&shared);

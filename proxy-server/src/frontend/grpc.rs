@@ -13,7 +13,7 @@
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
 use super::{Ctx, FrontendRt, Handshaken, Pre};
-use crate::Shared;
+use crate::shared::Shared;
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxy_core::net::accept::ConnPermit;

@@ -1,0 +1,135 @@
+//! What proxy-server's listeners, sessions, front ends, admin hooks and reloader share.
+
+use crate::cluster_files::ClusterFiles;
+use crate::metrics::ServerMetrics;
+use crate::registry::{SessionDirectory, ShareConfig};
+use crate::replica;
+use arc_swap::ArcSwap;
+use proxy_core::app::shutdown::Shutdown;
+use proxy_core::net::accept::ConnLimit;
+use proxy_core::net::ids::ConnIds;
+use proxy_core::net::pending::Pending;
+use seedgate_config::ServerConfig;
+use seedgate_config::server::ClusterState;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) struct Shared {
+    pub(crate) config: ArcSwap<ServerConfig>,
+    pub(crate) metrics: ServerMetrics,
+    pub(crate) directory: SessionDirectory,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) ids: ConnIds,
+    /// The front ends' established connections (`limits.max_connections`), taken once the
+    /// request head is read.
+    pub(crate) limit: ConnLimit,
+    /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
+    pub(crate) pending: Arc<Pending>,
+    /// Cluster states set through the admin endpoint; they override the config's until cleared.
+    pub(crate) overrides: Mutex<BTreeMap<String, ClusterState>>,
+    /// Cluster states from the files of `clusters_dir`.
+    pub(crate) cluster_files: Mutex<ClusterFiles>,
+    /// Unknown cluster names already warned about (once each).
+    pub(crate) unknown_warned: Mutex<std::collections::HashSet<String>>,
+    /// Unknown clusters whose agents were refused (`agents.accept_unknown_clusters: false`).
+    pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
+    /// This replica's identity and the count it announces to agents.
+    pub(crate) replica: replica::Replica,
+}
+
+impl Shared {
+    /// Config states (main config and cluster files) with the admin overrides on top.
+    pub(crate) fn effective_states(&self) -> BTreeMap<String, ClusterState> {
+        let mut s = self.config.load().clusters.clone();
+        let files = self.cluster_files.lock().expect("not poisoned");
+        s.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
+        drop(files);
+        for (name, mut o) in self.overrides.lock().expect("not poisoned").clone() {
+            // An override sets the state; the cluster's strategies stay configured unless it names them.
+            if o.proxy_strategies.is_none() {
+                o.proxy_strategies = s.get(&name).and_then(|c| c.proxy_strategies.clone());
+            }
+            s.insert(name, o);
+        }
+        s
+    }
+
+    /// Apply the effective cluster states and limits to the session directory (after a reload, a cluster
+    /// file change or an admin override).
+    pub(crate) fn apply_states(&self) {
+        let states = self.effective_states();
+        // A cluster's own limits come from where its state is set; an admin override that gives
+        // none keeps those of the config or cluster file.
+        let mut own = BTreeMap::new();
+        let cfg = self.config.load();
+        let files = self.cluster_files.lock().expect("not poisoned");
+        let sources = cfg.clusters.iter().chain(files.states()).chain(states.iter());
+        for (name, s) in sources {
+            if let Some(l) = s.limits {
+                own.insert(name.clone(), l);
+            }
+        }
+        drop(files);
+        self.directory.set_shares(ShareConfig::of(&cfg, own));
+        self.directory.set_modes(&states);
+    }
+
+    /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses
+    /// as the count. A failed lookup keeps the last count (a DNS hiccup must not shrink it).
+    pub(crate) async fn follow_peers(self: Arc<Self>) {
+        let shared = self;
+        let stop = shared.shutdown.stop.clone();
+        loop {
+            let cfg = shared.config.load_full();
+            let wait = cfg.agents.peers_interval.get();
+            if let Some(peers) = &cfg.agents.peers {
+                let lookup = tokio::time::timeout(Duration::from_secs(5), proxy_core::net::resolve(peers)).await;
+                match lookup {
+                    Ok(Ok(addrs)) if !addrs.is_empty() => {
+                        let mut ips: Vec<_> = addrs.iter().map(|a| a.ip()).collect();
+                        ips.sort();
+                        ips.dedup();
+                        let n = (ips.len() as u32).min(seedgate_config::server::MAX_SERVER_COUNT);
+                        shared.metrics.peers.set(i64::from(n));
+                        shared.replica.update(&shared.metrics, &shared.directory, |i| i.count = n);
+                    }
+                    Ok(Ok(_)) => tracing::warn!(%peers, "agents.peers resolves to no address; keeping the last count"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peers, error = %e, "cannot resolve agents.peers; keeping the last count")
+                    }
+                    Err(_) => tracing::warn!(%peers, "resolving agents.peers timed out; keeping the last count"),
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn test_shared() -> Arc<Shared> {
+    let cfg = seedgate_config::server::parse(
+        "agents: { listen: 127.0.0.1:0, tls: { cert: c, key: k, client_ca: ca } }\n",
+        "t.yaml",
+    )
+    .expect("valid");
+    let reg = proxy_core::prometheus::Registry::new();
+    let metrics = ServerMetrics::new(&reg);
+    Arc::new(Shared {
+        pending: Pending::new(cfg.pending_budget().into(), proxy_core::net::pending::PendingMetrics::unregistered()),
+        directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, Default::default()),
+        config: ArcSwap::from_pointee(cfg.clone()),
+        metrics,
+        shutdown: Shutdown::new(),
+        ids: ConnIds::default(),
+        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
+        overrides: Mutex::new(BTreeMap::new()),
+        cluster_files: Mutex::new(ClusterFiles::new(None)),
+        unknown_warned: Mutex::default(),
+        unknown_refused: Mutex::default(),
+        replica: replica::Replica::new(&cfg),
+    })
+}
