@@ -13,7 +13,7 @@ mod shared;
 mod tunnel;
 
 use arc_swap::ArcSwap;
-use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed, listen_tcp};
+use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
 use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::obs::admin::Check;
 use proxy_core::obs::metrics::ConnMetrics;
@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 pub use apiserver_proxy::ROUTE;
 pub use proxy_core::app::Options;
 pub use seedgate_config::AgentConfig;
+pub use tunnel::TlsReloadError;
 
 /// proxy-agent as a [`Service`] of the shared lifecycle.
 pub struct Agent {
@@ -51,7 +52,7 @@ impl Service for Agent {
     const NAME: &'static str = "proxy-agent";
     /// The apiserver-proxy listeners, by name.
     type Opened = Vec<(String, TcpListener)>;
-    type ApplyError = Refused;
+    type ApplyError = TlsReloadError;
 
     /// Listen addresses are bound at start, and the tunnel (its metrics, its TLS watch) is set
     /// up at start or not at all; its server list changes live.
@@ -110,9 +111,9 @@ impl Service for Agent {
     }
 
     /// New connections and streams take the new config; live ones keep going.
-    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), Refused> {
+    async fn apply(self: &Arc<Self>, new: Arc<AgentConfig>) -> Result<(), TlsReloadError> {
         if let (Some(t), Some(cfg)) = (&self.shared.tunnel, &new.tunnel) {
-            t.reconfigure(cfg.value.clone()).map_err(|e| e.to_string())?;
+            t.reconfigure(cfg.value.clone())?;
         }
         let gateway_changed = gateway_of(&self.shared.config.load()) != gateway_of(&new);
         self.shared.config.store(new);

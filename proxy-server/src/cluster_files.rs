@@ -28,7 +28,7 @@ pub(crate) enum Refused {
 /// A main config that defines a cluster a file defines (the reload is refused).
 #[derive(Debug, thiserror::Error)]
 #[error("cluster {cluster:?} is defined in both the main config and {file}")]
-pub(crate) struct DefinedTwice {
+pub struct DefinedTwice {
     cluster: String,
     file: String,
 }

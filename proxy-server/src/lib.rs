@@ -22,7 +22,7 @@ use shared::Shared;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
-use proxy_core::app::{self, Ctx, Refused, Service, StartError};
+use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
@@ -36,8 +36,22 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
+pub use cluster_files::DefinedTwice;
+pub use listeners::ApplyError as ListenersRefused;
 pub use metrics::ServerMetrics;
 pub use proxy_core::app::Options;
+pub use unix_socket::SocketError;
+
+/// Why proxy-server refuses a reloaded config (then nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadRefused {
+    /// The new main config defines a cluster a file of `clusters_dir` defines.
+    #[error(transparent)]
+    Clusters(#[from] DefinedTwice),
+    /// A listener's new socket, TLS files or socket access could not be taken up.
+    #[error(transparent)]
+    Listeners(#[from] ListenersRefused),
+}
 
 type States = BTreeMap<String, ClusterState>;
 
@@ -66,7 +80,7 @@ impl Service for Server {
     type Config = ServerConfig;
     const NAME: &'static str = "proxy-server";
     type Opened = Opened;
-    type ApplyError = Refused;
+    type ApplyError = ReloadRefused;
 
     fn restart_only(cfg: &ServerConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
@@ -135,11 +149,11 @@ impl Service for Server {
     }
 
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
-    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), Refused> {
+    async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), ReloadRefused> {
         if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
-            return Err(e.to_string().into());
+            return Err(e.into());
         }
-        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await.map_err(|e| e.to_string())?;
+        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.pending.set_limits(PendingLimits::from(new.pending_budget()));
         self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
         self.shared.config.store(new);

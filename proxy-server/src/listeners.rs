@@ -28,7 +28,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Why a reload's sockets or TLS files could not be taken up (then nothing changed).
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ApplyError {
+pub enum ApplyError {
     /// A TLS file, or a new or moved socket.
     #[error(transparent)]
     Start(#[from] StartError),

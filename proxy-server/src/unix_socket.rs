@@ -17,7 +17,7 @@ pub(crate) const DIR_MODE: u32 = 0o750;
 
 /// Why a socket path cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum SocketError {
+pub enum SocketError {
     #[error("the path exists and is not a socket; refusing to replace it (remove it or choose another path)")]
     NotASocket,
     #[error("another process is accepting on this socket; stop it or choose another path")]

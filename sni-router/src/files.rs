@@ -18,7 +18,7 @@ pub(crate) const MAIN: &str = "the main config";
 /// A route file in force that a new main config does not fit (the reload is refused).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}\n(a route file conflicts with the new config)")]
-pub(crate) struct RouteFileConflict(ConfigError);
+pub struct RouteFileConflict(ConfigError);
 
 /// The route files in force, and what their routes claim.
 pub(crate) struct RouteFiles {

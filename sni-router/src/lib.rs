@@ -19,7 +19,7 @@ use shared::{Shared, new_shared};
 
 use files::RouteFiles;
 use listeners::Listeners;
-use proxy_core::app::{self, Ctx, Refused, Service, StartError};
+use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::pending::PendingLimits;
 use proxy_core::obs::admin::Check;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
@@ -28,7 +28,19 @@ use seedgate_config::router::Route as RouteCfg;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub use files::RouteFileConflict;
 pub use proxy_core::app::Options;
+
+/// Why sni-router refuses a reloaded config (then nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadRefused {
+    /// A route file in force does not fit the new config.
+    #[error(transparent)]
+    RouteFile(#[from] RouteFileConflict),
+    /// A listener's new socket could not be bound.
+    #[error(transparent)]
+    Listener(#[from] StartError),
+}
 
 /// The router as a [`Service`] of the shared lifecycle.
 pub struct Router {
@@ -41,6 +53,12 @@ pub struct Router {
 
 pub type Bound = app::Bound<Router>;
 
+/// What `bind` opened for `start`: the listeners' sockets, and the watch of `routes_dir`.
+pub struct Opened {
+    listeners: listeners::Bound,
+    watch: Option<DirWatch<Vec<RouteCfg>>>,
+}
+
 /// Bind every listener and the admin socket of `cfg`; [`app::Bound::run`] serves.
 pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, StartError> {
     app::bind(cfg, opts).await
@@ -49,9 +67,8 @@ pub async fn bind(cfg: RouterConfig, opts: Options) -> Result<Bound, StartError>
 impl Service for Router {
     type Config = RouterConfig;
     const NAME: &'static str = "sni-router";
-    /// The watch of `routes_dir`, followed from `start` on.
-    type Opened = Option<DirWatch<Vec<RouteCfg>>>;
-    type ApplyError = Refused;
+    type Opened = Opened;
+    type ApplyError = ReloadRefused;
 
     fn restart_only(cfg: &RouterConfig) -> Vec<(&'static str, serde_json::Value)> {
         vec![app::fixed("routes_dir", &cfg.routes_dir)]
@@ -68,16 +85,16 @@ impl Service for Router {
                 (files, Some(watch))
             }
         };
-        let listeners = Listeners::bind(&shared, &cfg, &files.extra()).await?;
+        let (listeners, bound) = Listeners::bind(&shared, &cfg, &files.extra()).await?;
         if files.summary().0 > 0 {
             let (n, routes, refused) = files.summary();
             tracing::info!(files = n, routes, refused, "route files loaded");
         }
-        Ok((Self { shared, listeners, files: tokio::sync::Mutex::new(files) }, watch))
+        Ok((Self { shared, listeners, files: tokio::sync::Mutex::new(files) }, Opened { listeners: bound, watch }))
     }
 
-    fn start(self: &Arc<Self>, watch: Self::Opened) {
-        self.listeners.start(&self.shared);
+    fn start(self: &Arc<Self>, Opened { listeners, watch }: Opened) {
+        Listeners::start(&self.shared, listeners);
         if let Some(watch) = watch {
             let this = self.clone();
             watch.follow(self.shared.shutdown.stop.clone(), "route files", move |up| {
@@ -92,12 +109,12 @@ impl Service for Router {
         }
     }
 
-    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), Refused> {
+    async fn apply(self: &Arc<Self>, new: Arc<RouterConfig>) -> Result<(), ReloadRefused> {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
-        let claims = files.rebase(&new).map_err(|e| e.to_string())?;
+        let claims = files.rebase(&new)?;
         let limits = PendingLimits::from(new.pending_budget());
-        self.listeners.apply(&self.shared, new, &files.extra()).await.map_err(|e| e.to_string())?;
+        self.listeners.apply(&self.shared, new, &files.extra()).await?;
         self.shared.pending.set_limits(limits);
         files.set_claims(claims);
         Ok(())

@@ -56,29 +56,36 @@ async fn bind_listener(l: &ListenerCfg, cfg: &RouterConfig) -> Result<(Sock, Soc
     }
 }
 
-/// Every listener of the router, and the sockets bound but not yet serving.
+/// Every listener of the router.
 #[derive(Default)]
 pub(crate) struct Listeners {
     running: Mutex<BTreeMap<String, Arc<ListenerRt>>>,
-    pending: Mutex<Vec<(Arc<ListenerRt>, Sock)>>,
 }
+
+/// The listeners' sockets, bound and not yet serving: what [`Listeners::bind`] hands to
+/// [`Listeners::start`].
+pub(crate) struct Bound(Vec<(Arc<ListenerRt>, Sock)>);
 
 impl Listeners {
     /// Bind every listener of `cfg` (serving starts with [`Listeners::start`]).
-    pub(crate) async fn bind(shared: &Shared, cfg: &RouterConfig, extra: &Extra<'_>) -> Result<Self, StartError> {
-        let this = Self::default();
+    pub(crate) async fn bind(
+        shared: &Shared,
+        cfg: &RouterConfig,
+        extra: &Extra<'_>,
+    ) -> Result<(Self, Bound), StartError> {
+        let (this, mut bound) = (Self::default(), Vec::new());
         for l in &cfg.listeners {
             let (sock, addr) = bind_listener(l, cfg).await?;
             let rt = ListenerRt::new(shared, l, extra, addr, None);
             this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
-            this.pending.lock().expect("not poisoned").push((rt, sock));
+            bound.push((rt, sock));
         }
         this.update_route_gauges(shared);
-        Ok(this)
+        Ok((this, Bound(bound)))
     }
 
-    pub(crate) fn start(&self, shared: &Arc<Shared>) {
-        for (rt, sock) in std::mem::take(&mut *self.pending.lock().expect("not poisoned")) {
+    pub(crate) fn start(shared: &Arc<Shared>, bound: Bound) {
+        for (rt, sock) in bound.0 {
             serve(shared, rt, sock);
         }
     }

@@ -92,23 +92,6 @@ pub enum ReloadError<E: std::error::Error + 'static> {
     Service(E),
 }
 
-/// A reload a service refuses, with the message that says why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
-
-impl From<String> for Refused {
-    fn from(s: String) -> Self {
-        Refused(s)
-    }
-}
-
-impl From<&str> for Refused {
-    fn from(s: &str) -> Self {
-        Refused(s.to_owned())
-    }
-}
-
 /// What the lifecycle hands a service when it binds.
 #[derive(Clone)]
 pub struct Ctx {

@@ -4,7 +4,7 @@
 //! the grace).
 
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::app::{self, Ctx, Refused, Service, StartError, fixed};
+use proxy_core::app::{self, Ctx, Service, StartError, fixed};
 use proxy_core::obs::admin::Check;
 use seedgate_config::{AdminConfig, BinaryConfig, ConfigError, Dur};
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,11 @@ struct Toy {
     applied: Mutex<Vec<u32>>,
 }
 
+/// The toy service's one refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is refused")]
+struct Refused(u32);
+
 impl Service for Toy {
     type Config = Cfg;
     const NAME: &'static str = "toy";
@@ -76,7 +81,7 @@ impl Service for Toy {
 
     async fn apply(self: &Arc<Self>, new: Arc<Cfg>) -> Result<(), Refused> {
         if new.value == 13 {
-            return Err("13 is refused".into());
+            return Err(Refused(new.value));
         }
         self.value.store(new.value, Ordering::Relaxed);
         self.applied.lock().unwrap().push(new.value);
