@@ -5,11 +5,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
 /// The soft fd limit the harness raises itself (and so its children) to.
-pub const NOFILE: u64 = 20_000;
+pub(crate) const NOFILE: u64 = 20_000;
 
 /// How processes are placed on CPUs for a run.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Pinning {
+pub(crate) struct Pinning {
     /// CPU the systems under test run on (`taskset -c`), if pinning.
     pub proxy_cpu: Option<usize>,
     /// CPU the harness (load generators, backends, echo helper) runs on (sched_setaffinity).
@@ -17,7 +17,7 @@ pub struct Pinning {
 }
 
 impl Pinning {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.proxy_cpu, self.load_cpu) {
             (Some(p), Some(l)) => format!(
                 "systems under test (every process of a proxy or tunnel, seedgate and anchors alike) on CPU {p} with `taskset -c {p}`; \
@@ -28,7 +28,7 @@ impl Pinning {
     }
 
     /// `taskset -c <cpu> <program>` when pinning, else just the program.
-    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
         match self.proxy_cpu {
             Some(cpu) => {
                 let mut c = std::process::Command::new("taskset");
@@ -41,7 +41,7 @@ impl Pinning {
 }
 
 /// CPUs this process may run on.
-pub fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     let mut set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
     // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into the zeroed set
     // we own; CPU_ISSET only reads it.
@@ -57,7 +57,7 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Pin the calling thread (and every thread and process it creates afterwards) to `cpu`.
-pub fn pin_self(cpu: usize) -> anyhow::Result<()> {
+pub(crate) fn pin_self(cpu: usize) -> anyhow::Result<()> {
     let set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
     // SAFETY: the set is zero-initialised and ours; CPU_SET writes inside it; sched_setaffinity
     // reads size_of::<cpu_set_t>() bytes of it.
@@ -75,7 +75,7 @@ pub fn pin_self(cpu: usize) -> anyhow::Result<()> {
 
 /// Choose and apply the pinning: with two or more CPUs, the harness takes the second allowed
 /// CPU and the systems the first.
-pub fn pin(enabled: bool) -> anyhow::Result<Pinning> {
+pub(crate) fn pin(enabled: bool) -> anyhow::Result<Pinning> {
     let cpus = allowed_cpus();
     if !enabled || cpus.len() < 2 {
         return Ok(Pinning { proxy_cpu: None, load_cpu: None });
@@ -86,7 +86,7 @@ pub fn pin(enabled: bool) -> anyhow::Result<Pinning> {
 }
 
 /// Raise the soft RLIMIT_NOFILE to `want` (capped at the hard limit); returns the new soft limit.
-pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
+pub(crate) fn raise_nofile(want: u64) -> anyhow::Result<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own, nothing else.
     #[allow(unsafe_code)]
@@ -106,13 +106,13 @@ pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
 }
 
 /// VmRSS of one process in KiB.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// `pid` and all its descendants (nginx workers, sshd session processes, squid's kids).
-pub fn process_tree(pid: u32) -> Vec<u32> {
+pub(crate) fn process_tree(pid: u32) -> Vec<u32> {
     let mut parent_of = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/proc") {
         for e in rd.flatten() {
@@ -144,7 +144,7 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
 
 /// Send `sig` to `pid` (a descendant of a process the harness started); errors are ignored
 /// (it may have exited already).
-pub fn kill(pid: u32, sig: i32) {
+pub(crate) fn kill(pid: u32, sig: i32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return };
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     #[allow(unsafe_code)]
@@ -154,7 +154,7 @@ pub fn kill(pid: u32, sig: i32) {
 }
 
 /// Summed VmRSS (KiB) of the given processes and all their descendants.
-pub fn tree_rss_kib(pids: &[u32]) -> u64 {
+pub(crate) fn tree_rss_kib(pids: &[u32]) -> u64 {
     let mut all: Vec<u32> = pids.iter().flat_map(|&p| process_tree(p)).collect();
     all.sort_unstable();
     all.dedup();
@@ -162,13 +162,13 @@ pub fn tree_rss_kib(pids: &[u32]) -> u64 {
 }
 
 /// A port free on `ip` right now (for anchors that cannot report what they bound).
-pub fn free_port(ip: [u8; 4]) -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_port(ip: [u8; 4]) -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind(SocketAddr::from((ip, 0))).context("finding a free port")?;
     Ok(l.local_addr()?)
 }
 
 /// The first existing path among `candidates`, or a program found on PATH.
-pub fn find_program(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
+pub(crate) fn find_program(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
     if let Some(p) = candidates.iter().find(|p| p.is_file()) {
         return Some(p.clone());
     }
@@ -180,7 +180,7 @@ pub fn find_program(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
 }
 
 /// First line of `program args` output (stdout or stderr), for version strings.
-pub fn version_of(program: &Path, args: &[&str]) -> String {
+pub(crate) fn version_of(program: &Path, args: &[&str]) -> String {
     match std::process::Command::new(program).args(args).output() {
         Ok(o) => {
             let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
@@ -192,7 +192,7 @@ pub fn version_of(program: &Path, args: &[&str]) -> String {
 
 /// Facts about the machine for the report header.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub date_utc: String,
     pub cpu_model: String,
     pub cpus: usize,
@@ -203,14 +203,14 @@ pub struct Machine {
     pub nofile: u64,
 }
 
-pub fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
 
 impl Machine {
-    pub fn probe(nofile: u64) -> Self {
+    pub(crate) fn probe(nofile: u64) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -240,7 +240,7 @@ impl Machine {
 }
 
 /// `YYYY-MM-DD HH:MM` UTC from the system clock (civil-from-days, no date crate needed).
-pub fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
     let rem = secs % 86_400;
@@ -258,7 +258,7 @@ pub fn utc_now() -> String {
 }
 
 /// Make sure a directory exists with the given mode (for daemons that drop privileges).
-pub fn dir_with_mode(p: &Path, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn dir_with_mode(p: &Path, mode: u32) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;

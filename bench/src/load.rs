@@ -26,8 +26,8 @@ const BULK_CHUNK: usize = 256 * 1024;
 /// Read buffer of the sink and of download readers.
 const READ_BUF: usize = 256 * 1024;
 /// What [`Ping`] answers: small, like an HTTP error page or a kubelet healthz.
-pub const PING_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n";
-pub const PING_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+pub(crate) const PING_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n";
+pub(crate) const PING_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
 /// Per-step deadline of one transaction: a transaction that takes longer counts as an error.
 const TXN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -75,14 +75,14 @@ async fn bind() -> anyhow::Result<TcpListener> {
 
 /// Counts every byte it receives; closes at EOF.
 #[derive(Debug)]
-pub struct Sink {
+pub(crate) struct Sink {
     addr: SocketAddr,
     bytes: Arc<AtomicU64>,
     _serving: Serving,
 }
 
 impl Sink {
-    pub async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         let l = bind().await?;
         let addr = l.local_addr()?;
         let bytes = Arc::new(AtomicU64::new(0));
@@ -103,11 +103,11 @@ impl Sink {
         Ok(Self { addr, bytes, _serving: serving })
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
 }
@@ -115,13 +115,13 @@ impl Sink {
 /// Answers the first read with [`PING_RESPONSE`] and closes (FIN): one small request per
 /// connection, the shape of an HTTP/1.0 exchange.
 #[derive(Debug)]
-pub struct Ping {
+pub(crate) struct Ping {
     addr: SocketAddr,
     _serving: Serving,
 }
 
 impl Ping {
-    pub async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         let l = bind().await?;
         let addr = l.local_addr()?;
         let serving = serve(l, |mut s| async move {
@@ -139,20 +139,20 @@ impl Ping {
         Ok(Self { addr, _serving: serving })
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
 
 /// Writes bytes as fast as the peer reads them, until the peer goes away.
 #[derive(Debug)]
-pub struct Source {
+pub(crate) struct Source {
     addr: SocketAddr,
     _serving: Serving,
 }
 
 impl Source {
-    pub async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         let l = bind().await?;
         let addr = l.local_addr()?;
         let serving = serve(l, |s| async move {
@@ -174,7 +174,7 @@ impl Source {
         Ok(Self { addr, _serving: serving })
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
@@ -182,13 +182,13 @@ impl Source {
 /// Echoes every byte until EOF, then closes. Small buffer: it holds thousands of idle
 /// connections in the echo helper.
 #[derive(Debug)]
-pub struct Echo {
+pub(crate) struct Echo {
     addr: SocketAddr,
     _serving: Serving,
 }
 
 impl Echo {
-    pub async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         Self::start_on(bind().await?)
     }
 
@@ -207,14 +207,14 @@ impl Echo {
         Ok(Self { addr, _serving: serving })
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
 
 /// The echo helper process (`bench serve-echo --addr-file F`): binds 127.0.0.1:0, writes the
 /// address to F (atomically), serves until killed.
-pub fn run_echo_helper(addr_file: &Path) -> anyhow::Result<()> {
+pub(crate) fn run_echo_helper(addr_file: &Path) -> anyhow::Result<()> {
     crate::host::raise_nofile(crate::host::NOFILE)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -231,7 +231,7 @@ pub fn run_echo_helper(addr_file: &Path) -> anyhow::Result<()> {
 
 /// What a connection sends before its payload.
 #[derive(Debug, Clone)]
-pub enum Preamble {
+pub(crate) enum Preamble {
     None,
     /// Bytes written first, answered by nothing (a ClientHello, a PROXY header, or both).
     Raw(Arc<[u8]>),
@@ -239,13 +239,13 @@ pub enum Preamble {
     Connect(Arc<[u8]>),
 }
 
-pub fn connect_head(authority: &str, extra_headers: &str) -> Vec<u8> {
+pub(crate) fn connect_head(authority: &str, extra_headers: &str) -> Vec<u8> {
     format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{extra_headers}\r\n").into_bytes()
 }
 
 /// Read an HTTP response head (up to the blank line) byte-exactly and require status 200.
 /// Reads in small pieces but never past the head: the bytes after it belong to the tunnel.
-pub async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Result<()> {
+pub(crate) async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::Result<()> {
     let mut head = Vec::with_capacity(128);
     let mut b = [0u8; 1];
     // A head longer than 8 KiB is an error; each round reads one byte.
@@ -264,7 +264,7 @@ pub async fn read_connect_response<R: AsyncRead + Unpin>(r: &mut R) -> anyhow::R
 }
 
 /// Connect and send the preamble (for CONNECT: wait for the 200).
-pub async fn open(addr: SocketAddr, pre: &Preamble) -> anyhow::Result<TcpStream> {
+pub(crate) async fn open(addr: SocketAddr, pre: &Preamble) -> anyhow::Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await.with_context(|| format!("connecting {addr}"))?;
     match pre {
         Preamble::None => {}
@@ -304,7 +304,7 @@ fn gbit(bytes: u64, d: Duration) -> f64 {
 
 /// `streams` connections each write bulk bytes (after the preamble) to a [`Sink`] behind
 /// `addr`; the sink's byte count over the measuring window, after `warmup`, gives Gbit/s.
-pub async fn bulk_upload(
+pub(crate) async fn bulk_upload(
     addr: SocketAddr,
     pre: &Preamble,
     streams: usize,
@@ -351,7 +351,7 @@ pub async fn bulk_upload(
 }
 
 /// Wait until the sink has received nothing for 200 ms (at most 20 s).
-pub async fn settle(sink: &Sink) {
+pub(crate) async fn settle(sink: &Sink) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = sink.bytes();
     // Bounded by the deadline.
@@ -368,7 +368,7 @@ pub async fn settle(sink: &Sink) {
 /// `streams` connections each read what a [`Source`] behind `addr` sends; with `stalled`, one
 /// more connection is opened first and never read (its reader is stalled: the path fills up
 /// behind it). Gbit/s received by the reading streams over the measuring window.
-pub async fn bulk_download(
+pub(crate) async fn bulk_download(
     addr: SocketAddr,
     pre: &Preamble,
     streams: usize,
@@ -429,7 +429,7 @@ pub async fn bulk_download(
 
 /// One transaction of a connection-rate test: open a connection, do one small exchange, close.
 #[derive(Clone)]
-pub enum Txn {
+pub(crate) enum Txn {
     /// TCP connect, a full TLS handshake (configure the client without resumption), an HTTP
     /// request, the response to its end.
     Tls { addr: SocketAddr, sni: ServerName<'static>, cfg: Arc<ClientConfig>, request: Arc<[u8]> },
@@ -452,7 +452,7 @@ impl std::fmt::Debug for Txn {
 /// What one transaction took: until the channel was open (TLS handshake done, CONNECT 200
 /// received, TCP connected) and until the first response byte.
 #[derive(Debug, Clone, Copy)]
-pub struct TxnTimes {
+pub(crate) struct TxnTimes {
     pub open: Duration,
     pub first_byte: Duration,
 }
@@ -478,12 +478,12 @@ async fn read_to_end_after_first<R: AsyncRead + Unpin>(r: &mut R, start: Instant
 }
 
 impl Txn {
-    pub async fn run(&self) -> anyhow::Result<TxnTimes> {
+    pub(crate) async fn run(&self) -> anyhow::Result<TxnTimes> {
         self.run_within(TXN_TIMEOUT).await
     }
 
     /// [`Txn::run`] with a deadline of the caller's choosing for the whole transaction.
-    pub async fn run_within(&self, limit: Duration) -> anyhow::Result<TxnTimes> {
+    pub(crate) async fn run_within(&self, limit: Duration) -> anyhow::Result<TxnTimes> {
         tokio::time::timeout(limit, self.run_inner())
             .await
             .with_context(|| format!("transaction timed out after {limit:?}"))?
@@ -530,29 +530,29 @@ impl Txn {
 
 /// Latency samples; percentiles by nearest rank over the sorted samples.
 #[derive(Debug, Default, Clone)]
-pub struct Latencies {
+pub(crate) struct Latencies {
     ns: Vec<u64>,
 }
 
 impl Latencies {
-    pub fn push(&mut self, d: Duration) {
+    pub(crate) fn push(&mut self, d: Duration) {
         self.ns.push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
-    pub fn extend(&mut self, o: Latencies) {
+    pub(crate) fn extend(&mut self, o: Latencies) {
         self.ns.extend(o.ns);
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ns.len()
     }
 
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.ns.sort_unstable();
     }
 
     /// The `q`-quantile (0 < q ≤ 1) in microseconds; call [`Latencies::finish`] first.
-    pub fn quantile_us(&self, q: f64) -> f64 {
+    pub(crate) fn quantile_us(&self, q: f64) -> f64 {
         if self.ns.is_empty() {
             return f64::NAN;
         }
@@ -564,7 +564,7 @@ impl Latencies {
 
 /// What a connection-rate run produced.
 #[derive(Debug, Default)]
-pub struct RateResult {
+pub(crate) struct RateResult {
     /// Transactions completed per second in the measuring window.
     pub rate: f64,
     pub open: Latencies,
@@ -580,7 +580,7 @@ pub struct RateResult {
 /// which nothing completed and nothing failed is stretched (by at most [`TXN_TIMEOUT`]) until
 /// something does: a system slower than the window (a debug build in a brief smoke window) then
 /// gets a figure over the longer window, not an empty one.
-pub async fn closed_loop(txn: &Txn, concurrency: usize, warmup: Duration, measure: Duration) -> RateResult {
+pub(crate) async fn closed_loop(txn: &Txn, concurrency: usize, warmup: Duration, measure: Duration) -> RateResult {
     let t0 = Instant::now();
     let (ws, we) = (t0 + warmup, t0 + warmup + measure);
     // Outcomes inside the window so far, shared by the workers: while it is 0 the window stretches.
@@ -644,7 +644,7 @@ pub async fn closed_loop(txn: &Txn, concurrency: usize, warmup: Duration, measur
 /// Open loop: start a transaction every `1/rate` seconds regardless of completions (at most
 /// `max_outstanding` at once; starts beyond that are counted as dropped). Latency is measured
 /// from each transaction's own start. Transactions started inside the window count.
-pub async fn open_loop(
+pub(crate) async fn open_loop(
     txn: &Txn,
     rate: f64,
     warmup: Duration,
@@ -703,7 +703,7 @@ pub async fn open_loop(
 /// Open `n` connections through `addr` (at most `parallel` opening at once), each with the
 /// preamble, then `probe` written and `expect_back` bytes read back (an [`Echo`] behind the
 /// proxy confirms the whole path). Returns the open connections.
-pub async fn hold(
+pub(crate) async fn hold(
     addr: SocketAddr,
     pre: &Preamble,
     probe: &[u8],
@@ -757,7 +757,7 @@ pub async fn hold(
 }
 
 /// Each held connection sends `msg` and reads it back (echo); returns how many completed.
-pub async fn echo_all(held: Vec<TcpStream>, msg: &[u8], parallel: usize) -> usize {
+pub(crate) async fn echo_all(held: Vec<TcpStream>, msg: &[u8], parallel: usize) -> usize {
     let ok = Arc::new(AtomicUsize::new(0));
     let sem = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
     let msg: Arc<[u8]> = msg.into();
@@ -784,7 +784,7 @@ pub async fn echo_all(held: Vec<TcpStream>, msg: &[u8], parallel: usize) -> usiz
 
 /// The ClientHello a rustls client sends for `sni` (one TLS record): the preamble of SNI-routed
 /// connections whose backend does not speak TLS.
-pub fn client_hello(cfg: Arc<ClientConfig>, sni: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn client_hello(cfg: Arc<ClientConfig>, sni: &str) -> anyhow::Result<Vec<u8>> {
     let name = ServerName::try_from(sni.to_owned()).context("SNI")?;
     let mut conn = rustls::ClientConnection::new(cfg, name)?;
     let mut out = Vec::new();
@@ -797,7 +797,7 @@ pub fn client_hello(cfg: Arc<ClientConfig>, sni: &str) -> anyhow::Result<Vec<u8>
 }
 
 /// A PROXY protocol v2 header (PROXY command, TCP over IPv4) naming `src` → `dst`.
-pub fn proxy_v2(src: SocketAddr, dst: SocketAddr) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn proxy_v2(src: SocketAddr, dst: SocketAddr) -> anyhow::Result<Vec<u8>> {
     let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, dst) else {
         bail!("IPv4 only");
     };

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 /// Which way a figure is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Better {
+pub(crate) enum Better {
     Higher,
     Lower,
 }
@@ -14,7 +14,7 @@ pub enum Better {
 /// What a system is: the physical limit, ours, or an anchor we compare with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub(crate) enum Kind {
     Direct,
     Seedgate,
     Anchor,
@@ -22,7 +22,7 @@ pub enum Kind {
 
 /// One system's samples of one figure, or why it was skipped.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Row {
+pub(crate) struct Row {
     pub system: String,
     pub kind: Kind,
     pub samples: Vec<f64>,
@@ -37,7 +37,7 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn median(&self) -> Option<f64> {
+    pub(crate) fn median(&self) -> Option<f64> {
         let mut v: Vec<f64> = self.samples.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
             return None;
@@ -47,7 +47,7 @@ impl Row {
         Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
     }
 
-    pub fn min_max(&self) -> Option<(f64, f64)> {
+    pub(crate) fn min_max(&self) -> Option<(f64, f64)> {
         let v = self.samples.iter().copied().filter(|x| x.is_finite());
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
         for x in v {
@@ -60,7 +60,7 @@ impl Row {
 
 /// One figure of a scenario (e.g. "bulk, 64 streams" in Gbit/s) across systems.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Metric {
+pub(crate) struct Metric {
     pub scenario: String,
     pub name: String,
     pub unit: String,
@@ -72,7 +72,7 @@ pub struct Metric {
 
 /// When and under what load one scenario ran (results can be merged from several runs).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ScenarioRun {
+pub(crate) struct ScenarioRun {
     pub scenario: String,
     pub date_utc: String,
     pub loadavg_start: String,
@@ -91,7 +91,7 @@ impl Metric {
 
 /// Everything a run recorded, in the order it was recorded.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Results {
+pub(crate) struct Results {
     pub metrics: Vec<Metric>,
     /// Scenario-level remarks (configs, caveats), by scenario.
     pub remarks: Vec<(String, String)>,
@@ -101,11 +101,11 @@ pub struct Results {
 
 /// A handle to a metric inside [`Results`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MetricId(pub(crate) usize);
+pub(crate) struct MetricId(pub(crate) usize);
 
 impl Results {
     /// The metric `scenario`/`name`, created on first use.
-    pub fn metric(&mut self, scenario: &str, name: &str, unit: &str, better: Better) -> MetricId {
+    pub(crate) fn metric(&mut self, scenario: &str, name: &str, unit: &str, better: Better) -> MetricId {
         if let Some(i) = self.metrics.iter().position(|m| m.scenario == scenario && m.name == name) {
             return MetricId(i);
         }
@@ -121,7 +121,7 @@ impl Results {
     }
 
     /// `scenario | name (unit)` of a metric, for progress lines.
-    pub fn describe(&self, m: MetricId) -> String {
+    pub(crate) fn describe(&self, m: MetricId) -> String {
         let m = &self.metrics[m.0];
         format!("{} | {} ({})", m.scenario, m.name, m.unit)
     }
@@ -142,18 +142,18 @@ impl Results {
         rows.last_mut().expect("just pushed")
     }
 
-    pub fn add(&mut self, m: MetricId, system: &str, kind: Kind, value: f64) {
+    pub(crate) fn add(&mut self, m: MetricId, system: &str, kind: Kind, value: f64) {
         self.row_mut(m, system, kind).samples.push(value);
     }
 
-    pub fn skip(&mut self, m: MetricId, system: &str, kind: Kind, reason: &str) {
+    pub(crate) fn skip(&mut self, m: MetricId, system: &str, kind: Kind, reason: &str) {
         let r = self.row_mut(m, system, kind);
         if r.skipped.is_none() {
             r.skipped = Some(reason.into());
         }
     }
 
-    pub fn note(&mut self, m: MetricId, system: &str, kind: Kind, note: &str) {
+    pub(crate) fn note(&mut self, m: MetricId, system: &str, kind: Kind, note: &str) {
         let r = self.row_mut(m, system, kind);
         if !r.notes.iter().any(|n| n == note) && r.notes.len() < 5 {
             r.notes.push(note.into());
@@ -161,7 +161,7 @@ impl Results {
     }
 
     /// Replace the row's informational split (one per row; not an error).
-    pub fn note_split(&mut self, m: MetricId, system: &str, kind: Kind, text: &str) {
+    pub(crate) fn note_split(&mut self, m: MetricId, system: &str, kind: Kind, text: &str) {
         let r = self.row_mut(m, system, kind);
         r.info = Some(text.into());
     }
@@ -169,7 +169,7 @@ impl Results {
     /// What failed on seedgate's side: a row whose system did not start (other than left out by
     /// `--only`) or whose measurement ended in an error. Each is a defect, whatever the figures
     /// (which are never asserted); one line each, without repeats.
-    pub fn seedgate_failures(&self) -> Vec<String> {
+    pub(crate) fn seedgate_failures(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         for m in &self.metrics {
             for r in m.rows.iter().filter(|r| r.kind == Kind::Seedgate) {
@@ -189,13 +189,13 @@ impl Results {
         out
     }
 
-    pub fn remark(&mut self, scenario: &str, text: &str) {
+    pub(crate) fn remark(&mut self, scenario: &str, text: &str) {
         self.remarks.push((scenario.into(), text.into()));
     }
 
     /// Keep what `older` holds for scenarios this one does not have (a merge of runs), ordered
     /// by `order` (scenario names; unknown ones last).
-    pub fn merge_older(&mut self, older: Results, order: &[&str]) {
+    pub(crate) fn merge_older(&mut self, older: Results, order: &[&str]) {
         let mine = self.scenarios();
         let keep = |s: &String| !mine.contains(s);
         self.metrics.extend(older.metrics.into_iter().filter(|m| keep(&m.scenario)));
@@ -219,7 +219,7 @@ impl Results {
 }
 
 /// A number with about three significant digits and thousands separators for big ones.
-pub fn fmt_num(x: f64) -> String {
+pub(crate) fn fmt_num(x: f64) -> String {
     if !x.is_finite() {
         return "–".into();
     }
@@ -272,7 +272,7 @@ fn is_latency(unit: &str) -> bool {
 
 /// The Markdown report: one table per scenario, each figure's rows with median, spread, the
 /// ratio (or difference, for latencies) against direct, and seedgate's ratio to each system.
-pub fn markdown(res: &Results, header: &str) -> String {
+pub(crate) fn markdown(res: &Results, header: &str) -> String {
     let mut out = String::new();
     out.push_str(header);
     for sc in res.scenarios() {
@@ -406,7 +406,7 @@ fn esc(s: &str) -> String {
 
 /// A hand-written SVG: one panel per figure, a horizontal bar per system (the median, with a
 /// min–max whisker), scaled to the largest median of that figure; skipped systems are named.
-pub fn svg(res: &Results, title: &str) -> String {
+pub(crate) fn svg(res: &Results, title: &str) -> String {
     const W: f64 = 980.0;
     const LABEL_W: f64 = 300.0;
     const BAR_W: f64 = 520.0;
@@ -545,7 +545,7 @@ fn med(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
 
 /// The performance targets, evaluated on these results (rows whose inputs are missing
 /// are left out).
-pub fn targets(res: &Results) -> String {
+pub(crate) fn targets(res: &Results) -> String {
     let mut rows: Vec<(String, String, bool)> = Vec::new();
     fn ratio_at_least(
         rows: &mut Vec<(String, String, bool)>,

@@ -32,7 +32,7 @@ use testbed::{Ca, TempDir};
 
 /// Options shared by every scenario subcommand (also accepted before the subcommand).
 #[derive(Debug, Clone, clap::Args)]
-pub struct Opts {
+pub(crate) struct Opts {
     /// Run every scenario briefly (short windows, one repeat, fewer connections) to prove the
     /// harness works; figures are reported, never asserted (a seedgate row that errors still
     /// fails the run, as it does in a full run).
@@ -90,7 +90,7 @@ pub struct Opts {
 
 /// The scenarios, in the order `all` runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Scenario {
+pub(crate) enum Scenario {
     SniBulk,
     SniConnrate,
     ProxyProtocol,
@@ -107,7 +107,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub const ALL: [Scenario; 11] = [
+    pub(crate) const ALL: [Scenario; 11] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -121,7 +121,7 @@ impl Scenario {
         Self::Ha,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::SniBulk => "sni-bulk",
             Self::SniConnrate => "sni-connrate",
@@ -141,7 +141,7 @@ impl Scenario {
 
 /// How much load: full runs and smoke runs differ only here.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Scale {
+pub(crate) struct Scale {
     pub repeats: usize,
     pub warmup: Duration,
     pub window: Duration,
@@ -216,7 +216,7 @@ impl Scale {
 }
 
 /// What every scenario gets.
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub scale: Scale,
     pub smoke: bool,
     /// The binaries are the debug build (`--debug`).
@@ -231,13 +231,13 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn env(&self) -> Env<'_> {
+    pub(crate) fn env(&self) -> Env<'_> {
         Env { pin: &self.pin, dir: self.dir.path(), bins: &self.bins, anchors: &self.anchors, ca: &self.ca }
     }
 }
 
 /// Record one measurement of system `label`: a value, or the error as a note on the row.
-pub fn record(res: &mut Results, m: MetricId, label: &str, kind: Kind, r: anyhow::Result<f64>) {
+pub(crate) fn record(res: &mut Results, m: MetricId, label: &str, kind: Kind, r: anyhow::Result<f64>) {
     let what = res.describe(m);
     match r {
         Ok(v) => {
@@ -255,7 +255,7 @@ pub fn record(res: &mut Results, m: MetricId, label: &str, kind: Kind, r: anyhow
 
 /// Record the figures of one rate run. They count if the system is still alive and at most 1%
 /// of the transactions failed (else the error is reported instead); fewer errors are noted.
-pub fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &[(MetricId, f64)]) {
+pub(crate) fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &[(MetricId, f64)]) {
     let done = r.first_byte.len() as u64;
     let first = r.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default();
     let verdict = match sys.check_alive() {
@@ -286,7 +286,7 @@ pub fn record_rate(res: &mut Results, sys: &mut Running, r: &RateResult, figs: &
 }
 
 /// Add a skipped row for every skipped slot to each metric (so none is silently dropped).
-pub fn record_skips(res: &mut Results, metrics: &[MetricId], slots: &[Slot]) {
+pub(crate) fn record_skips(res: &mut Results, metrics: &[MetricId], slots: &[Slot]) {
     for s in slots {
         if let Slot::Skipped { label, kind, reason } = s {
             for &m in metrics {
@@ -297,7 +297,7 @@ pub fn record_skips(res: &mut Results, metrics: &[MetricId], slots: &[Slot]) {
 }
 
 /// Run the scenarios (CLI entry point for everything but the demo).
-pub fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
+pub(crate) fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
     match run_main(opts, which) {
         Ok(code) => code,
         Err(e) => {
@@ -469,7 +469,7 @@ async fn run_async(
 
 /// `bench report`: print the Markdown of a results file and rewrite its chart, without running
 /// anything (e.g. after merging scenarios run one at a time).
-pub fn report_main(opts: Opts) -> ExitCode {
+pub(crate) fn report_main(opts: Opts) -> ExitCode {
     let r = (|| -> anyhow::Result<()> {
         let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
         let stem = if opts.smoke { "smoke" } else { "latest" };

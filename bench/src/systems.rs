@@ -17,7 +17,7 @@ use testbed::{Ca, Proc};
 const ANCHOR_START: Duration = Duration::from_secs(15);
 
 /// `--only`: start only systems whose label contains this (direct always runs).
-pub static ONLY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+pub(crate) static ONLY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 pub(crate) fn check_only(label: &str) -> anyhow::Result<()> {
     match ONLY.get() {
@@ -27,7 +27,7 @@ pub(crate) fn check_only(label: &str) -> anyhow::Result<()> {
 }
 
 /// `--seedgate-only`: start no anchor.
-pub static SEEDGATE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static SEEDGATE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// [`check_only`] for an anchor, which `--seedgate-only` leaves out too.
 fn check_anchor(label: &str) -> anyhow::Result<()> {
@@ -38,11 +38,11 @@ fn check_anchor(label: &str) -> anyhow::Result<()> {
 }
 
 /// A program the harness may run, or why it cannot.
-pub type Tool = Result<PathBuf, String>;
+pub(crate) type Tool = Result<PathBuf, String>;
 
 /// The third-party programs, found once per run.
 #[derive(Debug)]
-pub struct Anchors {
+pub(crate) struct Anchors {
     pub haproxy: Tool,
     pub nginx: Tool,
     /// nginx with the stream module (and njs, for CONNECT) loadable.
@@ -67,7 +67,7 @@ fn tool(name: &str, candidates: &[&str]) -> Tool {
 }
 
 impl Anchors {
-    pub fn find() -> Self {
+    pub(crate) fn find() -> Self {
         let ws = Path::new(testbed::proc::WORKSPACE);
         let mut rathole_paths = Vec::new();
         if let Some(r) = std::env::var_os("BENCH_ANCHORS_ROOT") {
@@ -96,7 +96,7 @@ impl Anchors {
     }
 
     /// Version lines of what is installed, for the report header.
-    pub fn versions(&self) -> Vec<(String, String)> {
+    pub(crate) fn versions(&self) -> Vec<(String, String)> {
         let mut v = Vec::new();
         let mut one = |name: &str, t: &Tool, args: &[&str]| {
             let line = match t {
@@ -114,13 +114,13 @@ impl Anchors {
         v
     }
 
-    pub fn nginx_stream(&self) -> Result<PathBuf, String> {
+    pub(crate) fn nginx_stream(&self) -> Result<PathBuf, String> {
         let p = self.nginx.clone()?;
         self.nginx_stream.clone()?;
         Ok(p)
     }
 
-    pub fn nginx_njs(&self) -> Result<PathBuf, String> {
+    pub(crate) fn nginx_njs(&self) -> Result<PathBuf, String> {
         let p = self.nginx_stream()?;
         self.nginx_js.clone()?;
         Ok(p)
@@ -129,14 +129,14 @@ impl Anchors {
 
 /// The seedgate binaries.
 #[derive(Debug, Clone)]
-pub struct Bins {
+pub(crate) struct Bins {
     pub router: PathBuf,
     pub server: PathBuf,
     pub agent: PathBuf,
 }
 
 /// What systems need from the run: pinning, a directory for configs, the CA.
-pub struct Env<'a> {
+pub(crate) struct Env<'a> {
     pub pin: &'a Pinning,
     pub dir: &'a Path,
     pub bins: &'a Bins,
@@ -146,7 +146,7 @@ pub struct Env<'a> {
 
 /// A started system: its processes and the addresses clients use, by role name.
 #[derive(Debug)]
-pub struct Running {
+pub(crate) struct Running {
     pub label: String,
     pub kind: Kind,
     procs: Vec<Proc>,
@@ -158,10 +158,10 @@ pub struct Running {
 }
 
 /// Set to a directory to profile every seedgate process with `perf record -g` while it runs.
-pub const PERF_DIR_ENV: &str = "BENCH_PERF_DIR";
+pub(crate) const PERF_DIR_ENV: &str = "BENCH_PERF_DIR";
 
 impl Running {
-    pub fn direct(addrs: &[(&str, SocketAddr)]) -> Self {
+    pub(crate) fn direct(addrs: &[(&str, SocketAddr)]) -> Self {
         Self {
             label: "direct".into(),
             kind: Kind::Direct,
@@ -183,19 +183,19 @@ impl Running {
         }
     }
 
-    pub fn addr(&self, role: &str) -> anyhow::Result<SocketAddr> {
+    pub(crate) fn addr(&self, role: &str) -> anyhow::Result<SocketAddr> {
         self.addrs.get(role).copied().with_context(|| {
             format!("{} has no {role:?} address ({:?})", self.label, self.addrs.keys().collect::<Vec<_>>())
         })
     }
 
-    pub fn set_addr(&mut self, role: &str, a: SocketAddr) {
+    pub(crate) fn set_addr(&mut self, role: &str, a: SocketAddr) {
         self.addrs.insert(role.into(), a);
     }
 
     /// Merge another system's processes and addresses into this one (a sender in front of a
     /// receiver, squid behind rathole).
-    pub fn absorb(&mut self, mut other: Running, prefix: &str) {
+    pub(crate) fn absorb(&mut self, mut other: Running, prefix: &str) {
         self.procs.append(&mut other.procs);
         self.profilers.append(&mut other.profilers);
         for (k, v) in std::mem::take(&mut other.addrs) {
@@ -203,13 +203,13 @@ impl Running {
         }
     }
 
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         self.procs.iter().map(Proc::pid).collect()
     }
 
     /// Open sockets of every process of the system and their children (nginx's worker): what an
     /// anchor without an admin endpoint holds, read from `/proc/<pid>/fd`.
-    pub fn socket_fds(&self) -> usize {
+    pub(crate) fn socket_fds(&self) -> usize {
         let mut all: Vec<u32> = self.pids().into_iter().flat_map(host::process_tree).collect();
         all.sort_unstable();
         all.dedup();
@@ -221,12 +221,12 @@ impl Running {
     }
 
     /// RSS (KiB) of every process of the system and their children.
-    pub fn rss_kib(&self) -> u64 {
+    pub(crate) fn rss_kib(&self) -> u64 {
         host::tree_rss_kib(&self.pids())
     }
 
     /// RSS (KiB) of each started process with its children, named by executable.
-    pub fn rss_by_process(&self) -> Vec<(String, u64)> {
+    pub(crate) fn rss_by_process(&self) -> Vec<(String, u64)> {
         self.pids()
             .into_iter()
             .map(|p| {
@@ -240,7 +240,7 @@ impl Running {
     }
 
     /// An error naming any process that exited, with the tail of its log.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_alive(&mut self) -> anyhow::Result<()> {
         for p in &mut self.procs {
             if !p.running() {
                 bail!("{} exited; log tail:\n{}", p.log_path().display(), tail(&p.log(), 15));
@@ -250,13 +250,13 @@ impl Running {
     }
 
     /// Signal the system's first process (sni-router, nginx's master).
-    pub fn signal_first(&mut self, sig: i32) -> anyhow::Result<()> {
+    pub(crate) fn signal_first(&mut self, sig: i32) -> anyhow::Result<()> {
         self.procs.first_mut().context("no process")?.signal(sig)
     }
 
     /// Add a seedgate process; with `BENCH_PERF_DIR` set, `perf record -g` follows it until the
     /// system stops (`<dir>/<label>-<binary>-<pid>.data`), for finding hot spots.
-    pub fn push_seedgate(&mut self, p: Proc) {
+    pub(crate) fn push_seedgate(&mut self, p: Proc) {
         if let Some(dir) = std::env::var_os(PERF_DIR_ENV) {
             let dir = PathBuf::from(dir);
             let _ = std::fs::create_dir_all(&dir);
@@ -280,13 +280,13 @@ impl Running {
     }
 
     /// Add a process (a reloaded haproxy) to the system.
-    pub fn push_proc(&mut self, p: Proc) {
+    pub(crate) fn push_proc(&mut self, p: Proc) {
         self.procs.push(p);
     }
 
     /// Like [`Running::check_alive`], but only the newest process must live (haproxy's old
     /// process exits after `-sf` once its connections are done).
-    pub fn check_alive_any(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_alive_any(&mut self) -> anyhow::Result<()> {
         if let Some(p) = self.procs.last_mut()
             && !p.running()
         {
@@ -379,13 +379,13 @@ async fn seedgate(env: &Env<'_>, bin: &Path, config: &Path) -> anyhow::Result<(P
 
 /// sni-router with `listeners_yaml` (the `listeners:` list, indented as a YAML sequence).
 /// Addresses: each listener by name, and `admin`.
-pub async fn sni_router(env: &Env<'_>, label: &str, listeners_yaml: &str) -> anyhow::Result<Running> {
+pub(crate) async fn sni_router(env: &Env<'_>, label: &str, listeners_yaml: &str) -> anyhow::Result<Running> {
     sni_router_with(env, label, "limits: { max_connections: 19000 }\n", listeners_yaml).await
 }
 
 /// [`sni_router`] with `limits_yaml` (top-level keys, e.g. a `limits:` line) instead of the
 /// bench's usual limits.
-pub async fn sni_router_with(
+pub(crate) async fn sni_router_with(
     env: &Env<'_>,
     label: &str,
     limits_yaml: &str,
@@ -397,7 +397,7 @@ pub async fn sni_router_with(
 
 /// sni-router with `top_yaml` (every top-level key but `admin`, `drain_grace` and `listeners`:
 /// timeouts and limits of the caller's choosing).
-pub async fn sni_router_top(
+pub(crate) async fn sni_router_top(
     env: &Env<'_>,
     label: &str,
     top_yaml: &str,
@@ -420,7 +420,7 @@ pub async fn sni_router_top(
 }
 
 /// Write a file by writing a sibling and renaming it over (what a config reload sees).
-pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
@@ -430,7 +430,7 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 /// proxy-server (one plain-TCP CONNECT front end for cluster `shoot-a`, the agents listener
 /// with mTLS) and one proxy-agent tunnelled to it, allowed to dial loopback. Ready once a
 /// CONNECT to `probe` is answered 200. Addresses: `frontend`, `grpc`, `server-admin`, `agent-admin`.
-pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
+pub(crate) async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> anyhow::Result<Running> {
     seedgate_tunnel_with(env, label, probe, "limits: { max_connections: 19000 }\n", false).await
 }
 
@@ -438,7 +438,7 @@ pub async fn seedgate_tunnel(env: &Env<'_>, label: &str, probe: SocketAddr) -> a
 /// `admin`, `drain_grace`, `agents` and `frontends`: its timeouts and limits) instead of the
 /// bench's usual limits. `quic`: proxy-server also listens on UDP (`agents.quic`) and the agent
 /// dials that with `tunnel.transport: quic`.
-pub async fn seedgate_tunnel_with(
+pub(crate) async fn seedgate_tunnel_with(
     env: &Env<'_>,
     label: &str,
     probe: SocketAddr,
@@ -526,7 +526,7 @@ async fn wait_connect_ok(r: &mut Running, proxy: SocketAddr, target: SocketAddr)
 /// proxy-agent's node-local apiserver proxy in proxy-protocol-v2 mode: listens on `listen`
 /// (an address of the "kube-apiserver", e.g. 127.0.0.3:0) and sends each connection, with a
 /// PROXY v2 header, to `gateway`. Address: `listen`.
-pub async fn agent_pp_sender(
+pub(crate) async fn agent_pp_sender(
     env: &Env<'_>,
     label: &str,
     listen: SocketAddr,
@@ -576,7 +576,7 @@ async fn start_anchor(
 /// haproxy in the foreground (`-db`), one thread, with `body` (frontends and backends) after
 /// a global/defaults section; `splice` adds `option splice-auto` to the defaults.
 /// `listen` names the addresses to wait for (and to expose as roles).
-pub async fn haproxy(
+pub(crate) async fn haproxy(
     env: &Env<'_>,
     label: &str,
     body: &str,
@@ -589,7 +589,7 @@ pub async fn haproxy(
 
 /// [`haproxy`] with `maxconn` of the caller's choosing instead of the bench's usual one: the
 /// global `maxconn` and, through the defaults section, every frontend's.
-pub async fn haproxy_with(
+pub(crate) async fn haproxy_with(
     env: &Env<'_>,
     label: &str,
     body: &str,
@@ -627,7 +627,7 @@ pub async fn haproxy_with(
 
 /// nginx (master + one worker, foreground) with a `stream { ... }` block. `@DIR@` in the body
 /// and files is replaced by the system's directory. `njs` loads the njs stream module.
-pub async fn nginx(
+pub(crate) async fn nginx(
     env: &Env<'_>,
     label: &str,
     stream_body: &str,
@@ -641,7 +641,7 @@ pub async fn nginx(
 /// [`nginx`] with `worker_connections` of the caller's choosing instead of the bench's usual
 /// 19,500 (it counts every connection of the worker: client and upstream sides, listening
 /// sockets, the channel to the master).
-pub async fn nginx_with(
+pub(crate) async fn nginx_with(
     env: &Env<'_>,
     label: &str,
     stream_body: &str,
@@ -680,7 +680,7 @@ pub async fn nginx_with(
 
 /// squid as a CONNECT proxy for loopback clients (no cache, no access log, one worker).
 /// Address: `proxy`.
-pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
+pub(crate) async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     check_anchor(label)?;
     let bin = env.anchors.squid.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
@@ -711,7 +711,7 @@ pub async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
 }
 
 /// tinyproxy as a CONNECT proxy (any port allowed, loopback clients). Address: `proxy`.
-pub async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
+pub(crate) async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Running> {
     check_anchor(label)?;
     let bin = env.anchors.tinyproxy.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
@@ -741,7 +741,7 @@ fn nix_is_root() -> bool {
 /// A rathole server and client (TCP transport, or TLS with `tls`), one service per
 /// `(name, target)`: the server listens for visitors (address role = name) and the client
 /// forwards each visitor connection to the target over its own data channel.
-pub async fn rathole(
+pub(crate) async fn rathole(
     env: &Env<'_>,
     label: &str,
     services: &[(&str, SocketAddr)],
@@ -823,7 +823,11 @@ async fn wait_listening_alive(r: &mut Running, a: SocketAddr) -> anyhow::Result<
 /// sshd on a loopback port with its own config and throw-away keys, and `ssh -N -R` from the
 /// "shoot" to it: one SSH connection whose channels carry every forwarded connection. For each
 /// `(name, target)` sshd listens on a loopback port (role = name) forwarded to the target.
-pub async fn ssh_reverse(env: &Env<'_>, label: &str, forwards: &[(&str, SocketAddr)]) -> anyhow::Result<Running> {
+pub(crate) async fn ssh_reverse(
+    env: &Env<'_>,
+    label: &str,
+    forwards: &[(&str, SocketAddr)],
+) -> anyhow::Result<Running> {
     check_anchor(label)?;
     let sshd = env.anchors.sshd.clone().map_err(anyhow::Error::msg)?;
     let ssh = env.anchors.ssh.clone().map_err(anyhow::Error::msg)?;
@@ -889,7 +893,7 @@ pub async fn ssh_reverse(env: &Env<'_>, label: &str, forwards: &[(&str, SocketAd
 
 /// Start the echo helper process (`bench serve-echo`), pinned like the harness (it inherits
 /// the harness's CPU). Returns the process and the echo address.
-pub async fn echo_helper(dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
+pub(crate) async fn echo_helper(dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
     let exe = std::env::current_exe()?;
     let file = dir.join("echo-helper.addr");
     let _ = std::fs::remove_file(&file);
@@ -913,7 +917,7 @@ pub async fn echo_helper(dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
 
 /// A system that could not be started: a skipped row with the reason.
 #[derive(Debug)]
-pub enum Slot {
+pub(crate) enum Slot {
     Up(Running),
     Skipped { label: String, kind: Kind, reason: String },
 }
@@ -921,7 +925,7 @@ pub enum Slot {
 impl Slot {
     /// Turn a start attempt into a slot; a failure becomes the skip reason (first line of the
     /// error chain plus the log tail are printed to stderr).
-    pub fn from(label: &str, kind: Kind, r: anyhow::Result<Running>) -> Self {
+    pub(crate) fn from(label: &str, kind: Kind, r: anyhow::Result<Running>) -> Self {
         match r {
             Ok(run) => Self::Up(run),
             Err(e) => {
@@ -935,7 +939,7 @@ impl Slot {
         }
     }
 
-    pub fn skipped(label: &str, kind: Kind, reason: &str) -> Self {
+    pub(crate) fn skipped(label: &str, kind: Kind, reason: &str) -> Self {
         Self::Skipped { label: label.into(), kind, reason: reason.into() }
     }
 }

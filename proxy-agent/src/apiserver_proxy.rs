@@ -24,7 +24,7 @@ use tracing::Instrument;
 pub const ROUTE: &str = "gateway";
 
 /// One listening address and the metric handles its connections share.
-pub struct Listener {
+pub(crate) struct Listener {
     pub name: String,
     shared: Arc<Shared>,
     active: IntGauge,
@@ -35,7 +35,7 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn new(name: String, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(name: String, shared: Arc<Shared>) -> Self {
         let m = shared.metrics.clone();
         Self {
             active: m.active.with_label_values(&[&name]),
@@ -69,7 +69,7 @@ struct Client {
 }
 
 /// Serve one accepted client connection until it closes or the drain grace runs out.
-pub async fn handle(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr, permit: ConnPermit) {
+pub(crate) async fn handle(l: Arc<Listener>, stream: TcpStream, peer: SocketAddr, permit: ConnPermit) {
     let _held = (permit, Active::new(l.active.clone()));
     let started = Instant::now();
     let local = match stream.local_addr() {

@@ -11,38 +11,38 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 /// Largest gateway response head to a CONNECT we buffer; a gateway answer is a few lines.
-pub const MAX_RESPONSE_HEAD: usize = 8 * 1024;
+pub(crate) const MAX_RESPONSE_HEAD: usize = 8 * 1024;
 
 /// Resolve the gateway afresh (no cache: a DNS change moves the next connection), bounded by
 /// `timeout`. An empty answer is an error.
-pub async fn resolve(gateway: &HostPort, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
+pub(crate) async fn resolve(gateway: &HostPort, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
     net::resolve_within(gateway, timeout).await
 }
 
 /// Metric label for a failed connect attempt.
-pub fn failure_label(e: &io::Error) -> &'static str {
+pub(crate) fn failure_label(e: &io::Error) -> &'static str {
     ConnectFailure::classify(e).label()
 }
 
 /// An IPv4-mapped IPv6 address (dual-stack listener) as plain IPv4, so the gateway sees TCP4.
-pub fn canonical(a: SocketAddr) -> SocketAddr {
+pub(crate) fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// The PROXY v2 header: source = the client, destination = the address it connected to.
-pub fn proxy_v2_header(client: SocketAddr, local: SocketAddr) -> Vec<u8> {
+pub(crate) fn proxy_v2_header(client: SocketAddr, local: SocketAddr) -> Vec<u8> {
     encode_v2(canonical(client), canonical(local), &V2Options::default())
 }
 
 /// The CONNECT request head. `authority` and `destination` were validated by the config (or
 /// come from a socket address), so they cannot break the head.
-pub fn connect_request(authority: &str, header: &str, destination: &str) -> Vec<u8> {
+pub(crate) fn connect_request(authority: &str, header: &str, destination: &str) -> Vec<u8> {
     format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{header}: {destination}\r\n\r\n").into_bytes()
 }
 
 /// Why the CONNECT exchange did not end in a tunnel.
 #[derive(Debug, thiserror::Error)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     #[error("gateway answered {0}")]
     Status(u16),
     #[error("gateway closed the connection before answering")]
@@ -57,7 +57,7 @@ pub enum HandshakeError {
 
 impl HandshakeError {
     /// Reject reason for metrics and the access log.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self {
             Self::Status(code) => format!("gateway_status_{code}"),
             Self::Closed => "gateway_closed".into(),
@@ -79,7 +79,7 @@ impl From<ResponseHeadError> for HandshakeError {
 
 /// Read the gateway's answer to our CONNECT. On `200`, returns the bytes the gateway already
 /// sent after the head (the start of the tunnel, owed to the client). The caller bounds the time.
-pub async fn read_connect_response(gw: &mut TcpStream) -> Result<Vec<u8>, HandshakeError> {
+pub(crate) async fn read_connect_response(gw: &mut TcpStream) -> Result<Vec<u8>, HandshakeError> {
     let mut buf = vec![0u8; MAX_RESPONSE_HEAD];
     let mut len = 0;
     // One reader across reads: each call looks only at the bytes the last read added.

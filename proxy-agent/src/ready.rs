@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 /// How often the background task resolves the gateway. `/readyz` only reads the cached answer,
 /// so a probe never waits for DNS.
-pub const REFRESH: Duration = Duration::from_secs(5);
+pub(crate) const REFRESH: Duration = Duration::from_secs(5);
 /// An answer older than this no longer counts (the refresher is stuck or gone).
 const STALE: Duration = Duration::from_secs(30);
 
@@ -22,13 +22,13 @@ struct Resolution {
 
 /// The latest resolution of the gateway, fed by the refresher and by every connection.
 #[derive(Default)]
-pub struct GatewayStatus {
+pub(crate) struct GatewayStatus {
     last: Mutex<Option<Resolution>>,
     wake: Notify,
 }
 
 impl GatewayStatus {
-    pub fn record(&self, gateway: &HostPort, result: &io::Result<Vec<SocketAddr>>) {
+    pub(crate) fn record(&self, gateway: &HostPort, result: &io::Result<Vec<SocketAddr>>) {
         let r = Resolution {
             gateway: gateway.clone(),
             at: Instant::now(),
@@ -42,16 +42,16 @@ impl GatewayStatus {
     }
 
     /// Ask the refresher to resolve now (the gateway changed on reload).
-    pub fn refresh_soon(&self) {
+    pub(crate) fn refresh_soon(&self) {
         self.wake.notify_one();
     }
 
-    pub async fn woken(&self) {
+    pub(crate) async fn woken(&self) {
         self.wake.notified().await;
     }
 
     /// The readiness check for `gateway`, the currently configured one.
-    pub fn check(&self, gateway: &HostPort) -> Check {
+    pub(crate) fn check(&self, gateway: &HostPort) -> Check {
         const NAME: &str = "gateway-resolves";
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         match &*last {

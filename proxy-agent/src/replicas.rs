@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 /// What one slot holds now.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// The session passed its HTTP/2 handshake.
     pub up: bool,
     /// The replica it reached, once that replica announced itself (older servers do not).
@@ -34,14 +34,14 @@ struct State {
 
 /// How a slot should treat a session after its replica announced itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Keep it.
     Keep,
     /// Another slot holds a live session to the same replica: close this one.
     Duplicate,
 }
 
-pub struct Replicas {
+pub(crate) struct Replicas {
     pub name: String,
     state: Mutex<State>,
     /// Bumped on every change; slots waiting to dial, and the loop that adds slots, watch it.
@@ -51,14 +51,14 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    pub fn new(name: String, held_gauge: IntGauge, expected_gauge: IntGauge) -> Self {
+    pub(crate) fn new(name: String, held_gauge: IntGauge, expected_gauge: IntGauge) -> Self {
         expected_gauge.set(1);
         held_gauge.set(0);
         let state = State { count: 1, since_ms: 0, slots: Vec::new() };
         Self { name, state: Mutex::new(state), changed: watch::channel(0).0, held_gauge, expected_gauge }
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
 
@@ -74,7 +74,7 @@ impl Replicas {
     }
 
     /// Add a slot; returns its index.
-    pub fn add_slot(&self) -> usize {
+    pub(crate) fn add_slot(&self) -> usize {
         self.edit(|st| {
             st.slots.push(Slot { detail: "not connected yet".into(), ..Slot::default() });
             st.slots.len() - 1
@@ -83,7 +83,7 @@ impl Replicas {
 
     /// Add slots until there are as many as the announced count (a count that shrinks leaves
     /// its slots: they park while not needed); returns the new ones.
-    pub fn grow(&self) -> std::ops::Range<usize> {
+    pub(crate) fn grow(&self) -> std::ops::Range<usize> {
         let from = self.slots();
         while (self.slots() as u32) < self.count() {
             self.add_slot();
@@ -91,21 +91,21 @@ impl Replicas {
         from..self.slots()
     }
 
-    pub fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.state.lock().expect("not poisoned").slots.len()
     }
 
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.state.lock().expect("not poisoned").count
     }
 
     /// The slot has no session (or one not yet up).
-    pub fn down(&self, slot: usize, detail: &str) {
+    pub(crate) fn down(&self, slot: usize, detail: &str) {
         self.edit(|st| st.slots[slot] = Slot { detail: detail.to_owned(), ..Slot::default() });
     }
 
     /// The slot's session passed its handshake (its replica may announce itself later).
-    pub fn up(&self, slot: usize, detail: &str) {
+    pub(crate) fn up(&self, slot: usize, detail: &str) {
         self.edit(|st| st.slots[slot] = Slot { up: true, server: None, draining: false, detail: detail.to_owned() });
     }
 
@@ -128,7 +128,7 @@ impl Replicas {
     /// The replica of `slot`'s session announced itself (first time, or a change such as
     /// draining). A second session to a replica another slot holds is a duplicate; a session to
     /// a restarted replica with the id of one that is draining is not (that one is going away).
-    pub fn announced(&self, slot: usize, info: &ServerInfo) -> Verdict {
+    pub(crate) fn announced(&self, slot: usize, info: &ServerInfo) -> Verdict {
         self.edit(|st| {
             Self::learn(st, info);
             if Self::taken(st, slot, info) {
@@ -143,7 +143,7 @@ impl Replicas {
 
     /// Whether a candidate session of `slot` (to replace its draining one) reached a replica
     /// worth moving to: one not draining and not held by another slot. Learns its count.
-    pub fn acceptable(&self, slot: usize, info: &ServerInfo) -> bool {
+    pub(crate) fn acceptable(&self, slot: usize, info: &ServerInfo) -> bool {
         self.edit(|st| {
             Self::learn(st, info);
             !info.draining && !Self::taken(st, slot, info)
@@ -157,14 +157,14 @@ impl Replicas {
 
     /// Whether `slot` should dial: its own session is absent or draining, and fewer sessions
     /// than the announced count are up and not draining.
-    pub fn wants_session(&self, slot: usize) -> bool {
+    pub(crate) fn wants_session(&self, slot: usize) -> bool {
         let st = self.state.lock().expect("not poisoned");
         let mine = &st.slots[slot];
         (!mine.up || mine.draining) && Self::active(&st) < st.count
     }
 
     /// Readiness: ready while at least one session is up; "degraded" below the count.
-    pub fn check(&self) -> proxy_core::obs::admin::Check {
+    pub(crate) fn check(&self) -> proxy_core::obs::admin::Check {
         let st = self.state.lock().expect("not poisoned");
         let up: Vec<&Slot> = st.slots.iter().filter(|s| s.up).collect();
         let ids: Vec<String> = up

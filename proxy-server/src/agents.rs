@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 /// How long a refused session stays open so the refusal reaches the agent.
 const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
-pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
+pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
     TunnelSettings {
         stream_window: cfg.agents.stream_window,
         connection_window: cfg.agents.connection_window,
@@ -25,7 +25,7 @@ pub fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
 }
 
 /// The agents' TCP listener: the TLS handshake, then the session.
-pub async fn accept_tls(
+pub(crate) async fn accept_tls(
     shared: Arc<Shared>,
     acceptor: TlsAcceptor,
     tcp: TcpStream,
@@ -39,7 +39,7 @@ pub async fn accept_tls(
 
 /// The agents' QUIC listener: the handshake (with the server config built for this
 /// connection), then the session.
-pub async fn accept_quic(
+pub(crate) async fn accept_quic(
     shared: Arc<Shared>,
     incoming: quinn::Incoming,
     server_config: Arc<quinn::ServerConfig>,
@@ -86,7 +86,12 @@ where
 
 /// Serve one agent connection of any transport for its whole life: the protocol and identity
 /// checks, then the session, registered while it runs.
-pub async fn serve_agent<C: SeedConnection>(shared: Arc<Shared>, conn: C, peer: SocketAddr, stop: CancellationToken) {
+pub(crate) async fn serve_agent<C: SeedConnection>(
+    shared: Arc<Shared>,
+    conn: C,
+    peer: SocketAddr,
+    stop: CancellationToken,
+) {
     let transport = conn.transport();
     let alpn = conn.alpn();
     if alpn.as_deref() != Some(ALPN_V1) {
@@ -206,7 +211,7 @@ impl Admitted {
 
 /// The quinn server config of one agent connection: the agents' current TLS material and the
 /// current tunnel settings.
-pub fn quic_server_config(
+pub(crate) fn quic_server_config(
     tls: Arc<rustls::ServerConfig>,
     cfg: &seedgate_config::ServerConfig,
 ) -> Result<quinn::ServerConfig, quinn::crypto::rustls::NoInitialCipherSuite> {

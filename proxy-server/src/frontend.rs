@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 const READ_CHUNK: usize = 4096;
 
 /// A running front end.
-pub struct FrontendRt {
+pub(crate) struct FrontendRt {
     pub name: Arc<str>,
     /// Fixed cluster, or `None` when the client certificate's CN or the proxy credentials name it.
     pub cluster: Option<String>,
@@ -123,7 +123,7 @@ impl Ctx {
 pub(crate) type BoxIo = Box<dyn Resettable>;
 
 /// An accepted front-end connection, before any handshake.
-pub enum Accepted {
+pub(crate) enum Accepted {
     Tcp(tokio::net::TcpStream, Option<tokio_rustls::TlsAcceptor>),
     Unix(tokio::net::UnixStream),
 }
@@ -151,7 +151,7 @@ struct Places {
 /// the dial run in a boxed future that is freed before the relay, so a long-lived (mostly
 /// idle) stream holds only the relay's state. `ip`: the TCP peer's address (`None` for a Unix
 /// socket), which the pending budget counts by.
-pub fn connection(
+pub(crate) fn connection(
     shared: Arc<Shared>,
     fe: Arc<FrontendRt>,
     conn: Accepted,

@@ -19,7 +19,7 @@ const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"],
 
 /// A cluster's mode as the data plane applies it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Mode {
+pub(crate) struct Mode {
     pub mode: ClusterMode,
     pub move_to: Vec<String>,
     pub drain_deadline: Option<Duration>,
@@ -71,7 +71,7 @@ impl Cluster {
 
 /// How clusters' shares are set: their own limits and the default share of the process limits.
 #[derive(Debug, Clone, Default)]
-pub struct ShareConfig {
+pub(crate) struct ShareConfig {
     pub own: BTreeMap<String, ClusterLimits>,
     /// `limits.tenant_share`, of `limits.max_connections` (streams) and `limits.max_pending`.
     pub fraction: f64,
@@ -80,7 +80,7 @@ pub struct ShareConfig {
 }
 
 impl ShareConfig {
-    pub fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
+    pub(crate) fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
         let l = &cfg.limits;
         Self { own, fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending }
     }
@@ -96,7 +96,7 @@ impl ShareConfig {
 
 /// Why a dial was not made or failed.
 #[derive(Debug, thiserror::Error)]
-pub enum DialRefused {
+pub(crate) enum DialRefused {
     #[error(transparent)]
     Dial(#[from] DialError),
     /// The cluster holds its share of streams or pending dials: refused before any dial.
@@ -105,7 +105,7 @@ pub enum DialRefused {
 }
 
 impl DialRefused {
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             DialRefused::Dial(e) => e.code(),
             DialRefused::Share { what: "streams", .. } => "cluster_stream_limit",
@@ -113,7 +113,7 @@ impl DialRefused {
         }
     }
 
-    pub fn http_status(&self) -> u16 {
+    pub(crate) fn http_status(&self) -> u16 {
         match self {
             DialRefused::Dial(e) => e.http_status(),
             DialRefused::Share { .. } => 503,
@@ -123,7 +123,7 @@ impl DialRefused {
 
 /// A dialled tunnel stream, its place in its cluster's share of streams, and how its agent was
 /// chosen.
-pub struct Dialed {
+pub(crate) struct Dialed {
     pub stream: TunnelStream,
     pub share: Hold,
     /// The proxy strategy that chose the agent.
@@ -134,7 +134,7 @@ pub struct Dialed {
 
 /// The agent sessions of every cluster, and each cluster's mode and share of the process limits:
 /// where a dial finds its agent.
-pub struct SessionDirectory {
+pub(crate) struct SessionDirectory {
     clusters: Arc<RwLock<HashMap<String, Cluster>>>,
     /// Each cluster's streams and pending work against its share of the process limits.
     pub shares: Shares,
@@ -147,7 +147,7 @@ pub struct SessionDirectory {
 }
 
 impl SessionDirectory {
-    pub fn new(
+    pub(crate) fn new(
         metrics: ServerMetrics,
         reg: &proxy_core::prometheus::Registry,
         states: &BTreeMap<String, ClusterState>,
@@ -166,12 +166,12 @@ impl SessionDirectory {
     }
 
     /// New cluster limits (config, cluster files, admin overrides); for work admitted from now.
-    pub fn set_shares(&self, cfg: ShareConfig) {
+    pub(crate) fn set_shares(&self, cfg: ShareConfig) {
         *self.share_cfg.write().expect("not poisoned") = cfg;
     }
 
     /// `cluster` as a tenant of the front ends' pending budget, with its cap there.
-    pub fn pending_share(&self, cluster: &str) -> TenantShare {
+    pub(crate) fn pending_share(&self, cluster: &str) -> TenantShare {
         let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, Kind::Pending);
         TenantShare { name: Arc::from(cluster), cap }
     }
@@ -207,17 +207,17 @@ impl SessionDirectory {
         self.clusters.read().expect("not poisoned").iter().any(|(c, e)| c != cluster && !e.sessions.is_empty())
     }
 
-    pub fn mode(&self, cluster: &str) -> Mode {
+    pub(crate) fn mode(&self, cluster: &str) -> Mode {
         self.modes.read().expect("not poisoned").get(cluster).cloned().unwrap_or_else(|| Mode::from_cfg(None))
     }
 
-    pub fn modes(&self) -> BTreeMap<String, Mode> {
+    pub(crate) fn modes(&self) -> BTreeMap<String, Mode> {
         self.modes.read().expect("not poisoned").clone()
     }
 
     /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
     /// mode changed.
-    pub fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
+    pub(crate) fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
         let mut changed = Vec::new();
         {
             let mut modes = self.modes.write().expect("not poisoned");
@@ -293,7 +293,7 @@ impl SessionDirectory {
     }
 
     /// Register a new agent session. Refused (with the reason) when the cluster is fenced.
-    pub fn add(
+    pub(crate) fn add(
         &self,
         cluster: &str,
         peer: String,
@@ -328,7 +328,7 @@ impl SessionDirectory {
         Ok(s)
     }
 
-    pub fn remove(&self, s: &Session) {
+    pub(crate) fn remove(&self, s: &Session) {
         let n = {
             let mut clusters = self.clusters.write().expect("not poisoned");
             let Some(c) = clusters.get_mut(&s.cluster) else { return };
@@ -340,18 +340,18 @@ impl SessionDirectory {
     }
 
     /// Clusters with at least one agent session.
-    pub fn connected(&self) -> Vec<String> {
+    pub(crate) fn connected(&self) -> Vec<String> {
         let clusters = self.clusters.read().expect("not poisoned");
         clusters.iter().filter(|(_, c)| !c.sessions.is_empty()).map(|(n, _)| n.clone()).collect()
     }
 
     /// Every agent session of every cluster.
-    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+    pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {
         let clusters = self.clusters.read().expect("not poisoned");
         clusters.values().flat_map(|c| c.sessions.iter().cloned()).collect()
     }
 
-    pub fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
+    pub(crate) fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
         self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
     }
 
@@ -373,7 +373,7 @@ impl SessionDirectory {
     /// The token that ends a stream admitted now: cancelled at once when the cluster is fenced,
     /// at the drain deadline when it drains with one, at the end of the shutdown grace; never
     /// while the cluster stays active or drains without a deadline.
-    pub fn stream_end(&self, cluster: &str) -> CancellationToken {
+    pub(crate) fn stream_end(&self, cluster: &str) -> CancellationToken {
         let mut clusters = self.clusters.write().expect("not poisoned");
         clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
     }
@@ -382,7 +382,7 @@ impl SessionDirectory {
     /// place among its streams (held by the returned stream) and, while the dial is in flight,
     /// among its pending work, so an agent that does not answer holds at most that share. The
     /// agent is chosen by the cluster's proxy strategies, else `strategies` (the global list).
-    pub async fn dial(
+    pub(crate) async fn dial(
         &self,
         cluster: &str,
         target: &str,

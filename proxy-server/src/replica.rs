@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What this replica tells its agents.
-pub struct Replica {
+pub(crate) struct Replica {
     /// Guarded together with the sends, so an agent never receives an older state after a
     /// newer one (a registration and a change racing each other).
     info: Mutex<ServerInfo>,
@@ -30,7 +30,7 @@ fn host_name() -> String {
 }
 
 /// The id a config gives this replica.
-pub fn server_id(cfg: &ServerConfig) -> String {
+pub(crate) fn server_id(cfg: &ServerConfig) -> String {
     cfg.agents.server_id.clone().unwrap_or_else(host_name)
 }
 
@@ -40,17 +40,17 @@ fn static_count(cfg: &ServerConfig) -> u32 {
 }
 
 impl Replica {
-    pub fn new(cfg: &ServerConfig) -> Self {
+    pub(crate) fn new(cfg: &ServerConfig) -> Self {
         let info = ServerInfo { id: server_id(cfg), count: static_count(cfg), since_ms: now_ms(), draining: false };
         Self { info: Mutex::new(info) }
     }
 
-    pub fn info(&self) -> ServerInfo {
+    pub(crate) fn info(&self) -> ServerInfo {
         self.info.lock().expect("not poisoned").clone()
     }
 
     /// The `/readyz?verbose` line: what this replica announces (always passes).
-    pub fn check(&self, cfg: &ServerConfig) -> proxy_core::obs::admin::Check {
+    pub(crate) fn check(&self, cfg: &ServerConfig) -> proxy_core::obs::admin::Check {
         let i = self.info();
         let from = match &cfg.agents.peers {
             Some(p) => format!("from agents.peers {p}"),
@@ -65,7 +65,7 @@ impl Replica {
     }
 
     /// Tell a session just registered who we are.
-    pub fn announce_to(&self, metrics: &ServerMetrics, s: &crate::session::Session) {
+    pub(crate) fn announce_to(&self, metrics: &ServerMetrics, s: &crate::session::Session) {
         let info = self.info.lock().expect("not poisoned");
         send(metrics, s, &info);
     }
@@ -94,7 +94,7 @@ impl Replica {
     }
 
     /// A reload: a new static count or id. (With `peers`, the count comes from its next lookup.)
-    pub fn reconfigure(&self, metrics: &ServerMetrics, directory: &SessionDirectory, cfg: &ServerConfig) {
+    pub(crate) fn reconfigure(&self, metrics: &ServerMetrics, directory: &SessionDirectory, cfg: &ServerConfig) {
         let id = server_id(cfg);
         let count = cfg.agents.peers.is_none().then(|| static_count(cfg));
         self.update(metrics, directory, |i| {
@@ -106,7 +106,7 @@ impl Replica {
     }
 
     /// SIGTERM: agents keep their live streams here and look for another replica.
-    pub fn draining(&self, metrics: &ServerMetrics, directory: &SessionDirectory) {
+    pub(crate) fn draining(&self, metrics: &ServerMetrics, directory: &SessionDirectory) {
         self.update(metrics, directory, |i| i.draining = true);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 /// One connected agent.
-pub struct Session {
+pub(crate) struct Session {
     pub id: u64,
     pub cluster: String,
     pub peer: String,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// One cluster's agents by identifier. The hello arrives on the control stream after the
 /// session is registered, so a new session waits in `unread` until its hello is there.
 #[derive(Default)]
-pub struct NodeIndex {
+pub(crate) struct NodeIndex {
     by_id: HashMap<String, Vec<Arc<Session>>>,
     default_route: Vec<Arc<Session>>,
     /// The identifiers each indexed session is filed under (to remove it again).
@@ -25,7 +25,7 @@ pub struct NodeIndex {
 
 /// The form an identifier or a dial's host is compared in: an address in its canonical text, a
 /// name in lower case without a trailing dot. `None`: nothing to match.
-pub fn normalize(host: &str) -> Option<String> {
+pub(crate) fn normalize(host: &str) -> Option<String> {
     let h = host.trim().trim_start_matches('[').trim_end_matches(']').trim_end_matches('.');
     if h.is_empty() {
         return None;
@@ -37,7 +37,7 @@ pub fn normalize(host: &str) -> Option<String> {
 }
 
 /// The host of a dial target `host:port` (`[v6]:port` too).
-pub fn target_host(target: &str) -> &str {
+pub(crate) fn target_host(target: &str) -> &str {
     match target.rsplit_once(':') {
         Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => h,
         _ => target,
@@ -45,11 +45,11 @@ pub fn target_host(target: &str) -> &str {
 }
 
 impl NodeIndex {
-    pub fn add(&mut self, s: Arc<Session>) {
+    pub(crate) fn add(&mut self, s: Arc<Session>) {
         self.unread.push(s);
     }
 
-    pub fn remove(&mut self, id: u64) {
+    pub(crate) fn remove(&mut self, id: u64) {
         self.unread.retain(|s| s.id != id);
         self.default_route.retain(|s| s.id != id);
         for key in self.filed.remove(&id).unwrap_or_default() {
@@ -63,12 +63,12 @@ impl NodeIndex {
     }
 
     /// Sessions registered whose hello has not been filed yet.
-    pub fn has_unread(&self) -> bool {
+    pub(crate) fn has_unread(&self) -> bool {
         !self.unread.is_empty()
     }
 
     /// File the sessions whose hello has arrived since.
-    pub fn refresh(&mut self) {
+    pub(crate) fn refresh(&mut self) {
         let mut waiting = Vec::new();
         for s in std::mem::take(&mut self.unread) {
             let hello = s.hello.lock().expect("not poisoned").clone();
@@ -94,7 +94,7 @@ impl NodeIndex {
     }
 
     /// The sessions a strategy names for a dial to `host` (normalized); `all` for `default`.
-    pub fn named<'a>(
+    pub(crate) fn named<'a>(
         &'a self,
         strategy: ProxyStrategy,
         host: Option<&str>,
@@ -109,7 +109,7 @@ impl NodeIndex {
 }
 
 /// The first strategy that names a usable session, with those sessions.
-pub fn candidates(
+pub(crate) fn candidates(
     index: &NodeIndex,
     all: &[Arc<Session>],
     strategies: &[ProxyStrategy],

@@ -25,17 +25,17 @@
 use std::net::SocketAddr;
 
 /// How long (ms) a flow's client address must have been silent before another may take its place.
-pub const QUIET_MS: u64 = 1_000;
+pub(crate) const QUIET_MS: u64 = 1_000;
 /// Datagrams a new address must have sent (since the flow's address last did) to be followed.
-pub const MIN_PACKETS: u32 = 3;
+pub(crate) const MIN_PACKETS: u32 = 3;
 /// New addresses counted per flow at once; more are not followed until the count starts again.
-pub const MAX_CANDIDATES: usize = 4;
+pub(crate) const MAX_CANDIDATES: usize = 4;
 /// Datagrams from waiting addresses remembered (by hash) to tell a copy from a fresh one.
 const RECENT: usize = 16;
 
 /// What to do with a datagram for a flow from an address that is not the flow's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Follow the client to the new address.
     Move,
     /// Not now; the reason, as the metric label says it.
@@ -44,7 +44,7 @@ pub enum Verdict {
 
 /// Addresses that sent a flow's datagrams since its client's address last did.
 #[derive(Debug, Default)]
-pub struct Candidates {
+pub(crate) struct Candidates {
     /// When the flow's address last sent, as of the counts below (they count from there).
     since_ms: u64,
     seen: Vec<(SocketAddr, u32)>,
@@ -59,7 +59,7 @@ impl Candidates {
     /// A datagram for the flow from `from` at `now_ms`, whose content hashes to `hash`; the
     /// flow's own address (`current`) last sent at `client_last_ms`. On [`Verdict::Move`] the
     /// caller moves the flow to `from` and counts its last datagram from now.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         from: SocketAddr,
         hash: u64,

@@ -18,14 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 /// The maps of a table and of a rebuild: a fast hasher, since a 10,000-route rebuild hashes every
 /// key. Its seed is random per process; clients only look keys up, they cannot insert any.
-pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-pub fn fast_map<K: Hash + Eq, V>(capacity: usize) -> FastMap<K, V> {
+pub(crate) fn fast_map<K: Hash + Eq, V>(capacity: usize) -> FastMap<K, V> {
     FastMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default())
 }
 
 /// Pre-resolved counters of one route, so the hot path does no label lookups.
-pub struct RouteMeters {
+pub(crate) struct RouteMeters {
     pub ok: IntCounter,
     pub to_upstream: IntCounter,
     pub to_client: IntCounter,
@@ -33,7 +33,7 @@ pub struct RouteMeters {
 
 /// One route as the data plane uses it. Shared by every connection it carries; a reload that
 /// leaves the route unchanged keeps the same object (and its upstream state).
-pub struct Route {
+pub(crate) struct Route {
     pub name: Arc<str>,
     /// Shared with the route file it came from, so a rebuild recognises an unchanged route by
     /// pointer instead of comparing configs.
@@ -60,17 +60,17 @@ pub struct Route {
 impl Route {
     /// The route's counts of routed and pending connections, shared with earlier objects of the
     /// same route (a reload that changed it), so its share holds across reloads.
-    pub fn tenant(&self, shares: &Shares, listener: &str) -> &Arc<Tenant> {
+    pub(crate) fn tenant(&self, shares: &Shares, listener: &str) -> &Arc<Tenant> {
         self.tenant.get_or_init(|| shares.tenant(&[listener, &self.name]))
     }
 
-    pub fn source_allowed(&self, ip: IpAddr) -> bool {
+    pub(crate) fn source_allowed(&self, ip: IpAddr) -> bool {
         self.allowed_sources.is_empty() || self.allowed_sources.iter().any(|c| c.contains(ip))
     }
 
     /// Mark the route as changed/removed; its live connections end after `deadline` if given,
     /// otherwise they run until they close by themselves.
-    pub fn retire(&self, deadline: Option<Duration>) {
+    pub(crate) fn retire(&self, deadline: Option<Duration>) {
         if let Some(d) = deadline {
             let end = self.end.clone();
             tokio::spawn(async move {
@@ -94,7 +94,7 @@ struct ConnectRule {
 }
 
 /// What a CONNECT request offers for matching.
-pub struct ConnectQuery<'a> {
+pub(crate) struct ConnectQuery<'a> {
     pub authority: &'a str,
     pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
 }
@@ -102,7 +102,7 @@ pub struct ConnectQuery<'a> {
 /// Lookups give the route object itself (not an index), so a table can be patched — one shoot's
 /// file changed — without renumbering the rest.
 #[derive(Clone)]
-pub struct Table {
+pub(crate) struct Table {
     pub cfg: ListenerCfg,
     /// Every route: the listener's own, then file routes (a patch appends).
     pub routes: Vec<Arc<Route>>,
@@ -130,7 +130,7 @@ fn ordered(r: &RouteCfg) -> bool {
 
 /// The file routes of one listener that one update of the route directory changed.
 #[derive(Default)]
-pub struct FileChange {
+pub(crate) struct FileChange {
     /// Configs that are no longer in force (of changed or removed files).
     pub gone: Vec<Arc<RouteCfg>>,
     /// Configs newly in force.
@@ -141,7 +141,7 @@ impl Table {
     /// Compile a listener's routes: its own, then `extra` (from route files). `reuse` returns the
     /// running route of the same name when its config is unchanged, so reloads keep upstream
     /// state and never disturb such routes.
-    pub fn build(
+    pub(crate) fn build(
         cfg: &ListenerCfg,
         extra: &[&Arc<RouteCfg>],
         mut reuse: impl FnMut(&Arc<RouteCfg>) -> Option<Arc<Route>>,
@@ -222,7 +222,7 @@ impl Table {
     /// a copy of the maps plus the changed routes, not a pass over every route's config. Returns
     /// the new table and the routes it no longer carries; `None` when a changed route's place
     /// matters (CONNECT rules, destination prefixes), so the caller rebuilds in full.
-    pub fn patch(
+    pub(crate) fn patch(
         &self,
         change: &FileChange,
         mut new_route: impl FnMut(&Arc<RouteCfg>) -> Arc<Route>,
@@ -257,34 +257,34 @@ impl Table {
         Some((t, retired))
     }
 
-    pub fn route_named(&self, name: &str) -> Option<&Arc<Route>> {
+    pub(crate) fn route_named(&self, name: &str) -> Option<&Arc<Route>> {
         self.by_name.get(name)
     }
 
-    pub fn proxy_mode(&self) -> ProxyProtocolMode {
+    pub(crate) fn proxy_mode(&self) -> ProxyProtocolMode {
         self.cfg.proxy_protocol
     }
 
-    pub fn trusted(&self, ip: IpAddr) -> bool {
+    pub(crate) fn trusted(&self, ip: IpAddr) -> bool {
         self.cfg.trusted_proxies.iter().any(|c| c.contains(ip))
     }
 
-    pub fn connect_unmatched(&self) -> ConnectUnmatched {
+    pub(crate) fn connect_unmatched(&self) -> ConnectUnmatched {
         self.cfg.connect_unmatched
     }
 
-    pub fn default_route(&self) -> Option<&Arc<Route>> {
+    pub(crate) fn default_route(&self) -> Option<&Arc<Route>> {
         self.default.as_ref()
     }
 
     /// The header names CONNECT routes look at (to name the offered value in a 403).
-    pub fn connect_headers(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn connect_headers(&self) -> impl Iterator<Item = &str> {
         self.connect.iter().filter_map(|r| r.header.as_deref())
     }
 
     /// Route by SNI: exact name, then the one-label wildcard, then nothing (caller decides on
     /// the default route). `sni` is already lower-case without a trailing dot.
-    pub fn by_sni(&self, sni: &str) -> Option<&Arc<Route>> {
+    pub(crate) fn by_sni(&self, sni: &str) -> Option<&Arc<Route>> {
         if let Some(r) = self.exact.get(sni) {
             return Some(r);
         }
@@ -292,7 +292,7 @@ impl Table {
         self.wildcard.get(parent)
     }
 
-    pub fn by_destination(&self, dst: SocketAddr) -> Option<&Arc<Route>> {
+    pub(crate) fn by_destination(&self, dst: SocketAddr) -> Option<&Arc<Route>> {
         let ip = seedgate_config::canonical(dst.ip());
         if let Some(r) = self.dest_exact.get(&(ip, dst.port())) {
             return Some(r);
@@ -301,7 +301,7 @@ impl Table {
     }
 
     /// First CONNECT rule (in config order) whose every given condition holds.
-    pub fn by_connect(&self, q: &ConnectQuery<'_>) -> Option<&Arc<Route>> {
+    pub(crate) fn by_connect(&self, q: &ConnectQuery<'_>) -> Option<&Arc<Route>> {
         let authority = q.authority.to_ascii_lowercase();
         self.connect
             .iter()
@@ -325,7 +325,7 @@ impl Table {
 }
 
 /// Build a fresh route object (new upstream state). `kill` is the shutdown kill token.
-pub fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &CancellationToken) -> Arc<Route> {
+pub(crate) fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &CancellationToken) -> Arc<Route> {
     let (mut exact_keys, mut wildcard_keys) = (Vec::new(), Vec::new());
     // Validation guarantees the patterns are valid; skip defensively otherwise.
     for n in cfg.sni.iter().filter_map(|s| normalize_sni_pattern(s)) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 /// One upstream address of a route, with the state balancing needs.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub addr: HostPort,
     active: AtomicUsize,
     /// Skip this upstream until this many ms after [`epoch`] (0 = not skipped).
@@ -29,11 +29,11 @@ fn now_ms() -> u64 {
 }
 
 impl Upstream {
-    pub fn new(addr: HostPort) -> Self {
+    pub(crate) fn new(addr: HostPort) -> Self {
         Self { addr, active: AtomicUsize::new(0), skip_until_ms: AtomicU64::new(0) }
     }
 
-    pub fn active(&self) -> usize {
+    pub(crate) fn active(&self) -> usize {
         self.active.load(Ordering::Relaxed)
     }
 
@@ -56,12 +56,12 @@ impl proxy_core::net::guard::Tally for Upstream {
 }
 
 /// Counts a connection against its upstream while it lives.
-pub type UpstreamGuard = Active<Arc<Upstream>>;
+pub(crate) type UpstreamGuard = Active<Arc<Upstream>>;
 
 /// The order in which to try a route's upstreams: the balancer's pick first, then the other
 /// healthy ones by load, then the skipped ones (a skip is a preference, never a hard block, so a
 /// route whose only upstream failed once still works when it recovers).
-pub fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstream>> {
+pub(crate) fn attempt_order(ups: &[Arc<Upstream>], balance: Balance) -> Vec<Arc<Upstream>> {
     let now = now_ms();
     let mut healthy: Vec<&Arc<Upstream>> = ups.iter().filter(|u| !u.skipped(now)).collect();
     let skipped = ups.iter().filter(|u| u.skipped(now));
@@ -98,14 +98,14 @@ fn eject_for(kind: ConnectFailure, eject: Duration) -> Duration {
     }
 }
 
-pub struct Connected {
+pub(crate) struct Connected {
     pub stream: TcpStream,
     pub addr: SocketAddr,
     pub guard: UpstreamGuard,
 }
 
 /// Every attempt failed; `last` says how the last one failed.
-pub struct AllFailed {
+pub(crate) struct AllFailed {
     pub last: ConnectFailure,
     pub detail: String,
 }
@@ -113,7 +113,7 @@ pub struct AllFailed {
 /// Try the route's upstreams in [`attempt_order`] until one connects. A failed upstream is
 /// skipped by later connections for `eject`. `on_attempt` observes each attempt's duration and
 /// failure (for metrics).
-pub async fn connect(
+pub(crate) async fn connect(
     ups: &[Arc<Upstream>],
     balance: Balance,
     timeout: Duration,

@@ -15,13 +15,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 const SC: &str = "connect";
-pub const HEADER: &str = "X-Gardener-Destination";
-pub const DEST_PING: &str = "outbound|443||kube-apiserver.shoot--bench.svc.cluster.local";
-pub const DEST_SINK: &str = "outbound|1194||vpn-seed-server.shoot--bench.svc.cluster.local";
+pub(super) const HEADER: &str = "X-Gardener-Destination";
+pub(super) const DEST_PING: &str = "outbound|443||kube-apiserver.shoot--bench.svc.cluster.local";
+pub(super) const DEST_SINK: &str = "outbound|1194||vpn-seed-server.shoot--bench.svc.cluster.local";
 
 /// The njs CONNECT handler for njs 0.7.9: preread until the blank line,
 /// take the destination header, and let the filter answer 200 and drop the head.
-pub const CONNECT_JS: &str = r#"// CONNECT termination for nginx stream (njs 0.7.9).
+pub(super) const CONNECT_JS: &str = r#"// CONNECT termination for nginx stream (njs 0.7.9).
 function preread(s) {
     s.on('upstream', function (data, flags) {
         // In the preread phase every call sees the whole buffer read so far.
@@ -72,7 +72,7 @@ export default {preread, filter};
 "#;
 
 /// The nginx stream server for CONNECT, mapping the two destinations.
-pub fn nginx_connect_server(listen: SocketAddr, ping: SocketAddr, sink: SocketAddr) -> String {
+pub(super) fn nginx_connect_server(listen: SocketAddr, ping: SocketAddr, sink: SocketAddr) -> String {
     format!(
         "    js_import cn from @DIR@/connect.js;\n    js_var $connect_dest;\n    js_var $connect_hdr_len;\n\
          \x20   map_hash_bucket_size 128;\n\
@@ -83,7 +83,7 @@ pub fn nginx_connect_server(listen: SocketAddr, ping: SocketAddr, sink: SocketAd
 }
 
 /// An sni-router listener `gateway` with CONNECT routes for the two destinations.
-pub fn router_connect_listener(ping: SocketAddr, sink: SocketAddr) -> String {
+pub(super) fn router_connect_listener(ping: SocketAddr, sink: SocketAddr) -> String {
     format!(
         "  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n\
          \x20     - name: api\n        connect: {{ header: {HEADER}, values: [\"{DEST_PING}\"] }}\n        upstreams: [{ping}]\n\
@@ -92,12 +92,12 @@ pub fn router_connect_listener(ping: SocketAddr, sink: SocketAddr) -> String {
 }
 
 /// The CONNECT head every system gets for `target` routed as `dest`.
-pub fn head(target: SocketAddr, dest: &str) -> Arc<[u8]> {
+pub(super) fn head(target: SocketAddr, dest: &str) -> Arc<[u8]> {
     connect_head(&target.to_string(), &format!("{HEADER}: {dest}\r\n")).into()
 }
 
 /// CONNECT proxies: sni-router, squid, tinyproxy, nginx+njs. Role `proxy`.
-pub async fn connect_systems(ctx: &Ctx, ping: SocketAddr, sink: SocketAddr) -> Vec<Slot> {
+pub(super) async fn connect_systems(ctx: &Ctx, ping: SocketAddr, sink: SocketAddr) -> Vec<Slot> {
     let env = ctx.env();
     let mut slots = Vec::new();
     let r = systems::sni_router(&env, "sni-router", &router_connect_listener(ping, sink)).await.and_then(|mut r| {
@@ -119,7 +119,7 @@ pub async fn connect_systems(ctx: &Ctx, ping: SocketAddr, sink: SocketAddr) -> V
     slots
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let ping = Ping::start().await?;
     let sink = Sink::start().await?;

@@ -572,7 +572,7 @@ async fn rolling_restart(
 
 // ---------------------------------------------------------------------------------------------
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let m_listen = res.metric(SC, "replica start → listening (address file written)", "ms", Better::Lower);
     let m_session = res.metric(SC, "replica start → first agent session (after a SIGKILL)", "ms", Better::Lower);

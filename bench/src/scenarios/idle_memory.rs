@@ -176,7 +176,7 @@ impl Sys {
     }
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let n = s.idle_conns;
     let (_helper, echo) = systems::echo_helper(ctx.dir.path()).await?;

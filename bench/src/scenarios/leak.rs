@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 const SC: &str = "leak";
 /// The handshake deadline both front ends get, so stalled clients are closed quickly.
-pub const HANDSHAKE: &str = "500ms";
+pub(super) const HANDSHAKE: &str = "500ms";
 /// One connection of any kind must be over within this (a stalled one takes the deadline).
 const CONN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The CONNECT destinations (header values) of sni-router's CONNECT routes.
@@ -46,7 +46,7 @@ const TASKS_METRIC: &str = "seedgate_runtime_alive_tasks";
 
 /// The five ways through seedgate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
+pub(super) enum Path {
     Sni,
     ProxyV2,
     Connect,
@@ -55,9 +55,9 @@ pub enum Path {
 }
 
 impl Path {
-    pub const ALL: [Path; 5] = [Self::Sni, Self::ProxyV2, Self::Connect, Self::TunnelConnect, Self::Forward];
+    pub(super) const ALL: [Path; 5] = [Self::Sni, Self::ProxyV2, Self::Connect, Self::TunnelConnect, Self::Forward];
 
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Self::Sni => "SNI passthrough",
             Self::ProxyV2 => "PROXY v2",
@@ -75,7 +75,7 @@ impl Path {
 
 /// How a connection ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
+pub(super) enum Ending {
     /// A request and the whole answer, closed in order.
     Complete,
     /// Data both ways, then the client resets (SO_LINGER 0).
@@ -87,9 +87,9 @@ pub enum Ending {
 }
 
 impl Ending {
-    pub const ALL: [Ending; 4] = [Self::Complete, Self::Reset, Self::Stall, Self::Refused];
+    pub(super) const ALL: [Ending; 4] = [Self::Complete, Self::Reset, Self::Stall, Self::Refused];
 
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Self::Complete => "complete",
             Self::Reset => "client reset",
@@ -100,7 +100,7 @@ impl Ending {
 }
 
 /// Connection number `i`: the path round-robin, the ending 7:1:1:1 within each ten of a path.
-pub fn kind_of(i: u64) -> (Path, Ending) {
+pub(super) fn kind_of(i: u64) -> (Path, Ending) {
     let path = Path::ALL[(i % 5) as usize];
     let ending = match (i / 5) % 10 {
         7 => Ending::Reset,
@@ -112,7 +112,7 @@ pub fn kind_of(i: u64) -> (Path, Ending) {
 }
 
 /// Everything a client needs to make a connection of any kind (cheap to share).
-pub struct Targets {
+pub(super) struct Targets {
     sni: SocketAddr,
     pp: SocketAddr,
     gateway: SocketAddr,
@@ -160,7 +160,7 @@ impl Targets {
     }
 
     /// Make one connection of the kind; `Err` when seedgate did not behave as expected for it.
-    pub async fn run(&self, p: Path, e: Ending) -> anyhow::Result<()> {
+    pub(super) async fn run(&self, p: Path, e: Ending) -> anyhow::Result<()> {
         tokio::time::timeout(CONN_TIMEOUT, self.run_inner(p, e)).await.context("timed out")?
     }
 
@@ -241,14 +241,14 @@ async fn read_to_close(s: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
 
 /// Connections made and those that did not go as expected, by path and ending.
 #[derive(Debug, Default, Clone)]
-pub struct Tally {
+pub(super) struct Tally {
     pub done: [[u64; 4]; 5],
     pub unexpected: [[u64; 4]; 5],
     pub first_unexpected: Option<String>,
 }
 
 impl Tally {
-    pub fn add(&mut self, p: Path, e: Ending, r: &anyhow::Result<()>) {
+    pub(super) fn add(&mut self, p: Path, e: Ending, r: &anyhow::Result<()>) {
         let (pi, ei) = (p as usize, e as usize);
         self.done[pi][ei] += 1;
         if let Err(err) = r {
@@ -257,16 +257,16 @@ impl Tally {
         }
     }
 
-    pub fn total(&self) -> u64 {
+    pub(super) fn total(&self) -> u64 {
         self.done.iter().flatten().sum()
     }
 
-    pub fn total_unexpected(&self) -> u64 {
+    pub(super) fn total_unexpected(&self) -> u64 {
         self.unexpected.iter().flatten().sum()
     }
 
     /// One line per ending: how many, and how many went otherwise than expected, by path.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let mut parts = Vec::new();
         for e in Ending::ALL {
             let n: u64 = Path::ALL.iter().map(|&p| self.done[p as usize][e as usize]).sum();
@@ -283,7 +283,7 @@ impl Tally {
 }
 
 /// `n` connections numbered from `first`, `concurrency` at a time.
-pub async fn mix(targets: &Arc<Targets>, first: u64, n: u64, concurrency: usize) -> Tally {
+pub(super) async fn mix(targets: &Arc<Targets>, first: u64, n: u64, concurrency: usize) -> Tally {
     let next = Arc::new(AtomicU64::new(first));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let end = first + n;
@@ -308,7 +308,7 @@ pub async fn mix(targets: &Arc<Targets>, first: u64, n: u64, concurrency: usize)
 }
 
 /// One quantity read from each process, as both scenarios report it.
-pub struct Figure {
+pub(super) struct Figure {
     pub name: &'static str,
     pub unit: &'static str,
     /// Unit of a change (difference, slope) and its factor from `unit`: RSS is read in MiB and
@@ -318,7 +318,7 @@ pub struct Figure {
     pub get: fn(&Sample) -> Option<f64>,
 }
 
-pub const FIGURES: [Figure; 3] = [
+pub(super) const FIGURES: [Figure; 3] = [
     Figure { name: "open fds", unit: "fds", change_unit: "fds", change_scale: 1.0, get: |s| Some(s.fds) },
     Figure { name: "alive tokio tasks", unit: "tasks", change_unit: "tasks", change_scale: 1.0, get: |s| s.tasks },
     Figure { name: "RSS", unit: "MiB", change_unit: "KiB", change_scale: 1024.0, get: |s| Some(s.rss_kib / 1024.0) },
@@ -326,7 +326,7 @@ pub const FIGURES: [Figure; 3] = [
 
 /// A seedgate process the scenario reads: by pid from outside, by admin address from inside.
 #[derive(Debug, Clone)]
-pub struct Watched {
+pub(super) struct Watched {
     pub name: &'static str,
     pub pid: u32,
     pub admin: SocketAddr,
@@ -334,7 +334,7 @@ pub struct Watched {
 
 /// One reading of a process.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Sample {
+pub(super) struct Sample {
     pub fds: f64,
     /// `None` when the admin endpoint did not answer.
     pub tasks: Option<f64>,
@@ -343,7 +343,7 @@ pub struct Sample {
 
 /// Read a process now: fds and RSS from `/proc` first (the scrape's own connection is not
 /// counted), then the alive tasks from `/metrics`.
-pub async fn sample(w: &Watched) -> Sample {
+pub(super) async fn sample(w: &Watched) -> Sample {
     let fds = std::fs::read_dir(format!("/proc/{}/fd", w.pid)).map(|d| d.count() as f64).unwrap_or(f64::NAN);
     let rss_kib = host::rss_kib(w.pid).map_or(f64::NAN, |k| k as f64);
     let tasks = match testbed::admin::http_get(w.admin, "/metrics").await {
@@ -353,7 +353,7 @@ pub async fn sample(w: &Watched) -> Sample {
     Sample { fds, tasks, rss_kib }
 }
 
-pub async fn sample_all(ws: &[Watched]) -> Vec<Sample> {
+pub(super) async fn sample_all(ws: &[Watched]) -> Vec<Sample> {
     let mut out = Vec::with_capacity(ws.len());
     for w in ws {
         out.push(sample(w).await);
@@ -363,7 +363,7 @@ pub async fn sample_all(ws: &[Watched]) -> Vec<Sample> {
 
 /// Poll every second until no process's fds or tasks reached a new low for three polls in a
 /// row, or `max` passed; returns the last reading and the time taken.
-pub async fn settle(ws: &[Watched], max: Duration) -> (Vec<Sample>, Duration) {
+pub(super) async fn settle(ws: &[Watched], max: Duration) -> (Vec<Sample>, Duration) {
     let t0 = Instant::now();
     let mut last = sample_all(ws).await;
     let mut lows: Vec<(f64, f64)> = last.iter().map(|s| (s.fds, s.tasks.unwrap_or(f64::INFINITY))).collect();
@@ -386,7 +386,7 @@ pub async fn settle(ws: &[Watched], max: Duration) -> (Vec<Sample>, Duration) {
 }
 
 /// The systems and backends of the leak and soak scenarios.
-pub struct Topology {
+pub(super) struct Topology {
     pub router: Running,
     pub tunnel: Running,
     pub targets: Arc<Targets>,
@@ -396,7 +396,7 @@ pub struct Topology {
 }
 
 impl Topology {
-    pub async fn start(ctx: &Ctx, label: &str) -> anyhow::Result<Self> {
+    pub(super) async fn start(ctx: &Ctx, label: &str) -> anyhow::Result<Self> {
         let ping = Ping::start().await?;
         let echo = Echo::start().await?;
         // A port nothing listens on: bound, its address taken, closed again.
@@ -458,14 +458,14 @@ impl Topology {
     }
 
     /// An error naming any process that exited.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_alive(&mut self) -> anyhow::Result<()> {
         self.router.check_alive()?;
         self.tunnel.check_alive()
     }
 }
 
 /// The mix described in the remarks of both scenarios.
-pub fn mix_remark() -> String {
+pub(super) fn mix_remark() -> String {
     format!(
         "paths round-robin: SNI passthrough, PROXY-v2 listener and CONNECT (sni-router), CONNECT through the reverse tunnel and \
          absolute-form GET (proxy-server front end → proxy-agent); endings per path: 70% complete (request, answer, orderly close), \
@@ -474,7 +474,7 @@ pub fn mix_remark() -> String {
     )
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let mut topo = Topology::start(ctx, SC).await?;
     let started = Instant::now();
@@ -554,7 +554,7 @@ fn record_fig(res: &mut Results, m: MetricId, name: &str, v: anyhow::Result<f64>
 }
 
 /// `name fds/tasks/RSS` of every process, for progress lines.
-pub fn describe(ws: &[Watched], s: &[Sample]) -> String {
+pub(super) fn describe(ws: &[Watched], s: &[Sample]) -> String {
     ws.iter()
         .zip(s)
         .map(|(w, s)| {

@@ -143,7 +143,7 @@ fn jittered(state: &mut u64) -> Duration {
     RETRY.mul_f64(0.5 + (*state % 1000) as f64 / 1000.0)
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let sink = Sink::start().await?;
     let backend = TlsHttpBackend::start("shoot-b", &ctx.ca.server(&[SNI_B])?, None).await?;

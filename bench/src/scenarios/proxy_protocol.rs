@@ -65,7 +65,7 @@ async fn haproxy_sender(ctx: &Ctx, label: &str, gateway: SocketAddr) -> anyhow::
     systems::haproxy(&ctx.env(), label, &body, &[], &[("listen", front)], false).await
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let ping = Ping::start().await?;
     let env = ctx.env();

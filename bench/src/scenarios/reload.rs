@@ -270,7 +270,7 @@ async fn streams(
     Ok((set, broken))
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let n = s.reload_routes;
     let echo = Echo::start().await?;

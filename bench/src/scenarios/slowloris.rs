@@ -199,7 +199,7 @@ async fn timed(txn: &Txn, k: usize) -> anyhow::Result<(f64, f64)> {
     Ok(summary(&mut ms))
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let n = s.stalled;
     let backend = TlsHttpBackend::start("shoot", &ctx.ca.server(&[SNI])?, None).await?;

@@ -15,7 +15,7 @@ const SC: &str = "sni-bulk";
 const SNI: &str = "bulk.bench.example";
 
 /// haproxy's SNI frontend (inspect-delay, ClientHello check, SNI map).
-pub fn haproxy_sni_frontend(listen: std::net::SocketAddr, map_file: &str) -> String {
+pub(super) fn haproxy_sni_frontend(listen: std::net::SocketAddr, map_file: &str) -> String {
     format!(
         "frontend fe_sni\n    bind {listen}\n    tcp-request inspect-delay 5s\n    tcp-request content accept if {{ req.ssl_hello_type 1 }}\n\
          \x20   tcp-request content reject\n\
@@ -25,7 +25,7 @@ pub fn haproxy_sni_frontend(listen: std::net::SocketAddr, map_file: &str) -> Str
 }
 
 /// nginx's ssl_preread server, with the map's entries.
-pub fn nginx_sni_server(listen: std::net::SocketAddr, entries: &str) -> String {
+pub(super) fn nginx_sni_server(listen: std::net::SocketAddr, entries: &str) -> String {
     format!(
         "    map_hash_bucket_size 128;\n    map_hash_max_size 65536;\n    map $ssl_preread_server_name $sni_upstream {{\n        hostnames;\n{entries}        default unix:@DIR@/reject.sock;\n    }}\n\
          \x20   server {{\n        listen {listen} reuseport;\n        ssl_preread on;\n        preread_timeout 5s;\n        preread_buffer_size 16k;\n\
@@ -34,7 +34,7 @@ pub fn nginx_sni_server(listen: std::net::SocketAddr, entries: &str) -> String {
 }
 
 /// An sni-router listener named `gateway` with SNI routes `(name, sni, upstream)`.
-pub fn router_sni_listener(routes: &[(String, String, std::net::SocketAddr)]) -> String {
+pub(super) fn router_sni_listener(routes: &[(String, String, std::net::SocketAddr)]) -> String {
     let mut y = String::from("  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n");
     for (name, sni, up) in routes {
         y.push_str(&format!("      - name: {name}\n        sni: [{sni}]\n        upstreams: [{up}]\n"));
@@ -44,7 +44,7 @@ pub fn router_sni_listener(routes: &[(String, String, std::net::SocketAddr)]) ->
 
 /// Connection caps of [`sni_systems`] in place of the bench's usual (large) ones.
 #[derive(Debug, Clone, Copy)]
-pub struct Caps {
+pub(super) struct Caps {
     /// sni-router `limits.max_connections`.
     pub router_max_connections: usize,
     /// haproxy `maxconn`, global and frontend.
@@ -56,7 +56,7 @@ pub struct Caps {
 /// The standard SNI systems in front of one upstream for one name: sni-router, haproxy
 /// (optionally a second one with splice-auto) and nginx, with `caps` if given. Each exposes the
 /// role `front`.
-pub async fn sni_systems(
+pub(super) async fn sni_systems(
     ctx: &Ctx,
     sni: &str,
     upstream: std::net::SocketAddr,
@@ -103,7 +103,7 @@ pub async fn sni_systems(
     slots
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let sink = Sink::start().await?;
     let hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), SNI)?.into();

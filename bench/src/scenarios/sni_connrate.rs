@@ -19,7 +19,7 @@ use testbed::TlsHttpBackend;
 const SC: &str = "sni-connrate";
 const SNI: &str = "api.bench.example";
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let backend = TlsHttpBackend::start("shoot", &ctx.ca.server(&[SNI])?, None).await?;
     let mut slots = vec![Slot::Up(Running::direct(&[("front", backend.addr())]))];

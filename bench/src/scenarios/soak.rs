@@ -19,7 +19,7 @@ const SC: &str = "soak";
 const MAX_OUTSTANDING: usize = 1000;
 
 /// Least-squares slope of `y` over `t` (per unit of `t`); `None` with fewer than two points.
-pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+pub(super) fn slope(points: &[(f64, f64)]) -> Option<f64> {
     let pts: Vec<&(f64, f64)> = points.iter().filter(|(t, y)| t.is_finite() && y.is_finite()).collect();
     if pts.len() < 2 {
         return None;
@@ -31,7 +31,7 @@ pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let mut topo = Topology::start(ctx, SC).await?;
     let warm = mix(&topo.targets, 0, s.leak_warmup, s.leak_concurrency).await;

@@ -116,7 +116,7 @@ fn txn_for(sys: &Running, t: &Targets) -> anyhow::Result<Txn> {
     })
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let sink = Sink::start().await?;
     let ping = Ping::start().await?;

@@ -18,7 +18,7 @@ use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub fn settings(cfg: &TunnelCfg) -> TunnelSettings {
+pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
     TunnelSettings {
         stream_window: cfg.stream_window,
         connection_window: cfg.connection_window,
@@ -193,7 +193,12 @@ pub(super) struct Dialer {
 
 impl Dialer {
     /// Connect to `target` over `over` and run a session there, in its own task.
-    pub async fn connect(&self, id: SessionId, target: HostPort, over: Carrier) -> Result<Running, EstablishError> {
+    pub(super) async fn connect(
+        &self,
+        id: SessionId,
+        target: HostPort,
+        over: Carrier,
+    ) -> Result<Running, EstablishError> {
         let cfg = self.t.cfg.load_full();
         let (conn, peer) = match over {
             Carrier::H2 => establish(&self.t, &target).await?,
@@ -255,7 +260,7 @@ pub(super) struct Running {
 impl Running {
     /// What the session reports next: it is up, its replica announced itself, or it ended
     /// (after which it must not be asked again).
-    pub async fn next(&mut self) -> Event {
+    pub(super) async fn next(&mut self) -> Event {
         loop {
             let now = self.state.borrow_and_update().clone();
             if now.up && !self.seen.up {
@@ -282,7 +287,7 @@ impl Running {
     }
 
     /// The id its replica announced (empty if none did).
-    pub fn server_id(&self) -> String {
+    pub(super) fn server_id(&self) -> String {
         self.seen.info.as_ref().map(|i| i.id.clone()).unwrap_or_default()
     }
 }

@@ -29,21 +29,21 @@ const PROBE_MAX: Duration = Duration::from_secs(5);
 
 /// A session the machine asked for; never reused within a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SessionId(u64);
+pub(super) struct SessionId(u64);
 
 /// A name resolution the machine asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueryId(u64);
+pub(super) struct QueryId(u64);
 
 /// What a session runs over (`auto` is a choice between these, made per dial).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Carrier {
+pub(super) enum Carrier {
     H2,
     Quic,
 }
 
 impl Carrier {
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Carrier::H2 => "h2",
             Carrier::Quic => "quic",
@@ -80,7 +80,7 @@ impl Over {
 /// The part of the tunnel config the slot acts on; the driver hands it over again before every
 /// event, so a reload applies to the next decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settings {
+pub(super) struct Settings {
     pub transport: Transport,
     pub reconnect_initial: Duration,
     pub reconnect_max: Duration,
@@ -108,7 +108,7 @@ impl From<&TunnelCfg> for Settings {
 
 /// What happened, as the driver tells it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Event {
+pub(super) enum Event {
     /// A dial finished: the session runs (not up yet) with the peer it reached, or it failed.
     Dialed { id: SessionId, result: Result<SocketAddr, String> },
     /// The session passed its handshake (the seed spoke the transport's protocol).
@@ -131,7 +131,7 @@ pub enum Event {
 
 /// What the driver does.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(super) enum Action {
     /// Establish a session to `target` (resolved afresh) over `over`; answer with [`Event::Dialed`].
     Dial { id: SessionId, target: HostPort, over: Carrier },
     /// Resolve `name`; answer with [`Event::Resolved`].
@@ -142,7 +142,7 @@ pub enum Action {
 }
 
 /// Who the slot is, for its whole life.
-pub struct Slot {
+pub(super) struct Slot {
     pub index: usize,
     /// The name in logs and metrics (`name`, `name#1`, ...).
     pub label: String,
@@ -152,9 +152,9 @@ pub struct Slot {
 }
 
 /// The random draw (`0.0..=1.0`) behind every jittered wait; injected so tests are deterministic.
-pub type Draw = Box<dyn FnMut() -> f64 + Send>;
+pub(super) type Draw = Box<dyn FnMut() -> f64 + Send>;
 
-pub struct Machine {
+pub(super) struct Machine {
     cx: Cx,
     phase: Phase,
 }
@@ -262,7 +262,7 @@ enum Wait {
 
 impl Machine {
     /// A slot that dials at `now` (if the replicas want a session from it).
-    pub fn new(now: Instant, slot: Slot, settings: Settings, draw: Draw) -> Self {
+    pub(super) fn new(now: Instant, slot: Slot, settings: Settings, draw: Draw) -> Self {
         slot.metrics.down();
         let cx = Cx {
             backoff: Backoff::new(settings.reconnect_initial, settings.reconnect_max),
@@ -280,7 +280,7 @@ impl Machine {
     }
 
     /// Take the config in force (a reload changes bounds and the transport for what comes next).
-    pub fn configure(&mut self, s: Settings) {
+    pub(super) fn configure(&mut self, s: Settings) {
         if s != self.cx.settings {
             self.cx.backoff.set_bounds(s.reconnect_initial, s.reconnect_max);
             self.cx.probe.set_bounds(s.reconnect_initial, s.reconnect_max.min(PROBE_MAX));
@@ -289,7 +289,7 @@ impl Machine {
     }
 
     /// Act on `event` at `now`; returns what the driver must do, in order.
-    pub fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+    pub(super) fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
         let phase = std::mem::replace(&mut self.phase, Phase::Stopped);
         self.phase = match (phase, event) {
             (Phase::Stopped, _) | (_, Event::Stop) => Phase::Stopped,
@@ -302,7 +302,7 @@ impl Machine {
     }
 
     /// When the machine wants [`Event::Timer`] next (none: only other events move it on).
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Waiting(at) => Some(*at),
             Phase::Connected(c) => match &c.errand {

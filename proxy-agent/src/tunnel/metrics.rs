@@ -5,20 +5,20 @@ use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram}
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 #[derive(Clone)]
-pub struct TunnelMetrics {
+pub(crate) struct TunnelMetrics {
     pub session: SessionMetrics,
     pub stream: StreamMetrics,
 }
 
 impl TunnelMetrics {
-    pub fn new(reg: &Registry) -> Self {
+    pub(crate) fn new(reg: &Registry) -> Self {
         Self { session: SessionMetrics::new(reg), stream: StreamMetrics::new(reg) }
     }
 }
 
 /// The sessions to each configured server name and its replicas.
 #[derive(Clone)]
-pub struct SessionMetrics {
+pub(crate) struct SessionMetrics {
     pub sessions: IntGaugeVec,
     pub reconnects: IntCounterVec,
     pub moves: IntCounterVec,
@@ -87,7 +87,7 @@ impl SessionMetrics {
 
 /// The streams the seed opens and the dials they make in the shoot.
 #[derive(Clone)]
-pub struct StreamMetrics {
+pub(crate) struct StreamMetrics {
     pub streams_active: IntGauge,
     pub streams_opened: IntCounterVec,
     pub dial_seconds: HistogramVec,
@@ -137,19 +137,19 @@ impl StreamMetrics {
 /// One slot's series (labelled by the slot's label; duplicates by the configured name). Each
 /// series is created when first used, as before the slots had their own handle.
 #[derive(Clone)]
-pub struct SlotMetrics {
+pub(super) struct SlotMetrics {
     m: SessionMetrics,
     label: String,
     name: String,
 }
 
 impl SlotMetrics {
-    pub fn new(m: &SessionMetrics, label: &str, name: &str) -> Self {
+    pub(super) fn new(m: &SessionMetrics, label: &str, name: &str) -> Self {
         Self { m: m.clone(), label: label.to_owned(), name: name.to_owned() }
     }
 
     /// The slot's session is up over `over`.
-    pub fn up(&self, over: Carrier) {
+    pub(super) fn up(&self, over: Carrier) {
         self.m.sessions.with_label_values(&[&self.label]).set(1);
         for c in [Carrier::H2, Carrier::Quic] {
             self.m.transport.with_label_values(&[&self.label, c.as_str()]).set(i64::from(c == over));
@@ -157,46 +157,46 @@ impl SlotMetrics {
     }
 
     /// The slot has no session up.
-    pub fn down(&self) {
+    pub(super) fn down(&self) {
         self.m.sessions.with_label_values(&[&self.label]).set(0);
     }
 
     /// A reconnect attempt ended: its session came up (`ok`), or it failed before that.
-    pub fn reconnect(&self, ok: bool) {
+    pub(super) fn reconnect(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.m.reconnects.with_label_values(&[&self.label, result]).inc();
     }
 
-    pub fn transport_change(&self, from: Carrier, to: Carrier) {
+    pub(super) fn transport_change(&self, from: Carrier, to: Carrier) {
         self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).inc();
     }
 
-    pub fn moved(&self) {
+    pub(super) fn moved(&self) {
         self.m.moves.with_label_values(&[&self.label]).inc();
     }
 
-    pub fn duplicate(&self) {
+    pub(super) fn duplicate(&self) {
         self.m.duplicates.with_label_values(&[&self.name]).inc();
     }
 
     #[cfg(test)]
-    pub fn reconnects(&self, result: &str) -> u64 {
+    pub(super) fn reconnects(&self, result: &str) -> u64 {
         self.m.reconnects.with_label_values(&[&self.label, result]).get()
     }
 
     #[cfg(test)]
-    pub fn transport_changes(&self, from: Carrier, to: Carrier) -> u64 {
+    pub(super) fn transport_changes(&self, from: Carrier, to: Carrier) -> u64 {
         self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).get()
     }
 
     #[cfg(test)]
-    pub fn gauges(&self) -> (i64, i64, i64) {
+    pub(super) fn gauges(&self) -> (i64, i64, i64) {
         let t = |c: Carrier| self.m.transport.with_label_values(&[&self.label, c.as_str()]).get();
         (self.m.sessions.with_label_values(&[&self.label]).get(), t(Carrier::H2), t(Carrier::Quic))
     }
 
     #[cfg(test)]
-    pub fn counts(&self) -> (u64, u64) {
+    pub(super) fn counts(&self) -> (u64, u64) {
         (self.m.moves.with_label_values(&[&self.label]).get(), self.m.duplicates.with_label_values(&[&self.name]).get())
     }
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// State shared by all sessions of the agent.
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     pub cfg: ArcSwap<TunnelCfg>,
     pub metrics: TunnelMetrics,
     /// The agent's certificate and the servers' CA, reloaded when the files change.
@@ -73,7 +73,7 @@ fn client_tls(cfg: &TunnelCfg, metrics: &TlsMetrics) -> Result<ClientTls, proxy_
 }
 
 impl Tunnel {
-    pub fn new(
+    pub(crate) fn new(
         cfg: TunnelCfg,
         reg: &Registry,
         kill: CancellationToken,
@@ -96,7 +96,7 @@ impl Tunnel {
     /// streams. Changed TLS contents need no reload: they are watched. A server name added to
     /// `servers` gets its sessions now; one removed has its sessions closed with GOAWAY (their
     /// streams run to their end); names in both are untouched.
-    pub fn reconfigure(self: &Arc<Self>, cfg: TunnelCfg) -> Result<(), TlsReloadError> {
+    pub(crate) fn reconfigure(self: &Arc<Self>, cfg: TunnelCfg) -> Result<(), TlsReloadError> {
         if cfg.tls != self.cfg.load().tls {
             let tls = client_tls(&cfg, &self.tls_metrics).map_err(TlsReloadError)?;
             tls.material.watch(tls.watching.clone());
@@ -162,7 +162,7 @@ impl Tunnel {
 
     /// One check per configured server name: ready while a session is up, "degraded" while
     /// fewer replicas than announced are reached.
-    pub fn ready_checks(&self) -> Vec<proxy_core::obs::admin::Check> {
+    pub(crate) fn ready_checks(&self) -> Vec<proxy_core::obs::admin::Check> {
         let transport = self.cfg.load().transport.as_str();
         self.names
             .lock()
@@ -177,7 +177,7 @@ impl Tunnel {
     }
 
     /// Start, per configured server name, the loop that keeps a session to each of its replicas.
-    pub fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
+    pub(crate) fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
         let tls = self.tls.load();
         tls.material.watch(tls.watching.clone());
         *self.run.lock().expect("not poisoned") = Some((stop.clone(), tracker.clone()));

@@ -14,10 +14,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 /// Upper bound for anything a test waits for; never an expectation of speed.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Poll `f` every 20 ms until it returns `Some`, for at most [`DEADLINE`].
-pub async fn poll<T, Fut: Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> Fut) -> anyhow::Result<T> {
+pub(crate) async fn poll<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> Fut,
+) -> anyhow::Result<T> {
     let end = tokio::time::Instant::now() + DEADLINE;
     for _ in 0..(DEADLINE.as_millis() / 20 + 1) {
         if let Ok(Some(v)) = tokio::time::timeout_at(end, f()).await {
@@ -32,31 +35,31 @@ pub async fn poll<T, Fut: Future<Output = Option<T>>>(what: &str, mut f: impl Fn
 }
 
 /// Run `f` with the test deadline.
-pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> anyhow::Result<T> {
+pub(crate) async fn within<T>(what: &str, f: impl Future<Output = T>) -> anyhow::Result<T> {
     tokio::time::timeout(DEADLINE, f).await.map_err(|_| anyhow!("{what}: timed out after {DEADLINE:?}"))
 }
 
 /// A YAML config for an agent with admin on 127.0.0.1:0 and one listener on 127.0.0.3:0.
-pub fn config(gateway: &str, mode: &str, extra: &str) -> String {
+pub(crate) fn config(gateway: &str, mode: &str, extra: &str) -> String {
     format!(
         "admin: {{ listen: 127.0.0.1:0 }}\ntimeouts: {{ handshake: 5s, connect: 5s, idle: 5m }}\ndrain_grace: 5s\napiserver_proxy:\n  listen: [127.0.0.3:0]\n  gateway: {gateway}\n  mode: {mode}\n{extra}"
     )
 }
 
 /// An agent bound and running in this process.
-pub struct Agent {
+pub(crate) struct Agent {
     pub addrs: Addresses,
     pub shutdown: Shutdown,
     task: JoinHandle<()>,
 }
 
 impl Agent {
-    pub async fn start(yaml: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn start(yaml: &str) -> anyhow::Result<Self> {
         Self::start_inner(yaml, None).await
     }
 
     /// Start from a config file that is watched for changes (hot reload).
-    pub async fn start_watching(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) async fn start_watching(path: &Path) -> anyhow::Result<Self> {
         let yaml = std::fs::read_to_string(path)?;
         Self::start_inner(&yaml, Some(path.to_owned())).await
     }
@@ -78,26 +81,26 @@ impl Agent {
     }
 
     /// The address of the `apiserver-proxy` listener (`listen[0]`).
-    pub fn listener(&self) -> SocketAddr {
+    pub(crate) fn listener(&self) -> SocketAddr {
         self.addrs.listener("apiserver-proxy").expect("the apiserver-proxy listener")
     }
 
-    pub async fn connect(&self) -> anyhow::Result<TcpStream> {
+    pub(crate) async fn connect(&self) -> anyhow::Result<TcpStream> {
         Ok(TcpStream::connect(self.listener()).await?)
     }
 
     /// `GET path` on the admin listener: (status, body).
-    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+    pub(crate) async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         let admin = self.addrs.admin.context("admin listener")?;
         http_get(admin, path).await
     }
 
-    pub async fn metrics(&self) -> anyhow::Result<String> {
+    pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
         Ok(self.get("/metrics").await?.1)
     }
 
     /// Poll `/metrics` until the sample named `name` with `labels` equals `want`.
-    pub async fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) -> anyhow::Result<()> {
+    pub(crate) async fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) -> anyhow::Result<()> {
         let res = poll(name, || async {
             let text = self.metrics().await.ok()?;
             (metric(&text, name, labels) == want).then_some(())
@@ -111,7 +114,7 @@ impl Agent {
     }
 
     /// Stop accepting, drain, and wait for `run` to return.
-    pub async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.stop.cancel();
         within("agent run() to return", self.task).await??;
         Ok(())
@@ -119,7 +122,7 @@ impl Agent {
 }
 
 /// A minimal HTTP/1.0 GET (the admin listener closes after the answer).
-pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     within("admin GET", async {
         let mut s = TcpStream::connect(addr).await?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes()).await?;
@@ -134,7 +137,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Stri
 }
 
 /// The value of the sample `name{labels...}` in a Prometheus text page; 0 when absent.
-pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' ')))
@@ -144,13 +147,13 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// A port nothing listens on (bound, then released).
-pub async fn free_port() -> u16 {
+pub(crate) async fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     l.local_addr().unwrap().port()
 }
 
 /// Read a PROXY header from a fake gateway's accepted stream: the header and the bytes after it.
-pub async fn read_proxy_header(s: &mut TcpStream) -> anyhow::Result<(ProxyHeader, Vec<u8>)> {
+pub(crate) async fn read_proxy_header(s: &mut TcpStream) -> anyhow::Result<(ProxyHeader, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
     loop {
@@ -171,7 +174,7 @@ pub async fn read_proxy_header(s: &mut TcpStream) -> anyhow::Result<(ProxyHeader
 
 /// Read an HTTP head (up to and including the empty line) byte by byte, so nothing after it
 /// is consumed; returns the head as text.
-pub async fn read_http_head(s: &mut TcpStream) -> anyhow::Result<String> {
+pub(crate) async fn read_http_head(s: &mut TcpStream) -> anyhow::Result<String> {
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() > 16 * 1024 {
@@ -184,14 +187,14 @@ pub async fn read_http_head(s: &mut TcpStream) -> anyhow::Result<String> {
 }
 
 /// Read exactly `n` bytes.
-pub async fn read_n(s: &mut TcpStream, n: usize) -> anyhow::Result<Vec<u8>> {
+pub(crate) async fn read_n(s: &mut TcpStream, n: usize) -> anyhow::Result<Vec<u8>> {
     let mut v = vec![0u8; n];
     s.read_exact(&mut v).await?;
     Ok(v)
 }
 
 /// Read until the peer closes (EOF or reset): the bytes read, and whether it ended in a reset.
-pub async fn read_until_closed(s: &mut TcpStream) -> (Vec<u8>, bool) {
+pub(crate) async fn read_until_closed(s: &mut TcpStream) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -204,7 +207,7 @@ pub async fn read_until_closed(s: &mut TcpStream) -> (Vec<u8>, bool) {
 }
 
 /// Echo everything after a PROXY header; FIN when the client's FIN arrives.
-pub async fn echo_after_proxy_header(mut s: TcpStream) -> anyhow::Result<ProxyHeader> {
+pub(crate) async fn echo_after_proxy_header(mut s: TcpStream) -> anyhow::Result<ProxyHeader> {
     let (h, rest) = read_proxy_header(&mut s).await?;
     let (mut r, mut w) = s.split();
     w.write_all(&rest).await?;

@@ -5,13 +5,13 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// A non-blocking pipe used as the in-kernel buffer between two sockets.
-pub struct Pipe {
+pub(super) struct Pipe {
     pub read: OwnedFd,
     pub write: OwnedFd,
 }
 
 impl Pipe {
-    pub fn new() -> io::Result<Self> {
+    pub(super) fn new() -> io::Result<Self> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` is a valid, writable array of two c_ints, as pipe2 requires; on success
         // the kernel stores two new descriptors there that nothing else owns, so wrapping them in
@@ -26,7 +26,7 @@ impl Pipe {
     }
 
     /// Ask for a larger pipe; failure (e.g. above /proc/sys/fs/pipe-max-size) is harmless.
-    pub fn set_size(&self, bytes: usize) {
+    pub(super) fn set_size(&self, bytes: usize) {
         // SAFETY: fcntl on a descriptor we own, with an integer argument; no memory is shared.
         unsafe {
             libc::fcntl(self.write.as_raw_fd(), libc::F_SETPIPE_SZ, bytes as libc::c_int);
@@ -36,7 +36,7 @@ impl Pipe {
 
 /// Move up to `len` bytes from `from` to `to` inside the kernel, without blocking.
 /// One of the two must be a pipe. Returns 0 at end of stream of `from`.
-pub fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+pub(super) fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     // SAFETY: splice takes two descriptors and null offset pointers (we pass no memory at all);
     // the callers pass descriptors borrowed from live sockets and pipes, so they are open for
     // the duration of the call. An invalid descriptor would only yield EBADF, not UB.

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::Service as _;
 use tonic::{Request, Response, Status, Streaming};
 
-#[allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+#[allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms, unreachable_pub)]
 mod pb {
     tonic::include_proto!("_");
 }
@@ -43,7 +43,7 @@ use pb::{CloseResponse, Data, DialResponse, Packet, PacketType};
 /// What every HTTP/2 connection starts with (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// `Proxy` streams one gRPC connection may have open at once.
-pub const MAX_STREAMS: u32 = 1024;
+pub(super) const MAX_STREAMS: u32 = 1024;
 /// Bytes one `Proxy` stream may have in flight towards us unread: small beside the connection's
 /// window, so a stalled stream cannot hold the whole connection's window.
 const STREAM_WINDOW: u32 = 256 * 1024;
@@ -63,7 +63,7 @@ const CODEC_YIELD: usize = 32 * 1024;
 
 /// prost's codec for `Packet`s with [`CODEC_BUFFER`]-sized first buffers.
 #[derive(Debug, Default)]
-pub struct Codec;
+pub(super) struct Codec;
 
 impl tonic::codec::Codec for Codec {
     type Encode = Packet;
@@ -150,7 +150,7 @@ struct Proxy {
 }
 
 /// The packets of one `Proxy` stream towards the client.
-pub struct Outbound(mpsc::Receiver<Packet>);
+pub(super) struct Outbound(mpsc::Receiver<Packet>);
 
 impl futures_util::Stream for Outbound {
     type Item = Result<Packet, Status>;

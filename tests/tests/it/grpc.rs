@@ -53,7 +53,7 @@ struct World {
 }
 
 /// proxy-server YAML whose front ends all speak gRPC.
-pub fn grpc_server_yaml(pki: &TunnelPki, fes: &[Fe], extra: &str) -> String {
+pub(crate) fn grpc_server_yaml(pki: &TunnelPki, fes: &[Fe], extra: &str) -> String {
     let mut y = server_yaml(pki, "127.0.0.1:0", fes, extra);
     for f in fes {
         let line = format!("  - name: {}\n", f.name);

@@ -730,9 +730,9 @@ mod haproxy {
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
 
-    pub const BIN: &str = "/usr/sbin/haproxy";
+    pub(super) const BIN: &str = "/usr/sbin/haproxy";
 
-    pub struct Haproxy {
+    pub(super) struct Haproxy {
         child: Child,
         pub addr: SocketAddr,
         _dir: TempDir,
@@ -754,7 +754,7 @@ mod haproxy {
     }
 
     /// `None` when haproxy is absent and PP_SKIP_HAPROXY=1 says that is acceptable.
-    pub fn start() -> Option<Haproxy> {
+    pub(super) fn start() -> Option<Haproxy> {
         if !std::path::Path::new(BIN).exists() {
             if std::env::var_os("PP_SKIP_HAPROXY").is_some() {
                 eprintln!("SKIPPED: {BIN} not installed (PP_SKIP_HAPROXY set)");
@@ -799,7 +799,7 @@ frontend echo
     }
 
     /// Send `header` + a GET, return the response (empty if haproxy closed on us).
-    pub fn exchange(addr: SocketAddr, header: &[u8]) -> String {
+    pub(super) fn exchange(addr: SocketAddr, header: &[u8]) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut req = header.to_vec();
@@ -810,7 +810,7 @@ frontend echo
         String::from_utf8_lossy(&out).into_owned()
     }
 
-    pub fn body(resp: &str) -> &str {
+    pub(super) fn body(resp: &str) -> &str {
         assert!(resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"), "{resp:?}");
         resp.split("\r\n\r\n").nth(1).unwrap()
     }

@@ -2,7 +2,7 @@
 // Independent of the parser under test, so fixtures are not produced by the code they check.
 
 /// Splits `wire` into its TLS records: (content type, record version, body).
-pub fn split_records(wire: &[u8]) -> Vec<(u8, [u8; 2], Vec<u8>)> {
+pub(super) fn split_records(wire: &[u8]) -> Vec<(u8, [u8; 2], Vec<u8>)> {
     let mut out = Vec::new();
     let mut rest = wire;
     while rest.len() >= 5 {
@@ -16,7 +16,7 @@ pub fn split_records(wire: &[u8]) -> Vec<(u8, [u8; 2], Vec<u8>)> {
 }
 
 /// Length of the complete first handshake message (header + body) framed in `wire`, if all of it has arrived.
-pub fn first_handshake_len(wire: &[u8]) -> Option<usize> {
+pub(super) fn first_handshake_len(wire: &[u8]) -> Option<usize> {
     let mut hs = Vec::new();
     let mut rest = wire;
     let mut end = 0;
@@ -41,7 +41,7 @@ pub fn first_handshake_len(wire: &[u8]) -> Option<usize> {
 /// Re-frames the handshake bytes carried by `wire`'s handshake records into records whose bodies
 /// have the given sizes (the last size absorbs whatever remains). Record version is kept from the
 /// first record.
-pub fn refragment(wire: &[u8], sizes: &[usize]) -> Vec<u8> {
+pub(super) fn refragment(wire: &[u8], sizes: &[usize]) -> Vec<u8> {
     let records = split_records(wire);
     let version = records[0].1;
     let hs: Vec<u8> = records

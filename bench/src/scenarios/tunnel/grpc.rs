@@ -28,7 +28,7 @@ struct Figures {
     n: usize,
 }
 
-pub async fn run(ctx: &Ctx, res: &mut Results, t: &Targets, sink: &Sink) -> anyhow::Result<()> {
+pub(super) async fn run(ctx: &Ctx, res: &mut Results, t: &Targets, sink: &Sink) -> anyhow::Result<()> {
     let s = &ctx.scale;
     let n = s.streams[0];
     let f = Figures {
