@@ -407,8 +407,11 @@ async fn sends_proxy_v2_with_the_client_address_and_fails_over() -> anyhow::Resu
     let dir = TempDir::new("sni-ppout")?;
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let up = l.local_addr()?;
-    // A port with nothing listening comes first: the router must fail over before any byte.
-    let dead = TcpListener::bind("127.0.0.1:0").await?.local_addr()?;
+    // A port with nothing listening comes first: the router must fail over before any byte. The
+    // socket stays bound (not listening) so no other test can take the port meanwhile.
+    let dead_sock = tokio::net::TcpSocket::new_v4()?;
+    dead_sock.bind("127.0.0.1:0".parse()?)?;
+    let dead = dead_sock.local_addr()?;
     let routes = format!(
         "      - name: api\n        sni: [api.shoot-b.example.com]\n        upstreams: [{dead}, {up}]\n        balance: least-connections\n        send_proxy_protocol: v2\n"
     );
