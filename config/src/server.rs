@@ -20,6 +20,7 @@ default_fn! {
     connection_window_default: u32 = 64 * 1024 * 1024;
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
+    open_timeout_default: Dur = Dur::secs(2);
 }
 
 config_file! {
@@ -171,6 +172,15 @@ pub struct Agents {
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
+    /// How long a stream open may go without the agent's answer and without any other sign of
+    /// life from its session (HTTP/2: a PING answer, asked for halfway; QUIC: an
+    /// acknowledgement) before the dial moves to another session of the cluster, within
+    /// `timeouts.dial`. The silent session is then suspect: tried last until it shows life
+    /// again. A live agent that is only slow to reach its target keeps the whole
+    /// `timeouts.dial`. Default `2s`.
+    #[serde(default = "open_timeout_default")]
+    #[schemars(extend("x-reload" = "new connections"))]
+    pub open_timeout: Dur,
     /// Bytes one stream may have in flight unread (per-stream flow-control window).
     #[serde(default = "stream_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
@@ -577,6 +587,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
         ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
         ("timeouts.dial", cfg.timeouts.dial),
         ("timeouts.idle", cfg.timeouts.idle),
+        ("agents.open_timeout", cfg.agents.open_timeout),
     ] {
         if d.get().is_zero() {
             p.push((0, 0), name, "must be positive");

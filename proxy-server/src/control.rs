@@ -45,15 +45,9 @@ fn known_ready(shared: &Shared) -> Vec<Check> {
         .into_iter()
         .map(|c| {
             let mode = dir.mode(&c);
+            dir.file_hellos(&c);
             let sessions = dir.sessions(&c);
-            let nodes: Vec<String> = sessions
-                .iter()
-                .map(|s| {
-                    let node =
-                        s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
-                    format!("{}{}", s.peer, if node.is_empty() { String::new() } else { format!(" ({node})") })
-                })
-                .collect();
+            let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
             let state = format!("{:?}", mode.mode).to_lowercase();
             match mode.mode {
                 // A fenced cluster is served elsewhere: no agent is expected here.
@@ -68,6 +62,20 @@ fn known_ready(shared: &Shared) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// A session as readiness lists it: its peer, its node and how dials trust it, if not fully.
+fn session_detail(shared: &Shared, s: &crate::session::Session) -> String {
+    let node = crate::attempt::node(s);
+    let standing = match crate::attempt::standing(s, &shared.metrics) {
+        crate::liveness::Standing::Healthy => "",
+        doubted => doubted.label(),
+    };
+    let notes: Vec<&str> = [node.as_str(), standing].into_iter().filter(|n| !n.is_empty()).collect();
+    match notes.is_empty() {
+        true => s.peer.clone(),
+        false => format!("{} ({})", s.peer, notes.join(", ")),
+    }
 }
 
 /// `PUT|POST|DELETE /control/clusters/<name>`: set or clear an admin override of a cluster's state.

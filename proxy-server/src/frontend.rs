@@ -5,7 +5,7 @@
 
 mod grpc;
 
-use crate::registry::{DialRefused, Dialed};
+use crate::registry::{DialRefused, DialTimes, Dialed};
 use crate::shared::Shared;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -479,7 +479,8 @@ pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result
     let m = &shared.metrics;
     let started = Instant::now();
     let cfg = shared.config.load();
-    let r = shared.directory.dial(cluster, target, cfg.timeouts.dial.get(), &cfg.agents.proxy_strategies).await;
+    let times = DialTimes { dial: cfg.timeouts.dial.get(), open: cfg.agents.open_timeout.get() };
+    let r = shared.directory.dial(cluster, target, times, &cfg.agents.proxy_strategies).await;
     match &r {
         Ok(_) => {
             m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());

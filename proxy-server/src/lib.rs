@@ -5,10 +5,12 @@
 //! front-end connections drain for the grace period, then the agent sessions close.
 
 mod agents;
+mod attempt;
 mod cluster_files;
 mod control;
 mod frontend;
 mod listeners;
+mod liveness;
 mod metrics;
 mod registry;
 mod replica;

@@ -1,5 +1,7 @@
 //! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
 
+use crate::attempt::{self, Attempt};
+use crate::liveness::{self, Standing};
 use crate::metrics::ServerMetrics;
 use crate::session::Session;
 use crate::strategy::{self, NodeIndex};
@@ -119,6 +121,18 @@ impl DialRefused {
             DialRefused::Share { .. } => 503,
         }
     }
+}
+
+/// Most sessions one dial is tried on (each at most once, all within the dial deadline).
+const DIAL_ATTEMPTS: usize = 3;
+
+/// The deadlines of one dial.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DialTimes {
+    /// The whole dial, every attempt included (`timeouts.dial`).
+    pub dial: Duration,
+    /// How long one session may stay silent before the dial moves on (`agents.open_timeout`).
+    pub open: Duration,
 }
 
 /// A dialled tunnel stream, its place in its cluster's share of streams, and how its agent was
@@ -312,6 +326,7 @@ impl SessionDirectory {
             opener,
             hello,
             stop,
+            liveness: Default::default(),
         });
         let n = {
             let mut clusters = self.clusters.write().expect("not poisoned");
@@ -386,7 +401,7 @@ impl SessionDirectory {
         &self,
         cluster: &str,
         target: &str,
-        timeout: Duration,
+        times: DialTimes,
         strategies: &[ProxyStrategy],
     ) -> Result<Dialed, DialRefused> {
         let mode = self.mode(cluster);
@@ -396,45 +411,70 @@ impl SessionDirectory {
         }
         let strategies = mode.strategies.as_deref().unwrap_or(strategies);
         let (share, dialing) = self.take_shares(cluster)?;
-        let chosen = self.dial_agent(cluster, target, timeout, strategies).await;
+        let chosen = self.dial_agent(cluster, target, times, strategies).await;
         drop(dialing);
         let (stream, strategy, node) = chosen?;
         Ok(Dialed { stream, share, strategy, node })
     }
 
-    /// The least busy of two random sessions of the first of `strategies` that names a usable
-    /// one; a transport failure before the agent answered, or an agent that turns out to be
-    /// shutting down, is retried once on another one. Returns the stream, the strategy and the
-    /// agent's node.
+    /// Among the sessions of the first of `strategies` that names a trusted one (else a usable
+    /// one: [`liveness`]), the least busy of two random ones. The dial moves to another
+    /// session (up to [`DIAL_ATTEMPTS`] in all, within `times.dial`) when the transport failed
+    /// before the agent answered, when the agent turns out to be shutting down, or when the
+    /// session stays silent past `times.open`. Returns the stream, the strategy and the agent's
+    /// node.
     async fn dial_agent(
         &self,
         cluster: &str,
         target: &str,
-        timeout: Duration,
+        times: DialTimes,
         strategies: &[ProxyStrategy],
     ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
+        let deadline = tokio::time::Instant::now() + times.dial;
         let mut tried: Vec<u64> = Vec::new();
         let mut last = DialError::NoAgent(match self.sessions(cluster).is_empty() {
             true => format!("no agent of cluster {cluster} is connected"),
             false => format!("no agent of cluster {cluster} for {target} by proxy strategies {}", names(strategies)),
         });
-        for _ in 0..2 {
+        let mut retry: Option<(&'static str, u64)> = None;
+        while tried.len() < DIAL_ATTEMPTS {
             let Some((strategy, candidates)) = self.candidates(cluster, target, strategies, &tried) else { break };
-            let Some(s) = pick(&candidates) else { break };
+            let Some(s) = self.pick(&candidates) else { break };
+            if let Some((reason, from)) = retry.take() {
+                self.metrics.dial_retries.with_label_values(&[cluster, reason]).inc();
+                tracing::info!(cluster, target, reason, from, to = s.id, "dial moved to another agent session");
+            }
             tried.push(s.id);
-            match s.opener.open(target, timeout).await {
-                Ok(stream) => {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let others = || self.candidates(cluster, target, strategies, &tried).is_some();
+            match attempt::attempt(&s, target, left, times.open, others, &self.metrics).await {
+                Attempt::Answered(Ok(stream)) => {
                     self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
-                    let node =
-                        s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default();
-                    return Ok((stream, strategy, node));
+                    return Ok((stream, strategy, attempt::node(&s)));
                 }
                 // Nothing reached the target: another agent may take it.
-                Err(e @ (DialError::Transport(_) | DialError::Draining(_))) => last = e,
-                Err(e) => return Err(e),
+                Attempt::Answered(Err(e @ (DialError::Transport(_) | DialError::Draining(_)))) => {
+                    let reason = if matches!(e, DialError::Transport(_)) { "transport" } else { "draining" };
+                    retry = Some((reason, s.id));
+                    last = e;
+                }
+                Attempt::Answered(Err(e)) => return Err(e),
+                Attempt::Silent => {
+                    retry = Some(("silent", s.id));
+                    last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
+                }
             }
         }
         Err(last)
+    }
+
+    /// Of `candidates`, those of the best standing (a doubt they outlived is cleared here),
+    /// then the least busy of two.
+    fn pick(&self, candidates: &[Arc<Session>]) -> Option<Arc<Session>> {
+        let standings: Vec<Standing> = candidates.iter().map(|s| attempt::standing(s, &self.metrics)).collect();
+        let best: Vec<Arc<Session>> =
+            liveness::preferred(&standings).into_iter().map(|i| candidates[i].clone()).collect();
+        p2c(&best)
     }
 
     /// The sessions of `cluster` the first fitting strategy names (open, not tried yet).
@@ -445,19 +485,49 @@ impl SessionDirectory {
         strategies: &[ProxyStrategy],
         tried: &[u64],
     ) -> Option<(ProxyStrategy, Vec<Arc<Session>>)> {
+        self.file_hellos(cluster);
         let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id);
-        {
-            let clusters = self.clusters.read().expect("not poisoned");
-            let c = clusters.get(cluster)?;
-            if !c.index.has_unread() {
-                return strategy::candidates(&c.index, &c.sessions, strategies, target, usable);
+        let clusters = self.clusters.read().expect("not poisoned");
+        let c = clusters.get(cluster)?;
+        // A doubted session is tried last: a later strategy's trusted one comes first.
+        let trusted = |s: &Session| usable(s) && attempt::standing(s, &self.metrics) == Standing::Healthy;
+        strategy::candidates(&c.index, &c.sessions, strategies, target, trusted)
+            .or_else(|| strategy::candidates(&c.index, &c.sessions, strategies, target, usable))
+    }
+
+    /// File the hellos of `cluster`'s sessions that arrived since the last look (they come on
+    /// the control stream after the session registered); a session of a new run of an agent
+    /// supersedes those of its earlier runs then.
+    pub(crate) fn file_hellos(&self, cluster: &str) {
+        let unread = self.clusters.read().expect("not poisoned").get(cluster).is_some_and(|c| c.index.has_unread());
+        if !unread {
+            return;
+        }
+        let mut clusters = self.clusters.write().expect("not poisoned");
+        let Some(c) = clusters.get_mut(cluster) else { return };
+        for (new, hello) in c.index.refresh() {
+            self.supersede(&c.sessions, &new, &hello);
+        }
+    }
+
+    /// `new`'s agent said who it is (`hello`): the sessions of an earlier run of the same agent
+    /// (registered before it, same node, another instance) are superseded. They are gone in all
+    /// likelihood (a restart, a node that lost power) but not known to be until their keepalive
+    /// times out: until then dials try them last, and nothing on them is cut.
+    fn supersede(&self, sessions: &[Arc<Session>], new: &Session, hello: &AgentHello) {
+        for old in sessions.iter().filter(|o| o.id < new.id) {
+            let was = old.hello.lock().expect("not poisoned").clone();
+            if !was.is_some_and(|was| liveness::supersedes(hello, &was)) {
+                continue;
+            }
+            if old.liveness.doubt(Standing::Superseded, old.opener.heard()) {
+                self.metrics.sessions_doubted.with_label_values(&[&new.cluster, "superseded"]).inc();
+                tracing::info!(
+                    cluster = %new.cluster, node = %hello.node, old = old.id, new = new.id, old_peer = %old.peer, peer = %new.peer,
+                    "agent restarted (a new run of its node connected): its earlier session is superseded, tried last until it ends"
+                );
             }
         }
-        // A session registered since whose hello may have arrived: file it first.
-        let mut clusters = self.clusters.write().expect("not poisoned");
-        let c = clusters.get_mut(cluster)?;
-        c.index.refresh();
-        strategy::candidates(&c.index, &c.sessions, strategies, target, usable)
     }
 }
 
@@ -466,9 +536,12 @@ fn names(s: &[ProxyStrategy]) -> String {
 }
 
 /// Power of two choices on active streams.
-fn pick(c: &[Arc<Session>]) -> Option<Arc<Session>> {
+fn p2c(c: &[Arc<Session>]) -> Option<Arc<Session>> {
     proxy_core::net::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
 }
+
+#[cfg(test)]
+mod dial_tests;
 
 #[cfg(test)]
 mod tests {

@@ -13,4 +13,6 @@ pub(crate) struct Session {
     pub hello: Arc<Mutex<Option<AgentHello>>>,
     /// Cancel to end the session (GOAWAY and close).
     pub stop: CancellationToken,
+    /// Whether dials trust it (superseded, suspect).
+    pub liveness: crate::liveness::Liveness,
 }

@@ -7,6 +7,7 @@
 //! falls through to the next strategy. The least loaded of the candidates is the caller's pick.
 
 use crate::session::Session;
+use proxy_core::tunnel::AgentHello;
 use seedgate_config::server::ProxyStrategy;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -67,9 +68,10 @@ impl NodeIndex {
         !self.unread.is_empty()
     }
 
-    /// File the sessions whose hello has arrived since.
-    pub(crate) fn refresh(&mut self) {
+    /// File the sessions whose hello has arrived since; returns them with their hellos.
+    pub(crate) fn refresh(&mut self) -> Vec<(Arc<Session>, AgentHello)> {
         let mut waiting = Vec::new();
+        let mut filed = Vec::new();
         for s in std::mem::take(&mut self.unread) {
             let hello = s.hello.lock().expect("not poisoned").clone();
             let Some(hello) = hello else {
@@ -89,8 +91,10 @@ impl NodeIndex {
                 self.default_route.push(s.clone());
             }
             self.filed.insert(s.id, keys);
+            filed.push((s, hello));
         }
         self.unread = waiting;
+        filed
     }
 
     /// The sessions a strategy names for a dial to `host` (normalized); `all` for `default`.
@@ -127,7 +131,7 @@ pub(crate) fn candidates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proxy_core::tunnel::{AgentHello, BoxFuture, ControlMsg, DialError, Opener, TunnelStream};
+    use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Opener, TunnelStream};
     use std::sync::Mutex;
     use std::time::Duration;
     use tokio_util::sync::CancellationToken;
@@ -163,6 +167,7 @@ mod tests {
             opener: Arc::new(Idle),
             hello: Arc::new(Mutex::new(hello)),
             stop: CancellationToken::new(),
+            liveness: Default::default(),
         })
     }
 

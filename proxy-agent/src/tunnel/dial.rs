@@ -64,6 +64,7 @@ fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
         host,
         addresses,
         default_route: ids.default_route,
+        instance: String::new(),
     }
 }
 
@@ -324,8 +325,8 @@ impl AgentHandler for Handler {
 
     fn hello(&self) -> AgentHello {
         // From the config in force: a reload of `node_name` or the identifiers shows in the next
-        // session's hello.
-        hello(&self.t.cfg.load(), |k| std::env::var(k).ok())
+        // session's hello. The instance is this process's.
+        AgentHello { instance: self.t.instance.clone(), ..hello(&self.t.cfg.load(), |k| std::env::var(k).ok()) }
     }
 
     fn established(&self) {

@@ -37,6 +37,9 @@ pub(crate) struct Tunnel {
     run: Mutex<Option<(CancellationToken, TaskTracker)>>,
     /// The shutdown grace is over: live streams end now.
     kill: CancellationToken,
+    /// This run of the agent (random, in every session's hello): a seed lets a session of a new
+    /// run supersede those of an earlier run of the same node, which may be dead without a word.
+    instance: String,
 }
 
 /// One configured server name and the loop keeping its sessions.
@@ -89,6 +92,7 @@ impl Tunnel {
             names: Mutex::new(Vec::new()),
             run: Mutex::new(None),
             kill,
+            instance: format!("{:016x}", rand::random::<u64>()),
         }))
     }
 

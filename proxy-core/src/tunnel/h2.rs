@@ -19,9 +19,12 @@ use http::{Method, Request, Response, StatusCode};
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -32,10 +35,26 @@ fn failed(context: &'static str) -> impl FnOnce(h2::Error) -> SessionError {
     move |e| SessionError::transport(context, e)
 }
 
-/// Send a PING every interval; fail when one goes unanswered for the timeout.
-async fn keepalive(mut pp: PingPong, interval: Duration, timeout: Duration) -> SessionError {
+/// Send a PING every interval, and at once when `probes` asks for one (the seed: a dial wants a
+/// sign of life; a request made while a PING is out gets one after it); fail when one goes
+/// unanswered for the timeout.
+async fn keepalive(
+    mut pp: PingPong,
+    interval: Duration,
+    timeout: Duration,
+    probes: Option<Arc<Notify>>,
+) -> SessionError {
     loop {
-        tokio::time::sleep(interval).await;
+        let probed = async {
+            match &probes {
+                Some(p) => p.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = probed => {}
+        }
         match tokio::time::timeout(timeout, pp.ping(Ping::opaque())).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return SessionError::transport("session failed", e),
@@ -65,6 +84,10 @@ impl ControlRecv for h2::RecvStream {
 /// The seed's end of an HTTP/2 session: opens streams as requests.
 pub struct H2Seed {
     send: client::SendRequest<Bytes>,
+    /// Bytes read from the agent so far: each is a sign of life.
+    heard: Arc<AtomicU64>,
+    /// Asks the keepalive loop for a PING now.
+    probes: Arc<Notify>,
 }
 
 /// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried on
@@ -118,6 +141,15 @@ impl SeedTransport for H2Seed {
     /// The connection closes when the session drops its driver (the h2 client side cannot send
     /// a GOAWAY).
     fn stop(&self) {}
+
+    fn heard(&self) -> u64 {
+        self.heard.load(Ordering::Relaxed)
+    }
+
+    /// A `CONNECT` elicits nothing from the agent until its dial is done: a PING does.
+    fn probe(&self) {
+        self.probes.notify_one();
+    }
 }
 
 /// The control stream: a `POST` the agent answers 200 (then its hello line).
@@ -154,6 +186,11 @@ async fn seed_conn<T>(io: T, settings: &TunnelSettings) -> Result<SeedConn<H2See
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let heard = Arc::new(AtomicU64::new(0));
+    let counter = heard.clone();
+    let io = InspectReader::new(io, move |read: &[u8]| {
+        counter.fetch_add(read.len() as u64, Ordering::Relaxed);
+    });
     let (send, mut conn) = client::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -165,14 +202,16 @@ where
         .await
         .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
-    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout);
+    let probes = Arc::new(Notify::new());
+    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout, Some(probes.clone()));
     let ended = async move {
         tokio::select! {
             r = &mut conn => r.map_err(failed("session failed")),
             e = ka => Err(e),
         }
     };
-    Ok(SeedConn { control: Box::pin(open_control(send.clone())), transport: H2Seed { send }, ended: Box::pin(ended) })
+    let transport = H2Seed { send: send.clone(), heard, probes };
+    Ok(SeedConn { control: Box::pin(open_control(send)), transport, ended: Box::pin(ended) })
 }
 
 impl SeedConnection for tokio_rustls::server::TlsStream<TcpStream> {
@@ -299,7 +338,7 @@ where
         .map_err(|_| SessionError::HandshakeTimeout { waiting_for: "HTTP/2 preface", timeout })?
         .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
-    let keepalive = Box::pin(keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout));
+    let keepalive = Box::pin(keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout, None));
     session::run_agent(H2Agent { conn, keepalive }, None, handler, stop, tracker).await
 }
 

@@ -121,6 +121,15 @@ pub trait Opener: Send + Sync + 'static {
     /// True once the session takes no new streams: it is gone (the transport closed or
     /// keepalive failed) or the agent announced its shutdown.
     fn is_closed(&self) -> bool;
+    /// Signs of life the agent has given so far (a count of what arrived from it on the
+    /// session): a dial compares two readings to tell a session gone silent from an agent that
+    /// is only slow to reach its target. `None`: the transport cannot tell (never doubted).
+    fn heard(&self) -> Option<u64> {
+        None
+    }
+    /// Ask the agent for a sign of life now, where a stream open elicits none by itself until
+    /// the agent's dial is done (HTTP/2: a PING).
+    fn probe(&self) {}
 }
 
 /// A stream the seed asked the agent to open.

@@ -246,6 +246,12 @@ impl SeedTransport for QuicSeed {
         self.conn.close_reason().is_some()
     }
 
+    /// Datagrams received: a live agent acknowledges a stream's first packet within its ACK
+    /// delay, and answers the keep-alive PINGs.
+    fn heard(&self) -> u64 {
+        self.conn.stats().udp_rx.datagrams
+    }
+
     fn stop(&self) {
         self.conn.close(VarInt::from_u32(CLOSE_STOPPED), b"stopped");
     }

@@ -131,6 +131,12 @@ pub trait SeedTransport: Send + Sync + 'static {
     fn is_closed(&self) -> bool {
         false
     }
+    /// Signs of life the agent has given on this connection so far (a count of what arrived
+    /// from it); only whether it changes matters.
+    fn heard(&self) -> u64;
+    /// Ask the agent for a sign of life now, where opening a stream elicits none by itself
+    /// (HTTP/2: a PING; a QUIC peer acknowledges the stream's first packet anyway).
+    fn probe(&self) {}
     /// The seed stops the session: the connection closes, streams in flight are cut.
     fn stop(&self);
 }
@@ -211,6 +217,14 @@ impl<T: SeedTransport> Opener for SessionOpener<T> {
 
     fn is_closed(&self) -> bool {
         self.closed.is_cancelled() || self.draining.load(Ordering::Relaxed) || self.transport.is_closed()
+    }
+
+    fn heard(&self) -> Option<u64> {
+        Some(self.transport.heard())
+    }
+
+    fn probe(&self) {
+        self.transport.probe();
     }
 }
 

@@ -8,6 +8,7 @@ mod ca_rotation;
 mod certificate_errors;
 mod check;
 mod client_hello_rustls;
+mod dead_sessions;
 mod deploy;
 mod docs;
 mod forward_totals;

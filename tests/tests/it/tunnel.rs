@@ -209,7 +209,7 @@ fn plain_fe() -> Fe {
 }
 
 /// One CONNECT through the tunnel to an echo backend: bytes go there and back.
-async fn echo_roundtrip(d: &Dialer, target: SocketAddr, msg: &[u8]) -> anyhow::Result<()> {
+pub(crate) async fn echo_roundtrip(d: &Dialer, target: SocketAddr, msg: &[u8]) -> anyhow::Result<()> {
     let mut s = connect(d, &target.to_string()).await?;
     s.write_all(msg).await?;
     s.shutdown().await?;

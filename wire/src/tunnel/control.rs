@@ -51,14 +51,20 @@ pub struct ServerInfo {
 
 /// What an agent says about itself when the control stream opens (its first line).
 ///
-/// The identifiers (`host`, `addresses`, `default_route`) came later: they are left out when
-/// empty, so an agent without them sends the line of version 1 unchanged; a server that does not
+/// The identifiers (`host`, `addresses`, `default_route`) and `instance` came later: they are
+/// left out when empty, so an agent without them sends the line of version 1 unchanged; a server that does not
 /// know them skips them (unknown fields are ignored), and a hello without them reads as an agent
 /// with no identifiers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentHello {
+    /// The node the agent runs on (with the cluster its certificate names: which agent it is).
     pub node: String,
     pub version: String,
+    /// Which run of the agent this is: random, drawn once per process start and the same on all
+    /// its sessions. A session of the same cluster and node with another instance is a restarted
+    /// agent's: it supersedes the sessions of the earlier run (they may be dead without a word).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
     /// The agent's node name, matched against a dial's host (`dest_host`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub host: String,
@@ -173,11 +179,12 @@ mod tests {
             host: "node-1".into(),
             addresses: vec!["10.250.0.7".into(), "fd00::7".into()],
             default_route: true,
+            instance: "7f3a09".into(),
         };
         let line = encode_line(&hello).ok().unwrap_or_default();
         assert_eq!(
             line,
-            b"{\"node\":\"n\",\"version\":\"2\",\"host\":\"node-1\",\"addresses\":[\"10.250.0.7\",\"fd00::7\"],\"default_route\":true}\n"
+            b"{\"node\":\"n\",\"version\":\"2\",\"instance\":\"7f3a09\",\"host\":\"node-1\",\"addresses\":[\"10.250.0.7\",\"fd00::7\"],\"default_route\":true}\n"
         );
         let mut r = ControlReader::default();
         r.push(&line);

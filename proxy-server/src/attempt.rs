@@ -1,0 +1,89 @@
+//! One dial attempt on one agent session, under the open timeout, and what it learns of the session's liveness (marks, counts and logs).
+
+use crate::liveness::Standing;
+use crate::metrics::ServerMetrics;
+use crate::session::Session;
+use proxy_core::tunnel::{DialError, TunnelStream};
+use std::time::Duration;
+
+/// How `s` stands for new dials now (a doubt it outlived is cleared and noted).
+pub(crate) fn standing(s: &Session, metrics: &ServerMetrics) -> Standing {
+    let (standing, cleared) = s.liveness.standing(|| s.opener.heard());
+    revived(s, cleared, metrics);
+    standing
+}
+
+/// How one attempt of a dial on one session went.
+pub(crate) enum Attempt {
+    /// The agent answered (or the open failed by itself).
+    Answered(Result<TunnelStream, DialError>),
+    /// No answer and no sign of life within the open timeout, and another session may take
+    /// the dial: the open is abandoned (its stream reset) and the session is suspect.
+    Silent,
+}
+
+/// Open a stream to `target` on `s` within `left`. An agent that shows life gets all of `left`
+/// (its own dial may be slow); one that stays silent for `open_timeout` is suspected, and given
+/// up when `others()` says another session could take the dial; while none could, the wait
+/// goes on, looking again every `open_timeout`.
+pub(crate) async fn attempt(
+    s: &Session,
+    target: &str,
+    left: Duration,
+    open_timeout: Duration,
+    others: impl Fn() -> bool,
+    metrics: &ServerMetrics,
+) -> Attempt {
+    let heard = s.opener.heard();
+    let open = s.opener.open(target, left);
+    tokio::pin!(open);
+    let half = open_timeout / 2;
+    if let Ok(r) = tokio::time::timeout(half, &mut open).await {
+        return Attempt::Answered(r);
+    }
+    if heard.is_some() && s.opener.heard() == heard {
+        // No word since the open: ask for one, so that a live agent answers in time.
+        s.opener.probe();
+    }
+    let mut wait = open_timeout - half;
+    loop {
+        if let Ok(r) = tokio::time::timeout(wait, &mut open).await {
+            return Attempt::Answered(r);
+        }
+        if heard.is_none() || s.opener.heard() != heard {
+            // Alive: the agent's own dial takes its time.
+            return Attempt::Answered(open.await);
+        }
+        if s.liveness.doubt(Standing::Suspect, heard) {
+            metrics.sessions_doubted.with_label_values(&[&s.cluster, "silent"]).inc();
+            tracing::warn!(cluster = %s.cluster, session = s.id, peer = %s.peer, node = %node(s), ?open_timeout, "agent session silent: no answer to a stream open and no other sign of life; tried last until it shows one");
+        }
+        if others() {
+            return Attempt::Silent;
+        }
+        wait = open_timeout;
+    }
+}
+
+/// The node `s`'s agent named (empty before its hello, or when it named none).
+pub(crate) fn node(s: &Session) -> String {
+    s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default()
+}
+
+/// Note a doubt of `s` that [`Liveness::standing`] cleared, if any: counted, and logged — a
+/// superseded session that shows life is another live agent with the same node name.
+pub(crate) fn revived(s: &Session, cleared: Option<Standing>, metrics: &ServerMetrics) {
+    let Some(was) = cleared else { return };
+    let reason = if was == Standing::Superseded { "superseded" } else { "silent" };
+    metrics.sessions_revived.with_label_values(&[&s.cluster, reason]).inc();
+    let node = node(s);
+    match was {
+        Standing::Superseded => tracing::warn!(
+            cluster = %s.cluster, session = s.id, peer = %s.peer, %node,
+            "a session superseded by a new run of its node is alive: two agents claim node {node:?} (give each its own tunnel.node_name); both take dials"
+        ),
+        _ => {
+            tracing::info!(cluster = %s.cluster, session = s.id, peer = %s.peer, %node, "suspect agent session showed life again")
+        }
+    }
+}

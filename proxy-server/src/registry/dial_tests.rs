@@ -1,0 +1,197 @@
+//! Dials against sessions that answer, stay silent, are slow but alive, or were superseded, on a virtual clock.
+
+use super::*;
+use proxy_core::tunnel::BoxFuture;
+use std::sync::atomic::AtomicUsize;
+
+/// How the agent behind a fake session answers a stream open.
+#[derive(Clone, Copy, PartialEq)]
+enum Agent {
+    Answers,
+    /// Gone without a word: no answer, no sign of life.
+    Silent,
+    /// Alive (answers a probe at once) but its own dial takes this long.
+    Slow(Duration),
+}
+
+struct Fake {
+    agent: Agent,
+    heard: AtomicU64,
+    opens: AtomicUsize,
+    /// Streams it claims to carry (p2c prefers the less busy: this orders the first pick).
+    busy: usize,
+}
+
+impl Fake {
+    fn new(agent: Agent, busy: usize) -> Arc<Self> {
+        Arc::new(Self { agent, heard: AtomicU64::new(100), opens: AtomicUsize::new(0), busy })
+    }
+
+    fn opens(&self) -> usize {
+        self.opens.load(Ordering::Relaxed)
+    }
+}
+
+fn stream() -> TunnelStream {
+    TunnelStream::new(tokio::net::UnixStream::pair().expect("socket pair").0)
+}
+
+impl Opener for Fake {
+    fn open(&self, target: &str, timeout: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        let timed_out = DialError::Timeout(format!("{target}: no answer within {timeout:?}"));
+        Box::pin(async move {
+            let took = match self.agent {
+                Agent::Answers => Duration::ZERO,
+                Agent::Silent => Duration::MAX,
+                Agent::Slow(d) => d,
+            };
+            if took > timeout {
+                tokio::time::sleep(timeout).await;
+                return Err(timed_out);
+            }
+            tokio::time::sleep(took).await;
+            Ok(stream())
+        })
+    }
+
+    fn control(&self, _msg: &ControlMsg) -> Result<(), DialError> {
+        Ok(())
+    }
+
+    fn active_streams(&self) -> usize {
+        self.busy
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+
+    fn heard(&self) -> Option<u64> {
+        Some(self.heard.load(Ordering::Relaxed))
+    }
+
+    fn probe(&self) {
+        if self.agent != Agent::Silent {
+            self.heard.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn directory() -> Arc<SessionDirectory> {
+    let reg = proxy_core::prometheus::Registry::new();
+    Arc::new(SessionDirectory::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new()))
+}
+
+fn add(d: &SessionDirectory, fake: &Arc<Fake>, hello: Option<(&str, &str)>) -> Arc<Session> {
+    let opener: Arc<dyn Opener> = fake.clone();
+    let hello = hello.map(|(node, instance)| AgentHello {
+        node: node.into(),
+        instance: instance.into(),
+        ..AgentHello::default()
+    });
+    d.add("a", "peer".into(), opener, Arc::new(Mutex::new(hello)), CancellationToken::new()).expect("not fenced")
+}
+
+const TIMES: DialTimes = DialTimes { dial: Duration::from_secs(10), open: Duration::from_secs(2) };
+
+async fn dial(d: &SessionDirectory) -> Result<Dialed, DialRefused> {
+    d.dial("a", "10.0.0.1:443", TIMES, &[ProxyStrategy::Default]).await
+}
+
+fn count(v: &proxy_core::prometheus::IntCounterVec, labels: &[&str]) -> u64 {
+    v.with_label_values(labels).get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_session_is_suspected_and_the_dial_moves_to_another() {
+    let d = directory();
+    // p2c prefers the idle silent session; the live one looks busy.
+    let (silent, live) = (Fake::new(Agent::Silent, 0), Fake::new(Agent::Answers, 9));
+    let (s, _) = (add(&d, &silent, None), add(&d, &live, None));
+    let started = tokio::time::Instant::now();
+    assert!(dial(&d).await.is_ok());
+    assert_eq!((silent.opens(), live.opens()), (1, 1));
+    assert_eq!(started.elapsed(), TIMES.open, "moved on after agents.open_timeout, not the dial timeout");
+    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Suspect);
+    assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 1);
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "silent"]), 1);
+
+    // While it stays silent, no dial tries it first, idle as it is.
+    for _ in 0..20 {
+        assert!(dial(&d).await.is_ok());
+    }
+    assert_eq!((silent.opens(), live.opens()), (1, 21));
+    // Anything heard from it ends the doubt.
+    silent.heard.fetch_add(1, Ordering::Relaxed);
+    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
+    assert_eq!(count(&d.metrics.sessions_revived, &["a", "silent"]), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_agent_slow_to_reach_its_target_gets_the_whole_dial_timeout() {
+    let d = directory();
+    let (slow, other) = (Fake::new(Agent::Slow(Duration::from_secs(7)), 0), Fake::new(Agent::Answers, 9));
+    let (s, _) = (add(&d, &slow, None), add(&d, &other, None));
+    let started = tokio::time::Instant::now();
+    assert!(dial(&d).await.is_ok());
+    assert_eq!(started.elapsed(), Duration::from_secs(7));
+    assert_eq!((slow.opens(), other.opens()), (1, 0), "it answered the probe: not abandoned");
+    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
+    assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_other_session_a_silent_one_is_waited_for_until_another_comes() {
+    let d = directory();
+    let silent = Fake::new(Agent::Silent, 0);
+    add(&d, &silent, None);
+    let dialing = tokio::spawn({
+        let d = d.clone();
+        async move { dial(&d).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert!(!dialing.is_finished(), "the only session: nothing better to do than wait");
+    // The restarted agent's session comes up: the dial takes it at its next look.
+    let live = Fake::new(Agent::Answers, 0);
+    add(&d, &live, None);
+    assert!(dialing.await.expect("dial task").is_ok());
+    assert_eq!((silent.opens(), live.opens()), (1, 1));
+
+    // Alone and silent to the end: the dial times out at its deadline (one open, no spin).
+    let d = directory();
+    let silent = Fake::new(Agent::Silent, 0);
+    add(&d, &silent, None);
+    let started = tokio::time::Instant::now();
+    let e = dial(&d).await.err().expect("no answer");
+    assert_eq!((e.code(), started.elapsed(), silent.opens()), ("dial_timeout", TIMES.dial, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_run_of_a_node_supersedes_its_earlier_sessions() {
+    let d = directory();
+    let (old, other_node, new) =
+        (Fake::new(Agent::Silent, 0), Fake::new(Agent::Answers, 5), Fake::new(Agent::Answers, 5));
+    let old_s = add(&d, &old, Some(("n1", "run-1")));
+    let other_s = add(&d, &other_node, Some(("n2", "run-7")));
+    let new_s = add(&d, &new, Some(("n1", "run-2")));
+    d.file_hellos("a");
+    assert_eq!(attempt::standing(&old_s, &d.metrics), Standing::Superseded);
+    assert_eq!(attempt::standing(&other_s, &d.metrics), Standing::Healthy, "another node is not touched");
+    assert_eq!(attempt::standing(&new_s, &d.metrics), Standing::Healthy, "the earlier run never supersedes the later");
+    assert_eq!(count(&d.metrics.sessions_doubted, &["a", "superseded"]), 1);
+
+    for _ in 0..20 {
+        assert!(dial(&d).await.is_ok());
+    }
+    assert_eq!(old.opens(), 0, "no dial went to the dead session, idle as it looks");
+    assert_eq!(other_node.opens() + new.opens(), 20);
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "silent"]), 0);
+    assert!(!old_s.stop.is_cancelled(), "superseding cuts nothing");
+
+    // A second live agent with the same node name: the superseded session shows life and is
+    // trusted again.
+    old.heard.fetch_add(1, Ordering::Relaxed);
+    assert_eq!(attempt::standing(&old_s, &d.metrics), Standing::Healthy);
+    assert_eq!(count(&d.metrics.sessions_revived, &["a", "superseded"]), 1);
+}
