@@ -4,7 +4,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client_hello;
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-util"))]
 pub mod fuzzing;
 pub mod http_head;
 pub mod lines;

@@ -530,9 +530,9 @@ pub fn looks_like_initial(datagram: &[u8]) -> Result<(), InitialError> {
     }
 }
 
-/// Client Initials built as a client would, for tests here and in the router's: not part of
-/// the API.
-#[doc(hidden)]
+/// Client Initials built as a client would, for tests here and in the router's (the `test-util`
+/// feature): not part of the API.
+#[cfg(any(test, feature = "test-util"))]
 pub mod build {
     use super::{MIN_INITIAL_DATAGRAM, TAG_LEN, VERSION_2, rustls_version};
     use rustls::quic::Keys;
