@@ -27,7 +27,7 @@ use listeners::Listeners;
 use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
-use proxy_core::net::pending::{Pending, PendingLimits, PendingMetrics};
+use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
@@ -104,7 +104,7 @@ impl Service for Server {
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
             directory: SessionDirectory::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
-            pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(&ctx.registry)),
+            pending: Pending::new(cfg.pending_budget(), PendingMetrics::new(&ctx.registry)),
             limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
             metrics,
@@ -156,7 +156,7 @@ impl Service for Server {
             return Err(e.into());
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
-        self.shared.pending.set_limits(PendingLimits::from(new.pending_budget()));
+        self.shared.pending.set_limits(new.pending_budget());
         self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
         self.shared.config.store(new);
         self.shared.apply_states();

@@ -119,7 +119,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let reg = proxy_core::prometheus::Registry::new();
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
-        pending: Pending::new(cfg.pending_budget().into(), proxy_core::net::pending::PendingMetrics::unregistered()),
+        pending: Pending::new(cfg.pending_budget(), proxy_core::net::pending::PendingMetrics::unregistered()),
         directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, Default::default()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,

@@ -20,7 +20,6 @@ use shared::{Shared, new_shared};
 use files::RouteFiles;
 use listeners::Listeners;
 use proxy_core::app::{self, Ctx, Service, StartError};
-use proxy_core::net::pending::PendingLimits;
 use proxy_core::obs::admin::Check;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use seedgate_config::RouterConfig;
@@ -113,7 +112,7 @@ impl Service for Router {
         // The route files stay as parsed; only their fit with the new listeners is checked.
         let mut files = self.files.lock().await;
         let claims = files.rebase(&new)?;
-        let limits = PendingLimits::from(new.pending_budget());
+        let limits = new.pending_budget();
         self.listeners.apply(&self.shared, new, &files.extra()).await?;
         self.shared.pending.set_limits(limits);
         files.set_claims(claims);

@@ -40,7 +40,7 @@ const ROUTE_SHARES: Naming = Naming { tenant: "route", labels: &["listener", "ro
 pub(crate) fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
     let reg = &ctx.registry;
     Shared {
-        pending: Pending::new(cfg.pending_budget().into(), PendingMetrics::new(reg)),
+        pending: Pending::new(cfg.pending_budget(), PendingMetrics::new(reg)),
         config: ArcSwap::new(cfg),
         metrics: Metrics {
             conn: ConnMetrics::new(reg),

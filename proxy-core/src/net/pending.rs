@@ -38,41 +38,30 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// The settings of a pending budget (a reload may replace them; they apply to new admissions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PendingLimits {
-    /// Pending connections held at once (at least 1).
-    pub max_pending: usize,
-    /// Pending connections per source key; 0 means no per-source cap.
-    pub per_source: usize,
-    /// Prefix lengths that make the source key (clamped to 32 and 128).
-    pub prefix_v4: u8,
-    pub prefix_v6: u8,
-    /// The handshake deadline with no pressure, and the floor it shrinks to when full.
-    pub deadline: Duration,
-    pub deadline_floor: Duration,
-}
+/// The settings of a pending budget, as a binary's config gives them (`limits` and `timeouts`
+/// keys); a reload may replace them, and they apply to new admissions.
+pub use seedgate_config::PendingBudget;
 
-/// The budget a binary's config gives (`limits` and `timeouts` keys).
-impl From<seedgate_config::PendingBudget> for PendingLimits {
-    fn from(b: seedgate_config::PendingBudget) -> Self {
-        let seedgate_config::PendingBudget { max_pending, per_source, prefix_v4, prefix_v6, deadline, deadline_floor } =
-            b;
-        Self { max_pending, per_source, prefix_v4, prefix_v6, deadline, deadline_floor }
-    }
-}
-
-impl PendingLimits {
+/// The budget's rules, from its settings: what a source may hold and how long a newcomer may
+/// stay pending under the pressure of the moment.
+pub trait BudgetRules {
     /// The most pending connections one source key may hold when `pending` connections are
     /// pending in all (see the module documentation for the formula); `usize::MAX` with no
     /// per-source cap.
-    pub fn per_source_at(&self, pending: usize) -> usize {
+    fn per_source_at(&self, pending: usize) -> usize;
+    /// The deadline of a connection admitted while `pending` others are pending (see the
+    /// module documentation for the formula).
+    fn deadline_at(&self, pending: usize) -> Duration;
+    /// The source key of `ip`: the address with the bits past the prefix cleared.
+    fn source_key(&self, ip: IpAddr) -> SourceKey;
+}
+
+impl BudgetRules for PendingBudget {
+    fn per_source_at(&self, pending: usize) -> usize {
         crate::net::share::share_at(self.per_source, self.max_pending, pending)
     }
 
-    /// The deadline of a connection admitted while `pending` others are pending (see the
-    /// module documentation for the formula).
-    pub fn deadline_at(&self, pending: usize) -> Duration {
+    fn deadline_at(&self, pending: usize) -> Duration {
         let (d, f) = (self.deadline, self.deadline_floor);
         let b = self.max_pending.max(1) as f64;
         let p = pending as f64;
@@ -83,8 +72,7 @@ impl PendingLimits {
         (d - (d - f).mul_f64(frac)).max(f)
     }
 
-    /// The source key of `ip`: the address with the bits past the prefix cleared.
-    pub fn source_key(&self, ip: IpAddr) -> SourceKey {
+    fn source_key(&self, ip: IpAddr) -> SourceKey {
         match ip {
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
                 Some(v4) => SourceKey::V4(mask32(u32::from(v4), self.prefix_v4)),
@@ -155,7 +143,7 @@ pub struct TenantShare {
 /// The bookkeeping of a pending budget, without I/O: entries in admission order, counts per
 /// source. `T` is what the caller needs to end an evicted entry (a cancellation token).
 pub struct Budget<T> {
-    limits: PendingLimits,
+    limits: PendingBudget,
     next: EntryId,
     /// By admission order, so the oldest is the first.
     entries: BTreeMap<EntryId, Entry<T>>,
@@ -179,16 +167,16 @@ pub struct Admission<T> {
 }
 
 impl<T> Budget<T> {
-    pub fn new(limits: PendingLimits) -> Self {
+    pub fn new(limits: PendingBudget) -> Self {
         Self { limits, next: 0, entries: BTreeMap::new(), per_source: HashMap::new(), tenants: HashMap::new() }
     }
 
-    pub fn limits(&self) -> &PendingLimits {
+    pub fn limits(&self) -> &PendingBudget {
         &self.limits
     }
 
     /// New limits; they apply from the next admission (nothing is evicted now).
-    pub fn set_limits(&mut self, limits: PendingLimits) {
+    pub fn set_limits(&mut self, limits: PendingBudget) {
         self.limits = limits;
     }
 
@@ -423,15 +411,15 @@ impl Drop for Admitted {
 }
 
 impl Pending {
-    pub fn new(limits: PendingLimits, metrics: PendingMetrics) -> Arc<Self> {
+    pub fn new(limits: PendingBudget, metrics: PendingMetrics) -> Arc<Self> {
         Arc::new(Self { budget: Mutex::new(Budget::new(limits)), metrics })
     }
 
-    pub fn set_limits(&self, limits: PendingLimits) {
+    pub fn set_limits(&self, limits: PendingBudget) {
         self.lock().set_limits(limits);
     }
 
-    pub fn limits(&self) -> PendingLimits {
+    pub fn limits(&self) -> PendingBudget {
         *self.lock().limits()
     }
 
@@ -540,8 +528,8 @@ impl Pending {
 mod tests {
     use super::*;
 
-    fn limits(max: usize, per_source: usize) -> PendingLimits {
-        PendingLimits {
+    fn limits(max: usize, per_source: usize) -> PendingBudget {
+        PendingBudget {
             max_pending: max,
             per_source,
             prefix_v4: 32,
@@ -654,7 +642,7 @@ mod tests {
             prev = ms(p);
         }
         // A floor at or above the base: no shrinking.
-        let flat = PendingLimits { deadline_floor: Duration::from_secs(9), ..l };
+        let flat = PendingBudget { deadline_floor: Duration::from_secs(9), ..l };
         assert_eq!(flat.deadline_at(100), Duration::from_secs(5));
         // Admission gives the deadline for the pressure the new entry meets.
         let mut b = Budget::new(limits(4, 0));
@@ -716,15 +704,15 @@ mod tests {
 
     #[test]
     fn prefix_masking_v4_and_v6() {
-        let l = PendingLimits { prefix_v4: 24, prefix_v6: 64, ..limits(2, 1) };
+        let l = PendingBudget { prefix_v4: 24, prefix_v6: 64, ..limits(2, 1) };
         assert_eq!(l.source_key(ip("192.0.2.77")).ip(), ip("192.0.2.0"));
         assert_eq!(l.source_key(ip("::ffff:192.0.2.77")), l.source_key(ip("192.0.2.1")), "mapped = v4");
         assert_eq!(l.source_key(ip("2001:db8:1:2:aaaa::1")).ip(), ip("2001:db8:1:2::"));
         assert_ne!(l.source_key(ip("2001:db8:1:3::1")), l.source_key(ip("2001:db8:1:2::1")));
-        let full = PendingLimits { prefix_v4: 32, prefix_v6: 128, ..l };
+        let full = PendingBudget { prefix_v4: 32, prefix_v6: 128, ..l };
         assert_eq!(full.source_key(ip("192.0.2.77")).ip(), ip("192.0.2.77"));
         assert_eq!(full.source_key(ip("2001:db8::7")).ip(), ip("2001:db8::7"));
-        let none = PendingLimits { prefix_v4: 0, prefix_v6: 0, ..l };
+        let none = PendingBudget { prefix_v4: 0, prefix_v6: 0, ..l };
         assert_eq!(none.source_key(ip("192.0.2.77")).ip(), ip("0.0.0.0"));
         assert_eq!(none.source_key(ip("2001:db8::7")).ip(), ip("::"));
         // Same /24: one shares the other's cap.
