@@ -60,7 +60,25 @@ pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(s.keepalive_interval));
     t.max_idle_timeout(quinn::IdleTimeout::try_from(s.keepalive_timeout).ok());
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
     t
+}
+
+/// Largest QUIC packet either end sends or accepts. Path MTU discovery starts at 1,200 bytes and
+/// searches up to this: across Ethernet it settles near 1,450, on jumbo-frame links and loopback
+/// it reaches this bound, and fewer, larger packets cost less per byte at both ends (a packet
+/// is one decryption, one ACK range and one trip through the UDP stack). Not higher: quinn
+/// sends up to 10 packets as one GSO datagram, and 10 × 6,500 stays within the 65,507 bytes an
+/// IPv4 UDP datagram can carry; a larger bound makes those sends fail as if the path lost them.
+pub const MAX_UDP_PAYLOAD: u16 = 6_500;
+
+fn endpoint_config() -> quinn::EndpointConfig {
+    let mut c = quinn::EndpointConfig::default();
+    // The bound is a constant within quinn's accepted range (1,200 to 65,527).
+    let _ = c.max_udp_payload_size(MAX_UDP_PAYLOAD);
+    c
 }
 
 /// UDP socket buffer for a tunnel endpoint: room for a burst of the connection window, so the
@@ -83,7 +101,7 @@ pub fn endpoint(
     // Once per process: an agent opens an endpoint per session, and the cap does not change.
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, Arc::new(quinn::TokioRuntime))
+    quinn::Endpoint::new(endpoint_config(), server, sock, Arc::new(quinn::TokioRuntime))
 }
 
 /// Why the framing at the start of a stream could not be read.

@@ -39,7 +39,8 @@ async fn connected() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint;
     roots.add(cert).unwrap();
     let mut client = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
     client.alpn_protocols = vec![super::ALPN_V1.to_vec()];
-    let transport = Arc::new(quic::transport_config(&TunnelSettings::default()));
+    let settings = TunnelSettings::default();
+    let transport = Arc::new(quic::transport_config(&settings));
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(
         quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(server)).unwrap(),
     ));
@@ -48,8 +49,10 @@ async fn connected() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint;
         quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(client)).unwrap(),
     ));
     cc.transport_config(transport);
-    let seed_ep = quinn::Endpoint::server(sc, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let agent_ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    // The endpoints the binaries make (endpoint and transport settings, socket buffers).
+    let local = "127.0.0.1:0".parse().unwrap();
+    let seed_ep = quic::endpoint(local, &settings, Some(sc), "the seed's test endpoint", "-").unwrap();
+    let agent_ep = quic::endpoint(local, &settings, None, "the agent's test endpoint", "-").unwrap();
     let connecting = agent_ep.connect_with(cc, seed_ep.local_addr().unwrap(), "seed.test").unwrap();
     let (agent, seed) = tokio::join!(connecting, async { seed_ep.accept().await.unwrap().await });
     (seed.unwrap(), agent.unwrap(), [seed_ep, agent_ep])
@@ -325,4 +328,28 @@ async fn write_tunnel_corpus() {
     let notice = received(&mut ctl_recv).await;
     drop(open_streams);
     write("control_lines", "agent_hello_and_going_away.jsonl", &[hello, notice].concat());
+}
+
+/// On loopback (MTU 65,536) path MTU discovery lifts the packet size from 1,200 to the bound,
+/// and quinn's GSO batches of such packets still fit one datagram: a bound too large for them
+/// makes every batch fail to send, which quinn takes for a black hole and falls back to 1,200.
+#[tokio::test]
+async fn bulk_data_on_loopback_goes_in_packets_of_the_largest_size_without_a_black_hole() {
+    let (seed, agent, _eps) = connected().await;
+    let (mut tx, _rx) = agent.open_bi().await.unwrap();
+    tx.write_all(b"x").await.unwrap();
+    let (_seed_tx, mut rx) = within("the seed's accept", seed.accept_bi()).await.unwrap();
+    let reader = tokio::spawn(async move { rx.read_to_end(32 << 20).await.unwrap().len() });
+    let chunk = vec![7u8; 64 * 1024];
+    // 16 MiB: discovery's probes are answered long before the end.
+    for _ in 0..256 {
+        within("a write", tx.write_all(&chunk)).await.unwrap();
+    }
+    tx.finish().unwrap();
+    assert_eq!(within("the reader", reader).await.unwrap(), 1 + 256 * chunk.len());
+    let path = agent.stats().path;
+    assert_eq!(path.black_holes_detected, 0, "{path:?}");
+    // Above what the default bound (Ethernet's 1,452) would reach; the bound itself once every
+    // probe was answered.
+    assert!(path.current_mtu > 1_452, "{path:?}");
 }
