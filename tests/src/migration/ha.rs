@@ -294,15 +294,21 @@ impl AgentSet {
     }
 
     /// For every agent, how long after `since` it held a session to every replica of `seed` and
-    /// to no other (polling its `/readyz?verbose`); `None` for one that did not within [`WAIT`].
-    pub async fn time_until_on(&self, seed: &str, since: Instant) -> Vec<(Transport, Option<Duration>)> {
+    /// to no other (polling its `/readyz?verbose`); for one that did not within [`WAIT`], its
+    /// last tunnel readiness line.
+    pub async fn time_until_on(&self, seed: &str, since: Instant) -> Vec<(Transport, Result<Duration, String>)> {
         let waits = self.agents.iter().map(|a| async move {
+            let last = std::sync::Mutex::new(String::new());
             let on = crate::poll_until(WAIT, Duration::from_millis(25), || async {
                 let (_, body) = http_get(a.admin, "/readyz?verbose").await.ok()?;
-                holds_only(&body, seed).then(Instant::now)
+                let line = body.lines().find(|l| l.contains("tunnel-")).unwrap_or_default().to_owned();
+                let on = holds_only(&line, seed).then(Instant::now);
+                *last.lock().expect("lock") = line;
+                on
             })
             .await;
-            (a.transport, on.ok().map(|t| t.duration_since(since)))
+            let last = last.into_inner().expect("lock");
+            (a.transport, on.map(|t| t.duration_since(since)).map_err(|_| last))
         });
         futures_util::future::join_all(waits).await
     }
@@ -316,9 +322,9 @@ impl AgentSet {
     }
 }
 
-/// Whether an agent's `/readyz?verbose` says it holds every replica of `seed` and nothing else.
-fn holds_only(readyz: &str, seed: &str) -> bool {
-    let Some(line) = readyz.lines().find(|l| l.contains("tunnel-")) else { return false };
+/// Whether an agent's tunnel line of `/readyz?verbose` says it holds every replica of `seed`
+/// and nothing else.
+fn holds_only(line: &str, seed: &str) -> bool {
     let held = |s: &str| (0..REPLICAS).filter(|i| line.contains(&format!("{s}-r{i}: "))).count();
     let other = if seed == "a" { "b" } else { "a" };
     line.contains(&format!("connected: {REPLICAS} of {REPLICAS} replicas"))
@@ -372,8 +378,8 @@ impl HaWorld {
 #[derive(Debug)]
 pub struct MoveReport {
     /// Per agent: its transport, and the time from the move notice until it held every replica
-    /// of B and none of A (`None`: not within the wait).
-    pub on_b: Vec<(Transport, Option<Duration>)>,
+    /// of B and none of A (or its last tunnel readiness line, if it did not within the wait).
+    pub on_b: Vec<(Transport, Result<Duration, String>)>,
     /// From the move notice until A was fenced and counted no agent.
     pub fenced: Duration,
 }
