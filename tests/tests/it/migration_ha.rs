@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::migration::{
-    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, Net, PodLoad, TICK, Transport, WAIT, admin_metric, connect_echo,
+    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, LoadTally, MoveReport, Net, PodLoad, TICK, Transport, WAIT,
+    WatchReport, admin_metric, connect_echo,
 };
 use testbed::netns::require_root;
 use testbed::poll_until;
@@ -72,10 +73,26 @@ async fn planned_move_with_replicas_quic_agents_and_a_live_etcd_watch() -> anyho
             .unwrap_or(-1.0);
 
     println!(
-        "migration (3+3 replicas, 2 h2 + 2 QUIC agents): every agent on B after {:?} (h2) / {:?} (QUIC) [{:?}]; A fenced {:?} \
-         after the notice; in-cluster ok={} failed={} by {:?}; seed-side dials ok={} failed={} by {:?}; watch: {} events \
-         {}..={}, missing {:?}, duplicated/reordered {}, longest gap {:?} (ending {:?} into the run), running {}, \
-         A's api connections closed at the hand-off deadline {drained}, B's api connections {b_api}; stderr {:?}",
+        "migration (3+3 replicas, 2 h2 + 2 QUIC agents): {}; A's api connections closed at the hand-off deadline \
+         {drained}, B's api connections {b_api}",
+        summary(&moved, &pods, &dials, &report)
+    );
+    assert!(moved.on_b.iter().all(|(_, d)| d.is_ok()), "an agent stayed off B: {:?}\n{}", moved.on_b, w.logs());
+    assert_eq!(pods.failed(), 0, "failed in-cluster requests: {:?}", pods.first_errors());
+    assert_eq!(dials.failed(), 0, "failed seed-side dials: {:?}", dials.first_errors());
+    let (by, dialled) = (pods.by(), dials.by());
+    assert!(by.contains_key("apiserver-a") && by.contains_key("apiserver-b"), "both control planes answered: {by:?}");
+    assert!(dialled.keys().any(|k| k.starts_with("a-")) && dialled.keys().any(|k| k.starts_with("b-")), "{dialled:?}");
+    assert!(refusal.starts_with("HTTP/1.1 503") && refusal.contains("cluster moved"), "{refusal}");
+    assert_watch(&report, drained, b_api);
+    Ok(())
+}
+
+fn summary(moved: &MoveReport, pods: &LoadTally, dials: &LoadTally, report: &WatchReport) -> String {
+    format!(
+        "every agent on B after {:?} (h2) / {:?} (QUIC) [{:?}]; A fenced {:?} after the notice; in-cluster ok={} \
+         failed={} by {:?}; seed-side dials ok={} failed={} by {:?}; watch: {} events {}..={}, missing {:?}, \
+         duplicated/reordered {}, longest gap {:?} (ending {:?} into the run), running {}, stderr {:?}",
         slowest(&moved.on_b, Transport::H2),
         slowest(&moved.on_b, Transport::Quic),
         moved.on_b,
@@ -95,21 +112,16 @@ async fn planned_move_with_replicas_quic_agents_and_a_live_etcd_watch() -> anyho
         report.max_gap_end,
         report.still_running,
         report.stderr,
-    );
-    assert!(moved.on_b.iter().all(|(_, d)| d.is_ok()), "an agent stayed off B: {:?}\n{}", moved.on_b, w.logs());
-    assert_eq!(pods.failed(), 0, "failed in-cluster requests: {:?}", pods.first_errors());
-    assert_eq!(dials.failed(), 0, "failed seed-side dials: {:?}", dials.first_errors());
-    let (by, dialled) = (pods.by(), dials.by());
-    assert!(by.contains_key("apiserver-a") && by.contains_key("apiserver-b"), "both control planes answered: {by:?}");
-    assert!(dialled.keys().any(|k| k.starts_with("a-")) && dialled.keys().any(|k| k.starts_with("b-")), "{dialled:?}");
-    assert!(refusal.starts_with("HTTP/1.1 503") && refusal.contains("cluster moved"), "{refusal}");
-    // The watch: its connection through A ended at the hand-off's drain deadline (a clean close),
-    // etcdctl re-established it through B's gateway and resumed: every event once, in order, and
-    // no error from the client.
+    )
+}
+
+/// The watch: its connection through A ended at the hand-off's drain deadline (a clean close),
+/// etcdctl re-established it through B's gateway and resumed: every event once, in order, and no
+/// error from the client.
+fn assert_watch(report: &WatchReport, drained: f64, b_api: f64) {
     assert!(drained >= 1.0, "the watch's connection through A was not ended by the hand-off ({drained})");
     assert!(b_api >= 1.0, "the watch was not re-established through B's gateway ({b_api})");
     assert!(report.missing.is_empty(), "events lost: {:?}", report.missing);
     assert_eq!(report.duplicates_or_reordered, 0, "events duplicated or out of order");
     assert!(report.still_running && report.stderr.trim().is_empty(), "etcdctl failed: {:?}", report.stderr);
-    Ok(())
 }
