@@ -66,6 +66,10 @@ enum Cmd {
     /// replica's start to the agent's first session (after a SIGKILL), and the CONNECT success
     /// rate while every replica is restarted in turn (seedgate only).
     Ha,
+    /// A shoot's control plane moved between two seeds of three proxy-server replicas each
+    /// (network namespaces, root; etcd): failed requests during the move, time until every h2
+    /// and QUIC agent is on the new seed, and a live etcd watch's gap (seedgate only).
+    Migration,
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Cmd::NoisyNeighbour => vec![Scenario::NoisyNeighbour],
         Cmd::Leak => vec![Scenario::Leak],
         Cmd::Ha => vec![Scenario::Ha],
+        Cmd::Migration => vec![Scenario::Migration],
         Cmd::Soak => vec![Scenario::Soak],
     };
     scenarios::main(cli.opts, which)

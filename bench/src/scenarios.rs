@@ -9,6 +9,7 @@ mod connect;
 mod ha;
 mod idle_memory;
 mod leak;
+mod migration;
 mod noisy_neighbour;
 mod proxy_protocol;
 mod reload;
@@ -102,12 +103,13 @@ pub(crate) enum Scenario {
     NoisyNeighbour,
     Leak,
     Ha,
+    Migration,
     Soak,
 }
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub(crate) const ALL: [Scenario; 11] = [
+    pub(crate) const ALL: [Scenario; 12] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -119,6 +121,7 @@ impl Scenario {
         Self::NoisyNeighbour,
         Self::Leak,
         Self::Ha,
+        Self::Migration,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -134,6 +137,7 @@ impl Scenario {
             Self::NoisyNeighbour => "noisy-neighbour",
             Self::Leak => "leak",
             Self::Ha => "ha",
+            Self::Migration => "migration",
             Self::Soak => "soak",
         }
     }
@@ -369,6 +373,7 @@ async fn run_async(
                 Scenario::NoisyNeighbour => noisy_neighbour::run(&ctx, &mut res).await,
                 Scenario::Leak => leak::run(&ctx, &mut res).await,
                 Scenario::Ha => ha::run(&ctx, &mut res).await,
+                Scenario::Migration => migration::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,
             }
         };

@@ -156,8 +156,9 @@ pub struct Tunnel {
     #[serde(default)]
     pub node_name: Option<String>,
     /// When a server name starts resolving elsewhere, the agent opens a session to the new
-    /// address and lets the old session's streams finish for this long. (A move notice from the
-    /// server carries its own deadline.) Default `30s`.
+    /// address; the old session stays open for this long (its server may still open streams on
+    /// it, and they finish), then gets GOAWAY and is closed. (A move notice from the server
+    /// carries its own deadline.) Default `30s`.
     #[serde(default = "rehome_drain_default")]
     pub rehome_drain: Dur,
     /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default), `quic`

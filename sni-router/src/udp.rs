@@ -507,7 +507,15 @@ impl UdpListener {
                     Err(e) => Err(e),
                 };
                 match opened {
-                    Ok(sock) => return this.install(peer, id, route.clone(), Active::new(up.clone()), sock, &limits),
+                    Ok(sock) => {
+                        // tokio learns that a new socket is writable only from the reactor; until
+                        // then every `try_send` answers WouldBlock, and the waiting Initials would
+                        // be dropped as `upstream_busy` (the client's handshake then waits for its
+                        // retransmission timeout, about a second). Datagrams arriving meanwhile
+                        // wait in the pending flow's bounded queue.
+                        let _ = tokio::time::timeout(limits.connect, sock.writable()).await;
+                        return this.install(peer, id, route.clone(), Active::new(up.clone()), sock, &limits);
+                    }
                     Err(e) => {
                         tracing::debug!(upstream = %up.addr, error = %e, "udp upstream unusable");
                         up.eject(limits.eject);

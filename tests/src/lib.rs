@@ -7,6 +7,7 @@
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
 //! - [`quic`]: a quinn echo server, quinn clients, a stand-in NAT that rebinds and reads connection IDs.
+//! - [`migration`]: control-plane migration worlds (two seeds, replicas, agents, etcd) and their loads.
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
@@ -20,6 +21,7 @@ pub mod backend;
 pub mod docs;
 pub mod inproc;
 pub mod konnectivity;
+pub mod migration;
 pub mod netns;
 pub mod peers;
 pub mod pki;

@@ -136,9 +136,10 @@ pub(super) enum Action {
     Dial { id: SessionId, target: HostPort, over: Carrier },
     /// Resolve `name`; answer with [`Event::Resolved`].
     Resolve { query: QueryId, name: HostPort },
-    /// GOAWAY on the session now; end its streams after `drain` (`None`: when the server ends
-    /// them), then close it. `why` is logged.
-    Retire { id: SessionId, drain: Option<Duration>, why: &'static str },
+    /// GOAWAY on the session now (with `open`: only once `drain` is over, so the server it
+    /// leaves can still open streams until then); end its streams after `drain` (`None`: when
+    /// the server ends them), then close it. `why` is logged.
+    Retire { id: SessionId, drain: Option<Duration>, open: bool, why: &'static str },
 }
 
 /// Who the slot is, for its whole life.
@@ -450,7 +451,7 @@ impl Cx {
     }
 
     fn retire(&mut self, id: SessionId, drain: Option<Duration>, why: &'static str) {
-        self.out.push(Action::Retire { id, drain, why });
+        self.out.push(Action::Retire { id, drain, open: false, why });
     }
 
     fn session(d: Dial, peer: SocketAddr, now: Instant) -> Session {
@@ -826,10 +827,14 @@ impl Cx {
     }
 
     /// Make-before-break: `session` is up (and judged good); it takes over, then the old live
-    /// session is retired.
+    /// session is retired. After a re-homing the seed it leaves can still open streams on it
+    /// until the drain deadline: that seed's kube-apiserver serves until the move completes
+    /// (its clients' connections drain there), and its dials must not fail meanwhile. Fencing
+    /// the cluster there ends the session earlier.
     fn swap(&mut self, now: Instant, c: Box<Connected>, purpose: Purpose, session: Session) -> Phase {
         let (drain, why) = self.arrive(purpose, &session.target);
-        self.retire(c.live.id, drain, why);
+        let open = matches!(purpose, Purpose::Rehome { .. });
+        self.out.push(Action::Retire { id: c.live.id, drain, open, why });
         self.adopt(now, session)
     }
 

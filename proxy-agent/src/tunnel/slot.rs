@@ -162,9 +162,9 @@ impl Io {
                     Done::Resolved(query, addrs.ok().and_then(Result::ok))
                 }));
             }
-            Action::Retire { id, drain, why } => {
+            Action::Retire { id, drain, open, why } => {
                 if let Some(i) = self.sessions.iter().position(|s| s.id == id) {
-                    retire(&self.dialer.label, self.sessions.swap_remove(i), drain, why);
+                    retire(&self.dialer.label, self.sessions.swap_remove(i), drain, open, why);
                 }
             }
         }
@@ -186,13 +186,15 @@ async fn first<F: Future + Unpin>(futures: &mut Vec<F>) -> F::Output {
 }
 
 /// End a replaced session make-before-break: GOAWAY now (the seed can open no new stream on
-/// it), let its streams finish for `drain` (or until the server ends them, with `None`), then
-/// end what is left and close it.
-fn retire(label: &str, old: Running, drain: Option<Duration>, why: &'static str) {
+/// it; with `open`, only when `drain` is over), let its streams finish for `drain` (or until
+/// the server ends them, with `None`), then end what is left and close it.
+fn retire(label: &str, old: Running, drain: Option<Duration>, open: bool, why: &'static str) {
     let label = label.to_owned();
     let id = old.server_id();
-    tracing::info!(server = %label, target = %old.target, peer = %old.peer, %id, drain = ?drain, "{why}");
-    old.stop.cancel();
+    tracing::info!(server = %label, target = %old.target, peer = %old.peer, %id, drain = ?drain, open, "{why}");
+    if !open {
+        old.stop.cancel();
+    }
     tokio::spawn(async move {
         let mut done = old.done;
         let finished = match drain {
@@ -203,6 +205,7 @@ fn retire(label: &str, old: Running, drain: Option<Duration>, why: &'static str)
             }
         };
         if !finished {
+            old.stop.cancel();
             old.kill.cancel();
             if tokio::time::timeout(Duration::from_secs(5), &mut done).await.is_err() {
                 // Bounded: the session is dropped (its TLS connection closed) regardless.

@@ -16,6 +16,7 @@ mod grpc;
 mod ha;
 mod lifecycle;
 mod migration;
+mod migration_ha;
 mod module_graph;
 mod p2_agent;
 mod p2_connect;

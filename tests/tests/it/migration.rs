@@ -15,40 +15,18 @@
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use testbed::admin::http_request;
-use testbed::netns::{Netns, Veth, require_root, veth};
-use testbed::pki::client_config;
-use testbed::tls_client::http_get_request;
-use testbed::{Ca, Proc, TempDir, bin_path, http_get, metric_value, poll_until, tls_request};
+use testbed::migration::{
+    CLUSTER, ConnectLoad, Net, PodLoad, TICK, WAIT, admin_metric, connect_echo, echo_once, init_dns, put_cluster,
+    reload_file, start_apiserver, start_echo, switch_dns, wire,
+};
+use testbed::netns::{Netns, Veth, require_root};
+use testbed::{Ca, Proc, TempDir, bin_path, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const WAIT: Duration = Duration::from_secs(20);
-const TICK: Duration = Duration::from_millis(20);
-const CLUSTER: &str = "shoot-a";
-const API_NAME: &str = "kubernetes.default.svc";
-const TOKEN: &str = "migration-test-token";
-
-/// One test's address plan, `10.<n>.<subnet>.<host>`.
-#[derive(Clone, Copy)]
-struct Net(u8);
-
-impl Net {
-    fn ip(self, subnet: u8, host: u8) -> String {
-        format!("10.{}.{subnet}.{host}", self.0)
-    }
-    fn cidr(self, subnet: u8, host: u8) -> String {
-        format!("{}/24", self.ip(subnet, host))
-    }
-    /// Where the pods reach the kube-apiserver: the node-local proxy's listen address.
-    fn pod_api(self) -> String {
-        format!("{}:6443", self.ip(0, 2))
-    }
-}
-const ECHO: &str = "127.0.0.1:7000";
 
 struct Seed {
     name: &'static str,
@@ -105,20 +83,13 @@ async fn start_seed(
     mgmt_ip: String,
     shoot_ip: String,
 ) -> anyhow::Result<Seed> {
-    let (api_crt, api_key) = ca.server(&[API_NAME])?.write(dir.path(), &format!("apiserver-{name}"))?;
-    let mut api = ns.command(bin_path("stand-in")?);
-    api.args(["tls-http", "--listen", "127.0.0.1:7443", "--name", &format!("apiserver-{name}"), "--cert"])
-        .arg(&api_crt)
-        .arg("--key")
-        .arg(&api_key);
-    let apiserver = Proc::spawn(api)?;
-    apiserver.wait_log_line(&["listening"], WAIT).await?;
+    let apiserver = start_apiserver(&bin_path("stand-in")?, &ns, dir, ca, &format!("apiserver-{name}")).await?;
 
     let router_cfg = dir.write(&format!("router-{name}.yaml"), router_yaml(net, "127.0.0.1:7443", false))?;
     let (router, _) = Proc::spawn_seedgate(ns.command(bin_path("sni-router")?), &router_cfg, &[]).await?;
 
     let (srv_crt, srv_key) = ca.server(&["proxy.seed.test"])?.write(dir.path(), &format!("proxy-server-{name}"))?;
-    let token = dir.write("admin-token", TOKEN)?;
+    let token = dir.write("admin-token", testbed::migration::TOKEN)?;
     let ca_file = ca.write(dir.path(), "ca")?;
     let server_yaml = format!(
         "admin: {{ listen: {mgmt_ip}:9902, token_file: {} }}\ndrain_grace: 2s\nagents:\n  listen: 0.0.0.0:8132\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\nfrontends:\n  - name: egress\n    listen: {mgmt_ip}:9443\n    cluster: {CLUSTER}\n",
@@ -132,21 +103,6 @@ async fn start_seed(
     Ok(Seed { name, _ns: ns, mgmt_ip, shoot_ip, _router: router, router_cfg, server, _apiserver: apiserver })
 }
 
-fn hosts_text(seed: &Seed) -> String {
-    format!("127.0.0.1 localhost\n{0} api.seed.test\n{0} proxy.seed.test\n", seed.shoot_ip)
-}
-
-/// Point the shoot's names at `seed`. The file is rewritten in place without truncating (both
-/// seeds' addresses have the same length), so a lookup racing with the switch sees the old or
-/// the new address, never an empty file.
-fn switch_dns(shoot: &Netns, seed: &Seed) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let path = format!("/etc/netns/{}/hosts", shoot.name());
-    let mut f = std::fs::OpenOptions::new().write(true).open(&path).with_context(|| path.clone())?;
-    f.write_all(hosts_text(seed).as_bytes())?;
-    Ok(())
-}
-
 async fn world(label: &str, net: Net) -> anyhow::Result<Option<World>> {
     if !require_root() {
         return Ok(None);
@@ -156,25 +112,13 @@ async fn world(label: &str, net: Net) -> anyhow::Result<Option<World>> {
     let mut shoot = Netns::create("shoot")?;
     let na = Netns::create("seeda")?;
     let nb = Netns::create("seedb")?;
-    let links = vec![
-        veth(None, Some(&shoot), &net.cidr(0, 1), &net.cidr(0, 2))?,
-        veth(None, Some(&na), &net.cidr(10, 1), &net.cidr(10, 2))?,
-        veth(None, Some(&nb), &net.cidr(20, 1), &net.cidr(20, 2))?,
-        veth(Some(&shoot), Some(&na), &net.cidr(1, 1), &net.cidr(1, 2))?,
-        veth(Some(&shoot), Some(&nb), &net.cidr(2, 1), &net.cidr(2, 2))?,
-        veth(Some(&na), Some(&nb), &net.cidr(3, 1), &net.cidr(3, 2))?,
-    ];
+    let links = wire(net, &shoot, &na, &nb)?;
     let a = start_seed(&dir, &ca, net, "a", na, net.ip(10, 2), net.ip(1, 2)).await?;
     let b = start_seed(&dir, &ca, net, "b", nb, net.ip(20, 2), net.ip(2, 2)).await?;
     // The hosts file must exist before the agent starts: `ip netns exec` mounts it then.
-    shoot.set_hosts(&[(&a.shoot_ip, "api.seed.test"), (&a.shoot_ip, "proxy.seed.test")])?;
-    anyhow::ensure!(hosts_text(&a).len() == hosts_text(&b).len(), "in-place DNS switch needs equal lengths");
-    switch_dns(&shoot, &a)?;
+    init_dns(&mut shoot, &a.shoot_ip)?;
 
-    let mut echo = shoot.command(bin_path("stand-in")?);
-    echo.args(["echo", "--listen", ECHO]);
-    let shoot_echo = Proc::spawn(echo)?;
-    shoot_echo.wait_log_line(&["listening"], WAIT).await?;
+    let shoot_echo = start_echo(&bin_path("stand-in")?, &shoot).await?;
 
     let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent")?;
     let agent_yaml = format!(
@@ -191,8 +135,7 @@ async fn world(label: &str, net: Net) -> anyhow::Result<Option<World>> {
 }
 
 async fn server_metric(seed: &Seed, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let (_, text) = http_get(seed.server_admin(), "/metrics").await.ok()?;
-    Some(metric_value(&text, name, labels).unwrap_or(0.0))
+    admin_metric(seed.server_admin(), name, labels).await
 }
 
 async fn wait_agents(seed: &Seed, n: f64) -> anyhow::Result<Duration> {
@@ -203,82 +146,6 @@ async fn wait_agents(seed: &Seed, n: f64) -> anyhow::Result<Duration> {
     .await
     .with_context(|| format!("seed {} never had {n} agents of {CLUSTER}", seed.name))?;
     Ok(started.elapsed())
-}
-
-/// In-cluster clients: TLS requests through the node-local proxy at a steady rate.
-#[derive(Default)]
-struct PodLoad {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    answered_by: Mutex<std::collections::BTreeMap<String, u64>>,
-    errors: Mutex<Vec<String>>,
-}
-
-fn start_pod_load(
-    ca: &Ca,
-    net: Net,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<(Arc<PodLoad>, tokio::task::JoinHandle<()>)> {
-    let load = Arc::new(PodLoad::default());
-    let cfg = client_config(ca, None, &["http/1.1"])?;
-    let l = load.clone();
-    let h = tokio::spawn(async move {
-        let addr: SocketAddr = net.pod_api().parse().expect("addr");
-        // Bounded: at most one request every 20 ms, and the loop ends when told (or after 2 min).
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            tick.tick().await;
-            let r = tokio::time::timeout(
-                Duration::from_secs(10),
-                tls_request(addr, Some(API_NAME), cfg.clone(), &http_get_request(API_NAME, "/api")),
-            )
-            .await;
-            match r {
-                Ok(Ok(res)) if res.status() == Some(200) => {
-                    l.ok.fetch_add(1, Ordering::Relaxed);
-                    let body = res.body();
-                    let who =
-                        body.split_whitespace().find_map(|w| w.strip_prefix("backend=")).unwrap_or("?").to_owned();
-                    *l.answered_by.lock().expect("lock").entry(who).or_default() += 1;
-                }
-                other => {
-                    l.failed.fetch_add(1, Ordering::Relaxed);
-                    l.errors.lock().expect("lock").push(format!("{other:?}").chars().take(300).collect());
-                }
-            }
-        }
-    });
-    Ok((load, h))
-}
-
-/// Open a CONNECT through a seed's egress front end to the shoot's echo backend.
-async fn connect_echo(seed: &Seed) -> anyhow::Result<Result<TcpStream, String>> {
-    let mut s = TcpStream::connect(seed.egress()).await?;
-    s.write_all(format!("CONNECT {ECHO} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut b = [0u8; 1];
-        anyhow::ensure!(tokio::time::timeout(WAIT, s.read(&mut b)).await?? == 1, "closed before the response head");
-        head.push(b[0]);
-        anyhow::ensure!(head.len() < 4096, "response head too long");
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
-    if head.starts_with("HTTP/1.1 200") {
-        Ok(Ok(s))
-    } else {
-        let mut body = String::new();
-        let _ = tokio::time::timeout(WAIT, s.read_to_string(&mut body)).await;
-        Ok(Err(format!("{} {}", head.lines().next().unwrap_or(""), body.trim())))
-    }
-}
-
-async fn echo_once(s: &mut TcpStream, msg: &[u8]) -> anyhow::Result<()> {
-    s.write_all(msg).await?;
-    let mut b = vec![0u8; msg.len()];
-    tokio::time::timeout(WAIT, s.read_exact(&mut b)).await??;
-    anyhow::ensure!(b == msg, "echo mismatch");
-    Ok(())
 }
 
 #[derive(Debug, PartialEq)]
@@ -312,118 +179,78 @@ async fn watch_long_stream(mut s: TcpStream, stop: Arc<AtomicBool>) -> (StreamEn
     (StreamEnd::StillOpen, Instant::now())
 }
 
-async fn put_cluster(seed: &Seed, body: &str) -> anyhow::Result<()> {
-    let path = format!("/control/clusters/{CLUSTER}");
-    let (code, text) = http_request(seed.server_admin(), "PUT", &path, Some(body), Some(TOKEN)).await?;
-    anyhow::ensure!(code == 200, "PUT {path} answered {code}: {text}");
-    Ok(())
-}
-
-async fn reload_count(seed: &Seed) -> f64 {
-    let Ok((_, text)) = http_get(seed.router_admin(), "/metrics").await else {
-        return -1.0;
-    };
-    metric_value(&text, "seedgate_config_reloads_total", &[("result", "success")]).unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
     let Some(w) = world("migration", Net(92)).await? else {
         return Ok(());
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (pods, pods_task) = start_pod_load(&w.ca, w.net, stop.clone())?;
+    let pods = PodLoad::start(&w.ca, vec![w.net.pod_api().parse()?], Duration::from_millis(20))?;
 
     // The exec stand-in: a stream through A opened before the move.
-    let mut long = connect_echo(&w.a).await?.map_err(anyhow::Error::msg)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut long = connect_echo(w.a.egress()).await?.map_err(anyhow::Error::msg)?;
     echo_once(&mut long, b"hello").await?;
     let long_task = tokio::spawn(watch_long_stream(long, stop.clone()));
 
-    // Seed-side dials through A keep going during the move.
-    let dial_results: Arc<Mutex<Vec<String>>> = Arc::default();
-    let dials = {
-        let egress = w.a.egress();
-        let results = dial_results.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let r = async {
-                    let mut s = TcpStream::connect(egress).await?;
-                    s.write_all(format!("CONNECT {ECHO} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
-                    let mut b = vec![0u8; 512];
-                    let n = tokio::time::timeout(WAIT, s.read(&mut b)).await??;
-                    anyhow::Ok(String::from_utf8_lossy(&b[..n]).lines().next().unwrap_or("").to_owned())
-                }
-                .await;
-                results.lock().expect("lock").push(r.unwrap_or_else(|e| format!("error: {e}")));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    // Seed-side dials: through A until the agent is on B, then through B.
+    let targets = Arc::new(Mutex::new(vec![("a".to_owned(), w.a.egress())]));
+    let dials = ConnectLoad::start(targets.clone(), Duration::from_millis(100));
     // Some traffic on A first.
-    poll_until(WAIT, TICK, || async { (pods.ok.load(Ordering::Relaxed) >= 10).then_some(()) }).await?;
+    poll_until(WAIT, TICK, || async { (pods.tally.ok() >= 10).then_some(()) }).await?;
 
     // 1. Router hand-off on A: the route now goes to B's gateway with PROXY v2 (B trusts A).
-    let before = reload_count(&w.a).await;
-    std::fs::write(&w.a.router_cfg, router_yaml(w.net, &format!("{}:8443", w.net.ip(3, 2)), true))?;
-    poll_until(WAIT, TICK, || async { (reload_count(&w.a).await > before).then_some(()) }).await?;
+    reload_file(w.a.router_admin(), &w.a.router_cfg, &router_yaml(w.net, &format!("{}:8443", w.net.ip(3, 2)), true))
+        .await?;
     // 2. Drain the tunnel on A, telling the agents where to go.
     let opened_before_drain =
         server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(0.0);
     let notice = Instant::now();
     put_cluster(
-        &w.a,
+        w.a.server_admin(),
         &format!(r#"{{"state":"draining","move_to":["{}:8132"],"drain_deadline":"3s"}}"#, w.net.ip(2, 2)),
     )
     .await?;
     let rehomed = wait_agents(&w.b, 1.0).await?;
+    *targets.lock().expect("lock") = vec![("b".to_owned(), w.b.egress())];
     // 3. DNS: the shoot's names point at B (the node-local proxy follows on its next connection).
-    switch_dns(&w.shoot, &w.b)?;
+    switch_dns(&w.shoot, &w.b.shoot_ip)?;
     // 4. A's long-lived stream ends cleanly at its drain deadline.
     let (end, ended_at) =
         tokio::time::timeout(Duration::from_secs(30), long_task).await.context("long stream hung")??;
     assert_eq!(end, StreamEnd::CleanEof, "the exec stream must end with a clean close at the drain deadline");
     let long_lived = ended_at.duration_since(notice);
     // 5. Fence A. From now on A accepts no stream for the cluster.
-    put_cluster(&w.a, r#"{"state":"fenced"}"#).await?;
+    put_cluster(w.a.server_admin(), r#"{"state":"fenced"}"#).await?;
     wait_agents(&w.a, 0.0).await?;
     let opened_at_fence =
         server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
-    let refused = connect_echo(&w.a).await?;
+    let refused = connect_echo(w.a.egress()).await?;
     let refusal = refused.err().context("a fenced seed must refuse the dial")?;
     assert!(refusal.starts_with("HTTP/1.1 503") && refusal.contains("cluster moved"), "{refusal}");
     // B serves the seed-side dials now.
-    let mut via_b = connect_echo(&w.b).await?.map_err(anyhow::Error::msg)?;
+    let mut via_b = connect_echo(w.b.egress()).await?.map_err(anyhow::Error::msg)?;
     echo_once(&mut via_b, b"through B").await?;
     // More in-cluster traffic after the move, then stop the load.
-    let after = pods.ok.load(Ordering::Relaxed);
-    poll_until(WAIT, TICK, || async { (pods.ok.load(Ordering::Relaxed) >= after + 20).then_some(()) }).await?;
+    let after = pods.tally.ok();
+    poll_until(WAIT, TICK, || async { (pods.tally.ok() >= after + 20).then_some(()) }).await?;
     stop.store(true, Ordering::Relaxed);
-    pods_task.await?;
-    dials.await?;
+    let (pods, dials) = (pods.finish().await?, dials.finish().await?);
     let opened_after =
         server_metric(&w.a, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]).await.unwrap_or(-1.0);
 
-    let by = pods.answered_by.lock().expect("lock").clone();
-    let dial_codes = dial_results.lock().expect("lock").clone();
+    let by = pods.by();
     println!(
-        "migration: in-cluster ok={} failed={} answered_by={by:?}; agent re-homed to B {:?} after the move notice; \
-         long stream ended {:?} after the notice (drain_deadline 3s); A streams opened: {opened_before_drain} before drain, \
-         {opened_at_fence} at fence, {opened_after} at the end; seed-side dials through A: {} ({} x 200)",
-        pods.ok.load(Ordering::Relaxed),
-        pods.failed.load(Ordering::Relaxed),
-        rehomed,
-        long_lived,
-        dial_codes.len(),
-        dial_codes.iter().filter(|c| c.contains(" 200 ")).count()
+        "migration: in-cluster ok={} failed={} answered_by={by:?}; agent re-homed to B {rehomed:?} after the move notice; \
+         long stream ended {long_lived:?} after the notice (drain_deadline 3s); A streams opened: {opened_before_drain} before drain, \
+         {opened_at_fence} at fence, {opened_after} at the end; seed-side dials ok={} failed={} by {:?}",
+        pods.ok(),
+        pods.failed(),
+        dials.ok(),
+        dials.failed(),
+        dials.by()
     );
-    assert_eq!(
-        pods.failed.load(Ordering::Relaxed),
-        0,
-        "failed in-cluster requests: {:?}",
-        pods.errors.lock().expect("lock")
-    );
+    assert_eq!(pods.failed(), 0, "failed in-cluster requests: {:?}", pods.first_errors());
+    assert_eq!(dials.failed(), 0, "failed seed-side dials: {:?}", dials.first_errors());
     assert!(by.contains_key("apiserver-a") && by.contains_key("apiserver-b"), "both control planes answered: {by:?}");
     assert_eq!(opened_after, opened_at_fence, "a fenced seed accepted new streams");
     assert!(
@@ -440,25 +267,23 @@ async fn source_proxy_server_killed_agents_find_b_by_name() -> anyhow::Result<()
     let Some(mut w) = world("migration-bad", Net(93)).await? else {
         return Ok(());
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (pods, pods_task) = start_pod_load(&w.ca, w.net, stop.clone())?;
-    poll_until(WAIT, TICK, || async { (pods.ok.load(Ordering::Relaxed) >= 10).then_some(()) }).await?;
+    let pods = PodLoad::start(&w.ca, vec![w.net.pod_api().parse()?], Duration::from_millis(20))?;
+    poll_until(WAIT, TICK, || async { (pods.tally.ok() >= 10).then_some(()) }).await?;
     // The bad case: A cannot be told anything. DNS moves to B, then A's proxy-server dies.
-    switch_dns(&w.shoot, &w.b)?;
+    switch_dns(&w.shoot, &w.b.shoot_ip)?;
     w.a.server.signal(libc::SIGKILL)?;
     let found = wait_agents(&w.b, 1.0).await?;
     // Seed-side dials work through B, with nothing restarted in the shoot.
-    let mut via_b = connect_echo(&w.b).await?.map_err(anyhow::Error::msg)?;
+    let mut via_b = connect_echo(w.b.egress()).await?.map_err(anyhow::Error::msg)?;
     echo_once(&mut via_b, b"after the source died").await?;
-    let after = pods.ok.load(Ordering::Relaxed);
-    poll_until(WAIT, TICK, || async { (pods.ok.load(Ordering::Relaxed) >= after + 20).then_some(()) }).await?;
-    stop.store(true, Ordering::Relaxed);
-    pods_task.await?;
-    let by = pods.answered_by.lock().expect("lock").clone();
+    let after = pods.tally.ok();
+    poll_until(WAIT, TICK, || async { (pods.tally.ok() >= after + 20).then_some(()) }).await?;
+    let pods = pods.finish().await?;
+    let by = pods.by();
     println!(
         "bad case: agent found B {found:?} after A's proxy-server was killed; in-cluster ok={} failed={} answered_by={by:?}",
-        pods.ok.load(Ordering::Relaxed),
-        pods.failed.load(Ordering::Relaxed)
+        pods.ok(),
+        pods.failed()
     );
     assert!(by.contains_key("apiserver-b"), "in-cluster traffic reached B: {by:?}");
     assert!(w.agent.running(), "nothing in the shoot was restarted");

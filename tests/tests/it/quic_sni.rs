@@ -92,6 +92,27 @@ fn hello(tls: rustls::ClientConfig) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A new flow's waiting datagrams (the client's Initials) reach the upstream at once: none is
+/// dropped while the flow's upstream socket is new (a dropped Initial costs the client a
+/// retransmission timeout, about a second, before its handshake can go on).
+#[tokio::test]
+async fn a_new_flow_loses_none_of_its_first_datagrams() -> anyhow::Result<()> {
+    let w = world()?;
+    let (_r, addrs) = start_router(&w.dir, &router_config(&w, false)?).await?;
+    let gw = addrs.listener("quic")?;
+    for (i, p) in [provider(), post_quantum()].into_iter().enumerate() {
+        for k in 0..3 {
+            let ep = client(client_tls(&w.ca, p.clone())?, WAIT)?;
+            let c = connect(&ep, gw, "a.quic.example").await.with_context(|| format!("client {i}/{k}"))?;
+            assert_eq!(echo(&c, "first").await?, "backend-a:first");
+        }
+    }
+    let m = metrics(&addrs).await?;
+    assert_eq!(metric_sum(&m, "seedgate_udp_flows_total", &[("result", "ok")]), 6.0, "{m}");
+    assert_eq!(metric_sum(&m, "seedgate_udp_datagrams_dropped_total", &[]), 0.0, "{m}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn quic_is_routed_by_sni_to_two_backends() -> anyhow::Result<()> {
     let w = world()?;
