@@ -23,7 +23,7 @@
 //! reported, never asserted.
 
 use super::{Ctx, record};
-use crate::host;
+use crate::host::{self, lock};
 use crate::load::{Echo, connect_head, read_connect_response};
 use crate::report::{Better, Kind, Results};
 use crate::systems::{self, Running};
@@ -60,7 +60,7 @@ const READY_POLL: Duration = Duration::from_millis(50);
 /// Longest wait for any one step (a session, readiness, an exit after the drain).
 const STEP: Duration = Duration::from_secs(30);
 /// One client CONNECT (connect, 200, echo) must be done within this.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the client runs with every replica in service before and after the roll.
 const CALM: Duration = Duration::from_secs(1);
 const PAYLOAD: &[u8] = b"seedgate-ha-0123";
@@ -165,13 +165,13 @@ impl Setup {
     }
 }
 
-async fn metrics(admin: SocketAddr) -> anyhow::Result<String> {
+pub(super) async fn metrics(admin: SocketAddr) -> anyhow::Result<String> {
     let (code, body) = http_get(admin, "/metrics").await?;
     ensure!(code == 200, "{admin}/metrics answered {code}");
     Ok(body)
 }
 
-async fn ready(admin: SocketAddr) -> bool {
+pub(super) async fn ready(admin: SocketAddr) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), http_get(admin, "/readyz")).await, Ok(Ok((200, _))))
 }
 
@@ -210,16 +210,16 @@ async fn wait_steady(agent: &Proc, agent_admin: SocketAddr, replicas: &[Replica]
     bail!("not steady within {STEP:?}: {last}; agent log tail:\n{}", tail(&agent.log(), 20))
 }
 
-fn tail(s: &str, n: usize) -> String {
+pub(super) fn tail(s: &str, n: usize) -> String {
     let v: Vec<&str> = s.lines().collect();
     v[v.len().saturating_sub(n)..].join("\n")
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     if s.is_empty() { f64::NAN } else { s[(s.len() - 1) / 2] }
@@ -296,10 +296,6 @@ struct Shared {
     tally: Mutex<Tally>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Decrements a replica's count of opening CONNECTs when dropped.
 struct Opening<'a>(&'a AtomicUsize);
 
@@ -323,7 +319,7 @@ async fn step<T, E: std::fmt::Display>(
 }
 
 /// `head` (a CONNECT) through `frontend`, up to its 200 answer.
-async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Result<TcpStream, String> {
+pub(super) async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Result<TcpStream, String> {
     let mut s = step(deadline, "connect to the front end", TcpStream::connect(frontend)).await?;
     let _ = s.set_nodelay(true);
     step(deadline, "sending CONNECT", s.write_all(head)).await?;
@@ -332,7 +328,7 @@ async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Re
 }
 
 /// Write `what`, read it back.
-async fn echo(s: &mut TcpStream, what: &[u8], deadline: Instant) -> Result<(), String> {
+pub(super) async fn echo(s: &mut TcpStream, what: &[u8], deadline: Instant) -> Result<(), String> {
     step(deadline, "writing through the tunnel", s.write_all(what)).await?;
     let mut back = vec![0u8; what.len()];
     step(deadline, "reading the echo", s.read_exact(&mut back)).await?;
