@@ -17,10 +17,10 @@
 use anyhow::Context as _;
 use proxy_core::app::{Options, Service as _};
 use proxy_core::prometheus::Registry;
+use std::io::{BufRead as _, Write as _};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use std::io::{BufRead as _, Write as _};
 
 /// How often a mark's sweep looks at every instance not done yet.
 const SWEEP: Duration = Duration::from_millis(10);
@@ -61,7 +61,8 @@ impl Instance {
             let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
             let want: usize = words.nth(1).and_then(|w| w.parse().ok()).unwrap_or(0);
             up += n;
-            let has = must_hold.is_none_or(|id| c.detail.contains(&format!("[{id}: ")) || c.detail.contains(&format!(", {id}: ")));
+            let has = must_hold
+                .is_none_or(|id| c.detail.contains(&format!("[{id}: ")) || c.detail.contains(&format!(", {id}: ")));
             all &= c.detail.starts_with("connected:") && n == replicas && want == replicas && has;
         }
         (up, all)
@@ -87,7 +88,8 @@ async fn serve(a: Args) -> anyhow::Result<()> {
     let rss_before = crate::host::rss_kib(std::process::id()).unwrap_or(0);
     let mut fleet = Vec::with_capacity(a.count);
     for i in 0..a.count {
-        let yaml = template.replace("{node}", &format!("node-{i:05}")).replace("{cluster}", &(i % a.clusters).to_string());
+        let yaml =
+            template.replace("{node}", &format!("node-{i:05}")).replace("{cluster}", &(i % a.clusters).to_string());
         let cfg = seedgate_config::agent::parse(&yaml, "fleet-agent.yaml").context("the agent template")?;
         let registry = Registry::new();
         let opts = Options { registry: Some(registry.clone()), ..Options::default() };
@@ -125,7 +127,8 @@ async fn serve(a: Args) -> anyhow::Result<()> {
             }
             ["times"] => {
                 let m = crate::host::lock(&marked);
-                let done: Vec<String> = m.done.iter().flatten().map(|d| format!("{:.1}", d.as_secs_f64() * 1e3)).collect();
+                let done: Vec<String> =
+                    m.done.iter().flatten().map(|d| format!("{:.1}", d.as_secs_f64() * 1e3)).collect();
                 format!("times {} {} {}", done.len(), m.done.len(), done.join(" "))
             }
             ["totals"] => totals(&fleet),

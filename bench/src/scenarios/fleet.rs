@@ -25,7 +25,9 @@
 //! No anchor plays this role (konnectivity is not installed): the figures are seedgate's only,
 //! reported, never asserted.
 
-use super::ha::{DIAL_TIMEOUT, echo, median, metrics, ms, open_stream, ready, tail};
+use super::ha::{
+    DIAL_TIMEOUT, REPLICAS, SEEDGATE_ONLY, SNI, at_rate, echo, median, metrics, ms, open_stream, ready, tail,
+};
 use super::{Ctx, record};
 use crate::host::{self, lock};
 use crate::load::{Echo, connect_head};
@@ -41,15 +43,12 @@ use std::time::Duration;
 use testbed::{Proc, metric_sum};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 const SC: &str = "fleet";
 const CLUSTERS: usize = 10;
-const REPLICAS: usize = 3;
 /// The replica killed (its id is `r1`).
 const KILLED: usize = 1;
-const SNI: &str = "proxy.bench.local";
 /// Both ends' keepalive: over QUIC a killed replica's sessions end only at its timeout.
 const KEEPALIVE: &str = "{ interval: 2s, timeout: 6s }";
 /// Replicas and the helper log warnings only (kept with `--keep`).
@@ -57,7 +56,7 @@ const LOG: &str = "warn";
 const POLL: Duration = Duration::from_millis(50);
 /// Longest wait for the fleet to connect, or to come back after the kill.
 const FLEET_MAX: Duration = Duration::from_secs(240);
-/// How long the load runs before the kill and after every agent is back.
+/// How long the load runs before the kill and after every agent is back (a quarter in smoke runs).
 const CALM: Duration = Duration::from_secs(1);
 /// Sockets one host process may hold with the harness's fd limit (three sessions per agent).
 const FDS_PER_HOST: usize = 16_000;
@@ -153,8 +152,11 @@ impl Seed {
                 "admin: {{ listen: null }}\ndrain_grace: 1s\nlimits: {{ max_connections: 100 }}\n\
                  tunnel:\n  servers: [{server}]\n  transport: {transport}\n  node_name: \"{{node}}\"\n\
                  \x20 tls: {{ cert: {d}/agent-{{cluster}}.crt, key: {d}/agent-{{cluster}}.key, ca: {}, server_name: {SNI} }}\n\
-                 \x20 allow: [127.0.0.1/32]\n  keepalive: {KEEPALIVE}\n",
-                self.ca.display()
+                 \x20 allow: [127.0.0.1/32]\n  keepalive: {KEEPALIVE}\n{}",
+                self.ca.display(),
+                // Smoke runs: a shorter search for the replicas not held yet (the probe back-off is
+                // capped at reconnect.max), so CI's run takes seconds; full runs keep the defaults.
+                if ctx.smoke { "  reconnect: { initial: 100ms, max: 1s }\n" } else { "" }
             ),
         )?;
         Ok(p)
@@ -256,8 +258,8 @@ struct Load {
     tally: Mutex<Tally>,
 }
 
-/// One CONNECT to the echo backend through `frontend`, a few bytes echoed.
-async fn dial(load: Arc<Load>, frontend: SocketAddr, head: Arc<[u8]>) {
+/// One CONNECT to the echo backend through replica `via`'s `frontend`, a few bytes echoed.
+async fn dial(load: Arc<Load>, via: usize, frontend: SocketAddr, head: Arc<[u8]>) {
     let deadline = Instant::now() + DIAL_TIMEOUT;
     let r = match open_stream(frontend, &head, deadline).await {
         Ok(mut s) => echo(&mut s, PAYLOAD, deadline).await,
@@ -267,31 +269,20 @@ async fn dial(load: Arc<Load>, frontend: SocketAddr, head: Arc<[u8]>) {
     t.dials += 1;
     if let Err(e) = r {
         t.failed += 1;
-        *t.reasons.entry(e.chars().take(160).collect()).or_default() += 1;
+        *t.reasons.entry(format!("through r{via}: {}", e.chars().take(160).collect::<String>())).or_default() += 1;
     }
 }
 
 /// `rate` CONNECTs/s until stopped: dial k goes to cluster k mod 10 through the next replica in
-/// service; waits for the outstanding ones before returning.
+/// service.
 async fn offer(load: Arc<Load>, rate: f64, head: Arc<[u8]>) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut dials = JoinSet::new();
-    let mut k = 0usize;
-    // Until stopped.
-    while !load.stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        let fe = {
-            let eps = lock(&load.endpoints);
-            (0..REPLICAS).map(|r| (k + r) % REPLICAS).find_map(|r| eps[r].as_ref().map(|f| f[k % CLUSTERS]))
-        };
-        k = k.wrapping_add(1);
-        if let Some(fe) = fe {
-            dials.spawn(dial(load.clone(), fe, head.clone()));
-        }
-        while dials.try_join_next().is_some() {}
-    }
-    while dials.join_next().await.is_some() {}
+    at_rate(&load.stop, rate, |k| {
+        let eps = lock(&load.endpoints);
+        let pick =
+            (0..REPLICAS).map(|r| (k + r) % REPLICAS).find_map(|r| eps[r].as_ref().map(|f| (r, f[k % CLUSTERS])));
+        pick.map(|(r, fe)| dial(load.clone(), r, fe, head.clone()))
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,8 +325,13 @@ async fn run_over(ctx: &Ctx, over: Over, n: usize, echo_addr: SocketAddr) -> any
         join(&tcp),
         join(&udp)
     );
-    let top = "timeouts: { handshake: 5s, connect: 5s, idle: 1h }\nlimits: { max_connections: 19000 }\n";
-    let mut router = systems::sni_router_top(&ctx.env(), &over.label(n), top, &listeners).await?;
+    // Smoke runs: UDP flows of closed QUIC sessions are forgotten sooner, so least-connections
+    // sees the replicas' real load and CI's run takes seconds; full runs keep the default.
+    let udp_idle = if ctx.smoke { ", udp_idle: 5s" } else { "" };
+    let top = format!(
+        "timeouts: {{ handshake: 5s, connect: 5s, idle: 1h{udp_idle} }}\nlimits: {{ max_connections: 19000 }}\n"
+    );
+    let mut router = systems::sni_router_top(&ctx.env(), &over.label(n), &top, &listeners).await?;
     let seed = Seed::new(ctx, router.dir.join("seed"), &tcp, &udp)?;
     let mut replicas = Vec::with_capacity(REPLICAS);
     for i in 0..REPLICAS {
@@ -349,7 +345,11 @@ async fn run_over(ctx: &Ctx, over: Over, n: usize, echo_addr: SocketAddr) -> any
     let mut fleet = Fleet::spawn(&seed.dir, n, &template).await?;
     let cold = wait_all_held(&mut fleet, n, t0).await?;
     f.cold_ms = ms(cold);
-    eprintln!("  fleet: {}: every agent holds all {REPLICAS} replicas {:.0} ms after the helper started", over.label(n), f.cold_ms);
+    eprintln!(
+        "  fleet: {}: every agent holds all {REPLICAS} replicas {:.0} ms after the helper started",
+        over.label(n),
+        f.cold_ms
+    );
     let (rss1, router1) = seed_rss(&replicas, &router);
     let per = |a: u64, b: u64, sessions: usize| (b.saturating_sub(a) as f64) / sessions.max(1) as f64;
     f.replica_kib = median(&rss0.iter().zip(&rss1).map(|(&a, &b)| per(a, b, n)).collect::<Vec<_>>());
@@ -386,8 +386,9 @@ async fn storm(
     });
     let head: Arc<[u8]> = connect_head(&echo_addr.to_string(), "").into();
     let offered = tokio::spawn(offer(load.clone(), ctx.scale.fleet_rate, head));
+    let calm = if ctx.smoke { CALM / 4 } else { CALM };
     let r = async {
-        tokio::time::sleep(CALM).await;
+        tokio::time::sleep(calm).await;
         let router_pid = *router.pids().first().context("no sni-router process")?;
         let cpu0 = host::cpu_seconds(router_pid).unwrap_or(f64::NAN);
         fleet.ask(&format!("mark r{KILLED}")).await?;
@@ -407,7 +408,7 @@ async fn storm(
         let m = metrics(replicas[KILLED].admin).await?;
         let on_new = metric_sum(&m, "seedgate_agents_connected", &[]);
         eprintln!("  fleet:   the new r1 counts {on_new} agents; it was ready {:.0} ms after its start", f.ready_ms);
-        tokio::time::sleep(CALM).await;
+        tokio::time::sleep(calm).await;
         Ok(())
     }
     .await;
@@ -471,7 +472,11 @@ impl Rows {
         let mut m = |name: &str, unit: &str, b: Better| res.metric(SC, name, unit, b);
         Self {
             agent: m("memory per agent instance (helper process RSS ÷ instances)", "KiB", Better::Lower),
-            replica: m("memory per agent session on a proxy-server replica (RSS delta ÷ sessions)", "KiB", Better::Lower),
+            replica: m(
+                "memory per agent session on a proxy-server replica (RSS delta ÷ sessions)",
+                "KiB",
+                Better::Lower,
+            ),
             router: m("memory per agent session on sni-router (RSS delta ÷ sessions)", "KiB", Better::Lower),
             cold: m(&format!("cold start: all {n} agents hold all 3 replicas"), "ms", Better::Lower),
             p50: m("replica SIGKILL + restart → an agent holds it again, p50 over agents", "ms", Better::Lower),
@@ -550,11 +555,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    res.remark(
-        SC,
-        "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse tunnel with several servers, is \
-         not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are reported, never asserted",
-    );
+    res.remark(SC, SEEDGATE_ONLY);
     res.remark(
         SC,
         &format!(

@@ -42,12 +42,16 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 const SC: &str = "ha";
+/// The remark of every scenario no anchor plays (ha, fleet).
+pub(super) const SEEDGATE_ONLY: &str = "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse \
+     tunnel with several servers, is not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are \
+     reported, never asserted";
 /// The system's label (every row of the scenario).
 const LABEL: &str = "proxy-server ×3 + proxy-agent";
 const CLUSTER: &str = "shoot-a";
 /// The agents listener's certificate name, the router's SNI route and the agent's server_name.
-const SNI: &str = "proxy.bench.local";
-const REPLICAS: usize = 3;
+pub(super) const SNI: &str = "proxy.bench.local";
+pub(super) const REPLICAS: usize = 3;
 /// The agent's reconnect back-off and both ends' keepalive.
 const RECONNECT: &str = "{ initial: 100ms, max: 1s }";
 const KEEPALIVE: &str = "{ interval: 500ms, timeout: 2s }";
@@ -359,16 +363,32 @@ async fn dial(sh: Arc<Shared>, j: usize, frontend: SocketAddr, head: Arc<[u8]>) 
     }
 }
 
-/// Offer CONNECTs at `rate` per second until told to stop, each through the next replica that
-/// is in service and ready; waits for the outstanding ones before returning.
-async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
+/// Start `next(k)` (k counting the ticks) `rate` times per second until `stop`, open loop; waits
+/// for the ones started before returning.
+pub(super) async fn at_rate<F>(stop: &AtomicBool, rate: f64, mut next: impl FnMut(usize) -> Option<F>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut dials = JoinSet::new();
-    let mut turn = 0usize;
-    // Until stopped (the roller always stops it).
-    while !sh.stop.load(Ordering::Relaxed) {
+    let mut started = JoinSet::new();
+    let mut k = 0usize;
+    // Until stopped.
+    while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
+        if let Some(f) = next(k) {
+            started.spawn(f);
+        }
+        k = k.wrapping_add(1);
+        while started.try_join_next().is_some() {}
+    }
+    while started.join_next().await.is_some() {}
+}
+
+/// Offer CONNECTs at `rate` per second until told to stop (the roller always stops it), each
+/// through the next replica that is in service and ready.
+async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
+    at_rate(&sh.stop, rate, |turn| {
         let pick = {
             let eps = lock(&sh.endpoints);
             let n = eps.len();
@@ -379,16 +399,15 @@ async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
                 (j, eps[j].addrs.map(|(fe, _)| fe).unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))))
             })
         };
-        turn = turn.wrapping_add(1);
         match pick {
-            Some((j, fe)) => {
-                dials.spawn(dial(sh.clone(), j, fe, head.clone()));
+            Some((j, fe)) => Some(dial(sh.clone(), j, fe, head.clone())),
+            None => {
+                lock(&sh.tally).no_ready += 1;
+                None
             }
-            None => lock(&sh.tally).no_ready += 1,
         }
-        while dials.try_join_next().is_some() {}
-    }
-    while dials.join_next().await.is_some() {}
+    })
+    .await
 }
 
 /// Ask every replica in service for `/readyz` every [`READY_POLL`] until told to stop.
@@ -595,11 +614,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     }
     eprintln!("  ha: seedgate only — no anchor plays this role here (konnectivity is not installed)");
     let grace = s.ha_drain_grace;
-    res.remark(
-        SC,
-        "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse tunnel with several servers, is \
-         not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are reported, never asserted",
-    );
+    res.remark(SC, SEEDGATE_ONLY);
     res.remark(
         SC,
         &format!(
