@@ -453,8 +453,7 @@ async fn listen_quic(
         .ok()
         .map(|secret| quic::StableKeys::derive(&secret, &crate::replica::server_id(cfg)));
     let server = quic::Server { config: server_config, stable };
-    let endpoint =
-        quic::endpoint(addr, &settings, Some(server), what, "agents.connection_window").map_err(bind_err)?;
+    let endpoint = quic::endpoint(addr, &settings, Some(server), what, "agents.connection_window").map_err(bind_err)?;
     let local = endpoint.local_addr().map_err(bind_err)?;
     Ok((endpoint, local))
 }
