@@ -105,6 +105,25 @@ pub(crate) fn raise_nofile(want: u64) -> anyhow::Result<u64> {
     }
 }
 
+/// Lock a mutex, taking the data of a poisoned one (a panicked task's half-update is still the
+/// best the harness has to report).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// CPU time (user + system) one process has used so far, from `/proc/<pid>/stat`.
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may contain spaces) start after the last ')': state is
+    // field 3, utime and stime are fields 14 and 15.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf takes an integer and touches no memory of ours.
+    #[allow(unsafe_code)]
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
 /// VmRSS of one process in KiB.
 pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -276,5 +295,6 @@ mod tests {
         assert!(rss_kib(me).unwrap() > 0);
         assert!(process_tree(me).contains(&me));
         assert!(utc_now().ends_with("UTC"));
+        assert!(cpu_seconds(me).is_some_and(|s| s >= 0.0));
     }
 }

@@ -1,6 +1,7 @@
 //! bench: the command line; each subcommand (the demo, the benchmark scenarios) lives in its own module.
 
 mod demo;
+mod fleet_agents;
 mod host;
 mod load;
 mod report;
@@ -70,12 +71,19 @@ enum Cmd {
     /// (network namespaces, root; etcd): failed requests during the move, time until every h2
     /// and QUIC agent is on the new seed, and a live etcd watch's gap (seedgate only).
     Migration,
+    /// N agents (--agents, default 1,000) of ten clusters through one sni-router to three
+    /// proxy-server replicas, over h2 and over QUIC: memory per session, time for the fleet to
+    /// connect, and the reconnect storm after a replica's SIGKILL (seedgate only).
+    Fleet,
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
     /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
     /// rewrite its chart (--svg), without running anything.
     Report,
+    /// (internal) Serve many proxy-agent instances in this process for the fleet scenario.
+    #[command(hide = true)]
+    FleetAgents(fleet_agents::Args),
     /// (internal) Serve TCP echo on 127.0.0.1 for the harness; writes the address to a file.
     #[command(hide = true)]
     ServeEcho {
@@ -93,6 +101,15 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("bench serve-echo: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Cmd::FleetAgents(a) => {
+            return match fleet_agents::main(a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench fleet-agents: {e:#}");
                     ExitCode::FAILURE
                 }
             };
@@ -117,6 +134,7 @@ fn main() -> ExitCode {
         Cmd::Leak => vec![Scenario::Leak],
         Cmd::Ha => vec![Scenario::Ha],
         Cmd::Migration => vec![Scenario::Migration],
+        Cmd::Fleet => vec![Scenario::Fleet],
         Cmd::Soak => vec![Scenario::Soak],
     };
     scenarios::main(cli.opts, which)

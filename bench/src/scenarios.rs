@@ -6,6 +6,7 @@
 //! repeat 2, ...) so that drift in the machine's state spreads over all systems alike.
 
 mod connect;
+mod fleet;
 mod ha;
 mod idle_memory;
 mod leak;
@@ -87,6 +88,9 @@ pub(crate) struct Opts {
     /// Connections/s the soak scenario offers (default 200).
     #[arg(long, global = true)]
     pub soak_rate: Option<f64>,
+    /// Agents of the fleet scenario (default 1,000; 12 with --smoke).
+    #[arg(long, global = true)]
+    pub agents: Option<usize>,
 }
 
 /// The scenarios, in the order `all` runs them.
@@ -104,12 +108,13 @@ pub(crate) enum Scenario {
     Leak,
     Ha,
     Migration,
+    Fleet,
     Soak,
 }
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub(crate) const ALL: [Scenario; 12] = [
+    pub(crate) const ALL: [Scenario; 13] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -122,6 +127,7 @@ impl Scenario {
         Self::Leak,
         Self::Ha,
         Self::Migration,
+        Self::Fleet,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -138,6 +144,7 @@ impl Scenario {
             Self::Leak => "leak",
             Self::Ha => "ha",
             Self::Migration => "migration",
+            Self::Fleet => "fleet",
             Self::Soak => "soak",
         }
     }
@@ -182,6 +189,10 @@ pub(crate) struct Scale {
     pub ha_rate: f64,
     pub ha_live_streams: usize,
     pub ha_drain_grace: Duration,
+    /// fleet: agents, the CONNECTs/s offered during the storm, and runs per transport.
+    pub fleet_agents: usize,
+    pub fleet_rate: f64,
+    pub fleet_kills: usize,
 }
 
 impl Scale {
@@ -215,6 +226,10 @@ impl Scale {
             ha_rate: if s { 20.0 } else { 100.0 },
             ha_live_streams: if s { 3 } else { 10 },
             ha_drain_grace: Duration::from_secs(if s { 1 } else { 2 }),
+            fleet_agents: o.agents.unwrap_or(if s { 12 } else { 1_000 }).max(1),
+            fleet_rate: if s { 20.0 } else { 100.0 },
+            // Each run starts the fleet afresh: one per transport unless asked for more.
+            fleet_kills: o.repeats.unwrap_or(1).max(1),
         }
     }
 }
@@ -374,6 +389,7 @@ async fn run_async(
                 Scenario::Leak => leak::run(&ctx, &mut res).await,
                 Scenario::Ha => ha::run(&ctx, &mut res).await,
                 Scenario::Migration => migration::run(&ctx, &mut res).await,
+                Scenario::Fleet => fleet::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,
             }
         };
@@ -388,7 +404,11 @@ async fn run_async(
             loadavg_start: load0,
             loadavg_end: host::loadavg(),
             // leak and soak run once, with no measuring window of their own.
-            repeats: if matches!(sc, Scenario::Leak | Scenario::Soak) { 1 } else { ctx.scale.repeats },
+            repeats: match sc {
+                Scenario::Leak | Scenario::Soak => 1,
+                Scenario::Fleet => ctx.scale.fleet_kills,
+                _ => ctx.scale.repeats,
+            },
             window_s: ctx.scale.window.as_secs_f64(),
             smoke: opts.smoke,
             seconds: t.elapsed().as_secs_f64(),

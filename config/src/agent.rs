@@ -87,7 +87,10 @@ pub struct TunnelTls {
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new sessions"))]
 pub struct Reconnect {
-    /// First wait after a session ends or fails; doubles per failure (with jitter). Default `250ms`.
+    /// First wait after a session ends or fails; doubles per failure and per session that ended
+    /// before it lived `max` (with jitter). Only a session that lived at least `max` starts the
+    /// back-off again from here, so a server that accepts sessions and closes them at once is
+    /// redialled at a growing interval. Default `250ms`.
     #[serde(default = "reconnect_initial_default")]
     pub initial: Dur,
     /// Longest wait between attempts. Default `30s`.

@@ -13,7 +13,7 @@ use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
 use proxy_core::app::{StartError, listen_tcp, resolve_listen};
 use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
-use proxy_core::tunnel::ALPN_V1;
+use proxy_core::tunnel::{ALPN_V1, quic};
 use proxy_core::watch::{
     self,
     tls::{Reloading, TlsMetrics},
@@ -446,9 +446,14 @@ async fn listen_quic(
     let server_config =
         crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;
     let settings = crate::agents::settings(cfg);
-    let endpoint =
-        proxy_core::tunnel::quic::endpoint(addr, &settings, Some(server_config), what, "agents.connection_window")
-            .map_err(bind_err)?;
+    // The key file outlives the process and the id names this replica: a replica restarted in
+    // place resets its predecessor's sessions (see `StableKeys`). Unreadable now: keys of this
+    // run only, and such sessions end at their keepalive timeout.
+    let stable = std::fs::read(&cfg.agents.tls.key)
+        .ok()
+        .map(|secret| quic::StableKeys::derive(&secret, &crate::replica::server_id(cfg)));
+    let server = quic::Server { config: server_config, stable };
+    let endpoint = quic::endpoint(addr, &settings, Some(server), what, "agents.connection_window").map_err(bind_err)?;
     let local = endpoint.local_addr().map_err(bind_err)?;
     Ok((endpoint, local))
 }

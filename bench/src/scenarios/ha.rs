@@ -23,7 +23,7 @@
 //! reported, never asserted.
 
 use super::{Ctx, record};
-use crate::host;
+use crate::host::{self, lock};
 use crate::load::{Echo, connect_head, read_connect_response};
 use crate::report::{Better, Kind, Results};
 use crate::systems::{self, Running};
@@ -42,12 +42,16 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 const SC: &str = "ha";
+/// The remark of every scenario no anchor plays (ha, fleet).
+pub(super) const SEEDGATE_ONLY: &str = "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse \
+     tunnel with several servers, is not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are \
+     reported, never asserted";
 /// The system's label (every row of the scenario).
 const LABEL: &str = "proxy-server ×3 + proxy-agent";
 const CLUSTER: &str = "shoot-a";
 /// The agents listener's certificate name, the router's SNI route and the agent's server_name.
-const SNI: &str = "proxy.bench.local";
-const REPLICAS: usize = 3;
+pub(super) const SNI: &str = "proxy.bench.local";
+pub(super) const REPLICAS: usize = 3;
 /// The agent's reconnect back-off and both ends' keepalive.
 const RECONNECT: &str = "{ initial: 100ms, max: 1s }";
 const KEEPALIVE: &str = "{ interval: 500ms, timeout: 2s }";
@@ -60,7 +64,7 @@ const READY_POLL: Duration = Duration::from_millis(50);
 /// Longest wait for any one step (a session, readiness, an exit after the drain).
 const STEP: Duration = Duration::from_secs(30);
 /// One client CONNECT (connect, 200, echo) must be done within this.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the client runs with every replica in service before and after the roll.
 const CALM: Duration = Duration::from_secs(1);
 const PAYLOAD: &[u8] = b"seedgate-ha-0123";
@@ -165,13 +169,13 @@ impl Setup {
     }
 }
 
-async fn metrics(admin: SocketAddr) -> anyhow::Result<String> {
+pub(super) async fn metrics(admin: SocketAddr) -> anyhow::Result<String> {
     let (code, body) = http_get(admin, "/metrics").await?;
     ensure!(code == 200, "{admin}/metrics answered {code}");
     Ok(body)
 }
 
-async fn ready(admin: SocketAddr) -> bool {
+pub(super) async fn ready(admin: SocketAddr) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), http_get(admin, "/readyz")).await, Ok(Ok((200, _))))
 }
 
@@ -210,16 +214,16 @@ async fn wait_steady(agent: &Proc, agent_admin: SocketAddr, replicas: &[Replica]
     bail!("not steady within {STEP:?}: {last}; agent log tail:\n{}", tail(&agent.log(), 20))
 }
 
-fn tail(s: &str, n: usize) -> String {
+pub(super) fn tail(s: &str, n: usize) -> String {
     let v: Vec<&str> = s.lines().collect();
     v[v.len().saturating_sub(n)..].join("\n")
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     if s.is_empty() { f64::NAN } else { s[(s.len() - 1) / 2] }
@@ -296,10 +300,6 @@ struct Shared {
     tally: Mutex<Tally>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Decrements a replica's count of opening CONNECTs when dropped.
 struct Opening<'a>(&'a AtomicUsize);
 
@@ -323,7 +323,7 @@ async fn step<T, E: std::fmt::Display>(
 }
 
 /// `head` (a CONNECT) through `frontend`, up to its 200 answer.
-async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Result<TcpStream, String> {
+pub(super) async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Result<TcpStream, String> {
     let mut s = step(deadline, "connect to the front end", TcpStream::connect(frontend)).await?;
     let _ = s.set_nodelay(true);
     step(deadline, "sending CONNECT", s.write_all(head)).await?;
@@ -332,7 +332,7 @@ async fn open_stream(frontend: SocketAddr, head: &[u8], deadline: Instant) -> Re
 }
 
 /// Write `what`, read it back.
-async fn echo(s: &mut TcpStream, what: &[u8], deadline: Instant) -> Result<(), String> {
+pub(super) async fn echo(s: &mut TcpStream, what: &[u8], deadline: Instant) -> Result<(), String> {
     step(deadline, "writing through the tunnel", s.write_all(what)).await?;
     let mut back = vec![0u8; what.len()];
     step(deadline, "reading the echo", s.read_exact(&mut back)).await?;
@@ -363,16 +363,32 @@ async fn dial(sh: Arc<Shared>, j: usize, frontend: SocketAddr, head: Arc<[u8]>) 
     }
 }
 
-/// Offer CONNECTs at `rate` per second until told to stop, each through the next replica that
-/// is in service and ready; waits for the outstanding ones before returning.
-async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
+/// Start `next(k)` (k counting the ticks) `rate` times per second until `stop`, open loop; waits
+/// for the ones started before returning.
+pub(super) async fn at_rate<F>(stop: &AtomicBool, rate: f64, mut next: impl FnMut(usize) -> Option<F>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut dials = JoinSet::new();
-    let mut turn = 0usize;
-    // Until stopped (the roller always stops it).
-    while !sh.stop.load(Ordering::Relaxed) {
+    let mut started = JoinSet::new();
+    let mut k = 0usize;
+    // Until stopped.
+    while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
+        if let Some(f) = next(k) {
+            started.spawn(f);
+        }
+        k = k.wrapping_add(1);
+        while started.try_join_next().is_some() {}
+    }
+    while started.join_next().await.is_some() {}
+}
+
+/// Offer CONNECTs at `rate` per second until told to stop (the roller always stops it), each
+/// through the next replica that is in service and ready.
+async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
+    at_rate(&sh.stop, rate, |turn| {
         let pick = {
             let eps = lock(&sh.endpoints);
             let n = eps.len();
@@ -383,16 +399,15 @@ async fn client(sh: Arc<Shared>, rate: f64, head: Arc<[u8]>) {
                 (j, eps[j].addrs.map(|(fe, _)| fe).unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))))
             })
         };
-        turn = turn.wrapping_add(1);
         match pick {
-            Some((j, fe)) => {
-                dials.spawn(dial(sh.clone(), j, fe, head.clone()));
+            Some((j, fe)) => Some(dial(sh.clone(), j, fe, head.clone())),
+            None => {
+                lock(&sh.tally).no_ready += 1;
+                None
             }
-            None => lock(&sh.tally).no_ready += 1,
         }
-        while dials.try_join_next().is_some() {}
-    }
-    while dials.join_next().await.is_some() {}
+    })
+    .await
 }
 
 /// Ask every replica in service for `/readyz` every [`READY_POLL`] until told to stop.
@@ -599,11 +614,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     }
     eprintln!("  ha: seedgate only — no anchor plays this role here (konnectivity is not installed)");
     let grace = s.ha_drain_grace;
-    res.remark(
-        SC,
-        "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse tunnel with several servers, is \
-         not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are reported, never asserted",
-    );
+    res.remark(SC, SEEDGATE_ONLY);
     res.remark(
         SC,
         &format!(

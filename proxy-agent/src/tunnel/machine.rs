@@ -483,7 +483,6 @@ impl Cx {
         if s.reconnect {
             self.slot.metrics.reconnect(true);
         }
-        self.backoff.reset();
     }
 
     /// `auto`: QUIC did not get through, so the same place is dialled over h2.
@@ -670,8 +669,11 @@ impl Cx {
         if !was_up && c.live.reconnect {
             self.slot.metrics.reconnect(false);
         }
-        // A session that stayed up a while resets the back-off: the next failure is fresh.
-        if now.saturating_duration_since(c.live.since) > self.settings.reconnect_max {
+        // Only a session that lived at least `reconnect.max` resets the back-off: the next
+        // failure is fresh. One that came up and ended sooner does not, so a server that accepts
+        // sessions and closes them at once is redialled at a growing interval, not every
+        // `reconnect.initial`.
+        if now.saturating_duration_since(c.live.since) >= self.settings.reconnect_max {
             self.backoff.reset();
         }
         self.gone(now, c, Wait::Backoff)

@@ -74,13 +74,6 @@ pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
 /// IPv4 UDP datagram can carry; a larger bound makes those sends fail as if the path lost them.
 pub const MAX_UDP_PAYLOAD: u16 = 6_500;
 
-fn endpoint_config() -> quinn::EndpointConfig {
-    let mut c = quinn::EndpointConfig::default();
-    // The bound is a constant within quinn's accepted range (1,200 to 65,527).
-    let _ = c.max_udp_payload_size(MAX_UDP_PAYLOAD);
-    c
-}
-
 /// UDP socket buffer for a tunnel endpoint: room for a burst of the connection window, so the
 /// kernel does not drop datagrams before quinn reads them (default buffers of ~200 KiB collapse
 /// QUIC throughput under bursts); 1 MiB at least, 8 MiB at most (beyond, the window is flow
@@ -89,19 +82,73 @@ pub fn udp_buffer(s: &TunnelSettings) -> usize {
     (s.connection_window as usize).clamp(1 << 20, 8 << 20)
 }
 
+/// A server endpoint: its config, and what makes its stateless resets outlive the process
+/// (`None`: keys of this process only).
+pub struct Server {
+    pub config: quinn::ServerConfig,
+    pub stable: Option<StableKeys>,
+}
+
+/// Shortest interval between two stateless resets of a server endpoint. quinn's default (20 ms)
+/// answers 50 dead connections a second: after a replica restarts in place, a thousand agents'
+/// sessions would wait up to 20 s for theirs (or their keepalive timeout). A reset is always
+/// smaller than the packet that caused it, so a short interval amplifies nothing.
+const MIN_RESET_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The keys behind a server endpoint's connection IDs and stateless resets, derived from a
+/// secret that outlives the process (e.g. the listener's private key) and the replica's id. A
+/// replica restarted in place derives the same keys, so it recognises the connection IDs of its
+/// killed predecessor's sessions and answers their packets with a reset their peers accept: they
+/// end at once, as a TCP reset ends an h2 session, rather than at their keepalive timeout.
+/// Another replica's keys differ: a packet that reaches the wrong replica is dropped, not reset.
+pub struct StableKeys([u8; 32]);
+
+impl StableKeys {
+    pub fn derive(secret: &[u8], id: &str) -> Self {
+        use aws_lc_rs::hmac;
+        let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+        let tag = hmac::sign(&key, format!("seedgate QUIC endpoint keys\0{id}").as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        Self(out)
+    }
+
+    fn endpoint_config(&self) -> quinn::EndpointConfig {
+        use aws_lc_rs::hmac;
+        let reset = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
+        let cid_tag = hmac::sign(&reset, b"connection ids");
+        let mut cid_key = [0u8; 8];
+        cid_key.copy_from_slice(&cid_tag.as_ref()[..8]);
+        let cid_key = u64::from_le_bytes(cid_key);
+        let mut c = quinn::EndpointConfig::new(Arc::new(reset));
+        c.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
+        c
+    }
+}
+
 /// A quinn endpoint on a UDP socket bound to `addr` with [`udp_buffer`] bytes of buffer (a
 /// warning names `key` if the kernel caps it); a server endpoint when `server` is given.
 pub fn endpoint(
     addr: std::net::SocketAddr,
     settings: &TunnelSettings,
-    server: Option<quinn::ServerConfig>,
+    server: Option<Server>,
     what: &str,
     key: &str,
 ) -> io::Result<quinn::Endpoint> {
     // Once per process: an agent opens an endpoint per session, and the cap does not change.
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
-    quinn::Endpoint::new(endpoint_config(), server, sock, Arc::new(quinn::TokioRuntime))
+    let (mut config, server) = match server {
+        Some(s) => {
+            let mut c = s.stable.map(|k| k.endpoint_config()).unwrap_or_default();
+            c.min_reset_interval(MIN_RESET_INTERVAL);
+            (c, Some(s.config))
+        }
+        None => (quinn::EndpointConfig::default(), None),
+    };
+    // The bound is a constant within quinn's accepted range (1,200 to 65,527).
+    let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
+    quinn::Endpoint::new(config, server, sock, Arc::new(quinn::TokioRuntime))
 }
 
 /// Why the framing at the start of a stream could not be read.

@@ -51,7 +51,14 @@ async fn connected() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint;
     cc.transport_config(transport);
     // The endpoints the binaries make (endpoint and transport settings, socket buffers).
     let local = "127.0.0.1:0".parse().unwrap();
-    let seed_ep = quic::endpoint(local, &settings, Some(sc), "the seed's test endpoint", "-").unwrap();
+    let seed_ep = quic::endpoint(
+        local,
+        &settings,
+        Some(quic::Server { config: sc, stable: None }),
+        "the seed's test endpoint",
+        "-",
+    )
+    .unwrap();
     let agent_ep = quic::endpoint(local, &settings, None, "the agent's test endpoint", "-").unwrap();
     let connecting = agent_ep.connect_with(cc, seed_ep.local_addr().unwrap(), "seed.test").unwrap();
     let (agent, seed) = tokio::join!(connecting, async { seed_ep.accept().await.unwrap().await });

@@ -6,7 +6,7 @@
 use anyhow::Context as _;
 use testbed::tunnel_kit::{
     AgentOpts, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, inproc_agent, inproc_server, metrics,
-    server_yaml, wait_agents,
+    server_yaml, start_server, wait_agents,
 };
 use testbed::{InProc, TcpEcho, TempDir, metric_value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -79,5 +79,35 @@ async fn through_sni_router_udp_listener() -> anyhow::Result<()> {
             "{m}"
         );
     }
+    Ok(())
+}
+
+/// A replica SIGKILLed and started again in place (same UDP port, same id, same key) answers
+/// its predecessor's QUIC sessions with a stateless reset their agents accept: the session ends
+/// at the agent's next packet and the agent dials the new replica, as an h2 session ends at the
+/// kernel's reset, instead of lingering until its keepalive timeout (60 s here, longer than the
+/// test's every wait).
+#[tokio::test]
+async fn a_replica_restarted_in_place_resets_its_predecessors_sessions() -> anyhow::Result<()> {
+    let dir = TempDir::new("tunnel-quic-reset")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+    let long = "keepalive: { interval: 500ms, timeout: 60s }";
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "")
+        .replacen("agents:\n", &format!("agents:\n  quic: {{ listen: {udp} }}\n  server_id: r1\n"), 1)
+        .replace("keepalive: { interval: 500ms, timeout: 2s }", long);
+    let (mut first, faddrs) = start_server(&dir, "server", &yaml).await?;
+    let mut o = AgentOpts::new("shoot-a", udp, &["127.0.0.1/32"]);
+    o.tunnel_extra = "  transport: quic\n".into();
+    let agent_yaml = agent_yaml(&pki, &o)?.replace("keepalive: { interval: 500ms, timeout: 2s }", long);
+    let (agent, _) = inproc_agent(&dir, &agent_yaml).await?;
+    wait_agents(faddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
+
+    first.signal(libc::SIGKILL)?;
+    first.wait_exit(STEP).await.context("the server did not die")?;
+    let (_second, saddrs) = start_server(&dir, "server", &yaml).await?;
+    wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
+    let ended = agent.wait_log_line(&["tunnel session ended", "reset"], STEP).await?;
+    assert!(!ended.contains("timed out"), "{ended}");
     Ok(())
 }

@@ -437,7 +437,7 @@ fn auto_probes_quic_only_while_the_h2_session_is_up_and_no_replacement_is_looked
 }
 
 #[test]
-fn the_back_off_grows_to_reconnect_max_and_resets_after_a_long_or_an_up_session() {
+fn the_back_off_grows_to_reconnect_max_and_resets_only_after_a_session_that_lived_reconnect_max() {
     let mut s = settings(Transport::H2);
     s.reconnect_max = secs(2);
     let r = replicas();
@@ -461,10 +461,21 @@ fn the_back_off_grows_to_reconnect_max_and_resets_after_a_long_or_an_up_session(
     // A short one that never came up does not...
     assert_eq!(b.feed(Event::Dialed { id, result: Ok(addr(1)) }), vec![]);
     assert_eq!(b.feed(Event::Ended { id, error: Some("reset".into()) }), vec![]);
-    let (waited, id) = b.wake_dial();
+    let (waited, mut id) = b.wake_dial();
     assert_eq!(waited, ms(500));
-    // ... one that came up does, however short.
+    // ... nor does one that came up and was closed at once (a server that accepts sessions and
+    // drops them): it is redialled at a growing interval...
+    for want in [1000, 2000, 2000] {
+        assert_eq!(b.bring_up(id, addr(1), None), vec![]);
+        b.now += ms(10);
+        assert_eq!(b.feed(Event::Ended { id, error: None }), vec![]);
+        let (waited, next) = b.wake_dial();
+        assert_eq!(waited, ms(want));
+        id = next;
+    }
+    // ... while one that came up and lived `reconnect.max` does.
     assert_eq!(b.bring_up(id, addr(1), None), vec![]);
+    b.now += secs(2);
     assert_eq!(b.feed(Event::Ended { id, error: None }), vec![]);
     let (waited, id) = b.wake_dial();
     assert_eq!(waited, ms(250));
