@@ -66,7 +66,7 @@ pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t
 }
 
-/// Largest QUIC packet either end sends or accepts. Path MTU discovery starts at 1,200 bytes and
+/// Largest QUIC packet either end sends, and a server endpoint accepts. Path MTU discovery starts at 1,200 bytes and
 /// searches up to this: across Ethernet it settles near 1,450, on jumbo-frame links and loopback
 /// it reaches this bound, and fewer, larger packets cost less per byte at both ends (a packet
 /// is one decryption, one ACK range and one trip through the UDP stack). Not higher: quinn
@@ -138,16 +138,19 @@ pub fn endpoint(
     // Once per process: an agent opens an endpoint per session, and the cap does not change.
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
-    let (mut config, server) = match server {
+    let (config, server) = match server {
         Some(s) => {
             let mut c = s.stable.map(|k| k.endpoint_config()).unwrap_or_default();
             c.min_reset_interval(MIN_RESET_INTERVAL);
+            // A server endpoint is one per listener, so its receive buffer (quinn sizes it as
+            // 2,048 packets of this size) is paid once. An agent has an endpoint per session and
+            // keeps quinn's 1,472: it receives in Ethernet-sized packets, and sends in packets up
+            // to the bound. The bound is within quinn's accepted range (1,200 to 65,527).
+            let _ = c.max_udp_payload_size(MAX_UDP_PAYLOAD);
             (c, Some(s.config))
         }
         None => (quinn::EndpointConfig::default(), None),
     };
-    // The bound is a constant within quinn's accepted range (1,200 to 65,527).
-    let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
     quinn::Endpoint::new(config, server, sock, Arc::new(quinn::TokioRuntime))
 }
 
