@@ -217,7 +217,7 @@ pub(crate) fn quic_server_config(
 ) -> Result<quinn::ServerConfig, quinn::crypto::rustls::NoInitialCipherSuite> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    sc.transport_config(Arc::new(quic::transport_config(&settings(cfg))));
+    sc.transport_config(Arc::new(quic::seed_transport_config(&settings(cfg))));
     Ok(sc)
 }
 

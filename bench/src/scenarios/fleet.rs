@@ -547,12 +547,14 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     ensure!(n >= CLUSTERS, "--agents {n}: the fleet needs at least one agent per cluster ({CLUSTERS})");
     let rows = Rows::new(res, n);
     let labels = [Over::H2, Over::Quic].map(|o| (o, o.label(n)));
-    if let Err(e) = systems::check_only(&labels[0].1) {
-        for (_, l) in &labels {
-            for m in rows.all() {
-                res.skip(m, l, Kind::Seedgate, &format!("{e:#}"));
-            }
+    // `--only` may name one transport's label (e.g. `over QUIC`): the other is left out.
+    let (labels, left_out): (Vec<_>, Vec<_>) = labels.into_iter().partition(|(_, l)| systems::check_only(l).is_ok());
+    for (_, l) in &left_out {
+        for m in rows.all() {
+            res.skip(m, l, Kind::Seedgate, "filtered out (--only)");
         }
+    }
+    if labels.is_empty() {
         return Ok(());
     }
     res.remark(SC, SEEDGATE_ONLY);

@@ -50,13 +50,34 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest control-stream chunk read at once.
 const CONTROL_CHUNK: usize = 4096;
 
-/// quinn transport settings from the tunnel's: flow-control windows, stream limit, keepalive.
-pub fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
+/// Streams the seed may have open on an agent's session at first. The agent doubles the
+/// allowance (up to `max_streams`) whenever half of it is in use: quinn allocates the state of
+/// every stream it allows the peer to open at the moment it allows it, about 280 bytes each, so
+/// allowing all 16,384 from the start cost 4.4 MiB per session before any stream was opened.
+const FIRST_STREAM_ALLOWANCE: u32 = 256;
+
+/// The seed's quinn transport settings. The seed opens every stream of a session (the control
+/// stream first), so the agent may open none.
+pub fn seed_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
+    let mut t = transport_config(s);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
+    t
+}
+
+/// The agent's quinn transport settings: the seed may open [`FIRST_STREAM_ALLOWANCE`] streams
+/// at first (the session raises it as they fill).
+pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
+    let mut t = transport_config(s);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams.min(FIRST_STREAM_ALLOWANCE)));
+    t
+}
+
+/// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
+fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(s.stream_window));
     t.receive_window(VarInt::from_u32(s.connection_window));
     t.send_window(u64::from(s.connection_window));
-    t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(s.keepalive_interval));
     t.max_idle_timeout(quinn::IdleTimeout::try_from(s.keepalive_timeout).ok());
@@ -139,6 +160,7 @@ pub fn endpoint(
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
     let (config, server) = match server {
+        None => (quinn::EndpointConfig::default(), None),
         Some(s) => {
             let mut c = s.stable.map(|k| k.endpoint_config()).unwrap_or_default();
             c.min_reset_interval(MIN_RESET_INTERVAL);
@@ -149,7 +171,6 @@ pub fn endpoint(
             let _ = c.max_udp_payload_size(MAX_UDP_PAYLOAD);
             (c, Some(s.config))
         }
-        None => (quinn::EndpointConfig::default(), None),
     };
     quinn::Endpoint::new(config, server, sock, Arc::new(quinn::TokioRuntime))
 }
@@ -414,6 +435,9 @@ struct QuicAgent {
     conn: Connection,
     /// Streams accepted and not yet ended (the control stream aside).
     active: Arc<AtomicUsize>,
+    /// Streams the seed may have open now, and at most.
+    allowed: u32,
+    max_streams: u32,
     /// The going-away notice went out: streams that crossed it are refused.
     draining: bool,
 }
@@ -443,6 +467,18 @@ async fn incoming(
     }
 }
 
+impl QuicAgent {
+    /// Double the seed's stream allowance once half of it is in use (the control stream is one
+    /// of them), so that opens rarely wait for credit and idle sessions stay small.
+    fn allow_more(&mut self) {
+        let open = u32::try_from(self.active.load(Ordering::Relaxed)).unwrap_or(u32::MAX).saturating_add(1);
+        if open >= self.allowed / 2 && self.allowed < self.max_streams {
+            self.allowed = self.max_streams.min(self.allowed.saturating_mul(2));
+            self.conn.set_max_concurrent_bi_streams(VarInt::from_u32(self.allowed));
+        }
+    }
+}
+
 impl AgentTransport for QuicAgent {
     type ControlSend = SendStream;
     type ControlRecv = RecvStream;
@@ -455,6 +491,7 @@ impl AgentTransport for QuicAgent {
             Err(e) => return Err(SessionError::transport("QUIC connection", e)),
         };
         let active = Active::new(self.active.clone());
+        self.allow_more();
         let pending: BoxFuture<'static, _> = Box::pin(incoming(send, recv, active, self.draining));
         Ok(Some(Accepted::Pending(pending)))
     }
@@ -510,7 +547,9 @@ pub async fn run_agent_session(
             return Err(SessionError::HandshakeTimeout { waiting_for: "control stream", timeout });
         }
     };
-    let agent = QuicAgent { conn, active: Default::default(), draining: false };
+    let allowed = settings.max_streams.min(FIRST_STREAM_ALLOWANCE);
+    let agent =
+        QuicAgent { conn, active: Default::default(), allowed, max_streams: settings.max_streams, draining: false };
     session::run_agent(agent, Some(control), handler, stop, tracker).await
 }
 

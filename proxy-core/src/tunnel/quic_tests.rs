@@ -40,15 +40,16 @@ async fn connected() -> (quinn::Connection, quinn::Connection, [quinn::Endpoint;
     let mut client = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
     client.alpn_protocols = vec![super::ALPN_V1.to_vec()];
     let settings = TunnelSettings::default();
-    let transport = Arc::new(quic::transport_config(&settings));
+    let (seed_transport, agent_transport) =
+        (Arc::new(quic::seed_transport_config(&settings)), Arc::new(quic::agent_transport_config(&settings)));
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(
         quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(server)).unwrap(),
     ));
-    sc.transport_config(transport.clone());
+    sc.transport_config(seed_transport);
     let mut cc = quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(client)).unwrap(),
     ));
-    cc.transport_config(transport);
+    cc.transport_config(agent_transport);
     // The endpoints the binaries make (endpoint and transport settings, socket buffers).
     let local = "127.0.0.1:0".parse().unwrap();
     let seed_ep = quic::endpoint(
@@ -343,9 +344,11 @@ async fn write_tunnel_corpus() {
 #[tokio::test]
 async fn bulk_data_on_loopback_goes_in_packets_of_the_largest_size_without_a_black_hole() {
     let (seed, agent, _eps) = connected().await;
-    let (mut tx, _rx) = agent.open_bi().await.unwrap();
+    // The seed opens every stream; the agent sends on its half.
+    let (mut seed_tx, mut rx) = seed.open_bi().await.unwrap();
+    seed_tx.write_all(b"x").await.unwrap();
+    let (mut tx, _agent_rx) = within("the agent's accept", agent.accept_bi()).await.unwrap();
     tx.write_all(b"x").await.unwrap();
-    let (_seed_tx, mut rx) = within("the seed's accept", seed.accept_bi()).await.unwrap();
     let reader = tokio::spawn(async move { rx.read_to_end(32 << 20).await.unwrap().len() });
     let chunk = vec![7u8; 64 * 1024];
     // 16 MiB: discovery's probes are answered long before the end.
@@ -359,4 +362,36 @@ async fn bulk_data_on_loopback_goes_in_packets_of_the_largest_size_without_a_bla
     // Above what the default bound (Ethernet's 1,452) would reach; the bound itself once every
     // probe was answered.
     assert!(path.current_mtu > 1_452, "{path:?}");
+}
+
+/// The seed sends in packets no larger than an agent's endpoint accepts (the agent keeps
+/// quinn's 1,472 while the seed's accepts 6,500): a bulk transfer arrives whole and in order.
+#[tokio::test]
+async fn bulk_data_from_the_seed_reaches_an_agent_endpoint_whole() {
+    let (seed, agent, _eps) = connected().await;
+    let (mut tx, _rx) = seed.open_bi().await.unwrap();
+    let sent: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let expected = sent.clone();
+    let writer = tokio::spawn(async move {
+        tx.write_all(&sent).await.unwrap();
+        tx.finish().unwrap();
+        tx
+    });
+    let (_agent_tx, mut rx) = within("the agent's accept", agent.accept_bi()).await.unwrap();
+    let got = within("the transfer", rx.read_to_end(32 << 20)).await.unwrap();
+    assert!(got == expected, "{} bytes arrived, {} sent, or not in order", got.len(), expected.len());
+    drop(within("the writer", writer).await.unwrap());
+}
+
+/// The seed may open only a first allowance of streams on a new session (quinn allocates each
+/// allowed stream's state up front); the agent raises it as streams fill it, so a thousand
+/// streams open one after the other and stay open together.
+#[tokio::test]
+async fn streams_beyond_the_first_allowance_open_and_stay_open_together() {
+    let (seed, mut agent, _eps) = pair().await;
+    let mut held = Vec::new();
+    for i in 0..1_000 {
+        held.push(open_accepted(&seed, &mut agent, &format!("10.0.0.1:{}", 1_000 + i)).await);
+    }
+    assert_eq!(held.len(), 1_000);
 }
