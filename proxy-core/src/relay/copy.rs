@@ -391,17 +391,54 @@ where
     pub fn upstream(&self) -> &U {
         &self.upstream
     }
+}
 
-    fn fail(e: PumpError, reader: Side) -> Outcome {
-        let side = if e.on_reader {
-            reader
-        } else {
-            match reader {
-                Side::Client => Side::Upstream,
-                Side::Upstream => Side::Client,
-            }
-        };
-        if is_reset(&e.err) { Outcome::Reset(side) } else { Outcome::Error(side, e.err) }
+/// How a pump's failure ends the relay: a reset or an error of the side that failed, the
+/// reader (`reader`) or the other one.
+fn fail(e: PumpError, reader: Side) -> Outcome {
+    let side = if e.on_reader {
+        reader
+    } else {
+        match reader {
+            Side::Client => Side::Upstream,
+            Side::Upstream => Side::Client,
+        }
+    };
+    if is_reset(&e.err) { Outcome::Reset(side) } else { Outcome::Error(side, e.err) }
+}
+
+/// One direction of a [`Transfer`]: whether it is done, what it moved, and its meter.
+struct Direction<'a> {
+    done: &'a mut bool,
+    sent: &'a mut u64,
+    meter: Option<&'a IntCounter>,
+}
+
+impl Direction<'_> {
+    /// Pump from `r` (the `reader` side) to `w` once, unless done; the outcome if it failed.
+    fn step<R, W, P: Pump<R, W>>(
+        self,
+        cx: &mut Context<'_>,
+        pump: &mut P,
+        r: &mut R,
+        w: &mut W,
+        reader: Side,
+    ) -> Option<Outcome> {
+        if *self.done {
+            return None;
+        }
+        let mut n = 0;
+        let result = pump.poll_pump(cx, r, w, &mut n);
+        *self.sent += n;
+        if let Some(m) = self.meter {
+            m.inc_by(n);
+        }
+        match result {
+            Poll::Ready(Ok(())) => *self.done = true,
+            Poll::Ready(Err(e)) => return Some(fail(e, reader)),
+            Poll::Pending => {}
+        }
+        None
     }
 }
 
@@ -416,31 +453,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
         let this = self.get_mut();
         let before = this.sent_up + this.sent_down;
-        if !this.up_done {
-            let mut n = 0;
-            let r = Pump::<C, U>::poll_pump(&mut this.up, cx, &mut this.client, &mut this.upstream, &mut n);
-            this.sent_up += n;
-            if let Some(m) = &this.meters.to_upstream {
-                m.inc_by(n);
-            }
-            match r {
-                Poll::Ready(Ok(())) => this.up_done = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Self::fail(e, Side::Client)),
-                Poll::Pending => {}
-            }
+        let up =
+            Direction { done: &mut this.up_done, sent: &mut this.sent_up, meter: this.meters.to_upstream.as_ref() };
+        if let Some(failed) = up.step(cx, &mut this.up, &mut this.client, &mut this.upstream, Side::Client) {
+            return Poll::Ready(failed);
         }
-        if !this.down_done {
-            let mut n = 0;
-            let r = Pump::<U, C>::poll_pump(&mut this.down, cx, &mut this.upstream, &mut this.client, &mut n);
-            this.sent_down += n;
-            if let Some(m) = &this.meters.to_client {
-                m.inc_by(n);
-            }
-            match r {
-                Poll::Ready(Ok(())) => this.down_done = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Self::fail(e, Side::Upstream)),
-                Poll::Pending => {}
-            }
+        let down =
+            Direction { done: &mut this.down_done, sent: &mut this.sent_down, meter: this.meters.to_client.as_ref() };
+        if let Some(failed) = down.step(cx, &mut this.down, &mut this.upstream, &mut this.client, Side::Upstream) {
+            return Poll::Ready(failed);
         }
         if this.up_done && this.down_done {
             return Poll::Ready(Outcome::Closed);
