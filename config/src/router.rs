@@ -81,7 +81,11 @@ timeouts_with_pending_budget! {
         #[serde(default = "idle_default")]
         pub idle: Dur,
         /// A UDP flow (QUIC routed by SNI) with no datagram in either direction for this long is
-        /// forgotten; the client's next datagram must then be a new Initial.
+        /// forgotten; the client's next datagram must then be a new Initial. A flow whose client
+        /// has sent nothing for a third of this no longer counts for balancing (UDP shows no
+        /// end of a QUIC session, and a live one sends at least every keep-alive interval); its
+        /// client's next datagram counts it again. Keep it above three times the clients' QUIC
+        /// keep-alive interval.
         #[serde(default = "udp_idle_default")]
         pub udp_idle: Dur,
     }
@@ -130,7 +134,10 @@ limits_with_pending_budget! {
         #[schemars(range(min = 1, max = 4))]
         pub proxy_protocol_depth: u8,
         /// UDP flows (one per client address) the whole process holds, routed or still waiting for
-        /// their ClientHello; when full, Initials of new clients are dropped (and counted).
+        /// their ClientHello; when full, Initials of new clients are dropped (and counted). For
+        /// agents' QUIC sessions: at least twice agents × replicas, since the flow of a session that
+        /// ended (a duplicate closed, a replica restarted) stays until `timeouts.udp_idle`. Each
+        /// flow holds a socket: keep the process's open-file limit above it.
         #[serde(default = "udp_flows_default")]
         #[schemars(range(min = 1, max = 1000000))]
         pub udp_flows: usize,

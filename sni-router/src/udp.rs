@@ -4,7 +4,8 @@
 //! until [`InitialReader`] has the ClientHello; the flow then gets a UDP socket connected to
 //! one upstream of the route, the waiting datagrams are sent on, and datagrams are relayed both
 //! ways until the flow is idle for `timeouts.udp_idle`. A flow keeps its route and upstream
-//! across reloads, like a TCP connection.
+//! across reloads, like a TCP connection. For balancing, a flow counts against its upstream only
+//! while its client is heard ([`Counted`]).
 //!
 //! A flow also follows its client to a new address (NAT rebinding, a node whose address
 //! changed): the router learns the connection IDs the upstream gives itself in its handshake
@@ -22,8 +23,8 @@ use crate::listener::ListenerRt;
 use crate::migration::{Candidates, Verdict};
 use crate::shared::Shared;
 use crate::table::Route;
-use crate::upstream::{UpstreamGuard, attempt_order};
-use proxy_core::net::guard::Active;
+use crate::upstream::{Upstream, attempt_order};
+use proxy_core::net::guard::Tally;
 use proxy_core::net::resolve_within;
 use proxy_wire::client_hello::Status;
 use proxy_wire::quic_cid::{MAX_CID_LEN, long_header_scid, short_header_dcid};
@@ -98,8 +99,50 @@ struct Routed {
     client_last: AtomicU64,
     /// Other addresses sending the flow's datagrams: whether to follow one.
     candidates: Mutex<Candidates>,
+    balance: Counted,
     _slot: FlowSlot,
-    _guard: UpstreamGuard,
+}
+
+/// A flow's share of its upstream's count, which `least-connections` and power-of-two balancing
+/// read. UDP brings no end of connection: a QUIC session that ended (closed, reset by an upstream
+/// restarted in place, its client killed) leaves its flow until `udp_idle`, and counting it
+/// meanwhile sends new flows away from the upstream that just lost those sessions (after a replica
+/// restarts, its agents' new sessions would go to the replicas they still hold). So a flow whose
+/// client has been silent for a third of `udp_idle` stops counting, and counts again at its
+/// client's next datagram; a live QUIC session is heard at least every keep-alive interval.
+struct Counted {
+    upstream: Arc<Upstream>,
+    on: AtomicBool,
+}
+
+impl Counted {
+    fn new(upstream: Arc<Upstream>) -> Self {
+        upstream.up();
+        Self { upstream, on: AtomicBool::new(true) }
+    }
+
+    fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Count the flow again (once, however many datagrams race here).
+    fn resume(&self) {
+        if !self.on() && !self.on.swap(true, Ordering::AcqRel) {
+            self.upstream.up();
+        }
+    }
+
+    fn pause(&self) {
+        if self.on.swap(false, Ordering::AcqRel) {
+            self.upstream.down();
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.pause();
+    }
 }
 
 impl Routed {
@@ -110,6 +153,7 @@ impl Routed {
     /// A datagram from the client's address now.
     fn heard(&self) {
         self.client_last.store(now_ms(), Ordering::Relaxed);
+        self.balance.resume();
     }
 
     fn peer(&self) -> SocketAddr {
@@ -402,7 +446,7 @@ impl UdpListener {
             }
             Verdict::Move => {
                 *f.peer.lock().expect("not poisoned") = peer;
-                f.client_last.store(now, Ordering::Relaxed);
+                f.heard();
                 if matches!(flows.map.get(&current), Some(Flow::Routed(g)) if g.id == f.id) {
                     flows.map.remove(&current);
                 }
@@ -514,7 +558,7 @@ impl UdpListener {
                         // retransmission timeout, about a second). Datagrams arriving meanwhile
                         // wait in the pending flow's bounded queue.
                         let _ = tokio::time::timeout(limits.connect, sock.writable()).await;
-                        return this.install(peer, id, route.clone(), Active::new(up.clone()), sock, &limits);
+                        return this.install(peer, id, route.clone(), up.clone(), sock, &limits);
                     }
                     Err(e) => {
                         tracing::debug!(upstream = %up.addr, error = %e, "udp upstream unusable");
@@ -539,7 +583,7 @@ impl UdpListener {
         peer: SocketAddr,
         id: u64,
         route: Arc<Route>,
-        guard: UpstreamGuard,
+        upstream: Arc<Upstream>,
         sock: UdpSocket,
         limits: &FlowLimits,
     ) {
@@ -555,8 +599,8 @@ impl UdpListener {
             last: AtomicU64::new(now_ms()),
             client_last: AtomicU64::new(now_ms()),
             candidates: Mutex::default(),
+            balance: Counted::new(upstream),
             _slot: p.slot,
-            _guard: guard,
         });
         flows.map.insert(peer, Flow::Routed(f.clone()));
         drop(flows);
@@ -569,16 +613,28 @@ impl UdpListener {
         self.shared.shutdown.tracker.spawn(async move { this.relay_back(f, idle).await });
     }
 
-    /// Upstream to client, and the flow's end: idle for `idle`, or its route retired.
+    /// Upstream to client, and the flow's end: idle for `idle`, or its route retired. A client
+    /// silent for a third of `idle` takes the flow out of its upstream's count ([`Counted`]).
     async fn relay_back(self: Arc<Self>, f: Arc<Routed>, idle: Duration) {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let idle_ms = idle.as_millis() as u64;
+        let quiet_ms = idle_ms / 3;
         loop {
-            let since = now_ms().saturating_sub(f.last.load(Ordering::Relaxed));
+            let now = now_ms();
+            let since = now.saturating_sub(f.last.load(Ordering::Relaxed));
             if since >= idle_ms {
                 break;
             }
-            let wait = Duration::from_millis(idle_ms - since);
+            let mut wait = idle_ms - since;
+            if f.balance.on() {
+                let silent = now.saturating_sub(f.client_last.load(Ordering::Relaxed));
+                if silent >= quiet_ms {
+                    f.balance.pause();
+                } else {
+                    wait = wait.min(quiet_ms - silent);
+                }
+            }
+            let wait = Duration::from_millis(wait);
             tokio::select! {
                 r = f.upstream.recv(&mut buf) => match r {
                     Ok(n) => {
@@ -679,6 +735,72 @@ mod tests {
         // Far above any default net.core.rmem_max: capped (and logged), still bound.
         bind_udp(addr, 256 * 1024 * 1024, "test").expect("a capped buffer still binds");
         flow_socket(s.local_addr().expect("addr"), 256 * 1024 * 1024).expect("flow socket");
+    }
+
+    /// A client's first Initial: a real ClientHello for `sni` (rustls's QUIC client) in a CRYPTO frame.
+    fn initial_for(sni: &str) -> Vec<u8> {
+        let tls = rustls::ClientConfig::builder()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let mut c = rustls::quic::ClientConnection::new(
+            Arc::new(tls),
+            rustls::quic::Version::V1,
+            sni.to_owned().try_into().expect("a server name"),
+            vec![0x01, 0x02, 0x43, 0xe8], // a transport parameter: max_idle_timeout 1000
+        )
+        .expect("client");
+        let mut hello = Vec::new();
+        let _ = c.write_hs(&mut hello);
+        build::initial_v1(&[0x5a; 8], 0, &build::crypto_frame(0, &hello)).expect("sealed")
+    }
+
+    /// A flow whose client went silent (a QUIC session that ended: UDP shows no end) no longer
+    /// counts for least-connections while the flow lives on, and counts again once its client
+    /// speaks: after a replica restarts, its agents' new flows must not be sent elsewhere by the
+    /// flows of their ended sessions.
+    #[tokio::test]
+    async fn a_silent_clients_flow_stops_counting_for_balancing_and_counts_again_when_heard() {
+        let bound = Duration::from_secs(10);
+        let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let (a, b, client) = (
+            UdpSocket::bind(local).await.expect("a"),
+            UdpSocket::bind(local).await.expect("b"),
+            UdpSocket::bind(local).await.expect("client"),
+        );
+        let yaml = format!(
+            "timeouts: {{ udp_idle: 3s }}\nlisteners:\n  - name: q\n    listen: 127.0.0.1:0\n    protocol: udp\n    \
+             routes:\n      - name: r\n        sni: [r.example]\n        balance: least-connections\n        \
+             upstreams: [{}, {}]\n",
+            a.local_addr().expect("a"),
+            b.local_addr().expect("b")
+        );
+        let shared = Arc::new(crate::shared::test_shared_with(&yaml));
+        let rt = crate::listener::test_listener(&shared);
+        let ups = rt.table.load().by_sni("r.example").expect("the route").upstreams.clone();
+        let l = UdpListener::new(&shared, rt, bind_udp(local, 64 * 1024, "test").expect("bind"));
+        let peer = client.local_addr().expect("client");
+        l.on_datagram(&initial_for("r.example"), peer);
+        // On a tie the first upstream gets the flow.
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let (_, flow) = tokio::time::timeout(bound, a.recv_from(&mut buf)).await.expect("the Initial").expect("recv");
+        assert_eq!((ups[0].active(), ups[1].active()), (1, 0));
+        // The upstream goes on sending, so the flow lives; its client says nothing.
+        let answers = tokio::spawn(async move {
+            for _ in 0..200 {
+                let _ = a.send_to(b"answer", flow).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let deadline = tokio::time::Instant::now() + bound;
+        while ups[0].active() != 0 {
+            assert!(tokio::time::Instant::now() < deadline, "a silent client's flow still counts");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(l.flow_count(), 1, "the flow itself lives on");
+        // The client's next datagram counts its flow again.
+        l.on_datagram(b"\x40 a short-header packet", peer);
+        assert_eq!((ups[0].active(), ups[1].active()), (1, 0));
+        answers.abort();
     }
 
     /// A flood of Initials from many addresses holds at most `limits.udp_flows` flows, and

@@ -25,6 +25,7 @@ pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
         max_streams: cfg.max_streams as u32 + 16,
         keepalive_interval: cfg.keepalive.interval.get(),
         keepalive_timeout: cfg.keepalive.timeout.get(),
+        receive_offload: cfg.quic_gro,
         ..TunnelSettings::default()
     }
 }

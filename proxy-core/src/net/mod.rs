@@ -7,6 +7,7 @@ pub mod guard;
 pub mod ids;
 pub mod pending;
 pub mod share;
+pub mod sockopt;
 
 use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};

@@ -1,4 +1,4 @@
-//! The only `unsafe` in seedgate: thin wrappers over pipe2(2), splice(2) and fcntl(2) for zero-copy relaying.
+//! Zero-copy relaying: thin `unsafe` wrappers over pipe2(2), splice(2) and fcntl(2).
 #![allow(unsafe_code)]
 
 use std::io;

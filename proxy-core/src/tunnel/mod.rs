@@ -168,6 +168,9 @@ pub struct TunnelSettings {
     pub max_streams: u32,
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// QUIC: the kernel may hand a read up to 64 coalesced packets (UDP GRO). quinn sizes an
+    /// endpoint's receive buffer for 32 such reads; see [`quic::endpoint`].
+    pub receive_offload: bool,
 }
 
 impl Default for TunnelSettings {
@@ -179,6 +182,7 @@ impl Default for TunnelSettings {
             max_streams: 16 * 1024,
             keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(15),
+            receive_offload: true,
         }
     }
 }
