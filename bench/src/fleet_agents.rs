@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 /// How often a mark's sweep looks at every instance not done yet.
 const SWEEP: Duration = Duration::from_millis(10);
 /// A mark's sweep gives up after this (the harness reports who did not make it).
+/// Sweeps between two reads of an instance's count of kept sessions (about a second): a loss
+/// that healed between two sweeps is then seen up to that much late.
+const KEPT_EVERY: usize = 100;
 const SWEEP_MAX: Duration = Duration::from_secs(300);
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +70,38 @@ impl Instance {
         }
         (up, all)
     }
+
+    /// Sessions that came up and were kept: reconnects that succeeded, less duplicates closed.
+    /// It grows only when a session was re-made, so it shows a loss that happened and healed
+    /// between two sweeps.
+    fn kept(&self) -> f64 {
+        let mut n = 0.0;
+        for family in self.registry.gather() {
+            let sign = match family.name() {
+                "seedgate_tunnel_reconnects_total" => 1.0,
+                "seedgate_agent_duplicate_sessions_total" => -1.0,
+                _ => continue,
+            };
+            for m in family.get_metric() {
+                let ok = sign < 0.0 || m.get_label().iter().any(|l| l.name() == "result" && l.value() == "ok");
+                if ok {
+                    n += sign * m.get_counter().get_value();
+                }
+            }
+        }
+        n
+    }
+
+    /// Its tunnel's readiness detail.
+    fn detail(&self) -> String {
+        self.agent
+            .ready()
+            .into_iter()
+            .filter(|c| c.name.starts_with("tunnel-"))
+            .map(|c| c.detail)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 /// Per-instance times of the newest mark.
@@ -74,6 +109,10 @@ impl Instance {
 struct Marked {
     /// `None` until the instance lost its session to the marked replica and got all back.
     done: Vec<Option<Duration>>,
+    /// The instance was seen without all its replicas since the mark, or made a session anew.
+    lost: Vec<bool>,
+    /// [`Instance::kept`] at the mark.
+    kept: Vec<f64>,
 }
 
 pub(crate) fn main(a: Args) -> anyhow::Result<()> {
@@ -121,7 +160,9 @@ async fn serve(a: Args) -> anyhow::Result<()> {
                 if let Some(s) = sweep.take() {
                     s.abort();
                 }
-                *crate::host::lock(&marked) = Marked { done: vec![None; fleet.len()] };
+                let kept = fleet.iter().map(Instance::kept).collect();
+                *crate::host::lock(&marked) =
+                    Marked { done: vec![None; fleet.len()], lost: vec![false; fleet.len()], kept };
                 sweep = Some(tokio::spawn(track(fleet.clone(), marked.clone(), a.replicas, (*id).to_owned())));
                 "marked".to_owned()
             }
@@ -132,6 +173,16 @@ async fn serve(a: Args) -> anyhow::Result<()> {
                 format!("times {} {} {}", done.len(), m.done.len(), done.join(" "))
             }
             ["totals"] => totals(&fleet),
+            // The first few instances not back since the mark, and what their readiness says.
+            ["missing"] => {
+                let m = crate::host::lock(&marked);
+                let missing: Vec<String> = (0..m.done.len())
+                    .filter(|&i| m.done[i].is_none())
+                    .take(5)
+                    .map(|i| format!("node-{i:05} (seen without all replicas: {}): {}", m.lost[i], fleet[i].detail()))
+                    .collect();
+                format!("missing {}", missing.join(" | "))
+            }
             other => format!("error unknown command {other:?}"),
         };
         // A short line to a pipe the harness reads at once: written in place.
@@ -156,26 +207,35 @@ fn stdin_lines() -> tokio::sync::mpsc::Receiver<String> {
 }
 
 /// Sweep every instance not done until all are (or [`SWEEP_MAX`]): first its session to `id`
-/// must be gone (at once over h2; over QUIC when its keepalive gives up), then every replica
-/// held again, `id` among them.
+/// must be gone (at once over h2; over QUIC at the restarted replica's reset or the keepalive
+/// timeout), then every replica held again, `id` among them. A loss that healed between two
+/// sweeps shows as a session made anew since the mark.
 async fn track(fleet: Arc<Vec<Instance>>, marked: Arc<Mutex<Marked>>, replicas: usize, id: String) {
     let t0 = Instant::now();
-    let mut lost = vec![false; fleet.len()];
     let mut left: Vec<usize> = (0..fleet.len()).collect();
+    let mut sweeps = 0;
     // Bounded by SWEEP_MAX.
     while !left.is_empty() && t0.elapsed() < SWEEP_MAX {
         tokio::time::sleep(SWEEP).await;
+        sweeps += 1;
         let now = t0.elapsed();
+        let mut m = crate::host::lock(&marked);
         left.retain(|&i| {
             let (_, all) = fleet[i].holds(replicas, Some(&id));
+            // A session lost and made again between two sweeps shows in the count of kept ones.
+            // Reading it gathers the instance's registry: each instance's is read once every
+            // KEPT_EVERY sweeps (staggered), so the sweep does not burn the agents' own CPU.
+            let check = !m.lost[i] && (i + sweeps) % KEPT_EVERY == 0;
+            if !all || (check && fleet[i].kept() > m.kept[i]) {
+                m.lost[i] = true;
+            }
             if !all {
-                lost[i] = true;
                 return true;
             }
-            if !lost[i] {
+            if !m.lost[i] {
                 return true;
             }
-            crate::host::lock(&marked).done[i] = Some(now);
+            m.done[i] = Some(now);
             false
         });
     }

@@ -143,7 +143,9 @@ impl Seed {
         for j in 0..CLUSTERS {
             ctx.ca.client(&cluster(j))?.write(&self.dir, &format!("agent-{j}"))?;
         }
-        let transport = if over == Over::Quic { "quic" } else { "h2" };
+        // Over QUIC the instances read without UDP GRO: quinn keeps room for 32 coalesced reads
+        // per session (3 MiB), and thousands of sessions in one process would not fit in memory.
+        let transport = if over == Over::Quic { "quic\n  quic_gro: false" } else { "h2" };
         let d = self.dir.display();
         let p = self.dir.join("agent-template.yaml");
         systems::write_atomic(
@@ -306,6 +308,8 @@ struct Figures {
     router_cpu_s: f64,
     /// duplicate sessions closed, reconnects ok, failed (all instances, the whole run).
     totals: [f64; 3],
+    /// What sni-router refused over the whole run: flows by result, datagrams dropped by reason.
+    router_refused: String,
 }
 
 /// RSS (KiB) of each replica and of the router.
@@ -325,11 +329,17 @@ async fn run_over(ctx: &Ctx, over: Over, n: usize, echo_addr: SocketAddr) -> any
         join(&tcp),
         join(&udp)
     );
-    // Smoke runs: UDP flows of closed QUIC sessions are forgotten sooner, so least-connections
-    // sees the replicas' real load and CI's run takes seconds; full runs keep the default.
-    let udp_idle = if ctx.smoke { ", udp_idle: 5s" } else { "" };
+    // Smoke runs: the UDP flows of ended QUIC sessions stop counting for least-connections
+    // sooner (after a third of udp_idle, still above the agents' 2 s keep-alive interval), so
+    // CI's run takes seconds; full runs keep the default.
+    let udp_idle = if ctx.smoke { ", udp_idle: 7s" } else { "" };
+    // Every agent's session to every replica is a flow, and the flow of a session that ended (a
+    // duplicate closed, a session reset by the restarted replica) stays until udp_idle: room for
+    // twice the live ones. The default (10,000) refused flows from about 1,700 agents on.
+    let udp_flows = (2 * REPLICAS * n).max(10_000);
     let top = format!(
-        "timeouts: {{ handshake: 5s, connect: 5s, idle: 1h{udp_idle} }}\nlimits: {{ max_connections: 19000 }}\n"
+        "timeouts: {{ handshake: 5s, connect: 5s, idle: 1h{udp_idle} }}\n\
+         limits: {{ max_connections: 19000, udp_flows: {udp_flows} }}\n"
     );
     let mut router = systems::sni_router_top(&ctx.env(), &over.label(n), &top, &listeners).await?;
     let seed = Seed::new(ctx, router.dir.join("seed"), &tcp, &udp)?;
@@ -363,6 +373,14 @@ async fn run_over(ctx: &Ctx, over: Over, n: usize, echo_addr: SocketAddr) -> any
     for (i, r) in replicas.iter().enumerate() {
         let _ = std::fs::write(seed.dir.join(format!("r{i}.log")), r.proc.log());
     }
+    f.router_refused = match metrics(router.addr("admin")?).await {
+        Ok(m) => {
+            let flows = by_label(&m, "seedgate_udp_flows_total", "result", "ok");
+            let dropped = by_label(&m, "seedgate_udp_datagrams_dropped_total", "reason", "");
+            format!("UDP flows refused: {flows}; datagrams dropped: {dropped}")
+        }
+        Err(e) => format!("its metrics: {e:#}"),
+    };
     router.check_alive()?;
     r.map(|()| f)
 }
@@ -405,6 +423,10 @@ async fn storm(
         f.router_cpu_s = host::cpu_seconds(router_pid).unwrap_or(f64::NAN) - cpu0;
         f.back_missing = n.saturating_sub(times.len());
         f.back_ms = times;
+        if f.back_missing > 0 {
+            let w = fleet.ask("missing").await?;
+            eprintln!("  fleet:   not back: {}", w.get(1..).unwrap_or_default().join(" "));
+        }
         let m = metrics(replicas[KILLED].admin).await?;
         let on_new = metric_sum(&m, "seedgate_agents_connected", &[]);
         eprintln!("  fleet:   the new r1 counts {on_new} agents; it was ready {:.0} ms after its start", f.ready_ms);
@@ -524,6 +546,24 @@ impl Rows {
     }
 }
 
+/// The sum of metric `name` per value of `label` (all but `except`), e.g. "3 × flows_full", or "none".
+fn by_label(metrics: &str, name: &str, label: &str, except: &str) -> String {
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    let key = format!("{label}=\"");
+    for line in metrics.lines().filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{')) {
+        let Some(rest) = line.split_once(&key).map(|(_, r)| r) else { continue };
+        let Some((value, _)) = rest.split_once('"') else { continue };
+        let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        if value != except && n > 0.0 {
+            *sums.entry(value.to_owned()).or_default() += n;
+        }
+    }
+    if sums.is_empty() {
+        return "none".to_owned();
+    }
+    sums.iter().map(|(v, n)| format!("{n} × {v}")).collect::<Vec<_>>().join(", ")
+}
+
 fn remark_run(res: &mut Results, label: &str, f: &Figures) {
     let reasons = if f.tally.reasons.is_empty() {
         "none".to_owned()
@@ -535,8 +575,8 @@ fn remark_run(res: &mut Results, label: &str, f: &Figures) {
         &format!(
             "{label}: the new r1 answered /readyz 200 {:.0} ms after its start; {} of {} dials failed during the storm \
              (reasons: {reasons}); over the whole run the agents closed {} duplicate sessions (reached a replica they \
-             already held through the router) and counted {} reconnects ok, {} failed",
-            f.ready_ms, f.tally.failed, f.tally.dials, f.totals[0], f.totals[1], f.totals[2]
+             already held through the router) and counted {} reconnects ok, {} failed; sni-router: {}",
+            f.ready_ms, f.tally.failed, f.tally.dials, f.totals[0], f.totals[1], f.totals[2], f.router_refused
         ),
     );
 }
@@ -567,7 +607,8 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
              replicas (server_count {REPLICAS}, keepalive {KEEPALIVE}, one CONNECT front end per cluster) on the proxy CPU. \
              Storm: {} CONNECTs/s to an echo backend spread over the clusters and the replicas in service; r{KILLED} gets \
              SIGKILL and a new one starts at once on its ports, back in the load's set once /readyz is 200. Per-agent times \
-             come from each instance's readiness (sessions up, replica ids), swept every 10 ms from the kill",
+             come from each instance's readiness (sessions up, replica ids), swept every 10 ms from the kill. Over QUIC the \
+             instances run with quic_gro: false (quinn's receive room per session is then 47 KiB, not 3 MiB)",
             ctx.scale.fleet_rate
         ),
     );
