@@ -71,25 +71,31 @@ impl Instance {
         (up, all)
     }
 
+    /// Its session counters: duplicates closed, reconnects that succeeded and that failed (read
+    /// from the registry's values, without rendering its text).
+    fn sessions(&self) -> [f64; 3] {
+        let mut n = [0.0; 3];
+        for family in self.registry.gather() {
+            for m in family.get_metric() {
+                let result = m.get_label().iter().find(|l| l.name() == "result").map(|l| l.value());
+                let slot = match (family.name(), result) {
+                    ("seedgate_agent_duplicate_sessions_total", _) => 0,
+                    ("seedgate_tunnel_reconnects_total", Some("ok")) => 1,
+                    ("seedgate_tunnel_reconnects_total", Some("failed")) => 2,
+                    _ => continue,
+                };
+                n[slot] += m.get_counter().get_value();
+            }
+        }
+        n
+    }
+
     /// Sessions that came up and were kept: reconnects that succeeded, less duplicates closed.
     /// It grows only when a session was re-made, so it shows a loss that happened and healed
     /// between two sweeps.
     fn kept(&self) -> f64 {
-        let mut n = 0.0;
-        for family in self.registry.gather() {
-            let sign = match family.name() {
-                "seedgate_tunnel_reconnects_total" => 1.0,
-                "seedgate_agent_duplicate_sessions_total" => -1.0,
-                _ => continue,
-            };
-            for m in family.get_metric() {
-                let ok = sign < 0.0 || m.get_label().iter().any(|l| l.name() == "result" && l.value() == "ok");
-                if ok {
-                    n += sign * m.get_counter().get_value();
-                }
-            }
-        }
-        n
+        let [dup, ok, _] = self.sessions();
+        ok - dup
     }
 
     /// Its tunnel's readiness detail.
@@ -243,12 +249,7 @@ async fn track(fleet: Arc<Vec<Instance>>, marked: Arc<Mutex<Marked>>, replicas: 
 
 /// Sums over every instance's registry.
 fn totals(fleet: &[Instance]) -> String {
-    let (mut dup, mut ok, mut failed) = (0.0, 0.0, 0.0);
-    for inst in fleet {
-        let m = proxy_core::obs::metrics::render(&inst.registry);
-        dup += testbed::metric_sum(&m, "seedgate_agent_duplicate_sessions_total", &[]);
-        ok += testbed::metric_sum(&m, "seedgate_tunnel_reconnects_total", &[("result", "ok")]);
-        failed += testbed::metric_sum(&m, "seedgate_tunnel_reconnects_total", &[("result", "failed")]);
-    }
+    let [dup, ok, failed] =
+        fleet.iter().map(Instance::sessions).fold([0.0; 3], |a, b| [a[0] + b[0], a[1] + b[1], a[2] + b[2]]);
     format!("totals {dup} {ok} {failed}")
 }
