@@ -180,11 +180,13 @@ pub struct Tunnel {
     /// ¾ to all of it). Default `60s`. A reload applies it from the next probe.
     #[serde(default = "quic_probe_interval_default")]
     pub quic_probe_interval: Dur,
-    /// QUIC sessions: let the kernel coalesce up to 64 received packets per read (UDP GRO).
-    /// Default `true`. quinn keeps room for 32 such reads per session, 3 MiB, of which what
-    /// bursts fill stays resident; `false` turns GRO off and the room is 47 KiB per session, at
-    /// the cost of about half the bulk throughput from the seed into the shoot. For nodes where
-    /// the agent's memory counts more than large uploads to the shoot.
+    /// QUIC sessions: let the kernel coalesce up to 64 received packets per read (UDP GRO), and
+    /// accept packets of up to 6,500 bytes from the seed. Default `true`. quinn keeps room for 32
+    /// such reads per session, of which what bursts fill stays resident (at most 2 MiB: a read
+    /// brings at most 64 KiB); `false` turns GRO off, accepts Ethernet-sized packets only, and
+    /// the room is 47 KiB per session, at the cost of less than half the bulk throughput from
+    /// the seed into the shoot. For nodes where the agent's memory counts more than large
+    /// uploads to the shoot.
     #[serde(default = "quic_gro_default")]
     pub quic_gro: bool,
     /// What the agent tells proxy-server about its node, so that a dial to this node's name or

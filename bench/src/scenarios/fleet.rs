@@ -144,7 +144,8 @@ impl Seed {
             ctx.ca.client(&cluster(j))?.write(&self.dir, &format!("agent-{j}"))?;
         }
         // Over QUIC the instances read without UDP GRO: quinn keeps room for 32 coalesced reads
-        // per session (3 MiB), and thousands of sessions in one process would not fit in memory.
+        // per session (up to 2 MiB touched), and thousands of sessions in one process would not
+        // fit in memory.
         let transport = if over == Over::Quic { "quic\n  quic_gro: false" } else { "h2" };
         let d = self.dir.display();
         let p = self.dir.join("agent-template.yaml");
@@ -608,7 +609,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
              Storm: {} CONNECTs/s to an echo backend spread over the clusters and the replicas in service; r{KILLED} gets \
              SIGKILL and a new one starts at once on its ports, back in the load's set once /readyz is 200. Per-agent times \
              come from each instance's readiness (sessions up, replica ids), swept every 10 ms from the kill. Over QUIC the \
-             instances run with quic_gro: false (quinn's receive room per session is then 47 KiB, not 3 MiB)",
+             instances run with quic_gro: false (quinn's receive room per session is then 47 KiB, not up to 2 MiB)",
             ctx.scale.fleet_rate
         ),
     );

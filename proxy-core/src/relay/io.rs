@@ -1,8 +1,9 @@
 //! Byte streams: the one trait for a stream that can end in a reset, and replaying bytes already read in front of a stream.
 
+use bytes::{Buf, Bytes};
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A byte stream that can end in a reset instead of an orderly close: both ends of every relay
@@ -13,6 +14,26 @@ pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
     /// (TCP: zero linger, so the close sends an RST). A Unix socket has no reset: its close is
     /// all the peer gets.
     fn reset(&mut self);
+
+    /// Whether [`Resettable::poll_write_owned`] queues a chunk as it is, without copying it (a
+    /// tunnel stream: an HTTP/2 DATA frame, a QUIC stream chunk). A relay writing to such a
+    /// stream reads into a chunk of its own and hands it over, saving a copy per byte.
+    fn takes_owned(&self) -> bool {
+        false
+    }
+
+    /// Write all of `chunk`, taking its bytes by value; while Pending, `chunk` holds what is
+    /// left. The default copies it through `poll_write`.
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
+        while !chunk.is_empty() {
+            let n = ready!(Pin::new(&mut *self).poll_write(cx, chunk))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            chunk.advance(n);
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 impl Resettable for tokio::net::TcpStream {
@@ -41,11 +62,23 @@ impl<T: Resettable + ?Sized> Resettable for Box<T> {
     fn reset(&mut self) {
         (**self).reset();
     }
+    fn takes_owned(&self) -> bool {
+        (**self).takes_owned()
+    }
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
+        (**self).poll_write_owned(cx, chunk)
+    }
 }
 
 impl<S: Resettable> Resettable for Prefixed<S> {
     fn reset(&mut self) {
         self.inner.reset();
+    }
+    fn takes_owned(&self) -> bool {
+        self.inner.takes_owned()
+    }
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
+        self.inner.poll_write_owned(cx, chunk)
     }
 }
 

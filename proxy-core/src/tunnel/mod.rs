@@ -88,6 +88,12 @@ impl Resettable for TunnelStream {
     fn reset(&mut self) {
         self.io.reset();
     }
+    fn takes_owned(&self) -> bool {
+        self.io.takes_owned()
+    }
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
+        self.io.poll_write_owned(cx, chunk)
+    }
 }
 
 impl AsyncRead for TunnelStream {

@@ -151,10 +151,13 @@ impl StableKeys {
 /// warning names `key` if the kernel caps it); a server endpoint when `server` is given.
 ///
 /// quinn reads up to 32 datagrams at once, each into room for as many packets as the socket may
-/// coalesce: 64 with UDP GRO, so 3 MiB per endpoint at 1,472-byte packets, of which what bursts
-/// touch stays resident. With `settings.receive_offload` off, GRO is turned off on the socket and
-/// the buffer is 47 KiB; receiving costs more per packet (about half the bulk throughput into
-/// that endpoint on loopback).
+/// coalesce (64 with UDP GRO) of the largest size the endpoint accepts. With GRO, an endpoint
+/// accepts packets up to [`MAX_UDP_PAYLOAD`]: that room is 13 MiB of address space, but a read
+/// brings at most 64 KiB, so what bursts touch (and stays resident) is at most 2 MiB, as with
+/// Ethernet-sized packets. With `settings.receive_offload` off, GRO is turned off on the socket,
+/// the agent accepts quinn's 1,472-byte packets and the buffer is 47 KiB, all of it touched;
+/// receiving then costs more per packet (less than half the bulk throughput into that endpoint
+/// on loopback).
 pub fn endpoint(
     addr: std::net::SocketAddr,
     settings: &TunnelSettings,
@@ -165,19 +168,24 @@ pub fn endpoint(
     // Once per process: an agent opens an endpoint per session, and the cap does not change.
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let sock = crate::net::bind_udp(addr, udp_buffer(settings), what, key, Some(&WARNED))?;
-    let (config, server) = match server {
+    let (mut config, server) = match server {
         None => (quinn::EndpointConfig::default(), None),
         Some(s) => {
             let mut c = s.stable.map(|k| k.endpoint_config()).unwrap_or_default();
             c.min_reset_interval(MIN_RESET_INTERVAL);
-            // A server endpoint is one per listener, so its receive buffer (quinn sizes it as
-            // 2,048 packets of this size) is paid once. An agent has an endpoint per session and
-            // keeps quinn's 1,472: it receives in Ethernet-sized packets, and sends in packets up
-            // to the bound. The bound is within quinn's accepted range (1,200 to 65,527).
-            let _ = c.max_udp_payload_size(MAX_UDP_PAYLOAD);
             (c, Some(s.config))
         }
     };
+    // What the endpoint accepts is what its peer may send: large packets cut the receiver's
+    // per-packet work (decryption, ACK ranges, quinn's bookkeeping) several times over; the seed
+    // to agent direction moved 1.6x the bytes per CPU second with them. A server endpoint (one
+    // per listener) always accepts them. An agent (an endpoint per session) does when GRO is on:
+    // its reads are then capped at 64 KiB by the kernel whatever the packet size, so only
+    // untouched address space grows. Without GRO its room is a packet per read and it keeps
+    // quinn's 1,472. The bound is within quinn's accepted range (1,200 to 65,527).
+    if server.is_some() || settings.receive_offload {
+        let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
+    }
     let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
     let gro_off = if settings.receive_offload { None } else { Some(sock.try_clone()?) };
     // quinn turns GRO on as it wraps the socket, so it is turned off afterwards.
@@ -292,6 +300,27 @@ impl Resettable for QuicStream {
         let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
         self.write_closed = true;
         self.read_eof = true;
+    }
+
+    /// quinn queues a chunk as it is (its `poll_write` copies).
+    fn takes_owned(&self) -> bool {
+        true
+    }
+
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
+        if self.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        std::task::ready!(self.poll_prefix(cx))?;
+        while !chunk.is_empty() {
+            // quinn offers chunk writes as a future only; polled once here, it registers the
+            // waker as its poll method would, and leaves in `bufs` what it did not take.
+            let mut bufs = [std::mem::take(chunk)];
+            let polled = std::pin::pin!(self.send.write_chunks(&mut bufs)).poll(cx);
+            *chunk = std::mem::take(&mut bufs[0]);
+            std::task::ready!(polled).map_err(io::Error::from)?;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -38,11 +38,44 @@ impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
         Self { send, recv, unread: Bytes::new(), read_eof: false, write_closed: false }
     }
+
+    /// How many of `len` bytes the stream may send now (at least one), once flow control grants
+    /// any: h2 queues no more than that.
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<usize>> {
+        if self.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        self.send.reserve_capacity(len.min(WRITE_CHUNK));
+        loop {
+            let cap = self.send.capacity();
+            if cap > 0 {
+                return Poll::Ready(Ok(cap.min(len)));
+            }
+            match ready!(self.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            }
+        }
+    }
 }
 
 impl Resettable for H2Stream {
     fn reset(&mut self) {
         self.send.send_reset(Reason::CANCEL);
+    }
+
+    /// A chunk becomes DATA frames as it is: h2 writes it from the chunk itself.
+    fn takes_owned(&self) -> bool {
+        true
+    }
+
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
+        while !chunk.is_empty() {
+            let n = ready!(self.poll_send_capacity(cx, chunk.len()))?;
+            self.send.send_data(chunk.split_to(n), false).map_err(h2_to_io)?;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -76,23 +109,9 @@ impl AsyncWrite for H2Stream {
             return Poll::Ready(Ok(0));
         }
         let this = &mut *self;
-        if this.write_closed {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        }
-        this.send.reserve_capacity(buf.len().min(WRITE_CHUNK));
-        loop {
-            let cap = this.send.capacity();
-            if cap > 0 {
-                let n = cap.min(buf.len());
-                this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(h2_to_io)?;
-                return Poll::Ready(Ok(n));
-            }
-            match ready!(this.send.poll_capacity(cx)) {
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            }
-        }
+        let n = ready!(this.poll_send_capacity(cx, buf.len()))?;
+        this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(h2_to_io)?;
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
