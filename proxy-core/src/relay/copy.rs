@@ -26,8 +26,10 @@ use tokio::time::{Instant, Sleep};
 /// (h2, TLS records written in one call, the socket) runs a quarter as often per byte; the tunnel's
 /// CPU per GB fell by a fifth. An idle relay still holds no buffer.
 pub const BUF_SIZE: usize = 64 * 1024;
-/// Buffers kept per thread for reuse; more are freed.
-const POOL_MAX: usize = 64;
+/// Buffers kept per thread for reuse (1 MiB); more are freed.
+const BUF_POOL_MAX: usize = 16;
+/// Pipes kept per thread for reuse; more are closed.
+const PIPE_POOL_MAX: usize = 64;
 /// Bytes moved by one splice call (the pipe is grown to this size when possible).
 const PIPE_SIZE: usize = 256 * 1024;
 
@@ -43,7 +45,7 @@ fn take_buf() -> Box<[u8]> {
 fn give_buf(b: Box<[u8]>) {
     BUFS.with(|p| {
         let mut p = p.borrow_mut();
-        if p.len() < POOL_MAX {
+        if p.len() < BUF_POOL_MAX {
             p.push(b);
         }
     });
@@ -62,7 +64,7 @@ fn take_pipe() -> io::Result<Pipe> {
 fn give_pipe(p: Pipe) {
     PIPES.with(|pool| {
         let mut pool = pool.borrow_mut();
-        if pool.len() < POOL_MAX {
+        if pool.len() < PIPE_POOL_MAX {
             pool.push(p);
         }
     });
