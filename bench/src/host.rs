@@ -14,6 +14,8 @@ pub(crate) struct Pinning {
     pub proxy_cpu: Option<usize>,
     /// CPU the harness (load generators, backends, echo helper) runs on (sched_setaffinity).
     pub load_cpu: Option<usize>,
+    /// `GLIBC_TUNABLES` of every system under test, seedgate and anchors alike.
+    pub glibc_tunables: Option<String>,
 }
 
 impl Pinning {
@@ -27,16 +29,35 @@ impl Pinning {
         }
     }
 
-    /// `taskset -c <cpu> <program>` when pinning, else just the program.
+    /// How the systems' environment differs from the harness's, for the report.
+    pub(crate) fn describe_env(&self) -> String {
+        match &self.glibc_tunables {
+            Some(t) => format!(
+                "every system under test, seedgate and anchors alike, runs with `GLIBC_TUNABLES={t}` (what the seedgate image sets: \
+                 glibc's vector copy loop instead of `rep movsb` below 1 MiB)"
+            ),
+            None => {
+                "systems under test run with the harness's environment (no `GLIBC_TUNABLES` set by the bench)".into()
+            }
+        }
+    }
+
+    /// `taskset -c <cpu> <program>` when pinning, else just the program; with the systems'
+    /// `GLIBC_TUNABLES`.
     pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
-        match self.proxy_cpu {
+        let mut c = match self.proxy_cpu {
             Some(cpu) => {
                 let mut c = std::process::Command::new("taskset");
                 c.arg("-c").arg(cpu.to_string()).arg(program);
                 c
             }
             None => std::process::Command::new(program),
-        }
+        };
+        match &self.glibc_tunables {
+            Some(t) => c.env("GLIBC_TUNABLES", t),
+            None => c.env_remove("GLIBC_TUNABLES"),
+        };
+        c
     }
 }
 
@@ -74,15 +95,17 @@ pub(crate) fn pin_self(cpu: usize) -> anyhow::Result<()> {
 }
 
 /// Choose and apply the pinning: with two or more CPUs, the harness takes the second allowed
-/// CPU and the systems the first.
-pub(crate) fn pin(enabled: bool) -> anyhow::Result<Pinning> {
+/// CPU and the systems the first. `glibc_tunables` goes into every system's environment (empty:
+/// none).
+pub(crate) fn pin(enabled: bool, glibc_tunables: &str) -> anyhow::Result<Pinning> {
+    let glibc_tunables = Some(glibc_tunables.to_owned()).filter(|t| !t.is_empty());
     let cpus = allowed_cpus();
     if !enabled || cpus.len() < 2 {
-        return Ok(Pinning { proxy_cpu: None, load_cpu: None });
+        return Ok(Pinning { proxy_cpu: None, load_cpu: None, glibc_tunables });
     }
     let (proxy, load) = (cpus[0], cpus[1]);
     pin_self(load)?;
-    Ok(Pinning { proxy_cpu: Some(proxy), load_cpu: Some(load) })
+    Ok(Pinning { proxy_cpu: Some(proxy), load_cpu: Some(load), glibc_tunables })
 }
 
 /// Raise the soft RLIMIT_NOFILE to `want` (capped at the hard limit); returns the new soft limit.

@@ -4,6 +4,7 @@ mod demo;
 mod fleet_agents;
 mod host;
 mod load;
+mod memcpy;
 mod report;
 mod scenarios;
 mod systems;
@@ -78,6 +79,10 @@ enum Cmd {
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
+    /// This machine's copy speed for 16 KiB blocks by destination - source distance modulo 4
+    /// KiB, in this process's environment: whether glibc's `rep movsb` has the cliff that
+    /// `GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576` avoids (about a second).
+    Memcpy,
     /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
     /// rewrite its chart (--svg), without running anything.
     Report,
@@ -115,6 +120,10 @@ fn main() -> ExitCode {
             };
         }
         Cmd::Report => return scenarios::report_main(cli.opts),
+        Cmd::Memcpy => {
+            memcpy::main();
+            return ExitCode::SUCCESS;
+        }
         Cmd::All => {
             let mut v = Scenario::ALL.to_vec();
             if cli.opts.soak_minutes.is_some() {

@@ -67,6 +67,11 @@ pub(crate) struct Opts {
     /// Do not pin processes to CPUs.
     #[arg(long, global = true)]
     pub no_pin: bool,
+    /// `GLIBC_TUNABLES` for every system under test, seedgate and anchors alike. The default is
+    /// what the seedgate image sets (glibc's vector copy loop below 1 MiB instead of `rep movsb`,
+    /// which has a cliff on AMD Zen); an empty value leaves the variable unset.
+    #[arg(long, global = true, default_value = proxy_core::app::memcpy::TUNABLE)]
+    pub glibc_tunables: String,
     /// Start only the systems whose label contains this text (direct always runs): for
     /// profiling one system (see BENCH_PERF_DIR in bench/README.md).
     #[arg(long, global = true)]
@@ -332,7 +337,7 @@ fn run_main(opts: Opts, which: Vec<Scenario>) -> anyhow::Result<ExitCode> {
     let bins = testbed::ensure_built(profile, &["sni-router", "proxy-server", "proxy-agent"])?;
     let bins = Bins { router: bins[0].clone(), server: bins[1].clone(), agent: bins[2].clone() };
     let nofile = host::raise_nofile(host::NOFILE)?;
-    let pin = host::pin(!opts.no_pin)?;
+    let pin = host::pin(!opts.no_pin, &opts.glibc_tunables)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(run_async(opts, which, bins, pin, nofile))
 }
@@ -412,6 +417,7 @@ async fn run_async(
             window_s: ctx.scale.window.as_secs_f64(),
             smoke: opts.smoke,
             seconds: t.elapsed().as_secs_f64(),
+            glibc_tunables: ctx.pin.glibc_tunables.clone(),
         });
         match r {
             None => {
@@ -563,6 +569,7 @@ fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration,
         m.cpus, m.cpu_model, m.mem_gib, m.kernel, m.loadavg_start, m.loadavg_end, m.nofile
     ));
     h.push_str(&format!("- pinning: {}\n", ctx.pin.describe()));
+    h.push_str(&format!("- environment: {}\n", ctx.pin.describe_env()));
     if ctx.debug {
         h.push_str("- binaries: the debug build (`--debug`): these figures say nothing about seedgate's speed\n");
     }

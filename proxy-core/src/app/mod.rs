@@ -9,6 +9,7 @@
 
 pub mod addrs;
 pub mod cli;
+pub mod memcpy;
 pub mod shutdown;
 
 use crate::app::addrs::Addresses;
@@ -463,6 +464,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     let args = crate::app::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
     crate::obs::telemetry::init(args.log_format);
     let cfg = crate::app::cli::load_or_exit::<S::Config>(&args);
+    crate::app::memcpy::log_advice();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
