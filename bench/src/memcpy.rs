@@ -1,9 +1,9 @@
 //! `bench memcpy`: this machine's copy speed for 16 KiB blocks by destination − source distance modulo 4 KiB.
 //!
 //! glibc copies blocks of 8 KiB and more with `rep movsb` where the CPU advertises fast string
-//! moves; on AMD Zen 3/4 that is many times slower when the destination lies just past the
-//! source modulo 4 KiB, a placement rustls's per-record copy often gets. This shows whether a
-//! machine has the cliff, in this process's environment (run it with and without
+//! moves; on AMD Zen (measured on Zen 4) that is many times slower when the destination lies just
+//! past the source modulo 4 KiB, a placement rustls's per-record copy often gets. This shows
+//! whether a machine has the cliff, in this process's environment (run it with and without
 //! `GLIBC_TUNABLES`), in about a second.
 
 use std::hint::black_box;

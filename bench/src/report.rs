@@ -564,6 +564,21 @@ fn med_exact(res: &Results, scenario: &str, name: &str, system: &str) -> Option<
 /// are left out).
 pub(crate) fn targets(res: &Results) -> String {
     let mut rows: Vec<(String, String, bool)> = Vec::new();
+    /// Row "ours ÷ theirs", met when `ok(ratio)`.
+    fn ratio_row(
+        rows: &mut Vec<(String, String, bool)>,
+        what: &str,
+        (ours, theirs): (Option<f64>, Option<f64>),
+        unit: &str,
+        ok: impl Fn(f64) -> bool,
+    ) {
+        if let (Some(o), Some(t)) = (ours, theirs)
+            && t > 0.0
+        {
+            let r = o / t;
+            rows.push((what.to_owned(), format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)), ok(r)));
+        }
+    }
     fn ratio_at_least(
         rows: &mut Vec<(String, String, bool)>,
         what: &str,
@@ -572,12 +587,7 @@ pub(crate) fn targets(res: &Results) -> String {
         min: f64,
         unit: &str,
     ) {
-        if let (Some(o), Some(t)) = (ours, theirs)
-            && t > 0.0
-        {
-            let r = o / t;
-            rows.push((what.to_owned(), format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)), r >= min));
-        }
+        ratio_row(rows, what, (ours, theirs), unit, |r| r >= min);
     }
     fn ratio_at_most(
         rows: &mut Vec<(String, String, bool)>,
@@ -587,12 +597,7 @@ pub(crate) fn targets(res: &Results) -> String {
         max: f64,
         unit: &str,
     ) {
-        if let (Some(o), Some(t)) = (ours, theirs)
-            && t > 0.0
-        {
-            let r = o / t;
-            rows.push((what.to_owned(), format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)), r <= max));
-        }
+        ratio_row(rows, what, (ours, theirs), unit, |r| r <= max);
     }
     let b = "sni-bulk";
     ratio_at_least(

@@ -1,12 +1,12 @@
 //! Startup advice on glibc's large-copy routine, whose `rep movsb` path has a cliff on AMD Zen CPUs.
 //!
 //! glibc 2.36 (Debian 12, the image's base) copies blocks of 8 KiB and more with `rep movsb`. On
-//! AMD Zen 3/4 that runs about 25 times slower when the destination lies 1 to 15 bytes past the
-//! source modulo 4 KiB. rustls copies each received 16 KiB record out of its read buffer into a
-//! fresh allocation, and glibc's allocator often places that allocation 11 bytes past the payload
-//! modulo 4 KiB, on every record: up to a fifth of the tunnel's CPU. The tunable below keeps glibc
-//! on its vector loop under 1 MiB. The image sets it; this says so at startup when a process on
-//! such a CPU runs without it (a systemd unit, another image).
+//! AMD Zen (measured on Zen 4) that runs about 30 times slower when the destination lies 1 to 15
+//! bytes past the source modulo 4 KiB. rustls copies each received 16 KiB record out of its read
+//! buffer into a fresh allocation, which glibc's allocator often places 11 bytes past the payload
+//! modulo 4 KiB, and then record after record: up to a fifth of the tunnel's CPU. The tunable
+//! below keeps glibc on its vector loop under 1 MiB. The image sets it; this says so at startup
+//! when a process on such a CPU runs without it (a systemd unit, another image).
 
 /// The tunable that avoids the cliff, as it goes into `GLIBC_TUNABLES`.
 pub const TUNABLE: &str = "glibc.cpu.x86_rep_movsb_threshold=1048576";
