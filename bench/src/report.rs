@@ -542,19 +542,18 @@ pub(crate) fn svg(res: &Results, title: &str) -> String {
 /// The median of the first row whose system starts with `system`, in the first metric of
 /// `scenario` whose name starts with `name`.
 fn med(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
-    res.metrics
-        .iter()
-        .filter(|m| m.scenario == scenario && m.name.starts_with(name))
-        .flat_map(|m| m.rows.iter())
-        .find(|r| r.system.starts_with(system))
-        .and_then(Row::median)
+    med_where(res, scenario, system, |n| n.starts_with(name))
 }
 
 /// [`med`] of the figure named exactly `name`.
 fn med_exact(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
+    med_where(res, scenario, system, |n| n == name)
+}
+
+fn med_where(res: &Results, scenario: &str, system: &str, name_matches: impl Fn(&str) -> bool) -> Option<f64> {
     res.metrics
         .iter()
-        .filter(|m| m.scenario == scenario && m.name == name)
+        .filter(|m| m.scenario == scenario && name_matches(&m.name))
         .flat_map(|m| m.rows.iter())
         .find(|r| r.system.starts_with(system))
         .and_then(Row::median)
