@@ -714,6 +714,50 @@ pub(crate) async fn open_loop(
     out
 }
 
+/// Round trips of `msg` on one connection opened through `addr` (the preamble first), one
+/// started every `1/rate` seconds, to an [`Echo`] behind it: what a client sees per request on a
+/// kept-alive connection (a webhook call on a reused connection), without the open. Round trips
+/// started inside the window count; an echo that differs from `msg`, an EOF or a round trip
+/// beyond [`TXN_TIMEOUT`] is an error.
+pub(crate) async fn round_trips(
+    addr: SocketAddr,
+    pre: &Preamble,
+    msg: &[u8],
+    rate: f64,
+    warmup: Duration,
+    measure: Duration,
+) -> anyhow::Result<Latencies> {
+    let mut s = open(addr, pre).await?;
+    s.set_nodelay(true)?;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let t0 = Instant::now();
+    let (ws, we) = (t0 + warmup, t0 + warmup + measure);
+    let mut back = vec![0u8; msg.len()];
+    let mut out = Latencies::default();
+    let (mut next, mut k) = (t0, 0u64);
+    // One round trip per period until the window ends: bounded by (warmup + measure) / period.
+    while next < we {
+        tokio::time::sleep_until(next).await;
+        k += 1;
+        let start = Instant::now();
+        tokio::time::timeout(TXN_TIMEOUT, async {
+            s.write_all(msg).await?;
+            s.read_exact(&mut back).await
+        })
+        .await
+        .with_context(|| format!("round trip {k} timed out"))?
+        .with_context(|| format!("round trip {k}"))?;
+        ensure!(back == msg, "the echo differs from what was sent");
+        if start >= ws {
+            out.push(start.elapsed());
+        }
+        // A round trip longer than the period delays the next start rather than queueing one.
+        next = (next + period).max(Instant::now());
+    }
+    out.finish();
+    Ok(out)
+}
+
 /// Open `n` connections through `addr` (at most `parallel` opening at once), each with the
 /// preamble, then `probe` written and `expect_back` bytes read back (an [`Echo`] behind the
 /// proxy confirms the whole path). Returns the open connections.
@@ -899,5 +943,37 @@ mod tests {
         let echo = Echo::start().await.unwrap();
         let held = hold(echo.addr(), &Preamble::None, b"hi", 2, 20, 8).await.unwrap();
         assert_eq!(echo_all(held, b"again", 8).await, 20);
+        let rt = round_trips(echo.addr(), &Preamble::None, &[7u8; 64], 500.0, ms(20), ms(100)).await.unwrap();
+        assert!(rt.len() > 10, "{rt:?}");
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[tokio::test]
+    async fn round_trips_fail_on_a_wrong_echo_and_on_eof() {
+        // Answers the first message with other bytes of the same length.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(b"nope").await.unwrap();
+        });
+        let e = round_trips(addr, &Preamble::None, b"ping", 500.0, ms(0), ms(50)).await.unwrap_err();
+        assert!(format!("{e:#}").contains("the echo differs"), "{e:#}");
+        // Closes after one good echo: the second round trip meets EOF.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(&b).await.unwrap();
+        });
+        let e = round_trips(addr, &Preamble::None, b"ping", 500.0, ms(0), ms(50)).await.unwrap_err();
+        assert!(format!("{e:#}").contains("round trip 2"), "{e:#}");
     }
 }

@@ -10,7 +10,8 @@
 //! every tunnel run on the proxy CPU.
 //!
 //! Figures: bulk upload (1 and 64 streams), new connections/s and time to first byte for small
-//! requests, CONNECT through a reverse tunnel (seedgate vs squid behind rathole), memory and
+//! requests, the round trip of a small message on a connection opened beforehand (what a request
+//! on a kept-alive connection sees, without the open), CONNECT through a reverse tunnel (seedgate vs squid behind rathole), memory and
 //! completion with 1,000 / 10,000 concurrent open streams, and head-of-line blocking: the
 //! aggregate download rate of 50 streams while one more stream's reader is stalled, as a ratio
 //! of the same without it. CPU per GB: the CPU time (utime + stime from `/proc/<pid>/stat`) of
@@ -21,6 +22,7 @@
 use super::{Ctx, record, record_rate, record_skips};
 use crate::load::{
     self, Ping, Preamble, Sink, Source, Txn, bulk_download, bulk_upload, closed_loop, connect_head, open_loop,
+    round_trips,
 };
 use crate::report::{Better, Kind, MetricId, Results};
 use crate::systems::{self, Running, Slot};
@@ -148,6 +150,9 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let m_sat99 = res.metric(SC, "time to first byte p99 at saturation", "µs", Better::Lower);
     let m50 = res.metric(SC, &format!("time to first byte p50 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
     let m99 = res.metric(SC, &format!("time to first byte p99 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let rt = |q: &str| format!("round trip on an open connection {q} at {}/s", s.fixed_rate);
+    let m_rt50 = res.metric(SC, &rt("p50"), "µs", Better::Lower);
+    let m_rt99 = res.metric(SC, &rt("p99"), "µs", Better::Lower);
     let m_hol_base = res.metric(SC, &format!("download, {} streams", s.hol_streams), "Gbit/s", Better::Higher);
     let m_hol_stalled =
         res.metric(SC, &format!("download, {} streams + 1 stalled reader", s.hol_streams), "Gbit/s", Better::Higher);
@@ -156,6 +161,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         SC,
         "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS tunnel: HTTP/2 over TLS over TCP (h2), or QUIC (quic)); \
          rathole/ssh: one visitor port per target; small request = 39 bytes, answer 66 bytes, then close; \
+         round trip on an open connection = 64 bytes echoed on one connection opened beforehand (CONNECT answered, or port forward connected), one every 1/rate s; \
          CPU per GB = utime + stime of the tunnel's processes (both ends) over the 1-stream upload (warm-up, window and drain) ÷ the bytes the sink received",
     );
     for _ in 0..s.repeats {
@@ -185,10 +191,19 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
             record_rate(res, sys, &r, &[(m_rate, r.rate), (m_sat99, r.first_byte.quantile_us(0.99))]);
             let r = open_loop(&txn, s.fixed_rate, s.warmup, s.window, 1000).await;
             record_rate(res, sys, &r, &[(m50, r.first_byte.quantile_us(0.5)), (m99, r.first_byte.quantile_us(0.99))]);
+            let r = async {
+                let (addr, pre) = route(sys, &t, "echo")?;
+                round_trips(addr, &pre, &[b'r'; 64], s.fixed_rate, s.warmup, s.window).await
+            }
+            .await
+            .and_then(|v| sys.check_alive().map(|()| v));
+            let q = |q: f64| r.as_ref().map(|l| l.quantile_us(q)).map_err(|e| anyhow::anyhow!("{e:#}"));
+            record(res, m_rt50, &sys.label, sys.kind, q(0.5));
+            record(res, m_rt99, &sys.label, sys.kind, q(0.99));
             hol(res, sys, &t, s.hol_streams, s.warmup, s.window, [m_hol_base, m_hol_stalled, m_hol]).await;
         }
     }
-    let all = [m_b1, m_b64, m_cpu, m_rate, m_sat99, m50, m99, m_hol_base, m_hol_stalled, m_hol];
+    let all = [m_b1, m_b64, m_cpu, m_rate, m_sat99, m50, m99, m_rt50, m_rt99, m_hol_base, m_hol_stalled, m_hol];
     record_skips(res, &all, &slots);
     drop(slots);
 
