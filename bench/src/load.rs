@@ -951,28 +951,28 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A server that reads one 4-byte message from its one client, writes `answer(message)` and
+    /// closes.
+    async fn answering_once(answer: fn([u8; 4]) -> [u8; 4]) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(&answer(b)).await.unwrap();
+        });
+        addr
+    }
+
     #[tokio::test]
     async fn round_trips_fail_on_a_wrong_echo_and_on_eof() {
-        // Answers the first message with other bytes of the same length.
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut b = [0u8; 4];
-            s.read_exact(&mut b).await.unwrap();
-            s.write_all(b"nope").await.unwrap();
-        });
+        // Other bytes of the same length.
+        let addr = answering_once(|_| *b"nope").await;
         let e = round_trips(addr, &Preamble::None, b"ping", 500.0, ms(0), ms(50)).await.unwrap_err();
         assert!(format!("{e:#}").contains("the echo differs"), "{e:#}");
-        // Closes after one good echo: the second round trip meets EOF.
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut b = [0u8; 4];
-            s.read_exact(&mut b).await.unwrap();
-            s.write_all(&b).await.unwrap();
-        });
+        // One good echo, then the second round trip meets EOF.
+        let addr = answering_once(|b| b).await;
         let e = round_trips(addr, &Preamble::None, b"ping", 500.0, ms(0), ms(50)).await.unwrap_err();
         assert!(format!("{e:#}").contains("round trip 2"), "{e:#}");
     }
