@@ -754,6 +754,7 @@ pub(crate) async fn round_trips(
         // A round trip longer than the period delays the next start rather than queueing one.
         next = (next + period).max(Instant::now());
     }
+    ensure!(out.len() > 0, "no round trip started inside the {measure:?} window");
     out.finish();
     Ok(out)
 }

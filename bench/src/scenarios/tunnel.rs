@@ -11,13 +11,13 @@
 //!
 //! Figures: bulk upload (1 and 64 streams), new connections/s and time to first byte for small
 //! requests, the round trip of a small message on a connection opened beforehand (what a request
-//! on a kept-alive connection sees, without the open), CONNECT through a reverse tunnel (seedgate vs squid behind rathole), memory and
-//! completion with 1,000 / 10,000 concurrent open streams, and head-of-line blocking: the
-//! aggregate download rate of 50 streams while one more stream's reader is stalled, as a ratio
-//! of the same without it. CPU per GB: the CPU time (utime + stime from `/proc/<pid>/stat`) of
-//! every process of the tunnel (both ends, their children) during the 1-stream bulk upload, ÷
-//! the bytes the sink received meanwhile. The scenario's remarks give quic ÷ h2 for every
-//! figure both transports have.
+//! on a kept-alive connection sees, without the open), CONNECT through a reverse tunnel
+//! (seedgate vs squid behind rathole), memory and completion with 1,000 / 10,000 concurrent open
+//! streams, and head-of-line blocking: the aggregate download rate of 50 streams while one more
+//! stream's reader is stalled, as a ratio of the same without it. CPU per GB: the CPU time
+//! (utime + stime from `/proc/<pid>/stat`) of every process of the tunnel (both ends, their
+//! children) during the 1-stream bulk upload, ÷ the bytes the sink received meanwhile. The
+//! scenario's remarks give quic ÷ h2 for every figure both transports have.
 
 use super::{Ctx, record, record_rate, record_skips};
 use crate::load::{
