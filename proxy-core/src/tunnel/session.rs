@@ -278,6 +278,11 @@ async fn seed_control<T: SeedTransport>(
     let reader = async move {
         let mut lines = Lines::new(recv);
         if let Some(Line::Msg(h)) = lines.next::<AgentHello>().await {
+            // Until now the session took dials only by the `default` strategy.
+            tracing::info!(
+                node = %h.node, host = %h.host, addresses = ?h.addresses, default_route = h.default_route,
+                version = %h.version, "agent hello"
+            );
             *hello.lock().expect("not poisoned") = Some(h);
         }
         while let Some(line) = lines.next::<AgentMsg>().await {

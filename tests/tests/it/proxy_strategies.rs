@@ -123,6 +123,11 @@ async fn a_dial_reaches_the_agent_on_the_destination_node() -> anyhow::Result<()
         start_agent(&dir, &pki, at, k, n).await?;
     }
     wait_agents(saddrs.admin()?, "shoot-a", 3.0).await?;
+    // A session counts as connected before its hello names its node; until then only the
+    // `default` strategy can pick it.
+    for k in 1..=3 {
+        server.wait_log_line(&["agent hello", &format!("node=node-{k}")], STEP).await?;
+    }
     let egress = Dialer::Tcp(saddrs.listener("egress")?);
 
     // Each node's kubelet through its own agent.
