@@ -224,8 +224,8 @@ impl<R: AsyncRead + Unpin, W: Resettable> Pump<R, W> for BufPump {
                 self.done = true;
                 continue;
             }
-            if w.takes_owned() {
-                let mut chunk = BytesMut::with_capacity(BUF_SIZE);
+            if let Some(size) = w.owned_chunk() {
+                let mut chunk = BytesMut::with_capacity(size);
                 match tokio_util::io::poll_read_buf(Pin::new(&mut *r), cx, &mut chunk) {
                     Poll::Pending => {
                         if self.need_flush {
@@ -614,8 +614,8 @@ mod tests {
 
     impl Resettable for ChunkTaker {
         fn reset(&mut self) {}
-        fn takes_owned(&self) -> bool {
-            true
+        fn owned_chunk(&self) -> Option<usize> {
+            Some(BUF_SIZE)
         }
         fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
             while !chunk.is_empty() {

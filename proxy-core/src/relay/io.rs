@@ -15,11 +15,12 @@ pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
     /// all the peer gets.
     fn reset(&mut self);
 
-    /// Whether [`Resettable::poll_write_owned`] queues a chunk as it is, without copying it (a
-    /// tunnel stream: an HTTP/2 DATA frame, a QUIC stream chunk). A relay writing to such a
-    /// stream reads into a chunk of its own and hands it over, saving a copy per byte.
-    fn takes_owned(&self) -> bool {
-        false
+    /// `Some(size)` when [`Resettable::poll_write_owned`] queues a chunk as it is, without
+    /// copying it (a tunnel stream: an HTTP/2 DATA frame, a QUIC stream chunk): a relay writing
+    /// to such a stream reads into chunks of its own of up to `size` bytes and hands them over,
+    /// saving a copy per byte. `None`: the stream copies; the relay reads into its buffer.
+    fn owned_chunk(&self) -> Option<usize> {
+        None
     }
 
     /// Write all of `chunk`, taking its bytes by value; while Pending, `chunk` holds what is
@@ -62,8 +63,8 @@ impl<T: Resettable + ?Sized> Resettable for Box<T> {
     fn reset(&mut self) {
         (**self).reset();
     }
-    fn takes_owned(&self) -> bool {
-        (**self).takes_owned()
+    fn owned_chunk(&self) -> Option<usize> {
+        (**self).owned_chunk()
     }
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
         (**self).poll_write_owned(cx, chunk)
@@ -74,8 +75,8 @@ impl<S: Resettable> Resettable for Prefixed<S> {
     fn reset(&mut self) {
         self.inner.reset();
     }
-    fn takes_owned(&self) -> bool {
-        self.inner.takes_owned()
+    fn owned_chunk(&self) -> Option<usize> {
+        self.inner.owned_chunk()
     }
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
         self.inner.poll_write_owned(cx, chunk)

@@ -88,8 +88,8 @@ impl Resettable for TunnelStream {
     fn reset(&mut self) {
         self.io.reset();
     }
-    fn takes_owned(&self) -> bool {
-        self.io.takes_owned()
+    fn owned_chunk(&self) -> Option<usize> {
+        self.io.owned_chunk()
     }
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
         self.io.poll_write_owned(cx, chunk)

@@ -303,8 +303,8 @@ impl Resettable for QuicStream {
     }
 
     /// quinn queues a chunk as it is (its `poll_write` copies).
-    fn takes_owned(&self) -> bool {
-        true
+    fn owned_chunk(&self) -> Option<usize> {
+        Some(crate::relay::copy::BUF_SIZE)
     }
 
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
