@@ -17,7 +17,7 @@ const WRITE_CHUNK: usize = 64 * 1024;
 /// fifth of 9 bytes, which went out in a `writev` and a TCP segment of its own (rustls takes
 /// 64 KiB of plaintext per write).
 const DATA_CHUNK: usize = 4 * 16 * 1024 - 9;
-const _: () = assert!((DATA_CHUNK + 9) % (16 * 1024) == 0, "a DATA frame fills whole TLS records");
+const _: () = assert!((DATA_CHUNK + 9).is_multiple_of(16 * 1024), "a DATA frame fills whole TLS records");
 
 pub struct H2Stream {
     send: SendStream<Bytes>,
