@@ -12,12 +12,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// bounding what a single write can buffer.
 const WRITE_CHUNK: usize = 64 * 1024;
 
-/// What a relay reads for one DATA frame: with its 9-byte header the frame is 64 KiB, four
-/// whole TLS records of 16 KiB. A 64 KiB read made a frame of 65,545 bytes, four records and a
-/// fifth of 9 bytes, which went out in a `writev` and a TCP segment of its own (rustls takes
-/// 64 KiB of plaintext per write).
-const DATA_CHUNK: usize = 4 * 16 * 1024 - 9;
-const _: () = assert!((DATA_CHUNK + 9).is_multiple_of(16 * 1024), "a DATA frame fills whole TLS records");
+/// An HTTP/2 frame header, and the largest TLS record rustls sends (its default fragment size).
+const FRAME_HEADER: usize = 9;
+const TLS_RECORD: usize = 16 * 1024;
+
+/// What a relay reads for one DATA frame: with its header the frame is 64 KiB, four whole TLS
+/// records. A 64 KiB read made a frame of 65,545 bytes, four records and a fifth of 9 bytes,
+/// which went out in a `writev` and a TCP segment of its own (rustls takes 64 KiB of plaintext
+/// per write).
+const DATA_CHUNK: usize = 4 * TLS_RECORD - FRAME_HEADER;
 
 pub struct H2Stream {
     send: SendStream<Bytes>,
