@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
-use tokio::io::{AsyncRead, Interest, ReadBuf};
+use tokio::io::{Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -158,7 +158,9 @@ pub trait Pump<R, W>: Default + Unpin {
 
 /// Buffered pump for any stream pair. Into a stream that takes chunks by value (a tunnel
 /// stream) it reads into a chunk of its own and hands that over, rather than copying out of a
-/// pooled buffer.
+/// pooled buffer; from a stream that hands out what it received by value (a tunnel stream
+/// again) it writes those chunks as they are. Either way a tunnelled byte is copied in user
+/// space only by TLS (or QUIC's packet protection), never by the relay.
 #[derive(Default)]
 pub struct BufPump {
     buf: Option<Box<[u8]>>,
@@ -182,7 +184,18 @@ fn wr(err: io::Error) -> PumpError {
     PumpError { on_reader: false, err }
 }
 
-impl<R: AsyncRead + Unpin, W: Resettable> Pump<R, W> for BufPump {
+impl BufPump {
+    /// Nothing to read now: flush what was written since the last flush, then wait.
+    fn idle<W: Resettable>(&mut self, cx: &mut Context<'_>, w: &mut W) -> Poll<Result<(), PumpError>> {
+        if self.need_flush {
+            ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
+            self.need_flush = false;
+        }
+        Poll::Pending
+    }
+}
+
+impl<R: Resettable, W: Resettable> Pump<R, W> for BufPump {
     fn poll_pump(
         &mut self,
         cx: &mut Context<'_>,
@@ -224,16 +237,19 @@ impl<R: AsyncRead + Unpin, W: Resettable> Pump<R, W> for BufPump {
                 self.done = true;
                 continue;
             }
+            if r.reads_owned() {
+                match r.poll_read_owned(cx) {
+                    Poll::Pending => return self.idle(cx, w),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(rd(e))),
+                    Poll::Ready(Ok(chunk)) if chunk.is_empty() => self.eof = true,
+                    Poll::Ready(Ok(chunk)) => self.owned = chunk,
+                }
+                continue;
+            }
             if let Some(size) = w.owned_chunk() {
                 let mut chunk = BytesMut::with_capacity(size);
                 match tokio_util::io::poll_read_buf(Pin::new(&mut *r), cx, &mut chunk) {
-                    Poll::Pending => {
-                        if self.need_flush {
-                            ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
-                            self.need_flush = false;
-                        }
-                        return Poll::Pending;
-                    }
+                    Poll::Pending => return self.idle(cx, w),
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(rd(e))),
                     Poll::Ready(Ok(0)) => self.eof = true,
                     Poll::Ready(Ok(n)) if n < OWNED_MIN => self.owned = Bytes::copy_from_slice(&chunk),
@@ -246,11 +262,7 @@ impl<R: AsyncRead + Unpin, W: Resettable> Pump<R, W> for BufPump {
             match Pin::new(&mut *r).poll_read(cx, &mut rb) {
                 Poll::Pending => {
                     give_buf(buf);
-                    if self.need_flush {
-                        ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
-                        self.need_flush = false;
-                    }
-                    return Poll::Pending;
+                    return self.idle(cx, w);
                 }
                 Poll::Ready(Err(e)) => {
                     give_buf(buf);
@@ -526,7 +538,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     async fn pair() -> (TcpStream, TcpStream) {
@@ -648,6 +660,93 @@ mod tests {
         assert!(taker.shut, "the end of the client's stream is passed on");
         assert_eq!(taker.got.concat(), payload);
         drop(writer.await.unwrap());
+    }
+
+    /// A reader that hands out chunks by value, every other call none yet (it asks to be polled
+    /// again), then ends or fails; a copying read would panic. Writes vanish.
+    struct ChunkGiver {
+        chunks: std::collections::VecDeque<Bytes>,
+        calls: usize,
+        fail_at_end: bool,
+    }
+
+    impl ChunkGiver {
+        fn new(chunks: Vec<Bytes>, fail_at_end: bool) -> Self {
+            Self { chunks: chunks.into(), calls: 0, fail_at_end }
+        }
+    }
+
+    impl AsyncRead for ChunkGiver {
+        fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, _: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            panic!("a reader that hands out chunks was read into a buffer");
+        }
+    }
+
+    impl AsyncWrite for ChunkGiver {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(b.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Resettable for ChunkGiver {
+        fn reset(&mut self) {}
+        fn reads_owned(&self) -> bool {
+            true
+        }
+        fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(2) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            match self.chunks.pop_front() {
+                Some(c) => Poll::Ready(Ok(c)),
+                None if self.fail_at_end => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+                None => Poll::Ready(Ok(Bytes::new())),
+            }
+        }
+    }
+
+    fn chunks_of(payload: &[u8], size: usize) -> Vec<Bytes> {
+        payload.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[tokio::test]
+    async fn from_a_reader_that_hands_out_chunks_they_are_written_whole_and_counted_then_the_end() {
+        let (u_cli, mut upstream_end) = pair().await;
+        let payload: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let giver = ChunkGiver::new(chunks_of(&payload, 65_527), false);
+        let relay = tokio::spawn(async move {
+            let mut t = transfer(giver, u_cli, Duration::from_secs(30), Meters::default());
+            let o = (&mut t).await;
+            (o.label(), t.counts())
+        });
+        let mut got = Vec::new();
+        upstream_end.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, payload, "every chunk arrives, in order, and then the FIN");
+        upstream_end.shutdown().await.unwrap();
+        assert_eq!(relay.await.unwrap(), ("closed", (1_000_000, 0)));
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_hands_out_chunks_and_then_fails_is_the_side_that_reset() {
+        let (u_cli, mut upstream_end) = pair().await;
+        let giver = ChunkGiver::new(chunks_of(b"partial answer", 5), true);
+        let relay = tokio::spawn(async move {
+            let mut t = transfer(giver, u_cli, Duration::from_secs(30), Meters::default());
+            let o = (&mut t).await;
+            (o.label(), t.counts().0)
+        });
+        let mut got = vec![0u8; 14];
+        upstream_end.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"partial answer", "what arrived before the failure is delivered");
+        assert_eq!(relay.await.unwrap(), ("client_reset", 14));
     }
 
     #[tokio::test(start_paused = true)]

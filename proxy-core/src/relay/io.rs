@@ -23,6 +23,22 @@ pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
         None
     }
 
+    /// `true` when [`Resettable::poll_read_owned`] hands over the chunks the stream received as
+    /// they are (a tunnel stream: an HTTP/2 DATA frame's payload, a QUIC stream chunk): a relay
+    /// reading from such a stream writes those chunks out instead of copying them into its
+    /// buffer first. `false`: the relay reads into its buffer.
+    fn reads_owned(&self) -> bool {
+        false
+    }
+
+    /// The next chunk received, by value; an empty chunk at the end of the stream. The default
+    /// reads up to one relay buffer's worth into a chunk of its own.
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        let mut chunk = bytes::BytesMut::with_capacity(crate::relay::copy::BUF_SIZE);
+        ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *self), cx, &mut chunk))?;
+        Poll::Ready(Ok(chunk.freeze()))
+    }
+
     /// Write all of `chunk`, taking its bytes by value; while Pending, `chunk` holds what is
     /// left. The default copies it through `poll_write`.
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
@@ -69,6 +85,12 @@ impl<T: Resettable + ?Sized> Resettable for Box<T> {
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
         (**self).poll_write_owned(cx, chunk)
     }
+    fn reads_owned(&self) -> bool {
+        (**self).reads_owned()
+    }
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        (**self).poll_read_owned(cx)
+    }
 }
 
 impl<S: Resettable> Resettable for Prefixed<S> {
@@ -80,6 +102,19 @@ impl<S: Resettable> Resettable for Prefixed<S> {
     }
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
         self.inner.poll_write_owned(cx, chunk)
+    }
+    fn reads_owned(&self) -> bool {
+        self.inner.reads_owned()
+    }
+    /// The prefix first, as one chunk, then the inner stream's chunks.
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        if self.pos < self.prefix.len() {
+            let rest = Bytes::copy_from_slice(&self.prefix[self.pos..]);
+            self.prefix = Vec::new();
+            self.pos = 0;
+            return Poll::Ready(Ok(rest));
+        }
+        self.inner.poll_read_owned(cx)
     }
 }
 
@@ -141,5 +176,30 @@ mod tests {
         let mut s = String::new();
         p.read_to_string(&mut s).await.unwrap();
         assert_eq!(s, "hello world");
+    }
+
+    #[tokio::test]
+    async fn chunks_by_value_prefix_first_then_the_stream_then_empty_at_its_end() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let mut p = Prefixed::new(b"hello".to_vec(), s);
+        tokio::io::AsyncWriteExt::write_all(&mut peer, b" world").await.unwrap();
+        drop(peer);
+        let mut got = Vec::new();
+        let mut reads = 0;
+        loop {
+            let chunk = std::future::poll_fn(|cx| p.poll_read_owned(cx)).await.unwrap();
+            if reads == 0 {
+                assert_eq!(&chunk[..], b"hello", "the prefix comes whole, on its own");
+            }
+            reads += 1;
+            assert!(reads < 10, "ends after the peer's close");
+            if chunk.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got, b"hello world");
     }
 }

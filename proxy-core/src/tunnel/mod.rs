@@ -94,6 +94,12 @@ impl Resettable for TunnelStream {
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
         self.io.poll_write_owned(cx, chunk)
     }
+    fn reads_owned(&self) -> bool {
+        self.io.reads_owned()
+    }
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bytes::Bytes>> {
+        self.io.poll_read_owned(cx)
+    }
 }
 
 impl AsyncRead for TunnelStream {

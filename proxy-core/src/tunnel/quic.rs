@@ -322,6 +322,30 @@ impl Resettable for QuicStream {
         }
         Poll::Ready(Ok(()))
     }
+
+    /// quinn hands out received chunks as they are (its `poll_read` copies).
+    fn reads_owned(&self) -> bool {
+        true
+    }
+
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        if let Poll::Ready(Err(e)) = self.poll_prefix(cx) {
+            return Poll::Ready(Err(e));
+        }
+        loop {
+            // As with `write_chunks`: the future keeps no state between polls.
+            let polled = std::pin::pin!(self.recv.read_chunk(crate::relay::copy::BUF_SIZE, true)).poll(cx);
+            match std::task::ready!(polled).map_err(io::Error::from)? {
+                // An empty chunk is not the end: that is `None`.
+                Some(chunk) if chunk.bytes.is_empty() => continue,
+                Some(chunk) => return Poll::Ready(Ok(chunk.bytes)),
+                None => {
+                    self.read_eof = true;
+                    return Poll::Ready(Ok(Bytes::new()));
+                }
+            }
+        }
+    }
 }
 
 impl AsyncRead for QuicStream {

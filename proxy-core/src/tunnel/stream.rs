@@ -68,6 +68,25 @@ impl H2Stream {
             }
         }
     }
+
+    /// Until `unread` holds bytes, or the stream ended (then it stays empty).
+    fn poll_unread(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.unread.is_empty() && !self.read_eof {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(b)) => self.unread = b,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => self.read_eof = true,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// `n` bytes left h2's hands: only now may the peer send more on this stream.
+    fn release(&mut self, n: usize) {
+        if n > 0 {
+            let _ = self.recv.flow_control().release_capacity(n);
+        }
+    }
 }
 
 impl Resettable for H2Stream {
@@ -87,29 +106,30 @@ impl Resettable for H2Stream {
         }
         Poll::Ready(Ok(()))
     }
+
+    /// A DATA frame's payload as h2 received it, taken whole: the relay writes it to the socket
+    /// from h2's own buffer, saving the copy a read into the relay's buffer costs.
+    fn reads_owned(&self) -> bool {
+        true
+    }
+
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        ready!(self.poll_unread(cx))?;
+        let chunk = std::mem::take(&mut self.unread);
+        self.release(chunk.len());
+        Poll::Ready(Ok(chunk))
+    }
 }
 
 impl AsyncRead for H2Stream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        loop {
-            if !this.unread.is_empty() {
-                let n = this.unread.len().min(buf.remaining());
-                buf.put_slice(&this.unread[..n]);
-                this.unread.advance(n);
-                // Only now may the peer send more on this stream.
-                let _ = this.recv.flow_control().release_capacity(n);
-                return Poll::Ready(Ok(()));
-            }
-            if this.read_eof {
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(this.recv.poll_data(cx)) {
-                Some(Ok(b)) => this.unread = b,
-                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => this.read_eof = true,
-            }
-        }
+        ready!(this.poll_unread(cx))?;
+        let n = this.unread.len().min(buf.remaining());
+        buf.put_slice(&this.unread[..n]);
+        this.unread.advance(n);
+        this.release(n);
+        Poll::Ready(Ok(()))
     }
 }
 
