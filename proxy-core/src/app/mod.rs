@@ -9,6 +9,7 @@
 
 pub mod addrs;
 pub mod cli;
+pub mod malloc;
 pub mod memcpy;
 pub mod shutdown;
 
@@ -461,10 +462,18 @@ fn connection_limit_check(slots: &Slots) -> Check {
 /// binary cannot start (the reason on stderr).
 pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     use std::process::ExitCode;
+    // Before any thread (and its heap) exists.
+    let trim = crate::app::malloc::keep_heap_top();
     let args = crate::app::cli::CommonArgs::parse_for::<S::Config>(S::NAME, about);
     crate::obs::telemetry::init(args.log_format);
     let cfg = crate::app::cli::load_or_exit::<S::Config>(&args);
     crate::app::memcpy::log_advice();
+    if trim == Some(false) {
+        tracing::warn!(
+            threshold = crate::app::malloc::TRIM_THRESHOLD,
+            "glibc refused the heap trim threshold: bulk transfers cost more CPU in page faults"
+        );
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
