@@ -203,10 +203,36 @@ pub(crate) fn tree_rss_kib(pids: &[u32]) -> u64 {
     all.iter().filter_map(|&p| rss_kib(p)).sum()
 }
 
-/// A port free on `ip` right now (for anchors that cannot report what they bound).
+/// The first port of the kernel's ephemeral range (what it hands out as the local port of an
+/// outgoing connection).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// A port free on `ip` right now for TCP and UDP alike (for systems given their ports in a
+/// config), chosen below the kernel's ephemeral range: a port from that range, which binding
+/// port 0 gives, may meanwhile become the local port of any outgoing connection, and the
+/// process it was meant for then fails with "address in use".
 pub(crate) fn free_port(ip: [u8; 4]) -> anyhow::Result<SocketAddr> {
-    let l = TcpListener::bind(SocketAddr::from((ip, 0))).context("finding a free port")?;
-    Ok(l.local_addr()?)
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let end = u32::from(ephemeral_start());
+    let start = 10_000.min(end / 2);
+    let span = end - start;
+    ensure!(span > 0, "no ports below the ephemeral range ({end})");
+    // Spread over the range by process, so that two harnesses rarely try the same ports.
+    let seed = std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..2_000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = u16::try_from(start + seed.wrapping_add(n.wrapping_mul(7_919)) % span)?;
+        let addr = SocketAddr::from((ip, port));
+        if TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok() {
+            return Ok(addr);
+        }
+    }
+    anyhow::bail!("no free port on {ip:?} among 2,000 tried below {end}")
 }
 
 /// The first existing path among `candidates`, or a program found on PATH.
@@ -311,6 +337,17 @@ pub(crate) fn dir_with_mode(p: &Path, mode: u32) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_lie_below_the_ephemeral_range_and_differ() {
+        let end = ephemeral_start();
+        let a = free_port([127, 0, 0, 1]).unwrap();
+        let b = free_port([127, 0, 0, 1]).unwrap();
+        assert!(a.port() < end && b.port() < end, "{a} {b} below {end}");
+        assert_ne!(a, b);
+        std::net::TcpListener::bind(a).expect("still free for TCP");
+        std::net::UdpSocket::bind(a).expect("and for UDP");
+    }
 
     #[test]
     fn own_rss_and_tree() {

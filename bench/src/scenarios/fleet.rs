@@ -166,10 +166,6 @@ impl Seed {
     }
 }
 
-fn free_udp_port() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0").context("finding a free UDP port")?.local_addr()?)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The helper process hosting the agents
 
@@ -320,7 +316,7 @@ fn seed_rss(replicas: &[Replica], router: &Running) -> (Vec<u64>, u64) {
 
 async fn run_over(ctx: &Ctx, over: Over, n: usize, echo_addr: SocketAddr) -> anyhow::Result<Figures> {
     let tcp: Vec<SocketAddr> = (0..REPLICAS).map(|_| host::free_port([127, 0, 0, 1])).collect::<anyhow::Result<_>>()?;
-    let udp: Vec<SocketAddr> = (0..REPLICAS).map(|_| free_udp_port()).collect::<anyhow::Result<_>>()?;
+    let udp: Vec<SocketAddr> = (0..REPLICAS).map(|_| host::free_port([127, 0, 0, 1])).collect::<anyhow::Result<_>>()?;
     let join = |v: &[SocketAddr]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     let listeners = format!(
         "  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n      - name: replicas\n        sni: [{SNI}]\n        \
