@@ -158,9 +158,9 @@ pub trait Pump<R, W>: Default + Unpin {
 
 /// Buffered pump for any stream pair. Into a stream that takes chunks by value (a tunnel
 /// stream) it reads into a chunk of its own and hands that over, rather than copying out of a
-/// pooled buffer; from a stream that hands out what it received by value (a tunnel stream
-/// again) it writes those chunks as they are. Either way a tunnelled byte is copied in user
-/// space only by TLS (or QUIC's packet protection), never by the relay.
+/// pooled buffer; from a stream that hands out what it received by value (an HTTP/2 tunnel
+/// stream) it writes those chunks as they are. The relay itself then copies no byte that an
+/// HTTP/2 tunnel carries, in either direction.
 #[derive(Default)]
 pub struct BufPump {
     buf: Option<Box<[u8]>>,
