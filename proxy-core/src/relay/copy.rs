@@ -7,12 +7,13 @@
 
 use crate::relay::io::Resettable;
 use crate::relay::splice::{Pipe, splice};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use prometheus::IntCounter;
 use socket2::SockRef;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::future::Future;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -158,20 +159,29 @@ pub trait Pump<R, W>: Default + Unpin {
 
 /// Buffered pump for any stream pair. Into a stream that takes chunks by value (a tunnel
 /// stream) it reads into a chunk of its own and hands that over, rather than copying out of a
-/// pooled buffer; from a stream that hands out what it received by value (an HTTP/2 tunnel
-/// stream) it writes those chunks as they are. The relay itself then copies no byte that an
-/// HTTP/2 tunnel carries, in either direction.
+/// pooled buffer; from a stream that hands out what it received by value (a tunnel stream) it
+/// gathers the chunks ready at once and writes them with one vectored write. The relay itself
+/// then copies no byte that a tunnel carries, in either direction.
 #[derive(Default)]
 pub struct BufPump {
     buf: Option<Box<[u8]>>,
     pos: usize,
     len: usize,
-    /// A chunk read for a writer that takes chunks, not yet all taken.
-    owned: Bytes,
+    /// Chunks read by value, in order, not yet all written. Freed while idle, so that an idle
+    /// relay holds no allocation for it.
+    owned: VecDeque<Bytes>,
+    /// A read error that came after chunks still queued: reported once they are written, so
+    /// that what arrived before the failure is delivered.
+    read_err: Option<io::Error>,
     eof: bool,
     need_flush: bool,
     done: bool,
 }
+
+/// Most chunks gathered into one vectored write. QUIC hands out one packet's payload per chunk
+/// (up to ~6.4 KiB), so ten make a relay buffer's worth; an HTTP/2 DATA payload is up to 64 KiB,
+/// often less (what one socket read brought at the far end), and a full one is written alone.
+const MAX_GATHER: usize = 16;
 
 /// A read of fewer bytes than this is copied into a chunk of its size, so that a queued small
 /// chunk does not hold a whole read buffer.
@@ -187,11 +197,49 @@ fn wr(err: io::Error) -> PumpError {
 impl BufPump {
     /// Nothing to read now: flush what was written since the last flush, then wait.
     fn idle<W: Resettable>(&mut self, cx: &mut Context<'_>, w: &mut W) -> Poll<Result<(), PumpError>> {
+        if self.owned.capacity() > 0 {
+            self.owned = VecDeque::new();
+        }
         if self.need_flush {
             ready!(Pin::new(&mut *w).poll_flush(cx)).map_err(wr)?;
             self.need_flush = false;
         }
         Poll::Pending
+    }
+
+    /// Write the queued chunks in order: several at once with one vectored write where the
+    /// writer copies and takes them that way (a socket), else one by one, by value where the
+    /// writer takes chunks.
+    fn write_owned<W: Resettable>(&mut self, cx: &mut Context<'_>, w: &mut W, moved: &mut u64) -> Poll<io::Result<()>> {
+        while !self.owned.is_empty() {
+            if self.owned.len() > 1 && w.owned_chunk().is_none() && w.is_write_vectored() {
+                let mut slices = [IoSlice::new(&[]); MAX_GATHER];
+                let k = self.owned.len().min(MAX_GATHER);
+                for (s, c) in slices.iter_mut().zip(&self.owned) {
+                    *s = IoSlice::new(c);
+                }
+                let mut n = ready!(Pin::new(&mut *w).poll_write_vectored(cx, &slices[..k]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                *moved += n as u64;
+                while let Some(front) = self.owned.front_mut() {
+                    if n < front.len() {
+                        front.advance(n);
+                        break;
+                    }
+                    n -= front.len();
+                    self.owned.pop_front();
+                }
+            } else if let Some(front) = self.owned.front_mut() {
+                let before = front.len();
+                let r = w.poll_write_owned(cx, front);
+                *moved += (before - front.len()) as u64;
+                ready!(r)?;
+                self.owned.pop_front();
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -222,11 +270,11 @@ impl<R: Resettable, W: Resettable> Pump<R, W> for BufPump {
                 }
             }
             if !self.owned.is_empty() {
-                let before = self.owned.len();
-                let r = w.poll_write_owned(cx, &mut self.owned);
-                *moved += (before - self.owned.len()) as u64;
                 self.need_flush = true;
-                ready!(r).map_err(wr)?;
+                ready!(self.write_owned(cx, w, moved)).map_err(wr)?;
+            }
+            if let Some(e) = self.read_err.take() {
+                return Poll::Ready(Err(rd(e)));
             }
             if self.eof {
                 if self.need_flush {
@@ -238,11 +286,30 @@ impl<R: Resettable, W: Resettable> Pump<R, W> for BufPump {
                 continue;
             }
             if r.reads_owned() {
-                match r.poll_read_owned(cx) {
-                    Poll::Pending => return self.idle(cx, w),
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(rd(e))),
-                    Poll::Ready(Ok(chunk)) if chunk.is_empty() => self.eof = true,
-                    Poll::Ready(Ok(chunk)) => self.owned = chunk,
+                // Gather what is ready now, up to a relay buffer's worth, for one write.
+                let mut gathered = 0;
+                loop {
+                    match r.poll_read_owned(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(Err(e)) => {
+                            self.read_err = Some(e);
+                            break;
+                        }
+                        Poll::Ready(Ok(chunk)) if chunk.is_empty() => {
+                            self.eof = true;
+                            break;
+                        }
+                        Poll::Ready(Ok(chunk)) => {
+                            gathered += chunk.len();
+                            self.owned.push_back(chunk);
+                            if gathered >= BUF_SIZE || self.owned.len() >= MAX_GATHER {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if self.owned.is_empty() && !self.eof && self.read_err.is_none() {
+                    return self.idle(cx, w);
                 }
                 continue;
             }
@@ -252,8 +319,8 @@ impl<R: Resettable, W: Resettable> Pump<R, W> for BufPump {
                     Poll::Pending => return self.idle(cx, w),
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(rd(e))),
                     Poll::Ready(Ok(0)) => self.eof = true,
-                    Poll::Ready(Ok(n)) if n < OWNED_MIN => self.owned = Bytes::copy_from_slice(&chunk),
-                    Poll::Ready(Ok(_)) => self.owned = chunk.freeze(),
+                    Poll::Ready(Ok(n)) if n < OWNED_MIN => self.owned.push_back(Bytes::copy_from_slice(&chunk)),
+                    Poll::Ready(Ok(_)) => self.owned.push_back(chunk.freeze()),
                 }
                 continue;
             }
@@ -663,16 +730,17 @@ mod tests {
     }
 
     /// A reader that hands out chunks by value, every other call none yet (it asks to be polled
-    /// again), then ends or fails; a copying read would panic. Writes vanish.
+    /// again) unless `all_ready`, then ends or fails; a copying read would panic. Writes vanish.
     struct ChunkGiver {
-        chunks: std::collections::VecDeque<Bytes>,
+        chunks: VecDeque<Bytes>,
         calls: usize,
         fail_at_end: bool,
+        all_ready: bool,
     }
 
     impl ChunkGiver {
         fn new(chunks: Vec<Bytes>, fail_at_end: bool) -> Self {
-            Self { chunks: chunks.into(), calls: 0, fail_at_end }
+            Self { chunks: chunks.into(), calls: 0, fail_at_end, all_ready: false }
         }
     }
 
@@ -701,7 +769,7 @@ mod tests {
         }
         fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
             self.calls += 1;
-            if self.calls.is_multiple_of(2) {
+            if !self.all_ready && self.calls.is_multiple_of(2) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -736,17 +804,103 @@ mod tests {
 
     #[tokio::test]
     async fn a_reader_that_hands_out_chunks_and_then_fails_is_the_side_that_reset() {
-        let (u_cli, mut upstream_end) = pair().await;
-        let giver = ChunkGiver::new(chunks_of(b"partial answer", 5), true);
-        let relay = tokio::spawn(async move {
-            let mut t = transfer(giver, u_cli, Duration::from_secs(30), Meters::default());
-            let o = (&mut t).await;
-            (o.label(), t.counts().0)
-        });
-        let mut got = vec![0u8; 14];
-        upstream_end.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"partial answer", "what arrived before the failure is delivered");
-        assert_eq!(relay.await.unwrap(), ("client_reset", 14));
+        // Chunks one at a time, and all ready at once (gathered with the failure behind them).
+        for all_ready in [false, true] {
+            let (u_cli, mut upstream_end) = pair().await;
+            let mut giver = ChunkGiver::new(chunks_of(b"partial answer", 5), true);
+            giver.all_ready = all_ready;
+            let relay = tokio::spawn(async move {
+                let mut t = transfer(giver, u_cli, Duration::from_secs(30), Meters::default());
+                let o = (&mut t).await;
+                (o.label(), t.counts().0)
+            });
+            let mut got = vec![0u8; 14];
+            upstream_end.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"partial answer", "what arrived before the failure is delivered ({all_ready})");
+            assert_eq!(relay.await.unwrap(), ("client_reset", 14), "all ready: {all_ready}");
+        }
+    }
+
+    /// A writer that copies, takes vectored writes, at most `max` bytes per call and every other
+    /// call nothing (it asks to be polled again); it records the slices each write was given.
+    #[derive(Default)]
+    struct VectoredSink {
+        got: Vec<u8>,
+        slices_per_write: Vec<usize>,
+        calls: usize,
+        max: usize,
+        shut: bool,
+    }
+
+    impl VectoredSink {
+        fn accept(&mut self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(2) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.slices_per_write.push(bufs.len());
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(self.max - n);
+                self.got.extend_from_slice(&b[..k]);
+                n += k;
+                if n == self.max {
+                    break;
+                }
+            }
+            Poll::Ready(Ok(n))
+        }
+    }
+
+    impl AsyncRead for VectoredSink {
+        fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, _: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for VectoredSink {
+        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+            self.accept(cx, &[IoSlice::new(b)])
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            self.accept(cx, bufs)
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.shut = true;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Resettable for VectoredSink {
+        fn reset(&mut self) {}
+    }
+
+    #[tokio::test]
+    async fn chunks_ready_at_once_are_gathered_into_vectored_writes_in_order_even_when_split() {
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut giver = ChunkGiver::new(chunks_of(&payload, 1_000), false);
+        giver.all_ready = true;
+        // 2,500 bytes per write: most writes end inside a chunk.
+        let sink = VectoredSink { max: 2_500, ..Default::default() };
+        let mut t = transfer(giver, sink, Duration::from_secs(30), Meters::default());
+        assert_eq!((&mut t).await.label(), "closed");
+        assert_eq!(t.counts(), (200_000, 0));
+        let (_, sink) = t.into_inner();
+        assert_eq!(sink.got, payload, "every byte, in order");
+        assert!(sink.shut, "then the end");
+        let most = sink.slices_per_write.iter().max().copied().unwrap_or(0);
+        assert!(most > 1 && most <= MAX_GATHER, "writes gather chunks, at most {MAX_GATHER}: {most}");
     }
 
     #[tokio::test(start_paused = true)]

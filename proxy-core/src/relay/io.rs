@@ -24,10 +24,9 @@ pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
     }
 
     /// `true` when [`Resettable::poll_read_owned`] hands over the chunks the stream received as
-    /// they are (an HTTP/2 tunnel stream: each DATA frame's payload): a relay reading from such
-    /// a stream writes those chunks out instead of copying them into its buffer first. `false`:
-    /// the relay reads into its buffer (also right for a stream whose chunks are small, such
-    /// as QUIC's one packet each: the copy gathers them into fewer writes).
+    /// they are (a tunnel stream: each HTTP/2 DATA frame's payload, each QUIC packet's): a relay
+    /// reading from such a stream gathers the chunks ready at once and writes them out, instead
+    /// of copying them into its buffer first. `false`: the relay reads into its buffer.
     fn reads_owned(&self) -> bool {
         false
     }

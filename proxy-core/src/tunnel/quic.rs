@@ -322,11 +322,32 @@ impl Resettable for QuicStream {
         }
         Poll::Ready(Ok(()))
     }
+
+    /// The chunks quinn received, taken as they are: one packet's payload each, which the relay
+    /// gathers into one vectored write (a write per chunk cost more than the copy it saved).
+    fn reads_owned(&self) -> bool {
+        true
+    }
+
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bytes::Bytes>> {
+        if let Poll::Ready(Err(e)) = self.poll_prefix(cx) {
+            return Poll::Ready(Err(e));
+        }
+        loop {
+            // quinn offers chunk reads as a future only; polled once, as in `poll_write_owned`.
+            let polled = std::pin::pin!(self.recv.read_chunk(usize::MAX, true)).poll(cx);
+            match std::task::ready!(polled).map_err(io::Error::from)? {
+                Some(chunk) if chunk.bytes.is_empty() => continue,
+                Some(chunk) => return Poll::Ready(Ok(chunk.bytes)),
+                None => {
+                    self.read_eof = true;
+                    return Poll::Ready(Ok(bytes::Bytes::new()));
+                }
+            }
+        }
+    }
 }
 
-/// Reads copy, unlike an HTTP/2 stream's (no `reads_owned`): quinn hands out one packet's payload
-/// per chunk, and a socket write per packet cost more than the copy that gathers them into
-/// writes of up to 64 KiB (one stream: 3.5 against 4.7 Gbit/s).
 impl AsyncRead for QuicStream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
