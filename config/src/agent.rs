@@ -20,7 +20,6 @@ default_fn! {
     dial_timeout_default: Dur = Dur::secs(5);
     tunnel_idle_default: Dur = Dur::secs(3600);
     max_streams_default: usize = 16_384;
-    stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
@@ -147,10 +146,12 @@ pub struct Tunnel {
     #[serde(default = "max_streams_default")]
     #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
     pub max_streams: usize,
-    /// Bytes one stream may have in flight unread. Default `262144`.
-    #[serde(default = "stream_window_default")]
+    /// Bytes one stream may have in flight unread. Default: `262144` over HTTP/2 and `1048576`
+    /// over QUIC, whose stack re-opens a stream's window in smaller steps (at most
+    /// `connection_window`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 2147483647))]
-    pub stream_window: u32,
+    pub stream_window: Option<u32>,
     /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
     /// Default `67108864`.
     #[serde(default = "connection_window_default")]
@@ -421,10 +422,12 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
     if t.max_streams == 0 || t.max_streams > 1 << 20 {
         p.push(at, format!("{f}.max_streams"), "must be between 1 and 1048576");
     }
-    if !(65_535..=(1 << 31) - 1).contains(&t.stream_window) {
+    if let Some(w) = t.stream_window
+        && !(65_535..=(1 << 31) - 1).contains(&w)
+    {
         p.push(at, format!("{f}.stream_window"), "must be between 65535 and 2147483647");
     }
-    if t.connection_window < t.stream_window || t.connection_window > (1 << 31) - 1 {
+    if t.connection_window < t.stream_window.unwrap_or(65_535) || t.connection_window > (1 << 31) - 1 {
         p.push(at, format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
     }
     for (name, d) in [
@@ -589,6 +592,27 @@ apiserver_proxy:
         assert!(e.iter().any(|p| p.contains("tunnel.identifiers.host: \"a b\" is not a node name")), "{e:#?}");
         let e = problems(&format!("{base}  identifiers: {{ hostname: x }}\n"));
         assert!(e.iter().any(|p| p.contains("unknown field")), "{e:#?}");
+    }
+
+    #[test]
+    fn stream_windows_default_per_transport_and_a_given_one_holds_for_both() {
+        let base = "tunnel:\n  servers: [a:1]\n  tls: { cert: c, key: k, ca: ca }\n  allow: [10.0.0.0/8]\n";
+        let windows = |extra: &str| {
+            let c = parse(&format!("{base}{extra}"), "f.yaml").unwrap();
+            let t = c.tunnel.unwrap();
+            crate::stream_windows(t.stream_window, t.connection_window)
+        };
+        assert_eq!(windows(""), (256 * 1024, 1024 * 1024), "h2 and QUIC defaults");
+        assert_eq!(windows("  stream_window: 65535\n"), (65_535, 65_535));
+        assert_eq!(windows("  stream_window: null\n"), (256 * 1024, 1024 * 1024));
+        assert_eq!(windows("  connection_window: 524288\n"), (256 * 1024, 512 * 1024), "never above the session's");
+        assert_eq!(windows("  connection_window: 65535\n"), (65_535, 65_535));
+        let e = problems(&format!("{base}  stream_window: 65534\n"));
+        assert!(e.iter().any(|p| p.contains("tunnel.stream_window: must be between")), "{e:#?}");
+        let e = problems(&format!("{base}  stream_window: 2097152\n  connection_window: 1048576\n"));
+        assert!(e.iter().any(|p| p.contains("tunnel.connection_window: must be at least stream_window")), "{e:#?}");
+        let e = problems(&format!("{base}  connection_window: 65534\n"));
+        assert!(e.iter().any(|p| p.contains("tunnel.connection_window")), "{e:#?}");
     }
 
     #[test]

@@ -697,3 +697,21 @@ impl schemars::transform::Transform for Require {
         }
     }
 }
+
+/// A tunnel stream's flow-control window when `stream_window` is not given, over HTTP/2. h2
+/// re-opens a stream's window once about a third of it was read; larger windows made one
+/// HTTP/2 stream slower on loopback (more data queued per stream, in caches no more).
+pub const STREAM_WINDOW_H2: u32 = 256 * 1024;
+/// The same over QUIC. quinn re-opens a stream's window each time its reader has taken an
+/// eighth of it: at 256 KiB that is a window update (a packet each way) per 32 KiB, and one
+/// QUIC stream moved a fifth less than at 1 MiB (an update per 128 KiB).
+pub const STREAM_WINDOW_QUIC: u32 = 1024 * 1024;
+
+/// The per-stream windows in effect, `(HTTP/2, QUIC)`: `stream_window` when given (for both
+/// transports), else each transport's default, never above `connection_window`.
+pub fn stream_windows(stream_window: Option<u32>, connection_window: u32) -> (u32, u32) {
+    match stream_window {
+        Some(w) => (w, w),
+        None => (STREAM_WINDOW_H2.min(connection_window), STREAM_WINDOW_QUIC.min(connection_window)),
+    }
+}

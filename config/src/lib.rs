@@ -16,8 +16,8 @@ mod yaml;
 pub use agent::AgentConfig;
 pub use binary::{BinaryConfig, load};
 pub use common::{
-    AdminConfig, CidrPort, CidrPortFault, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, PendingBudget, TlsFiles,
-    TlsRole, ValueError, canonical, valid_header_name,
+    AdminConfig, CidrPort, CidrPortFault, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, PendingBudget,
+    STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, TlsFiles, TlsRole, ValueError, canonical, stream_windows, valid_header_name,
 };
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;

@@ -16,7 +16,6 @@ default_fn! {
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
     head_max_default: usize = 8 * 1024;
-    stream_window_default: u32 = 256 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
@@ -181,10 +180,12 @@ pub struct Agents {
     #[serde(default = "open_timeout_default")]
     #[schemars(extend("x-reload" = "new connections"))]
     pub open_timeout: Dur,
-    /// Bytes one stream may have in flight unread (per-stream flow-control window).
-    #[serde(default = "stream_window_default")]
+    /// Bytes one stream may have in flight unread (per-stream flow-control window). Default:
+    /// `262144` over HTTP/2 and `1048576` over QUIC, whose stack re-opens a stream's window in
+    /// smaller steps (at most `connection_window`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 2147483647))]
-    pub stream_window: u32,
+    pub stream_window: Option<u32>,
     /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
     #[serde(default = "connection_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
@@ -495,10 +496,14 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     if ka.interval.get().is_zero() || ka.timeout.get().is_zero() {
         p.push((0, 0), "agents.keepalive", "interval and timeout must be positive");
     }
-    if !(65_535..=(1 << 31) - 1).contains(&cfg.agents.stream_window) {
+    if let Some(w) = cfg.agents.stream_window
+        && !(65_535..=(1 << 31) - 1).contains(&w)
+    {
         p.push((0, 0), "agents.stream_window", "must be between 65535 and 2147483647");
     }
-    if cfg.agents.connection_window < cfg.agents.stream_window || cfg.agents.connection_window > (1 << 31) - 1 {
+    if cfg.agents.connection_window < cfg.agents.stream_window.unwrap_or(65_535)
+        || cfg.agents.connection_window > (1 << 31) - 1
+    {
         p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
     }
     if let Some(n) = cfg.agents.server_count

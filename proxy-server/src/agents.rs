@@ -15,8 +15,11 @@ use tokio_util::sync::CancellationToken;
 const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
+    let (stream_window, stream_window_quic) =
+        seedgate_config::stream_windows(cfg.agents.stream_window, cfg.agents.connection_window);
     TunnelSettings {
-        stream_window: cfg.agents.stream_window,
+        stream_window,
+        stream_window_quic,
         connection_window: cfg.agents.connection_window,
         keepalive_interval: cfg.agents.keepalive.interval.get(),
         keepalive_timeout: cfg.agents.keepalive.timeout.get(),

@@ -19,8 +19,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
+    let (stream_window, stream_window_quic) = seedgate_config::stream_windows(cfg.stream_window, cfg.connection_window);
     TunnelSettings {
-        stream_window: cfg.stream_window,
+        stream_window,
+        stream_window_quic,
         connection_window: cfg.connection_window,
         max_streams: cfg.max_streams as u32 + 16,
         keepalive_interval: cfg.keepalive.interval.get(),

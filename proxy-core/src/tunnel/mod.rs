@@ -171,8 +171,10 @@ pub trait AgentHandler: Send + Sync + 'static {
 /// Tunnel tuning shared by both ends.
 #[derive(Debug, Clone)]
 pub struct TunnelSettings {
-    /// Per-stream receive window: the most one stream can have in flight unread.
+    /// Per-stream receive window: the most one stream can have in flight unread (HTTP/2).
     pub stream_window: u32,
+    /// The same for a QUIC session (see `seedgate_config::STREAM_WINDOW_QUIC` for why it differs).
+    pub stream_window_quic: u32,
     /// Per-session receive window: bounds the memory of all streams together.
     pub connection_window: u32,
     pub max_frame_size: u32,
@@ -188,7 +190,8 @@ pub struct TunnelSettings {
 impl Default for TunnelSettings {
     fn default() -> Self {
         Self {
-            stream_window: 256 * 1024,
+            stream_window: seedgate_config::STREAM_WINDOW_H2,
+            stream_window_quic: seedgate_config::STREAM_WINDOW_QUIC,
             connection_window: 64 * 1024 * 1024,
             max_frame_size: 64 * 1024,
             max_streams: 16 * 1024,

@@ -12,7 +12,7 @@
 //! flight continue; streams that crossed the notice are refused with `draining`. Once its last
 //! stream ends the agent closes the connection with code [`CLOSE_DONE`].
 //!
-//! Bytes: QUIC stream data, flow control per stream (`stream_window`) and per connection
+//! Bytes: QUIC stream data, flow control per stream (`stream_window_quic`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
 //! is a reset. Liveness: QUIC keep-alive every keepalive interval, the idle timeout is the
 //! keepalive timeout.
@@ -75,7 +75,7 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
 /// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
 fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
-    t.stream_receive_window(VarInt::from_u32(s.stream_window));
+    t.stream_receive_window(VarInt::from_u32(s.stream_window_quic));
     t.receive_window(VarInt::from_u32(s.connection_window));
     t.send_window(u64::from(s.connection_window));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));

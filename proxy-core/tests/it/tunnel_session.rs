@@ -233,6 +233,7 @@ async fn half_close_from_the_agent_side_leaves_the_seed_direction_open() {
 async fn bulk_transfer_both_ways_through_small_windows() {
     let settings = TunnelSettings {
         stream_window: 32 * 1024,
+        stream_window_quic: 32 * 1024,
         connection_window: 96 * 1024,
         max_frame_size: 16 * 1024,
         ..TunnelSettings::default()
