@@ -146,7 +146,7 @@ pub struct Tunnel {
     #[serde(default = "max_streams_default")]
     #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
     pub max_streams: usize,
-    /// Bytes one stream may have in flight unread. Default: `262144` over HTTP/2 and `1048576`
+    /// Bytes one stream may have in flight unread. Default: `524288` over HTTP/2 and `1048576`
     /// over QUIC, whose stack re-opens a stream's window in smaller steps (at most
     /// `connection_window`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -602,10 +602,10 @@ apiserver_proxy:
             let t = c.tunnel.unwrap();
             crate::stream_windows(t.stream_window, t.connection_window)
         };
-        assert_eq!(windows(""), (256 * 1024, 1024 * 1024), "h2 and QUIC defaults");
+        assert_eq!(windows(""), (512 * 1024, 1024 * 1024), "h2 and QUIC defaults");
         assert_eq!(windows("  stream_window: 65535\n"), (65_535, 65_535));
-        assert_eq!(windows("  stream_window: null\n"), (256 * 1024, 1024 * 1024));
-        assert_eq!(windows("  connection_window: 524288\n"), (256 * 1024, 512 * 1024), "never above the session's");
+        assert_eq!(windows("  stream_window: null\n"), (512 * 1024, 1024 * 1024));
+        assert_eq!(windows("  connection_window: 786432\n"), (512 * 1024, 768 * 1024), "never above the session's");
         assert_eq!(windows("  connection_window: 65535\n"), (65_535, 65_535));
         let e = problems(&format!("{base}  stream_window: 65534\n"));
         assert!(e.iter().any(|p| p.contains("tunnel.stream_window: must be between")), "{e:#?}");

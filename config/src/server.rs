@@ -181,7 +181,7 @@ pub struct Agents {
     #[schemars(extend("x-reload" = "new connections"))]
     pub open_timeout: Dur,
     /// Bytes one stream may have in flight unread (per-stream flow-control window). Default:
-    /// `262144` over HTTP/2 and `1048576` over QUIC, whose stack re-opens a stream's window in
+    /// `524288` over HTTP/2 and `1048576` over QUIC, whose stack re-opens a stream's window in
     /// smaller steps (at most `connection_window`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 2147483647))]
