@@ -56,7 +56,8 @@ pub(crate) struct Opts {
     /// bench/results/smoke.json with --smoke).
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,
-    /// Where to write the chart (default bench/results/latest.svg, or smoke.svg with --smoke).
+    /// Where to write the chart (default: beside --json when that is given, with the extension
+    /// .svg; else bench/results/latest.svg, or smoke.svg with --smoke).
     #[arg(long, global = true)]
     pub svg: Option<PathBuf>,
     /// Merge into the JSON file: keep its results for the scenarios not run now, so that a full
@@ -442,9 +443,7 @@ async fn run_async(
     failed.extend(res.seedgate_failures());
 
     let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
-    let stem = if opts.smoke { "smoke" } else { "latest" };
-    let json_path = opts.json.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
-    let svg_path = opts.svg.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+    let (json_path, svg_path) = result_paths(&opts, &ws);
     if opts.merge {
         match std::fs::read(&json_path) {
             Ok(bytes) => {
@@ -498,14 +497,26 @@ async fn run_async(
     }
 }
 
+/// Where the results go: `--json` and `--svg` as given; a chart not given goes beside a results
+/// file that is (so that a run or report into a scratch file leaves the committed chart alone),
+/// else both go under `bench/results/` (`latest`, or `smoke` with `--smoke`).
+fn result_paths(opts: &Opts, ws: &std::path::Path) -> (PathBuf, PathBuf) {
+    let stem = if opts.smoke { "smoke" } else { "latest" };
+    let json = opts.json.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
+    let svg = match (&opts.svg, &opts.json) {
+        (Some(svg), _) => svg.clone(),
+        (None, Some(json)) => json.with_extension("svg"),
+        (None, None) => ws.join(format!("bench/results/{stem}.svg")),
+    };
+    (json, svg)
+}
+
 /// `bench report`: print the Markdown of a results file and rewrite its chart, without running
 /// anything (e.g. after merging scenarios run one at a time).
 pub(crate) fn report_main(opts: Opts) -> ExitCode {
     let r = (|| -> anyhow::Result<()> {
         let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
-        let stem = if opts.smoke { "smoke" } else { "latest" };
-        let json_path = opts.json.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.json")));
-        let svg_path = opts.svg.clone().unwrap_or_else(|| ws.join(format!("bench/results/{stem}.svg")));
+        let (json_path, svg_path) = result_paths(&opts, &ws);
         let bytes = std::fs::read(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
         let v: serde_json::Value = serde_json::from_slice(&bytes)?;
         let res: Results = serde_json::from_value(v["results"].clone()).context("the results in the file")?;
@@ -595,4 +606,31 @@ fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration,
         took.as_secs_f64()
     ));
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: Opts,
+    }
+
+    fn paths(args: &[&str]) -> (PathBuf, PathBuf) {
+        let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).unwrap();
+        result_paths(&cli.opts, std::path::Path::new("/ws"))
+    }
+
+    #[test]
+    fn a_chart_goes_beside_a_results_file_given_and_to_the_committed_place_only_by_default() {
+        let p = |a: &str| PathBuf::from(a);
+        assert_eq!(paths(&[]), (p("/ws/bench/results/latest.json"), p("/ws/bench/results/latest.svg")));
+        assert_eq!(paths(&["--smoke"]), (p("/ws/bench/results/smoke.json"), p("/ws/bench/results/smoke.svg")));
+        assert_eq!(paths(&["--json", "/tmp/q.json"]), (p("/tmp/q.json"), p("/tmp/q.svg")));
+        assert_eq!(paths(&["--json", "/tmp/q.json", "--svg", "/c.svg"]), (p("/tmp/q.json"), p("/c.svg")));
+        assert_eq!(paths(&["--svg", "/c.svg"]), (p("/ws/bench/results/latest.json"), p("/c.svg")));
+    }
 }
