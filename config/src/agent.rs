@@ -600,7 +600,7 @@ apiserver_proxy:
         let windows = |extra: &str| {
             let c = parse(&format!("{base}{extra}"), "f.yaml").unwrap();
             let t = c.tunnel.unwrap();
-            crate::stream_windows(t.stream_window, t.connection_window)
+            crate::common::stream_windows(t.stream_window, t.connection_window)
         };
         assert_eq!(windows(""), (512 * 1024, 1024 * 1024), "h2 and QUIC defaults");
         assert_eq!(windows("  stream_window: 65535\n"), (65_535, 65_535));
