@@ -538,6 +538,12 @@ apiserver_proxy:
         }
     }
 
+    /// `yaml` is refused with a problem that contains `needle`.
+    fn refused_with(yaml: &str, needle: &str) {
+        let e = problems(yaml);
+        assert!(e.iter().any(|p| p.contains(needle)), "{needle:?} not in {e:#?}");
+    }
+
     #[test]
     fn design_contract_example_parses_with_defaults() {
         let c = parse(CONTRACT, "agent.yaml").unwrap();
@@ -586,12 +592,15 @@ apiserver_proxy:
         assert_eq!(i.host.as_deref(), Some("node-1"));
         assert_eq!(i.addresses.unwrap().len(), 2);
         assert!(i.default_route);
-        let e = problems(&format!("{base}  identifiers: {{ host: 'a b', addresses: [node-1] }}\n"));
-        assert!(e.iter().any(|p| p.contains("tunnel.identifiers.addresses")), "{e:#?}");
-        let e = problems(&format!("{base}  identifiers: {{ host: 'a b' }}\n"));
-        assert!(e.iter().any(|p| p.contains("tunnel.identifiers.host: \"a b\" is not a node name")), "{e:#?}");
-        let e = problems(&format!("{base}  identifiers: {{ hostname: x }}\n"));
-        assert!(e.iter().any(|p| p.contains("unknown field")), "{e:#?}");
+        refused_with(
+            &format!("{base}  identifiers: {{ host: 'a b', addresses: [node-1] }}\n"),
+            "tunnel.identifiers.addresses",
+        );
+        refused_with(
+            &format!("{base}  identifiers: {{ host: 'a b' }}\n"),
+            "tunnel.identifiers.host: \"a b\" is not a node name",
+        );
+        refused_with(&format!("{base}  identifiers: {{ hostname: x }}\n"), "unknown field");
     }
 
     #[test]
@@ -607,12 +616,12 @@ apiserver_proxy:
         assert_eq!(windows("  stream_window: null\n"), (512 * 1024, 1024 * 1024));
         assert_eq!(windows("  connection_window: 786432\n"), (512 * 1024, 768 * 1024), "never above the session's");
         assert_eq!(windows("  connection_window: 65535\n"), (65_535, 65_535));
-        let e = problems(&format!("{base}  stream_window: 65534\n"));
-        assert!(e.iter().any(|p| p.contains("tunnel.stream_window: must be between")), "{e:#?}");
-        let e = problems(&format!("{base}  stream_window: 2097152\n  connection_window: 1048576\n"));
-        assert!(e.iter().any(|p| p.contains("tunnel.connection_window: must be at least stream_window")), "{e:#?}");
-        let e = problems(&format!("{base}  connection_window: 65534\n"));
-        assert!(e.iter().any(|p| p.contains("tunnel.connection_window")), "{e:#?}");
+        refused_with(&format!("{base}  stream_window: 65534\n"), "tunnel.stream_window: must be between");
+        refused_with(
+            &format!("{base}  stream_window: 2097152\n  connection_window: 1048576\n"),
+            "tunnel.connection_window: must be at least stream_window",
+        );
+        refused_with(&format!("{base}  connection_window: 65534\n"), "tunnel.connection_window");
     }
 
     #[test]
