@@ -307,7 +307,7 @@ impl Resettable for QuicStream {
         Some(crate::relay::copy::BUF_SIZE)
     }
 
-    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut bytes::Bytes) -> Poll<io::Result<()>> {
+    fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
         if self.write_closed {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
@@ -329,7 +329,7 @@ impl Resettable for QuicStream {
         true
     }
 
-    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bytes::Bytes>> {
+    fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
         if let Poll::Ready(Err(e)) = self.poll_prefix(cx) {
             return Poll::Ready(Err(e));
         }
@@ -341,7 +341,7 @@ impl Resettable for QuicStream {
                 Some(chunk) => return Poll::Ready(Ok(chunk.bytes)),
                 None => {
                     self.read_eof = true;
-                    return Poll::Ready(Ok(bytes::Bytes::new()));
+                    return Poll::Ready(Ok(Bytes::new()));
                 }
             }
         }
