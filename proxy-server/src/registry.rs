@@ -328,14 +328,15 @@ impl SessionDirectory {
             stop,
             liveness: Default::default(),
         });
-        let n = {
+        {
             let mut clusters = self.clusters.write().expect("not poisoned");
             let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
             c.sessions.push(s.clone());
             c.index.add(s.clone());
-            c.sessions.len()
-        };
-        self.metrics.agents.with_label_values(&[cluster]).set(n as i64);
+            // Set under the lock: set after it, an add and a remove racing could leave the
+            // gauge at the count of whichever wrote last, not of what is registered.
+            self.metrics.agents.with_label_values(&[cluster]).set(c.sessions.len() as i64);
+        }
         if mode.mode == ClusterMode::Draining {
             // An agent that connects to a draining seed is told to move at once.
             self.send_move(&s, &mode);
@@ -344,14 +345,12 @@ impl SessionDirectory {
     }
 
     pub(crate) fn remove(&self, s: &Session) {
-        let n = {
-            let mut clusters = self.clusters.write().expect("not poisoned");
-            let Some(c) = clusters.get_mut(&s.cluster) else { return };
-            c.sessions.retain(|x| x.id != s.id);
-            c.index.remove(s.id);
-            c.sessions.len()
-        };
-        self.metrics.agents.with_label_values(&[&s.cluster]).set(n as i64);
+        let mut clusters = self.clusters.write().expect("not poisoned");
+        let Some(c) = clusters.get_mut(&s.cluster) else { return };
+        c.sessions.retain(|x| x.id != s.id);
+        c.index.remove(s.id);
+        // Under the lock, as in `add`.
+        self.metrics.agents.with_label_values(&[&s.cluster]).set(c.sessions.len() as i64);
     }
 
     /// Clusters with at least one agent session.

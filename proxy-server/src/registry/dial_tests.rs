@@ -195,3 +195,47 @@ async fn a_new_run_of_a_node_supersedes_its_earlier_sessions() {
     assert_eq!(attempt::standing(&old_s, &d.metrics), Standing::Healthy);
     assert_eq!(count(&d.metrics.sessions_revived, &["a", "superseded"]), 1);
 }
+
+/// The last two sessions of a cluster end at the same moment on two threads (every agent of a
+/// moved cluster leaves at once): `seedgate_agents_connected` must end at 0, whichever thread's
+/// update lands last. Repeated, as the interleaving that loses an update is a matter of timing.
+#[test]
+fn the_connected_gauge_ends_at_zero_when_the_last_sessions_leave_together() {
+    let d = directory();
+    let fake = Fake::new(Agent::Answers, 0);
+    let gauge = d.metrics.agents.with_label_values(&["a"]);
+    let rounds = 50_000;
+    let start = Arc::new(std::sync::Barrier::new(3));
+    let sessions: Arc<Mutex<Vec<Arc<Session>>>> = Arc::default();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (d, start, sessions) = (d.clone(), start.clone(), sessions.clone());
+            std::thread::spawn(move || {
+                // Bounded: one removal per round, `rounds` rounds.
+                for _ in 0..rounds {
+                    start.wait();
+                    let s = sessions.lock().expect("not poisoned").pop().expect("one session per thread");
+                    d.remove(&s);
+                    start.wait();
+                }
+            })
+        })
+        .collect();
+    let mut stale = 0;
+    for _ in 0..rounds {
+        let pair = [add(&d, &fake, None), add(&d, &fake, None)];
+        assert_eq!(gauge.get(), 2);
+        sessions.lock().expect("not poisoned").extend(pair);
+        start.wait();
+        start.wait();
+        assert_eq!(d.sessions("a").len(), 0);
+        if gauge.get() != 0 {
+            stale += 1;
+            gauge.set(0);
+        }
+    }
+    for t in threads {
+        t.join().expect("no panic");
+    }
+    assert_eq!(stale, 0, "the gauge kept a count of sessions that had left, in {stale} of {rounds} rounds");
+}
