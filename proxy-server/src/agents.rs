@@ -35,7 +35,9 @@ pub(crate) async fn accept_tls(
     peer: SocketAddr,
     stop: CancellationToken,
 ) {
-    if let Some(tls) = handshake(&shared, peer, "TLS", acceptor.accept(tcp)).await {
+    if let Some(tls) =
+        handshake(&shared, peer, "TLS", acceptor.accept(proxy_core::relay::io::ReadAhead::new(tcp))).await
+    {
         serve_agent(shared, tls, peer, stop).await;
     }
 }

@@ -113,7 +113,7 @@ async fn establish(t: &Tunnel, target: &HostPort) -> Result<(Box<dyn AgentConnec
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;
     let connector = TlsConnector::from(t.tls.load().material.current());
-    let tls = tokio::time::timeout(timeout, connector.connect(sni, tcp))
+    let tls = tokio::time::timeout(timeout, connector.connect(sni, proxy_core::relay::io::ReadAhead::new(tcp)))
         .await
         .map_err(|_| EstablishError::TlsTimeout { addr })?
         .map_err(|source| EstablishError::Tls { addr, source })?;

@@ -39,11 +39,11 @@ thread_local! {
     static PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
 }
 
-fn take_buf() -> Box<[u8]> {
+pub(crate) fn take_buf() -> Box<[u8]> {
     BUFS.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
 }
 
-fn give_buf(b: Box<[u8]>) {
+pub(crate) fn give_buf(b: Box<[u8]>) {
     BUFS.with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < BUF_POOL_MAX {

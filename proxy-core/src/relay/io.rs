@@ -1,4 +1,4 @@
-//! Byte streams: the one trait for a stream that can end in a reset, and replaying bytes already read in front of a stream.
+//! Byte streams: the one trait for a stream that can end in a reset, replaying bytes already read in front of a stream, and reading ahead for a reader that asks for little at a time.
 
 use bytes::{Buf, Bytes};
 use std::io;
@@ -164,10 +164,151 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
+/// A stream whose small reads are served from one read of up to a relay buffer (64 KiB). rustls
+/// reads a TLS connection at most 4 KiB beyond what it holds, so a 64 KiB HTTP/2 DATA frame (four
+/// 16 KiB records) cost the tunnel's receiving end about seven `recvfrom` calls; read ahead, it
+/// costs one or two, for a copy out of this buffer. The buffer comes from the relay's per-thread
+/// pool only while read bytes wait in it, so an idle tunnel session holds none. Writes pass through.
+pub struct ReadAhead<S> {
+    inner: S,
+    buf: Option<Box<[u8]>>,
+    pos: usize,
+    len: usize,
+}
+
+impl<S> ReadAhead<S> {
+    pub fn new(inner: S) -> Self {
+        Self { inner, buf: None, pos: 0, len: 0 }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.buf.is_none() {
+            if out.remaining() >= crate::relay::copy::BUF_SIZE {
+                return Pin::new(&mut this.inner).poll_read(cx, out);
+            }
+            let mut b = crate::relay::copy::take_buf();
+            let mut rb = ReadBuf::new(&mut b);
+            let r = Pin::new(&mut this.inner).poll_read(cx, &mut rb);
+            let n = rb.filled().len();
+            match r {
+                Poll::Ready(Ok(())) if n > 0 => (this.buf, this.pos, this.len) = (Some(b), 0, n),
+                // End of stream, an error or nothing yet: the buffer goes back at once.
+                r => {
+                    crate::relay::copy::give_buf(b);
+                    return r;
+                }
+            }
+        }
+        if let Some(b) = &this.buf {
+            let n = (this.len - this.pos).min(out.remaining());
+            out.put_slice(&b[this.pos..this.pos + n]);
+            this.pos += n;
+        }
+        if this.pos == this.len
+            && let Some(b) = this.buf.take()
+        {
+            crate::relay::copy::give_buf(b);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    /// A reader that hands out its script one step per call: bytes, "nothing yet" (it asks to be
+    /// polled again), or an error; then the end. It records the room each read offered.
+    struct Script {
+        steps: std::collections::VecDeque<Option<io::Result<Vec<u8>>>>,
+        offered: Vec<usize>,
+    }
+
+    impl AsyncRead for Script {
+        fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            self.offered.push(buf.remaining());
+            match self.steps.pop_front() {
+                None => Poll::Ready(Ok(())),
+                Some(None) => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                Some(Some(Err(e))) => Poll::Ready(Err(e)),
+                Some(Some(Ok(b))) => {
+                    buf.put_slice(&b);
+                    Poll::Ready(Ok(()))
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn small_reads_are_served_from_one_large_read_in_order_through_pauses_to_the_end() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let steps = vec![Some(Ok(data[..30_000].to_vec())), None, Some(Ok(data[30_000..].to_vec())), None];
+        let mut r = ReadAhead::new(Script { steps: steps.into_iter().collect(), offered: Vec::new() });
+        let mut got = Vec::new();
+        let mut small = [0u8; 4096];
+        loop {
+            let n = r.read(&mut small).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&small[..n]);
+        }
+        assert_eq!(got, data, "every byte, in order, then the end");
+        assert!(r.buf.is_none(), "no buffer held once drained");
+        // Two data reads and the end, each offered a whole buffer (not the caller's 4 KiB), plus
+        // the two pauses.
+        assert_eq!(r.inner.offered, vec![crate::relay::copy::BUF_SIZE; 5]);
+    }
+
+    #[tokio::test]
+    async fn an_error_comes_through_after_the_bytes_before_it_and_a_large_read_goes_straight() {
+        let steps = vec![Some(Ok(b"before".to_vec())), Some(Err(io::ErrorKind::ConnectionReset.into()))];
+        let mut r = ReadAhead::new(Script { steps: steps.into_iter().collect(), offered: Vec::new() });
+        let mut b = [0u8; 3];
+        r.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"bef");
+        r.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ore");
+        assert!(r.buf.is_none());
+        let e = r.read(&mut b).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        let mut big = vec![0u8; crate::relay::copy::BUF_SIZE];
+        assert_eq!(r.read(&mut big).await.unwrap(), 0, "the end, read straight into the caller's room");
+        assert_eq!(r.inner.offered.last(), Some(&crate::relay::copy::BUF_SIZE));
+    }
 
     #[tokio::test]
     async fn prefix_then_inner() {

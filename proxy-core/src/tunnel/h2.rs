@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
@@ -214,7 +213,8 @@ where
     Ok(SeedConn { control: Box::pin(open_control(send)), transport, ended: Box::pin(ended) })
 }
 
-impl SeedConnection for tokio_rustls::server::TlsStream<TcpStream> {
+/// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-server does).
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> SeedConnection for tokio_rustls::server::TlsStream<IO> {
     type Transport = H2Seed;
 
     fn transport(&self) -> &'static str {
@@ -342,7 +342,8 @@ where
     session::run_agent(H2Agent { conn, keepalive }, None, handler, stop, tracker).await
 }
 
-impl AgentConnection for tokio_rustls::client::TlsStream<TcpStream> {
+/// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-agent does).
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentConnection for tokio_rustls::client::TlsStream<IO> {
     fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
         Box::pin(run_agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
     }
