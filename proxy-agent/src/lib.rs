@@ -61,6 +61,11 @@ impl Service for Agent {
         vec![fixed("apiserver_proxy.listen", &listen), fixed("tunnel", &cfg.tunnel.is_some())]
     }
 
+    /// A tunnel whose transport is `quic` or `auto` (QUIC when it gets through).
+    fn quic_sessions(cfg: &AgentConfig) -> bool {
+        cfg.tunnel.as_ref().is_some_and(|t| t.transport != seedgate_config::agent::Transport::H2)
+    }
+
     async fn bind(cfg: Arc<AgentConfig>, ctx: Ctx) -> Result<(Self, Self::Opened), StartError> {
         let mut listeners = Vec::new();
         let mut addrs = BTreeMap::new();
@@ -140,5 +145,30 @@ impl Service for Agent {
             checks.extend(t.ready_checks());
         }
         checks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tunnel_that_may_run_over_quic_keeps_the_work_stealing_runtime() {
+        let cfg = |transport: &str| {
+            let y = format!(
+                "tunnel:\n  servers: [a:1]\n  tls: {{ cert: c, key: k, ca: ca }}\n  allow: [10.0.0.0/8]\n{transport}"
+            );
+            seedgate_config::agent::parse(&y, "a.yaml").expect("valid")
+        };
+        assert!(!Agent::quic_sessions(&cfg("")), "h2 is the default");
+        assert!(!Agent::quic_sessions(&cfg("  transport: h2\n")));
+        assert!(Agent::quic_sessions(&cfg("  transport: quic\n")));
+        assert!(Agent::quic_sessions(&cfg("  transport: auto\n")));
+        let no_tunnel = seedgate_config::agent::parse(
+            "apiserver_proxy: { listen: [127.0.0.1:0], gateway: g:1, mode: proxy-protocol-v2 }\n",
+            "a.yaml",
+        )
+        .expect("valid");
+        assert!(!Agent::quic_sessions(&no_tunnel), "no tunnel, no QUIC");
     }
 }

@@ -88,6 +88,11 @@ impl Service for Server {
         vec![app::fixed("clusters_dir", &cfg.clusters_dir)]
     }
 
+    /// Agents may come over QUIC when `agents.quic` listens.
+    fn quic_sessions(cfg: &ServerConfig) -> bool {
+        cfg.agents.quic.is_some()
+    }
+
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
         let (listeners, opened) = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry), &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
@@ -197,5 +202,20 @@ impl Service for Server {
     async fn stopped(&self) {
         self.sessions_stop.cancel();
         self.listeners.remove_socket_files();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quic_listener_for_agents_keeps_the_work_stealing_runtime() {
+        let cfg = |extra: &str| {
+            let y = format!("agents: {{ listen: 127.0.0.1:0, tls: {{ cert: c, key: k, client_ca: ca }}{extra} }}\n");
+            seedgate_config::server::parse(&y, "t.yaml").expect("valid")
+        };
+        assert!(!Server::quic_sessions(&cfg("")));
+        assert!(Server::quic_sessions(&cfg(", quic: { listen: 127.0.0.1:0 }")));
     }
 }
