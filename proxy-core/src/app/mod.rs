@@ -462,14 +462,17 @@ fn connection_limit_check(slots: &Slots) -> Check {
     )
 }
 
-/// How many worker threads the runtime should have: `TOKIO_WORKER_THREADS` when it names a
-/// positive number (tokio's own override), else the CPUs this process may use
-/// (`available_parallelism`: its affinity and its cgroup's CPU quota); `None` when neither says.
+/// The number of threads `TOKIO_WORKER_THREADS` (tokio's own override) names, if it names a
+/// positive one.
+fn named_workers(env: Option<&str>) -> Option<usize> {
+    env.and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| *n > 0)
+}
+
+/// How many worker threads the runtime should have: what `TOKIO_WORKER_THREADS` names, else the
+/// CPUs this process may use (`available_parallelism`: its affinity and its cgroup's CPU quota);
+/// `None` when neither says.
 fn workers(env: Option<&str>) -> Option<usize> {
-    match env.and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| *n > 0) {
-        Some(n) => Some(n),
-        None => std::thread::available_parallelism().ok().map(std::num::NonZeroUsize::get),
-    }
+    named_workers(env).or_else(|| std::thread::available_parallelism().ok().map(std::num::NonZeroUsize::get))
 }
 
 /// The runtime for `workers` threads. With one, a current-thread runtime: the work-stealing
@@ -515,7 +518,7 @@ pub fn main<S: Service>(about: &'static str) -> std::process::ExitCode {
     }
     let env = std::env::var("TOKIO_WORKER_THREADS").ok();
     let workers = workers(env.as_deref());
-    if let Some(v) = env.filter(|v| v.trim().parse::<usize>().ok() != workers) {
+    if let Some(v) = env.as_deref().filter(|v| named_workers(Some(v)).is_none()) {
         tracing::warn!(value = %v, "TOKIO_WORKER_THREADS is not a positive number of threads; ignored");
     }
     let rt = match runtime_builder(workers, S::quic_sessions(&cfg)).build() {

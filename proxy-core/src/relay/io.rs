@@ -180,10 +180,6 @@ impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
         Self { inner, buf: None, pos: 0, len: 0 }
     }
-
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
