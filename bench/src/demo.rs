@@ -1001,7 +1001,7 @@ fn print_series(text: &str) {
     }
 }
 
-/// The first agent's address in a `/readyz?verbose` cluster line (`[+]cluster-NAME ok: active: 1
+/// The first agent's address in a `/readyz?verbose` cluster line (`[i]cluster-NAME info: active: 1
 /// agents [ip:port (node), ...]`; the node appears once the agent's hello arrived).
 fn session_peer(line: &str) -> Option<std::net::SocketAddr> {
     let list = line.rsplit_once(" agents [")?.1;

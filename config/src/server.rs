@@ -20,6 +20,7 @@ default_fn! {
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
     open_timeout_default: Dur = Dur::secs(2);
+    settle_time_default: Dur = Dur::secs(30);
 }
 
 config_file! {
@@ -217,6 +218,15 @@ pub struct Agents {
     #[serde(default = "peers_interval_default")]
     #[schemars(extend("x-reload" = "live"))]
     pub peers_interval: Dur,
+    /// After a start, the longest this replica stays unready while it waits for agents: it turns
+    /// ready once every cluster it knows (front ends, `clusters`, cluster files) that is `active`
+    /// and not `hibernated` has an agent connected here, or when this much time has passed,
+    /// whichever comes first. From then on its readiness never depends on agents: a cluster
+    /// without agents answers its own dials with `503` and leaves every other cluster's alone.
+    /// `0s`: ready at once. Default `30s`.
+    #[serde(default = "settle_time_default")]
+    #[schemars(extend("x-reload" = "live"))]
+    pub settle_time: Dur,
     /// The tunnel's QUIC transport: a UDP listener beside the TCP one, with the same TLS
     /// material (`tls`), identity and rules. Default `null`: TCP only. A reload adds, moves or
     /// removes it (the new socket is bound first); sessions made on an old socket continue and
@@ -413,6 +423,14 @@ pub struct ClusterState {
     /// (`limits.tenant_share`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ClusterLimits>,
+    /// `true`: the cluster is expected to have no agents (hibernated: its nodes scaled to zero;
+    /// or not created yet). A starting replica does not wait for its agents
+    /// (`agents.settle_time`), `seedgate_cluster_agents_expected` is `0` so the alert on a
+    /// cluster without agents stays quiet, and `/readyz?verbose` says so. Dials are served as for
+    /// any cluster whenever an agent is connected. `null` (the default): `false`; an admin
+    /// override that does not name it keeps the value of the config or cluster file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernated: Option<bool>,
 }
 
 /// One cluster's limits: hard caps, whatever else the process holds.
@@ -783,6 +801,20 @@ clusters:                            # per-cluster state (migration); absent = a
             let e = parse(&format!("{base}, {bad} }}\n"), "s.yaml").unwrap_err().to_string();
             assert!(e.contains(key), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn settle_time_and_hibernated_clusters() {
+        let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }";
+        let c = parse(&format!("{base} }}\nclusters:\n  a: {{ state: active }}\n"), "s.yaml").unwrap();
+        assert_eq!(c.agents.settle_time.get(), Duration::from_secs(30));
+        assert_eq!(c.clusters["a"].hibernated, None);
+        let y = format!("{base}, settle_time: 0s }}\nclusters:\n  a: {{ hibernated: true }}\n  b: {{ hibernated: false }}\n");
+        let c = parse(&y, "s.yaml").unwrap();
+        assert_eq!(c.agents.settle_time.get(), Duration::ZERO);
+        assert_eq!((c.clusters["a"].hibernated, c.clusters["b"].hibernated), (Some(true), Some(false)));
+        let e = parse(&format!("{base} }}\nclusters:\n  a: {{ hibernated: yes please }}\n"), "s.yaml").unwrap_err();
+        assert!(e.to_string().contains("hibernated"), "{e}");
     }
 
     #[test]

@@ -259,9 +259,9 @@ mod tests {
         assert!(!r.wants_session(c), "2 of 2 held: the third slot parks");
         r.down(a, "gone");
         assert!(r.wants_session(c) && r.wants_session(a));
-        assert!(r.check().ok, "1 of 2 is degraded, still ready");
+        assert!(r.check().ok(), "1 of 2 is degraded, still ready");
         r.down(b, "gone");
-        assert!(!r.check().ok, "none held: not ready");
+        assert!(!r.check().ok(), "none held: not ready");
         assert!(r.check().detail.starts_with("not connected: 0 of 2"), "{}", r.check().detail);
     }
 

@@ -1,27 +1,29 @@
-//! The admin endpoints particular to proxy-server: readiness by cluster, and setting a cluster's state (migration).
+//! The admin endpoints particular to proxy-server: readiness and the per-cluster lines, and setting a cluster's state (migration).
 
 use crate::shared::Shared;
 use proxy_core::obs::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
-/// Clusters the operator cares about: those with a front end or a configured state.
-pub(crate) fn clusters(shared: &Shared) -> Vec<String> {
-    let cfg = shared.config.load();
-    let mut v: Vec<String> = cfg.frontends.iter().filter_map(|f| f.cluster.clone()).collect();
-    v.extend(shared.effective_states().keys().cloned());
-    v.sort();
-    v.dedup();
-    v
-}
-
-/// Ready when each cluster the operator cares about has an agent (a fenced one needs none).
-/// Agents of clusters nothing in the config knows are listed too (without failing readiness).
+/// Readiness of the replica, and one line of information per cluster. The only agent-related
+/// condition is the start-up wait ([`crate::settle`]); afterwards no cluster's agents, or lack of
+/// them, makes the replica unready: a cluster without agents fails its own dials (`503`), and its
+/// line, `seedgate_agents_connected` and `seedgate_cluster_agents_expected` show it. Agents of
+/// clusters nothing in the config knows are listed too.
 pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
-    let mut checks = known_ready(shared);
-    let known = clusters(shared);
-    let mut unknown: Vec<String> = shared.directory.connected().into_iter().filter(|c| !known.contains(c)).collect();
+    let known = shared.known_clusters();
+    let waiting: Vec<String> = known
+        .iter()
+        .filter(|(c, expected)| **expected && shared.directory.sessions(c).is_empty())
+        .map(|(c, _)| c.clone())
+        .collect();
+    let expected = known.values().filter(|e| **e).count();
+    let limit = shared.config.load().agents.settle_time.get();
+    let mut checks = vec![shared.settle.check(std::time::Instant::now(), limit, expected, &waiting)];
+    checks.extend(known.iter().map(|(c, expected)| cluster_line(shared, c, *expected)));
+    let mut unknown: Vec<String> =
+        shared.directory.connected().into_iter().filter(|c| !known.contains_key(c)).collect();
     let refused = shared.unknown_refused.lock().expect("not poisoned").clone();
-    unknown.extend(refused.into_iter().filter(|c| !known.contains(c)));
+    unknown.extend(refused.into_iter().filter(|c| !known.contains_key(c)));
     unknown.sort();
     unknown.dedup();
     if !unknown.is_empty() {
@@ -34,34 +36,32 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
             .collect();
         let detail =
             format!("agents of clusters no front end or clusters entry knows (a CN typo?): {}", list.join(", "));
-        checks.push(Check::new("unknown-clusters", true, detail));
+        checks.push(Check::info("unknown-clusters", detail));
     }
     checks
 }
 
-fn known_ready(shared: &Shared) -> Vec<Check> {
+/// `cluster-<name>`: its state, its agents here and, without any, what that means for its dials.
+fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
     let dir = &shared.directory;
-    clusters(shared)
-        .into_iter()
-        .map(|c| {
-            let mode = dir.mode(&c);
-            dir.file_hellos(&c);
-            let sessions = dir.sessions(&c);
-            let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
-            let state = format!("{:?}", mode.mode).to_lowercase();
-            match mode.mode {
-                // A fenced cluster is served elsewhere: no agent is expected here.
-                ClusterMode::Fenced => {
-                    Check::new(format!("cluster-{c}"), true, format!("fenced: {} agents", sessions.len()))
-                }
-                _ => Check::new(
-                    format!("cluster-{c}"),
-                    !sessions.is_empty(),
-                    format!("{state}: {} agents [{}]", sessions.len(), nodes.join(", ")),
-                ),
-            }
-        })
-        .collect()
+    let mode = dir.mode(c);
+    dir.file_hellos(c);
+    let sessions = dir.sessions(c);
+    let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
+    let state = format!("{:?}", mode.mode).to_lowercase();
+    let detail = match mode.mode {
+        // A fenced cluster is served elsewhere: no agent is expected here.
+        ClusterMode::Fenced => format!("fenced: {} agents", sessions.len()),
+        _ => {
+            let marked = if mode.mode == ClusterMode::Active && !expected { ", hibernated" } else { "" };
+            let none = match (sessions.is_empty(), expected) {
+                (true, true) => " (none connected here: its dials answer 503)",
+                _ => "",
+            };
+            format!("{state}{marked}: {} agents [{}]{none}", sessions.len(), nodes.join(", "))
+        }
+    };
+    Check::info(format!("cluster-{c}"), detail)
 }
 
 /// A session as readiness lists it: its peer, its node and how dials trust it, if not fully.
@@ -112,7 +112,7 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
 
 /// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
 pub(crate) fn knows_cluster(shared: &Shared, cluster: &str, peer: std::net::SocketAddr) -> bool {
-    if clusters(shared).iter().any(|c| c == cluster) {
+    if shared.known_clusters().contains_key(cluster) {
         return true;
     }
     if shared.unknown_warned.lock().expect("not poisoned").insert(cluster.to_owned()) {

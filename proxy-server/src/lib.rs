@@ -15,6 +15,7 @@ mod metrics;
 mod registry;
 mod replica;
 mod session;
+mod settle;
 mod shared;
 mod strategy;
 mod unix_socket;
@@ -120,11 +121,9 @@ impl Service for Server {
             unknown_warned: Mutex::default(),
             unknown_refused: Mutex::default(),
             replica: replica::Replica::new(&cfg),
+            settle: settle::Settle::new(std::time::Instant::now()),
         });
         shared.apply_states();
-        for (name, mode) in shared.directory.modes() {
-            shared.metrics.set_cluster_state(&name, mode.mode);
-        }
         let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
         Ok((this, Opened { listeners: opened, watch }))
     }
@@ -180,7 +179,7 @@ impl Service for Server {
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
             let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
-            checks.push(Check::new("cluster-files", true, detail));
+            checks.push(Check::info("cluster-files", detail));
         }
         checks
     }

@@ -2,7 +2,13 @@
 
 use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::prometheus::core::Collector as _;
 use seedgate_config::server::ClusterMode;
+use std::collections::BTreeMap;
+
+/// Each cluster state and its `state` label.
+const MODES: [(ClusterMode, &str); 3] =
+    [(ClusterMode::Active, "active"), (ClusterMode::Draining, "draining"), (ClusterMode::Fenced, "fenced")];
 
 #[derive(Clone)]
 pub struct ServerMetrics {
@@ -17,6 +23,7 @@ pub struct ServerMetrics {
     pub tunnel_bytes: IntCounterVec,
     pub requests: IntCounterVec,
     pub cluster_state: IntGaugeVec,
+    pub agents_expected: IntGaugeVec,
     pub move_notices: IntCounterVec,
     pub stream_drains: IntCounterVec,
     pub sessions_doubted: IntCounterVec,
@@ -91,6 +98,12 @@ impl ServerMetrics {
                 "1 for the state each known cluster is in (active, draining, fenced).",
                 &["cluster", "state"],
             ),
+            agents_expected: gauge_vec(
+                reg,
+                "seedgate_cluster_agents_expected",
+                "1 for each known cluster whose agents are expected here (state active, not hibernated), 0 for one expected to have none.",
+                &["cluster"],
+            ),
             move_notices: counter_vec(
                 reg,
                 "seedgate_agent_move_notices_total",
@@ -139,10 +152,33 @@ impl ServerMetrics {
         }
     }
 
+    /// Every known cluster's state and agent expectation, and its `seedgate_agents_connected`
+    /// (0 until an agent connects), so that a cluster without agents shows as one; a cluster no
+    /// longer known loses its state and expectation.
+    pub fn publish_clusters(&self, known: &BTreeMap<String, bool>, state: impl Fn(&str) -> ClusterMode) {
+        let published: Vec<String> = self
+            .agents_expected
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .filter_map(|m| m.get_label().iter().find(|l| l.name() == "cluster").map(|l| l.value().to_owned()))
+            .collect();
+        for gone in published.iter().filter(|c| !known.contains_key(*c)) {
+            let _ = self.agents_expected.remove_label_values(&[gone]);
+            for label in MODES.map(|(_, l)| l) {
+                let _ = self.cluster_state.remove_label_values(&[gone, label]);
+            }
+        }
+        for (cluster, expected) in known {
+            self.set_cluster_state(cluster, state(cluster));
+            self.agents_expected.with_label_values(&[cluster]).set(i64::from(*expected));
+            // Creates the series at 0 if absent; the count itself is set under the directory's lock.
+            let _ = self.agents.with_label_values(&[cluster]);
+        }
+    }
+
     pub fn set_cluster_state(&self, cluster: &str, mode: ClusterMode) {
-        for (m, label) in
-            [(ClusterMode::Active, "active"), (ClusterMode::Draining, "draining"), (ClusterMode::Fenced, "fenced")]
-        {
+        for (m, label) in MODES {
             self.cluster_state.with_label_values(&[cluster, label]).set(i64::from(m == mode));
         }
     }

@@ -225,10 +225,6 @@ impl SessionDirectory {
         self.modes.read().expect("not poisoned").get(cluster).cloned().unwrap_or_else(|| Mode::from_cfg(None))
     }
 
-    pub(crate) fn modes(&self) -> BTreeMap<String, Mode> {
-        self.modes.read().expect("not poisoned").clone()
-    }
-
     /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
     /// mode changed.
     pub(crate) fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
@@ -558,6 +554,7 @@ mod tests {
             drain_deadline: deadline.map(seedgate_config::Dur::secs),
             proxy_strategies: None,
             limits: None,
+            hibernated: None,
         };
         BTreeMap::from([("a".to_owned(), s)])
     }

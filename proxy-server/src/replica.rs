@@ -49,7 +49,7 @@ impl Replica {
         self.info.lock().expect("not poisoned").clone()
     }
 
-    /// The `/readyz?verbose` line: what this replica announces (always passes).
+    /// The `/readyz?verbose` line (information): what this replica announces.
     pub(crate) fn check(&self, cfg: &ServerConfig) -> proxy_core::obs::admin::Check {
         let i = self.info();
         let from = match &cfg.agents.peers {
@@ -57,9 +57,8 @@ impl Replica {
             None => "agents.server_count".to_owned(),
         };
         let draining = if i.draining { ", draining" } else { "" };
-        proxy_core::obs::admin::Check::new(
+        proxy_core::obs::admin::Check::info(
             "replica",
-            true,
             format!("id {}, announcing {} replicas ({from}){draining}", i.id, i.count),
         )
     }

@@ -4,13 +4,14 @@ use crate::cluster_files::ClusterFiles;
 use crate::metrics::ServerMetrics;
 use crate::registry::{SessionDirectory, ShareConfig};
 use crate::replica;
+use crate::settle::Settle;
 use arc_swap::ArcSwap;
 use proxy_core::app::shutdown::Shutdown;
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::Pending;
 use seedgate_config::ServerConfig;
-use seedgate_config::server::ClusterState;
+use seedgate_config::server::{ClusterMode, ClusterState};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
     /// This replica's identity and the count it announces to agents.
     pub(crate) replica: replica::Replica,
+    /// The start-up wait for agents (readiness).
+    pub(crate) settle: Settle,
 }
 
 impl Shared {
@@ -50,13 +53,32 @@ impl Shared {
             if o.proxy_strategies.is_none() {
                 o.proxy_strategies = s.get(&name).and_then(|c| c.proxy_strategies.clone());
             }
+            if o.hibernated.is_none() {
+                o.hibernated = s.get(&name).and_then(|c| c.hibernated);
+            }
             s.insert(name, o);
         }
         s
     }
 
+    /// The clusters the operator named (front ends, `clusters`, cluster files, admin overrides),
+    /// each with whether agents of it are expected here now: `active` and not `hibernated`.
+    pub(crate) fn known_clusters(&self) -> BTreeMap<String, bool> {
+        let states = self.effective_states();
+        let cfg = self.config.load();
+        let named = cfg.frontends.iter().filter_map(|f| f.cluster.clone()).chain(states.keys().cloned());
+        named
+            .map(|c| {
+                let expected = states
+                    .get(&c)
+                    .is_none_or(|s| s.state == ClusterMode::Active && s.hibernated != Some(true));
+                (c, expected)
+            })
+            .collect()
+    }
+
     /// Apply the effective cluster states and limits to the session directory (after a reload, a cluster
-    /// file change or an admin override).
+    /// file change or an admin override), and publish every known cluster's metrics.
     pub(crate) fn apply_states(&self) {
         let states = self.effective_states();
         // A cluster's own limits come from where its state is set; an admin override that gives
@@ -73,6 +95,7 @@ impl Shared {
         drop(files);
         self.directory.set_shares(ShareConfig::of(&cfg, own));
         self.directory.set_modes(&states);
+        self.metrics.publish_clusters(&self.known_clusters(), |c| states.get(c).map(|s| s.state).unwrap_or_default());
     }
 
     /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses
@@ -131,5 +154,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         unknown_warned: Mutex::default(),
         unknown_refused: Mutex::default(),
         replica: replica::Replica::new(&cfg),
+        settle: Settle::new(std::time::Instant::now()),
     })
 }

@@ -132,9 +132,8 @@ impl Service for Router {
         {
             let (n, routes, refused) = files.summary();
             let total = self.listeners.route_count();
-            checks.push(Check::new(
+            checks.push(Check::info(
                 "route-files",
-                true,
                 format!("{dir}: {n} files, {routes} routes ({refused} files refused); {total} routes in all"),
             ));
         }

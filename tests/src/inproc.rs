@@ -131,6 +131,12 @@ impl InProc {
         self.task.as_ref().is_some_and(|t| !t.is_finished())
     }
 
+    /// What SIGTERM starts: stop accepting and drain for `drain_grace` (the admin listener keeps
+    /// answering meanwhile); [`InProc::stop`] waits for the end.
+    pub fn drain(&self) {
+        self.shutdown.stop.cancel();
+    }
+
     /// What SIGTERM does to the process: stop accepting, drain for `drain_grace`, return.
     pub async fn stop(mut self) -> anyhow::Result<Drained> {
         self.shutdown.stop.cancel();

@@ -439,7 +439,7 @@ impl<S: Service> AdminHooks for Hooks<S> {
     }
 }
 
-/// `/readyz?verbose` line of `limits.max_connections`. Always passing: at the limit the process
+/// `/readyz?verbose` line of `limits.max_connections`, information only: at the limit the process
 /// still serves every connection it holds, and failing readiness would only move load that then
 /// comes back; the line (and `seedgate_connection_limit_*`) tells overload from a fault.
 fn connection_limit_check(slots: &Slots) -> Check {
@@ -449,9 +449,8 @@ fn connection_limit_check(slots: &Slots) -> Check {
     } else {
         "below the limit"
     };
-    Check::new(
+    Check::info(
         "connection-limit",
-        true,
         format!(
             "{}/{} connection slots in use, {now}; waited for a slot {} times, {:.3}s in all",
             slots.in_use(),

@@ -438,7 +438,7 @@ impl Pending {
             .map(|r| (r, self.metrics.rejects.with_label_values(&[r.label()]).get()))
     }
 
-    /// The `/readyz?verbose` line. Always passing: a full budget is what eviction is for, and
+    /// The `/readyz?verbose` line, information only: a full budget is what eviction is for, and
     /// the counts tell whether someone holds connections open without routing them.
     pub fn readiness(&self) -> crate::obs::admin::Check {
         let l = self.limits();
@@ -453,9 +453,8 @@ impl Pending {
                 l.prefix_v6
             ),
         };
-        crate::obs::admin::Check::new(
+        crate::obs::admin::Check::info(
             "pending-connections",
-            true,
             format!("{pending}/{} not yet routed ({per_source}); closed so far: {counts}", l.max_pending),
         )
     }

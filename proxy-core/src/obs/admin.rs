@@ -12,17 +12,55 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// One readiness check, listed by `/readyz?verbose`.
+/// One line of `/readyz?verbose`: a check that passes or fails readiness, or information.
 #[derive(Debug, Clone)]
 pub struct Check {
     pub name: String,
-    pub ok: bool,
+    pub status: Status,
     pub detail: String,
 }
 
+/// What a [`Check`] says about readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// A condition of readiness, met: `[+]name ok: detail`.
+    Pass,
+    /// A condition of readiness, not met: `[-]name failed: detail`; the process is not ready.
+    Fail,
+    /// Listed for operators, never a condition of readiness: `[i]name info: detail`. For what a
+    /// process reports but should not be taken out of service for (a tenant's state, a limit
+    /// reached, a peer's fault).
+    Info,
+}
+
 impl Check {
+    /// A condition of readiness, met when `ok`.
     pub fn new(name: impl Into<String>, ok: bool, detail: impl Into<String>) -> Self {
-        Self { name: name.into(), ok, detail: detail.into() }
+        let status = if ok { Status::Pass } else { Status::Fail };
+        Self { name: name.into(), status, detail: detail.into() }
+    }
+
+    /// A line that informs and never fails readiness.
+    pub fn info(name: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self { name: name.into(), status: Status::Info, detail: detail.into() }
+    }
+
+    /// Whether this line lets the process be ready.
+    pub fn ok(&self) -> bool {
+        self.status != Status::Fail
+    }
+
+    /// The line `/readyz?verbose` shows.
+    pub fn line(&self) -> String {
+        let (mark, word) = match self.status {
+            Status::Pass => ("+", "ok"),
+            Status::Fail => ("-", "failed"),
+            Status::Info => ("i", "info"),
+        };
+        match self.detail.is_empty() {
+            true => format!("[{mark}]{} {word}", self.name),
+            false => format!("[{mark}]{} {word}: {}", self.name, self.detail),
+        }
     }
 }
 
@@ -36,7 +74,7 @@ pub struct ControlRequest<'a> {
 
 /// What a binary plugs into its admin listener.
 pub trait AdminHooks: Send + Sync + 'static {
-    /// Readiness checks; the process is ready when all pass.
+    /// Readiness checks and information lines; the process is ready when no check fails.
     fn ready(&self) -> Vec<Check>;
     /// The running config with secrets redacted.
     fn config(&self) -> serde_json::Value;
@@ -141,24 +179,15 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
                     if state.draining.is_cancelled() { "draining for shutdown" } else { "" },
                 ),
             );
-            let ok = checks.iter().all(|c| c.ok);
+            let ok = checks.iter().all(Check::ok);
             let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             let verbose =
                 query.as_deref().is_some_and(|q| q.split('&').any(|kv| kv == "verbose" || kv.starts_with("verbose=")));
             if verbose {
                 let mut body = String::new();
                 for c in &checks {
-                    let mark = if c.ok { "+" } else { "-" };
-                    if c.detail.is_empty() {
-                        body.push_str(&format!("[{mark}]{} {}\n", c.name, if c.ok { "ok" } else { "failed" }));
-                    } else {
-                        body.push_str(&format!(
-                            "[{mark}]{} {}: {}\n",
-                            c.name,
-                            if c.ok { "ok" } else { "failed" },
-                            c.detail
-                        ));
-                    }
+                    body.push_str(&c.line());
+                    body.push('\n');
                 }
                 body.push_str(if ok { "readyz check passed\n" } else { "readyz check failed\n" });
                 text(status, body)

@@ -209,6 +209,28 @@ async fn readyz_follows_the_checks_and_verbose_lists_each() {
 }
 
 #[tokio::test]
+async fn information_lines_are_listed_and_never_fail_readiness() {
+    let admin = start(None).await;
+    admin.hooks.checks.lock().unwrap().push(Check::info("cluster-b", "active: 0 agents"));
+    admin.hooks.checks.lock().unwrap().push(Check::info("limits", ""));
+    let r = get(admin.addr, "/readyz").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+    let r = get(admin.addr, "/readyz?verbose").await;
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (
+            200,
+            "[+]not-draining ok\n[+]tunnel-a ok: session up\n[+]config ok\n[i]cluster-b info: active: 0 agents\n[i]limits info\nreadyz check passed\n"
+        )
+    );
+    // Beside a failing check, the information is still listed and the check still fails.
+    admin.hooks.checks.lock().unwrap().push(Check::new("tunnel-b", false, "not connected"));
+    let r = get(admin.addr, "/readyz?verbose").await;
+    assert_eq!(r.status, 503);
+    assert!(r.body.contains("[i]cluster-b info: active: 0 agents\n[i]limits info\n[-]tunnel-b failed: not connected\n"), "{}", r.body);
+}
+
+#[tokio::test]
 async fn readyz_fails_with_draining_once_draining_starts_while_healthz_stays_ok() {
     let admin = start(None).await;
     assert_eq!(get(admin.addr, "/readyz").await.status, 200);

@@ -25,6 +25,7 @@ mod pending_budget;
 mod proxy_credentials;
 mod proxy_strategies;
 mod quic_sni;
+mod readiness;
 mod readme_examples;
 mod readme_walkthrough;
 mod route_files;

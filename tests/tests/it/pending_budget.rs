@@ -205,9 +205,9 @@ async fn stalled_clients_cannot_starve_a_real_one() -> anyhow::Result<()> {
     assert_eq!(http_get(admin, "/readyz").await?.0, 200);
     let (code, body) = http_get(admin, "/readyz?verbose").await?;
     assert_eq!(code, 200, "{body}");
-    assert!(body.contains("[+]pending-connections ok: 99/100 not yet routed"), "{body}");
+    assert!(body.contains("[i]pending-connections info: 99/100 not yet routed"), "{body}");
     assert!(
-        body.contains("[+]connection-limit ok: ") && body.contains("/10 connection slots in use, below the limit"),
+        body.contains("[i]connection-limit info: ") && body.contains("/10 connection slots in use, below the limit"),
         "{body}"
     );
     drop(stalled);
@@ -290,7 +290,7 @@ async fn proxy_server_front_ends_keep_answering_under_stalled_clients() -> anyho
     assert_eq!(value(&m, "seedgate_pending_rejects_total", &[("reason", "deadline")]), 0.0);
     assert!(value(&m, "seedgate_rejects_total", &[("reason", "pending_per_source")]) > 0.0);
     let (code, body) = http_get(addrs.admin()?, "/readyz?verbose").await?;
-    assert!(body.contains("[+]pending-connections ok: 19/20 not yet routed"), "{code} {body}");
+    assert!(body.contains("[i]pending-connections info: 19/20 not yet routed"), "{code} {body}");
     drop(stalled);
     Ok(())
 }
@@ -331,7 +331,7 @@ async fn at_the_connection_limit_accepting_pauses_and_says_so() -> anyhow::Resul
     assert!(value(&m, "seedgate_connection_limit_waits_total", &[]) >= 1.0);
     let (code, body) = http_get(admin, "/readyz?verbose").await?;
     assert_eq!(code, 200, "at the limit is not a fault: {body}");
-    assert!(body.contains("[+]connection-limit ok: 1/1 connection slots in use, at the limit now"), "{body}");
+    assert!(body.contains("[i]connection-limit info: 1/1 connection slots in use, at the limit now"), "{body}");
 
     // A slot frees: the second is routed and echoed.
     drop(first);
