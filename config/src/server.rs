@@ -426,7 +426,8 @@ pub struct ClusterState {
     /// `true`: the cluster is expected to have no agents (hibernated: its nodes scaled to zero;
     /// or not created yet). A starting replica does not wait for its agents
     /// (`agents.settle_time`), `seedgate_cluster_agents_expected` is `0` so the alert on a
-    /// cluster without agents stays quiet, and `/readyz?verbose` says so. Dials are served as for
+    /// cluster without agents (`SeedgateNoAgentForCluster`) stays quiet, and `/readyz?verbose`
+    /// says so. Dials are served as for
     /// any cluster whenever an agent is connected. `null` (the default): `false`; an admin
     /// override that does not name it keeps the value of the config or cluster file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -809,7 +810,9 @@ clusters:                            # per-cluster state (migration); absent = a
         let c = parse(&format!("{base} }}\nclusters:\n  a: {{ state: active }}\n"), "s.yaml").unwrap();
         assert_eq!(c.agents.settle_time.get(), Duration::from_secs(30));
         assert_eq!(c.clusters["a"].hibernated, None);
-        let y = format!("{base}, settle_time: 0s }}\nclusters:\n  a: {{ hibernated: true }}\n  b: {{ hibernated: false }}\n");
+        let y = format!(
+            "{base}, settle_time: 0s }}\nclusters:\n  a: {{ hibernated: true }}\n  b: {{ hibernated: false }}\n"
+        );
         let c = parse(&y, "s.yaml").unwrap();
         assert_eq!(c.agents.settle_time.get(), Duration::ZERO);
         assert_eq!((c.clusters["a"].hibernated, c.clusters["b"].hibernated), (Some(true), Some(false)));

@@ -1,8 +1,8 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
 use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
-use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_core::prometheus::core::Collector as _;
+use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use seedgate_config::server::ClusterMode;
 use std::collections::BTreeMap;
 
@@ -41,7 +41,7 @@ impl ServerMetrics {
             agents: gauge_vec(
                 reg,
                 "seedgate_agents_connected",
-                "Agent sessions connected now, by cluster.",
+                "Agent sessions connected now, by cluster (0 for a known cluster without any).",
                 &["cluster"],
             ),
             agent_sessions: counter_vec(

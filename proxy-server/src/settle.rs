@@ -91,7 +91,10 @@ mod tests {
         let s = Settle::new(t0);
         let c = s.check(t0 + Duration::from_secs(2), LIMIT, 2, &names(&["shoot-a", "shoot-b"]));
         assert!(!c.ok(), "{c:?}");
-        assert!(c.detail.contains("waiting for agents of shoot-a, shoot-b (0 of 2") && c.detail.contains("28.0s"), "{c:?}");
+        assert!(
+            c.detail.contains("waiting for agents of shoot-a, shoot-b (0 of 2") && c.detail.contains("28.0s"),
+            "{c:?}"
+        );
         let c = s.check(t0 + Duration::from_secs(3), LIMIT, 2, &names(&["shoot-b"]));
         assert!(!c.ok() && c.detail.contains("shoot-b (1 of 2"), "{c:?}");
         let c = s.check(t0 + Duration::from_secs(4), LIMIT, 2, &[]);

@@ -69,9 +69,8 @@ impl Shared {
         let named = cfg.frontends.iter().filter_map(|f| f.cluster.clone()).chain(states.keys().cloned());
         named
             .map(|c| {
-                let expected = states
-                    .get(&c)
-                    .is_none_or(|s| s.state == ClusterMode::Active && s.hibernated != Some(true));
+                let expected =
+                    states.get(&c).is_none_or(|s| s.state == ClusterMode::Active && s.hibernated != Some(true));
                 (c, expected)
             })
             .collect()

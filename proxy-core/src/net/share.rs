@@ -370,7 +370,8 @@ mod tests {
         assert_eq!(s.metrics.held[0].with_label_values(&["gw", "a"]).get(), 2);
         let ready = s.readiness(0.25);
         assert!(
-            ready.status == crate::obs::admin::Status::Info && ready.detail.contains("at their share now: a (connections 2/2), a (pending 1/1)"),
+            ready.status == crate::obs::admin::Status::Info
+                && ready.detail.contains("at their share now: a (connections 2/2), a (pending 1/1)"),
             "{ready:?}"
         );
         assert!(ready.detail.contains("refused so far: a 1"), "{ready:?}");

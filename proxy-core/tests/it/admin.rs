@@ -227,7 +227,11 @@ async fn information_lines_are_listed_and_never_fail_readiness() {
     admin.hooks.checks.lock().unwrap().push(Check::new("tunnel-b", false, "not connected"));
     let r = get(admin.addr, "/readyz?verbose").await;
     assert_eq!(r.status, 503);
-    assert!(r.body.contains("[i]cluster-b info: active: 0 agents\n[i]limits info\n[-]tunnel-b failed: not connected\n"), "{}", r.body);
+    assert!(
+        r.body.contains("[i]cluster-b info: active: 0 agents\n[i]limits info\n[-]tunnel-b failed: not connected\n"),
+        "{}",
+        r.body
+    );
 }
 
 #[tokio::test]

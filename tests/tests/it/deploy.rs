@@ -452,6 +452,90 @@ fn proxy_server_runs_as_an_ha_set() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The probes of each workload, read from the rendered overlays, asked of the binary when what it
+/// depends on is gone: liveness (which restarts) answers for the process alone in all three;
+/// sni-router's readiness does not look at its routes' upstreams; proxy-server's, once the start-up
+/// wait is over (`agents.settle_time`, 0s here), does not look at whether its clusters have agents.
+/// proxy-agent's reports a tunnel without any session as not ready, and nothing routes by it: no
+/// Service selects the agent's pods, so the report gates only the DaemonSet's rollout.
+#[tokio::test]
+async fn probes_answer_for_the_process_never_for_its_peers() -> anyhow::Result<()> {
+    let Some(kubectl) = tool("kubectl") else { return Ok(()) };
+    let mut probes: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut services: Vec<Value> = Vec::new();
+    for o in ["seed", "shoot"] {
+        let objects = docs(&render(&kubectl, &deploy().join("overlays").join(o))?)?;
+        for w in
+            objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")))
+        {
+            for c in w["spec"]["template"]["spec"]["containers"].as_array().context("containers")? {
+                let bin = c["command"][0].as_str().and_then(|p| p.rsplit('/').next()).context("command")?;
+                let path = |probe: &str| -> anyhow::Result<String> {
+                    ensure!(c[probe]["httpGet"]["port"] == "admin", "{bin}: {probe} is not on the admin port");
+                    Ok(c[probe]["httpGet"]["path"].as_str().with_context(|| format!("{bin}: {probe} path"))?.to_owned())
+                };
+                ensure!(
+                    c["startupProbe"].is_null(),
+                    "{bin}: a startup probe would restart a replica that waits for agents"
+                );
+                probes.insert(bin.to_owned(), (path("readinessProbe")?, path("livenessProbe")?));
+                if bin == "proxy-agent" {
+                    services.extend(objects.iter().filter(|o| o["kind"] == "Service").cloned());
+                    let labels = &w["spec"]["template"]["metadata"]["labels"];
+                    for svc in &services {
+                        let sel = svc["spec"]["selector"].as_object().cloned().unwrap_or_default();
+                        let selects = !sel.is_empty() && sel.iter().all(|(k, v)| &labels[k] == v);
+                        ensure!(
+                            !selects,
+                            "Service {} selects proxy-agent: its readiness would gate traffic",
+                            svc["metadata"]["name"]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    ensure!(probes.len() == 3, "probes of {:?}", probes.keys());
+    let get = |admin: std::net::SocketAddr, path: String| async move { testbed::http_get(admin, &path).await };
+
+    let dir = TempDir::new("deploy-probes")?;
+    let pki = TunnelPki::new(dir.path())?;
+    // Nothing listens on a port just freed.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+
+    let (ready, live) = probes["sni-router"].clone();
+    let router = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\nlisteners:\n  - name: gateway\n    listen: 127.0.0.1:0\n    routes:\n      - name: shoot-a-api\n        sni: [api.shoot-a.test]\n        upstreams: [{dead}]\n"
+    );
+    let (_router, addrs) = testbed::InProc::serve(&dir, "sni-router", &router).await?;
+    let client = testbed::pki::client_config(&pki.ca, None, &["http/1.1"])?;
+    let _ = tls_request(addrs.listener("gateway")?, Some("api.shoot-a.test"), client, b"GET / HTTP/1.1\r\n\r\n").await;
+    for path in [ready, live] {
+        let (code, body) = get(addrs.admin()?, path.clone()).await?;
+        ensure!(code == 200, "sni-router {path} with its upstream down: {code} {body}");
+    }
+
+    let (ready, live) = probes["proxy-server"].clone();
+    let fes = [Fe::new("a", "shoot-a", FeKind::Plain), Fe::new("b", "shoot-b", FeKind::Plain)];
+    let clusters = "clusters:\n  shoot-a: { state: active }\n  shoot-b: { state: active }\n";
+    let yaml =
+        server_yaml(&pki, "127.0.0.1:0", &fes, clusters).replacen("  keepalive:", "  settle_time: 0s\n  keepalive:", 1);
+    let (_server, addrs) = testbed::tunnel_kit::inproc_server(&dir, &yaml).await?;
+    for path in [ready, live] {
+        let (code, body) = get(addrs.admin()?, path.clone()).await?;
+        ensure!(code == 200, "proxy-server {path} with no agent of any cluster: {code} {body}");
+    }
+
+    let (ready, live) = probes["proxy-agent"].clone();
+    let o = AgentOpts::new("shoot-a", dead, &["127.0.0.1/32"]);
+    let (_agent, addrs) = testbed::tunnel_kit::inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
+    let (code, body) = get(addrs.admin()?, live.clone()).await?;
+    ensure!(code == 200, "proxy-agent {live} with its server down: {code} {body}");
+    let (code, body) = get(addrs.admin()?, format!("{ready}?verbose")).await?;
+    ensure!(code == 503 && body.contains("not connected"), "proxy-agent {ready} with its server down: {code} {body}");
+    Ok(())
+}
+
 /// `deploy/pki/make-test-secrets.sh` makes every Secret the overlays mount, in their namespaces, with the
 /// keys the configs read, and certificates that chain to the CAs the other side trusts.
 #[test]

@@ -195,7 +195,10 @@ async fn agent_reaches_every_replica_and_finds_a_replacement_after_a_kill() -> a
         assert_eq!(metric_value(&m, "seedgate_tunnel_streams_opened_total", &[("cluster", CLUSTER)]), Some(1.0));
         assert_eq!(metric_value(&m, "seedgate_server_replicas_expected", &[]), Some(3.0), "{m}");
         let (_, body) = http_get(r.admin(), "/readyz?verbose").await?;
-        assert!(body.contains(&format!("replica info: id r{i}, announcing 3 replicas (agents.server_count)")), "{body}");
+        assert!(
+            body.contains(&format!("replica info: id r{i}, announcing 3 replicas (agents.server_count)")),
+            "{body}"
+        );
     }
     let (code, body) = http_get(agent_admin, "/readyz?verbose").await?;
     assert_eq!(code, 200, "{body}");

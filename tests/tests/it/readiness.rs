@@ -124,7 +124,8 @@ async fn the_settle_time_ends_the_wait_for_a_cluster_whose_agents_never_come() -
         k.display(),
         pki.ca_file.display()
     );
-    let clusters = "clusters:\n  shoot-a: { state: active }\n  shoot-b: { state: active }\n  shoot-c: { hibernated: true }\n";
+    let clusters =
+        "clusters:\n  shoot-a: { state: active }\n  shoot-b: { state: active }\n  shoot-c: { hibernated: true }\n";
     let yaml = settle(&server_yaml(&pki, "127.0.0.1:0", &[], &format!("{egress}{clusters}")), "1s");
     let (server, saddrs) = inproc_server(&dir, &yaml).await?;
     let admin = saddrs.admin()?;
@@ -135,7 +136,9 @@ async fn the_settle_time_ends_the_wait_for_a_cluster_whose_agents_never_come() -
     let (_, body) = verbose(admin).await?;
     let settled = body.lines().find(|l| l.starts_with("[+]agents-settled ok: ")).with_context(|| body.clone())?;
     anyhow::ensure!(
-        settled.contains("agents.settle_time (1s) passed; ") && settled.contains("shoot-b") && !settled.contains("shoot-c"),
+        settled.contains("agents.settle_time (1s) passed; ")
+            && settled.contains("shoot-b")
+            && !settled.contains("shoot-c"),
         "{body}"
     );
     anyhow::ensure!(body.contains("[i]cluster-shoot-c info: active, hibernated: 0 agents []\n"), "{body}");
@@ -163,7 +166,10 @@ async fn the_settle_time_ends_the_wait_for_a_cluster_whose_agents_never_come() -
     server.wait_reloads(admin, "success", 1.0).await?;
     poll_until(STEP, TICK, || async {
         let m = metrics(admin).await?;
-        let (b, c) = (gauge(&m, "seedgate_cluster_agents_expected", "shoot-b"), gauge(&m, "seedgate_cluster_agents_expected", "shoot-c"));
+        let (b, c) = (
+            gauge(&m, "seedgate_cluster_agents_expected", "shoot-b"),
+            gauge(&m, "seedgate_cluster_agents_expected", "shoot-c"),
+        );
         anyhow::ensure!(b == Some(0.0) && c.is_none(), "shoot-b {b:?}, shoot-c {c:?}");
         Ok(())
     })

@@ -47,10 +47,7 @@ async fn an_unknown_cluster_is_accepted_with_one_warning_and_listed() -> anyhow:
     // stray one, which is listed as information.
     anyhow::ensure!(code == 503, "{code}: {ready}");
     anyhow::ensure!(ready.contains("waiting for agents of shoot-a (0 of 1 expected clusters"), "{ready}");
-    anyhow::ensure!(
-        ready.contains("[i]unknown-clusters info: ") && ready.contains("shoot-typo (1 agents)"),
-        "{ready}"
-    );
+    anyhow::ensure!(ready.contains("[i]unknown-clusters info: ") && ready.contains("shoot-typo (1 agents)"), "{ready}");
     Ok(())
 }
 
