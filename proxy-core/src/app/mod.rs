@@ -271,10 +271,12 @@ impl<S: Service> Bound<S> {
     pub async fn run(self, signal: impl Future<Output = ()>) -> Drained {
         let app = self.app;
         let shutdown = app.ctx.shutdown.clone();
+        // Started before the admin listener answers, so that no probe sees a service that has
+        // not started (its readiness lines not there yet).
+        app.service.start(self.opened);
         if let Some(l) = self.admin {
             app.serve_admin(l, app.admin.lock().expect("not poisoned").stop.clone());
         }
-        app.service.start(self.opened);
         if let Some(watch) = self.watch {
             tokio::spawn(app.clone().reload_loop(watch));
         }
