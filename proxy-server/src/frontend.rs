@@ -4,6 +4,7 @@
 //! handshake, dial and accounting, and only its framing differs.
 
 mod grpc;
+mod h2_normalise;
 
 use crate::registry::{DialRefused, DialTimes, Dialed};
 use crate::shared::Shared;

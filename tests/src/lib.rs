@@ -2,6 +2,7 @@
 //!
 //! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
 //! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).
+//! - [`grpc_core`]: a konnectivity client on gRPC core (Python grpcio), driven as a child process.
 //! - [`proc`]: finding, building and running the seedgate binaries; the address-file contract.
 //! - [`inproc`]: the same binaries served in this process (`bind()` → `run`), with the same files.
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
@@ -19,6 +20,7 @@
 pub mod admin;
 pub mod backend;
 pub mod docs;
+pub mod grpc_core;
 pub mod inproc;
 pub mod konnectivity;
 pub mod migration;

@@ -40,7 +40,8 @@ pub fn require(program: &str, package: &str) -> anyhow::Result<Option<PathBuf>> 
     missing(&format!("{program} is not installed (apt-get install {package})"))
 }
 
-fn missing<T>(what: &str) -> anyhow::Result<Option<T>> {
+/// `Ok(None)` after printing `SKIP:` if skipping is allowed, else an error saying how to install it.
+pub(crate) fn missing<T>(what: &str) -> anyhow::Result<Option<T>> {
     if std::env::var(SKIP_MISSING_ENV).as_deref() == Ok("1") {
         println!("SKIP: {what}");
         eprintln!("SKIP: {what}");

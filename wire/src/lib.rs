@@ -1,4 +1,4 @@
-//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads and proxy credentials, the tunnel's own protocol), with no async runtime.
+//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads and proxy credentials, HTTP/2 request header blocks, the tunnel's own protocol), with no async runtime.
 // Untrusted bytes must never panic a reader: no indexing or slicing that could be out of
 // bounds, no unwrap or expect (tests may).
 #![cfg_attr(not(test), deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used))]
@@ -6,6 +6,7 @@
 pub mod client_hello;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fuzzing;
+pub mod http2;
 pub mod http_head;
 pub mod lines;
 pub mod proxy_auth;

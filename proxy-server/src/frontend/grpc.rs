@@ -12,6 +12,7 @@
 //! only while the client's stream has room (a queue of [`OUT_QUEUE`] packets between them), so a
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
+use super::h2_normalise::Normalised;
 use super::{Ctx, FrontendRt, Handshaken, Pre};
 use crate::shared::Shared;
 use bytes::BytesMut;
@@ -23,6 +24,7 @@ use proxy_core::prometheus::IntCounter;
 use proxy_core::relay::copy::Stop;
 use proxy_core::relay::io::Prefixed;
 use proxy_core::tunnel::{DialError, TunnelStream};
+use proxy_wire::http2::{Limits, PREFACE};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,8 +42,9 @@ use pb::packet::Payload;
 use pb::proxy_service_server::{ProxyService, ProxyServiceServer};
 use pb::{CloseResponse, Data, DialResponse, Packet, PacketType};
 
-/// What every HTTP/2 connection starts with (RFC 9113 §3.4).
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The HTTP/2 settings the server advertises that the request normaliser must know: given to
+/// both. HTTP/2's defaults, and hyper's 16 KiB header list.
+const H2_LIMITS: Limits = Limits { max_frame_size: 16_384, header_table_size: 4_096, max_header_list_size: 16_384 };
 /// `Proxy` streams one gRPC connection may have open at once.
 pub(super) const MAX_STREAMS: u32 = 1024;
 /// Bytes one `Proxy` stream may have in flight towards us unread: small beside the connection's
@@ -122,8 +125,14 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         .max_concurrent_streams(MAX_STREAMS)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    let conn = builder.serve_connection(TokioIo::new(Prefixed::new(preface.to_vec(), io)), svc);
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .max_frame_size(H2_LIMITS.max_frame_size as u32)
+        .header_table_size(H2_LIMITS.header_table_size as u32)
+        .max_header_list_size(H2_LIMITS.max_header_list_size as u32);
+    // Real gRPC clients send an `:authority` hyper's HTTP/2 refuses (on a Unix socket, the
+    // socket's path); the normaliser leaves such a one out (see h2_normalise).
+    let io = Normalised::new(Prefixed::new(preface.to_vec(), io), H2_LIMITS);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
     let r = tokio::select! {
         r = conn.as_mut() => r,

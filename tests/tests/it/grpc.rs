@@ -22,7 +22,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// How the test's kube-apiserver reaches the front end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
+pub(crate) enum Via {
     Unix,
     Mtls,
 }
@@ -43,13 +43,13 @@ macro_rules! over_both {
 }
 
 /// proxy-server with two gRPC front ends of `shoot-a` (`uds`, `mtls`) and one agent of it.
-struct World {
+pub(crate) struct World {
     _dir: TempDir,
-    pki: TunnelPki,
-    sock: PathBuf,
-    server: InProc,
-    saddrs: Addresses,
-    agent: InProc,
+    pub(crate) pki: TunnelPki,
+    pub(crate) sock: PathBuf,
+    pub(crate) server: InProc,
+    pub(crate) saddrs: Addresses,
+    pub(crate) agent: InProc,
 }
 
 /// proxy-server YAML whose front ends all speak gRPC.
@@ -63,7 +63,7 @@ pub(crate) fn grpc_server_yaml(pki: &TunnelPki, fes: &[Fe], extra: &str) -> Stri
 }
 
 impl World {
-    async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         Self::start_with("").await
     }
 
@@ -95,7 +95,7 @@ impl World {
     }
 
     /// The access event of a `Proxy` stream that ended with `reason`.
-    async fn access_event(&self, reason: &str) -> anyhow::Result<String> {
+    pub(crate) async fn access_event(&self, reason: &str) -> anyhow::Result<String> {
         let reason = format!("reason=\"{reason}\"");
         self.server.wait_log_line(&["connection closed", "kind=\"grpc\"", &reason], STEP).await
     }
@@ -190,7 +190,7 @@ async fn dial_errors(via: Via) -> anyhow::Result<()> {
 over_both!(dial_errors: dial_errors_as_dial_rsp_over_uds, dial_errors_as_dial_rsp_over_mtls);
 
 /// A listener whose accept queue is full, so a connect to it stays pending (its SYN unanswered).
-async fn unanswered() -> anyhow::Result<(tokio::net::TcpListener, SocketAddr, Vec<tokio::net::TcpStream>)> {
+pub(crate) async fn unanswered() -> anyhow::Result<(tokio::net::TcpListener, SocketAddr, Vec<tokio::net::TcpStream>)> {
     let s = tokio::net::TcpSocket::new_v4()?;
     s.bind("127.0.0.1:0".parse()?)?;
     let l = s.listen(0)?;

@@ -13,6 +13,7 @@ mod deploy;
 mod docs;
 mod forward_totals;
 mod grpc;
+mod grpc_core;
 mod ha;
 mod lifecycle;
 mod migration;
