@@ -140,3 +140,63 @@ async fn every_case(via: Via, authority: Authority) -> anyhow::Result<()> {
     anyhow::ensure!(w.agent.running() && w.server.running());
     Ok(())
 }
+
+/// What a client sends on a Unix socket to a server that answers only with its SETTINGS:
+/// everything read until it has been quiet for 300 ms.
+async fn capture(sock: &std::path::Path, client: impl std::future::Future<Output = ()>) -> anyhow::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = std::fs::remove_file(sock);
+    let l = tokio::net::UnixListener::bind(sock)?;
+    let server = async {
+        let (mut s, _) = l.accept().await?;
+        // An empty SETTINGS frame: the server's preface.
+        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
+            match n? {
+                0 => break,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        anyhow::Ok(got)
+    };
+    let (got, _) = tokio::join!(server, tokio::time::timeout(Duration::from_secs(15), client));
+    got
+}
+
+/// The seeds of the `http2_requests` fuzz target: the first bytes real clients send on a Unix
+/// socket when they dial, gRPC core (grpcio) with each `:authority` and tonic's client.
+/// `cargo test -p seedgate-tests --test it -- --ignored write_http2_corpus`
+#[tokio::test]
+#[ignore = "writes wire/fuzz/corpus/http2_requests/"]
+async fn write_http2_corpus() -> anyhow::Result<()> {
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/fuzz/corpus/http2_requests");
+    std::fs::create_dir_all(&out)?;
+    // A fixed path, so the captures are the same from run to run but for ids.
+    let dir = std::path::Path::new("/tmp/seedgate-h2-corpus");
+    std::fs::create_dir_all(dir)?;
+    let sock = dir.join("konnectivity.sock");
+    let path = sock.display().to_string();
+    for (name, authority) in
+        [("default", None), ("path", Some(path.as_str())), ("localhost", Some("localhost")), ("empty", Some(""))]
+    {
+        let got = capture(&sock, async {
+            let Ok(Some(mut c)) = GrpcCore::start(&Target::Unix(sock.clone()), authority).await else {
+                panic!("grpcio is needed to write the corpus")
+            };
+            let _ = c.run("dial_cancel 10.0.0.1:443").await;
+        })
+        .await?;
+        anyhow::ensure!(got.len() > 24, "{name}: {} bytes", got.len());
+        std::fs::write(out.join(format!("grpcio_{name}.bin")), got)?;
+    }
+    let got = capture(&sock, async {
+        if let Ok(c) = testbed::konnectivity::Client::connect(testbed::tunnel_kit::Dialer::Unix(sock.clone())).await {
+            let _ = c.dial("10.0.0.1:443").await;
+        }
+    })
+    .await?;
+    std::fs::write(out.join("tonic.bin"), got)?;
+    Ok(())
+}

@@ -83,3 +83,10 @@ fn quic_initial() {
         fuzzing::check_quic_initial(d);
     });
 }
+
+#[test]
+fn http2_requests() {
+    replay("http2_requests", |d| {
+        fuzzing::check_http2_requests(d);
+    });
+}

@@ -2,6 +2,7 @@
 
 mod client_hello;
 mod fuzz_corpus;
+mod http2;
 mod http_head;
 mod lines;
 mod proxy_protocol;
