@@ -387,8 +387,14 @@ pub async fn connect_strict(dialer: &Dialer, target: &str) -> anyhow::Result<Box
 /// 200 returns the stream, which first yields any bytes that arrived with the head (a backend
 /// that speaks first may be that quick). Non-200 is a [`Refusal`] error.
 pub async fn connect(dialer: &Dialer, target: &str) -> anyhow::Result<BoxStream> {
+    connect_with(dialer, &format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")).await
+}
+
+/// [`connect`] with a request head of the caller's (its request line and headers, ending with
+/// the blank line).
+pub async fn connect_with(dialer: &Dialer, head: &str) -> anyhow::Result<BoxStream> {
     let mut s = dialer.connect().await?;
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await?;
+    s.write_all(head.as_bytes()).await?;
     let (head, rest) = read_response_head(&mut s).await?;
     let status = status_of(&head)?;
     if status != 200 {

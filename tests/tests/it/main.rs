@@ -39,5 +39,6 @@ mod tunnel_prometheus;
 mod tunnel_quic;
 mod tunnel_topology;
 mod udp_migration;
+mod uds_clients;
 mod unix_socket;
 mod unknown_clusters;
