@@ -51,6 +51,10 @@ impl Report {
         println!("\n{title}");
     }
 
+    fn note(&self, text: &str) {
+        println!("  note: {text}");
+    }
+
     fn check(&mut self, ok: bool, what: &str, saw: &str) {
         println!("  {} {what}: {saw}", if ok { "ok  " } else { "FAIL" });
         if ok {
@@ -289,8 +293,9 @@ struct SeedServer {
     yaml: String,
     agents: std::net::SocketAddr,
     egress: std::net::SocketAddr,
-    /// The front end kube-apiserver's `proxyProtocol: GRPC` reaches (konnectivity's protocol).
-    grpc: std::net::SocketAddr,
+    /// The Unix socket of the front end kube-apiserver's `proxyProtocol: GRPC` reaches
+    /// (konnectivity's protocol; kube-apiserver speaks it only over a Unix socket).
+    grpc: std::path::PathBuf,
     admin: std::net::SocketAddr,
 }
 
@@ -315,17 +320,18 @@ async fn start_proxy_server(
     let token = dir.write("admin-token", ADMIN_TOKEN)?;
     let yaml = format!(
         "admin: {{ listen: 127.0.0.1:0, token_file: {} }}\nagents:\n  listen: 127.0.0.1:0\n{agents_extra}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n\
-         \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: {CLUSTER}\n    protocol: grpc\n",
+         \x20 - name: grpc\n    unix: {}\n    cluster: {CLUSTER}\n    protocol: grpc\n",
         token.display(),
         srv_crt.display(),
         srv_key.display(),
-        ca_path.display()
+        ca_path.display(),
+        dir.join(format!("{stem}-konnectivity.sock")).display()
     );
     let (proc, s) = Proc::start_seedgate(&bins[2], &dir.write(&format!("{stem}.yaml"), &yaml)?, &[]).await?;
     let seed = SeedServer {
         agents: s.listener("agents")?,
         egress: s.listener("egress")?,
-        grpc: s.listener("grpc")?,
+        grpc: s.unix("grpc")?,
         admin: s.admin()?,
         proc,
         yaml,
@@ -487,29 +493,11 @@ async fn tunnel(
     }
 
     r.heading(&format!(
-        "P4 gRPC: a konnectivity Proxy dial to {} through proxy-server {grpc} (kube-apiserver's proxyProtocol: GRPC)",
-        node_exporter.addr()
+        "P4 gRPC: a konnectivity Proxy dial to {} through proxy-server's Unix socket {} (kube-apiserver's proxyProtocol: GRPC)",
+        node_exporter.addr(),
+        grpc.display()
     ));
-    let target = node_exporter.addr();
-    let dialled = async {
-        let client = Client::connect(Dialer::Tcp(grpc)).await?;
-        let mut conn = match client.dial(&target.to_string()).await? {
-            Ok(conn) => conn,
-            Err(e) => anyhow::bail!("DIAL_RSP error: {e}"),
-        };
-        conn.send(format!("GET /metrics HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")).await?;
-        anyhow::Ok(conn.read_to_close().await?)
-    };
-    match tokio::time::timeout(Duration::from_secs(10), dialled).await {
-        Ok(Ok(got)) => {
-            let text = String::from_utf8_lossy(&got.data);
-            let status = text.lines().next().unwrap_or("").to_owned();
-            r.check(status.contains(" 200 "), "DIAL_RSP, then the response in DATA packets", &status);
-            r.check(got.closed, "the shoot side closed: CLOSE_RSP", &format!("{} bytes before it", got.data.len()));
-        }
-        Ok(Err(e)) => r.check(false, "gRPC dial", &format!("{e:#}")),
-        Err(_) => r.check(false, "gRPC dial", "no answer within 10s"),
-    }
+    grpc_dial(r, &grpc, node_exporter.addr()).await;
 
     r.heading("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)");
     let refused = async {
@@ -587,7 +575,8 @@ async fn migration(
     tw: &TunnelWorld,
     procs: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
-    let b_yaml = tw.server_yaml.clone();
+    // B is another seed's proxy-server: the same config but for its gRPC front end's socket.
+    let b_yaml = tw.server_yaml.replace("proxy-server-konnectivity.sock", "proxy-server-b-konnectivity.sock");
     let (server_b, b) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server-b.yaml", &b_yaml)?, &[]).await?;
     procs.push(server_b);
     let (b_agents, b_egress, b_admin) = (b.listener("agents")?, b.listener("egress")?, b.admin()?);
@@ -1054,4 +1043,72 @@ fn socket_owner(
         }
     }
     Ok(None)
+}
+
+/// The demo's gRPC dial: with gRPC core (Python grpcio, as `.ci/run` installs it) when it is
+/// there, once with its own `:authority` for a Unix socket (the path, percent-encoded) and once
+/// with the raw path (grpc-go as kube-apiserver dials, grpc-java); else with the tests' tonic
+/// client, whose valid authority shows nothing of what real clients send, which the report says.
+async fn grpc_dial(r: &mut Report, sock: &std::path::Path, target: std::net::SocketAddr) {
+    use testbed::grpc_core::{GrpcCore, Target};
+    if testbed::grpc_core::python().is_none() {
+        r.note(&format!(
+            "client: tonic (gRPC core, Python grpcio, is not in {}: .ci/run installs it); tonic sends a valid \
+             :authority, unlike kube-apiserver's gRPC stack",
+            testbed::grpc_core::VENV
+        ));
+        let dialled = async {
+            let client = Client::connect(Dialer::Unix(sock.to_path_buf())).await?;
+            let mut conn = match client.dial(&target.to_string()).await? {
+                Ok(conn) => conn,
+                Err(e) => anyhow::bail!("DIAL_RSP error: {e}"),
+            };
+            conn.send(format!("GET /metrics HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")).await?;
+            let got = conn.read_to_close().await?;
+            let text = String::from_utf8_lossy(&got.data);
+            anyhow::Ok((text.lines().next().unwrap_or("").to_owned(), got.data.len(), got.closed))
+        };
+        grpc_checks(r, "tonic", tokio::time::timeout(Duration::from_secs(10), dialled).await);
+        return;
+    }
+    let path = sock.display().to_string();
+    for (what, authority) in [
+        ("its own :authority for a unix: target (the path, percent-encoded)", None),
+        ("the raw path as :authority (grpc-go as kube-apiserver dials; grpc-java)", Some(path.as_str())),
+    ] {
+        let dialled = async {
+            let mut c = GrpcCore::start(&Target::Unix(sock.to_path_buf()), authority)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("grpcio is missing"))?;
+            let got = c.run(&format!("http_get {target} /metrics")).await?;
+            let status = got["status"].as_str().unwrap_or_default().to_owned();
+            let len = got["bytes"].as_u64().unwrap_or(0) as usize;
+            anyhow::Ok((c.version.clone(), (status, len, got["closed"] == true)))
+        };
+        match tokio::time::timeout(Duration::from_secs(30), dialled).await {
+            Ok(Ok((version, got))) => grpc_checks(r, &format!("gRPC core (grpcio {version}), {what}"), Ok(Ok(got))),
+            Ok(Err(e)) => grpc_checks(r, &format!("gRPC core, {what}"), Ok(Err(e))),
+            Err(e) => grpc_checks(r, &format!("gRPC core, {what}"), Err(e)),
+        }
+    }
+}
+
+/// The report's lines for one gRPC dial: (status line, bytes, whether CLOSE_RSP came).
+fn grpc_checks(
+    r: &mut Report,
+    client: &str,
+    got: Result<anyhow::Result<(String, usize, bool)>, tokio::time::error::Elapsed>,
+) {
+    match got {
+        Ok(Ok((status, len, closed))) => {
+            r.check(
+                status.contains(" 200 "),
+                &format!("client: {client}: DIAL_RSP, then the response in DATA packets"),
+                &status,
+            );
+            r.check(closed, "the shoot side closed: CLOSE_RSP", &format!("{len} bytes before it"));
+        }
+        Ok(Err(e)) => r.check(false, &format!("client: {client}: gRPC dial"), &format!("{e:#}")),
+        Err(_) => r.check(false, &format!("client: {client}: gRPC dial"), "no answer in time"),
+    }
 }

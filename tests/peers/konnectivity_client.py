@@ -14,6 +14,8 @@ Commands (ADDR is the dial's host:port):
   dial_error ADDR    dial; the DIAL_RSP's error text
   dial_cancel ADDR   DIAL_REQ then DIAL_CLS at once: the stream must end with no packet
   read_to_close ADDR dial; everything up to CLOSE_RSP and the stream's end (length, CRC-32C)
+  http_get ADDR PATH dial; an HTTP/1.1 GET of PATH with Connection: close, then everything up
+                     to CLOSE_RSP (the status line, the length, whether CLOSE_RSP came)
   many ADDR COUNT    COUNT dials at once, even ones on the long-lived channel, odd ones on a
                      channel of their own each; each echoes three messages and closes
 """
@@ -249,6 +251,13 @@ class Client:
         if not closed:
             raise Failed(f"no CLOSE_RSP after {len(data)} bytes")
         return {"bytes": len(data), "crc32c": crc32c(data)}
+
+    async def cmd_http_get(self, address, path):
+        call, cid = await self.dialled(address)
+        await call.write(self.data(cid, f"GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode()))
+        data, closed = await self.read_to_close(call, cid)
+        status = data.split(b"\r\n", 1)[0].decode("latin-1")
+        return {"status": status, "bytes": len(data), "closed": closed}
 
     async def cmd_many(self, address, count):
         count = int(count)
