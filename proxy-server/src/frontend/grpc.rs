@@ -116,7 +116,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
     if !admitted.release() {
         return reject("pending_evicted");
     }
-    let proxy = Proxy { shared: shared.clone(), fe, peer: peer.into(), cluster: cluster.into() };
+    let proxy = Proxy { shared: shared.clone(), fe: fe.clone(), peer: peer.into(), cluster: cluster.into() };
     let svc = ProxyServiceServer::new(proxy);
     let svc = hyper::service::service_fn(move |req| svc.clone().call(req));
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -132,6 +132,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
     // Real gRPC clients send an `:authority` hyper's HTTP/2 refuses (on a Unix socket, the
     // socket's path); the normaliser leaves such a one out (see h2_normalise).
     let io = Normalised::new(Prefixed::new(preface.to_vec(), io), H2_LIMITS);
+    let failure = io.failure();
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
     let r = tokio::select! {
@@ -145,7 +146,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
             }
         }
     };
-    if let Err(e) = r {
+    if let Some(bad) = failure.get() {
+        reject("http2_malformed");
+        tracing::debug!(error = %bad, "gRPC front-end connection closed: the client's HTTP/2 is malformed");
+    } else if let Err(e) = r {
         tracing::debug!(error = %e, "gRPC front-end connection ended with an error");
     }
 }

@@ -351,6 +351,34 @@ async fn pending_until_the_preface_and_one_slot_per_stream() -> anyhow::Result<(
     Ok(())
 }
 
+/// A client whose HTTP/2 no server should take (a PUSH_PROMISE from a client) loses its
+/// connection, counted as `http2_malformed`; other connections are served on.
+#[tokio::test]
+async fn malformed_http2_closes_the_connection_and_is_counted() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let w = World::start().await?;
+    let mut s = tokio::net::UnixStream::connect(&w.sock).await?;
+    let mut bytes = proxy_wire::http2::PREFACE.to_vec();
+    // An empty SETTINGS, then PUSH_PROMISE on stream 1 promising stream 2.
+    bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    bytes.extend_from_slice(&[0, 0, 4, 5, 4, 0, 0, 0, 1, 0, 0, 0, 2]);
+    s.write_all(&bytes).await?;
+    let mut sink = Vec::new();
+    // The server's SETTINGS may come first; then the end (or a reset).
+    let _ = tokio::time::timeout(STEP, s.read_to_end(&mut sink)).await.context("still open")?;
+    poll_until(STEP, TICK, || async {
+        anyhow::ensure!(rejects(&w, "uds", "http2_malformed").await? == 1.0);
+        Ok(())
+    })
+    .await?;
+    let echo = TcpEcho::start().await?;
+    let client = w.client(Via::Unix).await?;
+    let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    conn.send(b"still here".to_vec()).await?;
+    anyhow::ensure!(conn.read_exact(10).await? == b"still here");
+    Ok(())
+}
+
 /// A front end switched by reload from HTTP CONNECT to gRPC keeps its socket; new connections
 /// speak gRPC.
 #[tokio::test]
