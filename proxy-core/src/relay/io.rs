@@ -118,6 +118,44 @@ impl<S: Resettable> Resettable for Prefixed<S> {
     }
 }
 
+/// The body of an `AsyncWrite` impl that hands every write to the field `$inner`, for a
+/// wrapper that changes only what is read:
+/// `impl<S: AsyncWrite + Unpin> AsyncWrite for W<S> { proxy_core::write_through!(inner); }`.
+#[macro_export]
+macro_rules! write_through {
+    ($inner:ident) => {
+        fn poll_write(
+            mut self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+            buf: &[u8],
+        ) -> ::std::task::Poll<::std::io::Result<usize>> {
+            ::std::pin::Pin::new(&mut self.$inner).poll_write(cx, buf)
+        }
+        fn poll_write_vectored(
+            mut self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+            bufs: &[::std::io::IoSlice<'_>],
+        ) -> ::std::task::Poll<::std::io::Result<usize>> {
+            ::std::pin::Pin::new(&mut self.$inner).poll_write_vectored(cx, bufs)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.$inner.is_write_vectored()
+        }
+        fn poll_flush(
+            mut self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<::std::io::Result<()>> {
+            ::std::pin::Pin::new(&mut self.$inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<::std::io::Result<()>> {
+            ::std::pin::Pin::new(&mut self.$inner).poll_shutdown(cx)
+        }
+    };
+}
+
 /// A stream whose first reads return `prefix` (bytes a protocol detector already consumed).
 pub struct Prefixed<S> {
     prefix: Vec<u8>,
@@ -153,15 +191,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+    crate::write_through!(inner);
 }
 
 /// A stream whose small reads are served from one read of up to a relay buffer (64 KiB). rustls
@@ -217,25 +247,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+    crate::write_through!(inner);
 }
 
 #[cfg(test)]

@@ -94,6 +94,20 @@ impl World {
         Client::connect(self.dialer(via)?).await
     }
 
+    /// Every `Proxy` stream ended (none is left open at the server), and both binaries run on.
+    pub(crate) async fn all_streams_ended(&self) -> anyhow::Result<()> {
+        let admin = self.saddrs.admin()?;
+        poll_until(STEP, TICK, || async {
+            let m = metrics(admin).await?;
+            let active = metric_value(&m, "seedgate_tunnel_streams_active", &[("cluster", "shoot-a")]).unwrap_or(0.0);
+            anyhow::ensure!(active == 0.0, "{active} streams active");
+            Ok(())
+        })
+        .await?;
+        anyhow::ensure!(self.agent.running() && self.server.running());
+        Ok(())
+    }
+
     /// The access event of a `Proxy` stream that ended with `reason`.
     pub(crate) async fn access_event(&self, reason: &str) -> anyhow::Result<String> {
         let reason = format!("reason=\"{reason}\"");
@@ -274,17 +288,7 @@ async fn many_streams(via: Via) -> anyhow::Result<()> {
     for t in tasks {
         t.await??;
     }
-    // Every stream ended: none is left open at the server.
-    let admin = w.saddrs.admin()?;
-    poll_until(STEP, TICK, || async {
-        let m = metrics(admin).await?;
-        let active = metric_value(&m, "seedgate_tunnel_streams_active", &[("cluster", "shoot-a")]).unwrap_or(0.0);
-        anyhow::ensure!(active == 0.0, "{active} streams active");
-        Ok(())
-    })
-    .await?;
-    anyhow::ensure!(w.agent.running() && w.server.running());
-    Ok(())
+    w.all_streams_ended().await
 }
 over_both!(many_streams: many_streams_one_connection_and_one_per_dial_over_uds, many_streams_one_connection_and_one_per_dial_over_mtls);
 

@@ -10,12 +10,11 @@
 
 use crate::grpc::{Via, World, unanswered};
 use std::time::Duration;
+use testbed::TcpEcho;
 use testbed::grpc_core::{GrpcCore, Target};
-use testbed::tunnel_kit::{FRONTEND_NAME, Pattern, SpeakFirst, metrics};
-use testbed::{TcpEcho, metric_value, poll_until};
+use testbed::tunnel_kit::{FRONTEND_NAME, Pattern, SpeakFirst};
 
 const STEP: Duration = Duration::from_secs(10);
-const TICK: Duration = Duration::from_millis(20);
 const MIB: u64 = 1024 * 1024;
 
 /// The `:authority` the client sends.
@@ -129,16 +128,7 @@ async fn every_case(via: Via, authority: Authority) -> anyhow::Result<()> {
     // 64 Proxy streams at once: even ones on the long-lived channel, odd ones on their own.
     let many = TcpEcho::start().await?;
     c.run(&format!("many {} 64", many.addr())).await?;
-    let admin = w.saddrs.admin()?;
-    poll_until(STEP, TICK, || async {
-        let m = metrics(admin).await?;
-        let active = metric_value(&m, "seedgate_tunnel_streams_active", &[("cluster", "shoot-a")]).unwrap_or(0.0);
-        anyhow::ensure!(active == 0.0, "{active} streams active");
-        Ok(())
-    })
-    .await?;
-    anyhow::ensure!(w.agent.running() && w.server.running());
-    Ok(())
+    w.all_streams_ended().await
 }
 
 /// What a client sends on a Unix socket to a server that answers only with its SETTINGS:
