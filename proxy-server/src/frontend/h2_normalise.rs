@@ -50,6 +50,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Normalised<S> {
             }
             match this.core.read_hint() {
                 None => {
+                    if this.scratch.capacity() > 0 {
+                        // A frame was gathered: an idle connection keeps no frame-sized buffer.
+                        this.scratch = Vec::new();
+                    }
                     // In place: the bytes the normaliser releases stay in `buf`.
                     let before = buf.filled().len();
                     ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
