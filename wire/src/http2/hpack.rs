@@ -242,7 +242,7 @@ fn string<'b>(buf: &mut &'b [u8]) -> Result<Cow<'b, [u8]>, HpackError> {
         return Ok(Cow::Borrowed(s));
     }
     let mut out = Vec::with_capacity(len + len / 2);
-    huffman::decode(s, &mut out)?;
+    huffman::decode(s, &mut out).map_err(HpackError::Huffman)?;
     Ok(Cow::Owned(out))
 }
 

@@ -4,8 +4,6 @@
 //! sorts below the longer ones), so the 257 code lengths define it; the decoder walks it one bit
 //! at a time the way a canonical decoder does, which is plenty for header blocks.
 
-use super::hpack::HpackError;
-
 /// Bit length of each symbol's code: the octets 0-255, then EOS (256). RFC 7541 Appendix B.
 const LENGTHS: [u8; 257] = [
     13, 23, 28, 28, 28, 28, 28, 28, 28, 24, 30, 28, 28, 30, 28, 28, //
@@ -66,8 +64,8 @@ const fn canonical() -> Canonical {
 
 const CODE: Canonical = canonical();
 
-/// Decode a Huffman-coded string, appending its octets to `out`.
-pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
+/// Decode a Huffman-coded string, appending its octets to `out`; the error says what is wrong.
+pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), &'static str> {
     // The symbol being read: its bits so far, the first code of their length, and the index in
     // code order of that code.
     let (mut code, mut first, mut index, mut len) = (0u32, 0u32, 0usize, 0usize);
@@ -78,14 +76,14 @@ pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> 
             ones &= bit == 1;
             code |= bit;
             len += 1;
-            let count = u32::from(CODE.count.get(len).copied().ok_or(HpackError::Huffman("code longer than 30 bits"))?);
+            let count = u32::from(CODE.count.get(len).copied().ok_or("code longer than 30 bits")?);
             if code < first + count {
                 let at = index + (code - first) as usize;
                 match CODE.symbols.get(at).copied() {
-                    Some(EOS) => return Err(HpackError::Huffman("EOS inside a string")),
+                    Some(EOS) => return Err("EOS inside a string"),
                     // Symbols other than EOS are octets.
                     Some(sym) => out.push(sym as u8),
-                    None => return Err(HpackError::Huffman("code out of the table")),
+                    None => return Err("code out of the table"),
                 }
                 (code, first, index, len, ones) = (0, 0, 0, 0, true);
             } else {
@@ -97,7 +95,7 @@ pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> 
     }
     // What is left must be padding: fewer than 8 bits, the most significant bits of EOS (ones).
     if len > 7 || !ones {
-        return Err(HpackError::Huffman("padding is not the start of EOS or longer than 7 bits"));
+        return Err("padding is not the start of EOS or longer than 7 bits");
     }
     Ok(())
 }
@@ -151,7 +149,7 @@ mod tests {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
-    fn decoded(input: &[u8]) -> Result<Vec<u8>, HpackError> {
+    fn decoded(input: &[u8]) -> Result<Vec<u8>, &'static str> {
         let mut out = Vec::new();
         decode(input, &mut out).map(|()| out)
     }
