@@ -222,7 +222,7 @@ impl RequestNormaliser {
         self.held = held;
         self.held.drain(..pos.min(self.held.len()));
         if self.held.is_empty() {
-            self.held = keep_small(std::mem::take(&mut self.held));
+            self.held = Vec::new();
         }
         r
     }
@@ -242,7 +242,9 @@ impl RequestNormaliser {
     pub fn consume(&mut self, n: usize) {
         self.sent = (self.sent + n).min(self.out.len());
         if self.sent == self.out.len() {
-            self.out = keep_small(std::mem::take(&mut self.out));
+            // Given back: it is used only around header blocks, and an idle connection keeps
+            // no buffer.
+            self.out = Vec::new();
             self.sent = 0;
         }
     }
@@ -401,19 +403,6 @@ impl RequestNormaliser {
             (kind, flags) = (CONTINUATION, 0);
         }
     }
-}
-
-/// Buffers an idle connection may keep; a larger one (a read that held a header block and
-/// much after it) is given back once empty.
-const KEEP: usize = 4096;
-
-/// `v` emptied, its memory kept only when small.
-fn keep_small(mut v: Vec<u8>) -> Vec<u8> {
-    if v.capacity() > KEEP {
-        return Vec::new();
-    }
-    v.clear();
-    v
 }
 
 /// The payload length of the frame whose header `head` is.
