@@ -16,6 +16,12 @@ pub(crate) struct Pinning {
     pub load_cpu: Option<usize>,
     /// `GLIBC_TUNABLES` of every system under test, seedgate and anchors alike.
     pub glibc_tunables: Option<String>,
+    /// Systems under test on these CPUs instead of `proxy_cpu` (a `taskset -c` list).
+    #[serde(skip)]
+    pub proxy_set: Option<String>,
+    /// Every CPU the harness could use before it pinned itself.
+    #[serde(skip)]
+    pub cpus: Vec<usize>,
 }
 
 impl Pinning {
@@ -42,13 +48,20 @@ impl Pinning {
         }
     }
 
-    /// `taskset -c <cpu> <program>` when pinning, else just the program; with the systems'
+    /// The same, with the systems under test on `cpus` (every process of a system shares them).
+    pub(crate) fn on(&self, cpus: &[usize]) -> Self {
+        let list = cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        Self { proxy_set: Some(list), ..self.clone() }
+    }
+
+    /// `taskset -c <cpus> <program>` when pinning, else just the program; with the systems'
     /// `GLIBC_TUNABLES`.
     pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
-        let mut c = match self.proxy_cpu {
-            Some(cpu) => {
+        let set = self.proxy_set.clone().or_else(|| self.proxy_cpu.map(|c| c.to_string()));
+        let mut c = match set {
+            Some(cpus) => {
                 let mut c = std::process::Command::new("taskset");
-                c.arg("-c").arg(cpu.to_string()).arg(program);
+                c.arg("-c").arg(cpus).arg(program);
                 c
             }
             None => std::process::Command::new(program),
@@ -101,11 +114,11 @@ pub(crate) fn pin(enabled: bool, glibc_tunables: &str) -> anyhow::Result<Pinning
     let glibc_tunables = Some(glibc_tunables.to_owned()).filter(|t| !t.is_empty());
     let cpus = allowed_cpus();
     if !enabled || cpus.len() < 2 {
-        return Ok(Pinning { proxy_cpu: None, load_cpu: None, glibc_tunables });
+        return Ok(Pinning { proxy_cpu: None, load_cpu: None, glibc_tunables, proxy_set: None, cpus });
     }
     let (proxy, load) = (cpus[0], cpus[1]);
     pin_self(load)?;
-    Ok(Pinning { proxy_cpu: Some(proxy), load_cpu: Some(load), glibc_tunables })
+    Ok(Pinning { proxy_cpu: Some(proxy), load_cpu: Some(load), glibc_tunables, proxy_set: None, cpus })
 }
 
 /// Raise the soft RLIMIT_NOFILE to `want` (capped at the hard limit); returns the new soft limit.
@@ -248,8 +261,12 @@ pub(crate) fn find_program(name: &str, candidates: &[PathBuf]) -> Option<PathBuf
 }
 
 /// First line of `program args` output (stdout or stderr), for version strings.
-pub(crate) fn version_of(program: &Path, args: &[&str]) -> String {
-    match std::process::Command::new(program).args(args).output() {
+pub(crate) fn version_of(program: &Path, args: &[&str], ld_path: Option<&std::ffi::OsStr>) -> String {
+    let mut cmd = std::process::Command::new(program);
+    if let Some(p) = ld_path {
+        cmd.env("LD_LIBRARY_PATH", p);
+    }
+    match cmd.args(args).output() {
         Ok(o) => {
             let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
             String::from_utf8_lossy(&text).lines().next().unwrap_or("").trim().to_owned()

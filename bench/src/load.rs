@@ -73,6 +73,16 @@ async fn bind() -> anyhow::Result<TcpListener> {
     sock.listen(4096).context("listen")
 }
 
+/// A backend listener on 127.0.0.1:`port` with `SO_REUSEPORT`: several load processes bind the
+/// same port and the kernel spreads the connections over them.
+pub(crate) fn bind_shared(port: u16) -> anyhow::Result<TcpListener> {
+    let sock = tokio::net::TcpSocket::new_v4().context("backend socket")?;
+    sock.set_reuseport(true)?;
+    sock.set_reuseaddr(true)?;
+    sock.bind(SocketAddr::from(([127, 0, 0, 1], port))).with_context(|| format!("binding 127.0.0.1:{port}"))?;
+    sock.listen(4096).context("listen")
+}
+
 /// Counts every byte it receives; closes at EOF.
 #[derive(Debug)]
 pub(crate) struct Sink {
@@ -83,7 +93,10 @@ pub(crate) struct Sink {
 
 impl Sink {
     pub(crate) async fn start() -> anyhow::Result<Self> {
-        let l = bind().await?;
+        Self::start_on(bind().await?)
+    }
+
+    pub(crate) fn start_on(l: TcpListener) -> anyhow::Result<Self> {
         let addr = l.local_addr()?;
         let bytes = Arc::new(AtomicU64::new(0));
         let b = bytes.clone();
@@ -122,7 +135,10 @@ pub(crate) struct Ping {
 
 impl Ping {
     pub(crate) async fn start() -> anyhow::Result<Self> {
-        let l = bind().await?;
+        Self::start_on(bind().await?)
+    }
+
+    pub(crate) fn start_on(l: TcpListener) -> anyhow::Result<Self> {
         let addr = l.local_addr()?;
         let serving = serve(l, |mut s| async move {
             let _ = s.set_nodelay(true);
@@ -551,6 +567,11 @@ pub(crate) struct Latencies {
 impl Latencies {
     pub(crate) fn push(&mut self, d: Duration) {
         self.ns.push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// The samples in whole microseconds (for handing them to another process).
+    pub(crate) fn micros(&self) -> Vec<u32> {
+        self.ns.iter().map(|&n| u32::try_from(n / 1000).unwrap_or(u32::MAX)).collect()
     }
 
     pub(crate) fn extend(&mut self, o: Latencies) {

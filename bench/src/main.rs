@@ -4,6 +4,7 @@ mod demo;
 mod fleet_agents;
 mod host;
 mod load;
+mod load_worker;
 mod memcpy;
 mod report;
 mod scenarios;
@@ -76,6 +77,11 @@ enum Cmd {
     /// proxy-server replicas, over h2 and over QUIC: memory per session, time for the fleet to
     /// connect, and the reconnect storm after a replica's SIGKILL (seedgate only).
     Fleet,
+    /// The gateway and the tunnel given N = 1, 2, 4, … CPUs (--scaling-cpus), beside haproxy
+    /// (nbthread N) and nginx (worker_processes N), with load from one process per other CPU:
+    /// full-TLS connections/s, SNI bulk, PROXY-v2 connections/s, CONNECT opens/s, tunnel CONNECT
+    /// opens/s and bulk; scaling efficiency and what /proc shows of each window.
+    Scaling,
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
@@ -89,6 +95,9 @@ enum Cmd {
     /// (internal) Serve many proxy-agent instances in this process for the fleet scenario.
     #[command(hide = true)]
     FleetAgents(fleet_agents::Args),
+    /// (internal) One load process of the scaling scenario: backends and generators on one CPU.
+    #[command(hide = true)]
+    LoadWorker(load_worker::Args),
     /// (internal) Serve TCP echo on 127.0.0.1 for the harness; writes the address to a file.
     #[command(hide = true)]
     ServeEcho {
@@ -119,6 +128,15 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Cmd::LoadWorker(a) => {
+            return match load_worker::main(a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench load-worker: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Cmd::Report => return scenarios::report_main(cli.opts),
         Cmd::Memcpy => {
             memcpy::main();
@@ -144,6 +162,7 @@ fn main() -> ExitCode {
         Cmd::Ha => vec![Scenario::Ha],
         Cmd::Migration => vec![Scenario::Migration],
         Cmd::Fleet => vec![Scenario::Fleet],
+        Cmd::Scaling => vec![Scenario::Scaling],
         Cmd::Soak => vec![Scenario::Soak],
     };
     scenarios::main(cli.opts, which)

@@ -98,6 +98,9 @@ pub(crate) struct Results {
     pub metrics: Vec<Metric>,
     /// Scenario-level remarks (configs, caveats), by scenario.
     pub remarks: Vec<(String, String)>,
+    /// Markdown a scenario adds under its table (a summary across its figures), by scenario.
+    #[serde(default)]
+    pub tables: Vec<(String, String)>,
     #[serde(default)]
     pub runs: Vec<ScenarioRun>,
 }
@@ -203,10 +206,12 @@ impl Results {
         let keep = |s: &String| !mine.contains(s);
         self.metrics.extend(older.metrics.into_iter().filter(|m| keep(&m.scenario)));
         self.remarks.extend(older.remarks.into_iter().filter(|(s, _)| keep(s)));
+        self.tables.extend(older.tables.into_iter().filter(|(s, _)| keep(s)));
         self.runs.extend(older.runs.into_iter().filter(|r| keep(&r.scenario)));
         let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
         self.metrics.sort_by_key(|m| rank(&m.scenario));
         self.remarks.sort_by_key(|(s, _)| rank(s));
+        self.tables.sort_by_key(|(s, _)| rank(s));
         self.runs.sort_by_key(|r| rank(&r.scenario));
     }
 
@@ -393,6 +398,10 @@ pub(crate) fn markdown(res: &Results, header: &str) -> String {
         if !notes.is_empty() {
             out.push('\n');
             out.push_str(&notes);
+        }
+        for (_, table) in res.tables.iter().filter(|(s, _)| *s == sc) {
+            out.push('\n');
+            out.push_str(table);
         }
     }
     out
@@ -789,6 +798,7 @@ pub(crate) fn targets(res: &Results) -> String {
             r <= 1.5,
         ));
     }
+    rows.extend(crate::scenarios::scaling_targets(res));
     if rows.is_empty() {
         return String::new();
     }

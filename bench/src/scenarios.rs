@@ -14,6 +14,7 @@ mod migration;
 mod noisy_neighbour;
 mod proxy_protocol;
 mod reload;
+mod scaling;
 mod slowloris;
 mod sni_bulk;
 mod sni_connrate;
@@ -97,6 +98,10 @@ pub(crate) struct Opts {
     /// Agents of the fleet scenario (default 1,000; 12 with --smoke).
     #[arg(long, global = true)]
     pub agents: Option<usize>,
+    /// CPUs of the system under test in the scaling scenario, e.g. `1,2,4,8` (default: 1, 2,
+    /// 4, … while the load keeps as many CPUs).
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub scaling_cpus: Option<Vec<usize>>,
 }
 
 /// The scenarios, in the order `all` runs them.
@@ -115,12 +120,13 @@ pub(crate) enum Scenario {
     Ha,
     Migration,
     Fleet,
+    Scaling,
     Soak,
 }
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub(crate) const ALL: [Scenario; 13] = [
+    pub(crate) const ALL: [Scenario; 14] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -134,6 +140,7 @@ impl Scenario {
         Self::Ha,
         Self::Migration,
         Self::Fleet,
+        Self::Scaling,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -151,6 +158,7 @@ impl Scenario {
             Self::Ha => "ha",
             Self::Migration => "migration",
             Self::Fleet => "fleet",
+            Self::Scaling => "scaling",
             Self::Soak => "soak",
         }
     }
@@ -199,6 +207,8 @@ pub(crate) struct Scale {
     pub fleet_agents: usize,
     pub fleet_rate: f64,
     pub fleet_kills: usize,
+    /// scaling: the CPUs of the system under test asked for (`--scaling-cpus`).
+    pub scaling_cpus: Option<Vec<usize>>,
 }
 
 impl Scale {
@@ -236,6 +246,7 @@ impl Scale {
             fleet_rate: if s { 20.0 } else { 100.0 },
             // Each run starts the fleet afresh: one per transport unless asked for more.
             fleet_kills: o.repeats.unwrap_or(1).max(1),
+            scaling_cpus: o.scaling_cpus.clone(),
         }
     }
 }
@@ -257,7 +268,7 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub(crate) fn env(&self) -> Env<'_> {
-        Env { pin: &self.pin, dir: self.dir.path(), bins: &self.bins, anchors: &self.anchors, ca: &self.ca }
+        Env { pin: &self.pin, dir: self.dir.path(), bins: &self.bins, anchors: &self.anchors, ca: &self.ca, workers: 1 }
     }
 }
 
@@ -396,6 +407,7 @@ async fn run_async(
                 Scenario::Ha => ha::run(&ctx, &mut res).await,
                 Scenario::Migration => migration::run(&ctx, &mut res).await,
                 Scenario::Fleet => fleet::run(&ctx, &mut res).await,
+                Scenario::Scaling => scaling::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,
             }
         };
@@ -442,7 +454,7 @@ async fn run_async(
     // harness or the binaries are broken (an anchor that is missing or fails is only reported).
     failed.extend(res.seedgate_failures());
 
-    let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
+    let ws = workspace();
     let (json_path, svg_path) = result_paths(&opts, &ws);
     if opts.merge {
         match std::fs::read(&json_path) {
@@ -497,6 +509,17 @@ async fn run_async(
     }
 }
 
+/// The workspace this bench was built in, or the current directory where that is not there (a
+/// bench binary copied to another machine).
+fn workspace() -> PathBuf {
+    std::fs::canonicalize(testbed::proc::WORKSPACE).or_else(|_| std::env::current_dir()).unwrap_or_default()
+}
+
+/// The scaling scenario's targets (for the table of targets).
+pub(crate) fn scaling_targets(res: &Results) -> Vec<(String, String, bool)> {
+    scaling::targets(res)
+}
+
 /// Where the results go: `--json` and `--svg` as given; a chart not given goes beside a results
 /// file that is (so that a run or report into a scratch file leaves the committed chart alone),
 /// else both go under `bench/results/` (`latest`, or `smoke` with `--smoke`).
@@ -515,7 +538,7 @@ fn result_paths(opts: &Opts, ws: &std::path::Path) -> (PathBuf, PathBuf) {
 /// anything (e.g. after merging scenarios run one at a time).
 pub(crate) fn report_main(opts: Opts) -> ExitCode {
     let r = (|| -> anyhow::Result<()> {
-        let ws = std::fs::canonicalize(testbed::proc::WORKSPACE)?;
+        let ws = workspace();
         let (json_path, svg_path) = result_paths(&opts, &ws);
         let bytes = std::fs::read(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
         let v: serde_json::Value = serde_json::from_slice(&bytes)?;

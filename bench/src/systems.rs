@@ -45,9 +45,9 @@ pub(crate) type Tool = Result<PathBuf, String>;
 pub(crate) struct Anchors {
     pub haproxy: Tool,
     pub nginx: Tool,
-    /// nginx with the stream module (and njs, for CONNECT) loadable.
-    pub nginx_stream: Result<(), String>,
-    pub nginx_js: Result<(), String>,
+    /// nginx with the stream module (and njs, for CONNECT) loadable: the module files.
+    pub nginx_stream: Result<PathBuf, String>,
+    pub nginx_js: Result<PathBuf, String>,
     pub squid: Tool,
     pub tinyproxy: Tool,
     pub sshd: Tool,
@@ -55,43 +55,64 @@ pub(crate) struct Anchors {
     pub ssh_keygen: Tool,
     pub rathole: Tool,
     pub openssl: Tool,
+    /// `LD_LIBRARY_PATH` for anchors found under `BENCH_ANCHORS_ROOT` (Debian packages unpacked
+    /// there with their libraries, for a machine without them installed).
+    pub ld_path: Option<std::ffi::OsString>,
 }
 
 const INSTALL_HINT: &str = "run bench/install-anchors.sh";
-const NGINX_STREAM_SO: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
-const NGINX_JS_SO: &str = "/usr/lib/nginx/modules/ngx_stream_js_module.so";
+/// The environment variable naming a directory of anchors: `bin/rathole`, and Debian packages
+/// unpacked there (`usr/sbin/haproxy`, `usr/sbin/nginx`, `usr/lib/nginx/modules/`, their
+/// libraries under `usr/lib/<arch>` and `lib/<arch>`).
+pub(crate) const ANCHORS_ROOT_ENV: &str = "BENCH_ANCHORS_ROOT";
 
-fn tool(name: &str, candidates: &[&str]) -> Tool {
-    let c: Vec<PathBuf> = candidates.iter().map(PathBuf::from).collect();
-    host::find_program(name, &c).ok_or_else(|| format!("{name} not installed ({INSTALL_HINT})"))
+fn tool(name: &str, candidates: &[PathBuf]) -> Tool {
+    host::find_program(name, candidates).ok_or_else(|| format!("{name} not installed ({INSTALL_HINT})"))
 }
 
 impl Anchors {
     pub(crate) fn find() -> Self {
         let ws = Path::new(testbed::proc::WORKSPACE);
-        let mut rathole_paths = Vec::new();
-        if let Some(r) = std::env::var_os("BENCH_ANCHORS_ROOT") {
-            rathole_paths.push(PathBuf::from(r).join("bin/rathole"));
-        }
+        let root = std::env::var_os(ANCHORS_ROOT_ENV).map(PathBuf::from);
+        // The unpacked tree first, then the system's.
+        let under = |p: &str| {
+            let mut v: Vec<PathBuf> = root.iter().map(|r| r.join(p.trim_start_matches('/'))).collect();
+            v.push(PathBuf::from(p));
+            v
+        };
+        let mut rathole_paths = root.iter().map(|r| r.join("bin/rathole")).collect::<Vec<_>>();
         rathole_paths.push(ws.join("target/anchors/bin/rathole"));
         rathole_paths.push(PathBuf::from("/tmp/bench-anchors/bin/rathole"));
         let rathole = host::find_program("rathole", &rathole_paths)
             .ok_or_else(|| "rathole not installed (bench/install-anchors.sh; CI does not build it)".to_owned());
         let so = |p: &str, pkg: &str| {
-            if Path::new(p).is_file() { Ok(()) } else { Err(format!("{p} missing (Debian {pkg}; {INSTALL_HINT})")) }
+            under(p)
+                .into_iter()
+                .find(|c| c.is_file())
+                .ok_or_else(|| format!("{p} missing (Debian {pkg}; {INSTALL_HINT})"))
         };
+        let ld_path = root.as_ref().and_then(|r| {
+            let dirs: Vec<PathBuf> = ["usr/lib", "lib"]
+                .iter()
+                .flat_map(|d| std::fs::read_dir(r.join(d)).into_iter().flatten().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().ends_with("-linux-gnu")))
+                .collect();
+            std::env::join_paths(dirs).ok().filter(|p| !p.is_empty())
+        });
         Self {
-            haproxy: tool("haproxy", &["/usr/sbin/haproxy"]),
-            nginx: tool("nginx", &["/usr/sbin/nginx"]),
-            nginx_stream: so(NGINX_STREAM_SO, "libnginx-mod-stream"),
-            nginx_js: so(NGINX_JS_SO, "libnginx-mod-stream-js"),
-            squid: tool("squid", &["/usr/sbin/squid"]),
-            tinyproxy: tool("tinyproxy", &["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"]),
-            sshd: tool("sshd", &["/usr/sbin/sshd"]),
-            ssh: tool("ssh", &["/usr/bin/ssh"]),
-            ssh_keygen: tool("ssh-keygen", &["/usr/bin/ssh-keygen"]),
+            haproxy: tool("haproxy", &under("/usr/sbin/haproxy")),
+            nginx: tool("nginx", &under("/usr/sbin/nginx")),
+            nginx_stream: so("/usr/lib/nginx/modules/ngx_stream_module.so", "libnginx-mod-stream"),
+            nginx_js: so("/usr/lib/nginx/modules/ngx_stream_js_module.so", "libnginx-mod-stream-js"),
+            squid: tool("squid", &under("/usr/sbin/squid")),
+            tinyproxy: tool("tinyproxy", &[PathBuf::from("/usr/bin/tinyproxy"), PathBuf::from("/usr/sbin/tinyproxy")]),
+            sshd: tool("sshd", &under("/usr/sbin/sshd")),
+            ssh: tool("ssh", &under("/usr/bin/ssh")),
+            ssh_keygen: tool("ssh-keygen", &under("/usr/bin/ssh-keygen")),
             rathole,
-            openssl: tool("openssl", &["/usr/bin/openssl"]),
+            openssl: tool("openssl", &under("/usr/bin/openssl")),
+            ld_path,
         }
     }
 
@@ -100,7 +121,7 @@ impl Anchors {
         let mut v = Vec::new();
         let mut one = |name: &str, t: &Tool, args: &[&str]| {
             let line = match t {
-                Ok(p) => host::version_of(p, args),
+                Ok(p) => host::version_of(p, args, self.ld_path.as_deref()),
                 Err(e) => format!("missing: {e}"),
             };
             v.push((name.to_owned(), line));
@@ -118,6 +139,23 @@ impl Anchors {
         let p = self.nginx.clone()?;
         self.nginx_stream.clone()?;
         Ok(p)
+    }
+
+    /// The anchors that are not there, each with why (for a report that must say so).
+    pub(crate) fn missing(&self, names: &[&str]) -> Vec<String> {
+        let mut v = Vec::new();
+        for n in names {
+            let r = match *n {
+                "haproxy" => self.haproxy.as_ref().map(|_| ()).map_err(Clone::clone),
+                "nginx" => self.nginx_stream().map(|_| ()),
+                "nginx njs" => self.nginx_njs().map(|_| ()),
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                v.push(format!("{n}: {e}"));
+            }
+        }
+        v
     }
 
     pub(crate) fn nginx_njs(&self) -> Result<PathBuf, String> {
@@ -142,6 +180,20 @@ pub(crate) struct Env<'a> {
     pub bins: &'a Bins,
     pub anchors: &'a Anchors,
     pub ca: &'a Ca,
+    /// Threads or worker processes of an anchor (haproxy `nbthread`, nginx
+    /// `worker_processes`); seedgate sizes its runtime to the CPUs it is pinned to.
+    pub workers: usize,
+}
+
+impl Env<'_> {
+    /// The pinned command of an anchor, with the libraries of an unpacked one.
+    pub(crate) fn anchor_command(&self, bin: &Path) -> std::process::Command {
+        let mut cmd = self.pin.command(bin);
+        if let Some(p) = &self.anchors.ld_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        cmd
+    }
 }
 
 /// A started system: its processes and the addresses clients use, by role name.
@@ -445,6 +497,19 @@ pub(crate) async fn seedgate_tunnel_with(
     server_top_yaml: &str,
     quic: bool,
 ) -> anyhow::Result<Running> {
+    seedgate_tunnel_pinned(env, env.pin, label, probe, server_top_yaml, quic).await
+}
+
+/// [`seedgate_tunnel_with`] with proxy-agent on the CPUs of `agent_pin` (proxy-server on
+/// `env`'s).
+pub(crate) async fn seedgate_tunnel_pinned(
+    env: &Env<'_>,
+    agent_pin: &Pinning,
+    label: &str,
+    probe: SocketAddr,
+    server_top_yaml: &str,
+    quic: bool,
+) -> anyhow::Result<Running> {
     check_only(label)?;
     let d = subdir(env, label)?;
     let server_id = env.ca.server(&["proxy.bench.local"])?;
@@ -489,7 +554,8 @@ pub(crate) async fn seedgate_tunnel_with(
             ca.display()
         ),
     )?;
-    let (ap, aa) = seedgate(env, &env.bins.agent, &agent_cfg).await?;
+    let agent_env = Env { pin: agent_pin, ..*env };
+    let (ap, aa) = seedgate(&agent_env, &env.bins.agent, &agent_cfg).await?;
     let mut r = Running::new(label, Kind::Seedgate);
     r.push_seedgate(sp);
     r.push_seedgate(ap);
@@ -607,10 +673,11 @@ pub(crate) async fn haproxy_with(
     let cfg = d.join("haproxy.cfg");
     let body = body.replace("@DIR@", &d.display().to_string());
     let text = format!(
-        "global\n    maxconn {maxconn}\n    nbthread 1\n    stats socket {dir}/haproxy.sock mode 600 level admin\n\
+        "global\n    maxconn {maxconn}\n    nbthread {threads}\n    stats socket {dir}/haproxy.sock mode 600 level admin\n\
          defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    timeout server 1h\n    timeout client-fin 30s\n{fe_maxconn}{splice}\
          {body}",
         dir = d.display(),
+        threads = env.workers,
         // splice needs pipes (maxpipes defaults to maxconn/4, two fds each): fewer connections
         // fit under the 20,000-fd limit.
         maxconn = maxconn.unwrap_or(if splice { 7000 } else { 9500 }),
@@ -618,7 +685,7 @@ pub(crate) async fn haproxy_with(
         splice = if splice { "    option splice-auto\n" } else { "" },
     );
     std::fs::write(&cfg, text)?;
-    let mut cmd = env.pin.command(&bin);
+    let mut cmd = env.anchor_command(&bin);
     cmd.arg("-db").arg("-f").arg(&cfg);
     let mut r = start_anchor(label, cmd, listen).await?;
     r.dir = d;
@@ -658,20 +725,22 @@ pub(crate) async fn nginx_with(
         std::fs::write(d.join(name), text.replace("@DIR@", &dir))?;
     }
     let mut conf = String::new();
-    let _ = writeln!(conf, "load_module {NGINX_STREAM_SO};");
+    let module = |r: &Result<PathBuf, String>| r.clone().map_err(anyhow::Error::msg);
+    let _ = writeln!(conf, "load_module {};", module(&env.anchors.nginx_stream)?.display());
     if njs {
-        let _ = writeln!(conf, "load_module {NGINX_JS_SO};");
+        let _ = writeln!(conf, "load_module {};", module(&env.anchors.nginx_js)?.display());
     }
     let _ = write!(
         conf,
-        "daemon off;\nworker_processes 1;\nworker_rlimit_nofile 20000;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log warn;\n\
+        "daemon off;\nworker_processes {};\nworker_rlimit_nofile 20000;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log warn;\n\
          events {{ worker_connections {}; }}\nstream {{\n{}\n}}\n",
+        env.workers,
         worker_connections.unwrap_or(19500),
         stream_body.replace("@DIR@", &dir)
     );
     let cfg = d.join("nginx.conf");
     std::fs::write(&cfg, conf)?;
-    let mut cmd = env.pin.command(&bin);
+    let mut cmd = env.anchor_command(&bin);
     cmd.arg("-p").arg(&d).arg("-e").arg(d.join("error.log")).arg("-c").arg(&cfg);
     let mut r = start_anchor(label, cmd, listen).await?;
     r.dir = d;
@@ -705,7 +774,7 @@ pub(crate) async fn squid(env: &Env<'_>, label: &str) -> anyhow::Result<Running>
     );
     let cfg = d.join("squid.conf");
     std::fs::write(&cfg, conf)?;
-    let mut cmd = env.pin.command(&bin);
+    let mut cmd = env.anchor_command(&bin);
     cmd.arg("-N").arg("-f").arg(&cfg);
     start_anchor(label, cmd, &[("proxy", port)]).await
 }
@@ -726,7 +795,7 @@ pub(crate) async fn tinyproxy(env: &Env<'_>, label: &str) -> anyhow::Result<Runn
     );
     let cfg = d.join("tinyproxy.conf");
     std::fs::write(&cfg, conf)?;
-    let mut cmd = env.pin.command(&bin);
+    let mut cmd = env.anchor_command(&bin);
     cmd.arg("-d").arg("-c").arg(&cfg);
     start_anchor(label, cmd, &[("proxy", port)]).await
 }
@@ -790,10 +859,10 @@ pub(crate) async fn rathole(
     let (sc, cc) = (d.join("server.toml"), d.join("client.toml"));
     std::fs::write(&sc, server)?;
     std::fs::write(&cc, client)?;
-    let mut scmd = env.pin.command(&bin);
+    let mut scmd = env.anchor_command(&bin);
     scmd.arg("-s").arg(&sc).env("RUST_LOG", "error");
     let sp = start_listening(scmd, &[ctrl]).await.with_context(|| format!("starting the {label} server"))?;
-    let mut ccmd = env.pin.command(&bin);
+    let mut ccmd = env.anchor_command(&bin);
     ccmd.arg("-c").arg(&cc).env("RUST_LOG", "error");
     let cp = Proc::spawn(ccmd)?;
     let mut r = Running::new(label, Kind::Anchor);
@@ -854,11 +923,11 @@ pub(crate) async fn ssh_reverse(
         dir = d.display()
     );
     std::fs::write(d.join("sshd_config"), conf)?;
-    let mut scmd = env.pin.command(&sshd);
+    let mut scmd = env.anchor_command(&sshd);
     scmd.arg("-D").arg("-e").arg("-f").arg(d.join("sshd_config"));
     let sp = start_listening(scmd, &[port]).await.with_context(|| format!("starting sshd for {label}"))?;
     let user = if nix_is_root() { "root".to_owned() } else { std::env::var("USER").unwrap_or_else(|_| "root".into()) };
-    let mut ccmd = env.pin.command(&ssh);
+    let mut ccmd = env.anchor_command(&ssh);
     ccmd.args([
         "-N",
         "-T",

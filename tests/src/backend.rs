@@ -182,6 +182,12 @@ impl TlsHttpBackend {
     /// Serve with any rustls config (ALPN, client auth) on `addr`.
     pub async fn start_with(name: &str, cfg: Arc<rustls::ServerConfig>, addr: SocketAddr) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        Self::serve_on(name, cfg, listener)
+    }
+
+    /// Serve on a listener the caller bound (e.g. with `SO_REUSEPORT`, shared by several
+    /// processes).
+    pub fn serve_on(name: &str, cfg: Arc<rustls::ServerConfig>, listener: TcpListener) -> anyhow::Result<Self> {
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
         let echoed = Arc::new(AtomicU64::new(0));

@@ -23,38 +23,51 @@ const SC: &str = "proxy-protocol";
 /// The destinations receivers route: the harness's header, the agent sender, the haproxy sender.
 const HEADER_DST: &str = "10.1.2.3:443";
 
-fn receivers_yaml(up: SocketAddr) -> String {
+/// sni-router's listener `pp`: PROXY v2 required from 127.0.0.0/8, one route by destination.
+pub(super) fn receivers_yaml(up: SocketAddr) -> String {
     format!(
         "  - name: pp\n    listen: 127.0.0.1:0\n    proxy_protocol: required\n    trusted_proxies: [127.0.0.0/8]\n    routes:\n\
          \x20     - name: legacy\n        destination: [10.1.2.3/32, 127.0.0.3/32, 127.0.0.4/32]\n        upstreams: [{up}]\n"
     )
 }
 
-async fn haproxy_receiver(ctx: &Ctx, up: SocketAddr) -> anyhow::Result<Running> {
-    let front = host::free_port([127, 0, 0, 1])?;
+/// haproxy's PROXY-v2 frontend `fe_pp` on `front` and its backend `be_pp` (the caller defines
+/// `be_reject`), with the files it reads.
+pub(super) fn haproxy_pp_frontend(front: SocketAddr, up: SocketAddr) -> (String, [(&'static str, String); 2]) {
     let body = format!(
         "frontend fe_pp\n    bind {front}\n\
          \x20   tcp-request connection expect-proxy layer4 if {{ src -f @DIR@/trusted.lst }}\n\
          \x20   tcp-request connection reject unless {{ src -f @DIR@/trusted.lst }}\n\
          \x20   use_backend %[dst,map_ip(@DIR@/dst.map)] if {{ dst,map_ip(@DIR@/dst.map) -m found }}\n\
          \x20   default_backend be_reject\n\
-         backend be_pp\n    server pp {up}\nbackend be_reject\n    tcp-request content reject\n"
+         backend be_pp\n    server pp {up}\n"
     );
     let files = [
         ("trusted.lst", "127.0.0.0/8\n".to_owned()),
         ("dst.map", "10.1.2.3/32 be_pp\n127.0.0.3/32 be_pp\n127.0.0.4/32 be_pp\n".to_owned()),
     ];
+    (body, files)
+}
+
+/// nginx's PROXY-v2 server on `front`, routing by the header's destination to `up`.
+pub(super) fn nginx_pp_server(front: SocketAddr, up: SocketAddr) -> String {
+    format!(
+        "    map $proxy_protocol_server_addr $pp_upstream {{\n        10.1.2.3 {up};\n        127.0.0.3 {up};\n        127.0.0.4 {up};\n        default unix:@DIR@/reject.sock;\n    }}\n\
+         \x20   server {{\n        listen {front} proxy_protocol reuseport;\n        proxy_protocol_timeout 5s;\n        allow 127.0.0.0/8;\n        deny all;\n\
+         \x20       proxy_pass $pp_upstream;\n        proxy_connect_timeout 5s;\n        proxy_timeout 1h;\n    }}\n"
+    )
+}
+
+async fn haproxy_receiver(ctx: &Ctx, up: SocketAddr) -> anyhow::Result<Running> {
+    let front = host::free_port([127, 0, 0, 1])?;
+    let (fe, files) = haproxy_pp_frontend(front, up);
+    let body = format!("{fe}backend be_reject\n    tcp-request content reject\n");
     systems::haproxy(&ctx.env(), "haproxy", &body, &files, &[("pp", front)], false).await
 }
 
 async fn nginx_receiver(ctx: &Ctx, up: SocketAddr) -> anyhow::Result<Running> {
     let front = host::free_port([127, 0, 0, 1])?;
-    let body = format!(
-        "    map $proxy_protocol_server_addr $pp_upstream {{\n        10.1.2.3 {up};\n        127.0.0.3 {up};\n        127.0.0.4 {up};\n        default unix:@DIR@/reject.sock;\n    }}\n\
-         \x20   server {{\n        listen {front} proxy_protocol reuseport;\n        proxy_protocol_timeout 5s;\n        allow 127.0.0.0/8;\n        deny all;\n\
-         \x20       proxy_pass $pp_upstream;\n        proxy_connect_timeout 5s;\n        proxy_timeout 1h;\n    }}\n"
-    );
-    systems::nginx(&ctx.env(), "nginx", &body, &[], &[("pp", front)], false).await
+    systems::nginx(&ctx.env(), "nginx", &nginx_pp_server(front, up), &[], &[("pp", front)], false).await
 }
 
 async fn haproxy_sender(ctx: &Ctx, label: &str, gateway: SocketAddr) -> anyhow::Result<Running> {

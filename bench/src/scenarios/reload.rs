@@ -199,7 +199,7 @@ fn reload(
             write_atomic(&t.run.dir.join("sni.map"), &haproxy_map(&r, echo))?;
             let bin = ctx.anchors.haproxy.clone().map_err(anyhow::Error::msg)?;
             let old_pid = t.run.pids().last().copied().context("no haproxy process")?;
-            let mut cmd = ctx.pin.command(&bin);
+            let mut cmd = ctx.env().anchor_command(&bin);
             cmd.arg("-db").arg("-f").arg(t.run.dir.join("haproxy.cfg")).arg("-sf").arg(old_pid.to_string());
             t.run.push_proc(Proc::spawn(cmd)?);
             Ok(())
