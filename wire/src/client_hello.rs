@@ -100,8 +100,9 @@ pub struct HelloParser {
     hs_total: Option<usize>,
     /// Parsed hello waiting only for the rest of its last record to arrive.
     pending: Option<ClientHelloInfo>,
-    /// Final verdict; later calls repeat it instead of re-parsing.
-    outcome: Option<Result<ClientHelloInfo, HelloError>>,
+    /// Final verdict: an error later calls repeat, or success (its hello handed out; a later
+    /// call parses the same prefix again rather than keep a copy every connection would pay for).
+    outcome: Option<Result<(), HelloError>>,
 }
 
 impl Default for HelloParser {
@@ -131,8 +132,10 @@ impl HelloParser {
     ///
     /// Errors are final: once returned, every later call returns the same error, as does `Complete`.
     pub fn parse(&mut self, buf: &[u8]) -> Result<Status, HelloError> {
-        if let Some(outcome) = &self.outcome {
-            return outcome.clone().map(Status::Complete);
+        match self.outcome {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(())) => return HelloParser::new(self.max_len).parse(buf),
+            None => {}
         }
         if buf.len() < self.pos {
             // The caller broke the "only grows" contract; start over rather than read stale state.
@@ -140,7 +143,7 @@ impl HelloParser {
         }
         match self.advance(buf) {
             Ok(Some(info)) => {
-                self.outcome = Some(Ok(info.clone()));
+                self.outcome = Some(Ok(()));
                 self.hs = Vec::new();
                 Ok(Status::Complete(info))
             }
@@ -222,6 +225,14 @@ impl HelloParser {
     /// `rec_remaining` is decremented as bytes move, so `hs.len() + rec_remaining` stays exact for
     /// `check_cap` however the bytes were split into reads.
     fn absorb(&mut self, mut chunk: &[u8]) -> Result<(), HelloError> {
+        if self.pending.is_some() {
+            // Hello done; the rest of its last record is not ours to judge.
+            self.rec_remaining = self.rec_remaining.saturating_sub(chunk.len());
+            return Ok(());
+        }
+        if self.hs.is_empty() && self.parse_in_place(chunk)? {
+            return Ok(());
+        }
         // At most two rounds: one to complete the 4-byte header, one for the body.
         while !chunk.is_empty() {
             let want = match self.hs_total {
@@ -265,6 +276,30 @@ impl HelloParser {
             }
         }
         Ok(())
+    }
+
+    /// The usual case: the whole hello at the start of `chunk` (one record, read at once) is
+    /// parsed where it lies, without copying it out of the record. `false` when it is not all
+    /// there (the bytes are then taken the general way).
+    fn parse_in_place(&mut self, chunk: &[u8]) -> Result<bool, HelloError> {
+        let Some(&[ty, a, b, c]) = chunk.first_chunk::<HANDSHAKE_HEADER_LEN>() else {
+            return Ok(false);
+        };
+        let total =
+            HANDSHAKE_HEADER_LEN.saturating_add((usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c));
+        let Some(msg) = chunk.get(..total) else {
+            return Ok(false);
+        };
+        if ty != HANDSHAKE_CLIENT_HELLO {
+            return Err(HelloError::Malformed("handshake type"));
+        }
+        let mut info = parse_client_hello(msg.get(HANDSHAKE_HEADER_LEN..).unwrap_or_default())?;
+        info.len = self.rec_end;
+        info.records = self.records;
+        self.hs_total = Some(total);
+        self.pending = Some(info);
+        self.rec_remaining = self.rec_remaining.saturating_sub(chunk.len());
+        Ok(true)
     }
 
     /// Bytes the parser holds allocated for the handshake message, for tests that check memory
@@ -471,7 +506,7 @@ fn normalize_hostname(name: &[u8]) -> Result<String, HelloError> {
         return Err(HelloError::Malformed("bad hostname"));
     }
     // All bytes are ASCII here, so this conversion cannot lose anything.
-    Ok(name.iter().map(|b| char::from(b.to_ascii_lowercase())).collect())
+    String::from_utf8(name.to_ascii_lowercase()).map_err(|_| HelloError::Malformed("bad hostname"))
 }
 
 fn parse_alpn(data: &[u8]) -> Result<Vec<String>, HelloError> {
