@@ -6,11 +6,13 @@ use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
 use arc_swap::ArcSwap;
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::guard::Active;
-use proxy_core::prometheus::IntGauge;
+use proxy_core::prometheus::{Histogram, IntCounter, IntGauge};
+use proxy_core::relay::copy::Outcome;
 use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use tokio_util::sync::CancellationToken;
 
 /// A running listener: its routing table (swapped by reloads), limits and accept-loop switch.
@@ -24,6 +26,11 @@ pub(crate) struct ListenerRt {
     pub(crate) limit: ConnLimit,
     pub(crate) stop: CancellationToken,
     active: IntGauge,
+    /// This listener's series of `seedgate_handshake_duration_seconds` (by protocol) and
+    /// `seedgate_connection_closes_total` (by how the relay ended), each resolved on first use:
+    /// a connection does no label lookup (a hash and a lock of the metric family each).
+    handshake: [OnceLock<Histogram>; 3],
+    closes: [OnceLock<IntCounter>; Outcome::COUNT],
 }
 
 /// Route-file routes of each listener, by listener name.
@@ -50,7 +57,21 @@ impl ListenerRt {
             limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
             stop: shared.shutdown.stop.child_token(),
             active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
+            handshake: Default::default(),
+            closes: Default::default(),
         })
+    }
+
+    /// The handshake-time histogram of protocol `proto` (`i` its index among the three).
+    pub(crate) fn handshake_seconds(&self, m: &Metrics, i: usize, proto: &str) -> Option<&Histogram> {
+        let slot = self.handshake.get(i)?;
+        Some(slot.get_or_init(|| m.conn.handshake_seconds.with_label_values(&[&self.name, proto])))
+    }
+
+    /// The counter of relays of this listener that ended with `o`.
+    pub(crate) fn closes(&self, m: &Metrics, o: &Outcome) -> Option<&IntCounter> {
+        let slot = self.closes.get(o.index())?;
+        Some(slot.get_or_init(|| m.conn.closes.with_label_values(&[&self.name, o.label()])))
     }
 
     /// Counts the connection in `seedgate_connections_active` while it lives.
@@ -69,6 +90,7 @@ pub(crate) fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMet
         ok: m.conn.connections.with_label_values(&[listener, route, "ok"]),
         to_upstream: m.conn.bytes.with_label_values(&[listener, route, "to_upstream"]),
         to_client: m.conn.bytes.with_label_values(&[listener, route, "to_client"]),
+        connect_seconds: std::sync::OnceLock::new(),
     }
 }
 

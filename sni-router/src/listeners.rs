@@ -3,7 +3,7 @@
 use crate::listener::{Extra, ListenerRt, build_table, route_meters};
 use crate::shared::Shared;
 use crate::table::{FastMap, FileChange, Route, Table, fast_map, new_route};
-use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::app::{StartError, accept_loops, listen_tcp_shards};
 use proxy_core::net::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::net::resolve_one;
 use proxy_core::obs::admin::Check;
@@ -32,16 +32,19 @@ fn retire_replaced(old: &Table, new: Option<&Table>) {
     }
 }
 
-/// A bound listening socket, not serving yet.
+/// A bound listening socket, not serving yet: for TCP, one per worker of the runtime, sharing
+/// the address (each gets its own accept loop).
 enum Sock {
-    Tcp(TcpListener),
+    Tcp(Vec<TcpListener>),
     Udp(UdpSocket),
 }
 
 async fn bind_listener(l: &ListenerCfg, cfg: &RouterConfig) -> Result<(Sock, SocketAddr), StartError> {
     let what = format!("listener {}", *l.name);
     match l.protocol {
-        ListenerProtocol::Tcp => listen_tcp(&what, &l.listen).await.map(|(s, a)| (Sock::Tcp(s), a)),
+        ListenerProtocol::Tcp => {
+            listen_tcp_shards(&what, &l.listen, accept_loops()).await.map(|(s, a)| (Sock::Tcp(s), a))
+        }
         ListenerProtocol::Udp => {
             let addr = resolve_one(&l.listen).await.map_err(|source| StartError::Resolve {
                 what: what.clone(),
@@ -213,23 +216,25 @@ impl Listeners {
 }
 
 fn serve(shared: &Arc<Shared>, rt: Arc<ListenerRt>, sock: Sock) {
-    let sock = match sock {
+    let socks = match sock {
         Sock::Tcp(s) => s,
         Sock::Udp(s) => return crate::udp::serve(shared, rt, s),
     };
-    let shared = shared.clone();
-    let errors = shared.metrics.conn.accept_errors.clone();
-    let name = rt.name.clone();
-    tracing::info!(listener = %rt.name, addr = %rt.addr, "listening");
-    tokio::spawn(accept_loop(
-        sock,
-        // A slot is taken when the connection is routed; until then it is in the pending budget.
-        WhileFree(rt.limit.clone()),
-        rt.stop.clone(),
-        shared.shutdown.tracker.clone(),
-        move |e| errors.with_label_values(&[&name, accept_error_label(e)]).inc(),
-        // The connection future itself is the task (no wrapper around it): every byte of
-        // it is held by each open connection.
-        move |stream, peer, ()| crate::conn::serve(shared.clone(), rt.clone(), stream, peer),
-    ));
+    tracing::info!(listener = %rt.name, addr = %rt.addr, accept_loops = socks.len(), "listening");
+    for sock in socks {
+        let (shared, rt) = (shared.clone(), rt.clone());
+        let errors = shared.metrics.conn.accept_errors.clone();
+        let name = rt.name.clone();
+        tokio::spawn(accept_loop(
+            sock,
+            // A slot is taken when the connection is routed; until then it is in the pending budget.
+            WhileFree(rt.limit.clone()),
+            rt.stop.clone(),
+            shared.shutdown.tracker.clone(),
+            move |e| errors.with_label_values(&[&name, accept_error_label(e)]).inc(),
+            // The connection future itself is the task (no wrapper around it): every byte of
+            // it is held by each open connection.
+            move |stream, peer, ()| crate::conn::serve(shared.clone(), rt.clone(), stream, peer),
+        ));
+    }
 }

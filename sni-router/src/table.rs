@@ -2,7 +2,7 @@
 
 use crate::upstream::Upstream;
 use proxy_core::net::share::{Shares, Tenant};
-use proxy_core::prometheus::IntCounter;
+use proxy_core::prometheus::{Histogram, IntCounter};
 use regex::Regex;
 use seedgate_config::router::{
     Balance, ConnectUnmatched, Listener as ListenerCfg, ProxyProtocolMode, Route as RouteCfg, SendProxy,
@@ -29,6 +29,9 @@ pub(crate) struct RouteMeters {
     pub ok: IntCounter,
     pub to_upstream: IntCounter,
     pub to_client: IntCounter,
+    /// `seedgate_upstream_connect_duration_seconds` of the route, resolved at its first connect
+    /// (so a route that never connects exports no series).
+    pub connect_seconds: OnceLock<Histogram>,
 }
 
 /// One route as the data plane uses it. Shared by every connection it carries; a reload that
@@ -365,7 +368,11 @@ mod tests {
 
     fn fresh(rc: &Arc<RouteCfg>) -> Arc<Route> {
         let c = || IntCounter::new("c", "c").expect("counter");
-        new_route(rc, RouteMeters { ok: c(), to_upstream: c(), to_client: c() }, &CancellationToken::new())
+        new_route(
+            rc,
+            RouteMeters { ok: c(), to_upstream: c(), to_client: c(), connect_seconds: OnceLock::new() },
+            &CancellationToken::new(),
+        )
     }
 
     fn listener() -> ListenerCfg {

@@ -2,7 +2,7 @@
 
 use proxy_core::net::balance::p2c;
 use proxy_core::net::guard::Active;
-use proxy_core::net::{ConnectFailure, connect_host};
+use proxy_core::net::{ConnectFailure, connect_host, connect_in_turn};
 use seedgate_config::HostPort;
 use seedgate_config::router::Balance;
 use std::net::SocketAddr;
@@ -14,6 +14,8 @@ use tokio::net::TcpStream;
 /// One upstream address of a route, with the state balancing needs.
 pub(crate) struct Upstream {
     pub addr: HostPort,
+    /// `addr` when it is an IP literal, parsed once instead of on every connect.
+    literal: Option<SocketAddr>,
     active: AtomicUsize,
     /// Skip this upstream until this many ms after [`epoch`] (0 = not skipped).
     skip_until_ms: AtomicU64,
@@ -30,7 +32,7 @@ fn now_ms() -> u64 {
 
 impl Upstream {
     pub(crate) fn new(addr: HostPort) -> Self {
-        Self { addr, active: AtomicUsize::new(0), skip_until_ms: AtomicU64::new(0) }
+        Self { literal: addr.socket_addr(), addr, active: AtomicUsize::new(0), skip_until_ms: AtomicU64::new(0) }
     }
 
     pub(crate) fn active(&self) -> usize {
@@ -120,10 +122,19 @@ pub(crate) async fn connect(
     eject: Duration,
     mut on_attempt: impl FnMut(Duration, Option<ConnectFailure>),
 ) -> Result<Connected, AllFailed> {
-    let mut last = AllFailed { last: ConnectFailure::Other, detail: "route has no upstream".into() };
-    for up in attempt_order(ups, balance) {
+    let mut last = None;
+    // One upstream (the usual route) is tried as it is: no order to work out.
+    let order = match ups {
+        [_] => std::borrow::Cow::Borrowed(ups),
+        _ => std::borrow::Cow::Owned(attempt_order(ups, balance)),
+    };
+    for up in order.iter() {
         let started = Instant::now();
-        match connect_host(&up.addr, timeout).await {
+        let attempt = match up.literal {
+            Some(addr) => connect_in_turn(&[addr], 1, timeout, |_, _| {}).await,
+            None => connect_host(&up.addr, timeout).await,
+        };
+        match attempt {
             Ok((stream, addr)) => {
                 on_attempt(started.elapsed(), None);
                 let guard = Active::new(up.clone());
@@ -134,11 +145,11 @@ pub(crate) async fn connect(
                 on_attempt(started.elapsed(), Some(kind));
                 tracing::debug!(upstream = %up.addr, error = %e, "upstream connect failed");
                 up.eject(eject_for(kind, eject));
-                last = AllFailed { last: kind, detail: format!("{}: {e}", up.addr) };
+                last = Some(AllFailed { last: kind, detail: format!("{}: {e}", up.addr) });
             }
         }
     }
-    Err(last)
+    Err(last.unwrap_or_else(|| AllFailed { last: ConnectFailure::Other, detail: "route has no upstream".into() }))
 }
 
 #[cfg(test)]

@@ -169,11 +169,32 @@ pub async fn resolve_listen(what: &str, hp: &HostPort) -> Result<SocketAddr, Sta
 
 /// Resolve (without blocking a runtime thread) and bind a TCP listener for `what`.
 pub async fn listen_tcp(what: &str, hp: &HostPort) -> Result<(TcpListener, SocketAddr), StartError> {
+    let (mut socks, local) = listen_tcp_shards(what, hp, 1).await?;
+    let sock = socks.pop().ok_or_else(|| StartError::Bind {
+        what: what.to_owned(),
+        addr: hp.to_string(),
+        source: io::Error::other("no socket"),
+    })?;
+    Ok((sock, local))
+}
+
+/// [`listen_tcp`] for one accept loop per worker of the runtime that runs it: as many sockets
+/// sharing the address (see [`crate::net::bind_tcp_shards`]); one socket on a one-worker runtime.
+pub async fn listen_tcp_shards(
+    what: &str,
+    hp: &HostPort,
+    n: usize,
+) -> Result<(Vec<TcpListener>, SocketAddr), StartError> {
     let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
-    let sock = crate::net::bind_tcp(addr).map_err(bind_err)?;
-    let local = sock.local_addr().map_err(bind_err)?;
-    Ok((sock, local))
+    let socks = crate::net::bind_tcp_shards(addr, n).map_err(bind_err)?;
+    let local = socks.first().map(TcpListener::local_addr).transpose().map_err(bind_err)?.unwrap_or(addr);
+    Ok((socks, local))
+}
+
+/// How many accept loops a listener should run: one per worker of the current runtime.
+pub fn accept_loops() -> usize {
+    tokio::runtime::Handle::try_current().map(|h| h.metrics().num_workers()).unwrap_or(1).max(1)
 }
 
 /// The running admin listener.

@@ -9,11 +9,12 @@ use prometheus::{Counter, IntCounter, IntGauge, Registry};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -43,10 +44,22 @@ impl Acceptor for UnixListener {
 /// Connection slots whose number can change while connections hold them (a reload of
 /// `max_connections`). Growing adds slots at once; shrinking takes free slots at once and the
 /// rest as live connections end, so no live connection is ever cut by it.
+///
+/// Every connection takes a slot and gives it back, on whichever worker thread it runs: both
+/// are one atomic operation on the count, with no lock. Only at the limit does anything wait:
+/// connections for a slot (woken one per slot given back) and accept loops for a free slot
+/// (all woken, they are few).
 #[derive(Debug)]
 pub struct Slots {
-    sem: Arc<Semaphore>,
-    size: Mutex<usize>,
+    /// Slots held now (above `size` for a while after a shrink).
+    used: AtomicUsize,
+    size: AtomicUsize,
+    /// Connections waiting to take a slot, and accept loops waiting for one to be free: a slot
+    /// given back wakes someone only when there is someone.
+    takers: AtomicUsize,
+    watchers: AtomicUsize,
+    taken: Notify,
+    freed: Notify,
     stats: LimitStats,
 }
 
@@ -106,12 +119,35 @@ impl Drop for Waiting<'_> {
 }
 
 /// "No limit" for a listener without its own `max_connections`.
-pub const UNLIMITED: usize = Semaphore::MAX_PERMITS;
+pub const UNLIMITED: usize = usize::MAX >> 4;
+
+/// Counts one waiter in `n` while it lives (a cancelled wait counts out too).
+struct Registered<'a>(&'a AtomicUsize);
+
+impl<'a> Registered<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n)
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 impl Slots {
     pub fn new(size: usize) -> Arc<Self> {
-        let size = size.min(UNLIMITED);
-        Arc::new(Self { sem: Arc::new(Semaphore::new(size)), size: Mutex::new(size), stats: LimitStats::new() })
+        Arc::new(Self {
+            used: AtomicUsize::new(0),
+            size: AtomicUsize::new(size.min(UNLIMITED)),
+            takers: AtomicUsize::new(0),
+            watchers: AtomicUsize::new(0),
+            taken: Notify::new(),
+            freed: Notify::new(),
+            stats: LimitStats::new(),
+        })
     }
 
     /// Export the wait statistics in `reg` (done once, for the process-wide slots).
@@ -132,48 +168,84 @@ impl Slots {
 
     /// Slots in use now (may exceed the size for a while after a shrink).
     pub fn in_use(&self) -> usize {
-        self.size().saturating_sub(self.available())
+        self.used.load(Ordering::Acquire)
     }
 
     pub fn size(&self) -> usize {
-        *self.size.lock().expect("not poisoned")
+        self.size.load(Ordering::Acquire)
     }
 
     /// Slots free now.
     pub fn available(&self) -> usize {
-        self.sem.available_permits()
+        self.size().saturating_sub(self.in_use())
     }
 
-    /// Change the number of slots to `new`. Must be called inside a tokio runtime (a shrink
-    /// below the slots in use waits in a task for connections to end).
+    /// Change the number of slots to `new`: more are free at once; fewer are taken from the
+    /// free ones, and the rest as connections give theirs back.
     pub fn resize(&self, new: usize) {
-        let new = new.min(UNLIMITED);
-        let mut size = self.size.lock().expect("not poisoned");
-        let old = std::mem::replace(&mut *size, new);
+        let old = self.size.swap(new.min(UNLIMITED), Ordering::SeqCst);
         if new > old {
-            self.sem.add_permits(new - old);
-        } else if new < old {
-            let want = old - new;
-            let mut owed = want - self.sem.forget_permits(want);
-            while owed > 0 {
-                let n = owed.min(u32::MAX as usize);
-                owed -= n;
-                let sem = self.sem.clone();
-                tokio::spawn(async move {
-                    if let Ok(p) = sem.acquire_many_owned(n as u32).await {
-                        p.forget();
-                    }
-                });
-            }
+            self.wake(new - old);
         }
     }
 
-    async fn acquire(&self) -> OwnedSemaphorePermit {
-        self.sem.clone().acquire_owned().await.expect("semaphore never closed")
+    /// A slot if one is free now.
+    fn try_take(&self) -> bool {
+        let size = self.size();
+        self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| (u < size).then_some(u + 1)).is_ok()
     }
 
-    fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
-        self.sem.clone().try_acquire_owned().ok()
+    fn give_back(&self) {
+        self.used.fetch_sub(1, Ordering::SeqCst);
+        self.wake(1);
+    }
+
+    /// `n` slots became free: wake as many connections waiting to take one, and every accept
+    /// loop waiting for one (each checks again; a connection's wake-up that finds its waiter
+    /// gone is passed to the next one).
+    fn wake(&self, n: usize) {
+        if self.takers.load(Ordering::SeqCst) > 0 {
+            for _ in 0..n.min(self.takers.load(Ordering::SeqCst)) {
+                self.taken.notify_one();
+            }
+        }
+        if self.watchers.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Take a slot, waiting for one if none is free.
+    async fn take(&self) {
+        if self.try_take() {
+            return;
+        }
+        let _waiter = Registered::new(&self.takers);
+        // Bounded by the slots given back: each round waits for a wake-up.
+        loop {
+            let woken = self.taken.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.try_take() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Wait until a slot is free, without taking it.
+    async fn until_free(&self) {
+        if self.available() > 0 {
+            return;
+        }
+        let _waiter = Registered::new(&self.watchers);
+        // Bounded by the slots given back: each round waits for a wake-up.
+        loop {
+            let woken = self.freed.notified();
+            if self.available() > 0 {
+                return;
+            }
+            woken.await;
+        }
     }
 }
 
@@ -186,8 +258,14 @@ pub struct ConnLimit {
 
 /// Held by a connection task for its whole life; dropping it frees the slot.
 pub struct ConnPermit {
-    _global: OwnedSemaphorePermit,
-    _local: OwnedSemaphorePermit,
+    limit: ConnLimit,
+}
+
+impl Drop for ConnPermit {
+    fn drop(&mut self) {
+        self.limit.local.give_back();
+        self.limit.global.give_back();
+    }
 }
 
 impl ConnLimit {
@@ -198,25 +276,46 @@ impl ConnLimit {
 
     pub async fn acquire(&self) -> ConnPermit {
         // Local first: a saturated listener must not hold global slots other listeners need.
-        let local = self.wait(&self.local).await;
-        let global = self.wait(&self.global).await;
-        ConnPermit { _global: global, _local: local }
+        self.wait(&self.local).await;
+        self.wait(&self.global).await;
+        ConnPermit { limit: self.clone() }
     }
 
     /// A permit if both limits have a free slot now.
     pub fn try_acquire(&self) -> Option<ConnPermit> {
-        let local = self.local.try_acquire()?;
-        let global = self.global.try_acquire()?;
-        Some(ConnPermit { _global: global, _local: local })
+        if !self.local.try_take() {
+            return None;
+        }
+        if !self.global.try_take() {
+            self.local.give_back();
+            return None;
+        }
+        Some(ConnPermit { limit: self.clone() })
     }
 
     /// One slot of `slots`, counting the wait in the process-wide statistics when there is one.
-    async fn wait(&self, slots: &Slots) -> OwnedSemaphorePermit {
-        if let Some(p) = slots.try_acquire() {
-            return p;
+    async fn wait(&self, slots: &Slots) {
+        if slots.try_take() {
+            return;
         }
         let _waiting = Waiting::start(&self.global.stats);
-        slots.acquire().await
+        slots.take().await
+    }
+
+    /// Until both limits have a free slot (counted as a wait when one has none).
+    async fn until_free(&self) {
+        if self.local.available() > 0 && self.global.available() > 0 {
+            return;
+        }
+        let _waiting = Waiting::start(&self.global.stats);
+        // Bounded by the slots given back: each round waits until one limit has room.
+        loop {
+            self.local.until_free().await;
+            self.global.until_free().await;
+            if self.local.available() > 0 && self.global.available() > 0 {
+                return;
+            }
+        }
     }
 }
 
@@ -242,7 +341,7 @@ pub struct WhileFree(pub ConnLimit);
 impl Admission for WhileFree {
     type Permit = ();
     async fn admit(&self) {
-        drop(self.0.acquire().await);
+        self.0.until_free().await
     }
 }
 
@@ -271,15 +370,19 @@ pub async fn accept_loop<A, L, F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
+    // One wait for the stop, for the loop's whole life: a new one per connection would register
+    // with the token (under its lock) and leave it again each time.
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
     loop {
         let permit = tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
+            _ = &mut stopped => return,
             p = limit.admit() => p,
         };
         let accepted = tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
+            _ = &mut stopped => return,
             r = std::future::poll_fn(|cx| listener.poll_accept(cx)) => r,
         };
         match accepted {
@@ -293,7 +396,7 @@ pub async fn accept_loop<A, L, F, Fut>(
                     let wait = backoff.next_wait();
                     tracing::warn!(error = %e, backoff_ms = wait.as_millis() as u64, "accept failed, backing off");
                     tokio::select! {
-                        _ = stop.cancelled() => return,
+                        _ = &mut stopped => return,
                         _ = tokio::time::sleep(wait) => {}
                     }
                 } else {
@@ -340,6 +443,49 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(s.available(), 1, "one slot after shrinking to 1 and releasing both");
+    }
+
+    /// At the limit, each slot given back lets one waiting connection in; a waiter that gives
+    /// up passes its turn on, and an accept loop waiting for room is woken too.
+    #[tokio::test]
+    async fn a_slot_given_back_wakes_one_waiter_and_the_accept_loops() {
+        let limit = ConnLimit::new(Slots::new(2), None);
+        let held: Vec<ConnPermit> = vec![limit.acquire().await, limit.acquire().await];
+        let spawn_taker = |l: ConnLimit| tokio::spawn(async move { l.acquire().await });
+        let (a, b) = (spawn_taker(limit.clone()), spawn_taker(limit.clone()));
+        let gives_up = spawn_taker(limit.clone());
+        let l2 = limit.clone();
+        let watcher = tokio::spawn(async move { WhileFree(l2).admit().await });
+        let settle = || async {
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+        };
+        settle().await;
+        assert!(!a.is_finished() && !b.is_finished() && !watcher.is_finished());
+        gives_up.abort();
+        let mut held = held;
+        held.pop();
+        let first = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if a.is_finished() || b.is_finished() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(first.is_ok(), "a waiter took the slot given back");
+        settle().await;
+        assert!(!(a.is_finished() && b.is_finished()), "one slot, one waiter in");
+        assert_eq!(limit.global.in_use(), 2);
+        held.pop();
+        let both = tokio::time::timeout(Duration::from_secs(5), async { (a.await.unwrap(), b.await.unwrap()) }).await;
+        let permits = both.expect("the second waiter got the second slot");
+        assert_eq!(limit.global.in_use(), 2);
+        drop(permits);
+        assert_eq!(limit.global.in_use(), 0);
+        tokio::time::timeout(Duration::from_secs(5), watcher).await.expect("the accept loop saw room").unwrap();
     }
 
     #[tokio::test]

@@ -30,8 +30,33 @@ const KEEPALIVE_RETRIES: u32 = 6;
 /// to every accepted socket, which saves five setsockopt calls per connection.
 /// Must be called inside a tokio runtime.
 pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    bind_tcp_with(addr, false)
+}
+
+/// `n` listening sockets on one address, for one accept loop each: with `n` above 1 they share
+/// the address with `SO_REUSEPORT`, and the kernel spreads new connections over them by their
+/// addresses, so that each of a runtime's workers accepts its own and no one socket's queue or
+/// accept loop carries all of them. Port 0 is resolved by the first socket; the others take
+/// the port it got. Must be called inside a tokio runtime.
+pub fn bind_tcp_shards(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>> {
+    if n <= 1 {
+        return Ok(vec![bind_tcp(addr)?]);
+    }
+    let first = bind_tcp_with(addr, true)?;
+    let at = first.local_addr()?;
+    let mut v = vec![first];
+    for _ in 1..n {
+        v.push(bind_tcp_with(at, true)?);
+    }
+    Ok(v)
+}
+
+fn bind_tcp_with(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_tcp_nodelay(true)?;
     socket.set_tcp_keepalive(&keepalive())?;
     if addr.is_ipv6() {
@@ -173,22 +198,26 @@ pub async fn connect_in_turn(
     timeout: Duration,
     mut on_failure: impl FnMut(SocketAddr, &io::Error),
 ) -> io::Result<(TcpStream, SocketAddr)> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address to connect to");
+    // The error is made only when there is one (an eager one cost three allocations a connect).
+    let mut last = None;
     for &addr in addrs.iter().cycle().take(attempts) {
         match connect_addr(addr, timeout).await {
             Ok(s) => return Ok((s, addr)),
             Err(e) => {
                 on_failure(addr, &e);
-                last = e;
+                last = Some(e);
             }
         }
     }
-    Err(last)
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address to connect to")))
 }
 
 /// Resolve `hp` (bounded by `timeout`) and connect to its addresses in turn, each attempt
-/// bounded by `timeout`.
+/// bounded by `timeout`. An IP literal is connected to at once.
 pub async fn connect_host(hp: &HostPort, timeout: Duration) -> io::Result<(TcpStream, SocketAddr)> {
+    if let Some(addr) = hp.socket_addr() {
+        return connect_in_turn(&[addr], 1, timeout, |_, _| {}).await;
+    }
     let addrs = resolve_within(hp, timeout).await?;
     connect_in_turn(&addrs, addrs.len(), timeout, |_, _| {}).await
 }
@@ -220,6 +249,34 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         l.local_addr().unwrap()
         // dropped: nothing listens there any more, so a connect is refused at once
+    }
+
+    /// Four sockets on one port: each accepts connections of its own, and a port in use by a
+    /// socket without `SO_REUSEPORT` is still refused.
+    #[tokio::test]
+    async fn shards_share_one_port_and_each_accepts() {
+        let shards = bind_tcp_shards("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+        let at = shards[0].local_addr().unwrap();
+        assert!(at.port() != 0 && shards.iter().all(|s| s.local_addr().unwrap() == at));
+        let mut clients = Vec::new();
+        for _ in 0..64 {
+            clients.push(TcpStream::connect(at).await.unwrap());
+        }
+        let mut per_shard = Vec::new();
+        for s in &shards {
+            let mut n = 0;
+            // Bounded: the 64 connections are queued already; a short wait ends each shard.
+            while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(100), s.accept()).await {
+                n += 1;
+            }
+            per_shard.push(n);
+        }
+        assert_eq!(per_shard.iter().sum::<usize>(), 64, "{per_shard:?}");
+        assert!(per_shard.iter().filter(|&&n| n > 0).count() >= 2, "spread over the shards: {per_shard:?}");
+        let plain = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let taken = plain.local_addr().unwrap();
+        assert!(bind_tcp_shards(taken, 2).is_err(), "a port held without SO_REUSEPORT is not shared");
+        assert_eq!(bind_tcp_shards("127.0.0.1:0".parse().unwrap(), 1).unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -361,6 +361,8 @@ pub struct Admitted {
     deadline: Duration,
     since: Instant,
     own_evicted: usize,
+    /// Left the budget already (routed, or its deadline missed): dropping it takes no lock.
+    left: std::sync::atomic::AtomicBool,
 }
 
 impl Admitted {
@@ -389,6 +391,9 @@ impl Admitted {
     /// first: it was counted as evicted then, and must be refused as evicted. Leaving and counting
     /// happen under the budget's lock, so each connection is counted once, whatever races it.
     pub fn deadline_missed(&self) -> bool {
+        if self.left.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
         let still = self.pending.release(self.id);
         if still {
             self.pending.metrics.rejects.with_label_values(&[RejectReason::Deadline.label()]).inc();
@@ -400,13 +405,15 @@ impl Admitted {
     /// counted as such) meanwhile; the caller then refuses it as evicted, so what the metrics
     /// say happened is what happened.
     pub fn release(self) -> bool {
-        self.pending.release(self.id)
+        !self.left.swap(true, std::sync::atomic::Ordering::Relaxed) && self.pending.release(self.id)
     }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.pending.release(self.id);
+        if !*self.left.get_mut() {
+            self.pending.release(self.id);
+        }
     }
 }
 
@@ -505,6 +512,7 @@ impl Pending {
                     deadline: a.deadline,
                     since: Instant::now(),
                     own_evicted: a.own_evicted,
+                    left: std::sync::atomic::AtomicBool::new(false),
                 })
             }
             Err(e) => {

@@ -140,7 +140,11 @@ impl Tenant {
     /// `seedgate_<tenant>_limit_rejects_total` and the readiness line).
     pub fn try_take(self: &Arc<Self>, kind: Kind, cap: usize) -> Option<Hold> {
         let k = kind as usize;
-        self.caps[k].store(cap, Ordering::Relaxed);
+        // Written only when it changed: a store on every connection would pull the line away
+        // from every other CPU taking from the same tenant.
+        if self.caps[k].load(Ordering::Relaxed) != cap {
+            self.caps[k].store(cap, Ordering::Relaxed);
+        }
         let taken = self.held[k].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1));
         if taken.is_err() {
             self.count_refused(kind, 1);

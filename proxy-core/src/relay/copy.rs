@@ -119,6 +119,26 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// How many different outcomes (and labels) there are.
+    pub const COUNT: usize = 10;
+
+    /// A number for each outcome below [`Outcome::COUNT`], for tables of per-outcome counters
+    /// resolved once instead of looked up by label on every close.
+    pub fn index(&self) -> usize {
+        match self {
+            Outcome::Closed => 0,
+            Outcome::Idle => 1,
+            Outcome::Reset(Side::Client) => 2,
+            Outcome::Reset(Side::Upstream) => 3,
+            Outcome::Error(Side::Client, _) => 4,
+            Outcome::Error(Side::Upstream, _) => 5,
+            Outcome::Stopped(Stop::Shutdown) => 6,
+            Outcome::Stopped(Stop::RouteDrained) => 7,
+            Outcome::Stopped(Stop::ClusterDrained) => 8,
+            Outcome::Stopped(Stop::SessionDrained) => 9,
+        }
+    }
+
     /// Short label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {
