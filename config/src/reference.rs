@@ -198,7 +198,9 @@ impl Writer {
                     heading
                 }
             };
-            return format!("mapping: [{}](#{})", heading.trim_matches('`'), anchor(&heading));
+            // The link text stays code: a path like `clusters.<name>` outside backticks renders as
+            // "clusters." (Markdown takes `<name>` for an HTML tag).
+            return format!("mapping: [{heading}](#{})", anchor(&heading));
         }
         if let Some(values) = enum_values(schema) {
             return values;
