@@ -41,6 +41,8 @@ const CLIENTS_PER_CPU: usize = 32;
 /// A set of CPUs this busy (mean over the window) is taken as saturated.
 const SATURATED: f64 = 0.9;
 const TUNNEL: &str = "proxy-server + proxy-agent";
+/// The CPU list to use instead of this process's (see [`run`]).
+const CPU_LIST_ENV: &str = "BENCH_SCALING_CPU_LIST";
 
 /// The figures, in the order of the summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -279,7 +281,13 @@ struct Run<'a> {
 }
 
 pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
-    let cpus = ctx.pin.cpus.clone();
+    // BENCH_SCALING_CPU_LIST=0,1,1,1 plays a larger machine on a small one (CPUs may repeat):
+    // for trying the layouts of several N, not for figures.
+    let cpus = std::env::var(CPU_LIST_ENV)
+        .ok()
+        .and_then(|v| v.split(',').map(|c| c.trim().parse::<usize>().ok()).collect::<Option<Vec<_>>>())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| ctx.pin.cpus.clone());
     let pinned = ctx.pin.proxy_cpu.is_some();
     let (plan, dropped) = layouts(&cpus, pinned, ctx.scale.scaling_cpus.as_deref());
     anyhow::ensure!(!plan.is_empty(), "no N fits: {} CPU(s) here, asked {dropped:?}", cpus.len());
@@ -331,6 +339,9 @@ impl Run<'_> {
         );
         if !dropped.is_empty() {
             let _ = write!(text, "; asked N = {dropped:?} left out (the load needs at least one CPU)");
+        }
+        if std::env::var_os(CPU_LIST_ENV).is_some() {
+            let _ = write!(text, "; CPUs from {CPU_LIST_ENV} {cpus:?}: a layout trial, not figures");
         }
         self.res.remark(SC, &text);
         let missing = self.ctx.anchors.missing(&["haproxy", "nginx", "nginx njs"]);
