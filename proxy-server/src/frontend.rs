@@ -5,6 +5,7 @@
 
 mod grpc;
 mod h2_normalise;
+mod refusal;
 
 use crate::registry::{DialRefused, DialTimes, Dialed};
 use crate::shared::Shared;
@@ -25,6 +26,8 @@ use proxy_core::relay::copy::{Meters, Outcome, Stop, transfer};
 use proxy_core::relay::io::{Prefixed, Resettable};
 use proxy_core::tunnel::TunnelStream;
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
+use refusal::PROXY_CHALLENGE;
+pub(crate) use refusal::{ProxyAuth, Refusal};
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -47,31 +50,18 @@ pub(crate) struct FrontendRt {
     pub grpc: bool,
 }
 
-/// The `Proxy-Authenticate` challenge of a 407.
-const PROXY_CHALLENGE: &str = "Basic realm=\"seedgate\"";
-
 /// The cluster that `Proxy-Authorization: Basic base64(cluster:token)` names, if its password is
-/// `token`. `Err`: the reject reason.
-fn proxy_auth_cluster(value: Option<&[u8]>, token: &str) -> Result<String, &'static str> {
-    let value = value.ok_or("proxy_auth_missing")?;
-    let creds = proxy_wire::proxy_auth::basic(value).map_err(|_| "proxy_auth_invalid")?;
+/// `token`.
+fn proxy_auth_cluster(value: Option<&[u8]>, token: &str) -> Result<String, ProxyAuth> {
+    let value = value.ok_or(ProxyAuth::Missing)?;
+    let creds = proxy_wire::proxy_auth::basic(value).map_err(|_| ProxyAuth::Invalid)?;
     // Compare without an early exit so the time taken does not reveal the matching prefix.
     let (a, b) = (creds.password.as_bytes(), token.as_bytes());
     let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
     if !same || !seedgate_config::server::valid_cluster_name(&creds.user) {
-        return Err("proxy_auth_invalid");
+        return Err(ProxyAuth::Invalid);
     }
     Ok(creds.user)
-}
-
-/// A 407 answer with the Basic challenge; the connection closes after it.
-fn auth_required(version: u8, msg: &str) -> Vec<u8> {
-    let r = http_head::error_response(version, 407, msg);
-    let at = r.windows(2).position(|w| w == b"\r\n").map_or(r.len(), |p| p + 2);
-    let mut out = r[..at].to_vec();
-    out.extend_from_slice(format!("Proxy-Authenticate: {PROXY_CHALLENGE}\r\n").as_bytes());
-    out.extend_from_slice(&r[at..]);
-    out
 }
 
 /// Everything known about one front-end connection (or gRPC `Proxy` stream), for its access log.
@@ -184,10 +174,7 @@ async fn prepare(
     let ip_or_unix = ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let admitted = match shared.pending.admit_as(ip_or_unix, ip.is_none(), tenant.as_ref()) {
         Ok(a) => a,
-        Err(_) => {
-            shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_per_source"]).inc();
-            return None;
-        }
+        Err(r) => return rejected(&shared, &fe, &Refusal::Admission(r.into())),
     };
     let share = fe.cluster.as_deref().map(|c| {
         let t = shared.directory.shares.tenant(&[c]);
@@ -203,16 +190,12 @@ async fn prepare(
             by_protocol(shared, fe, Handshaken { io: Box::new(tcp), peer, cert_cluster: None, pre }).await
         }
         Accepted::Tcp(tcp, Some(acc)) => {
-            let handshake = tokio::select! {
-                biased;
-                _ = pre.admitted.evicted() => {
-                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
-                    return None;
-                }
-                r = tokio::time::timeout(pre.admitted.remaining(), acc.accept(tcp)) => r,
+            let handshake = match pre.admitted.within(acc.accept(tcp)).await {
+                Ok(h) => h,
+                Err(r) => return rejected(&shared, &fe, &r.into()),
             };
             match handshake {
-                Ok(Ok(s)) => {
+                Ok(s) => {
                     let cn = s
                         .get_ref()
                         .1
@@ -221,7 +204,7 @@ async fn prepare(
                         .and_then(proxy_core::tls::common_name);
                     by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: cn, pre }).await
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,
                     // resets, a client without a certificate) stay at debug.
                     let hint = proxy_core::tls::find_rustls_error(&e)
@@ -233,14 +216,7 @@ async fn prepare(
                         }
                         None => tracing::debug!(%peer, error = %e, "front-end TLS handshake failed"),
                     }
-                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, "tls_handshake_failed"]).inc();
-                    None
-                }
-                Err(_) => {
-                    let missed = pre.admitted.deadline_missed();
-                    let reason = if missed { "handshake_timeout" } else { "pending_evicted" };
-                    shared.metrics.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
-                    None
+                    rejected(&shared, &fe, &Refusal::TlsHandshake)
                 }
             }
         }
@@ -272,20 +248,11 @@ pub(crate) struct Pre {
     pub(crate) share: Option<Hold>,
 }
 
-/// Move a connection whose head was read from the pending budget to an established slot. At
-/// the connection limit it waits (still pending, so still evictable) for what is left of its
-/// deadline. `Err`: the reject reason.
-async fn establish(shared: &Shared, admitted: Admitted) -> Result<ConnPermit, &'static str> {
-    let permit = match shared.limit.try_acquire() {
-        Some(p) => p,
-        None => tokio::select! {
-            biased;
-            _ = admitted.evicted() => Err("pending_evicted"),
-            p = tokio::time::timeout(admitted.remaining(), shared.limit.acquire()) => p.map_err(|_| "connection_limit"),
-        }?,
-    };
-    // Evicted (and counted so) since its head was read: refused as the count says.
-    if admitted.release() { Ok(permit) } else { Err("pending_evicted") }
+/// Count a connection refused before anything about it is known but its front end (no access
+/// event; nothing is answered).
+pub(crate) fn rejected<T>(shared: &Shared, fe: &FrontendRt, r: &Refusal) -> Option<T> {
+    shared.metrics.conn.rejects.with_label_values(&[&fe.name, r.label()]).inc();
+    None
 }
 
 /// Serve one front-end connection (after TLS, if any) up to the relay. `cert_cluster` is the
@@ -301,10 +268,10 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
     // With proxy credentials the cluster is known once the request head is read.
     let conn_cluster = fe.cluster.clone().or(cert_cluster);
     if conn_cluster.is_none() && fe.proxy_token.is_none() {
-        m.conn.rejects.with_label_values(&[&fe.name, "no_cluster_identity"]).inc();
-        m.conn.connections.with_label_values(&[&fe.name, "-", "no_cluster_identity"]).inc();
-        let _ = io.write_all(&http_head::error_response(1, 403, "client certificate names no cluster")).await;
-        return None;
+        let r = Refusal::NoClusterIdentity;
+        m.conn.connections.with_label_values(&[&fe.name, "-", r.label()]).inc();
+        let _ = io.write_all(&r.answer(1)).await;
+        return rejected(&shared, &fe, &r);
     }
     let mut ctx = Ctx {
         conn_id,
@@ -321,47 +288,16 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
 
     // Read the request head under what is left of the handshake deadline.
     let mut buf = Vec::with_capacity(1024);
-    let read_head = read_head(&mut io, &mut buf, cfg.limits.request_head_max);
-    let read = tokio::select! {
-        biased;
-        _ = admitted.evicted() => {
-            m.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
-            ctx.log(0, "pending_evicted", 0, 0);
-            return None;
-        }
-        r = tokio::time::timeout(admitted.remaining(), read_head) => r,
-    };
-    let head: RequestHead = match read {
-        Ok(Ok(h)) => h,
-        Ok(Err((reason, status, msg))) => {
-            m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
-            if status != 0 {
-                let _ = io.write_all(&http_head::error_response(1, status, &format!("bad request: {msg}"))).await;
-            }
-            ctx.log(status, reason, 0, 0);
-            return None;
-        }
-        Err(_) => {
-            let reason = if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" };
-            m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
-            ctx.log(0, reason, 0, 0);
-            return None;
-        }
+    let read = admitted.within(read_head(&mut io, &mut buf, cfg.limits.request_head_max)).await;
+    let head: RequestHead = match read.map_err(Refusal::from).and_then(|r| r) {
+        Ok(h) => h,
+        Err(r) => return refuse(&shared, &ctx, &mut io, None, &r).await,
     };
     // Routed (the head names where to go): from the pending budget to an established slot.
     drop(pending);
-    let permit = match establish(&shared, admitted).await {
+    let permit = match admitted.establish(&shared.limit).await {
         Ok(p) => p,
-        Err("pending_evicted") => {
-            m.conn.rejects.with_label_values(&[&fe.name, "pending_evicted"]).inc();
-            ctx.log(0, "pending_evicted", 0, 0);
-            return None;
-        }
-        Err(reason) => {
-            let msg = "over capacity: connection limit reached";
-            reply_error(&shared, &ctx, &mut io, head.version, 503, reason, msg).await;
-            return None;
-        }
+        Err(r) => return refuse(&shared, &ctx, &mut io, Some(head.version), &r.into()).await,
     };
 
     if head.is_connect() {
@@ -370,24 +306,12 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         let target = match head.connect_authority() {
             Ok((h, p)) if h.contains(':') => format!("[{h}]:{p}"),
             Ok((h, p)) => format!("{h}:{p}"),
-            Err(e) => {
-                reply_error(&shared, &ctx, &mut io, head.version, 400, e.reason(), &format!("bad CONNECT target: {e}"))
-                    .await;
-                return None;
-            }
+            Err(e) => return refuse(&shared, &ctx, &mut io, Some(head.version), &Refusal::BadConnectTarget(e)).await,
         };
         let cluster = match (&fe.proxy_token, conn_cluster) {
             (Some(token), _) => match proxy_auth_cluster(head.header("proxy-authorization"), token) {
                 Ok(c) => c,
-                Err(reason) => {
-                    m.requests.with_label_values(&[&fe.name, "connect", "407"]).inc();
-                    m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
-                    let msg = "proxy credentials required: user = cluster name, password = the front end's token";
-                    let _ = io.write_all(&auth_required(head.version, msg)).await;
-                    let _ = io.shutdown().await;
-                    ctx.log(407, reason, 0, 0);
-                    return None;
-                }
+                Err(e) => return refuse(&shared, &ctx, &mut io, Some(head.version), &Refusal::ProxyAuth(e)).await,
             },
             (None, c) => c.expect("checked above"),
         };
@@ -395,10 +319,7 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         // The target, never the Host header, says where to go.
         let (stream, share) = match dial(&shared, &cluster, &target).await {
             Ok(d) => ctx.dialed(d),
-            Err(e) => {
-                reply_error(&shared, &ctx, &mut io, head.version, e.http_status(), e.code(), &e.to_string()).await;
-                return None;
-            }
+            Err(e) => return refuse(&shared, &ctx, &mut io, Some(head.version), &e.into()).await,
         };
         // 200 alone in its write: the egress dialer fails if tunnel bytes follow the head.
         if io.write_all(&http_head::connect_established(head.version)).await.is_err() {
@@ -425,53 +346,51 @@ async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Op
         drop(permit);
         None
     } else {
-        let msg = format!("{} {} is neither CONNECT nor an absolute-form http:// request", head.method, head.target);
-        reply_error(&shared, &ctx, &mut io, head.version, 400, "not_a_proxy_request", &msg).await;
-        None
+        let r = Refusal::NotAProxyRequest { method: head.method.clone(), target: head.target.clone() };
+        refuse(&shared, &ctx, &mut io, Some(head.version), &r).await
     }
 }
 
-/// Read a request head into `buf` (which keeps any bytes after it). On failure: the reject
-/// reason, the status to answer (0: none, the client is gone) and a message.
-async fn read_head(io: &mut BoxIo, buf: &mut Vec<u8>, cap: usize) -> Result<RequestHead, (&'static str, u16, String)> {
+/// Read a request head into `buf` (which keeps any bytes after it).
+async fn read_head(io: &mut BoxIo, buf: &mut Vec<u8>, cap: usize) -> Result<RequestHead, Refusal> {
     // One reader across reads, so each read costs only its new bytes.
     let mut reader = HeadReader::new(cap);
     loop {
-        match reader.poll(buf) {
-            Ok(Some(h)) => return Ok(h),
-            Ok(None) => {}
-            Err(e) => {
-                let status = if matches!(e, http_head::HeadError::TooLarge) { 431 } else { 400 };
-                return Err((e.reason(), status, e.to_string()));
-            }
+        if let Some(h) = reader.poll(buf).map_err(Refusal::BadHead)? {
+            return Ok(h);
         }
         let old = buf.len();
         buf.resize(old + READ_CHUNK.min(cap + 1 - old), 0);
         match io.read(&mut buf[old..]).await {
             Ok(0) | Err(_) => {
                 buf.truncate(old);
-                return Err(("client_closed_early", 0, String::new()));
+                return Err(Refusal::ClosedEarly);
             }
             Ok(n) => buf.truncate(old + n),
         }
     }
 }
 
-async fn reply_error<S: AsyncWrite + Unpin>(
-    shared: &Shared,
-    ctx: &Ctx,
-    io: &mut S,
-    version: u8,
-    status: u16,
-    reason: &str,
-    msg: &str,
-) {
-    let m = &shared.metrics;
-    m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &status.to_string()]).inc();
-    m.conn.rejects.with_label_values(&[&ctx.fe.name, reason]).inc();
-    let _ = io.write_all(&http_head::error_response(version, status, msg)).await;
-    let _ = io.shutdown().await;
-    ctx.log(status, reason, 0, 0);
+/// Refuse a front-end connection before its relay: counted by reason, answered where the
+/// refusal has an answer, logged. `version`: the request head's, once it was read (then the
+/// refusal answers a request, counted in `seedgate_requests_total`); before, the answer is in
+/// HTTP/1.1 and no request is counted.
+async fn refuse<T>(shared: &Shared, ctx: &Ctx, io: &mut BoxIo, version: Option<u8>, r: &Refusal) -> Option<T> {
+    let (m, status) = (&shared.metrics, r.status());
+    m.conn.rejects.with_label_values(&[&ctx.fe.name, r.label()]).inc();
+    match version {
+        _ if status == 0 => {}
+        None => {
+            let _ = io.write_all(&r.answer(1)).await;
+        }
+        Some(v) => {
+            m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &status.to_string()]).inc();
+            let _ = io.write_all(&r.answer(v)).await;
+            let _ = io.shutdown().await;
+        }
+    }
+    ctx.log(status, r.label(), 0, 0);
+    None
 }
 
 /// Dial through the tunnel with the configured timeout and proxy strategies, recording metrics
@@ -644,6 +563,22 @@ struct RequestLog {
 }
 
 impl RequestLog {
+    /// A request answered by us (no target reached): counted as a reject, logged now.
+    fn refuse(&mut self, m: &crate::metrics::ServerMetrics, r: &Refusal) -> Response<Body> {
+        let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+        self.code = status.as_u16();
+        m.requests.with_label_values(&[&self.frontend, "forward", status.as_str()]).inc();
+        m.conn.rejects.with_label_values(&[&self.frontend, r.label()]).inc();
+        self.emit(r.label());
+        let mut answer = simple(status, r.to_string());
+        if let Refusal::ProxyAuth(_) = r {
+            answer
+                .headers_mut()
+                .insert(http::header::PROXY_AUTHENTICATE, http::HeaderValue::from_static(PROXY_CHALLENGE));
+        }
+        answer
+    }
+
     /// Log the request, once, and count it into its connection's totals.
     fn emit(&self, reason: &str) {
         let moved = Moved::new(self.sent.load(Ordering::Relaxed), self.received.load(Ordering::Relaxed));
@@ -747,34 +682,15 @@ where
                 conn,
             };
             // An answer of our own (no target reached): counted as a reject, logged now.
-            let refuse = |log: &mut RequestLog, status: StatusCode, reason: &str, msg: String| {
-                log.code = status.as_u16();
-                m.requests.with_label_values(&[&log.frontend, "forward", status.as_str()]).inc();
-                m.conn.rejects.with_label_values(&[&log.frontend, reason]).inc();
-                log.emit(reason);
-                Ok::<_, std::convert::Infallible>(simple(status, msg))
-            };
+            let refuse = |log: &mut RequestLog, r: Refusal| Ok::<_, std::convert::Infallible>(log.refuse(m, &r));
             match by_auth {
                 Some(Ok(c)) => log.cluster = Arc::from(c),
-                Some(Err(reason)) => {
-                    log.code = 407;
-                    m.requests.with_label_values(&[&log.frontend, "forward", "407"]).inc();
-                    m.conn.rejects.with_label_values(&[&log.frontend, reason]).inc();
-                    log.emit(reason);
-                    let mut r = simple(
-                        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                        "proxy credentials required: user = cluster name, password = the front end's token".into(),
-                    );
-                    r.headers_mut()
-                        .insert(http::header::PROXY_AUTHENTICATE, http::HeaderValue::from_static(PROXY_CHALLENGE));
-                    return Ok(r);
-                }
+                Some(Err(e)) => return refuse(&mut log, Refusal::ProxyAuth(e)),
                 None => {}
             }
             let uri = req.uri().clone();
             let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
-                let msg = format!("expected an absolute http:// URI, got {uri}");
-                return refuse(&mut log, StatusCode::BAD_REQUEST, "not_absolute_uri", msg);
+                return refuse(&mut log, Refusal::NotAbsoluteUri(uri.to_string()));
             };
             let target = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
             let stream = match dial(&shared, &log.cluster, &target).await {
@@ -783,10 +699,7 @@ where
                     log.agent = d.node.clone();
                     d
                 }
-                Err(e) => {
-                    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
-                    return refuse(&mut log, status, e.code(), e.to_string());
-                }
+                Err(e) => return refuse(&mut log, e.into()),
             };
             let stream = Counted {
                 io: stream.stream,
@@ -832,7 +745,7 @@ where
                     strip_hop_by_hop(r.headers_mut());
                     Ok(r)
                 }
-                Err(e) => refuse(&mut log, StatusCode::BAD_GATEWAY, "target_error", format!("target {target}: {e}")),
+                Err(e) => refuse(&mut log, Refusal::Target { target, error: e.to_string() }),
             }
         }
     });
@@ -854,18 +767,19 @@ where
 mod tests {
     #[test]
     fn proxy_credentials_name_the_cluster_with_the_right_token() {
-        use super::proxy_auth_cluster;
+        use super::{Refusal, proxy_auth_cluster};
+        let label = |r: Result<String, super::ProxyAuth>| r.map_err(|e| Refusal::ProxyAuth(e).label());
         for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!=", "YQ=="] {
             let value = format!("Basic {bad}");
-            assert_eq!(proxy_auth_cluster(Some(value.as_bytes()), "s3cret"), Err("proxy_auth_invalid"), "{bad}");
+            assert_eq!(label(proxy_auth_cluster(Some(value.as_bytes()), "s3cret")), Err("proxy_auth_invalid"), "{bad}");
         }
         let ok = proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cret");
         assert_eq!(ok.as_deref(), Ok("shoot-a"));
         assert_eq!(proxy_auth_cluster(Some(b"basic  c2hvb3QtYTpzM2NyZXQ= "), "s3cret").as_deref(), Ok("shoot-a"));
-        assert_eq!(proxy_auth_cluster(None, "s3cret"), Err("proxy_auth_missing"));
-        assert_eq!(proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cre"), Err("proxy_auth_invalid"));
-        assert_eq!(proxy_auth_cluster(Some(b"Bearer s3cret"), "s3cret"), Err("proxy_auth_invalid"));
-        let r = String::from_utf8(super::auth_required(1, "x")).unwrap();
+        assert_eq!(label(proxy_auth_cluster(None, "s3cret")), Err("proxy_auth_missing"));
+        assert_eq!(label(proxy_auth_cluster(Some(b"Basic c2hvb3QtYTpzM2NyZXQ="), "s3cre")), Err("proxy_auth_invalid"));
+        assert_eq!(label(proxy_auth_cluster(Some(b"Bearer s3cret"), "s3cret")), Err("proxy_auth_invalid"));
+        let r = String::from_utf8(Refusal::ProxyAuth(super::ProxyAuth::Missing).answer(1)).unwrap();
         assert!(
             r.starts_with(
                 "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"seedgate\"\r\n"
@@ -873,7 +787,7 @@ mod tests {
             "{r}"
         );
         // "a b:s3cret": not a cluster name.
-        assert_eq!(proxy_auth_cluster(Some(b"Basic YSBiOnMzY3JldA=="), "s3cret"), Err("proxy_auth_invalid"));
+        assert_eq!(label(proxy_auth_cluster(Some(b"Basic YSBiOnMzY3JldA=="), "s3cret")), Err("proxy_auth_invalid"));
     }
 
     #[tokio::test]

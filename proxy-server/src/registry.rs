@@ -102,15 +102,20 @@ pub(crate) enum DialRefused {
     #[error(transparent)]
     Dial(#[from] DialError),
     /// The cluster holds its share of streams or pending dials: refused before any dial.
-    #[error("over capacity: cluster {cluster} holds its share of {what} ({cap})")]
-    Share { cluster: String, what: &'static str, cap: usize },
+    #[error("over capacity: cluster {cluster} holds its share of {} ({cap})", share_name(*.kind))]
+    Share { cluster: String, kind: Kind, cap: usize },
+}
+
+/// What a cluster's share of `kind` counts, as a refusal names it.
+fn share_name(kind: Kind) -> &'static str {
+    if kind == Kind::Established { "streams" } else { "pending dials" }
 }
 
 impl DialRefused {
     pub(crate) fn code(&self) -> &'static str {
         match self {
             DialRefused::Dial(e) => e.code(),
-            DialRefused::Share { what: "streams", .. } => "cluster_stream_limit",
+            DialRefused::Share { kind: Kind::Established, .. } => "cluster_stream_limit",
             DialRefused::Share { .. } => "cluster_pending_limit",
         }
     }
@@ -205,7 +210,7 @@ impl SessionDirectory {
             let in_use = self.shares.total(kind);
             tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
                 cluster: cluster.to_owned(),
-                what: if kind == Kind::Established { "streams" } else { "pending dials" },
+                kind,
                 cap: cap.at(in_use),
             })
         };

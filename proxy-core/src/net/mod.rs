@@ -1,6 +1,7 @@
 //! Sockets and what admits a connection: listening sockets (socket2 options), upstream connects with timeout and DNS re-resolution, the accept loop, the pre-routing budget, tenants' shares and load counters.
 
 pub mod accept;
+pub mod admission;
 pub mod backoff;
 pub mod balance;
 pub mod guard;

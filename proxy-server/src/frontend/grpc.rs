@@ -13,11 +13,13 @@
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
 use super::h2_normalise::Normalised;
-use super::{Ctx, FrontendRt, Handshaken, Pre};
+use super::{Ctx, FrontendRt, Handshaken, Pre, Refusal, rejected};
+use crate::registry::DialRefused;
 use crate::shared::Shared;
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxy_core::net::accept::ConnPermit;
+use proxy_core::net::admission;
 use proxy_core::net::guard::Active;
 use proxy_core::net::share::Hold;
 use proxy_core::prometheus::IntCounter;
@@ -91,30 +93,26 @@ static CONNECT_IDS: AtomicI64 = AtomicI64::new(1);
 pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) {
     let Handshaken { mut io, peer, cert_cluster, pre } = conn;
     let Pre { admitted, share: pending } = pre;
-    let m = &shared.metrics;
-    let reject = |reason: &str| m.conn.rejects.with_label_values(&[&fe.name, reason]).inc();
+    let reject = |r: Refusal| {
+        rejected::<()>(&shared, &fe, &r);
+    };
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
-        reject("no_cluster_identity");
-        m.conn.connections.with_label_values(&[&fe.name, "-", "no_cluster_identity"]).inc();
-        return;
+        let r = Refusal::NoClusterIdentity;
+        shared.metrics.conn.connections.with_label_values(&[&fe.name, "-", r.label()]).inc();
+        return reject(r);
     };
     let mut preface = [0u8; PREFACE.len()];
-    let read = tokio::select! {
-        biased;
-        _ = admitted.evicted() => return reject("pending_evicted"),
-        r = tokio::time::timeout(admitted.remaining(), io.read_exact(&mut preface)) => r,
-    };
-    match read {
+    match admitted.within(io.read_exact(&mut preface)).await {
         Ok(Ok(_)) if &preface == PREFACE => {}
-        Ok(Ok(_)) => return reject("not_http2"),
-        Ok(Err(_)) => return reject("client_closed_early"),
-        Err(_) => return reject(if admitted.deadline_missed() { "handshake_timeout" } else { "pending_evicted" }),
+        Ok(Ok(_)) => return reject(Refusal::NotHttp2),
+        Ok(Err(_)) => return reject(Refusal::ClosedEarly),
+        Err(r) => return reject(r.into()),
     }
     // Out of the pending budget (and its cluster's pending work): each `Proxy` stream takes a
     // connection slot and a place in its cluster's share of streams of its own.
     drop(pending);
-    if !admitted.release() {
-        return reject("pending_evicted");
+    if let Err(r) = admitted.leave() {
+        return reject(r.into());
     }
     let proxy = Proxy { shared: shared.clone(), fe: fe.clone(), peer: peer.into(), cluster: cluster.into() };
     let svc = ProxyServiceServer::new(proxy);
@@ -147,7 +145,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         }
     };
     if let Some(bad) = failure.get() {
-        reject("http2_malformed");
+        reject(Refusal::Http2Malformed);
         tracing::debug!(error = %bad, "gRPC front-end connection closed: the client's HTTP/2 is malformed");
     } else if let Err(e) = r {
         tracing::debug!(error = %e, "gRPC front-end connection ended with an error");
@@ -246,9 +244,9 @@ async fn dial(
     let deadline = shared.config.load().timeouts.handshake.get();
     let req = match tokio::time::timeout(deadline, inbound.message()).await {
         Ok(Ok(Some(Packet { payload: Some(Payload::DialRequest(d)), .. }))) => d,
-        Ok(Ok(Some(_))) => return refuse(shared, ctx, 400, "not_a_dial_request").then_none(),
-        Ok(_) => return refuse(shared, ctx, 0, "client_closed_early").then_none(),
-        Err(_) => return refuse(shared, ctx, 0, "handshake_timeout").then_none(),
+        Ok(Ok(Some(_))) => return refuse(shared, ctx, &Refusal::NotADialRequest),
+        Ok(_) => return refuse(shared, ctx, &Refusal::ClosedEarly),
+        Err(_) => return refuse(shared, ctx, &admission::Refusal::HandshakeTimeout.into()),
     };
     ctx.target = req.address.clone();
     let answer = |error: String, connect_id: i64| Packet {
@@ -260,16 +258,17 @@ async fn dial(
             ..Default::default()
         })),
     };
+    // Refused with its text in the `DIAL_RSP`.
+    let refused = async |r: Refusal| {
+        let _ = tx.send(answer(r.to_string(), 0)).await;
+        refuse(shared, ctx, &r)
+    };
     let target = match dial_target(&req.protocol, &req.address) {
         Ok(t) => t,
-        Err(e) => {
-            let _ = tx.send(answer(e.to_string(), 0)).await;
-            return refuse(shared, ctx, e.http_status(), e.code()).then_none();
-        }
+        Err(e) => return refused(DialRefused::from(e).into()).await,
     };
     let Some(permit) = shared.limit.try_acquire() else {
-        let _ = tx.send(answer("over capacity: connection limit reached".into(), 0)).await;
-        return refuse(shared, ctx, 503, "connection_limit").then_none();
+        return refused(admission::Refusal::ConnectionLimit.into()).await;
     };
     let dialed = tokio::select! {
         r = super::dial(shared, &ctx.cluster, &target) => r,
@@ -291,10 +290,7 @@ async fn dial(
             m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, "200"]).inc();
             Some(Open { stream, connect_id, _permit: permit, _share: share })
         }
-        Err(e) => {
-            let _ = tx.send(answer(e.to_string(), 0)).await;
-            refuse(shared, ctx, e.http_status(), e.code()).then_none()
-        }
+        Err(e) => refused(e.into()).await,
     }
 }
 
@@ -322,23 +318,14 @@ fn dial_target(protocol: &str, address: &str) -> Result<String, DialError> {
 }
 
 /// Count and log a `Proxy` stream that ends before its relay.
-fn refuse(shared: &Shared, ctx: &Ctx, code: u16, reason: &str) -> Refused {
-    let m = &shared.metrics;
+fn refuse<T>(shared: &Shared, ctx: &Ctx, r: &Refusal) -> Option<T> {
+    let (m, code) = (&shared.metrics, r.status());
     if code != 0 {
         m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &code.to_string()]).inc();
     }
-    m.conn.rejects.with_label_values(&[&ctx.fe.name, reason]).inc();
-    ctx.log(code, reason, 0, 0);
-    Refused
-}
-
-/// A `Proxy` stream that ended before its relay (see [`refuse`]).
-struct Refused;
-
-impl Refused {
-    fn then_none<T>(self) -> Option<T> {
-        None
-    }
+    m.conn.rejects.with_label_values(&[&ctx.fe.name, r.label()]).inc();
+    ctx.log(code, r.label(), 0, 0);
+    None
 }
 
 /// The relay of one dialled `Proxy` stream, with its byte counts.
