@@ -12,8 +12,9 @@
 //! only while the client's stream has room (a queue of [`OUT_QUEUE`] packets between them), so a
 //! slow reader on either side stalls its own `Proxy` stream alone.
 
+use super::admission::{Handshaken, Pre};
 use super::h2_normalise::Normalised;
-use super::{Ctx, FrontendRt, Handshaken, Pre, Refusal, rejected};
+use super::{Ctx, FrontendRt, Refusal, rejected};
 use crate::registry::DialRefused;
 use crate::shared::Shared;
 use bytes::BytesMut;

@@ -1,5 +1,6 @@
 //! Why a front end turned a connection, a forwarded request or a gRPC `Proxy` stream away: each refusal's reason label, HTTP status and message in one place.
 
+use super::proxy_auth::{PROXY_CHALLENGE, ProxyAuth};
 use crate::registry::DialRefused;
 use proxy_core::net::admission;
 use proxy_wire::http_head::{self, HeadError};
@@ -45,15 +46,6 @@ pub(crate) enum Refusal {
     /// A `Proxy` stream whose first packet is not a `DIAL_REQ`.
     #[error("the first packet is not a DIAL_REQ")]
     NotADialRequest,
-}
-
-/// Why proxy credentials named no cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProxyAuth {
-    /// No `Proxy-Authorization` header.
-    Missing,
-    /// Not Basic credentials of a cluster name and the front end's token.
-    Invalid,
 }
 
 impl Refusal {
@@ -106,6 +98,3 @@ impl Refusal {
         out
     }
 }
-
-/// The `Proxy-Authenticate` challenge of a 407.
-pub(crate) const PROXY_CHALLENGE: &str = "Basic realm=\"seedgate\"";
