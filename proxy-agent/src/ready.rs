@@ -1,10 +1,10 @@
 //! Readiness of the apiserver proxy: the last resolution of the gateway name, refreshed in the background.
 
 use proxy_core::obs::admin::Check;
+use proxy_core::sync::Mutex;
 use seedgate_config::HostPort;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -38,7 +38,7 @@ impl GatewayStatus {
             },
         };
         // A poisoned lock only means a panic elsewhere mid-assignment; the value is still usable.
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        *self.last.lock() = Some(r);
     }
 
     /// Ask the refresher to resolve now (the gateway changed on reload).
@@ -53,7 +53,7 @@ impl GatewayStatus {
     /// The readiness check for `gateway`, the currently configured one.
     pub(crate) fn check(&self, gateway: &HostPort) -> Check {
         const NAME: &str = "gateway-resolves";
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last.lock();
         match &*last {
             Some(r) if &r.gateway == gateway && r.at.elapsed() < STALE => match &r.result {
                 Ok(addrs) => {

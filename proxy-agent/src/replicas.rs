@@ -7,8 +7,8 @@
 //! draining, so the agent converges on one session per replica and stops there.
 
 use proxy_core::prometheus::IntGauge;
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::ServerInfo;
-use std::sync::Mutex;
 use tokio::sync::watch;
 
 /// What one slot holds now.
@@ -64,7 +64,7 @@ impl Replicas {
 
     /// Change the state and wake whoever waits on it.
     fn edit<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut st = self.state.lock().expect("not poisoned");
+        let mut st = self.state.lock();
         let r = f(&mut st);
         self.held_gauge.set(st.slots.iter().filter(|s| s.up).count() as i64);
         self.expected_gauge.set(i64::from(st.count));
@@ -92,11 +92,11 @@ impl Replicas {
     }
 
     pub(crate) fn slots(&self) -> usize {
-        self.state.lock().expect("not poisoned").slots.len()
+        self.state.lock().slots.len()
     }
 
     pub(crate) fn count(&self) -> u32 {
-        self.state.lock().expect("not poisoned").count
+        self.state.lock().count
     }
 
     /// The slot has no session (or one not yet up).
@@ -158,14 +158,14 @@ impl Replicas {
     /// Whether `slot` should dial: its own session is absent or draining, and fewer sessions
     /// than the announced count are up and not draining.
     pub(crate) fn wants_session(&self, slot: usize) -> bool {
-        let st = self.state.lock().expect("not poisoned");
+        let st = self.state.lock();
         let mine = &st.slots[slot];
         (!mine.up || mine.draining) && Self::active(&st) < st.count
     }
 
     /// Readiness: ready while at least one session is up; "degraded" below the count.
     pub(crate) fn check(&self) -> proxy_core::obs::admin::Check {
-        let st = self.state.lock().expect("not poisoned");
+        let st = self.state.lock();
         let up: Vec<&Slot> = st.slots.iter().filter(|s| s.up).collect();
         let ids: Vec<String> = up
             .iter()

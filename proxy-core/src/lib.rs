@@ -2,6 +2,7 @@
 //!
 //! Grouped by what each folder owns; a folder only uses the ones listed before it:
 //!
+//! - [`sync`]: the one way to lock (locks that a panic elsewhere does not make fail).
 //! - [`obs`]: what operators see — the metrics registry, runtime gauges, the admin listener, logs.
 //! - [`tls`]: TLS setup from PEM files.
 //! - [`net`]: sockets and admission — listening, upstream connects, the accept loop and its
@@ -18,6 +19,7 @@ pub mod app;
 pub mod net;
 pub mod obs;
 pub mod relay;
+pub mod sync;
 pub mod tls;
 pub mod tunnel;
 pub mod watch;

@@ -1,12 +1,15 @@
 //! The agents' listeners: mTLS (TLS 1.3) handshake, cluster identity from the certificate CN, one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
+use crate::session::Session;
 use crate::shared::Shared;
 use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, ControlMsg, Opener, SeedConnection, SessionError, TunnelSettings, run_seed_session};
+use proxy_core::tunnel::{
+    ALPN_V1, AgentHello, ControlMsg, Opener, SeedConnection, SessionError, TunnelSettings, run_seed_session,
+};
 use seedgate_config::server::valid_cluster_name;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -109,12 +112,11 @@ pub(crate) async fn serve_agent<C: SeedConnection>(
     };
     let settings = settings(&shared.config.load());
     let session_stop = stop.child_token();
-    let registered = std::sync::Mutex::new(None);
-    let result = run_seed_session(conn, &settings, session_stop.clone(), |s| {
-        admit.register(&shared, s.opener, s.hello, &session_stop, &registered);
+    let ended = run_seed_session(conn, &settings, session_stop.clone(), |s| {
+        admit.register(&shared, s.opener, s.hello, &session_stop)
     })
     .await;
-    admit.unregister(&shared, &registered, result);
+    admit.unregister(&shared, ended.ready.flatten(), ended.result);
 }
 
 /// An agent whose certificate names a cluster this seed may serve (not fenced).
@@ -153,20 +155,19 @@ fn admit(
 
 impl Admitted {
     /// Once the session runs: send the refusal (then close), or register the session and
-    /// announce this replica to the agent.
+    /// announce this replica to the agent. The session registered, if it was.
     fn register(
         &self,
         shared: &Shared,
         opener: Arc<dyn Opener>,
-        hello: Arc<std::sync::Mutex<Option<proxy_core::tunnel::AgentHello>>>,
+        hello: Arc<OnceLock<AgentHello>>,
         session_stop: &CancellationToken,
-        registered: &std::sync::Mutex<Option<Arc<crate::session::Session>>>,
-    ) {
+    ) -> Option<Arc<Session>> {
         let (m, peer, cluster) = (&shared.metrics, self.peer, &self.cluster);
         if self.refuse {
             // Bounded label: the name is not one the config knows; logs and /readyz carry it.
             m.agent_sessions.with_label_values(&["-", "unknown_cluster"]).inc();
-            shared.unknown_refused.lock().expect("not poisoned").insert(cluster.clone());
+            shared.unknown.lock().refused.insert(cluster.clone());
             let reason = format!(
                 "cluster {cluster:?} (the certificate's CN) is not served by this proxy-server: no front end or \
                  clusters entry names it, and agents.accept_unknown_clusters is false"
@@ -179,32 +180,27 @@ impl Admitted {
                 tokio::time::sleep(REFUSAL_LINGER).await;
                 stop.cancel();
             });
-            return;
+            return None;
         }
         match shared.directory.add(cluster, peer.to_string(), opener, hello, session_stop.clone()) {
             Ok(sess) => {
                 m.agent_sessions.with_label_values(&[cluster, "accepted"]).inc();
                 tracing::info!(%peer, %cluster, session = sess.id, transport = self.transport, "agent session up");
                 shared.replica.announce_to(&shared.metrics, &sess);
-                *registered.lock().expect("not poisoned") = Some(sess);
+                Some(sess)
             }
             Err(reason) => {
                 m.agent_sessions.with_label_values(&[cluster, reason]).inc();
                 session_stop.cancel();
+                None
             }
         }
     }
 
-    /// The session ended: remove it from the session directory.
-    fn unregister(
-        &self,
-        shared: &Shared,
-        registered: &std::sync::Mutex<Option<Arc<crate::session::Session>>>,
-        result: Result<(), SessionError>,
-    ) {
+    /// The session ended: remove it (`registered`, if it was) from the session directory.
+    fn unregister(&self, shared: &Shared, registered: Option<Arc<Session>>, result: Result<(), SessionError>) {
         let (peer, cluster) = (self.peer, &self.cluster);
-        let sess = registered.lock().expect("not poisoned").take();
-        if let Some(sess) = sess {
+        if let Some(sess) = registered {
             shared.directory.remove(&sess);
             match &result {
                 Ok(()) => tracing::info!(%peer, %cluster, session = sess.id, "agent session closed"),

@@ -67,7 +67,7 @@ pub(crate) async fn attempt(
 
 /// The node `s`'s agent named (empty before its hello, or when it named none).
 pub(crate) fn node(s: &Session) -> String {
-    s.hello.lock().expect("not poisoned").as_ref().map(|h| h.node.clone()).unwrap_or_default()
+    s.hello.get().map(|h| h.node.clone()).unwrap_or_default()
 }
 
 /// Note a doubt of `s` that [`Liveness::standing`] cleared, if any: counted, and logged — a

@@ -22,7 +22,7 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
     checks.extend(known.iter().map(|(c, expected)| cluster_line(shared, c, *expected)));
     let mut unknown: Vec<String> =
         shared.directory.connected().into_iter().filter(|c| !known.contains_key(c)).collect();
-    let refused = shared.unknown_refused.lock().expect("not poisoned").clone();
+    let refused = shared.unknown.lock().refused.clone();
     unknown.extend(refused.into_iter().filter(|c| !known.contains_key(c)));
     unknown.sort();
     unknown.dedup();
@@ -98,10 +98,10 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
                     ));
                 }
             };
-            shared.overrides.lock().expect("not poisoned").insert(name.to_owned(), state);
+            shared.states.lock().overrides.insert(name.to_owned(), state);
         }
         Method::DELETE => {
-            shared.overrides.lock().expect("not poisoned").remove(name);
+            shared.states.lock().overrides.remove(name);
         }
         _ => return Some((StatusCode::METHOD_NOT_ALLOWED, "use PUT or DELETE\n".into())),
     }
@@ -115,7 +115,7 @@ pub(crate) fn knows_cluster(shared: &Shared, cluster: &str, peer: std::net::Sock
     if shared.known_clusters().contains_key(cluster) {
         return true;
     }
-    if shared.unknown_warned.lock().expect("not poisoned").insert(cluster.to_owned()) {
+    if shared.unknown.lock().warned.insert(cluster.to_owned()) {
         tracing::warn!(
             %cluster,
             %peer,

@@ -30,13 +30,14 @@ use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
+use proxy_core::sync::Mutex;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
 use registry::SessionDirectory;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster_files::DefinedTwice;
@@ -116,10 +117,8 @@ impl Service for Server {
             metrics,
             shutdown: ctx.shutdown,
             ids: ConnIds::default(),
-            overrides: Mutex::new(BTreeMap::new()),
-            cluster_files: Mutex::new(files),
-            unknown_warned: Mutex::default(),
-            unknown_refused: Mutex::default(),
+            states: Mutex::new(shared::StateSources::new(files)),
+            unknown: Mutex::default(),
             replica: replica::Replica::new(&cfg),
             settle: settle::Settle::new(std::time::Instant::now()),
         });
@@ -145,7 +144,7 @@ impl Service for Server {
             let shared = self.shared.clone();
             watch.follow(self.shared.shutdown.stop.clone(), "cluster files", move |up| {
                 let main = shared.config.load_full();
-                let changed = shared.cluster_files.lock().expect("not poisoned").absorb(up, &main.clusters);
+                let changed = shared.states.lock().files.absorb(up, &main.clusters);
                 if changed {
                     // As a config reload of the states: admin overrides still win.
                     shared.apply_states();
@@ -156,7 +155,7 @@ impl Service for Server {
 
     /// Sockets and TLS files first (they can fail), then timeouts, limits and cluster states.
     async fn apply(self: &Arc<Self>, new: Arc<ServerConfig>) -> Result<(), ReloadRefused> {
-        if let Some(e) = self.shared.cluster_files.lock().expect("not poisoned").conflict_with(&new.clusters) {
+        if let Some(e) = self.shared.states.lock().files.conflict_with(&new.clusters) {
             return Err(e.into());
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
@@ -177,7 +176,7 @@ impl Service for Server {
         checks.push(self.shared.directory.shares.readiness(self.shared.config.load().limits.tenant_share));
         checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
-            let (n, clusters, refused) = self.shared.cluster_files.lock().expect("not poisoned").summary();
+            let (n, clusters, refused) = self.shared.states.lock().files.summary();
             let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
             checks.push(Check::info("cluster-files", detail));
         }
@@ -186,10 +185,10 @@ impl Service for Server {
 
     fn show_config(&self, running: &ServerConfig) -> serde_json::Value {
         let mut v = serde_json::to_value(running).unwrap_or_default();
-        v["cluster_overrides"] =
-            serde_json::to_value(&*self.shared.overrides.lock().expect("not poisoned")).unwrap_or_default();
+        let sources = self.shared.states.lock();
+        v["cluster_overrides"] = serde_json::to_value(&sources.overrides).unwrap_or_default();
         if running.clusters_dir.is_some() {
-            v["cluster_files"] = self.shared.cluster_files.lock().expect("not poisoned").show();
+            v["cluster_files"] = sources.files.show();
         }
         v
     }

@@ -13,6 +13,7 @@ use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
 use proxy_core::app::{StartError, listen_tcp, resolve_listen};
 use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{ALPN_V1, quic};
 use proxy_core::watch::{
     self,
@@ -21,7 +22,7 @@ use proxy_core::watch::{
 use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
 use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -205,9 +206,14 @@ struct QuicEntry {
 /// are known before serving); the accept loops run from [`Listeners::start`].
 pub(crate) struct Listeners {
     metrics: TlsMetrics,
-    agents: Mutex<AgentsEntry>,
-    quic: Mutex<Option<QuicEntry>>,
-    frontends: Mutex<BTreeMap<String, FrontendEntry>>,
+    entries: Mutex<Entries>,
+}
+
+/// What each socket serves.
+struct Entries {
+    agents: AgentsEntry,
+    quic: Option<QuicEntry>,
+    frontends: BTreeMap<String, FrontendEntry>,
 }
 
 /// The sockets [`Listeners::bind`] opened, served by [`Listeners::start`].
@@ -216,6 +222,24 @@ pub(crate) struct Opened {
     quic: Option<quinn::Endpoint>,
     /// By front-end name.
     frontends: Vec<(String, Listening)>,
+}
+
+/// What a reload needs that could fail, taken before anything changes: new TLS material, new
+/// sockets, changed front ends.
+struct Staged {
+    agents_material: Option<Arc<Reloading<rustls::ServerConfig>>>,
+    agents_sock: Option<(TcpListener, std::net::SocketAddr)>,
+    /// A new or moved QUIC listener: its endpoint, its place and its address.
+    quic_sock: Option<(quinn::Endpoint, HostPort, String)>,
+    frontends: Vec<ChangedFrontend>,
+}
+
+/// A changed or new front end: its config, its files, and a new socket (with its address)
+/// unless it keeps its own.
+struct ChangedFrontend {
+    cfg: Frontend,
+    files: FeFiles,
+    sock: Option<(Sock, String)>,
 }
 
 impl Listeners {
@@ -251,20 +275,15 @@ impl Listeners {
             frontends.insert(name.clone(), frontend_entry(stop, f.clone(), addr, files, file));
             fe_socks.push((name, listening));
         }
-        let this = Self {
-            metrics: metrics.clone(),
-            agents: Mutex::new(agents),
-            quic: Mutex::new(quic),
-            frontends: Mutex::new(frontends),
-        };
+        let this = Self { metrics: metrics.clone(), entries: Mutex::new(Entries { agents, quic, frontends }) };
         Ok((this, Opened { agents: agents_sock, quic: quic_sock, frontends: fe_socks }))
     }
 
     pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
-        let mut out: BTreeMap<String, String> =
-            self.frontends.lock().expect("not poisoned").iter().map(|(n, f)| (n.clone(), f.addr.clone())).collect();
-        out.insert("agents".into(), self.agents.lock().expect("not poisoned").addr.clone());
-        if let Some(q) = &*self.quic.lock().expect("not poisoned") {
+        let e = self.entries.lock();
+        let mut out: BTreeMap<String, String> = e.frontends.iter().map(|(n, f)| (n.clone(), f.addr.clone())).collect();
+        out.insert("agents".into(), e.agents.addr.clone());
+        if let Some(q) = &e.quic {
             out.insert("agents-quic".into(), q.addr.clone());
         }
         out
@@ -274,55 +293,58 @@ impl Listeners {
     /// `sessions_stop` (after the front ends drained); front-end connections drain with the
     /// process.
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
-        let agents = self.agents.lock().expect("not poisoned");
-        serve_agents(shared, sessions_stop, opened.agents, &agents);
-        if let (Some(endpoint), Some(q)) = (opened.quic, &*self.quic.lock().expect("not poisoned")) {
-            serve_quic(shared, sessions_stop, endpoint, agents.tls.clone(), q);
+        let e = self.entries.lock();
+        serve_agents(shared, sessions_stop, opened.agents, &e.agents);
+        if let (Some(endpoint), Some(q)) = (opened.quic, &e.quic) {
+            serve_quic(shared, sessions_stop, endpoint, e.agents.tls.clone(), q);
         }
-        let frontends = self.frontends.lock().expect("not poisoned");
         for (name, listening) in opened.frontends {
-            if let Some(entry) = frontends.get(&name) {
+            if let Some(entry) = e.frontends.get(&name) {
                 serve_frontend(shared, entry, listening);
             }
         }
     }
 
-    /// Apply a new config's sockets and TLS files, or change nothing.
+    /// Apply a new config's sockets and TLS files, or change nothing: first everything that can
+    /// fail ([`Listeners::stage`]), then the swap ([`Listeners::commit`]).
     pub(crate) async fn apply(
         &self,
         shared: &Arc<Shared>,
         sessions_stop: &CancellationToken,
         new: &ServerConfig,
     ) -> Result<(), ApplyError> {
-        // Phase 1: everything that can fail — TLS files read, new sockets bound.
-        let (agents_now, frontends_now): ((HostPort, ServerTls), BTreeMap<String, Frontend>) = {
-            let a = self.agents.lock().expect("not poisoned");
-            let f = self.frontends.lock().expect("not poisoned");
-            ((a.listen.clone(), a.tls_cfg.clone()), f.iter().map(|(n, e)| (n.clone(), e.cfg.clone())).collect())
+        let staged = self.stage(new).await?;
+        self.commit(shared, sessions_stop, new, staged);
+        Ok(())
+    }
+
+    /// Read the TLS files and bind the sockets `new` needs, changing nothing that serves. The
+    /// lock is not held while binding.
+    async fn stage(&self, new: &ServerConfig) -> Result<Staged, ApplyError> {
+        let (agents_now, quic_now, material_now, frontends_now) = {
+            let e = self.entries.lock();
+            let fes: BTreeMap<String, Frontend> = e.frontends.iter().map(|(n, f)| (n.clone(), f.cfg.clone())).collect();
+            let agents = (e.agents.listen.clone(), e.agents.tls_cfg.clone());
+            (agents, e.quic.as_ref().map(|q| q.listen.clone()), e.agents.tls.load().material.clone(), fes)
         };
         let (agents_listen, agents_tls_cfg) = agents_now;
         let agents_material =
             if new.agents.tls != agents_tls_cfg { Some(agents_tls(&new.agents.tls, &self.metrics)?) } else { None };
-        let agents_sock = if new.agents.listen != agents_listen {
-            Some(listen_tcp("agents listener", &new.agents.listen).await?)
-        } else {
-            None
+        let agents_sock = match new.agents.listen != agents_listen {
+            true => Some(listen_tcp("agents listener", &new.agents.listen).await?),
+            false => None,
         };
         // The QUIC listener: bound anew when added or moved (with the TLS material it will
         // serve: the new one if the agents' files changed too).
-        let quic_now = self.quic.lock().expect("not poisoned").as_ref().map(|q| q.listen.clone());
         let quic_sock = match (&new.agents.quic, &quic_now) {
             (Some(q), now) if now.as_ref() != Some(&q.listen) => {
-                let material = match &agents_material {
-                    Some(m) => m.clone(),
-                    None => self.agents.lock().expect("not poisoned").tls.load().material.clone(),
-                };
-                let (endpoint, addr) = listen_quic(&q.listen, &material, new).await?;
+                let material = agents_material.as_ref().unwrap_or(&material_now);
+                let (endpoint, addr) = listen_quic(&q.listen, material, new).await?;
                 Some((endpoint, q.listen.clone(), addr.to_string()))
             }
             _ => None,
         };
-        let mut fresh = Vec::new();
+        let mut frontends = Vec::new();
         for f in &new.frontends {
             let old = frontends_now.get(f.name.as_str());
             if old == Some(f) {
@@ -338,87 +360,60 @@ impl Listeners {
                 }
                 _ => Some(bind_place(f).await?),
             };
-            fresh.push((f.clone(), tls, sock));
+            frontends.push(ChangedFrontend { cfg: f.clone(), files: tls, sock });
         }
-        // Phase 2: commit.
-        {
-            let mut agents = self.agents.lock().expect("not poisoned");
-            let a = &mut *agents;
-            if let Some(m) = agents_material {
-                a.tls.store(Arc::new(watched(m, &shared.shutdown.stop)));
-                a.tls_cfg = new.agents.tls.clone();
-            }
-            if let Some((l, addr)) = agents_sock {
-                // The same TLS material (shared with the QUIC listener, which stays).
-                let moved = AgentsEntry {
-                    listen: new.agents.listen.clone(),
-                    addr: addr.to_string(),
-                    tls_cfg: a.tls_cfg.clone(),
-                    tls: a.tls.clone(),
-                    stop: shared.shutdown.stop.child_token(),
-                };
-                serve_agents(shared, sessions_stop, l, &moved);
-                let old = std::mem::replace(a, moved);
-                old.stop.cancel();
-                tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
-            }
-            let mut quic = self.quic.lock().expect("not poisoned");
-            let old = match quic_sock {
-                Some((endpoint, listen, addr)) => {
-                    let entry = QuicEntry { listen, addr, stop: shared.shutdown.stop.child_token() };
-                    serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), &entry);
-                    quic.replace(entry)
-                }
-                None if new.agents.quic.is_none() => quic.take(),
-                None => None,
+        Ok(Staged { agents_material, agents_sock, quic_sock, frontends })
+    }
+
+    /// Swap in what `staged` prepared: what new connections and sessions use from now.
+    fn commit(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, new: &ServerConfig, staged: Staged) {
+        let Staged { agents_material, agents_sock, quic_sock, frontends } = staged;
+        let mut e = self.entries.lock();
+        let e = &mut *e;
+        let a = &mut e.agents;
+        if let Some(m) = agents_material {
+            a.tls.store(Arc::new(watched(m, &shared.shutdown.stop)));
+            a.tls_cfg = new.agents.tls.clone();
+        }
+        if let Some((l, addr)) = agents_sock {
+            // The same TLS material (shared with the QUIC listener, which stays).
+            let moved = AgentsEntry {
+                listen: new.agents.listen.clone(),
+                addr: addr.to_string(),
+                tls_cfg: a.tls_cfg.clone(),
+                tls: a.tls.clone(),
+                stop: shared.shutdown.stop.child_token(),
             };
-            if let Some(old) = old {
-                old.stop.cancel();
-                match &*quic {
-                    Some(q) => {
-                        tracing::info!(old = %old.addr, new = %q.addr, "agents QUIC listener moved; sessions on the old one continue")
-                    }
-                    None => tracing::info!(addr = %old.addr, "agents QUIC listener removed; its sessions continue"),
+            serve_agents(shared, sessions_stop, l, &moved);
+            let old = std::mem::replace(a, moved);
+            old.stop.cancel();
+            tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
+        }
+        let old = match quic_sock {
+            Some((endpoint, listen, addr)) => {
+                let entry = QuicEntry { listen, addr, stop: shared.shutdown.stop.child_token() };
+                serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), &entry);
+                e.quic.replace(entry)
+            }
+            None if new.agents.quic.is_none() => e.quic.take(),
+            None => None,
+        };
+        if let Some(old) = old {
+            old.stop.cancel();
+            match &e.quic {
+                Some(q) => {
+                    tracing::info!(old = %old.addr, new = %q.addr, "agents QUIC listener moved; sessions on the old one continue")
                 }
+                None => tracing::info!(addr = %old.addr, "agents QUIC listener removed; its sessions continue"),
             }
         }
-        let mut frontends = self.frontends.lock().expect("not poisoned");
-        for (f, tls, sock) in fresh {
-            let name = f.name.value.clone();
-            match sock {
-                None => {
-                    let entry = frontends.get_mut(&name).expect("an unchanged place has a running entry");
-                    entry.served.store(Arc::new(served(&shared.shutdown.stop, &f, tls)));
-                    entry.cfg = f;
-                    tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
-                }
-                Some((sock, addr)) => {
-                    let (listening, file) = sock.split();
-                    let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
-                    serve_frontend(shared, &entry, listening);
-                    if let Some(old) = frontends.insert(name.clone(), entry) {
-                        old.stop();
-                        tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
-                    }
-                }
-            }
-        }
-        let keep: std::collections::HashSet<&str> = new.frontends.iter().map(|f| f.name.as_str()).collect();
-        frontends.retain(|name, entry| {
-            let kept = keep.contains(name.as_str());
-            if !kept {
-                entry.stop();
-                tracing::info!(frontend = %name, addr = %entry.addr, "front end removed: stopped accepting; its live connections continue");
-            }
-            kept
-        });
-        Ok(())
+        commit_frontends(shared, &mut e.frontends, new, frontends);
     }
 
     /// A kept socket's new mode or group, set on its file.
     fn reapply_access(&self, f: &Frontend) -> Result<(), ApplyError> {
-        let frontends = self.frontends.lock().expect("not poisoned");
-        match frontends.get(f.name.as_str()).and_then(|e| e.socket.as_ref()) {
+        let e = self.entries.lock();
+        match e.frontends.get(f.name.as_str()).and_then(|e| e.socket.as_ref()) {
             Some(s) => {
                 s.apply(&access(f)).map_err(|error| ApplyError::SocketAccess { frontend: f.name.value.clone(), error })
             }
@@ -428,10 +423,50 @@ impl Listeners {
 
     /// At exit: remove every socket file this process made.
     pub(crate) fn remove_socket_files(&self) {
-        for entry in self.frontends.lock().expect("not poisoned").values() {
+        for entry in self.entries.lock().frontends.values() {
             entry.stop();
         }
     }
+}
+
+/// Swap in the changed front ends: a kept socket serves the new settings, a moved or new one
+/// starts serving (the old one stops accepting), a removed one stops accepting. Live
+/// connections continue in every case.
+fn commit_frontends(
+    shared: &Arc<Shared>,
+    running: &mut BTreeMap<String, FrontendEntry>,
+    new: &ServerConfig,
+    changed: Vec<ChangedFrontend>,
+) {
+    for ChangedFrontend { cfg: f, files: tls, sock } in changed {
+        let name = f.name.value.clone();
+        match sock {
+            None => {
+                let entry = running.get_mut(&name).expect("an unchanged place has a running entry");
+                entry.served.store(Arc::new(served(&shared.shutdown.stop, &f, tls)));
+                entry.cfg = f;
+                tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
+            }
+            Some((sock, addr)) => {
+                let (listening, file) = sock.split();
+                let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
+                serve_frontend(shared, &entry, listening);
+                if let Some(old) = running.insert(name.clone(), entry) {
+                    old.stop();
+                    tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
+                }
+            }
+        }
+    }
+    let keep: std::collections::HashSet<&str> = new.frontends.iter().map(|f| f.name.as_str()).collect();
+    running.retain(|name, entry| {
+        let kept = keep.contains(name.as_str());
+        if !kept {
+            entry.stop();
+            tracing::info!(frontend = %name, addr = %entry.addr, "front end removed: stopped accepting; its live connections continue");
+        }
+        kept
+    });
 }
 
 /// Bind the agents' QUIC listener (UDP) with the agents' TLS material.

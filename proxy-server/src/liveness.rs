@@ -11,8 +11,8 @@
 //! stream still flowing keeps flowing); either ends when the session shows life again: then it
 //! was only slow, or — superseded — another live agent claims the same node name.
 
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::AgentHello;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a session stands for new dials, best first.
@@ -51,7 +51,7 @@ impl Liveness {
         if !self.doubted.load(Ordering::Acquire) {
             return (Standing::Healthy, None);
         }
-        let mut mark = self.mark.lock().expect("not poisoned");
+        let mut mark = self.mark.lock();
         let Some((standing, at)) = *mark else { return (Standing::Healthy, None) };
         if heard().is_some_and(|now| now != at) {
             *mark = None;
@@ -66,7 +66,7 @@ impl Liveness {
     /// (a transport that cannot tell would never be cleared).
     pub(crate) fn doubt(&self, why: Standing, heard: Option<u64>) -> bool {
         let Some(heard) = heard else { return false };
-        let mut mark = self.mark.lock().expect("not poisoned");
+        let mut mark = self.mark.lock();
         match *mark {
             Some((now, _)) if now >= why => false,
             _ => {

@@ -1,20 +1,32 @@
-//! Agent sessions by cluster, cluster state (active, draining, fenced), and the dial entry point front ends use.
+//! The cluster directory: one entry per cluster — its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams — under one lock.
+//!
+//! Front ends dial through [`dial`] (the dial path, top to bottom); agents' sessions come and
+//! go through [`SessionDirectory::add`] and [`SessionDirectory::remove`]; reloads, cluster files
+//! and the admin endpoint set modes and limits.
+//!
+//! Lock order: `Replica`'s announcement lock, then the directory, then a session's
+//! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
+//! written once (`OnceLock`) and need no lock.
 
-use crate::attempt::{self, Attempt};
-use crate::liveness::{self, Standing};
+pub(crate) mod dial;
+
+use crate::liveness;
 use crate::metrics::ServerMetrics;
 use crate::session::Session;
-use crate::strategy::{self, NodeIndex};
+use crate::strategy::NodeIndex;
 use proxy_core::net::pending::TenantShare;
-use proxy_core::net::share::{Cap, Hold, Kind, Naming, Shares};
-use proxy_core::tunnel::{AgentHello, ControlMsg, DialError, Opener, TunnelStream};
+use proxy_core::net::share::{Cap, Kind, Naming, Shares};
+use proxy_core::sync::RwLock;
+use proxy_core::tunnel::{AgentHello, ControlMsg, Opener};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+pub(crate) use dial::DialRefused;
 
 /// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
 const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
@@ -47,7 +59,13 @@ impl Mode {
     }
 }
 
-struct Cluster {
+/// One cluster: everything the data plane knows of it.
+struct Entry {
+    /// Its mode as configured (config, cluster file or admin override); `None`: not
+    /// configured, so active.
+    mode: Option<Mode>,
+    /// Its own limits (`limits` of its state), if any.
+    limits: Option<ClusterLimits>,
     sessions: Vec<Arc<Session>>,
     /// The sessions by the identifiers their agents announced.
     index: NodeIndex,
@@ -60,9 +78,20 @@ struct Cluster {
     generation: u64,
 }
 
-impl Cluster {
+impl Entry {
     fn new(kill: &CancellationToken) -> Self {
-        Self { sessions: Vec::new(), index: NodeIndex::default(), end: kill.child_token(), generation: 0 }
+        Self {
+            mode: None,
+            limits: None,
+            sessions: Vec::new(),
+            index: NodeIndex::default(),
+            end: kill.child_token(),
+            generation: 0,
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode.clone().unwrap_or_else(|| Mode::from_cfg(None))
     }
 
     /// End every stream admitted so far.
@@ -75,6 +104,12 @@ impl Cluster {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ShareConfig {
     pub own: BTreeMap<String, ClusterLimits>,
+    pub defaults: ShareDefaults,
+}
+
+/// The share of the process limits a cluster without limits of its own has.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ShareDefaults {
     /// `limits.tenant_share`, of `limits.max_connections` (streams) and `limits.max_pending`.
     pub fraction: f64,
     pub max_streams: usize,
@@ -84,11 +119,16 @@ pub(crate) struct ShareConfig {
 impl ShareConfig {
     pub(crate) fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
         let l = &cfg.limits;
-        Self { own, fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending }
+        let defaults =
+            ShareDefaults { fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending };
+        Self { own, defaults }
     }
+}
 
-    fn cap(&self, cluster: &str, kind: Kind) -> Cap {
-        let own = self.own.get(cluster).copied().unwrap_or_default();
+impl ShareDefaults {
+    /// The cap of a cluster with `own` limits on its `kind` of work.
+    fn cap(&self, own: Option<ClusterLimits>, kind: Kind) -> Cap {
+        let own = own.unwrap_or_default();
         match kind {
             Kind::Established => Cap::new(own.max_streams, self.fraction, self.max_streams),
             Kind::Pending | Kind::Handshake => Cap::new(own.max_pending, self.fraction, self.max_pending),
@@ -96,71 +136,40 @@ impl ShareConfig {
     }
 }
 
-/// Why a dial was not made or failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DialRefused {
-    #[error(transparent)]
-    Dial(#[from] DialError),
-    /// The cluster holds its share of streams or pending dials: refused before any dial.
-    #[error("over capacity: cluster {cluster} holds its share of {} ({cap})", share_name(*.kind))]
-    Share { cluster: String, kind: Kind, cap: usize },
+/// Every cluster's entry, and the default share.
+struct Clusters {
+    by_name: HashMap<String, Entry>,
+    share: ShareDefaults,
 }
 
-/// What a cluster's share of `kind` counts, as a refusal names it.
-fn share_name(kind: Kind) -> &'static str {
-    if kind == Kind::Established { "streams" } else { "pending dials" }
-}
-
-impl DialRefused {
-    pub(crate) fn code(&self) -> &'static str {
-        match self {
-            DialRefused::Dial(e) => e.code(),
-            DialRefused::Share { kind: Kind::Established, .. } => "cluster_stream_limit",
-            DialRefused::Share { .. } => "cluster_pending_limit",
-        }
+impl Clusters {
+    /// The entry of `cluster`, made when it has none yet.
+    fn entry(&mut self, cluster: &str, kill: &CancellationToken) -> &mut Entry {
+        self.by_name.entry(cluster.to_owned()).or_insert_with(|| Entry::new(kill))
     }
 
-    pub(crate) fn http_status(&self) -> u16 {
-        match self {
-            DialRefused::Dial(e) => e.http_status(),
-            DialRefused::Share { .. } => 503,
-        }
+    /// The cap of `cluster`'s share of `kind`.
+    fn cap(&self, cluster: &str, kind: Kind) -> Cap {
+        self.share.cap(self.by_name.get(cluster).and_then(|e| e.limits), kind)
     }
 }
 
-/// Most sessions one dial is tried on (each at most once, all within the dial deadline).
-const DIAL_ATTEMPTS: usize = 3;
-
-/// The deadlines of one dial.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DialTimes {
-    /// The whole dial, every attempt included (`timeouts.dial`).
-    pub dial: Duration,
-    /// How long one session may stay silent before the dial moves on (`agents.open_timeout`).
-    pub open: Duration,
+/// A cluster whose mode changed, as the change is told to its agents and logged once the
+/// directory is unlocked.
+struct Changed {
+    cluster: String,
+    mode: Mode,
+    sessions: Vec<Arc<Session>>,
 }
 
-/// A dialled tunnel stream, its place in its cluster's share of streams, and how its agent was
-/// chosen.
-pub(crate) struct Dialed {
-    pub stream: TunnelStream,
-    pub share: Hold,
-    /// The proxy strategy that chose the agent.
-    pub strategy: ProxyStrategy,
-    /// The node the agent announced (empty when it named none).
-    pub node: String,
-}
-
-/// The agent sessions of every cluster, and each cluster's mode and share of the process limits:
-/// where a dial finds its agent.
+/// The cluster entries (see the module documentation), the clusters' shares of the process
+/// limits, and what a dial finds its agent in.
 pub(crate) struct SessionDirectory {
-    clusters: Arc<RwLock<HashMap<String, Cluster>>>,
+    clusters: Arc<RwLock<Clusters>>,
     /// Each cluster's streams and pending work against its share of the process limits.
     pub shares: Shares,
-    share_cfg: RwLock<ShareConfig>,
     /// The shutdown kill token (the streams' end tokens are its children).
     kill: CancellationToken,
-    modes: Arc<RwLock<BTreeMap<String, Mode>>>,
     next_id: AtomicU64,
     metrics: ServerMetrics,
 }
@@ -172,113 +181,88 @@ impl SessionDirectory {
         states: &BTreeMap<String, ClusterState>,
         kill: CancellationToken,
     ) -> Self {
-        let modes = states.iter().map(|(k, v)| (k.clone(), Mode::from_cfg(Some(v)))).collect();
+        let mut by_name = HashMap::new();
+        for (name, state) in states {
+            let e = by_name.entry(name.clone()).or_insert_with(|| Entry::new(&kill));
+            e.mode = Some(Mode::from_cfg(Some(state)));
+        }
         Self {
-            clusters: Arc::new(RwLock::new(HashMap::new())),
+            clusters: Arc::new(RwLock::new(Clusters { by_name, share: ShareDefaults::default() })),
             kill,
-            modes: Arc::new(RwLock::new(modes)),
             next_id: AtomicU64::new(1),
             metrics,
             shares: Shares::new(reg, CLUSTER_SHARES),
-            share_cfg: RwLock::default(),
         }
     }
 
     /// New cluster limits (config, cluster files, admin overrides); for work admitted from now.
     pub(crate) fn set_shares(&self, cfg: ShareConfig) {
-        *self.share_cfg.write().expect("not poisoned") = cfg;
+        let mut c = self.clusters.write();
+        for e in c.by_name.values_mut() {
+            e.limits = None;
+        }
+        for (name, limits) in cfg.own {
+            c.entry(&name, &self.kill).limits = Some(limits);
+        }
+        c.share = cfg.defaults;
     }
 
     /// `cluster` as a tenant of the front ends' pending budget, with its cap there.
     pub(crate) fn pending_share(&self, cluster: &str) -> TenantShare {
-        let cap = self.share_cfg.read().expect("not poisoned").cap(cluster, Kind::Pending);
+        let cap = self.clusters.read().cap(cluster, Kind::Pending);
         TenantShare { name: Arc::from(cluster), cap }
     }
 
-    /// Take a place in `cluster`'s share of streams and of pending dials (in that order), or say
-    /// why not. The config, the tenant and the other clusters are looked at once for both.
-    fn take_shares(&self, cluster: &str) -> Result<(Hold, Hold), DialRefused> {
-        let caps = {
-            let cfg = self.share_cfg.read().expect("not poisoned");
-            [cfg.cap(cluster, Kind::Established), cfg.cap(cluster, Kind::Pending)]
-        };
-        // Nobody else could use what a default share would keep free: only the process limit applies.
-        let alone = caps.iter().any(|c| matches!(c, Cap::Share { .. })) && !self.others_served(cluster);
-        let tenant = self.shares.tenant(&[cluster]);
-        let take = |kind: Kind, cap: Cap| {
-            let cap = if alone && matches!(cap, Cap::Share { .. }) { Cap::Fixed(usize::MAX) } else { cap };
-            let in_use = self.shares.total(kind);
-            tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
-                cluster: cluster.to_owned(),
-                kind,
-                cap: cap.at(in_use),
-            })
-        };
-        let streams = take(Kind::Established, caps[0])?;
-        Ok((streams, take(Kind::Pending, caps[1])?))
-    }
-
-    /// Whether a cluster other than `cluster` has an agent session. Only such a cluster can
-    /// want the streams and dials a default share keeps free (without a session it can carry
-    /// none), so a cluster alone on its proxy-server — the usual deployment, one per control
-    /// plane — may use the whole process.
-    fn others_served(&self, cluster: &str) -> bool {
-        self.clusters.read().expect("not poisoned").iter().any(|(c, e)| c != cluster && !e.sessions.is_empty())
-    }
-
     pub(crate) fn mode(&self, cluster: &str) -> Mode {
-        self.modes.read().expect("not poisoned").get(cluster).cloned().unwrap_or_else(|| Mode::from_cfg(None))
+        self.clusters.read().by_name.get(cluster).map_or_else(|| Mode::from_cfg(None), Entry::mode)
     }
 
     /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
     /// mode changed.
     pub(crate) fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
-        let mut changed = Vec::new();
-        {
-            let mut modes = self.modes.write().expect("not poisoned");
-            let mut next = BTreeMap::new();
-            let names: std::collections::BTreeSet<&String> = modes.keys().chain(states.keys()).collect();
+        let changes = {
+            let mut c = self.clusters.write();
+            let configured = c.by_name.iter().filter(|(_, e)| e.mode.is_some()).map(|(n, _)| n.clone());
+            let names: BTreeSet<String> = configured.chain(states.keys().cloned()).collect();
+            let mut changes = Vec::new();
             for name in names {
-                let new = Mode::from_cfg(states.get(name));
-                match modes.get(name) {
-                    Some(old) if old.same_as(&new) => {
-                        // The same state (no notices, deadlines keep counting); strategies as now.
-                        next.insert(name.clone(), Mode { strategies: new.strategies, ..old.clone() });
-                    }
+                let new = Mode::from_cfg(states.get(&name));
+                let e = c.entry(&name, &self.kill);
+                match e.mode.take() {
+                    // The same state (no notices, deadlines keep counting); strategies as now.
+                    Some(old) if old.same_as(&new) => e.mode = Some(Mode { strategies: new.strategies, ..old }),
                     old => {
-                        if old.is_some() || new.mode != ClusterMode::Active {
-                            changed.push(name.clone());
-                        }
-                        if states.contains_key(name) {
-                            next.insert(name.clone(), new);
+                        let changed = old.is_some() || new.mode != ClusterMode::Active;
+                        e.mode = states.contains_key(&name).then_some(new);
+                        if changed {
+                            changes.push(self.mode_changed(&name, e));
                         }
                     }
                 }
             }
-            *modes = next;
-        }
-        for name in &changed {
-            self.on_mode_change(name);
-        }
-        changed
+            changes
+        };
+        changes.into_iter().map(|c| self.tell(c)).collect()
     }
 
-    /// Tell agents and live streams about a new mode of `cluster`.
-    fn on_mode_change(&self, cluster: &str) {
-        let mode = self.mode(cluster);
+    /// `cluster`'s mode changed (under the lock): its state gauge, its live streams by the new
+    /// mode, and who is to be told.
+    fn mode_changed(&self, cluster: &str, e: &mut Entry) -> Changed {
+        let mode = e.mode();
         self.metrics.set_cluster_state(cluster, mode.mode);
-        let sessions = {
-            let mut clusters = self.clusters.write().expect("not poisoned");
-            let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
-            c.generation += 1;
-            match (mode.mode, mode.drain_deadline) {
-                (ClusterMode::Fenced, _) => c.end_streams(&self.kill),
-                (ClusterMode::Draining, Some(d)) => self.end_streams_at(cluster, c.generation, mode.since + d),
-                _ => {}
-            }
-            c.sessions.clone()
-        };
-        tracing::info!(cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
+        e.generation += 1;
+        match (mode.mode, mode.drain_deadline) {
+            (ClusterMode::Fenced, _) => e.end_streams(&self.kill),
+            (ClusterMode::Draining, Some(d)) => self.end_streams_at(cluster, e.generation, mode.since + d),
+            _ => {}
+        }
+        Changed { cluster: cluster.to_owned(), mode, sessions: e.sessions.clone() }
+    }
+
+    /// Tell a cluster's agents about its new mode (the directory unlocked).
+    fn tell(&self, c: Changed) -> String {
+        let Changed { cluster, mode, sessions } = c;
+        tracing::info!(%cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
         match mode.mode {
             ClusterMode::Active => {}
             ClusterMode::Draining => {
@@ -293,6 +277,7 @@ impl SessionDirectory {
                 }
             }
         }
+        cluster
     }
 
     fn send_move(&self, s: &Session, mode: &Mode) {
@@ -307,37 +292,39 @@ impl SessionDirectory {
         }
     }
 
-    /// Register a new agent session. Refused (with the reason) when the cluster is fenced.
+    /// Register a new agent session. Refused (with the reason) when the cluster is fenced: the
+    /// mode is read and the session filed under the same lock, so a fence cannot slip between.
     pub(crate) fn add(
         &self,
         cluster: &str,
         peer: String,
         opener: Arc<dyn Opener>,
-        hello: Arc<Mutex<Option<AgentHello>>>,
+        hello: Arc<OnceLock<AgentHello>>,
         stop: CancellationToken,
     ) -> Result<Arc<Session>, &'static str> {
-        let mode = self.mode(cluster);
-        if mode.mode == ClusterMode::Fenced {
-            return Err("cluster_fenced");
-        }
-        let s = Arc::new(Session {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            cluster: cluster.to_owned(),
-            peer,
-            opener,
-            hello,
-            stop,
-            liveness: Default::default(),
-        });
-        {
-            let mut clusters = self.clusters.write().expect("not poisoned");
-            let c = clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill));
-            c.sessions.push(s.clone());
-            c.index.add(s.clone());
+        let (s, mode) = {
+            let mut c = self.clusters.write();
+            let e = c.entry(cluster, &self.kill);
+            let mode = e.mode();
+            if mode.mode == ClusterMode::Fenced {
+                return Err("cluster_fenced");
+            }
+            let s = Arc::new(Session {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                cluster: cluster.to_owned(),
+                peer,
+                opener,
+                hello,
+                stop,
+                liveness: Default::default(),
+            });
+            e.sessions.push(s.clone());
+            e.index.add(s.clone());
             // Set under the lock: set after it, an add and a remove racing could leave the
             // gauge at the count of whichever wrote last, not of what is registered.
-            self.metrics.agents.with_label_values(&[cluster]).set(c.sessions.len() as i64);
-        }
+            self.metrics.agents.with_label_values(&[cluster]).set(e.sessions.len() as i64);
+            (s, mode)
+        };
         if mode.mode == ClusterMode::Draining {
             // An agent that connects to a draining seed is told to move at once.
             self.send_move(&s, &mode);
@@ -346,28 +333,27 @@ impl SessionDirectory {
     }
 
     pub(crate) fn remove(&self, s: &Session) {
-        let mut clusters = self.clusters.write().expect("not poisoned");
-        let Some(c) = clusters.get_mut(&s.cluster) else { return };
-        c.sessions.retain(|x| x.id != s.id);
-        c.index.remove(s.id);
+        let mut c = self.clusters.write();
+        let Some(e) = c.by_name.get_mut(&s.cluster) else { return };
+        e.sessions.retain(|x| x.id != s.id);
+        e.index.remove(s.id);
         // Under the lock, as in `add`.
-        self.metrics.agents.with_label_values(&[&s.cluster]).set(c.sessions.len() as i64);
+        self.metrics.agents.with_label_values(&[&s.cluster]).set(e.sessions.len() as i64);
     }
 
     /// Clusters with at least one agent session.
     pub(crate) fn connected(&self) -> Vec<String> {
-        let clusters = self.clusters.read().expect("not poisoned");
-        clusters.iter().filter(|(_, c)| !c.sessions.is_empty()).map(|(n, _)| n.clone()).collect()
+        let c = self.clusters.read();
+        c.by_name.iter().filter(|(_, e)| !e.sessions.is_empty()).map(|(n, _)| n.clone()).collect()
     }
 
     /// Every agent session of every cluster.
     pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {
-        let clusters = self.clusters.read().expect("not poisoned");
-        clusters.values().flat_map(|c| c.sessions.iter().cloned()).collect()
+        self.clusters.read().by_name.values().flat_map(|e| e.sessions.iter().cloned()).collect()
     }
 
     pub(crate) fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
-        self.clusters.read().expect("not poisoned").get(cluster).map(|c| c.sessions.clone()).unwrap_or_default()
+        self.clusters.read().by_name.get(cluster).map(|e| e.sessions.clone()).unwrap_or_default()
     }
 
     /// At `at` (the drain deadline), end the cluster's live streams, unless its mode changed again.
@@ -378,9 +364,9 @@ impl SessionDirectory {
                 _ = tokio::time::sleep_until(at.into()) => {}
                 _ = kill.cancelled() => return,
             }
-            let mut clusters = clusters.write().expect("not poisoned");
-            if let Some(c) = clusters.get_mut(&cluster).filter(|c| c.generation == generation) {
-                c.end_streams(&kill);
+            let mut c = clusters.write();
+            if let Some(e) = c.by_name.get_mut(&cluster).filter(|e| e.generation == generation) {
+                e.end_streams(&kill);
             }
         });
     }
@@ -389,124 +375,21 @@ impl SessionDirectory {
     /// at the drain deadline when it drains with one, at the end of the shutdown grace; never
     /// while the cluster stays active or drains without a deadline.
     pub(crate) fn stream_end(&self, cluster: &str) -> CancellationToken {
-        let mut clusters = self.clusters.write().expect("not poisoned");
-        clusters.entry(cluster.to_owned()).or_insert_with(|| Cluster::new(&self.kill)).end.clone()
-    }
-
-    /// Open a stream to `target` through an agent of `cluster`, within the cluster's shares: a
-    /// place among its streams (held by the returned stream) and, while the dial is in flight,
-    /// among its pending work, so an agent that does not answer holds at most that share. The
-    /// agent is chosen by the cluster's proxy strategies, else `strategies` (the global list).
-    pub(crate) async fn dial(
-        &self,
-        cluster: &str,
-        target: &str,
-        times: DialTimes,
-        strategies: &[ProxyStrategy],
-    ) -> Result<Dialed, DialRefused> {
-        let mode = self.mode(cluster);
-        if mode.mode == ClusterMode::Fenced {
-            let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
-            return Err(DialError::Moved(msg).into());
-        }
-        let strategies = mode.strategies.as_deref().unwrap_or(strategies);
-        let (share, dialing) = self.take_shares(cluster)?;
-        let chosen = self.dial_agent(cluster, target, times, strategies).await;
-        drop(dialing);
-        let (stream, strategy, node) = chosen?;
-        Ok(Dialed { stream, share, strategy, node })
-    }
-
-    /// Among the sessions of the first of `strategies` that names a trusted one (else a usable
-    /// one: [`liveness`]), the least busy of two random ones. The dial moves to another
-    /// session (up to [`DIAL_ATTEMPTS`] in all, within `times.dial`) when the transport failed
-    /// before the agent answered, when the agent turns out to be shutting down, or when the
-    /// session stays silent past `times.open`. Returns the stream, the strategy and the agent's
-    /// node.
-    async fn dial_agent(
-        &self,
-        cluster: &str,
-        target: &str,
-        times: DialTimes,
-        strategies: &[ProxyStrategy],
-    ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
-        let deadline = tokio::time::Instant::now() + times.dial;
-        let mut tried: Vec<u64> = Vec::new();
-        let mut last = DialError::NoAgent(match self.sessions(cluster).is_empty() {
-            true => format!("no agent of cluster {cluster} is connected"),
-            false => format!("no agent of cluster {cluster} for {target} by proxy strategies {}", names(strategies)),
-        });
-        let mut retry: Option<(&'static str, u64)> = None;
-        while tried.len() < DIAL_ATTEMPTS {
-            let Some((strategy, candidates)) = self.candidates(cluster, target, strategies, &tried) else { break };
-            let Some(s) = self.pick(&candidates) else { break };
-            if let Some((reason, from)) = retry.take() {
-                self.metrics.dial_retries.with_label_values(&[cluster, reason]).inc();
-                tracing::info!(cluster, target, reason, from, to = s.id, "dial moved to another agent session");
-            }
-            tried.push(s.id);
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let others = || self.candidates(cluster, target, strategies, &tried).is_some();
-            match attempt::attempt(&s, target, left, times.open, others, &self.metrics).await {
-                Attempt::Answered(Ok(stream)) => {
-                    self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
-                    return Ok((stream, strategy, attempt::node(&s)));
-                }
-                // Nothing reached the target: another agent may take it.
-                Attempt::Answered(Err(e @ (DialError::Transport(_) | DialError::Draining(_)))) => {
-                    let reason = if matches!(e, DialError::Transport(_)) { "transport" } else { "draining" };
-                    retry = Some((reason, s.id));
-                    last = e;
-                }
-                Attempt::Answered(Err(e)) => return Err(e),
-                Attempt::Silent => {
-                    retry = Some(("silent", s.id));
-                    last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
-                }
-            }
-        }
-        Err(last)
-    }
-
-    /// Of `candidates`, those of the best standing (a doubt they outlived is cleared here),
-    /// then the least busy of two.
-    fn pick(&self, candidates: &[Arc<Session>]) -> Option<Arc<Session>> {
-        let standings: Vec<Standing> = candidates.iter().map(|s| attempt::standing(s, &self.metrics)).collect();
-        let best: Vec<Arc<Session>> =
-            liveness::preferred(&standings).into_iter().map(|i| candidates[i].clone()).collect();
-        p2c(&best)
-    }
-
-    /// The sessions of `cluster` the first fitting strategy names (open, not tried yet).
-    fn candidates(
-        &self,
-        cluster: &str,
-        target: &str,
-        strategies: &[ProxyStrategy],
-        tried: &[u64],
-    ) -> Option<(ProxyStrategy, Vec<Arc<Session>>)> {
-        self.file_hellos(cluster);
-        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id);
-        let clusters = self.clusters.read().expect("not poisoned");
-        let c = clusters.get(cluster)?;
-        // A doubted session is tried last: a later strategy's trusted one comes first.
-        let trusted = |s: &Session| usable(s) && attempt::standing(s, &self.metrics) == Standing::Healthy;
-        strategy::candidates(&c.index, &c.sessions, strategies, target, trusted)
-            .or_else(|| strategy::candidates(&c.index, &c.sessions, strategies, target, usable))
+        self.clusters.write().entry(cluster, &self.kill).end.clone()
     }
 
     /// File the hellos of `cluster`'s sessions that arrived since the last look (they come on
     /// the control stream after the session registered); a session of a new run of an agent
     /// supersedes those of its earlier runs then.
     pub(crate) fn file_hellos(&self, cluster: &str) {
-        let unread = self.clusters.read().expect("not poisoned").get(cluster).is_some_and(|c| c.index.has_unread());
+        let unread = self.clusters.read().by_name.get(cluster).is_some_and(|e| e.index.has_unread());
         if !unread {
             return;
         }
-        let mut clusters = self.clusters.write().expect("not poisoned");
-        let Some(c) = clusters.get_mut(cluster) else { return };
-        for (new, hello) in c.index.refresh() {
-            self.supersede(&c.sessions, &new, &hello);
+        let mut c = self.clusters.write();
+        let Some(e) = c.by_name.get_mut(cluster) else { return };
+        for (new, hello) in e.index.refresh() {
+            self.supersede(&e.sessions, &new, &hello);
         }
     }
 
@@ -516,11 +399,10 @@ impl SessionDirectory {
     /// times out: until then dials try them last, and nothing on them is cut.
     fn supersede(&self, sessions: &[Arc<Session>], new: &Session, hello: &AgentHello) {
         for old in sessions.iter().filter(|o| o.id < new.id) {
-            let was = old.hello.lock().expect("not poisoned").clone();
-            if !was.is_some_and(|was| liveness::supersedes(hello, &was)) {
+            if !old.hello.get().is_some_and(|was| liveness::supersedes(hello, was)) {
                 continue;
             }
-            if old.liveness.doubt(Standing::Superseded, old.opener.heard()) {
+            if old.liveness.doubt(liveness::Standing::Superseded, old.opener.heard()) {
                 self.metrics.sessions_doubted.with_label_values(&[&new.cluster, "superseded"]).inc();
                 tracing::info!(
                     cluster = %new.cluster, node = %hello.node, old = old.id, new = new.id, old_peer = %old.peer, peer = %new.peer,
@@ -529,15 +411,6 @@ impl SessionDirectory {
             }
         }
     }
-}
-
-fn names(s: &[ProxyStrategy]) -> String {
-    s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-}
-
-/// Power of two choices on active streams.
-fn p2c(c: &[Arc<Session>]) -> Option<Arc<Session>> {
-    proxy_core::net::balance::p2c(c.len(), |i| c[i].opener.active_streams()).map(|i| c[i].clone())
 }
 
 #[cfg(test)]

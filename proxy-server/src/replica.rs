@@ -2,9 +2,9 @@
 
 use crate::metrics::ServerMetrics;
 use crate::registry::SessionDirectory;
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{ControlMsg, ServerInfo};
 use seedgate_config::ServerConfig;
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What this replica tells its agents.
@@ -46,7 +46,7 @@ impl Replica {
     }
 
     pub(crate) fn info(&self) -> ServerInfo {
-        self.info.lock().expect("not poisoned").clone()
+        self.info.lock().clone()
     }
 
     /// The `/readyz?verbose` line (information): what this replica announces.
@@ -65,7 +65,7 @@ impl Replica {
 
     /// Tell a session just registered who we are.
     pub(crate) fn announce_to(&self, metrics: &ServerMetrics, s: &crate::session::Session) {
-        let info = self.info.lock().expect("not poisoned");
+        let info = self.info.lock();
         send(metrics, s, &info);
     }
 
@@ -76,7 +76,7 @@ impl Replica {
         directory: &SessionDirectory,
         change: impl FnOnce(&mut ServerInfo),
     ) {
-        let mut info = self.info.lock().expect("not poisoned");
+        let mut info = self.info.lock();
         let before = info.clone();
         change(&mut info);
         if *info == before {

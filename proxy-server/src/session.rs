@@ -1,7 +1,7 @@
 //! One connected agent session: its identity, its stream opener and its hello, shared by the session directory, the dial strategies and the replicas' announcements.
 
 use proxy_core::tunnel::{AgentHello, Opener};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use tokio_util::sync::CancellationToken;
 
 /// One connected agent.
@@ -10,7 +10,8 @@ pub(crate) struct Session {
     pub cluster: String,
     pub peer: String,
     pub opener: Arc<dyn Opener>,
-    pub hello: Arc<Mutex<Option<AgentHello>>>,
+    /// What its agent said about itself, once its hello came.
+    pub hello: Arc<OnceLock<AgentHello>>,
     /// Cancel to end the session (GOAWAY and close).
     pub stop: CancellationToken,
     /// Whether dials trust it (superseded, suspect).

@@ -10,10 +10,11 @@ use proxy_core::app::shutdown::Shutdown;
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::Pending;
+use proxy_core::sync::Mutex;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterMode, ClusterState};
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) struct Shared {
@@ -27,36 +28,55 @@ pub(crate) struct Shared {
     pub(crate) limit: ConnLimit,
     /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
     pub(crate) pending: Arc<Pending>,
-    /// Cluster states set through the admin endpoint; they override the config's until cleared.
-    pub(crate) overrides: Mutex<BTreeMap<String, ClusterState>>,
-    /// Cluster states from the files of `clusters_dir`.
-    pub(crate) cluster_files: Mutex<ClusterFiles>,
-    /// Unknown cluster names already warned about (once each).
-    pub(crate) unknown_warned: Mutex<std::collections::HashSet<String>>,
-    /// Unknown clusters whose agents were refused (`agents.accept_unknown_clusters: false`).
-    pub(crate) unknown_refused: Mutex<std::collections::BTreeSet<String>>,
+    /// Where cluster states come from besides the main config.
+    pub(crate) states: Mutex<StateSources>,
+    /// Agents' clusters that nothing in the config knows.
+    pub(crate) unknown: Mutex<UnknownClusters>,
     /// This replica's identity and the count it announces to agents.
     pub(crate) replica: replica::Replica,
     /// The start-up wait for agents (readiness).
     pub(crate) settle: Settle,
 }
 
+/// Cluster states from elsewhere than the main config.
+pub(crate) struct StateSources {
+    /// From the files of `clusters_dir`.
+    pub(crate) files: ClusterFiles,
+    /// Set through the admin endpoint; they override the config's until cleared.
+    pub(crate) overrides: BTreeMap<String, ClusterState>,
+}
+
+impl StateSources {
+    pub(crate) fn new(files: ClusterFiles) -> Self {
+        Self { files, overrides: BTreeMap::new() }
+    }
+}
+
+/// Clusters named by agents' certificates that no front end or cluster state names.
+#[derive(Default)]
+pub(crate) struct UnknownClusters {
+    /// Warned about already (once each).
+    pub(crate) warned: HashSet<String>,
+    /// Whose agents were refused (`agents.accept_unknown_clusters: false`).
+    pub(crate) refused: BTreeSet<String>,
+}
+
 impl Shared {
     /// Config states (main config and cluster files) with the admin overrides on top.
     pub(crate) fn effective_states(&self) -> BTreeMap<String, ClusterState> {
         let mut s = self.config.load().clusters.clone();
-        let files = self.cluster_files.lock().expect("not poisoned");
-        s.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
-        drop(files);
-        for (name, mut o) in self.overrides.lock().expect("not poisoned").clone() {
+        let sources = self.states.lock();
+        s.extend(sources.files.states().map(|(k, v)| (k.clone(), v.clone())));
+        for (name, o) in &sources.overrides {
+            let mut o = o.clone();
             // An override sets the state; the cluster's strategies stay configured unless it names them.
             if o.proxy_strategies.is_none() {
-                o.proxy_strategies = s.get(&name).and_then(|c| c.proxy_strategies.clone());
+                o.proxy_strategies = s.get(name).and_then(|c| c.proxy_strategies.clone());
             }
             if o.hibernated.is_none() {
-                o.hibernated = s.get(&name).and_then(|c| c.hibernated);
+                o.hibernated = s.get(name).and_then(|c| c.hibernated);
             }
-            s.insert(name, o);
+            s.insert(name.clone(), o);
         }
         s
     }
@@ -84,14 +104,13 @@ impl Shared {
         // none keeps those of the config or cluster file.
         let mut own = BTreeMap::new();
         let cfg = self.config.load();
-        let files = self.cluster_files.lock().expect("not poisoned");
-        let sources = cfg.clusters.iter().chain(files.states()).chain(states.iter());
-        for (name, s) in sources {
+        let sources = self.states.lock();
+        for (name, s) in cfg.clusters.iter().chain(sources.files.states()).chain(states.iter()) {
             if let Some(l) = s.limits {
                 own.insert(name.clone(), l);
             }
         }
-        drop(files);
+        drop(sources);
         self.directory.set_shares(ShareConfig::of(&cfg, own));
         self.directory.set_modes(&states);
         self.metrics.publish_clusters(&self.known_clusters(), |c| states.get(c).map(|s| s.state).unwrap_or_default());
@@ -148,10 +167,8 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         shutdown: Shutdown::new(),
         ids: ConnIds::default(),
         limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
-        overrides: Mutex::new(BTreeMap::new()),
-        cluster_files: Mutex::new(ClusterFiles::new(None)),
-        unknown_warned: Mutex::default(),
-        unknown_refused: Mutex::default(),
+        states: Mutex::new(StateSources::new(ClusterFiles::new(None))),
+        unknown: Mutex::default(),
         replica: replica::Replica::new(&cfg),
         settle: Settle::new(std::time::Instant::now()),
     })

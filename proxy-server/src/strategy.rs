@@ -73,8 +73,7 @@ impl NodeIndex {
         let mut waiting = Vec::new();
         let mut filed = Vec::new();
         for s in std::mem::take(&mut self.unread) {
-            let hello = s.hello.lock().expect("not poisoned").clone();
-            let Some(hello) = hello else {
+            let Some(hello) = s.hello.get().cloned() else {
                 waiting.push(s);
                 continue;
             };
@@ -132,7 +131,7 @@ pub(crate) fn candidates(
 mod tests {
     use super::*;
     use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Opener, TunnelStream};
-    use std::sync::Mutex;
+    use std::sync::OnceLock;
     use std::time::Duration;
     use tokio_util::sync::CancellationToken;
 
@@ -165,7 +164,7 @@ mod tests {
             cluster: "c".into(),
             peer: "p".into(),
             opener: Arc::new(Idle),
-            hello: Arc::new(Mutex::new(hello)),
+            hello: Arc::new(hello.map(OnceLock::from).unwrap_or_default()),
             stop: CancellationToken::new(),
             liveness: Default::default(),
         })
@@ -215,7 +214,7 @@ mod tests {
         assert_eq!(ids(candidates(&idx, &all, &[ProxyStrategy::DestHost], "10.0.0.9:1", ok)), None);
 
         // The hello arrives later; a removed session leaves every list.
-        *c.hello.lock().unwrap() = Some(AgentHello { host: "node-c".into(), ..AgentHello::default() });
+        let _ = c.hello.set(AgentHello { host: "node-c".into(), ..AgentHello::default() });
         idx.refresh();
         assert!(!idx.has_unread());
         assert_eq!(ids(candidates(&idx, &all, &order, "node-c:1", ok)), Some(("dest_host", vec![3])));

@@ -7,11 +7,12 @@ use proxy_core::app::{StartError, accept_loops, listen_tcp_shards};
 use proxy_core::net::accept::{UNLIMITED, WhileFree, accept_error_label, accept_loop};
 use proxy_core::net::resolve_one;
 use proxy_core::obs::admin::Check;
+use proxy_core::sync::Mutex;
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{Listener as ListenerCfg, ListenerProtocol, Route as RouteCfg};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::net::{TcpListener, UdpSocket};
 
 /// Retire the routes of `old` that `new` does not carry over, so their live connections
@@ -80,7 +81,7 @@ impl Listeners {
         for l in &cfg.listeners {
             let (sock, addr) = bind_listener(l, cfg).await?;
             let rt = ListenerRt::new(shared, l, extra, addr, None);
-            this.running.lock().expect("not poisoned").insert(l.name.value.clone(), rt.clone());
+            this.running.lock().insert(l.name.value.clone(), rt.clone());
             bound.push((rt, sock));
         }
         this.update_route_gauges(shared);
@@ -94,13 +95,12 @@ impl Listeners {
     }
 
     pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
-        self.running.lock().expect("not poisoned").iter().map(|(n, l)| (n.clone(), l.addr.to_string())).collect()
+        self.running.lock().iter().map(|(n, l)| (n.clone(), l.addr.to_string())).collect()
     }
 
     pub(crate) fn ready(&self) -> Vec<Check> {
         self.running
             .lock()
-            .expect("not poisoned")
             .values()
             .map(|l| {
                 let routes = l.table.load().routes.len();
@@ -110,7 +110,7 @@ impl Listeners {
     }
 
     fn update_route_gauges(&self, shared: &Shared) {
-        for (name, l) in self.running.lock().expect("not poisoned").iter() {
+        for (name, l) in self.running.lock().iter() {
             shared.metrics.routes.with_label_values(&[name]).set(l.table.load().routes.len() as i64);
         }
     }
@@ -126,7 +126,7 @@ impl Listeners {
     ) -> Result<(), StartError> {
         // Phase 1: bind what needs a new socket (reloads run one at a time, so the snapshot holds).
         let moved: Vec<&ListenerCfg> = {
-            let running = self.running.lock().expect("not poisoned");
+            let running = self.running.lock();
             new.listeners.iter().filter(|l| running.get(l.name.as_str()).is_none_or(|rt| !rt.same_socket(l))).collect()
         };
         let mut fresh = Vec::new();
@@ -136,7 +136,7 @@ impl Listeners {
         }
         // Phase 2: commit. Tables first, so a rebinding listener starts with the new routes.
         shared.config.store(new.clone());
-        let mut running = self.running.lock().expect("not poisoned");
+        let mut running = self.running.lock();
         let mut next: BTreeMap<String, Arc<ListenerRt>> = BTreeMap::new();
         for l in &new.listeners {
             if let Some(rt) = running.get(l.name.as_str()).filter(|rt| rt.same_socket(l)) {
@@ -187,7 +187,7 @@ impl Listeners {
         change: &FileChange,
         all_extra: impl FnOnce() -> Vec<&'a Arc<RouteCfg>>,
     ) {
-        let Some(rt) = self.running.lock().expect("not poisoned").get(name).cloned() else { return };
+        let Some(rt) = self.running.lock().get(name).cloned() else { return };
         let old = rt.table.load_full();
         let (m, kill) = (&shared.metrics, &shared.shutdown.kill);
         let table = match old.patch(change, |rc| new_route(rc, route_meters(m, &old.cfg.name, &rc.name), kill)) {
@@ -211,7 +211,7 @@ impl Listeners {
 
     /// Routes in every table.
     pub(crate) fn route_count(&self) -> usize {
-        self.running.lock().expect("not poisoned").values().map(|l| l.table.load().routes.len()).sum()
+        self.running.lock().values().map(|l| l.table.load().routes.len()).sum()
     }
 }
 

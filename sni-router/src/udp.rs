@@ -26,6 +26,7 @@ use crate::table::Route;
 use crate::upstream::{Upstream, attempt_order};
 use proxy_core::net::guard::Tally;
 use proxy_core::net::resolve_within;
+use proxy_core::sync::Mutex;
 use proxy_wire::client_hello::Status;
 use proxy_wire::quic_cid::{MAX_CID_LEN, long_header_scid, short_header_dcid};
 use proxy_wire::quic_initial::{InitialReader, looks_like_initial};
@@ -34,7 +35,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 
@@ -157,7 +158,7 @@ impl Routed {
     }
 
     fn peer(&self) -> SocketAddr {
-        *self.peer.lock().expect("not poisoned")
+        *self.peer.lock()
     }
 }
 
@@ -195,7 +196,7 @@ impl Flows {
 
     /// Note that `f`'s upstream calls itself `cid`.
     fn learn(&mut self, f: &Arc<Routed>, cid: &[u8]) {
-        let mut cids = f.cids.lock().expect("not poisoned");
+        let mut cids = f.cids.lock();
         if cids.len() >= MAX_CIDS_PER_FLOW || cids.iter().any(|c| &**c == cid) || self.by_cid.contains_key(cid) {
             return;
         }
@@ -218,7 +219,7 @@ impl Flows {
         if matches!(self.map.get(&peer), Some(Flow::Routed(g)) if g.id == f.id) {
             self.map.remove(&peer);
         }
-        for cid in f.cids.lock().expect("not poisoned").drain(..) {
+        for cid in f.cids.lock().drain(..) {
             if self.by_cid.remove(&cid).is_some()
                 && let Some(n) = self.cid_lens.get_mut(cid.len())
             {
@@ -353,8 +354,8 @@ impl UdpListener {
         tracing::info!(listener = %self.rt.name, "udp listener stopped");
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Flows> {
-        self.flows.lock().expect("not poisoned")
+    fn lock(&self) -> proxy_core::sync::MutexGuard<'_, Flows> {
+        self.flows.lock()
     }
 
     fn on_datagram(self: &Arc<Self>, data: &[u8], peer: SocketAddr) {
@@ -425,7 +426,13 @@ impl UdpListener {
     /// A datagram from `peer`, unknown so far, addressed to routed flow `f`: maybe the client
     /// moved ([`crate::migration`] decides). It goes to the upstream either way (the upstream
     /// sees no change: it talks to the flow's socket); only a move sends answers to `peer`.
-    fn migrate(&self, mut flows: std::sync::MutexGuard<'_, Flows>, f: Arc<Routed>, data: &[u8], peer: SocketAddr) {
+    fn migrate(
+        &self,
+        mut flows: proxy_core::sync::MutexGuard<'_, Flows>,
+        f: Arc<Routed>,
+        data: &[u8],
+        peer: SocketAddr,
+    ) {
         let refused = |why: &str| {
             self.shared.metrics.udp.migrations_refused.with_label_values(&[&self.rt.name, &f.route.name, why]).inc()
         };
@@ -438,14 +445,14 @@ impl UdpListener {
         let current = f.peer();
         let hash = std::hash::BuildHasher::hash_one(&self.hasher, data);
         let client_last = f.client_last.load(Ordering::Relaxed);
-        let verdict = f.candidates.lock().expect("not poisoned").observe(peer, hash, now, current, client_last);
+        let verdict = f.candidates.lock().observe(peer, hash, now, current, client_last);
         match verdict {
             Verdict::Stay(why) => {
                 drop(flows);
                 refused(why);
             }
             Verdict::Move => {
-                *f.peer.lock().expect("not poisoned") = peer;
+                *f.peer.lock() = peer;
                 f.heard();
                 if matches!(flows.map.get(&current), Some(Flow::Routed(g)) if g.id == f.id) {
                     flows.map.remove(&current);

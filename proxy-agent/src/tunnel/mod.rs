@@ -10,6 +10,7 @@ use crate::replicas::Replicas;
 use arc_swap::ArcSwap;
 use metrics::TunnelMetrics;
 use proxy_core::prometheus::Registry;
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::ALPN_V1;
 use proxy_core::watch::{
     self,
@@ -17,8 +18,8 @@ use proxy_core::watch::{
 };
 use seedgate_config::HostPort;
 use seedgate_config::agent::Tunnel as TunnelCfg;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -108,9 +109,9 @@ impl Tunnel {
         }
         let servers = cfg.servers.clone();
         self.cfg.store(Arc::new(cfg));
-        let run = self.run.lock().expect("not poisoned").clone();
+        let run = self.run.lock().clone();
         if let Some((stop, tracker)) = run {
-            let mut names = self.names.lock().expect("not poisoned");
+            let mut names = self.names.lock();
             names.retain(|n| {
                 let kept = servers.contains(&n.configured);
                 if !kept {
@@ -141,11 +142,7 @@ impl Tunnel {
             m.server_sessions_expected.with_label_values(&[&name]),
         ));
         let stop = stop.child_token();
-        self.names.lock().expect("not poisoned").push(Name {
-            configured: server.clone(),
-            replicas: replicas.clone(),
-            stop: stop.clone(),
-        });
+        self.names.lock().push(Name { configured: server.clone(), replicas: replicas.clone(), stop: stop.clone() });
         tokio::spawn(slot::name_loop(self.clone(), replicas, server, stop, tracker.clone()));
     }
 
@@ -170,7 +167,6 @@ impl Tunnel {
         let transport = self.cfg.load().transport.as_str();
         self.names
             .lock()
-            .expect("not poisoned")
             .iter()
             .map(|n| {
                 let mut c = n.replicas.check();
@@ -184,7 +180,7 @@ impl Tunnel {
     pub(crate) fn start(self: &Arc<Self>, stop: CancellationToken, tracker: TaskTracker) {
         let tls = self.tls.load();
         tls.material.watch(tls.watching.clone());
-        *self.run.lock().expect("not poisoned") = Some((stop.clone(), tracker.clone()));
+        *self.run.lock() = Some((stop.clone(), tracker.clone()));
         for server in self.cfg.load().servers.clone() {
             self.add_name(server, &stop, &tracker);
         }

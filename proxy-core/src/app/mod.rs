@@ -18,6 +18,7 @@ use crate::app::shutdown::{Drained, Shutdown};
 use crate::net::accept::Slots;
 use crate::obs::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
 use crate::obs::metrics::{self, ReloadMetrics};
+use crate::sync::Mutex;
 use crate::tls::TlsError;
 use crate::watch::config::{Trigger, Watch, mark_loaded};
 use prometheus::Registry;
@@ -28,7 +29,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -246,7 +247,7 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     crate::obs::runtime_metrics::register(&registry);
     let reload = ReloadMetrics::new(&registry);
     let cfg = Arc::new(cfg);
-    let token = Arc::new(std::sync::RwLock::new(load_token(cfg.admin())?));
+    let token = Arc::new(crate::sync::RwLock::new(load_token(cfg.admin())?));
     let admin = bind_admin(cfg.admin()).await?;
     let ctx = Ctx { registry, shutdown: Shutdown::new(), connections: Slots::new(cfg.max_connections()) };
     ctx.connections.register(&ctx.registry);
@@ -296,7 +297,7 @@ impl<S: Service> Bound<S> {
         // not started (its readiness lines not there yet).
         app.service.start(self.opened);
         if let Some(l) = self.admin {
-            app.serve_admin(l, app.admin.lock().expect("not poisoned").stop.clone());
+            app.serve_admin(l, app.admin.lock().stop.clone());
         }
         if let Some(watch) = self.watch {
             tokio::spawn(app.clone().reload_loop(watch));
@@ -310,18 +311,18 @@ impl<S: Service> Bound<S> {
         let drained = shutdown.drain(grace).await;
         app.service.stopped().await;
         tracing::info!(forced = drained.forced, "drained");
-        app.admin.lock().expect("not poisoned").stop.cancel();
+        app.admin.lock().stop.cancel();
         drained
     }
 }
 
 impl<S: Service> App<S> {
     fn running(&self) -> Arc<S::Config> {
-        self.running.lock().expect("not poisoned").clone()
+        self.running.lock().clone()
     }
 
     fn addresses(&self) -> Addresses {
-        Addresses { admin: self.admin.lock().expect("not poisoned").addr, listeners: self.service.listeners() }
+        Addresses { admin: self.admin.lock().addr, listeners: self.service.listeners() }
     }
 
     fn write_addresses(&self) -> io::Result<()> {
@@ -392,14 +393,14 @@ impl<S: Service> App<S> {
         let token = load_token(new.admin())?;
         let admin = if old.admin().listen != new.admin().listen { Some(bind_admin(new.admin()).await?) } else { None };
         self.service.apply(new.clone()).await.map_err(ReloadError::Service)?;
-        *self.token.write().expect("not poisoned") = token;
+        *self.token.write() = token;
         if let Some(bound) = admin {
             self.move_admin(new.admin().listen.clone(), bound);
         }
         if new.max_connections() != old.max_connections() {
             self.ctx.connections.resize(new.max_connections());
         }
-        *self.running.lock().expect("not poisoned") = new;
+        *self.running.lock() = new;
         if let Err(e) = self.write_addresses() {
             tracing::warn!(error = %e, "cannot write the addresses file");
         }
@@ -409,7 +410,7 @@ impl<S: Service> App<S> {
     fn move_admin(self: &Arc<Self>, listen: Option<HostPort>, bound: Option<(TcpListener, SocketAddr)>) {
         let stop = CancellationToken::new();
         let old = {
-            let mut a = self.admin.lock().expect("not poisoned");
+            let mut a = self.admin.lock();
             let old = std::mem::replace(&mut a.stop, stop.clone());
             a.listen = listen;
             a.addr = bound.as_ref().map(|(_, addr)| *addr);

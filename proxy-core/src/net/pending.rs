@@ -31,10 +31,11 @@
 //! every entry a cancellation token and counts what happens in metrics.
 
 use crate::net::share::Cap;
+use crate::sync::Mutex;
 use prometheus::{IntCounterVec, IntGauge, Registry};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -466,10 +467,8 @@ impl Pending {
         )
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Budget<CancellationToken>> {
-        // The budget is plain counters: a panic elsewhere cannot leave it half-updated in a way
-        // that matters more than refusing every connection would.
-        self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Budget<CancellationToken>> {
+        self.budget.lock()
     }
 
     /// Admit a connection whose TCP peer is `ip` (see [`Budget::admit`]); evicted entries are

@@ -12,10 +12,11 @@
 //! [`Tenant`] counts, [`Hold`] keeps one unit for as long as it lives, [`Shares`] is the
 //! process-wide side: the totals the pressure is read from, the metrics and the readiness line.
 
+use crate::sync::Mutex;
 use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// The most one holder may have of a budget of `budget` when `in_use` of it is in use, given its
 /// `share` of a full budget (see the module documentation). No cap (`usize::MAX`) for `share` 0,
@@ -248,8 +249,8 @@ impl Shares {
         Self::new(&Registry::new(), naming)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<String>, Weak<Tenant>>> {
-        self.tenants.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::sync::MutexGuard<'_, HashMap<Vec<String>, Weak<Tenant>>> {
+        self.tenants.lock()
     }
 
     /// The tenant with these label values: the live one if any (so a route rebuilt by a reload

@@ -86,7 +86,7 @@ pub trait AdminHooks: Send + Sync + 'static {
 }
 
 /// The bearer token of `/control/` (`admin.token_file`), replaced when a reload reads a new one.
-pub type Token = Arc<std::sync::RwLock<Option<Arc<str>>>>;
+pub type Token = Arc<crate::sync::RwLock<Option<Arc<str>>>>;
 
 /// Everything the admin listener serves from.
 #[derive(Clone)]
@@ -203,7 +203,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
                 .expect("valid response")
         }
         (_, p) if p.starts_with("/control/") => {
-            let token = state.token.read().expect("not poisoned").clone();
+            let token = state.token.read().clone();
             if token.is_none() {
                 return text(StatusCode::FORBIDDEN, "control endpoints are disabled: set admin.token_file\n");
             }

@@ -7,7 +7,8 @@
 pub use super::AgentHandler;
 pub use super::session::SessionError;
 use super::session::{
-    self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionOpener,
+    self, Accepted, AgentTransport, ControlRecv, ControlSend, Ended, Notice, OpenError, SeedConn, SeedTransport,
+    SessionOpener,
 };
 use super::{
     AgentConnection, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming, REASON_HEADER,
@@ -168,16 +169,19 @@ async fn open_control(
 }
 
 /// Run the seed side of a session on an established TLS connection ([`session::run_seed`]).
-pub async fn run_seed_session<T>(
+pub async fn run_seed_session<T, R>(
     io: T,
     settings: &TunnelSettings,
     stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession<H2Opener>) + Send,
-) -> Result<(), SessionError>
+    on_ready: impl FnOnce(SeedSession<H2Opener>) -> R + Send,
+) -> Ended<R>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    session::run_seed(seed_conn(io, settings).await?, stop, on_ready).await
+    match seed_conn(io, settings).await {
+        Ok(c) => session::run_seed(c, stop, on_ready).await,
+        Err(e) => Ended { ready: None, result: Err(e) },
+    }
 }
 
 /// The seed's end of a session on an established TLS connection: the HTTP/2 handshake.

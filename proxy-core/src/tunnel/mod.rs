@@ -40,7 +40,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, ServerInfo};
 pub use session::{
-    AgentConnection, AgentSession, SeedConnection, SeedSession, SessionError, run_agent_session, run_seed_session,
+    AgentConnection, AgentSession, Ended, SeedConnection, SeedSession, SessionError, run_agent_session,
+    run_seed_session,
 };
 pub use stream::H2Stream;
 

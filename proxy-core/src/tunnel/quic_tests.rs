@@ -5,7 +5,8 @@ use super::{AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming
 use super::{ServerInfo, TunnelSettings, TunnelStream};
 use proxy_wire::tunnel::quic::{Answer, StreamHeader};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -127,7 +128,7 @@ fn spawn_agent(conn: quinn::Connection) -> AgentEnd {
 
 struct SeedEnd {
     opener: Arc<QuicOpener>,
-    hello: Arc<Mutex<Option<AgentHello>>>,
+    hello: Arc<OnceLock<AgentHello>>,
     task: JoinHandle<Result<(), SessionError>>,
 }
 
@@ -138,6 +139,7 @@ async fn spawn_seed(conn: quinn::Connection) -> SeedEnd {
             let _ = tx.send(s);
         })
         .await
+        .result
     });
     let s = within("seed session ready", rx).await.unwrap();
     SeedEnd { opener: s.opener, hello: s.hello, task }
@@ -170,8 +172,8 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn streams_refusals_and_control_messages_go_through_a_quic_session() {
     let (seed, mut agent, _eps) = pair().await;
-    eventually("agent hello at the seed", || seed.hello.lock().unwrap().is_some()).await;
-    assert_eq!(seed.hello.lock().unwrap().clone(), Some(agent_hello()));
+    eventually("agent hello at the seed", || seed.hello.get().is_some()).await;
+    assert_eq!(seed.hello.get().cloned(), Some(agent_hello()));
 
     let (mut s, mut a) = open_accepted(&seed, &mut agent, "10.0.0.1:443").await;
     assert_eq!(seed.opener.active_streams(), 1);
@@ -203,7 +205,7 @@ async fn streams_refusals_and_control_messages_go_through_a_quic_session() {
 #[tokio::test]
 async fn the_agents_going_away_notice_drains_the_session_then_both_ends_close() {
     let (seed, mut agent, _eps) = pair().await;
-    eventually("agent hello at the seed", || seed.hello.lock().unwrap().is_some()).await;
+    eventually("agent hello at the seed", || seed.hello.get().is_some()).await;
     let (mut s, mut a) = open_accepted(&seed, &mut agent, "old:1").await;
     agent.stop.cancel();
     eventually("the seed sees the notice", || seed.opener.is_closed()).await;

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -158,8 +158,16 @@ pub struct SeedConn<T: SeedTransport> {
 /// Everything the seed learns when an agent session starts.
 pub struct SeedSession<O: ?Sized> {
     pub opener: Arc<O>,
-    /// What the agent said about itself on the control stream (may arrive after the start).
-    pub hello: Arc<Mutex<Option<AgentHello>>>,
+    /// What the agent said about itself on the control stream (may arrive after the start;
+    /// it comes once).
+    pub hello: Arc<OnceLock<AgentHello>>,
+}
+
+/// How a seed session ended: what its `on_ready` made of it (`None`: it never came up) and why
+/// it ended (`Ok`: in order).
+pub struct Ended<R> {
+    pub ready: Option<R>,
+    pub result: Result<(), SessionError>,
 }
 
 /// Control messages queued for one agent; a slow agent cannot make this grow without bound.
@@ -228,14 +236,15 @@ impl<T: SeedTransport> Opener for SessionOpener<T> {
     }
 }
 
-/// Run the seed side of a session until it ends. Hands the opener to `on_ready` at once; the
-/// control stream (the agent's hello, then the queued control messages) runs beside it. `stop`
-/// ends the session early: the connection closes, streams in flight are cut.
-pub async fn run_seed<T: SeedTransport>(
+/// Run the seed side of a session until it ends. Hands the opener to `on_ready` at once (what
+/// it returns is handed back at the end); the control stream (the agent's hello, then the
+/// queued control messages) runs beside it. `stop` ends the session early: the connection
+/// closes, streams in flight are cut.
+pub async fn run_seed<T: SeedTransport, R>(
     conn: SeedConn<T>,
     stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession<SessionOpener<T>>) + Send,
-) -> Result<(), SessionError> {
+    on_ready: impl FnOnce(SeedSession<SessionOpener<T>>) -> R + Send,
+) -> Ended<R> {
     let SeedConn { transport, control, ended } = conn;
     let closed = CancellationToken::new();
     let (control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
@@ -246,8 +255,8 @@ pub async fn run_seed<T: SeedTransport>(
         draining: Default::default(),
         control: control_tx,
     });
-    let hello = Arc::new(Mutex::new(None));
-    on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
+    let hello = Arc::new(OnceLock::new());
+    let ready = on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
     let control = tokio::spawn(seed_control(control, control_rx, hello, opener.clone()));
     let result = tokio::select! {
         r = ended => r,
@@ -258,14 +267,14 @@ pub async fn run_seed<T: SeedTransport>(
     };
     closed.cancel();
     control.abort();
-    result
+    Ended { ready: Some(ready), result }
 }
 
 /// Read the agent's hello (and later its notices); write the queued control messages.
 async fn seed_control<T: SeedTransport>(
     control: BoxFuture<'static, Result<SeedControl<T>, SessionError>>,
     mut queue: mpsc::Receiver<ControlMsg>,
-    hello: Arc<Mutex<Option<AgentHello>>>,
+    hello: Arc<OnceLock<AgentHello>>,
     opener: Arc<SessionOpener<T>>,
 ) {
     let (mut send, recv) = match control.await {
@@ -283,7 +292,7 @@ async fn seed_control<T: SeedTransport>(
                 node = %h.node, host = %h.host, addresses = ?h.addresses, default_route = h.default_route,
                 version = %h.version, "agent hello"
             );
-            *hello.lock().expect("not poisoned") = Some(h);
+            let _ = hello.set(h);
         }
         while let Some(line) = lines.next::<AgentMsg>().await {
             match line {
@@ -492,13 +501,16 @@ pub trait SeedConnection: Send + Sized + 'static {
 
 /// Run the seed side of a session on `conn`, whatever its transport, until it ends
 /// ([`run_seed`]).
-pub async fn run_seed_session<C: SeedConnection>(
+pub async fn run_seed_session<C: SeedConnection, R>(
     conn: C,
     settings: &TunnelSettings,
     stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession<SessionOpener<C::Transport>>) + Send,
-) -> Result<(), SessionError> {
-    run_seed(conn.start(settings).await?, stop, on_ready).await
+    on_ready: impl FnOnce(SeedSession<SessionOpener<C::Transport>>) -> R + Send,
+) -> Ended<R> {
+    match conn.start(settings).await {
+        Ok(c) => run_seed(c, stop, on_ready).await,
+        Err(e) => Ended { ready: None, result: Err(e) },
+    }
 }
 
 /// What the agent runs a session with, whatever its transport.

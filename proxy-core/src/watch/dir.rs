@@ -13,13 +13,14 @@
 
 use super::{Poll, Seen};
 use crate::obs::metrics;
+use crate::sync::Mutex;
 use futures_util::{FutureExt, StreamExt};
 use inotify::{EventMask, EventStream, Inotify, WatchMask};
 use prometheus::{IntCounterVec, IntGauge, Registry};
 use seedgate_config::ConfigError;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -317,7 +318,7 @@ impl<T: Send + 'static> DirWatch<T> {
 
     /// How many files are loaded or refused (i.e. present).
     pub fn files(&self) -> usize {
-        self.scan.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.scan.lock().len()
     }
 
     /// The next non-empty update. Reading and parsing run on a blocking thread.
@@ -332,7 +333,7 @@ impl<T: Send + 'static> DirWatch<T> {
             }
             let (scan, parse) = (self.scan.clone(), self.parse);
             let up = tokio::task::spawn_blocking(move || {
-                let mut scan = scan.lock().unwrap_or_else(|e| e.into_inner());
+                let mut scan = scan.lock();
                 match &dirty {
                     Dirty::Names(names) => scan.scan_named(names, parse),
                     Dirty::Listing => scan.scan(false, parse),
@@ -374,7 +375,7 @@ impl<T: Send + 'static> DirWatch<T> {
 
     /// Wait until something may have changed and say what to scan.
     async fn dirty(&mut self) -> Dirty {
-        let dir = self.scan.lock().unwrap_or_else(|e| e.into_inner()).dir().to_owned();
+        let dir = self.scan.lock().dir().to_owned();
         match &mut self.source {
             Source::Notify(fd) => {
                 let got = tokio::select! {

@@ -10,11 +10,12 @@
 //! set.
 
 use super::{Poll, Seen};
+use crate::sync::Mutex;
 use crate::tls::TlsError;
 use arc_swap::ArcSwap;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// TLS reload and expiry metrics, shared by every [`Reloading`] of a process.
@@ -107,7 +108,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     }
 
     fn record_expiry(&self) {
-        let mut recorded = self.recorded.lock().expect("not poisoned");
+        let mut recorded = self.recorded.lock();
         for f in &self.files {
             let file = f.display().to_string();
             for (subject, at) in expiries(f) {
@@ -118,7 +119,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     }
 
     fn forget_expiry(&self) {
-        for (file, subject) in std::mem::take(&mut *self.recorded.lock().expect("not poisoned")) {
+        for (file, subject) in std::mem::take(&mut *self.recorded.lock()) {
             let _ = self.metrics.expiry.remove_label_values(&[&self.use_, &file, &subject]);
         }
     }
@@ -129,7 +130,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         // Each look is remembered, so a broken file is reported once, not every second; fixing it
         // (another write) is a new change.
         let changed: Vec<String> = {
-            let mut seen = self.seen.lock().expect("not poisoned");
+            let mut seen = self.seen.lock();
             let changed: Vec<bool> = self.files.iter().zip(seen.iter_mut()).map(|(f, s)| s.changed(f)).collect();
             self.files.iter().zip(changed).filter(|(_, c)| *c).map(|(f, _)| f.display().to_string()).collect()
         };

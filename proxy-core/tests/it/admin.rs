@@ -91,7 +91,7 @@ async fn start(token: Option<&str>) -> Admin {
     let state = AdminState {
         registry,
         hooks: hooks.clone(),
-        token: Arc::new(std::sync::RwLock::new(token.map(Arc::from))),
+        token: Arc::new(proxy_core::sync::RwLock::new(token.map(Arc::from))),
         draining: draining.clone(),
     };
     let task = tokio::spawn(serve(listener, state, stop.clone()));

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
@@ -74,7 +74,7 @@ struct AgentEnd {
 
 struct SeedEnd {
     opener: Arc<H2Opener>,
-    hello: Arc<Mutex<Option<AgentHello>>>,
+    hello: Arc<OnceLock<AgentHello>>,
     stop: CancellationToken,
     task: JoinHandle<Result<(), SessionError>>,
 }
@@ -104,6 +104,7 @@ where
             let _ = tx.send(s);
         })
         .await
+        .result
     });
     let s = within("seed session ready", rx).await.expect("on_ready called");
     SeedEnd { opener: s.opener, hello: s.hello, stop, task }
@@ -667,7 +668,7 @@ async fn agent_stop_sends_goaway_new_opens_drain_old_streams_finish() {
 #[tokio::test(start_paused = true)]
 async fn agent_stop_without_streams_ends_both_sessions() {
     let (seed, agent) = pair(&TunnelSettings::default()).await;
-    eventually("agent hello", || seed.hello.lock().unwrap().is_some()).await;
+    eventually("agent hello", || seed.hello.get().is_some()).await;
     agent.stop.cancel();
     let r = within("agent session end", agent.task).await.unwrap();
     assert!(r.is_ok(), "{r:?}");
@@ -710,8 +711,8 @@ fn move_msg(to: &[&str], ms: u64) -> ControlMsg {
 #[tokio::test(start_paused = true)]
 async fn hello_reaches_the_seed_and_control_messages_reach_the_agent_in_order() {
     let (seed, mut agent) = pair(&TunnelSettings::default()).await;
-    eventually("agent hello at the seed", || seed.hello.lock().unwrap().is_some()).await;
-    assert_eq!(seed.hello.lock().unwrap().clone(), Some(agent_hello()));
+    eventually("agent hello at the seed", || seed.hello.get().is_some()).await;
+    assert_eq!(seed.hello.get().cloned(), Some(agent_hello()));
 
     let msgs = [move_msg(&["seed-b.example:443"], 30_000), move_msg(&[], 0), move_msg(&["a:1", "b:2"], 5)];
     for m in &msgs {
@@ -844,7 +845,7 @@ async fn two_control_lines_in_one_data_frame_are_both_delivered() {
 #[tokio::test(start_paused = true)]
 async fn control_line_over_the_limit_is_not_delivered_even_when_its_newline_follows_in_the_next_frame() {
     let (seed, mut agent) = pair(&TunnelSettings::default()).await;
-    eventually("agent hello", || seed.hello.lock().unwrap().is_some()).await;
+    eventually("agent hello", || seed.hello.get().is_some()).await;
     let big = move_msg(&[&"h".repeat(100 * 1024)], 1);
     assert!(line(&big).len() > 64 * 1024 + 1);
     seed.opener.control(&big).unwrap();

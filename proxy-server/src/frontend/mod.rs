@@ -14,7 +14,7 @@ mod h2_normalise;
 mod proxy_auth;
 mod refusal;
 
-use crate::registry::{DialRefused, DialTimes, Dialed};
+use crate::registry::dial::{DialRefused, DialTimes, Dialed};
 use crate::shared::Shared;
 use admission::Handshaken;
 use proxy_core::net::guard::Active;
@@ -133,23 +133,12 @@ pub(crate) fn rejected<T>(shared: &Shared, fe: &FrontendRt, r: &Refusal) -> Opti
     None
 }
 
-/// Dial through the tunnel with the configured timeout and proxy strategies, recording metrics
-/// (a refusal for the cluster's share is no dial: its caller counts it as a reject).
+/// Dial `target` through an agent of `cluster` with the configured timeouts and proxy
+/// strategies (the dial path: [`crate::registry::dial`]).
 pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialRefused> {
-    let m = &shared.metrics;
-    let started = Instant::now();
     let cfg = shared.config.load();
     let times = DialTimes { dial: cfg.timeouts.dial.get(), open: cfg.agents.open_timeout.get() };
-    let r = shared.directory.dial(cluster, target, times, &cfg.agents.proxy_strategies).await;
-    match &r {
-        Ok(_) => {
-            m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
-            m.streams_opened.with_label_values(&[cluster]).inc();
-        }
-        Err(DialRefused::Dial(e)) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
-        Err(DialRefused::Share { .. }) => {}
-    }
-    r
+    shared.directory.dial(cluster, target, times, &cfg.agents.proxy_strategies).await
 }
 
 #[cfg(test)]

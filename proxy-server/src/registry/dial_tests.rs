@@ -1,7 +1,11 @@
 //! Dials against sessions that answer, stay silent, are slow but alive, or were superseded, on a virtual clock.
 
+use super::dial::{DialTimes, Dialed};
 use super::*;
-use proxy_core::tunnel::BoxFuture;
+use crate::attempt;
+use crate::liveness::Standing;
+use proxy_core::sync::Mutex;
+use proxy_core::tunnel::{BoxFuture, DialError, TunnelStream};
 use std::sync::atomic::AtomicUsize;
 
 /// How the agent behind a fake session answers a stream open.
@@ -90,7 +94,8 @@ fn add(d: &SessionDirectory, fake: &Arc<Fake>, hello: Option<(&str, &str)>) -> A
         instance: instance.into(),
         ..AgentHello::default()
     });
-    d.add("a", "peer".into(), opener, Arc::new(Mutex::new(hello)), CancellationToken::new()).expect("not fenced")
+    let hello = Arc::new(hello.map(std::sync::OnceLock::from).unwrap_or_default());
+    d.add("a", "peer".into(), opener, hello, CancellationToken::new()).expect("not fenced")
 }
 
 const TIMES: DialTimes = DialTimes { dial: Duration::from_secs(10), open: Duration::from_secs(2) };
@@ -214,7 +219,7 @@ fn the_connected_gauge_ends_at_zero_when_the_last_sessions_leave_together() {
                 // Bounded: one removal per round, `rounds` rounds.
                 for _ in 0..rounds {
                     start.wait();
-                    let s = sessions.lock().expect("not poisoned").pop().expect("one session per thread");
+                    let s = sessions.lock().pop().expect("one session per thread");
                     d.remove(&s);
                     start.wait();
                 }
@@ -225,7 +230,7 @@ fn the_connected_gauge_ends_at_zero_when_the_last_sessions_leave_together() {
     for _ in 0..rounds {
         let pair = [add(&d, &fake, None), add(&d, &fake, None)];
         assert_eq!(gauge.get(), 2);
-        sessions.lock().expect("not poisoned").extend(pair);
+        sessions.lock().extend(pair);
         start.wait();
         start.wait();
         assert_eq!(d.sessions("a").len(), 0);
