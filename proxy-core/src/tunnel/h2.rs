@@ -4,15 +4,13 @@
 //! (`:status`, `seedgate-error`, `seedgate-reason`), the control stream as a `POST`, GOAWAY as
 //! the agent's going-away notice. The sessions themselves run in [`super::session`].
 
-pub use super::AgentHandler;
-pub use super::session::SessionError;
 use super::session::{
-    self, Accepted, AgentTransport, ControlRecv, ControlSend, Ended, Notice, OpenError, SeedConn, SeedTransport,
+    self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
     SessionOpener,
 };
 use super::{
-    AgentConnection, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming, REASON_HEADER,
-    Responder, SeedConnection, SeedSession, TunnelSettings, TunnelStream,
+    AgentConnection, AgentHandler, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming,
+    REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
 };
 use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, client, server};
@@ -168,22 +166,6 @@ async fn open_control(
     Ok((stream, resp.into_body()))
 }
 
-/// Run the seed side of a session on an established TLS connection ([`session::run_seed`]).
-pub async fn run_seed_session<T, R>(
-    io: T,
-    settings: &TunnelSettings,
-    stop: CancellationToken,
-    on_ready: impl FnOnce(SeedSession<H2Opener>) -> R + Send,
-) -> Ended<R>
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    match seed_conn(io, settings).await {
-        Ok(c) => session::run_seed(c, stop, on_ready).await,
-        Err(e) => Ended { ready: None, result: Err(e) },
-    }
-}
-
 /// The seed's end of a session on an established TLS connection: the HTTP/2 handshake.
 async fn seed_conn<T>(io: T, settings: &TunnelSettings) -> Result<SeedConn<H2Seed>, SessionError>
 where
@@ -314,9 +296,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Ag
     }
 }
 
-/// Run the agent side of a session on an established TLS connection until it ends
+/// The agent's end of a session on an established TLS connection, until it ends
 /// ([`session::run_agent`]). `stop` ends it with a GOAWAY (streams in flight may finish).
-pub async fn run_agent_session<T>(
+async fn agent_session<T>(
     io: T,
     settings: &TunnelSettings,
     handler: Arc<dyn AgentHandler>,
@@ -349,6 +331,6 @@ where
 /// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-agent does).
 impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentConnection for tokio_rustls::client::TlsStream<IO> {
     fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
-        Box::pin(run_agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
+        Box::pin(agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
     }
 }

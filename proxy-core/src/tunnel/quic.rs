@@ -633,10 +633,10 @@ async fn accept_control(conn: &Connection) -> Result<(SendStream, RecvStream), S
     Ok((send, recv))
 }
 
-/// Run the agent side of a session on an established QUIC connection until it ends
+/// The agent's end of a session on an established QUIC connection, until it ends
 /// ([`session::run_agent`]). `stop` announces the shutdown (streams in flight may finish),
 /// then the connection closes once the last stream ended.
-pub async fn run_agent_session(
+async fn agent_session(
     conn: Connection,
     settings: &TunnelSettings,
     handler: Arc<dyn AgentHandler>,
@@ -666,6 +666,6 @@ pub async fn run_agent_session(
 
 impl AgentConnection for Connection {
     fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
-        Box::pin(run_agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
+        Box::pin(agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
     }
 }

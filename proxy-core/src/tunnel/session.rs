@@ -201,6 +201,11 @@ impl<T: SeedTransport> Opener for SessionOpener<T> {
             if self.draining.load(Ordering::Relaxed) {
                 return Err(DialError::Draining("the agent is shutting down".into()));
             }
+            // What a target may be does not depend on the transport: what HTTP/2 cannot send as
+            // its request's URI is refused here for QUIC too, before it reaches any agent.
+            if let Err(e) = http::Uri::try_from(target.as_str()) {
+                return Err(DialError::BadTarget(format!("{target}: {e}")));
+            }
             let opened = tokio::time::timeout(timeout, self.transport.open(&target)).await.unwrap_or_else(|_| {
                 Err(DialError::Timeout(format!("{target}: no answer from the agent within {timeout:?}")).into())
             });

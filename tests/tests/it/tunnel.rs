@@ -1055,7 +1055,7 @@ const SHORT_KEEPALIVE: &str = "keepalive: { interval: 250ms, timeout: 1s }";
 /// Keepalive: a frozen peer (SIGSTOP: its socket stays open, it only stops answering) is noticed
 /// within the keepalive timeout by either end; after SIGCONT the agent reconnects and traffic
 /// flows again. Short timers (interval 250ms, timeout 1s): the timing itself is tested with paused
-/// time in proxy-core's tunnel_session (seed_session_ends_with_keepalive_timeout_when_the_agent_freezes,
+/// time, over both transports, in proxy-core's seam suite (seed_session_ends_with_keepalive_timeout_when_the_agent_freezes,
 /// agent_session_ends_with_keepalive_timeout_when_the_seed_freezes).
 #[tokio::test]
 async fn keepalive_detects_a_frozen_peer() -> anyhow::Result<()> {

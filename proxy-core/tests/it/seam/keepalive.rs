@@ -1,0 +1,96 @@
+//! Liveness: a session whose path goes silent ends at either end once its keepalive gives up (not before), a live idle session stays up for ever, and a peer that never starts the session cannot hold the agent.
+
+use super::*;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+/// The agent's end never runs and its path is silent: the seed's keepalive gets no answer.
+async fn seed_session_ends_with_keepalive_timeout_when_the_agent_freezes<T: Transport>() {
+    let settings = keepalive_settings();
+    let (seed_side, _frozen_agent, path) = T::connect(&settings).await;
+    path.go_silent();
+    let start = Instant::now();
+    let mut seed = spawn_seed::<T>(seed_side, &settings).await;
+    let deadline = start + T::silence_noticed_after(&settings);
+    // Not before the keepalive could tell...
+    assert!(
+        tokio::time::timeout_at(deadline - Duration::from_millis(10), &mut seed.task).await.is_err(),
+        "seed session ended before its keepalive could tell"
+    );
+    assert!(!seed.opener.is_closed());
+    // ...but then.
+    let r = tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut seed.task)
+        .await
+        .expect("seed session still up after its keepalive went unanswered")
+        .unwrap();
+    match r {
+        Err(e) if T::is_silence(&e, &settings) => {}
+        other => panic!("expected a keepalive timeout, got {other:?}"),
+    }
+    assert!(seed.opener.is_closed(), "a dead session takes no new streams");
+    match seed.opener.open("x:1", OPEN_TIMEOUT).await {
+        Err(DialError::Transport(_)) => {}
+        Err(e) => panic!("expected a transport error, got {e:?}"),
+        Ok(_) => panic!("opened a stream on a dead session"),
+    }
+}
+
+/// The seed starts the session by hand, then its path goes silent: the agent's keepalive gets
+/// no answer.
+async fn agent_session_ends_with_keepalive_timeout_when_the_seed_freezes<T: Transport>() {
+    let settings = keepalive_settings();
+    let (seed_side, agent_side, path) = T::connect(&settings).await;
+    let mut agent = spawn_agent::<T>(agent_side, &settings);
+    let mut raw = T::RawSeed::start(seed_side).await;
+    let _control = raw.control().await;
+    within("the agent's session up", agent.established.wait_for(|up| *up)).await.unwrap();
+    path.go_silent();
+    let deadline = Instant::now() + T::silence_noticed_after(&settings);
+    assert!(
+        tokio::time::timeout_at(deadline - Duration::from_millis(10), &mut agent.task).await.is_err(),
+        "agent session ended before its keepalive could tell"
+    );
+    let r = tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut agent.task)
+        .await
+        .expect("agent session still up after its keepalive went unanswered")
+        .unwrap();
+    assert!(matches!(&r, Err(e) if T::is_silence(e, &settings)), "{r:?}");
+}
+
+async fn a_live_session_stays_up_across_many_keepalive_intervals<T: Transport>() {
+    let settings = keepalive_settings();
+    let (mut seed, mut agent, _path) = pair::<T>(&settings).await;
+    let (mut s, mut a) = open_accepted(&seed, &mut agent, "idle:1").await;
+    let before = seed.opener.heard().expect("both transports count signs of life");
+    // 100 intervals of idle virtual time.
+    tokio::time::sleep(settings.keepalive_interval * 100).await;
+    let idle = seed.opener.heard().unwrap() - before;
+    assert!(!seed.task.is_finished(), "seed session ended: {:?}", (&mut seed.task).await);
+    assert!(!agent.task.is_finished(), "agent session ended: {:?}", (&mut agent.task).await);
+    assert!(!seed.opener.is_closed());
+    // Keepalives went both ways: the seed heard from the agent at least once per interval.
+    assert!(idle >= 100 * T::HEARD_PER_INTERVAL, "only {idle} of keepalive traffic heard in 100 intervals");
+    // The idle stream and new ones still work.
+    s.write_all(b"still alive").await.unwrap();
+    assert_eq!(read_exact_n(&mut a, 11).await, b"still alive");
+    let (_s2, _a2) = open_accepted(&seed, &mut agent, "after-idle:1").await;
+}
+
+/// Keepalive starts only once the session is up: the seed's first words (HTTP/2: its preface;
+/// QUIC: its control stream) have a deadline of their own, so a seed that completes its
+/// handshake and then says nothing cannot hold the agent's session (and its slot).
+async fn agent_session_ends_when_the_seed_never_starts_the_session<T: Transport>() {
+    let settings = keepalive_settings();
+    let (_silent_seed, agent_side, _path) = T::connect(&settings).await;
+    let agent = spawn_agent::<T>(agent_side, &settings);
+    let bound = settings.keepalive_interval + settings.keepalive_timeout + Duration::from_secs(1);
+    let r = tokio::time::timeout(bound, agent.task).await;
+    assert!(r.is_ok(), "agent session still waiting for the seed after {bound:?}");
+}
+
+over_both!(
+    seed_session_ends_with_keepalive_timeout_when_the_agent_freezes,
+    agent_session_ends_with_keepalive_timeout_when_the_seed_freezes,
+    a_live_session_stays_up_across_many_keepalive_intervals,
+    agent_session_ends_when_the_seed_never_starts_the_session,
+);
