@@ -157,7 +157,11 @@ pub struct Tunnel {
     #[serde(default = "connection_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
-    /// Reported to the server (readiness, logs). Default: `$NODE_NAME`, else the host name.
+    /// The node this agent runs on: a session of a new run of the same node supersedes the
+    /// earlier run's (dials try those last until they end), and the server shows it (readiness,
+    /// logs). Default: `identifiers.host`, else `$NODE_NAME`, else the host name; agents that
+    /// share a host name (network namespaces of one machine) are told apart by
+    /// `identifiers.host`, so one key names the node for both supersession and `dest_host`.
     #[serde(default)]
     pub node_name: Option<String>,
     /// When a server name starts resolving elsewhere, the agent opens a session to the new
@@ -203,7 +207,9 @@ pub struct Tunnel {
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new sessions"))]
 pub struct Identifiers {
-    /// The node's name. Default `null`: `$NODE_NAME` (unset: no host identifier).
+    /// The node's name, as dials name it (the server's `dest_host` strategy); also the node
+    /// name (`node_name`) unless that is set. Default `null`: `$NODE_NAME` (unset: no host
+    /// identifier).
     #[serde(default)]
     pub host: Option<String>,
     /// The node's addresses. Default `null`: `$HOST_IPS` (comma-separated, the downward API's

@@ -80,7 +80,7 @@ pub(crate) fn revived(s: &Session, cleared: Option<Standing>, metrics: &ServerMe
     match was {
         Standing::Superseded => tracing::warn!(
             cluster = %s.cluster, session = s.id, peer = %s.peer, %node,
-            "a session superseded by a new run of its node is alive: two agents claim node {node:?} (give each its own tunnel.node_name); both take dials"
+            "a session superseded by a new run of its node is alive: two agents claim node {node:?} (give each its own tunnel.identifiers.host or tunnel.node_name); both take dials"
         ),
         _ => {
             tracing::info!(cluster = %s.cluster, session = s.id, peer = %s.peer, %node, "suspect agent session showed life again")

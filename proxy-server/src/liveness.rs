@@ -86,13 +86,22 @@ pub(crate) fn preferred(standings: &[Standing]) -> Vec<usize> {
 
 /// Whether a session whose agent said `new` supersedes one whose agent said `old` (of the same
 /// cluster: both certificates name it): the same node, both instances known, and different.
-/// Without a node name or an instance nothing is superseded.
+/// Without a node name or an instance nothing is superseded. Nor is a session whose agent
+/// claims a host (`dest_host`'s name for it) by one that does not claim the same: that is
+/// another node whatever its node name says, and the dials `dest_host` sends to the old one's
+/// host must not lose it to a supersession they know nothing of.
 pub(crate) fn supersedes(new: &AgentHello, old: &AgentHello) -> bool {
     !new.node.is_empty()
         && new.node == old.node
         && !new.instance.is_empty()
         && !old.instance.is_empty()
         && new.instance != old.instance
+        && (old.host.is_empty() || same_host(&new.host, &old.host))
+}
+
+/// Two host names as `dest_host` compares them (case and a trailing dot aside).
+fn same_host(a: &str, b: &str) -> bool {
+    a.trim_end_matches('.').eq_ignore_ascii_case(b.trim_end_matches('.'))
 }
 
 #[cfg(test)]
@@ -101,6 +110,20 @@ mod tests {
 
     fn hello(node: &str, instance: &str) -> AgentHello {
         AgentHello { node: node.into(), version: "1".into(), instance: instance.into(), ..AgentHello::default() }
+    }
+
+    fn on_host(node: &str, instance: &str, host: &str) -> AgentHello {
+        AgentHello { host: host.into(), ..hello(node, instance) }
+    }
+
+    /// Agents that share a node name (e.g. the host name of network namespaces on one machine)
+    /// but claim different hosts are different nodes: `dest_host` keeps each one's dials.
+    #[test]
+    fn a_session_claiming_a_host_is_superseded_only_by_one_claiming_the_same() {
+        assert!(supersedes(&on_host("vm", "b", "node-1"), &on_host("vm", "a", "NODE-1.")));
+        assert!(!supersedes(&on_host("vm", "b", "node-2"), &on_host("vm", "a", "node-1")), "another host");
+        assert!(!supersedes(&on_host("vm", "b", ""), &on_host("vm", "a", "node-1")), "the new run claims none");
+        assert!(supersedes(&on_host("vm", "b", "node-1"), &hello("vm", "a")), "the old one claimed none");
     }
 
     #[test]

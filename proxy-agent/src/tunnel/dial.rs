@@ -32,10 +32,16 @@ pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
     }
 }
 
-fn node_name(cfg: &TunnelCfg) -> String {
+/// The node this agent runs on, one name for both of its uses: which earlier session a new one
+/// supersedes (a new run of the same node), and — when it comes from `identifiers.host` or
+/// `$NODE_NAME` — the name `dest_host` dials find the node by. `tunnel.node_name`, else
+/// `tunnel.identifiers.host`, else `$NODE_NAME`, else the host name (which agents in network
+/// namespaces of one host share: they name their nodes by `identifiers.host`).
+fn node_name(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> String {
     cfg.node_name
         .clone()
-        .or_else(|| std::env::var("NODE_NAME").ok())
+        .or_else(|| cfg.identifiers.host.clone())
+        .or_else(|| env("NODE_NAME"))
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_owned()))
         .unwrap_or_default()
 }
@@ -62,7 +68,7 @@ fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
         }
     };
     AgentHello {
-        node: node_name(cfg),
+        node: node_name(cfg, &env),
         version: env!("CARGO_PKG_VERSION").into(),
         host,
         addresses,
@@ -342,11 +348,31 @@ mod tests {
     use super::*;
 
     fn cfg(identifiers: &str) -> TunnelCfg {
+        cfg_named("  node_name: n1\n", identifiers)
+    }
+
+    fn cfg_named(node_name: &str, identifiers: &str) -> TunnelCfg {
         let y = format!(
-            "tunnel:\n  servers: [a:1]\n  tls: {{ cert: c, key: k, ca: ca }}\n  allow: [10.0.0.0/8]\n  node_name: n1\n{identifiers}"
+            "tunnel:\n  servers: [a:1]\n  tls: {{ cert: c, key: k, ca: ca }}\n  allow: [10.0.0.0/8]\n{node_name}{identifiers}"
         );
         let c = seedgate_config::agent::parse(&y, "a.yaml").expect("valid");
         c.tunnel.expect("tunnel").value
+    }
+
+    /// One node name for supersession and `dest_host`: without `node_name`, the node is named
+    /// by `identifiers.host`, else `$NODE_NAME` (agents in network namespaces of one host share
+    /// its host name, not their nodes).
+    #[test]
+    fn the_node_is_named_by_node_name_else_identifiers_host_else_node_name_env() {
+        let env = |k: &str| (k == "NODE_NAME").then(|| "node-env".to_owned());
+        let by_host = cfg_named("", "  identifiers: { host: node-2 }\n");
+        assert_eq!(node_name(&by_host, env), "node-2");
+        let h = hello(&by_host, env);
+        assert_eq!((h.node.as_str(), h.host.as_str()), ("node-2", "node-2"));
+        assert_eq!(node_name(&cfg_named("", ""), env), "node-env");
+        let both = cfg_named("  node_name: vm\n", "  identifiers: { host: node-2 }\n");
+        let h = hello(&both, env);
+        assert_eq!((h.node.as_str(), h.host.as_str()), ("vm", "node-2"), "node_name set: it names the node");
     }
 
     #[test]
