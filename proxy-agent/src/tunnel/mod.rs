@@ -1,6 +1,7 @@
 //! The agent end of the reverse tunnel: outbound sessions to every replica behind each configured server name (re-homed make-before-break), and dials within the allowlist.
 
 mod dial;
+mod establish;
 mod machine;
 mod metrics;
 mod slot;

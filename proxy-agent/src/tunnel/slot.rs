@@ -1,7 +1,8 @@
 //! The async driver of one slot (it performs the machine's actions and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
 use super::Tunnel;
-use super::dial::{Dialer, EstablishError, Running};
+use super::dial::{Dialer, Running};
+use super::establish::EstablishError;
 use super::machine::{Action, Event, Machine, QueryId, SessionId, Settings, Slot};
 use super::metrics::SlotMetrics;
 use crate::replicas::Replicas;
@@ -64,7 +65,7 @@ async fn slot_loop(
     loop {
         machine.configure(Settings::from(&**io.dialer.t.cfg.load()));
         let event = io.next_event(machine.poll_timeout()).await;
-        let stopping = event == Event::Stop;
+        let stopping = matches!(event, Event::Stop);
         for action in machine.handle(Instant::now(), event) {
             io.perform(action);
         }
@@ -124,8 +125,7 @@ impl Io {
                 self.sessions.push(session);
                 Event::Dialed { id, result: Ok(peer) }
             }
-            // The machine only reports why: it gets the text.
-            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e.to_string()) },
+            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e) },
             Wake::Done(Done::Resolved(query, addrs)) => Event::Resolved { query, addrs },
         }
     }

@@ -110,7 +110,9 @@ impl Bed {
     }
 
     fn fail(&mut self, id: SessionId) -> Vec<Action> {
-        self.feed(Event::Dialed { id, result: Err("connection refused".into()) })
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let target: HostPort = "proxy.seed.example.com:8132".parse().unwrap();
+        self.feed(Event::Dialed { id, result: Err(EstablishError::Connect { target, source: refused }) })
     }
 
     /// The readiness detail of the slot's replica set.

@@ -1,0 +1,127 @@
+//! Establishing one tunnel session: TCP and TLS for h2, or QUIC (addresses tried in turn), each within the dial timeout, and why it failed, typed.
+
+use super::Tunnel;
+use super::dial::settings;
+use proxy_core::tunnel::quic;
+use proxy_core::tunnel::{ALPN_V1, AgentConnection};
+use seedgate_config::HostPort;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_rustls::TlsConnector;
+
+/// Why a tunnel session could not be established (the slot logs it and tries again).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum EstablishError {
+    #[error("connect {target}: {source}")]
+    Connect { target: HostPort, source: std::io::Error },
+    #[error("server_name {name:?}: {source}")]
+    ServerName { name: String, source: rustls::pki_types::InvalidDnsNameError },
+    #[error("TLS handshake with {addr} timed out")]
+    TlsTimeout { addr: SocketAddr },
+    #[error("TLS handshake with {addr}: {}", hinted(.source))]
+    Tls { addr: SocketAddr, source: std::io::Error },
+    #[error("{addr} does not speak seedgate-tunnel/1")]
+    NotTunnel { addr: SocketAddr },
+    #[error("tunnel TLS material unusable for QUIC: {0}")]
+    QuicMaterial(#[source] quinn::crypto::rustls::NoInitialCipherSuite),
+    #[error("resolve {target}: timed out")]
+    ResolveTimeout { target: HostPort },
+    #[error("resolve {target}: {source}")]
+    Resolve { target: HostPort, source: std::io::Error },
+    #[error("resolve {target}: no address")]
+    NoAddress { target: HostPort },
+    #[error("QUIC socket: {0}")]
+    QuicSocket(#[source] std::io::Error),
+    #[error("QUIC connect {addr}: {source}")]
+    QuicConnect { addr: SocketAddr, source: quinn::ConnectError },
+    #[error("QUIC handshake with {addr} timed out")]
+    QuicTimeout { addr: SocketAddr },
+    #[error("QUIC handshake with {addr}: {}", hinted(.source))]
+    Quic { addr: SocketAddr, source: quinn::ConnectionError },
+}
+
+/// Connect and handshake with `target` (resolved afresh).
+pub(super) async fn establish(
+    t: &Tunnel,
+    target: &HostPort,
+) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
+    let cfg = t.cfg.load_full();
+    let timeout = cfg.dial_timeout.get();
+    let (tcp, addr) = proxy_core::net::connect_host(target, timeout)
+        .await
+        .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
+    let sni = rustls::pki_types::ServerName::try_from(name.clone())
+        .map_err(|source| EstablishError::ServerName { name, source })?;
+    let connector = TlsConnector::from(t.tls.load().material.current());
+    let tls = tokio::time::timeout(timeout, connector.connect(sni, proxy_core::relay::io::ReadAhead::new(tcp)))
+        .await
+        .map_err(|_| EstablishError::TlsTimeout { addr })?
+        .map_err(|source| EstablishError::Tls { addr, source })?;
+    if tls.get_ref().1.alpn_protocol() != Some(ALPN_V1) {
+        return Err(EstablishError::NotTunnel { addr });
+    }
+    Ok((Box::new(tls), addr))
+}
+
+/// Dial `target` over QUIC (UDP; resolved afresh, addresses tried in turn) and handshake. Each
+/// session has its own client endpoint (its own UDP socket); quinn follows the agent when its
+/// address changes (connection migration).
+pub(super) async fn establish_quic(
+    t: &Tunnel,
+    target: &HostPort,
+    timeout: Duration,
+) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
+    let cfg = t.cfg.load_full();
+    let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
+        .map_err(EstablishError::QuicMaterial)?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(quic::agent_transport_config(&settings(&cfg))));
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(target.to_string()))
+        .await
+        .map_err(|_| EstablishError::ResolveTimeout { target: target.clone() })?
+        .map_err(|source| EstablishError::Resolve { target: target.clone(), source })?
+        .collect();
+    let mut last = EstablishError::NoAddress { target: target.clone() };
+    for addr in addrs {
+        let local: SocketAddr = if addr.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint = quic::endpoint(local, &settings(&cfg), None, "tunnel QUIC session", "tunnel.connection_window")
+            .map_err(EstablishError::QuicSocket)?;
+        let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
+            Ok(c) => c,
+            Err(source) => {
+                last = EstablishError::QuicConnect { addr, source };
+                continue;
+            }
+        };
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(conn)) => {
+                let alpn = conn
+                    .handshake_data()
+                    .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+                    .and_then(|h| h.protocol);
+                if alpn.as_deref() != Some(ALPN_V1) {
+                    return Err(EstablishError::NotTunnel { addr });
+                }
+                return Ok((Box::new(conn), addr));
+            }
+            Ok(Err(source)) => last = EstablishError::Quic { addr, source },
+            Err(_) => last = EstablishError::QuicTimeout { addr },
+        }
+    }
+    Err(last)
+}
+
+/// A session's error, with the hint for a certificate the server refused.
+pub(super) fn hinted(e: &(dyn std::error::Error + 'static)) -> String {
+    match proxy_core::tls::hint_for(e, &proxy_core::tls::AGENT_TUNNEL) {
+        Some(hint) => format!("{e}: {hint}"),
+        None => e.to_string(),
+    }
+}
