@@ -6,6 +6,8 @@ use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
 use bytes::BufMut as _;
 use proxy_core::net::ConnectFailure;
+use proxy_core::net::accept::ConnPermit;
+use proxy_core::net::admission;
 use proxy_core::net::ids::ConnId;
 use proxy_core::net::share::{Cap, Hold, Kind};
 use proxy_core::prometheus::IntGauge;
@@ -80,6 +82,18 @@ struct Reject {
 impl Reject {
     fn new(reason: &'static str, answer: Answer) -> Self {
         Self { reason, answer }
+    }
+
+    /// The pre-routing phase's verdict, answered as the connection's protocol allows: closed at
+    /// once (the budget's), or the refusal's TLS alert or HTTP status, else a plain close.
+    fn admission(r: admission::Refusal, proto: Proto) -> Self {
+        let answer = match proto {
+            _ if r.aborts() => Answer::Abort,
+            Proto::Tls => r.tls_alert().map_or(Answer::Close, Answer::Alert),
+            Proto::Connect => r.http_status().map_or(Answer::Close, |s| Answer::Http(s, r.to_string())),
+            Proto::Raw | Proto::Unknown => Answer::Close,
+        };
+        Self::new(r.label(), answer)
     }
 }
 
@@ -486,95 +500,16 @@ async fn prepare(
     let started = Instant::now();
     let active = lst.active_guard();
     let cfg = shared.config.load_full();
-    let table = lst.table.load_full();
-    let m = &shared.metrics;
     let name = &*lst.name;
 
     let mut pre = Pre::new(conn_id, peer, started);
-    // The pending budget is keyed by the TCP peer: a PROXY header is itself unrouted input. A
-    // trusted proxy's clients all share its address, so it is exempt from the per-source cap.
-    let exempt = table.proxy_mode() != ProxyProtocolMode::Off && table.trusted(peer.ip());
-    let admitted = match shared.pending.admit(peer.ip(), exempt) {
-        Ok(a) => a,
-        Err(_) => {
-            reject(&shared, name, client, &pre, None, Reject::new("pending_per_source", Answer::Abort)).await;
+    let (route, holds, permit) = match admit(&shared, &lst, &mut client, &mut pre, &cfg).await {
+        Ok(admitted) => admitted,
+        Err((rej, route)) => {
+            reject(&shared, name, client, &pre, route.as_ref(), rej).await;
             return None;
         }
     };
-    let routed = tokio::select! {
-        biased;
-        _ = admitted.evicted() => Err(Reject::new("pending_evicted", Answer::Abort)),
-        r = tokio::time::timeout(admitted.deadline(), preroute(&mut client, &mut pre, &table, &cfg)) => match r {
-            Ok(r) => r,
-            Err(_) if admitted.deadline_missed() => Err(Reject::new("handshake_timeout", Answer::Close)),
-            Err(_) => Err(Reject::new("pending_evicted", Answer::Abort)),
-        },
-    };
-    let route = match routed {
-        Ok(r) => r,
-        Err(rej) => {
-            drop(admitted);
-            reject(&shared, name, client, &pre, None, rej).await;
-            return None;
-        }
-    };
-    if let Some(h) = lst.handshake_seconds(m, pre.proto.index(), pre.proto.label()) {
-        h.observe(started.elapsed().as_secs_f64());
-    }
-
-    if !route.source_allowed(pre.client.ip()) {
-        let answer = match pre.proto {
-            Proto::Tls => Answer::Alert(49), // access_denied
-            Proto::Connect => Answer::Http(403, format!("source {} not allowed for this destination", pre.client.ip())),
-            Proto::Raw | Proto::Unknown => Answer::Close,
-        };
-        drop(admitted);
-        reject(&shared, name, client, &pre, Some(&route), Reject::new("source_not_allowed", answer)).await;
-        return None;
-    }
-
-    // The route's share of the process limits, taken at once or refused: one shoot's flood (or
-    // its upstream that does not answer) cannot take what the other routes need.
-    let holds = match take_shares(&shared, name, &route, &cfg) {
-        Ok(h) => h,
-        Err(reason) => {
-            drop(admitted);
-            let msg = format!("over capacity: route {} holds its share of {reason}", route.name);
-            let why = if reason == "connections" { "route_connection_limit" } else { "route_pending_limit" };
-            reject(&shared, name, client, &pre, Some(&route), Reject::new(why, over_capacity(pre.proto, msg))).await;
-            return None;
-        }
-    };
-
-    // Routed: from the pending budget to an established slot. At the connection limit it waits
-    // (still pending, so still evictable) for what is left of its deadline.
-    let permit = match lst.limit.try_acquire() {
-        Some(p) => p,
-        None => {
-            let left = admitted.deadline().saturating_sub(started.elapsed());
-            let got = tokio::select! {
-                biased;
-                _ = admitted.evicted() => Err("pending_evicted"),
-                p = tokio::time::timeout(left, lst.limit.acquire()) => p.map_err(|_| "connection_limit"),
-            };
-            match got {
-                Ok(p) => p,
-                Err(reason) => {
-                    drop(admitted);
-                    let answer = match reason {
-                        "pending_evicted" => Answer::Abort,
-                        _ => over_capacity(pre.proto, "over capacity: connection limit reached".into()),
-                    };
-                    reject(&shared, name, client, &pre, Some(&route), Reject::new(reason, answer)).await;
-                    return None;
-                }
-            }
-        }
-    };
-    if !admitted.release() {
-        reject(&shared, name, client, &pre, Some(&route), Reject::new("pending_evicted", Answer::Abort)).await;
-        return None;
-    }
 
     let connect_timeout = cfg.timeouts.connect.get();
     let connected = connect_upstream(&shared, name, &route, &pre, &cfg).await;
@@ -592,6 +527,7 @@ async fn prepare(
     let replayed = match tokio::time::timeout(connect_timeout, handover).await.unwrap_or(Err("handover_timeout")) {
         Ok(n) => n,
         Err(reason) => {
+            let m = &shared.metrics;
             m.conn.rejects.with_label_values(&[name, reason]).inc();
             m.conn.connections.with_label_values(&[name, &route.name, reason]).inc();
             access_log(name, &pre, Some(&route.name), Bytes::default(), reason);
@@ -618,6 +554,58 @@ async fn prepare(
     })
 }
 
+/// A connection's way from accept to an established slot: its place in the pending budget, the
+/// pre-routing phase under that admission's deadline, the route's source check and shares, then
+/// the connection limit. A refusal comes with the route, once known.
+async fn admit(
+    shared: &Shared,
+    lst: &ListenerRt,
+    client: &mut TcpStream,
+    pre: &mut Pre,
+    cfg: &RouterConfig,
+) -> Result<(Arc<Route>, RouteHolds, ConnPermit), (Reject, Option<Arc<Route>>)> {
+    let table = lst.table.load_full();
+    let name = &*lst.name;
+    // The pending budget is keyed by the TCP peer: a PROXY header is itself unrouted input. A
+    // trusted proxy's clients all share its address, so it is exempt from the per-source cap.
+    let exempt = table.proxy_mode() != ProxyProtocolMode::Off && table.trusted(pre.peer.ip());
+    let admitted =
+        shared.pending.admit(pre.peer.ip(), exempt).map_err(|r| (Reject::admission(r.into(), pre.proto), None))?;
+    let routed = admitted.within(preroute(client, pre, &table, cfg)).await;
+    let route = match routed.map_err(|r| Reject::admission(r, pre.proto)).and_then(|r| r) {
+        Ok(r) => r,
+        Err(rej) => return Err((rej, None)),
+    };
+    let m = &shared.metrics;
+    if let Some(h) = lst.handshake_seconds(m, pre.proto.index(), pre.proto.label()) {
+        h.observe(pre.started.elapsed().as_secs_f64());
+    }
+
+    if !route.source_allowed(pre.client.ip()) {
+        let answer = match pre.proto {
+            Proto::Tls => Answer::Alert(49), // access_denied
+            Proto::Connect => Answer::Http(403, format!("source {} not allowed for this destination", pre.client.ip())),
+            Proto::Raw | Proto::Unknown => Answer::Close,
+        };
+        return Err((Reject::new("source_not_allowed", answer), Some(route)));
+    }
+    // The route's share of the process limits, taken at once or refused: one shoot's flood (or
+    // its upstream that does not answer) cannot take what the other routes need.
+    let holds = match take_shares(shared, name, &route, cfg) {
+        Ok(h) => h,
+        Err(full) => {
+            let msg = format!("over capacity: route {} holds its share of {}", route.name, full.what());
+            return Err((Reject::new(full.label(), over_capacity(pre.proto, msg)), Some(route)));
+        }
+    };
+    // Routed: from the pending budget to an established slot. At the connection limit it waits
+    // (still pending, so still evictable) for what is left of its deadline.
+    match admitted.establish(&lst.limit).await {
+        Ok(permit) => Ok((route, holds, permit)),
+        Err(r) => Err((Reject::admission(r, pre.proto), Some(route))),
+    }
+}
+
 /// A route's share taken by one connection: routed (until it ends) and pending (until its
 /// upstream connect is done).
 struct RouteHolds {
@@ -625,16 +613,41 @@ struct RouteHolds {
     pending: Hold,
 }
 
+/// Which of a route's shares was full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShareFull {
+    Connections,
+    Pending,
+}
+
+impl ShareFull {
+    fn label(self) -> &'static str {
+        match self {
+            ShareFull::Connections => "route_connection_limit",
+            ShareFull::Pending => "route_pending_limit",
+        }
+    }
+
+    /// What the share counts, as the refusal names it.
+    fn what(self) -> &'static str {
+        match self {
+            ShareFull::Connections => "connections",
+            ShareFull::Pending => "pending",
+        }
+    }
+}
+
 /// Take the connection's place in its route's shares of routed and pending connections, or say
-/// which share is full (`connections` or `pending`).
-fn take_shares(shared: &Shared, listener: &str, route: &Route, cfg: &RouterConfig) -> Result<RouteHolds, &'static str> {
+/// which share is full.
+fn take_shares(shared: &Shared, listener: &str, route: &Route, cfg: &RouterConfig) -> Result<RouteHolds, ShareFull> {
     let (l, own) = (&cfg.limits, route.cfg.limits.unwrap_or_default());
     let tenant = route.tenant(&shared.shares, listener);
     let pending_cap = Cap::new(own.max_pending, l.tenant_share, l.max_pending);
     let pending =
-        tenant.try_take_at(Kind::Pending, pending_cap, shared.shares.total(Kind::Pending)).ok_or("pending")?;
+        tenant.try_take_at(Kind::Pending, pending_cap, shared.shares.total(Kind::Pending)).ok_or(ShareFull::Pending)?;
     let cap = Cap::new(own.max_connections, l.tenant_share, l.max_connections);
-    let established = tenant.try_take_at(Kind::Established, cap, shared.connections.in_use()).ok_or("connections")?;
+    let established =
+        tenant.try_take_at(Kind::Established, cap, shared.connections.in_use()).ok_or(ShareFull::Connections)?;
     Ok(RouteHolds { established, pending })
 }
 
@@ -756,80 +769,4 @@ fn access_log(listener: &str, pre: &Pre, route: Option<&str>, bytes: Bytes, reas
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::net::TcpListener;
-
-    /// A valid ClientHello for `sni` padded (extension 21) to exactly `hs_len` handshake bytes, in
-    /// records of at most 2^14 bytes.
-    fn padded_hello(sni: &str, hs_len: usize) -> Vec<u8> {
-        fn ext(ty: u16, data: &[u8]) -> Vec<u8> {
-            [&ty.to_be_bytes()[..], &(data.len() as u16).to_be_bytes(), data].concat()
-        }
-        let name = sni.as_bytes();
-        let list = [&[0u8][..], &(name.len() as u16).to_be_bytes(), name].concat();
-        let sni_ext = ext(0, &[&(list.len() as u16).to_be_bytes()[..], &list].concat());
-        let versions = ext(43, &[4, 0x03, 0x04, 0x03, 0x03]);
-        let body = |pad: usize| {
-            let exts = [sni_ext.clone(), versions.clone(), ext(21, &vec![0; pad])].concat();
-            let mut b = vec![0x03, 0x03];
-            b.extend([7u8; 32]);
-            b.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
-            b.extend((exts.len() as u16).to_be_bytes());
-            b.extend(exts);
-            b
-        };
-        let pad = hs_len - 4 - body(0).len();
-        let body = body(pad);
-        let mut hs = vec![1];
-        hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-        hs.extend(body);
-        assert_eq!(hs.len(), hs_len);
-        let mut wire = Vec::new();
-        for rec in hs.chunks(16384) {
-            wire.extend([0x16, 0x03, 0x01]);
-            wire.extend((rec.len() as u16).to_be_bytes());
-            wire.extend(rec);
-        }
-        wire
-    }
-
-    async fn route_hello(hello: &[u8]) -> Result<Arc<str>, &'static str> {
-        let yaml = "listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n    routes:\n      - name: big\n        sni: [big.example]\n        upstreams: [127.0.0.1:1]\n";
-        let shared = Arc::new(crate::shared::test_shared_with(yaml));
-        let rt = crate::listener::test_listener(&shared);
-        let cfg = shared.config.load_full();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (mut s, peer) = l.accept().await.unwrap();
-        c.write_all(hello).await.unwrap();
-        let mut pre = Pre::new(shared.ids.next(), peer, Instant::now());
-        let table = rt.table.load();
-        route_tls(&mut s, &mut pre, &table, &cfg).await.map(|r| r.name.clone()).map_err(|r| r.reason)
-    }
-
-    /// The default `limits.client_hello_max` takes a hello filling one maximal record (16,389
-    /// bytes on the wire), as the docs promise; one handshake byte more needs a second record.
-    #[tokio::test]
-    async fn default_cap_takes_a_hello_in_one_maximal_record() {
-        let full = padded_hello("big.example", 16384);
-        assert_eq!(full.len(), 16389);
-        assert_eq!(route_hello(&full).await.as_deref(), Ok("big"));
-        let over = padded_hello("big.example", 16385);
-        assert_eq!(route_hello(&over).await, Err("client_hello_too_large"));
-    }
-
-    #[tokio::test]
-    async fn connection_future_stays_small() {
-        let shared = std::sync::Arc::new(crate::shared::test_shared());
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let rt = crate::listener::test_listener(&shared);
-        let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap());
-        // Every byte here is held by each open connection for its whole life: keep the relay
-        // state lean (the pre-relay phases are boxed and freed before the relay).
-        let size = std::mem::size_of_val(&f);
-        eprintln!("connection future: {size} bytes");
-        assert!(size <= 512, "per-connection future grew to {size} bytes");
-    }
-}
+mod tests;
