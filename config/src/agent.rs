@@ -465,15 +465,14 @@ pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
         p.push((0, 0), "limits.max_connections", "must be at least 1");
     }
-    for (name, d) in [
-        ("timeouts.handshake", cfg.timeouts.handshake),
-        ("timeouts.connect", cfg.timeouts.connect),
-        ("timeouts.idle", cfg.timeouts.idle),
-    ] {
-        if d.get().is_zero() {
-            p.push((0, 0), name, "must be positive");
-        }
-    }
+    crate::common::validate_positive(
+        &[
+            ("timeouts.handshake", cfg.timeouts.handshake),
+            ("timeouts.connect", cfg.timeouts.connect),
+            ("timeouts.idle", cfg.timeouts.idle),
+        ],
+        p,
+    );
     if let Some(t) = &cfg.tunnel {
         validate_tunnel(t, p);
     }

@@ -372,6 +372,15 @@ impl Default for Keepalive {
     }
 }
 
+/// Durations that must be above zero (the timeouts), each named by its key.
+pub(crate) fn validate_positive(keys: &[(&str, Dur)], p: &mut crate::error::Problems) {
+    for (name, d) in keys {
+        if d.get().is_zero() {
+            p.push((0, 0), *name, "must be positive");
+        }
+    }
+}
+
 /// `limits.tenant_share`: a fraction of the process limits, above 0 and at most 1.
 pub(crate) fn validate_share(share: f64, field: &str, p: &mut crate::error::Problems) {
     if !(share > 0.0 && share <= 1.0) {

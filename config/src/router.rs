@@ -420,17 +420,16 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
         }
         validate_listener(l, &lf, p);
     }
-    for (name, d) in [
-        ("timeouts.handshake", cfg.timeouts.handshake),
-        ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
-        ("timeouts.connect", cfg.timeouts.connect),
-        ("timeouts.idle", cfg.timeouts.idle),
-        ("timeouts.udp_idle", cfg.timeouts.udp_idle),
-    ] {
-        if d.get().is_zero() {
-            p.push((0, 0), name, "must be positive");
-        }
-    }
+    crate::common::validate_positive(
+        &[
+            ("timeouts.handshake", cfg.timeouts.handshake),
+            ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
+            ("timeouts.connect", cfg.timeouts.connect),
+            ("timeouts.idle", cfg.timeouts.idle),
+            ("timeouts.udp_idle", cfg.timeouts.udp_idle),
+        ],
+        p,
+    );
 }
 
 fn validate_limits(cfg: &RouterConfig, p: &mut Problems) {

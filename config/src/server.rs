@@ -509,17 +509,16 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     for (name, c) in &cfg.clusters {
         validate_cluster(name, c, p);
     }
-    for (name, d) in [
-        ("timeouts.handshake", cfg.timeouts.handshake),
-        ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
-        ("timeouts.dial", cfg.timeouts.dial),
-        ("timeouts.idle", cfg.timeouts.idle),
-        ("agents.open_timeout", cfg.agents.open_timeout),
-    ] {
-        if d.get().is_zero() {
-            p.push((0, 0), name, "must be positive");
-        }
-    }
+    crate::common::validate_positive(
+        &[
+            ("timeouts.handshake", cfg.timeouts.handshake),
+            ("timeouts.handshake_floor", cfg.timeouts.handshake_floor),
+            ("timeouts.dial", cfg.timeouts.dial),
+            ("timeouts.idle", cfg.timeouts.idle),
+            ("agents.open_timeout", cfg.agents.open_timeout),
+        ],
+        p,
+    );
 }
 
 fn validate_limits(cfg: &ServerConfig, p: &mut Problems) {

@@ -22,8 +22,6 @@
 
 pub mod h2;
 pub mod quic;
-#[cfg(test)]
-mod quic_tests;
 pub mod session;
 mod stream;
 

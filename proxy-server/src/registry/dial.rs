@@ -1,8 +1,8 @@
 //! The dial path, top to bottom: a front end's dial of `host:port` for a cluster — the cluster's mode, its shares, the proxy strategies, each session's standing, the attempts — to a tunnel stream or a typed refusal.
 //!
 //! [`SessionDirectory::dial`] is what front ends call (with the configured timeouts and
-//! strategies) and counts what came of it; [`SessionDirectory::open`] checks the cluster's mode
-//! and takes its places in the cluster's shares; [`SessionDirectory::dial_agent`]
+//! strategies): it checks the cluster's mode, takes its places in the cluster's shares and
+//! counts what came of the dial; [`SessionDirectory::dial_agent`]
 //! tries up to [`DIAL_ATTEMPTS`] sessions within the dial deadline, each chosen by
 //! [`SessionDirectory::next_session`]: the first proxy strategy that names a usable session
 //! ([`crate::strategy`]), the sessions' standing ([`crate::liveness`], asked here and nowhere
@@ -80,8 +80,12 @@ pub(crate) struct Dialed {
 }
 
 impl SessionDirectory {
-    /// Dial `target` through an agent of `cluster` ([`SessionDirectory::open`]), recording
-    /// metrics (a refusal for the cluster's share is no dial: its caller counts it as a reject).
+    /// Open a stream to `target` through an agent of `cluster`, within the cluster's shares: a
+    /// place among its streams (held by the returned stream) and, while the dial is in flight,
+    /// among its pending work, so an agent that does not answer holds at most that share. The
+    /// agent is chosen by the cluster's proxy strategies, else `strategies` (the global list).
+    /// Counted in the dial metrics (a refusal for the cluster's share is no dial: its caller
+    /// counts it as a reject).
     pub(crate) async fn dial(
         &self,
         cluster: &str,
@@ -89,8 +93,22 @@ impl SessionDirectory {
         times: DialTimes,
         strategies: &[ProxyStrategy],
     ) -> Result<Dialed, DialRefused> {
-        let (m, started) = (&self.metrics, Instant::now());
-        let r = self.open(cluster, target, times, strategies).await;
+        let started = Instant::now();
+        let r = async {
+            let mode = self.mode(cluster);
+            if mode.mode == ClusterMode::Fenced {
+                let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
+                return Err(DialError::Moved(msg).into());
+            }
+            let strategies = mode.strategies.as_deref().unwrap_or(strategies);
+            let (share, dialing) = self.take_shares(cluster)?;
+            let chosen = self.dial_agent(cluster, target, times, strategies).await;
+            drop(dialing);
+            let (stream, strategy, node) = chosen?;
+            Ok(Dialed { stream, share, strategy, node })
+        }
+        .await;
+        let m = &self.metrics;
         match &r {
             Ok(_) => {
                 m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
@@ -100,30 +118,6 @@ impl SessionDirectory {
             Err(DialRefused::Share { .. }) => {}
         }
         r
-    }
-
-    /// Open a stream to `target` through an agent of `cluster`, within the cluster's shares: a
-    /// place among its streams (held by the returned stream) and, while the dial is in flight,
-    /// among its pending work, so an agent that does not answer holds at most that share. The
-    /// agent is chosen by the cluster's proxy strategies, else `strategies` (the global list).
-    async fn open(
-        &self,
-        cluster: &str,
-        target: &str,
-        times: DialTimes,
-        strategies: &[ProxyStrategy],
-    ) -> Result<Dialed, DialRefused> {
-        let mode = self.mode(cluster);
-        if mode.mode == ClusterMode::Fenced {
-            let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
-            return Err(DialError::Moved(msg).into());
-        }
-        let strategies = mode.strategies.as_deref().unwrap_or(strategies);
-        let (share, dialing) = self.take_shares(cluster)?;
-        let chosen = self.dial_agent(cluster, target, times, strategies).await;
-        drop(dialing);
-        let (stream, strategy, node) = chosen?;
-        Ok(Dialed { stream, share, strategy, node })
     }
 
     /// Take a place in `cluster`'s share of streams and of pending dials (in that order), or say

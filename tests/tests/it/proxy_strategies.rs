@@ -99,6 +99,25 @@ async fn served_by(n: &Node, target: SocketAddr) -> anyhow::Result<()> {
     agent.wait_log_line(&["stream closed", &format!("target={target}")], STEP).await.map(|_| ())
 }
 
+/// Once the three agents' hellos came (`hello_key=node-k` in the server's log: a session counts
+/// as connected before its hello names its node, and until then only the `default` strategy can
+/// pick it), each node's kubelet is reached through its own agent by `dest_host`. The front end.
+async fn each_node_by_its_own_agent(server: &InProc, nodes: &[Node], hello_key: &str) -> anyhow::Result<Dialer> {
+    let saddrs = server.addrs()?;
+    wait_agents(saddrs.admin()?, "shoot-a", 3.0).await?;
+    for k in 1..=3 {
+        server.wait_log_line(&["agent hello", &format!("{hello_key}=node-{k}")], STEP).await?;
+    }
+    let egress = Dialer::Tcp(saddrs.listener("egress")?);
+    for n in nodes {
+        echo(&egress, n.kubelet).await.with_context(|| server.log())?;
+        served_by(n, n.kubelet).await?;
+    }
+    let m = metrics(saddrs.admin()?).await?;
+    assert_eq!(strategy_count(&m, "dest_host"), 3.0, "{m}");
+    Ok(egress)
+}
+
 fn strategy_count(m: &str, strategy: &str) -> f64 {
     metric_value(m, "seedgate_tunnel_dial_strategy_total", &[("cluster", "shoot-a"), ("strategy", strategy)])
         .unwrap_or(0.0)
@@ -112,10 +131,7 @@ async fn a_dial_reaches_the_agent_on_the_destination_node() -> anyhow::Result<()
     ensure_binaries()?;
     let dir = TempDir::new("strategies")?;
     let pki = TunnelPki::new(dir.path())?;
-    let mut nodes = Vec::new();
-    for k in 1..=3 {
-        nodes.push(node(NET, k).await?);
-    }
+    let mut nodes = vec![node(NET, 1).await?, node(NET, 2).await?, node(NET, 3).await?];
     // Node 1 reaches node 3's address over a link of their own.
     let _n13 = veth(Some(&nodes[0].ns), Some(&nodes[2].ns), "10.222.13.1/24", "10.222.13.3/24")?;
     nodes[0].ns.ip(&["route", "add", &format!("{}/32", node_addr(NET, 3)), "via", "10.222.13.3"])?;
@@ -127,21 +143,8 @@ async fn a_dial_reaches_the_agent_on_the_destination_node() -> anyhow::Result<()
     for (k, n) in (1..=3).zip(nodes.iter_mut()) {
         start_agent(&dir, &pki, at, k, n).await?;
     }
-    wait_agents(saddrs.admin()?, "shoot-a", 3.0).await?;
-    // A session counts as connected before its hello names its node; until then only the
-    // `default` strategy can pick it.
-    for k in 1..=3 {
-        server.wait_log_line(&["agent hello", &format!("node=node-{k}")], STEP).await?;
-    }
-    let egress = Dialer::Tcp(saddrs.listener("egress")?);
-
     // Each node's kubelet through its own agent.
-    for n in &nodes {
-        echo(&egress, n.kubelet).await.with_context(|| server.log())?;
-        served_by(n, n.kubelet).await?;
-    }
-    let m = metrics(saddrs.admin()?).await?;
-    assert_eq!(strategy_count(&m, "dest_host"), 3.0, "{m}");
+    let egress = each_node_by_its_own_agent(&server, &nodes, "node").await?;
     let line = server.wait_log_line(&["connection closed", &format!("target={}", nodes[1].kubelet)], STEP).await?;
     assert!(line.contains("strategy=\"dest_host\"") && line.contains("agent=node-2"), "{line}");
 
@@ -182,10 +185,7 @@ async fn agents_that_share_a_host_name_but_not_a_node_each_keep_their_dials() ->
     ensure_binaries()?;
     let dir = TempDir::new("one-host")?;
     let pki = TunnelPki::new(dir.path())?;
-    let mut nodes = Vec::new();
-    for k in 1..=3 {
-        nodes.push(node(NET, k).await?);
-    }
+    let mut nodes = vec![node(NET, 1).await?, node(NET, 2).await?, node(NET, 3).await?];
     let server = InProc::start(&dir, "proxy-server", &server_config(&pki, NET, "dest_host, default")).await?;
     let saddrs = server.addrs()?;
     for (k, n) in (1..=3).zip(nodes.iter_mut()) {
@@ -197,17 +197,8 @@ async fn agents_that_share_a_host_name_but_not_a_node_each_keep_their_dials() ->
         cmd.env_remove("NODE_NAME").env_remove("HOST_IP").env_remove("HOST_IPS");
         n.agent = Some(Proc::spawn_seedgate(cmd, &cfg, &[]).await?.0);
     }
-    wait_agents(saddrs.admin()?, "shoot-a", 3.0).await?;
-    for k in 1..=3 {
-        server.wait_log_line(&["agent hello", &format!("host=node-{k}")], STEP).await?;
-    }
-    let egress = Dialer::Tcp(saddrs.listener("egress")?);
-    for n in &nodes {
-        echo(&egress, n.kubelet).await.with_context(|| server.log())?;
-        served_by(n, n.kubelet).await?;
-    }
+    each_node_by_its_own_agent(&server, &nodes, "host").await?;
     let m = metrics(saddrs.admin()?).await?;
-    assert_eq!(strategy_count(&m, "dest_host"), 3.0, "{m}");
     let superseded =
         metric_value(&m, "seedgate_agent_sessions_doubted_total", &[("cluster", "shoot-a"), ("reason", "superseded")])
             .unwrap_or(0.0);

@@ -15,8 +15,7 @@
 //! in the kernel; an in-memory path wakes the receiving task directly, as the duplex does for
 //! HTTP/2, and the clock only jumps when both ends are idle. Every wait is bounded in virtual
 //! time ([`within`]). A path can go silent ([`Path::go_silent`]): what either end sends is lost.
-//! quinn's own UDP behaviour (packet sizes, GRO) is tested on loopback in
-//! `proxy-core/src/tunnel/quic_tests.rs`.
+//! quinn's own UDP behaviour (packet sizes, GRO) is tested on loopback in `quic_udp`.
 
 mod control;
 mod h2;
@@ -384,5 +383,20 @@ pub(crate) mod pki {
         let mut client = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
         client.alpn_protocols = vec![proxy_core::tunnel::ALPN_V1.to_vec()];
         (Arc::new(server), Arc::new(client))
+    }
+
+    /// quinn's server and client configs from [`configs`], with the tunnel's transport settings
+    /// for the seed and the agent.
+    pub(crate) fn quic_configs(
+        settings: &proxy_core::tunnel::TunnelSettings,
+    ) -> (quinn::ServerConfig, quinn::ClientConfig) {
+        use proxy_core::tunnel::quic;
+        use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+        let (server, client) = configs();
+        let mut sc = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(server).unwrap()));
+        sc.transport_config(Arc::new(quic::seed_transport_config(settings)));
+        let mut cc = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client).unwrap()));
+        cc.transport_config(Arc::new(quic::agent_transport_config(settings)));
+        (sc, cc)
     }
 }

@@ -2,7 +2,7 @@
 
 use super::{Path, RawAgent, RawAnswer, RawControl, RawSeed, Transport, pki, within};
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::quic::{self, CLOSE_PROTOCOL};
+use proxy_core::tunnel::quic::CLOSE_PROTOCOL;
 use proxy_core::tunnel::{SessionError, TunnelSettings};
 use proxy_wire::tunnel::quic::{Answer, Progress, StreamHeader};
 use std::collections::VecDeque;
@@ -26,14 +26,7 @@ impl Transport for Quic {
 
     async fn connect(settings: &TunnelSettings) -> (quinn::Connection, quinn::Connection, Path) {
         let path = Path::default();
-        let (server, client) = pki::configs();
-        let mut sc = quinn::ServerConfig::with_crypto(Arc::new(
-            quinn::crypto::rustls::QuicServerConfig::try_from(server).unwrap(),
-        ));
-        sc.transport_config(Arc::new(quic::seed_transport_config(settings)));
-        let mut cc =
-            quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(client).unwrap()));
-        cc.transport_config(Arc::new(quic::agent_transport_config(settings)));
+        let (sc, cc) = pki::quic_configs(settings);
         let (seed_sock, agent_sock) = Link::pair(SEED_ADDR.parse().unwrap(), AGENT_ADDR.parse().unwrap(), &path);
         let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
         let ep = |sock, server| {

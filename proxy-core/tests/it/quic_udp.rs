@@ -1,9 +1,8 @@
-//! quinn's UDP endpoints as the binaries make them, on loopback in real time: the packet sizes path MTU discovery reaches, and an agent endpoint with and without receive offload (GRO). The session seam over QUIC is tested with HTTP/2's in proxy-core's `seam` suite.
+//! quinn's UDP endpoints as the binaries make them (`quic::endpoint`), on loopback in real time: the packet sizes path MTU discovery reaches, and an agent endpoint with and without receive offload (GRO). The session seam over QUIC is tested with HTTP/2's in `seam`.
 
-use super::TunnelSettings;
-use super::quic;
+use crate::seam::pki;
+use proxy_core::tunnel::{TunnelSettings, quic};
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Bound on any single wait (real time: quinn runs on real sockets and timers).
@@ -14,35 +13,13 @@ async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
 }
 
 /// A quinn connection from an agent endpoint (made with `agent_settings`) to a seed endpoint on
-/// loopback, as the binaries make their endpoints: (seed's, agent's, the endpoints).
+/// loopback, as the binaries make their endpoints (endpoint and transport settings, socket
+/// buffers): (seed's, agent's, the endpoints).
 async fn connected_with(
     agent_settings: &TunnelSettings,
 ) -> (quinn::Connection, quinn::Connection, [quinn::Endpoint; 2]) {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let key = rcgen::generate_simple_self_signed(vec!["seed.test".to_owned()]).unwrap();
-    let cert = key.cert.der().clone();
-    let pkcs8 = rustls::pki_types::PrivatePkcs8KeyDer::from(key.signing_key.serialize_der());
-    let mut server = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.clone()], pkcs8.into())
-        .unwrap();
-    server.alpn_protocols = vec![super::ALPN_V1.to_vec()];
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert).unwrap();
-    let mut client = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
-    client.alpn_protocols = vec![super::ALPN_V1.to_vec()];
     let settings = TunnelSettings::default();
-    let (seed_transport, agent_transport) =
-        (Arc::new(quic::seed_transport_config(&settings)), Arc::new(quic::agent_transport_config(&settings)));
-    let mut sc = quinn::ServerConfig::with_crypto(Arc::new(
-        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(server)).unwrap(),
-    ));
-    sc.transport_config(seed_transport);
-    let mut cc = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(client)).unwrap(),
-    ));
-    cc.transport_config(agent_transport);
-    // The endpoints the binaries make (endpoint and transport settings, socket buffers).
+    let (sc, cc) = pki::quic_configs(&settings);
     let local = "127.0.0.1:0".parse().unwrap();
     let seed_ep = quic::endpoint(
         local,
@@ -53,7 +30,7 @@ async fn connected_with(
     )
     .unwrap();
     let agent_ep = quic::endpoint(local, agent_settings, None, "the agent's test endpoint", "-").unwrap();
-    let connecting = agent_ep.connect_with(cc, seed_ep.local_addr().unwrap(), "seed.test").unwrap();
+    let connecting = agent_ep.connect_with(cc, seed_ep.local_addr().unwrap(), pki::SERVER_NAME).unwrap();
     let (agent, seed) = tokio::join!(connecting, async { seed_ep.accept().await.unwrap().await });
     (seed.unwrap(), agent.unwrap(), [seed_ep, agent_ep])
 }
