@@ -10,6 +10,7 @@
 //! - [`quic`]: a quinn echo server, quinn clients, a stand-in NAT that rebinds and reads connection IDs.
 //! - [`migration`]: control-plane migration worlds (two seeds, replicas, agents, etcd) and their loads.
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
+//! - [`link`]: a WAN link emulated between two namespaces (delay, rate, bottleneck, loss, black hole).
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
 //! - [`docs`]: the repository's Markdown (README and book): files, anchors, links, marked examples.
@@ -23,6 +24,7 @@ pub mod docs;
 pub mod grpc_core;
 pub mod inproc;
 pub mod konnectivity;
+pub mod link;
 pub mod migration;
 pub mod netns;
 pub mod peers;

@@ -1,5 +1,6 @@
 //! Network namespaces and veth pairs for topology tests (seed, shoot, second seed as "hosts").
-//! Everything goes through the `ip` tool; processes run inside with `ip netns exec`.
+//! Everything goes through the `ip` tool; processes run inside with `ip netns exec`, and sockets
+//! of this process are made inside one while a thread has [entered](Netns::enter) it.
 
 use anyhow::{Context as _, bail};
 use std::ffi::OsStr;
@@ -36,6 +37,11 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 
 fn ip(args: &[&str]) -> anyhow::Result<String> {
     run(Command::new("ip").args(args))
+}
+
+/// `ip -n <ns> args...`.
+pub(crate) fn ip_in(ns: &str, args: &[&str]) -> anyhow::Result<String> {
+    run(Command::new("ip").arg("-n").arg(ns).args(args))
 }
 
 /// Delete namespaces a killed earlier run left behind: `sg-<pid>-...` whose pid is gone.
@@ -77,9 +83,7 @@ impl Netns {
 
     /// `ip -n <name> args...` (addresses, routes, links inside the namespace).
     pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = Command::new("ip");
-        cmd.arg("-n").arg(&self.name).args(args);
-        run(&mut cmd)
+        ip_in(&self.name, args)
     }
 
     /// `ip netns exec <name> <program>`: add arguments, then run it or hand it to
@@ -93,6 +97,34 @@ impl Netns {
     /// Run `program args...` inside the namespace to completion; returns its stdout.
     pub fn exec(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
         run(self.command(program).args(args))
+    }
+
+    /// Set sysctls inside the namespace (`net.ipv4.*` and most of `net.core.*` are per
+    /// namespace), e.g. `[("net.ipv4.tcp_congestion_control", "cubic")]`.
+    pub fn sysctl(&self, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+        let mut cmd = self.command("sysctl");
+        cmd.arg("-q").arg("-w");
+        for (k, v) in settings {
+            cmd.arg(format!("{k}={v}"));
+        }
+        run(&mut cmd).map(drop)
+    }
+
+    /// Read one sysctl inside the namespace (whitespace-separated fields as `sysctl -n` prints them).
+    pub fn sysctl_value(&self, key: &str) -> anyhow::Result<String> {
+        Ok(self.exec("sysctl", &["-n", key])?.trim().to_owned())
+    }
+
+    /// Move the calling thread into the namespace until the guard drops (it moves back to where
+    /// it was): every socket the thread creates meanwhile, and every process it starts, lives in
+    /// the namespace. Sockets keep their namespace afterwards, so a listener made here is served
+    /// from anywhere. The guard is not `Send`: it must drop on the thread it was made on.
+    pub fn enter(&self) -> anyhow::Result<Entered<'_>> {
+        let here = std::fs::File::open("/proc/thread-self/ns/net").context("opening this thread's namespace")?;
+        let there = std::fs::File::open(format!("/run/netns/{}", self.name))
+            .with_context(|| format!("opening namespace {}", self.name))?;
+        set_thread_netns(&there).with_context(|| format!("entering namespace {}", self.name))?;
+        Ok(Entered { back: here, _ns: std::marker::PhantomData, _not_send: std::marker::PhantomData })
     }
 
     /// Write `/etc/netns/<name>/hosts`, which `ip netns exec` bind-mounts over `/etc/hosts`.
@@ -116,6 +148,36 @@ impl Drop for Netns {
             let _ = std::fs::remove_dir_all(d);
         }
     }
+}
+
+/// The calling thread is inside a namespace until this drops (see [`Netns::enter`]).
+#[derive(Debug)]
+pub struct Entered<'a> {
+    back: std::fs::File,
+    _ns: std::marker::PhantomData<&'a Netns>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        // Failing to go back would leave the thread where it should not be: nothing can carry on.
+        if let Err(e) = set_thread_netns(&self.back) {
+            panic!("cannot move the thread back to its network namespace: {e}");
+        }
+    }
+}
+
+/// setns(2) of the calling thread into the network namespace `ns` (an open namespace file).
+fn set_thread_netns(ns: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: setns takes a descriptor that `ns` keeps open for the call and a flag; it touches
+    // no memory of ours. CLONE_NEWNET changes only this thread's network namespace.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A veth pair; dropping it deletes the pair (a no-op when a namespace holding an end was

@@ -42,3 +42,4 @@ mod udp_migration;
 mod uds_clients;
 mod unix_socket;
 mod unknown_clusters;
+mod wan_link;
