@@ -4,9 +4,9 @@
 //!
 //! Each namespace gets a TUN device (`wan<net>`, MTU 1500, no offloads: the kernel hands over
 //! and takes back plain IP packets) holding `10.<net>.0.1` (seed) or `10.<net>.0.2` (shoot) as a
-//! point-to-point link. One OS thread per direction reads the packets the sending side's stack
-//! writes into its device and writes them into the receiving side's device when their time has
-//! come. The model of a direction, applied to each packet read at time `t`:
+//! point-to-point link. One OS thread, the forwarder, reads the packets each side's stack writes
+//! into its device and writes them into the other side's device when their time has come. The
+//! model of a direction, applied to each packet read at time `t`:
 //!
 //! 1. black hole on: dropped;
 //! 2. with probability `loss`: dropped (a generator seeded per link and direction, so the same
@@ -22,12 +22,14 @@
 //! passed the break). Every packet is accounted for in [`LaneStats`], and so is how late the
 //! forwarder wrote a packet against its due time: the emulator's own error.
 //!
-//! The forwarders are plain threads waiting in `ppoll` with nanosecond timeouts, not tasks of
-//! an async runtime (whose timers tick in milliseconds and which the systems under test share).
-//! With [`LinkOpts::realtime`] they run under `SCHED_FIFO`, so that other work on the machine
-//! delays a packet by microseconds, not by a scheduler time slice. Writing a packet into a TUN
-//! device runs the receiving stack in the writer's thread, so the forwarders' CPU time
-//! ([`Link::cpu_time`]) includes the receivers' kernel work.
+//! The forwarder is a plain thread waiting in `ppoll` with nanosecond timeouts, not a task of an
+//! async runtime (whose timers tick in milliseconds and which the systems under test share); it
+//! serves both directions in turns, a batch of reads each, then what is due, so neither waits
+//! behind the other's burst. With [`LinkOpts::realtime`] it runs under `SCHED_FIFO`, so that
+//! other work on the machine delays a packet by microseconds, not by a scheduler time slice.
+//! Writing a packet into a TUN device runs the receiving stack in the writer's thread, so the
+//! forwarder's CPU time ([`Link::cpu_time`]) includes the receivers' kernel work: one CPU's worth
+//! is the emulator's ceiling.
 //!
 //! Both namespaces get TCP buffer limits that let one connection keep a bandwidth-delay product
 //! of tens of megabytes in flight ([`TCP_RMEM`], [`TCP_WMEM`]) and IPv6 off on the link (so that
@@ -117,7 +119,7 @@ impl Dir {
 pub struct LinkOpts {
     /// Seed of the loss generators (each direction derives its own).
     pub rng_seed: u64,
-    /// Run the forwarders under `SCHED_FIFO` (root; if refused they run as ordinary threads and
+    /// Run the forwarder under `SCHED_FIFO` (root; if refused it runs as an ordinary thread and
     /// [`Link::realtime`] says so).
     pub realtime: bool,
 }
@@ -185,9 +187,6 @@ struct LaneShared {
     /// Bumped on every change of `shape`, so the thread copies it only then.
     version: AtomicU64,
     counters: Counters,
-    /// The thread's id (0 until it started), for its CPU time.
-    tid: AtomicU64,
-    realtime: AtomicBool,
 }
 
 impl LaneShared {
@@ -269,114 +268,148 @@ impl Model {
     }
 }
 
-/// One direction's thread.
+/// One direction inside the forwarder: where packets come from and go to, its model, and the
+/// packets on their way (due time, bytes), oldest first.
 struct Lane {
     input: File,
     output: File,
     shared: Arc<LaneShared>,
-    stop: Arc<AtomicBool>,
-    epoch: Instant,
-    rng_seed: u64,
-    realtime: bool,
+    version: u64,
+    model: Model,
+    line: VecDeque<(u64, Vec<u8>)>,
 }
 
 impl Lane {
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// Take a changed shape.
+    fn refresh(&mut self) {
+        let v = self.shared.version.load(Ordering::Acquire);
+        if v != self.version {
+            self.version = v;
+            self.model.shape = *self.shared.shape.lock().unwrap_or_else(|e| e.into_inner());
+        }
     }
 
-    fn run(self) {
+    /// Read what the sending side has written, up to a batch; true when nothing more waits.
+    fn read(&mut self, clock: &Clock, buf: &mut [u8], spare: &mut Vec<Vec<u8>>) -> bool {
+        let c = &self.shared.counters;
+        for _ in 0..READ_BATCH {
+            match (&self.input).read(buf) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    let Some(pkt) = buf.get(..n) else { continue };
+                    let len = n as u64;
+                    c.packets.fetch_add(1, Ordering::Relaxed);
+                    c.bytes.fetch_add(len, Ordering::Relaxed);
+                    match self.model.admit(len, clock.now()) {
+                        Fate::Deliver { due, backlog } => {
+                            c.max_queue_bytes.fetch_max(backlog, Ordering::Relaxed);
+                            let mut p = spare.pop().unwrap_or_default();
+                            p.clear();
+                            p.extend_from_slice(pkt);
+                            self.line.push_back((due, p));
+                        }
+                        Fate::Lost => bump(&c.lost),
+                        Fate::TailDrop => bump(&c.tail_dropped),
+                        Fate::BlackHole => bump(&c.black_holed),
+                        Fate::Overflow => bump(&c.overflowed),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    bump(&c.errors);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Write every packet whose time has come into the receiving side.
+    fn deliver(&mut self, clock: &Clock, spare: &mut Vec<Vec<u8>>) {
+        let c = &self.shared.counters;
+        // Bounded by the packets on their way.
+        while let Some((due, _)) = self.line.front() {
+            let now = clock.now();
+            if *due > now {
+                break;
+            }
+            let Some((due, p)) = self.line.pop_front() else { break };
+            let len = p.len() as u64;
+            self.model.held -= len;
+            match (&self.output).write(&p) {
+                Ok(_) => {
+                    c.delivered.fetch_add(1, Ordering::Relaxed);
+                    c.delivered_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(_) => bump(&c.errors),
+            }
+            let late = now - due;
+            if u128::from(late) > LATE.as_nanos() {
+                bump(&c.late);
+            }
+            c.max_late_ns.fetch_max(late, Ordering::Relaxed);
+            if spare.len() < 4096 {
+                spare.push(p);
+            }
+        }
+        c.held_bytes.store(self.model.held, Ordering::Relaxed);
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        self.line.front().map(|(due, _)| *due)
+    }
+}
+
+/// Nanoseconds since the link started: the time every due date is on.
+struct Clock(Instant);
+
+impl Clock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The forwarder: one thread for both directions, so that neither waits behind the other's
+/// burst (two threads of equal real-time priority on one CPU would take turns only when one
+/// sleeps) and the machine gives the emulator one CPU's worth at most.
+struct Forwarder {
+    lanes: [Lane; 2],
+    stop: Arc<AtomicBool>,
+    clock: Clock,
+    realtime: bool,
+    cpu: Arc<(AtomicU64, AtomicBool)>,
+}
+
+impl Forwarder {
+    fn run(mut self) {
         if let Some(tid) = thread_id() {
-            self.shared.tid.store(tid, Ordering::Relaxed);
+            self.cpu.0.store(tid, Ordering::Relaxed);
         }
         if self.realtime && set_realtime() {
-            self.shared.realtime.store(true, Ordering::Relaxed);
+            self.cpu.1.store(true, Ordering::Relaxed);
         }
-        let c = &self.shared.counters;
-        let mut version = self.shared.version.load(Ordering::Acquire);
-        let shape = *self.shared.shape.lock().unwrap_or_else(|e| e.into_inner());
-        let rng = rand::rngs::StdRng::seed_from_u64(self.rng_seed);
-        let mut model = Model { shape, rng, free_at: 0, last_due: 0, held: 0 };
-        let mut line: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut buf = vec![0u8; 65536];
         // Until the link is dropped; every wait is bounded by MAX_WAIT.
         while !self.stop.load(Ordering::Relaxed) {
-            let v = self.shared.version.load(Ordering::Acquire);
-            if v != version {
-                version = v;
-                model.shape = *self.shared.shape.lock().unwrap_or_else(|e| e.into_inner());
+            let mut drained = true;
+            for lane in &mut self.lanes {
+                lane.refresh();
+                drained &= lane.read(&self.clock, &mut buf, &mut spare);
             }
-            let mut drained = false;
-            for _ in 0..READ_BATCH {
-                match (&self.input).read(&mut buf) {
-                    Ok(0) => {
-                        drained = true;
-                        break;
-                    }
-                    Ok(n) => {
-                        let Some(pkt) = buf.get(..n) else { continue };
-                        let now = self.now();
-                        let len = n as u64;
-                        c.packets.fetch_add(1, Ordering::Relaxed);
-                        c.bytes.fetch_add(len, Ordering::Relaxed);
-                        match model.admit(len, now) {
-                            Fate::Deliver { due, backlog } => {
-                                c.max_queue_bytes.fetch_max(backlog, Ordering::Relaxed);
-                                let mut p = spare.pop().unwrap_or_default();
-                                p.clear();
-                                p.extend_from_slice(pkt);
-                                line.push_back((due, p));
-                            }
-                            Fate::Lost => bump(&c.lost),
-                            Fate::TailDrop => bump(&c.tail_dropped),
-                            Fate::BlackHole => bump(&c.black_holed),
-                            Fate::Overflow => bump(&c.overflowed),
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        drained = true;
-                        break;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        bump(&c.errors);
-                        drained = true;
-                        break;
-                    }
-                }
+            for lane in &mut self.lanes {
+                lane.deliver(&self.clock, &mut spare);
             }
-            let now = self.now();
-            while let Some((due, _)) = line.front()
-                && *due <= now
-            {
-                let Some((due, p)) = line.pop_front() else { break };
-                let len = p.len() as u64;
-                model.held -= len;
-                match (&self.output).write(&p) {
-                    Ok(_) => {
-                        c.delivered.fetch_add(1, Ordering::Relaxed);
-                        c.delivered_bytes.fetch_add(len, Ordering::Relaxed);
-                    }
-                    Err(_) => bump(&c.errors),
-                }
-                let late = now - due;
-                if u128::from(late) > LATE.as_nanos() {
-                    bump(&c.late);
-                }
-                c.max_late_ns.fetch_max(late, Ordering::Relaxed);
-                if spare.len() < 4096 {
-                    spare.push(p);
-                }
-            }
-            c.held_bytes.store(model.held, Ordering::Relaxed);
             if drained {
-                let wait = match line.front() {
-                    Some((due, _)) => Duration::from_nanos(due.saturating_sub(self.now())),
+                let now = self.clock.now();
+                let wait = match self.lanes.iter().filter_map(Lane::next_due).min() {
+                    Some(due) => Duration::from_nanos(due.saturating_sub(now)),
                     None => MAX_WAIT,
                 };
-                if !wait.is_zero() && wait_readable(&self.input, wait.min(MAX_WAIT)).is_err() {
-                    bump(&c.errors);
+                let [a, b] = &self.lanes;
+                if !wait.is_zero() && wait_readable(&[&a.input, &b.input], wait.min(MAX_WAIT)).is_err() {
+                    bump(&a.shared.counters.errors);
                 }
             }
         }
@@ -387,12 +420,14 @@ fn bump(a: &AtomicU64) {
     a.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The emulated link: two TUN devices, one in each namespace, and a forwarder per direction.
-/// Dropping it stops the forwarders and removes the devices (with their addresses and routes).
+/// The emulated link: two TUN devices, one in each namespace, and the forwarder between them.
+/// Dropping it stops the forwarder and removes the devices (with their addresses and routes).
 #[derive(Debug)]
 pub struct Link {
     lanes: [Arc<LaneShared>; 2],
-    threads: Vec<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The forwarder's thread id (0 until it started) and whether it got SCHED_FIFO.
+    cpu: Arc<(AtomicU64, AtomicBool)>,
     stop: Arc<AtomicBool>,
     net: u8,
     device: String,
@@ -412,43 +447,39 @@ impl Link {
             ns.ip(&["link", "set", "dev", &device, "up"])?;
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let lane = || {
-            Arc::new(LaneShared {
-                shape: Mutex::new(shape),
-                version: AtomicU64::new(0),
-                counters: Counters::default(),
-                tid: AtomicU64::new(0),
-                realtime: AtomicBool::new(false),
-            })
+        let shared = || {
+            Arc::new(LaneShared { shape: Mutex::new(shape), version: AtomicU64::new(0), counters: Counters::default() })
         };
-        let lanes = [lane(), lane()];
-        let epoch = Instant::now();
-        let mut link = Self {
-            lanes: lanes.clone(),
-            threads: Vec::new(),
+        let lanes = [shared(), shared()];
+        let cpu = Arc::new((AtomicU64::new(0), AtomicBool::new(false)));
+        let ends = [(seed_tun.try_clone()?, shoot_tun.try_clone()?), (shoot_tun, seed_tun)];
+        let lane = |i: u64, (input, output): (File, File), shared: &Arc<LaneShared>| {
+            // Each direction its own stream of draws.
+            let rng = rand::rngs::StdRng::seed_from_u64(opts.rng_seed.wrapping_mul(2).wrapping_add(i));
+            let model = Model { shape, rng, free_at: 0, last_due: 0, held: 0 };
+            Lane { input, output, shared: shared.clone(), version: 0, model, line: VecDeque::new() }
+        };
+        let [to_shoot, to_seed] = ends;
+        let forwarder = Forwarder {
+            lanes: [lane(0, to_shoot, &lanes[0]), lane(1, to_seed, &lanes[1])],
             stop: stop.clone(),
+            clock: Clock(Instant::now()),
+            realtime: opts.realtime,
+            cpu: cpu.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("wan{net}-link"))
+            .spawn(move || forwarder.run())
+            .context("starting the link's forwarder")?;
+        let link = Self {
+            lanes,
+            thread: Some(thread),
+            cpu,
+            stop,
             net,
             device,
             namespaces: [seed.name().to_owned(), shoot.name().to_owned()],
         };
-        let ends = [(seed_tun.try_clone()?, shoot_tun.try_clone()?), (shoot_tun, seed_tun)];
-        for ((i, (input, output)), shared) in ends.into_iter().enumerate().zip(lanes) {
-            let lane = Lane {
-                input,
-                output,
-                shared,
-                stop: stop.clone(),
-                epoch,
-                // Each direction its own stream of draws.
-                rng_seed: opts.rng_seed.wrapping_mul(2).wrapping_add(i as u64),
-                realtime: opts.realtime,
-            };
-            let t = std::thread::Builder::new()
-                .name(format!("wan{net}-{}", if i == 0 { "to-shoot" } else { "to-seed" }))
-                .spawn(move || lane.run())
-                .context("starting a link forwarder")?;
-            link.threads.push(t);
-        }
         Ok(link)
     }
 
@@ -509,14 +540,14 @@ impl Link {
         Dir::BOTH.iter().map(|&d| self.stats(d).held_bytes).sum()
     }
 
-    /// Whether both forwarders run under `SCHED_FIFO` (asked for with [`LinkOpts::realtime`]).
+    /// Whether the forwarder runs under `SCHED_FIFO` (asked for with [`LinkOpts::realtime`]).
     pub fn realtime(&self) -> bool {
-        self.lanes.iter().all(|l| l.realtime.load(Ordering::Relaxed))
+        self.cpu.1.load(Ordering::Relaxed)
     }
 
-    /// CPU time both forwarder threads used so far (with the receiving stacks' work they run).
+    /// CPU time the forwarder used so far (with the receiving stacks' work it runs).
     pub fn cpu_time(&self) -> Duration {
-        self.lanes.iter().filter_map(|l| thread_cpu(l.tid.load(Ordering::Relaxed))).sum()
+        thread_cpu(self.cpu.0.load(Ordering::Relaxed)).unwrap_or_default()
     }
 
     /// The congestion control of TCP connections across this link made from now on, in both
@@ -553,7 +584,7 @@ impl Link {
     }
 
     /// Packets the TUN devices dropped before a forwarder read them (their queue was full): the
-    /// forwarders fell behind, which the model does not do. 0 when the emulator kept up.
+    /// forwarder fell behind, which the model does not do. 0 when the emulator kept up.
     pub fn device_drops(&self) -> anyhow::Result<u64> {
         let mut n = 0;
         for ns in &self.namespaces {
@@ -572,9 +603,9 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Each thread sees the flag within MAX_WAIT; its end closes the devices' descriptors,
+        // The forwarder sees the flag within MAX_WAIT; its end closes the devices' descriptors,
         // which removes the devices.
-        for t in self.threads.drain(..) {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
@@ -702,19 +733,20 @@ fn set_tun(file: &File, name: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Wait until `file` is readable or `timeout` passed (nanosecond resolution, unlike poll(2)).
-fn wait_readable(file: &File, timeout: Duration) -> std::io::Result<()> {
+/// Wait until one of `files` is readable or `timeout` passed (nanosecond resolution, unlike
+/// poll(2)).
+fn wait_readable(files: &[&File; 2], timeout: Duration) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    let mut pfd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut pfd = files.map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 });
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         // Below 10^9: fits.
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: ppoll reads one pollfd and the timespec, both ours and alive for the call, writes
-    // only the pollfd's revents, and gets no signal mask (null).
+    // SAFETY: ppoll reads the two pollfds and the timespec, all ours and alive for the call,
+    // writes only the pollfds' revents, and gets no signal mask (null).
     #[allow(unsafe_code)]
-    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    let rc = unsafe { libc::ppoll(pfd.as_mut_ptr(), pfd.len() as libc::nfds_t, &ts, std::ptr::null()) };
     if rc < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
