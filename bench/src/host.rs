@@ -57,15 +57,26 @@ impl Pinning {
     /// `taskset -c <cpus> <program>` when pinning, else just the program; with the systems'
     /// `GLIBC_TUNABLES`.
     pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
-        let set = self.proxy_set.clone().or_else(|| self.proxy_cpu.map(|c| c.to_string()));
-        let mut c = match set {
-            Some(cpus) => {
-                let mut c = std::process::Command::new("taskset");
-                c.arg("-c").arg(cpus).arg(program);
-                c
-            }
-            None => std::process::Command::new(program),
-        };
+        self.command_in(None, program)
+    }
+
+    /// [`Pinning::command`] inside network namespace `netns` (`ip netns exec`, which execs the
+    /// rest: the process keeps the pid the harness sees), or where the harness is (`None`).
+    pub(crate) fn command_in(
+        &self,
+        netns: Option<&str>,
+        program: impl AsRef<std::ffi::OsStr>,
+    ) -> std::process::Command {
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(ns) = netns {
+            argv.extend(["ip", "netns", "exec", ns].map(Into::into));
+        }
+        if let Some(cpus) = self.proxy_set.clone().or_else(|| self.proxy_cpu.map(|c| c.to_string())) {
+            argv.extend(["taskset".into(), "-c".into(), cpus.into()]);
+        }
+        argv.push(program.as_ref().to_owned());
+        let mut c = std::process::Command::new(&argv[0]);
+        c.args(&argv[1..]);
         match &self.glibc_tunables {
             Some(t) => c.env("GLIBC_TUNABLES", t),
             None => c.env_remove("GLIBC_TUNABLES"),

@@ -11,7 +11,7 @@
 use anyhow::{Context as _, bail, ensure};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -68,8 +68,17 @@ where
 /// A backend listener on 127.0.0.1 with a deep accept queue: thousands of connections opened
 /// in a burst must not overflow it (a dropped SYN costs a 1 s retransmission).
 async fn bind() -> anyhow::Result<TcpListener> {
-    let sock = tokio::net::TcpSocket::new_v4().context("backend socket")?;
-    sock.bind(localhost()).context("binding a backend")?;
+    bind_at(localhost().ip()).await
+}
+
+/// [`bind`] on a port of `ip` (an address of the namespace the calling thread is in).
+async fn bind_at(ip: IpAddr) -> anyhow::Result<TcpListener> {
+    let sock = match ip {
+        IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .context("backend socket")?;
+    sock.bind(SocketAddr::new(ip, 0)).with_context(|| format!("binding a backend on {ip}"))?;
     sock.listen(4096).context("listen")
 }
 
@@ -94,6 +103,11 @@ pub(crate) struct Sink {
 impl Sink {
     pub(crate) async fn start() -> anyhow::Result<Self> {
         Self::start_on(bind().await?)
+    }
+
+    /// A sink on a port of `ip`.
+    pub(crate) async fn start_at(ip: IpAddr) -> anyhow::Result<Self> {
+        Self::start_on(bind_at(ip).await?)
     }
 
     pub(crate) fn start_on(l: TcpListener) -> anyhow::Result<Self> {
@@ -169,7 +183,15 @@ pub(crate) struct Source {
 
 impl Source {
     pub(crate) async fn start() -> anyhow::Result<Self> {
-        let l = bind().await?;
+        Self::start_on(bind().await?)
+    }
+
+    /// A source on a port of `ip`.
+    pub(crate) async fn start_at(ip: IpAddr) -> anyhow::Result<Self> {
+        Self::start_on(bind_at(ip).await?)
+    }
+
+    fn start_on(l: TcpListener) -> anyhow::Result<Self> {
         let addr = l.local_addr()?;
         let serving = serve(l, |s| async move {
             let (mut r, mut w) = s.into_split();
@@ -206,6 +228,11 @@ pub(crate) struct Echo {
 impl Echo {
     pub(crate) async fn start() -> anyhow::Result<Self> {
         Self::start_on(bind().await?)
+    }
+
+    /// An echo on a port of `ip`.
+    pub(crate) async fn start_at(ip: IpAddr) -> anyhow::Result<Self> {
+        Self::start_on(bind_at(ip).await?)
     }
 
     fn start_on(l: TcpListener) -> anyhow::Result<Self> {
@@ -406,6 +433,18 @@ pub(crate) async fn bulk_download(
     warmup: Duration,
     measure: Duration,
 ) -> anyhow::Result<f64> {
+    Ok(bulk_download_each(addr, pre, streams, stalled, warmup, measure).await?.iter().sum())
+}
+
+/// [`bulk_download`], stream by stream: the Gbit/s each reading stream received over the window.
+pub(crate) async fn bulk_download_each(
+    addr: SocketAddr,
+    pre: &Preamble,
+    streams: usize,
+    stalled: bool,
+    warmup: Duration,
+    measure: Duration,
+) -> anyhow::Result<Vec<f64>> {
     let mut held = None;
     if stalled {
         let s = open(addr, pre).await.context("opening the stalled stream")?;
@@ -413,12 +452,12 @@ pub(crate) async fn bulk_download(
         tokio::time::sleep(warmup.max(Duration::from_millis(200))).await;
         held = Some(s);
     }
-    let bytes = Arc::new(AtomicU64::new(0));
+    let counts: Vec<Arc<AtomicU64>> = (0..streams).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let up = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     let first_err = Arc::new(std::sync::Mutex::new(None));
     let mut tasks = JoinSet::new();
-    for _ in 0..streams {
+    for bytes in &counts {
         let (pre, up, failed, first_err, bytes) =
             (pre.clone(), up.clone(), failed.clone(), first_err.clone(), bytes.clone());
         tasks.spawn(async move {
@@ -441,13 +480,14 @@ pub(crate) async fn bulk_download(
             }
         });
     }
+    let read = |counts: &[Arc<AtomicU64>]| counts.iter().map(|c| c.load(Ordering::Relaxed)).collect::<Vec<_>>();
     let r = async {
         wait_up(&up, &failed, streams, &first_err).await?;
         tokio::time::sleep(warmup).await;
-        let (b0, t0) = (bytes.load(Ordering::Relaxed), Instant::now());
+        let (b0, t0) = (read(&counts), Instant::now());
         tokio::time::sleep(measure).await;
-        let (b1, t1) = (bytes.load(Ordering::Relaxed), Instant::now());
-        Ok(gbit(b1 - b0, t1 - t0))
+        let (b1, t1) = (read(&counts), Instant::now());
+        Ok(b0.iter().zip(&b1).map(|(a, b)| gbit(b - a, t1 - t0)).collect())
     }
     .await;
     tasks.shutdown().await;

@@ -82,6 +82,11 @@ enum Cmd {
     /// full-TLS connections/s, SNI bulk, PROXY-v2 connections/s, CONNECT opens/s, tunnel CONNECT
     /// opens/s and bulk; scaling efficiency and what /proc shows of each window.
     Scaling,
+    /// The reverse tunnel across an emulated WAN link (two network namespaces, a user-space
+    /// link with delay, rate limit, bottleneck queue and loss): one stream up and down, 16 and 64
+    /// streams down, a 1-byte round trip behind a bulk stream, memory: direct TCP (BBR, Cubic),
+    /// seedgate h2 and QUIC, rathole, ssh -R; 50/150/300 ms at two rates, 50 ms with loss.
+    Wan,
     /// Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds
     /// and tasks of each process sampled every second, start, end and slope per minute.
     Soak,
@@ -164,6 +169,7 @@ fn main() -> ExitCode {
         Cmd::Fleet => vec![Scenario::Fleet],
         Cmd::Scaling => vec![Scenario::Scaling],
         Cmd::Soak => vec![Scenario::Soak],
+        Cmd::Wan => vec![Scenario::Wan],
     };
     scenarios::main(cli.opts, which)
 }

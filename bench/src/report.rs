@@ -798,13 +798,20 @@ pub(crate) fn targets(res: &Results) -> String {
             r <= 1.5,
         ));
     }
-    rows.extend(crate::scenarios::scaling_targets(res));
+    let mut rows: Vec<(String, String, Option<bool>)> = rows.into_iter().map(|(w, v, ok)| (w, v, Some(ok))).collect();
+    rows.extend(crate::scenarios::scaling_targets(res).into_iter().map(|(w, v, ok)| (w, v, Some(ok))));
+    rows.extend(crate::scenarios::wan::targets(res));
     if rows.is_empty() {
         return String::new();
     }
     let mut out = String::from("\n### targets\n\n| target | seedgate now | met |\n|---|---|---|\n");
     for (what, value, ok) in rows {
-        let _ = writeln!(out, "| {what} | {value} | {} |", if ok { "yes" } else { "**no**" });
+        let met = match ok {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "—",
+        };
+        let _ = writeln!(out, "| {what} | {value} | {met} |");
     }
     out
 }

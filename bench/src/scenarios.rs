@@ -20,6 +20,7 @@ mod sni_bulk;
 mod sni_connrate;
 mod soak;
 mod tunnel;
+pub(crate) mod wan;
 
 use crate::host::{self, Machine, Pinning};
 use crate::load::RateResult;
@@ -102,6 +103,13 @@ pub(crate) struct Opts {
     /// 4, … while the load keeps as many CPUs).
     #[arg(long, global = true, value_delimiter = ',')]
     pub scaling_cpus: Option<Vec<usize>>,
+    /// wan: the higher of the two link rates, in Mbit/s (default: the highest rate the link
+    /// emulator was shown to carry faithfully on a 2-CPU machine; check it with `--only direct`).
+    #[arg(long, global = true)]
+    pub wan_rate: Option<f64>,
+    /// wan: run only the profiles whose name contains this text (e.g. "150 ms" or "loss").
+    #[arg(long, global = true)]
+    pub wan_profile: Option<String>,
 }
 
 /// The scenarios, in the order `all` runs them.
@@ -122,11 +130,12 @@ pub(crate) enum Scenario {
     Fleet,
     Scaling,
     Soak,
+    Wan,
 }
 
 impl Scenario {
     /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub(crate) const ALL: [Scenario; 14] = [
+    pub(crate) const ALL: [Scenario; 15] = [
         Self::SniBulk,
         Self::SniConnrate,
         Self::ProxyProtocol,
@@ -141,6 +150,7 @@ impl Scenario {
         Self::Migration,
         Self::Fleet,
         Self::Scaling,
+        Self::Wan,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -160,6 +170,7 @@ impl Scenario {
             Self::Fleet => "fleet",
             Self::Scaling => "scaling",
             Self::Soak => "soak",
+            Self::Wan => "wan",
         }
     }
 }
@@ -209,6 +220,11 @@ pub(crate) struct Scale {
     pub fleet_kills: usize,
     /// scaling: the CPUs of the system under test asked for (`--scaling-cpus`).
     pub scaling_cpus: Option<Vec<usize>>,
+    /// wan: repeats (each profile takes minutes), the higher link rate (Mbit/s), and the
+    /// profiles to run (a text their names contain).
+    pub wan_repeats: usize,
+    pub wan_rate_mbit: f64,
+    pub wan_profile: Option<String>,
 }
 
 impl Scale {
@@ -247,6 +263,9 @@ impl Scale {
             // Each run starts the fleet afresh: one per transport unless asked for more.
             fleet_kills: o.repeats.unwrap_or(1).max(1),
             scaling_cpus: o.scaling_cpus.clone(),
+            wan_repeats: o.repeats.unwrap_or(if s { 1 } else { 3 }).max(1),
+            wan_rate_mbit: o.wan_rate.unwrap_or(wan::HIGH_RATE_MBIT).max(1.0),
+            wan_profile: o.wan_profile.clone(),
         }
     }
 }
@@ -268,7 +287,20 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub(crate) fn env(&self) -> Env<'_> {
-        Env { pin: &self.pin, dir: self.dir.path(), bins: &self.bins, anchors: &self.anchors, ca: &self.ca, workers: 1 }
+        self.env_with(crate::systems::Ends::default())
+    }
+
+    /// [`Ctx::env`] with the two ends of a tunnel placed as `ends` says (e.g. across a WAN).
+    pub(crate) fn env_with(&self, ends: crate::systems::Ends) -> Env<'_> {
+        Env {
+            pin: &self.pin,
+            dir: self.dir.path(),
+            bins: &self.bins,
+            anchors: &self.anchors,
+            ca: &self.ca,
+            workers: 1,
+            ends,
+        }
     }
 }
 
@@ -409,6 +441,7 @@ async fn run_async(
                 Scenario::Fleet => fleet::run(&ctx, &mut res).await,
                 Scenario::Scaling => scaling::run(&ctx, &mut res).await,
                 Scenario::Soak => soak::run(&ctx, &mut res).await,
+                Scenario::Wan => wan::run(&ctx, &mut res).await,
             }
         };
         let r = tokio::select! {
@@ -425,6 +458,7 @@ async fn run_async(
             repeats: match sc {
                 Scenario::Leak | Scenario::Soak => 1,
                 Scenario::Fleet => ctx.scale.fleet_kills,
+                Scenario::Wan => ctx.scale.wan_repeats,
                 _ => ctx.scale.repeats,
             },
             window_s: ctx.scale.window.as_secs_f64(),

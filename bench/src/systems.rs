@@ -173,7 +173,8 @@ pub(crate) struct Bins {
     pub agent: PathBuf,
 }
 
-/// What systems need from the run: pinning, a directory for configs, the CA.
+/// What systems need from the run: pinning, a directory for configs, the CA, where the ends of
+/// a tunnel run.
 pub(crate) struct Env<'a> {
     pub pin: &'a Pinning,
     pub dir: &'a Path,
@@ -183,6 +184,27 @@ pub(crate) struct Env<'a> {
     /// Threads or worker processes of an anchor (haproxy `nbthread`, nginx
     /// `worker_processes`); seedgate sizes its runtime to the CPUs it is pinned to.
     pub workers: usize,
+    pub ends: Ends,
+}
+
+/// Where the two ends of a reverse tunnel run. By default both run where the harness is and meet
+/// on loopback; across an emulated WAN the far end (proxy-agent, rathole's client, `ssh -R`) runs
+/// in the shoot's network namespace and dials the near end (proxy-server, rathole's server, sshd)
+/// at its address on the link.
+#[derive(Debug, Clone)]
+pub(crate) struct Ends {
+    /// The far end's network namespace; `None`: the harness's.
+    pub far_netns: Option<String>,
+    /// The address the near end listens on for the far end.
+    pub near_ip: std::net::IpAddr,
+    /// The networks the far end may dial (proxy-agent's `tunnel.allow`).
+    pub far_allow: Vec<String>,
+}
+
+impl Default for Ends {
+    fn default() -> Self {
+        Self { far_netns: None, near_ip: [127, 0, 0, 1].into(), far_allow: vec!["127.0.0.0/8".into()] }
+    }
 }
 
 impl Env<'_> {
@@ -193,6 +215,24 @@ impl Env<'_> {
             cmd.env("LD_LIBRARY_PATH", p);
         }
         cmd
+    }
+
+    /// The pinned command of a far-end process (inside the far end's namespace, if any), with
+    /// an unpacked anchor's libraries.
+    fn far_command(&self, program: &Path) -> std::process::Command {
+        let mut cmd = self.pin.command_in(self.ends.far_netns.as_deref(), program);
+        if let Some(p) = &self.anchors.ld_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        cmd
+    }
+
+    /// A free port on the near end's address.
+    fn near_port(&self) -> anyhow::Result<SocketAddr> {
+        match self.ends.near_ip {
+            std::net::IpAddr::V4(ip) => host::free_port(ip.octets()),
+            std::net::IpAddr::V6(_) => bail!("IPv4 only"),
+        }
     }
 }
 
@@ -424,7 +464,10 @@ fn subdir(env: &Env<'_>, label: &str) -> anyhow::Result<PathBuf> {
 const SEEDGATE_LOG: &str = "warn";
 
 async fn seedgate(env: &Env<'_>, bin: &Path, config: &Path) -> anyhow::Result<(Proc, testbed::Addresses)> {
-    let mut cmd = env.pin.command(bin);
+    seedgate_cmd(env.pin.command(bin), config).await
+}
+
+async fn seedgate_cmd(mut cmd: std::process::Command, config: &Path) -> anyhow::Result<(Proc, testbed::Addresses)> {
     cmd.env("RUST_LOG", SEEDGATE_LOG);
     Proc::spawn_seedgate(cmd, config, &[]).await
 }
@@ -518,14 +561,15 @@ pub(crate) async fn seedgate_tunnel_pinned(
     let (sc, sk) = server_id.write(&d, "server")?;
     let (ac, ak) = agent_id.write(&d, "agent")?;
     let server_cfg = d.join("proxy-server.yaml");
+    let near = SocketAddr::new(env.ends.near_ip, 0);
     write_atomic(
         &server_cfg,
         &format!(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\n{server_top_yaml}\
-             agents:\n  listen: 127.0.0.1:0\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
+             agents:\n  listen: {near}\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
              frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n\
              \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n    protocol: grpc\n",
-            if quic { "  quic: { listen: 127.0.0.1:0 }\n" } else { "" },
+            if quic { format!("  quic: {{ listen: {near} }}\n") } else { String::new() },
             sc.display(),
             sk.display(),
             ca.display()
@@ -547,15 +591,16 @@ pub(crate) async fn seedgate_tunnel_pinned(
         &format!(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
              tunnel:\n  servers: [{agents}]\n{}  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
-             \x20 allow: [127.0.0.0/8]\n  max_streams: 16384\n",
+             \x20 allow: [{}]\n  max_streams: 16384\n",
             if quic { "  transport: quic\n" } else { "" },
             ac.display(),
             ak.display(),
-            ca.display()
+            ca.display(),
+            env.ends.far_allow.join(", "),
         ),
     )?;
-    let agent_env = Env { pin: agent_pin, ..*env };
-    let (ap, aa) = seedgate(&agent_env, &env.bins.agent, &agent_cfg).await?;
+    let (ap, aa) =
+        seedgate_cmd(agent_pin.command_in(env.ends.far_netns.as_deref(), &env.bins.agent), &agent_cfg).await?;
     let mut r = Running::new(label, Kind::Seedgate);
     r.push_seedgate(sp);
     r.push_seedgate(ap);
@@ -819,7 +864,7 @@ pub(crate) async fn rathole(
     check_anchor(label)?;
     let bin = env.anchors.rathole.clone().map_err(anyhow::Error::msg)?;
     let d = subdir(env, label)?;
-    let ctrl = host::free_port([127, 0, 0, 1])?;
+    let ctrl = env.near_port()?;
     let mut server = format!("[server]\nbind_addr = \"{ctrl}\"\ndefault_token = \"seedgate-bench\"\n");
     let mut client = format!("[client]\nremote_addr = \"{ctrl}\"\ndefault_token = \"seedgate-bench\"\n");
     if tls {
@@ -862,7 +907,7 @@ pub(crate) async fn rathole(
     let mut scmd = env.anchor_command(&bin);
     scmd.arg("-s").arg(&sc).env("RUST_LOG", "error");
     let sp = start_listening(scmd, &[ctrl]).await.with_context(|| format!("starting the {label} server"))?;
-    let mut ccmd = env.anchor_command(&bin);
+    let mut ccmd = env.far_command(&bin);
     ccmd.arg("-c").arg(&cc).env("RUST_LOG", "error");
     let cp = Proc::spawn(ccmd)?;
     let mut r = Running::new(label, Kind::Anchor);
@@ -914,7 +959,7 @@ pub(crate) async fn ssh_reverse(
     std::fs::copy(d.join("user_key.pub"), d.join("authorized_keys"))?;
     // sshd's privilege-separation directory (Debian's service script normally makes it).
     let _ = std::fs::create_dir_all("/run/sshd");
-    let port = host::free_port([127, 0, 0, 1])?;
+    let port = env.near_port()?;
     let conf = format!(
         "ListenAddress {port}\nHostKey {dir}/host_key\nPidFile {dir}/sshd.pid\nAuthorizedKeysFile {dir}/authorized_keys\n\
          PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
@@ -927,7 +972,7 @@ pub(crate) async fn ssh_reverse(
     scmd.arg("-D").arg("-e").arg("-f").arg(d.join("sshd_config"));
     let sp = start_listening(scmd, &[port]).await.with_context(|| format!("starting sshd for {label}"))?;
     let user = if nix_is_root() { "root".to_owned() } else { std::env::var("USER").unwrap_or_else(|_| "root".into()) };
-    let mut ccmd = env.anchor_command(&ssh);
+    let mut ccmd = env.far_command(&ssh);
     ccmd.args([
         "-N",
         "-T",
@@ -948,7 +993,7 @@ pub(crate) async fn ssh_reverse(
         ccmd.arg("-R").arg(format!("{v}:{}:{}", target.ip(), target.port()));
         visitors.push((*name, v));
     }
-    ccmd.arg(format!("{user}@127.0.0.1"));
+    ccmd.arg(format!("{user}@{}", env.ends.near_ip));
     let cp = Proc::spawn(ccmd)?;
     let mut r = Running::new(label, Kind::Anchor);
     r.procs.push(sp);
