@@ -647,9 +647,7 @@ impl Wan {
             bail!("a path on 10.{net}.0.0/30 exists already");
         }
         let link = Link::new(&self.seed, &self.shoot, net, shape, opts)?;
-        let bbr = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-            .is_ok_and(|s| s.split_whitespace().any(|c| c == "bbr"));
-        if bbr {
+        if kernel_has("bbr") {
             link.set_congestion_control("bbr")?;
         }
         self.links.push(link);
@@ -690,6 +688,12 @@ impl Wan {
         }
         Ok(())
     }
+}
+
+/// Whether the kernel has TCP congestion control `cc` (e.g. "bbr").
+pub fn kernel_has(cc: &str) -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .is_ok_and(|a| a.split_whitespace().any(|c| c == cc))
 }
 
 /// Create a TUN device `name` (IP packets, no packet-information header, no offloads) inside
