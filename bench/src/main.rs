@@ -1,6 +1,5 @@
 //! bench: the command line; each subcommand (the demo, the benchmark scenarios) lives in its own module.
 
-mod demo;
 mod fleet_agents;
 mod host;
 mod load;
@@ -114,7 +113,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let which = match cli.cmd {
-        Cmd::Demo(a) => return demo_main(a),
+        Cmd::Demo(a) => return demo::main(a),
         Cmd::ServeEcho { addr_file } => {
             return match load::run_echo_helper(&addr_file) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -172,23 +171,4 @@ fn main() -> ExitCode {
         Cmd::Wan => vec![Scenario::Wan],
     };
     scenarios::main(cli.opts, which)
-}
-
-fn demo_main(a: demo::Args) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench: cannot start the tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(demo::run(a));
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! A konnectivity client on gRPC core (Python `grpcio`, `tests/peers/konnectivity_client.py`), the implementation kube-apiserver's own gRPC stack shares its wire behaviour with: a child process driven one command per line.
 //!
 //! The script and the proto are compiled into this crate and written to a directory of the
-//! peer's own, so a test or the bench demo needs only the Python tools venv that `.ci/run`
+//! peer's own, so a test or the demo needs only the Python tools venv that `.ci/run`
 //! installs (grpcio and grpcio-tools, which generates the stubs at start).
 
 use crate::tmp::TempDir;

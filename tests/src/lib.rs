@@ -1,4 +1,4 @@
-//! testbed: what seedgate's end-to-end tests and the bench demo share to stand up a topology.
+//! testbed: what seedgate's end-to-end tests and the demo share to stand up a topology.
 //!
 //! - [`pki`]: a throw-away CA, server and client certificates, rustls configs.
 //! - [`backend`]: stand-in upstreams (a TLS "kube-apiserver", TCP echo/sink, a plain HTTP page).

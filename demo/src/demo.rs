@@ -30,7 +30,7 @@ const TUNNEL_ROUTE: &str = "proxy-server-tunnel";
 const QUIC_ROUTE: &str = "proxy-server-quic";
 
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {
+pub struct Args {
     /// Which build of the seedgate binaries to run (built first if missing or stale).
     #[arg(long, default_value = "release", value_parser = ["debug", "release"])]
     profile: String,
@@ -66,7 +66,7 @@ impl Report {
 }
 
 /// Run the demo; `Ok(false)` when an expected result did not happen.
-pub(crate) async fn run(args: Args) -> anyhow::Result<bool> {
+pub async fn run(args: Args) -> anyhow::Result<bool> {
     let bins = ensure_built(&args.profile, BINARIES)?;
     let router_bin = &bins[0];
     let mut dir = TempDir::new("demo")?;
