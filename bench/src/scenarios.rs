@@ -28,7 +28,9 @@ use crate::report::{self, Kind, MetricId, Results};
 use crate::systems::{Anchors, Bins, Env, Running, Slot};
 use anyhow::Context as _;
 use rustls::ClientConfig;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,66 +114,203 @@ pub(crate) struct Opts {
     pub wan_profile: Option<String>,
 }
 
-/// The scenarios, in the order `all` runs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Scenario {
-    SniBulk,
-    SniConnrate,
-    ProxyProtocol,
-    Connect,
-    Tunnel,
-    IdleMemory,
-    Reload,
-    Slowloris,
-    NoisyNeighbour,
-    Leak,
-    Ha,
-    Migration,
-    Fleet,
-    Scaling,
-    Soak,
-    Wan,
+/// One scenario: its subcommand and help, whether `all` runs it, and what the runner calls. The
+/// CLI's subcommands, `all`, the runner and the order of merged results all come from
+/// [`SCENARIOS`]; nothing else names a scenario.
+pub(crate) struct Scenario {
+    /// The subcommand, and the scenario's name in the results.
+    pub name: &'static str,
+    /// The subcommand's help.
+    pub about: &'static str,
+    /// Whether `all` runs it under these options.
+    in_all: fn(&Opts) -> bool,
+    /// Measure, recording every figure into the results.
+    run: Run,
+    /// Repeats of each measurement, as the run's record gives them.
+    repeats: fn(&Scale) -> usize,
 }
 
-impl Scenario {
-    /// What `all` runs (the soak only when `--soak-minutes` is given: it takes minutes).
-    pub(crate) const ALL: [Scenario; 15] = [
-        Self::SniBulk,
-        Self::SniConnrate,
-        Self::ProxyProtocol,
-        Self::Connect,
-        Self::Tunnel,
-        Self::IdleMemory,
-        Self::Reload,
-        Self::Slowloris,
-        Self::NoisyNeighbour,
-        Self::Leak,
-        Self::Ha,
-        Self::Migration,
-        Self::Fleet,
-        Self::Scaling,
-        Self::Wan,
-    ];
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
 
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::SniBulk => "sni-bulk",
-            Self::SniConnrate => "sni-connrate",
-            Self::ProxyProtocol => "proxy-protocol",
-            Self::Connect => "connect",
-            Self::Tunnel => "tunnel",
-            Self::IdleMemory => "idle-memory",
-            Self::Reload => "reload",
-            Self::Slowloris => "slowloris",
-            Self::NoisyNeighbour => "noisy-neighbour",
-            Self::Leak => "leak",
-            Self::Ha => "ha",
-            Self::Migration => "migration",
-            Self::Fleet => "fleet",
-            Self::Scaling => "scaling",
-            Self::Soak => "soak",
-            Self::Wan => "wan",
-        }
+type Run = for<'a> fn(&'a Ctx, &'a mut Results) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+
+/// A scenario module's `run`, as a [`Run`].
+macro_rules! run {
+    ($m:ident) => {
+        |ctx, res| Box::pin($m::run(ctx, res))
+    };
+}
+
+fn always(_: &Opts) -> bool {
+    true
+}
+
+fn repeats(s: &Scale) -> usize {
+    s.repeats
+}
+
+/// Leak and soak run once, with no measuring window of their own.
+fn once(_: &Scale) -> usize {
+    1
+}
+
+/// The scenarios, in the order `all` runs them.
+pub(crate) static SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "sni-bulk",
+        about: "A real ClientHello with SNI, then bulk bytes to a sink, 1 and 64 streams (Gbit/s): \
+                direct, sni-router, haproxy (with and without splice-auto), nginx ssl_preread",
+        in_all: always,
+        run: run!(sni_bulk),
+        repeats,
+    },
+    Scenario {
+        name: "sni-connrate",
+        about: "New connections/s with full TLS handshakes through SNI routing, and time to first \
+                response byte (p50/p99/p99.9) at saturation and at a fixed offered rate",
+        in_all: always,
+        run: run!(sni_connrate),
+        repeats,
+    },
+    Scenario {
+        name: "proxy-protocol",
+        about: "Connections/s through a PROXY-v2 listener routing by destination, with the header sent \
+                by the harness and by real senders (proxy-agent, haproxy send-proxy-v2)",
+        in_all: always,
+        run: run!(proxy_protocol),
+        repeats,
+    },
+    Scenario {
+        name: "connect",
+        about: "HTTP CONNECT open rate and open latency, and bulk through one CONNECT tunnel: \
+                sni-router vs squid, tinyproxy and nginx+njs",
+        in_all: always,
+        run: run!(connect),
+        repeats,
+    },
+    Scenario {
+        name: "tunnel",
+        about: "The reverse tunnel (proxy-server + proxy-agent, h2 and quic transports side by side) vs \
+                rathole and ssh -R: bulk, CPU per GB, new connections/s, CONNECT through a tunnel (vs \
+                squid behind rathole), 1k/10k concurrent streams, head-of-line blocking",
+        in_all: always,
+        run: run!(tunnel),
+        repeats,
+    },
+    Scenario {
+        name: "idle-memory",
+        about: "RSS per established idle proxied connection, for every system",
+        in_all: always,
+        run: run!(idle_memory),
+        repeats,
+    },
+    Scenario {
+        name: "reload",
+        about: "With 10,000 routes loaded: time from a config change to the new route serving, and \
+                connections reset by the reload (sni-router vs haproxy -sf and nginx reload)",
+        in_all: always,
+        run: run!(reload),
+        repeats,
+    },
+    Scenario {
+        name: "slowloris",
+        about: "With thousands of clients that sent three bytes of a TLS record and stalled: time for a \
+                real client to be served through SNI routing, with the same cap of 1,000 client \
+                connections: sni-router, haproxy (maxconn) and nginx ssl_preread (worker_connections)",
+        in_all: always,
+        run: run!(slowloris),
+        repeats,
+    },
+    Scenario {
+        name: "noisy-neighbour",
+        about: "Shoot B's time to first byte through SNI routing (p50/p99), quiet and while shoot A's \
+                clients hold the gateway at its connection limit: sni-router (default route share), \
+                haproxy (per-backend server maxconn + queue) and nginx ssl_preread, each capped at 1,000",
+        in_all: always,
+        run: run!(noisy_neighbour),
+        repeats,
+    },
+    Scenario {
+        name: "leak",
+        about: "N connections (--leak-connections, default 100,000) of every kind — complete, client \
+                reset, stalled until the handshake deadline, refused dial — through every path (SNI, \
+                PROXY v2, CONNECT, tunnel CONNECT, forward proxy): open fds, tokio tasks and RSS of each \
+                seedgate process before and after",
+        in_all: always,
+        run: run!(leak),
+        repeats: once,
+    },
+    Scenario {
+        name: "ha",
+        about: "proxy-server replicas behind one sni-router route and one proxy-agent: time from a \
+                replica's start to the agent's first session (after a SIGKILL), and the CONNECT success \
+                rate while every replica is restarted in turn (seedgate only)",
+        in_all: always,
+        run: run!(ha),
+        repeats,
+    },
+    Scenario {
+        name: "migration",
+        about: "A shoot's control plane moved between two seeds of three proxy-server replicas each \
+                (network namespaces, root; etcd): failed requests during the move, time until every h2 \
+                and QUIC agent is on the new seed, and a live etcd watch's gap (seedgate only)",
+        in_all: always,
+        run: run!(migration),
+        repeats,
+    },
+    Scenario {
+        name: "fleet",
+        about: "N agents (--agents, default 1,000) of ten clusters through one sni-router to three \
+                proxy-server replicas, over h2 and over QUIC: memory per session, time for the fleet to \
+                connect, and the reconnect storm after a replica's SIGKILL (seedgate only)",
+        in_all: always,
+        run: run!(fleet),
+        repeats: |s| s.fleet_kills,
+    },
+    Scenario {
+        name: "scaling",
+        about: "The gateway and the tunnel given N = 1, 2, 4, … CPUs (--scaling-cpus), beside haproxy \
+                (nbthread N) and nginx (worker_processes N), with load from one process per other CPU: \
+                full-TLS connections/s, SNI bulk, PROXY-v2 connections/s, CONNECT opens/s, tunnel CONNECT \
+                opens/s and bulk; scaling efficiency and what /proc shows of each window",
+        in_all: always,
+        run: run!(scaling),
+        repeats,
+    },
+    Scenario {
+        name: "wan",
+        about: "The reverse tunnel across an emulated WAN link (two network namespaces, a user-space \
+                link with delay, rate limit, bottleneck queue and loss): one stream up and down, 16 and 64 \
+                streams down, a 1-byte round trip behind a bulk stream, memory: direct TCP (BBR, Cubic), \
+                seedgate h2 and QUIC, rathole, ssh -R; 50/150/300 ms at two rates, 50 ms with loss",
+        in_all: always,
+        run: run!(wan),
+        repeats: |s| s.wan_repeats,
+    },
+    Scenario {
+        name: "soak",
+        about: "Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds \
+                and tasks of each process sampled every second, start, end and slope per minute \
+                (with `all` only when --soak-minutes is given)",
+        in_all: |o| o.soak_minutes.is_some(),
+        run: run!(soak),
+        repeats: once,
+    },
+];
+
+impl Scenario {
+    /// The scenario named `name` (a subcommand).
+    pub(crate) fn by_name(name: &str) -> Option<&'static Scenario> {
+        SCENARIOS.iter().find(|s| s.name == name)
+    }
+
+    /// What `all` runs under these options, in order.
+    pub(crate) fn all(opts: &Opts) -> Vec<&'static Scenario> {
+        SCENARIOS.iter().filter(|s| (s.in_all)(opts)).collect()
     }
 }
 
@@ -365,7 +504,7 @@ pub(crate) fn record_skips(res: &mut Results, metrics: &[MetricId], slots: &[Slo
 }
 
 /// Run the scenarios (CLI entry point for everything but the demo).
-pub(crate) fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
+pub(crate) fn main(opts: Opts, which: Vec<&'static Scenario>) -> ExitCode {
     match run_main(opts, which) {
         Ok(code) => code,
         Err(e) => {
@@ -375,7 +514,7 @@ pub(crate) fn main(opts: Opts, which: Vec<Scenario>) -> ExitCode {
     }
 }
 
-fn run_main(opts: Opts, which: Vec<Scenario>) -> anyhow::Result<ExitCode> {
+fn run_main(opts: Opts, which: Vec<&'static Scenario>) -> anyhow::Result<ExitCode> {
     // Build first (with every CPU), then pin the harness.
     let profile = if opts.debug { "debug" } else { "release" };
     let bins = testbed::ensure_built(profile, &["sni-router", "proxy-server", "proxy-agent"])?;
@@ -388,7 +527,7 @@ fn run_main(opts: Opts, which: Vec<Scenario>) -> anyhow::Result<ExitCode> {
 
 async fn run_async(
     opts: Opts,
-    which: Vec<Scenario>,
+    which: Vec<&'static Scenario>,
     bins: Bins,
     pin: Pinning,
     nofile: u64,
@@ -421,46 +560,21 @@ async fn run_async(
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut interrupted = false;
     for sc in &which {
-        eprintln!("bench: == {} ==", sc.name());
+        eprintln!("bench: == {} ==", sc.name);
         let t = Instant::now();
         let (date, load0) = (host::utc_now(), host::loadavg());
-        let fut = async {
-            match sc {
-                Scenario::SniBulk => sni_bulk::run(&ctx, &mut res).await,
-                Scenario::SniConnrate => sni_connrate::run(&ctx, &mut res).await,
-                Scenario::ProxyProtocol => proxy_protocol::run(&ctx, &mut res).await,
-                Scenario::Connect => connect::run(&ctx, &mut res).await,
-                Scenario::Tunnel => tunnel::run(&ctx, &mut res).await,
-                Scenario::IdleMemory => idle_memory::run(&ctx, &mut res).await,
-                Scenario::Reload => reload::run(&ctx, &mut res).await,
-                Scenario::Slowloris => slowloris::run(&ctx, &mut res).await,
-                Scenario::NoisyNeighbour => noisy_neighbour::run(&ctx, &mut res).await,
-                Scenario::Leak => leak::run(&ctx, &mut res).await,
-                Scenario::Ha => ha::run(&ctx, &mut res).await,
-                Scenario::Migration => migration::run(&ctx, &mut res).await,
-                Scenario::Fleet => fleet::run(&ctx, &mut res).await,
-                Scenario::Scaling => scaling::run(&ctx, &mut res).await,
-                Scenario::Soak => soak::run(&ctx, &mut res).await,
-                Scenario::Wan => wan::run(&ctx, &mut res).await,
-            }
-        };
+        let fut = (sc.run)(&ctx, &mut res);
         let r = tokio::select! {
             r = fut => Some(r),
             _ = tokio::signal::ctrl_c() => None,
             _ = sigterm.recv() => None,
         };
         res.runs.push(report::ScenarioRun {
-            scenario: sc.name().into(),
+            scenario: sc.name.into(),
             date_utc: date,
             loadavg_start: load0,
             loadavg_end: host::loadavg(),
-            // leak and soak run once, with no measuring window of their own.
-            repeats: match sc {
-                Scenario::Leak | Scenario::Soak => 1,
-                Scenario::Fleet => ctx.scale.fleet_kills,
-                Scenario::Wan => ctx.scale.wan_repeats,
-                _ => ctx.scale.repeats,
-            },
+            repeats: (sc.repeats)(&ctx.scale),
             window_s: ctx.scale.window.as_secs_f64(),
             smoke: opts.smoke,
             seconds: t.elapsed().as_secs_f64(),
@@ -468,20 +582,20 @@ async fn run_async(
         });
         match r {
             None => {
-                eprintln!("bench: interrupted during {}", sc.name());
-                res.remark(sc.name(), "interrupted: the figures of this scenario are incomplete");
+                eprintln!("bench: interrupted during {}", sc.name);
+                res.remark(sc.name, "interrupted: the figures of this scenario are incomplete");
                 interrupted = true;
                 break;
             }
             Some(Err(e)) => {
-                eprintln!("bench: scenario {} failed: {e:#}", sc.name());
+                eprintln!("bench: scenario {} failed: {e:#}", sc.name);
                 let first = format!("{e:#}").lines().next().unwrap_or("").to_owned();
-                res.remark(sc.name(), &format!("scenario failed: {first}"));
-                failed.push(format!("{} (scenario error)", sc.name()));
+                res.remark(sc.name, &format!("scenario failed: {first}"));
+                failed.push(format!("{} (scenario error)", sc.name));
             }
             Some(Ok(())) => {}
         }
-        eprintln!("bench: {} took {:.1} s", sc.name(), t.elapsed().as_secs_f64());
+        eprintln!("bench: {} took {:.1} s", sc.name, t.elapsed().as_secs_f64());
     }
     machine.loadavg_end = host::loadavg();
     // A seedgate system that could not start, or a seedgate measurement that errored, means the
@@ -497,7 +611,7 @@ async fn run_async(
                     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", json_path.display()))?;
                 let older: Results = serde_json::from_value(v["results"].clone())
                     .with_context(|| format!("reading the results in {}", json_path.display()))?;
-                let order: Vec<&str> = Scenario::ALL.iter().chain(&[Scenario::Soak]).map(|s| s.name()).collect();
+                let order: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
                 res.merge_older(older, &order);
             }
             Err(e) => eprintln!("bench: --merge: nothing to merge from {} ({e})", json_path.display()),
@@ -513,7 +627,7 @@ async fn run_async(
         "scale": ctx.scale,
         "smoke": opts.smoke,
         "debug_binaries": opts.debug,
-        "scenarios": which.iter().map(|s| s.name()).collect::<Vec<_>>(),
+        "scenarios": which.iter().map(|s| s.name).collect::<Vec<_>>(),
         "anchors": versions.iter().map(|(k, v)| serde_json::json!({"name": k, "version": v})).collect::<Vec<_>>(),
         "duration_s": started.elapsed().as_secs_f64(),
         "results": res,
@@ -624,7 +738,7 @@ fn write_file(p: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))
 }
 
-fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration, which: &[Scenario]) -> String {
+fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration, which: &[&Scenario]) -> String {
     let s = &ctx.scale;
     let mut h = String::new();
     h.push_str(&format!(
@@ -659,7 +773,7 @@ fn header(ctx: &Ctx, m: &Machine, versions: &[(String, String)], took: Duration,
     ));
     h.push_str(&format!(
         "- scenarios: {}; took {:.0} s\n- columns: `vs direct` = system ÷ direct (for latencies: the added time); `seedgate ÷ this` = the first seedgate row ÷ this row (> 1 means seedgate's number is larger: better for ↑ figures, worse for ↓ ones); ⚠ = errors, listed under the table\n",
-        which.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
+        which.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
         took.as_secs_f64()
     ));
     h
