@@ -16,7 +16,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(about = "seedgate side-by-side benchmarks (and the demo)", subcommand_required = true, arg_required_else_help = true)]
+#[command(
+    about = "seedgate side-by-side benchmarks (and the demo)",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
 struct Cli {
     #[command(flatten)]
     opts: scenarios::Opts,
@@ -63,9 +67,9 @@ enum Parsed {
 
 /// The command line: [`Cli`]'s options, [`Cmd`]'s subcommands and one per scenario of the table.
 fn command() -> clap::Command {
-    SCENARIOS.iter().fold(Cmd::augment_subcommands(Cli::command()), |c, s| {
-        c.subcommand(clap::Command::new(s.name).about(s.about))
-    })
+    SCENARIOS
+        .iter()
+        .fold(Cmd::augment_subcommands(Cli::command()), |c, s| c.subcommand(clap::Command::new(s.name).about(s.about)))
 }
 
 fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Parsed, clap::Error> {
@@ -162,10 +166,8 @@ mod tests {
     #[test]
     fn the_readme_lists_the_scenarios_of_the_table_in_its_order() {
         let readme = include_str!("../README.md");
-        let table: Vec<&str> = readme
-            .lines()
-            .filter_map(|l| l.strip_prefix("| `")?.split_once('`').map(|(name, _)| name))
-            .collect();
+        let table: Vec<&str> =
+            readme.lines().filter_map(|l| l.strip_prefix("| `")?.split_once('`').map(|(name, _)| name)).collect();
         let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
         let mut in_order = names.clone();
         // The README's table gives the soak with the leak scenario it repeats.

@@ -68,6 +68,28 @@ pub(crate) struct Metric {
     pub rows: Vec<Row>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The figure's [`FigureId::key`], where it was recorded with one (targets find it by that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The figure's parameter beside its id (a stream count, a number of CPUs, a WAN profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// A figure's typed identity: the scenario that records it and the key its targets find it by.
+/// The displayed name may change, carry a parameter or read differently in a smoke run; the id
+/// does not, so a target cannot lose its figure to a rename (a figure no longer recorded under
+/// its id is a missing target input, which fails the run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FigureId {
+    pub scenario: &'static str,
+    pub key: &'static str,
+}
+
+impl FigureId {
+    pub(crate) const fn new(scenario: &'static str, key: &'static str) -> Self {
+        Self { scenario, key }
+    }
 }
 
 /// When and under what load one scenario ran (results can be merged from several runs).
@@ -84,6 +106,13 @@ pub(crate) struct ScenarioRun {
     /// The systems' `GLIBC_TUNABLES` (absent in runs from before the bench set it).
     #[serde(default)]
     pub glibc_tunables: Option<String>,
+    /// Whether the scenario ran to its end (not when it failed with an error or was interrupted).
+    #[serde(default = "yes")]
+    pub completed: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Metric {
@@ -122,8 +151,51 @@ impl Results {
             better,
             rows: Vec::new(),
             note: None,
+            id: None,
+            at: None,
         });
         MetricId(self.metrics.len() - 1)
+    }
+
+    /// The figure `id`, named `name` in the table, created on first use.
+    pub(crate) fn figure(&mut self, id: FigureId, name: &str, unit: &str, better: Better) -> MetricId {
+        self.keyed(id, None, name, unit, better)
+    }
+
+    /// The figure `id` at parameter `at` (a stream count, CPUs, a profile), named `name`.
+    pub(crate) fn figure_at(
+        &mut self,
+        id: FigureId,
+        at: impl std::fmt::Display,
+        name: &str,
+        unit: &str,
+        better: Better,
+    ) -> MetricId {
+        self.keyed(id, Some(at.to_string()), name, unit, better)
+    }
+
+    fn keyed(&mut self, id: FigureId, at: Option<String>, name: &str, unit: &str, better: Better) -> MetricId {
+        let m = self.metric(id.scenario, name, unit, better);
+        let metric = &mut self.metrics[m.0];
+        metric.id = Some(id.key.to_owned());
+        metric.at = at;
+        m
+    }
+
+    /// The figure `id` (at `at`), if recorded.
+    pub(crate) fn find(&self, id: FigureId, at: Option<&str>) -> Option<&Metric> {
+        self.metrics
+            .iter()
+            .find(|m| m.scenario == id.scenario && m.id.as_deref() == Some(id.key) && m.at.as_deref() == at)
+    }
+
+    /// The parameters figure `id` was recorded at, in the order recorded.
+    pub(crate) fn params(&self, id: FigureId) -> Vec<&str> {
+        self.metrics
+            .iter()
+            .filter(|m| m.scenario == id.scenario && m.id.as_deref() == Some(id.key))
+            .filter_map(|m| m.at.as_deref())
+            .collect()
     }
 
     /// `scenario | name (unit)` of a metric, for progress lines.
@@ -548,270 +620,198 @@ pub(crate) fn svg(res: &Results, title: &str) -> String {
     out
 }
 
-/// The median of the first row whose system starts with `system`, in the first metric of
-/// `scenario` whose name starts with `name`.
-fn med(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
-    med_where(res, scenario, system, |n| n.starts_with(name))
+/// What a target reads: the median of one system's row (the first whose label starts with
+/// `system`) of one figure.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Input<'a> {
+    pub fig: FigureId,
+    pub at: Option<&'a str>,
+    pub system: &'a str,
 }
 
-/// [`med`] of the figure named exactly `name`.
-fn med_exact(res: &Results, scenario: &str, name: &str, system: &str) -> Option<f64> {
-    med_where(res, scenario, system, |n| n == name)
+/// `system`'s row of figure `fig`.
+pub(crate) fn of(fig: FigureId, system: &str) -> Input<'_> {
+    Input { fig, at: None, system }
 }
 
-fn med_where(res: &Results, scenario: &str, system: &str, name_matches: impl Fn(&str) -> bool) -> Option<f64> {
-    res.metrics
-        .iter()
-        .filter(|m| m.scenario == scenario && name_matches(&m.name))
-        .flat_map(|m| m.rows.iter())
-        .find(|r| r.system.starts_with(system))
-        .and_then(Row::median)
+/// `system`'s row of figure `fig` at parameter `at`.
+pub(crate) fn at<'a>(fig: FigureId, at: &'a str, system: &'a str) -> Input<'a> {
+    Input { fig, at: Some(at), system }
 }
 
-/// The project's performance targets, evaluated on these results (rows whose inputs are missing
-/// are left out).
-pub(crate) fn targets(res: &Results) -> String {
-    let mut rows: Vec<(String, String, bool)> = Vec::new();
-    /// Row "ours ÷ theirs", met when `ok(ratio)`.
-    fn ratio_row(
-        rows: &mut Vec<(String, String, bool)>,
+/// What a target found for one input.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Read {
+    Value(f64),
+    /// The system was skipped, or every measurement of it errored: said on its row already (a
+    /// seedgate error fails the run there), so the target is only shown as not evaluated.
+    Unavailable(String),
+    /// The figure was never recorded under its id, or has no row for the system at all: the
+    /// scenario and its targets disagree, and the target fails the run.
+    Missing(String),
+}
+
+/// Whether a target is met, and if not evaluated, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Met,
+    Unmet,
+    Unavailable,
+    Missing,
+}
+
+/// One row of the targets table.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub what: String,
+    pub value: String,
+    pub verdict: Verdict,
+}
+
+/// The targets of one scenario, evaluated on the results.
+///
+/// A target whose figure is missing (never recorded under its id, or without a row for the
+/// system) is [`Verdict::Missing`], which fails the run; not where the scenario did not run to
+/// its end (its error already failed the run) or was merged from an older results file (shown
+/// as missing, not evaluated). A system skipped (an anchor not installed, left
+/// out by `--seedgate-only` or `--only`, a scenario that cannot run here) or that errored has a
+/// row saying so; its targets are [`Verdict::Unavailable`] and fail nothing of their own. A
+/// scenario that did not run has no targets in the table.
+#[derive(Debug)]
+pub(crate) struct Targets<'a> {
+    pub res: &'a Results,
+    /// A missing figure fails the run (the scenario ran in this run, to its end).
+    missing_fails: bool,
+    pub rows: Vec<Target>,
+}
+
+impl<'a> Targets<'a> {
+    pub(crate) fn new(res: &'a Results, missing_fails: bool) -> Self {
+        Self { res, missing_fails, rows: Vec::new() }
+    }
+
+    /// The median of `i`'s row, or why there is none.
+    pub(crate) fn read(&self, i: Input<'_>) -> Read {
+        let at = i.at.map(|a| format!(" at {a}")).unwrap_or_default();
+        let Some(m) = self.res.find(i.fig, i.at) else {
+            return Read::Missing(format!("figure {}/{}{at} not recorded", i.fig.scenario, i.fig.key));
+        };
+        let Some(r) = m.rows.iter().find(|r| r.system.starts_with(i.system)) else {
+            return Read::Missing(format!("no row for {} in {}", i.system, m.name));
+        };
+        match r.median() {
+            Some(v) => Read::Value(v),
+            None => Read::Unavailable(format!("{} in {}: {}", r.system, m.name, unavailable(r))),
+        }
+    }
+
+    /// A row that could not be evaluated: missing if any input is, else unavailable.
+    pub(crate) fn not_evaluated(&mut self, what: &str, reads: &[Read]) {
+        // Each reason once (two inputs of one figure can miss for the same reason).
+        let reasons = |missing: bool| {
+            let mut v: Vec<&str> = Vec::new();
+            for r in reads {
+                let w = match r {
+                    Read::Missing(w) if missing => w,
+                    Read::Unavailable(w) if !missing => w,
+                    _ => continue,
+                };
+                if !v.contains(&w.as_str()) {
+                    v.push(w);
+                }
+            }
+            v
+        };
+        let missing = reasons(true);
+        let (value, verdict) = if missing.is_empty() {
+            (format!("not measured: {}", reasons(false).join("; ")), Verdict::Unavailable)
+        } else {
+            let verdict = if self.missing_fails { Verdict::Missing } else { Verdict::Unavailable };
+            (format!("missing: {}", missing.join("; ")), verdict)
+        };
+        self.rows.push(Target { what: what.to_owned(), value: value.replace('|', "/"), verdict });
+    }
+
+    /// A target on the values of `reads`: `eval` gives the value shown and whether it is met
+    /// (`None`: the values cannot be compared, e.g. a zero divisor).
+    pub(crate) fn check_reads(
+        &mut self,
         what: &str,
-        (ours, theirs): (Option<f64>, Option<f64>),
-        unit: &str,
-        ok: impl Fn(f64) -> bool,
+        reads: &[Read],
+        eval: impl FnOnce(&[f64]) -> Option<(String, bool)>,
     ) {
-        if let (Some(o), Some(t)) = (ours, theirs)
-            && t > 0.0
-        {
-            let r = o / t;
-            rows.push((what.to_owned(), format!("{} ÷ {} {unit} = {r:.2}×", fmt_num(o), fmt_num(t)), ok(r)));
+        let values: Vec<f64> =
+            reads.iter().filter_map(|r| if let Read::Value(v) = r { Some(*v) } else { None }).collect();
+        if values.len() < reads.len() {
+            return self.not_evaluated(what, reads);
         }
+        let (value, verdict) = match eval(&values) {
+            Some((v, true)) => (v, Verdict::Met),
+            Some((v, false)) => (v, Verdict::Unmet),
+            None => ("not comparable (a divisor of 0)".to_owned(), Verdict::Unavailable),
+        };
+        self.rows.push(Target { what: what.to_owned(), value, verdict });
     }
-    fn ratio_at_least(
-        rows: &mut Vec<(String, String, bool)>,
+
+    /// A target evaluated by the scenario itself.
+    pub(crate) fn push(&mut self, what: &str, value: String, met: bool) {
+        let verdict = if met { Verdict::Met } else { Verdict::Unmet };
+        self.rows.push(Target { what: what.to_owned(), value, verdict });
+    }
+
+    /// A target on the figures `inputs` read.
+    pub(crate) fn check(
+        &mut self,
         what: &str,
-        ours: Option<f64>,
-        theirs: Option<f64>,
-        min: f64,
-        unit: &str,
+        inputs: &[Input<'_>],
+        eval: impl FnOnce(&[f64]) -> Option<(String, bool)>,
     ) {
-        ratio_row(rows, what, (ours, theirs), unit, |r| r >= min);
+        let reads: Vec<Read> = inputs.iter().map(|&i| self.read(i)).collect();
+        self.check_reads(what, &reads, eval)
     }
-    fn ratio_at_most(
-        rows: &mut Vec<(String, String, bool)>,
+
+    /// "ours ÷ theirs", met when `ok(ratio)`.
+    fn ratio(&mut self, what: &str, ours: Input<'_>, theirs: Input<'_>, unit: &str, ok: impl Fn(f64) -> bool) {
+        self.check(what, &[ours, theirs], |v| {
+            let (o, t) = (v[0], v[1]);
+            (t > 0.0).then(|| (format!("{} ÷ {} {unit} = {:.2}×", fmt_num(o), fmt_num(t), o / t), ok(o / t)))
+        });
+    }
+
+    pub(crate) fn ratio_at_least(&mut self, what: &str, ours: Input<'_>, theirs: Input<'_>, min: f64, unit: &str) {
+        self.ratio(what, ours, theirs, unit, |r| r >= min);
+    }
+
+    pub(crate) fn ratio_at_most(&mut self, what: &str, ours: Input<'_>, theirs: Input<'_>, max: f64, unit: &str) {
+        self.ratio(what, ours, theirs, unit, |r| r <= max);
+    }
+
+    /// One figure against a bound: `show` formats it, `ok` says whether it is met.
+    pub(crate) fn value(
+        &mut self,
         what: &str,
-        ours: Option<f64>,
-        theirs: Option<f64>,
-        max: f64,
-        unit: &str,
+        i: Input<'_>,
+        show: impl FnOnce(f64) -> String,
+        ok: impl FnOnce(f64) -> bool,
     ) {
-        ratio_row(rows, what, (ours, theirs), unit, |r| r <= max);
+        self.check(what, &[i], |v| Some((show(v[0]), ok(v[0]))));
     }
-    let b = "sni-bulk";
-    ratio_at_least(
-        &mut rows,
-        "sni-router bulk (1 stream) ≥ 0.5× direct",
-        med(res, b, "bulk, 1 stream", "sni-router"),
-        med(res, b, "bulk, 1 stream", "direct"),
-        0.5,
-        "Gbit/s",
-    );
-    ratio_at_least(
-        &mut rows,
-        "sni-router bulk (64 streams) ≥ 0.5× direct",
-        med(res, b, "bulk, 64", "sni-router"),
-        med(res, b, "bulk, 64", "direct"),
-        0.5,
-        "Gbit/s",
-    );
-    ratio_at_least(
-        &mut rows,
-        "sni-router bulk (1 stream) ahead of haproxy splice-auto",
-        med(res, b, "bulk, 1 stream", "sni-router"),
-        med(res, b, "bulk, 1 stream", "haproxy splice"),
-        1.0,
-        "Gbit/s",
-    );
-    ratio_at_least(
-        &mut rows,
-        "sni-router bulk (64 streams) ahead of haproxy splice-auto",
-        med(res, b, "bulk, 64", "sni-router"),
-        med(res, b, "bulk, 64", "haproxy splice"),
-        1.0,
-        "Gbit/s",
-    );
-    let c = "sni-connrate";
-    ratio_at_least(
-        &mut rows,
-        "full-TLS connections/s ≥ 0.8× direct",
-        med(res, c, "full-TLS", "sni-router"),
-        med(res, c, "full-TLS", "direct"),
-        0.8,
-        "conn/s",
-    );
-    let p50 = |sys: &str| med(res, c, "time to first byte p50 at 200", sys);
-    let p99 = |sys: &str| med(res, c, "time to first byte p99 at 200", sys);
-    if let (Some(o), Some(d)) = (p50("sni-router"), p50("direct")) {
-        rows.push(("added median latency ≤ 15 µs".into(), format!("{:+.0} µs (at 200 conn/s)", o - d), o - d <= 15.0));
-    }
-    if let (Some(o), Some(h), Some(d)) = (p99("sni-router"), p99("haproxy"), p99("direct")) {
-        let (ao, ah) = (o - d, h - d);
-        rows.push((
-            "added p99 latency ≤ ½ haproxy's".into(),
-            format!("{ao:+.0} µs vs haproxy {ah:+.0} µs"),
-            ao <= ah / 2.0,
-        ));
-    }
-    let pp = "proxy-protocol";
-    let best = [
-        med(res, pp, "PROXY-v2 listener alone, connections", "haproxy"),
-        med(res, pp, "PROXY-v2 listener alone, connections", "nginx"),
-    ]
-    .into_iter()
-    .flatten()
-    .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
-    ratio_at_least(
-        &mut rows,
-        "PROXY-v2 listener connections/s ≥ 1.5× best of haproxy/nginx",
-        med(res, pp, "PROXY-v2 listener alone, connections", "sni-router"),
-        best,
-        1.5,
-        "conn/s",
-    );
-    let im = "idle-memory";
-    if let Some(v) = med(res, im, "SNI passthrough", "sni-router") {
-        rows.push(("idle memory ≤ 2 KiB per routed connection (sni-router)".into(), format!("{v:.1} KiB"), v <= 2.0));
-    }
-    if let Some(v) = med(res, im, "reverse tunnel", "proxy-server") {
-        rows.push(("idle memory ≤ 4.5 KiB per tunnel stream (both ends)".into(), format!("{v:.2} KiB"), v <= 4.5));
-    }
-    let t = "tunnel";
-    let (h2, quic) = ("proxy-server + proxy-agent (h2)", "proxy-server + proxy-agent (quic)");
-    // "download, 50 streams" also starts the stalled-reader figure's name: match names exactly.
-    let bulks = [
-        ("1 stream", "bulk upload, 1 stream"),
-        ("64 streams", "bulk upload, 64 streams"),
-        ("download", "download, 50 streams"),
-    ];
-    for (what, name) in bulks {
-        for (anchor, min) in [("rathole (tls)", 1.5), ("rathole (tcp)", 1.0)] {
-            ratio_at_least(
-                &mut rows,
-                &format!("tunnel h2 bulk ({what}) ≥ {min:.1}× {anchor}"),
-                med_exact(res, t, name, h2),
-                med_exact(res, t, name, anchor),
-                min,
-                "Gbit/s",
-            );
-        }
-        ratio_at_least(
-            &mut rows,
-            &format!("tunnel QUIC bulk ({what}) ≥ 0.8× h2"),
-            med_exact(res, t, name, quic),
-            med_exact(res, t, name, h2),
-            0.8,
-            "Gbit/s",
-        );
-    }
-    let cpu = "CPU per GB moved";
-    ratio_at_most(
-        &mut rows,
-        "tunnel h2 CPU per GB ≤ 1.15× rathole (tcp)",
-        med(res, t, cpu, h2),
-        med(res, t, cpu, "rathole (tcp)"),
-        1.15,
-        "s",
-    );
-    ratio_at_most(
-        &mut rows,
-        "tunnel QUIC CPU per GB ≤ 1.25× h2",
-        med(res, t, cpu, quic),
-        med(res, t, cpu, h2),
-        1.25,
-        "s",
-    );
-    for q in ["p50", "p99"] {
-        let name = format!("time to first byte {q} at 200");
-        for sys in [h2, quic] {
-            let label = if sys == h2 { "h2" } else { "QUIC" };
-            ratio_at_most(
-                &mut rows,
-                &format!("tunnel {label} time to first byte {q} ≤ rathole (tcp)"),
-                med(res, t, &name, sys),
-                med(res, t, &name, "rathole (tcp)"),
-                1.0,
-                "µs",
-            );
-        }
-    }
-    ratio_at_least(
-        &mut rows,
-        "CONNECT through the tunnel ≥ 3× squid+rathole opens/s",
-        med(res, t, "CONNECT through a reverse tunnel, opens", h2),
-        med(res, t, "CONNECT through a reverse tunnel, opens", "squid"),
-        3.0,
-        "opens/s",
-    );
-    if let Some(v) = med(res, t, "CONNECT through a reverse tunnel, open latency p99 at 200", h2) {
-        rows.push((
-            "CONNECT through the tunnel: p99 open latency ≤ 4 ms".into(),
-            format!("{:.2} ms (at 200 conn/s)", v / 1000.0),
-            v <= 4000.0,
-        ));
-    }
-    if let Some(v) = med(res, t, "head-of-line ratio", h2) {
-        rows.push(("tunnel h2 head-of-line ratio ≥ 0.95".into(), format!("{v:.2}"), v >= 0.95));
-    }
-    if let Some(v) = med(res, t, "memory per open stream at 10000", h2) {
-        rows.push((
-            "tunnel h2 memory per open stream ≤ 4.5 KiB (10,000 streams, both ends)".into(),
-            format!("{v:.2} KiB"),
-            v <= 4.5,
-        ));
-    }
-    for m in res.metrics.iter().filter(|m| m.scenario == t && m.name.starts_with("streams completing")) {
-        let n: f64 = m.name.rsplit(' ').next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
-        if let Some(v) = m.rows.iter().find(|r| r.system.starts_with("proxy-server")).and_then(Row::median) {
-            rows.push((format!("{n:.0} concurrent streams all complete"), format!("{v:.0} of {n:.0}"), v >= n));
-        }
-    }
-    let rl = "reload";
-    if let Some(v) = med(res, rl, "connections reset", "sni-router") {
-        rows.push(("reload resets 0 connections".into(), format!("{v:.0}"), v == 0.0));
-    }
-    if let Some(v) = med(res, rl, "new route live", "sni-router (SIGHUP)") {
-        rows.push(("new route live < 100 ms at 10,000 routes (full reload)".into(), format!("{v:.0} ms"), v < 100.0));
-    }
-    if let Some(v) = med(res, rl, "new route live", "sni-router (routes_dir") {
-        rows.push(("one new shoot file live < 20 ms at 10,000 routes".into(), format!("{v:.1} ms"), v < 20.0));
-    }
-    let nn = "noisy-neighbour";
-    if let (Some(quiet), Some(flood)) = (
-        med(res, nn, "shoot B time to first byte p99, quiet", "sni-router"),
-        med(res, nn, "shoot B time to first byte p99, shoot A flooding", "sni-router"),
-    ) && quiet > 0.0
-    {
-        let r = flood / quiet;
-        rows.push((
-            "shoot B's p99 with shoot A flooding ≤ 1.5× quiet".into(),
-            format!("{} ÷ {} µs = {r:.2}×", fmt_num(flood), fmt_num(quiet)),
-            r <= 1.5,
-        ));
-    }
-    let mut rows: Vec<(String, String, Option<bool>)> = rows.into_iter().map(|(w, v, ok)| (w, v, Some(ok))).collect();
-    rows.extend(crate::scenarios::scaling_targets(res).into_iter().map(|(w, v, ok)| (w, v, Some(ok))));
-    rows.extend(crate::scenarios::wan::targets(res));
+}
+
+/// The targets table in Markdown (empty when no scenario that ran has targets).
+pub(crate) fn targets_markdown(rows: &[Target]) -> String {
     if rows.is_empty() {
         return String::new();
     }
     let mut out = String::from("\n### targets\n\n| target | seedgate now | met |\n|---|---|---|\n");
-    for (what, value, ok) in rows {
-        let met = match ok {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "—",
+    for t in rows {
+        let met = match t.verdict {
+            Verdict::Met => "yes",
+            Verdict::Unmet => "**no**",
+            Verdict::Unavailable => "—",
+            Verdict::Missing => "**missing**",
         };
-        let _ = writeln!(out, "| {what} | {value} | {met} |");
+        let _ = writeln!(out, "| {} | {} | {met} |", t.what, t.value);
     }
     out
 }
@@ -858,55 +858,43 @@ mod tests {
     }
 
     #[test]
-    fn tunnel_targets_compare_h2_with_rathole_and_quic_with_h2() {
-        let (h2, quic) = ("proxy-server + proxy-agent (h2)", "proxy-server + proxy-agent (quic)");
+    fn a_target_whose_figure_is_missing_fails_one_whose_system_was_skipped_does_not() {
+        const BULK: FigureId = FigureId::new("sni-bulk", "bulk-1");
+        const RENAMED: FigureId = FigureId::new("sni-bulk", "bulk-64");
         let mut r = Results::default();
-        let bulk = r.metric("tunnel", "bulk upload, 1 stream", "Gbit/s", Better::Higher);
-        for (sys, kind, v) in [
-            (h2, Kind::Seedgate, 6.0),
-            (quic, Kind::Seedgate, 4.0),
-            ("rathole (tcp)", Kind::Anchor, 6.5),
-            ("rathole (tls)", Kind::Anchor, 3.0),
-        ] {
-            r.add(bulk, sys, kind, v);
-        }
-        let cpu = r.metric("tunnel", "CPU per GB moved, bulk upload 1 stream (both ends)", "CPU s/GB", Better::Lower);
-        for (sys, kind, v) in
-            [(h2, Kind::Seedgate, 1.40), (quic, Kind::Seedgate, 1.80), ("rathole (tcp)", Kind::Anchor, 1.25)]
-        {
-            r.add(cpu, sys, kind, v);
-        }
-        let p50 = r.metric("tunnel", "time to first byte p50 at 200 conn/s", "µs", Better::Lower);
-        for (sys, kind, v) in
-            [(h2, Kind::Seedgate, 300.0), (quic, Kind::Seedgate, 500.0), ("rathole (tcp)", Kind::Anchor, 400.0)]
-        {
-            r.add(p50, sys, kind, v);
-        }
-        // The stalled-reader figure's name starts with the plain download's: recorded first here,
-        // it must not be taken for it.
-        let stalled = r.metric("tunnel", "download, 50 streams + 1 stalled reader", "Gbit/s", Better::Higher);
-        r.add(stalled, h2, Kind::Seedgate, 1.0);
-        r.add(stalled, "rathole (tcp)", Kind::Anchor, 9.0);
-        let dl = r.metric("tunnel", "download, 50 streams", "Gbit/s", Better::Higher);
-        r.add(dl, h2, Kind::Seedgate, 5.0);
-        r.add(dl, "rathole (tcp)", Kind::Anchor, 4.0);
-        let t = targets(&r);
-        let line = |what: &str| {
-            t.lines().find(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?} in\n{t}")).to_owned()
-        };
-        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.5× rathole (tls)").ends_with("| yes |"), "{t}");
-        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.0× rathole (tcp)").contains("6 ÷ 6.50 Gbit/s = 0.92×"), "{t}");
-        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.0× rathole (tcp)").ends_with("| **no** |"), "{t}");
-        // QUIC at 4.0 of h2's 6.0 is 0.67×: below 0.8.
-        assert!(line("tunnel QUIC bulk (1 stream) ≥ 0.8× h2").ends_with("| **no** |"), "{t}");
-        // 1.40 ÷ 1.25 = 1.12: within 1.15. QUIC 1.80 ÷ 1.40 = 1.29: over 1.25.
-        assert!(line("tunnel h2 CPU per GB ≤ 1.15× rathole (tcp)").ends_with("| yes |"), "{t}");
-        assert!(line("tunnel QUIC CPU per GB ≤ 1.25× h2").ends_with("| **no** |"), "{t}");
-        assert!(line("tunnel h2 time to first byte p50 ≤ rathole (tcp)").ends_with("| yes |"), "{t}");
-        assert!(line("tunnel QUIC time to first byte p50 ≤ rathole (tcp)").ends_with("| **no** |"), "{t}");
-        assert!(line("tunnel h2 bulk (download) ≥ 1.0× rathole (tcp)").contains("5 ÷ 4 Gbit/s = 1.25×"), "{t}");
-        // Figures this run did not measure leave their targets out.
-        assert!(!t.contains("64 streams") && !t.contains("p99"), "{t}");
+        let m = r.figure(BULK, "bulk, 1 stream", "Gbit/s", Better::Higher);
+        r.add(m, "direct", Kind::Direct, 10.0);
+        r.add(m, "sni-router", Kind::Seedgate, 8.0);
+        r.skip(m, "haproxy", Kind::Anchor, "left out (--seedgate-only)");
+        let mut t = Targets::new(&r, true);
+        t.ratio_at_least("vs direct", of(BULK, "sni-router"), of(BULK, "direct"), 0.5, "Gbit/s");
+        t.ratio_at_least("vs haproxy", of(BULK, "sni-router"), of(BULK, "haproxy"), 1.0, "Gbit/s");
+        t.ratio_at_least("vs nginx", of(BULK, "sni-router"), of(BULK, "nginx"), 1.0, "Gbit/s");
+        t.ratio_at_least("64 streams", of(RENAMED, "sni-router"), of(RENAMED, "direct"), 0.5, "Gbit/s");
+        let verdicts: Vec<(&str, Verdict)> = t.rows.iter().map(|t| (t.what.as_str(), t.verdict)).collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("vs direct", Verdict::Met),
+                ("vs haproxy", Verdict::Unavailable),
+                ("vs nginx", Verdict::Missing),
+                ("64 streams", Verdict::Missing),
+            ]
+        );
+        assert_eq!(t.rows[1].value, "not measured: haproxy in bulk, 1 stream: skipped: left out (--seedgate-only)");
+        assert_eq!(t.rows[2].value, "missing: no row for nginx in bulk, 1 stream");
+        assert_eq!(t.rows[3].value, "missing: figure sni-bulk/bulk-64 not recorded");
+        let md = targets_markdown(&t.rows);
+        assert!(md.contains("| 64 streams | missing: figure sni-bulk/bulk-64 not recorded | **missing** |"), "{md}");
+        // A scenario that ended in an error already failed the run: its missing figures do not.
+        let mut unfinished = Targets::new(&r, false);
+        unfinished.ratio_at_least("64 streams", of(RENAMED, "sni-router"), of(RENAMED, "direct"), 0.5, "Gbit/s");
+        assert_eq!(unfinished.rows[0].verdict, Verdict::Unavailable);
+        // A name that merely starts like the figure's is not the figure.
+        let mut r2 = Results::default();
+        let other = r2.metric("sni-bulk", "bulk, 1 stream", "Gbit/s", Better::Higher);
+        r2.add(other, "sni-router", Kind::Seedgate, 8.0);
+        assert!(matches!(Targets::new(&r2, true).read(of(BULK, "sni-router")), Read::Missing(_)));
     }
 
     #[test]

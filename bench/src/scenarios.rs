@@ -20,11 +20,11 @@ mod sni_bulk;
 mod sni_connrate;
 mod soak;
 mod tunnel;
-pub(crate) mod wan;
+mod wan;
 
 use crate::host::{self, Machine, Pinning};
 use crate::load::RateResult;
-use crate::report::{self, Kind, MetricId, Results};
+use crate::report::{self, Kind, MetricId, Results, Target, Targets, Verdict};
 use crate::systems::{Anchors, Bins, Env, Running, Slot};
 use anyhow::Context as _;
 use rustls::ClientConfig;
@@ -128,6 +128,8 @@ pub(crate) struct Scenario {
     run: Run,
     /// Repeats of each measurement, as the run's record gives them.
     repeats: fn(&Scale) -> usize,
+    /// Its targets, on the figures it recorded (see [`report::Targets`]).
+    targets: fn(&mut Targets<'_>),
 }
 
 impl std::fmt::Debug for Scenario {
@@ -158,84 +160,95 @@ fn once(_: &Scale) -> usize {
     1
 }
 
+fn no_targets(_: &mut Targets<'_>) {}
+
 /// The scenarios, in the order `all` runs them.
 pub(crate) static SCENARIOS: &[Scenario] = &[
     Scenario {
-        name: "sni-bulk",
+        name: sni_bulk::SC,
         about: "A real ClientHello with SNI, then bulk bytes to a sink, 1 and 64 streams (Gbit/s): \
                 direct, sni-router, haproxy (with and without splice-auto), nginx ssl_preread",
         in_all: always,
         run: run!(sni_bulk),
         repeats,
+        targets: sni_bulk::targets,
     },
     Scenario {
-        name: "sni-connrate",
+        name: sni_connrate::SC,
         about: "New connections/s with full TLS handshakes through SNI routing, and time to first \
                 response byte (p50/p99/p99.9) at saturation and at a fixed offered rate",
         in_all: always,
         run: run!(sni_connrate),
         repeats,
+        targets: sni_connrate::targets,
     },
     Scenario {
-        name: "proxy-protocol",
+        name: proxy_protocol::SC,
         about: "Connections/s through a PROXY-v2 listener routing by destination, with the header sent \
                 by the harness and by real senders (proxy-agent, haproxy send-proxy-v2)",
         in_all: always,
         run: run!(proxy_protocol),
         repeats,
+        targets: proxy_protocol::targets,
     },
     Scenario {
-        name: "connect",
+        name: connect::SC,
         about: "HTTP CONNECT open rate and open latency, and bulk through one CONNECT tunnel: \
                 sni-router vs squid, tinyproxy and nginx+njs",
         in_all: always,
         run: run!(connect),
         repeats,
+        targets: no_targets,
     },
     Scenario {
-        name: "tunnel",
+        name: tunnel::SC,
         about: "The reverse tunnel (proxy-server + proxy-agent, h2 and quic transports side by side) vs \
                 rathole and ssh -R: bulk, CPU per GB, new connections/s, CONNECT through a tunnel (vs \
                 squid behind rathole), 1k/10k concurrent streams, head-of-line blocking",
         in_all: always,
         run: run!(tunnel),
         repeats,
+        targets: tunnel::targets,
     },
     Scenario {
-        name: "idle-memory",
+        name: idle_memory::SC,
         about: "RSS per established idle proxied connection, for every system",
         in_all: always,
         run: run!(idle_memory),
         repeats,
+        targets: idle_memory::targets,
     },
     Scenario {
-        name: "reload",
+        name: reload::SC,
         about: "With 10,000 routes loaded: time from a config change to the new route serving, and \
                 connections reset by the reload (sni-router vs haproxy -sf and nginx reload)",
         in_all: always,
         run: run!(reload),
         repeats,
+        targets: reload::targets,
     },
     Scenario {
-        name: "slowloris",
+        name: slowloris::SC,
         about: "With thousands of clients that sent three bytes of a TLS record and stalled: time for a \
                 real client to be served through SNI routing, with the same cap of 1,000 client \
                 connections: sni-router, haproxy (maxconn) and nginx ssl_preread (worker_connections)",
         in_all: always,
         run: run!(slowloris),
         repeats,
+        targets: no_targets,
     },
     Scenario {
-        name: "noisy-neighbour",
+        name: noisy_neighbour::SC,
         about: "Shoot B's time to first byte through SNI routing (p50/p99), quiet and while shoot A's \
                 clients hold the gateway at its connection limit: sni-router (default route share), \
                 haproxy (per-backend server maxconn + queue) and nginx ssl_preread, each capped at 1,000",
         in_all: always,
         run: run!(noisy_neighbour),
         repeats,
+        targets: noisy_neighbour::targets,
     },
     Scenario {
-        name: "leak",
+        name: leak::SC,
         about: "N connections (--leak-connections, default 100,000) of every kind — complete, client \
                 reset, stalled until the handshake deadline, refused dial — through every path (SNI, \
                 PROXY v2, CONNECT, tunnel CONNECT, forward proxy): open fds, tokio tasks and RSS of each \
@@ -243,36 +256,40 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         in_all: always,
         run: run!(leak),
         repeats: once,
+        targets: no_targets,
     },
     Scenario {
-        name: "ha",
+        name: ha::SC,
         about: "proxy-server replicas behind one sni-router route and one proxy-agent: time from a \
                 replica's start to the agent's first session (after a SIGKILL), and the CONNECT success \
                 rate while every replica is restarted in turn (seedgate only)",
         in_all: always,
         run: run!(ha),
         repeats,
+        targets: no_targets,
     },
     Scenario {
-        name: "migration",
+        name: migration::SC,
         about: "A shoot's control plane moved between two seeds of three proxy-server replicas each \
                 (network namespaces, root; etcd): failed requests during the move, time until every h2 \
                 and QUIC agent is on the new seed, and a live etcd watch's gap (seedgate only)",
         in_all: always,
         run: run!(migration),
         repeats,
+        targets: no_targets,
     },
     Scenario {
-        name: "fleet",
+        name: fleet::SC,
         about: "N agents (--agents, default 1,000) of ten clusters through one sni-router to three \
                 proxy-server replicas, over h2 and over QUIC: memory per session, time for the fleet to \
                 connect, and the reconnect storm after a replica's SIGKILL (seedgate only)",
         in_all: always,
         run: run!(fleet),
         repeats: |s| s.fleet_kills,
+        targets: no_targets,
     },
     Scenario {
-        name: "scaling",
+        name: scaling::SC,
         about: "The gateway and the tunnel given N = 1, 2, 4, … CPUs (--scaling-cpus), beside haproxy \
                 (nbthread N) and nginx (worker_processes N), with load from one process per other CPU: \
                 full-TLS connections/s, SNI bulk, PROXY-v2 connections/s, CONNECT opens/s, tunnel CONNECT \
@@ -280,9 +297,10 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         in_all: always,
         run: run!(scaling),
         repeats,
+        targets: scaling::targets,
     },
     Scenario {
-        name: "wan",
+        name: wan::SC,
         about: "The reverse tunnel across an emulated WAN link (two network namespaces, a user-space \
                 link with delay, rate limit, bottleneck queue and loss): one stream up and down, 16 and 64 \
                 streams down, a 1-byte round trip behind a bulk stream, memory: direct TCP (BBR, Cubic), \
@@ -290,15 +308,17 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         in_all: always,
         run: run!(wan),
         repeats: |s| s.wan_repeats,
+        targets: wan::targets,
     },
     Scenario {
-        name: "soak",
+        name: soak::SC,
         about: "Minutes (--soak-minutes, default 10) of the leak scenario's mix at a fixed rate: RSS, fds \
                 and tasks of each process sampled every second, start, end and slope per minute \
                 (with `all` only when --soak-minutes is given)",
         in_all: |o| o.soak_minutes.is_some(),
         run: run!(soak),
         repeats: once,
+        targets: no_targets,
     },
 ];
 
@@ -570,6 +590,7 @@ async fn run_async(
             _ = sigterm.recv() => None,
         };
         res.runs.push(report::ScenarioRun {
+            completed: matches!(r, Some(Ok(()))),
             scenario: sc.name.into(),
             date_utc: date,
             loadavg_start: load0,
@@ -601,6 +622,7 @@ async fn run_async(
     // A seedgate system that could not start, or a seedgate measurement that errored, means the
     // harness or the binaries are broken (an anchor that is missing or fails is only reported).
     failed.extend(res.seedgate_failures());
+    let names: Vec<&str> = which.iter().map(|s| s.name).collect();
 
     let ws = workspace();
     let (json_path, svg_path) = result_paths(&opts, &ws);
@@ -617,8 +639,14 @@ async fn run_async(
             Err(e) => eprintln!("bench: --merge: nothing to merge from {} ({e})", json_path.display()),
         }
     }
+    // Targets after the merge (they cover what the table shows); only this run's scenarios'
+    // missing figures fail it.
+    let targets = targets(&res, &names);
+    failed.extend(
+        targets.iter().filter(|t| t.verdict == Verdict::Missing).map(|t| format!("target \"{}\": {}", t.what, t.value)),
+    );
     let header = header(&ctx, &machine, &versions, started.elapsed(), &which);
-    let md = report::markdown(&res, &header) + &report::targets(&res);
+    let md = report::markdown(&res, &header) + &report::targets_markdown(&targets);
     println!("{md}");
     let json = serde_json::json!({
         "machine": machine,
@@ -663,9 +691,21 @@ fn workspace() -> PathBuf {
     std::fs::canonicalize(testbed::proc::WORKSPACE).or_else(|_| std::env::current_dir()).unwrap_or_default()
 }
 
-/// The scaling scenario's targets (for the table of targets).
-pub(crate) fn scaling_targets(res: &Results) -> Vec<(String, String, bool)> {
-    scaling::targets(res)
+/// The targets of every scenario the results hold, in the table's order. A missing figure fails
+/// only a scenario of `this_run` that ran to its end (one merged from an older file is shown).
+fn targets(res: &Results, this_run: &[&str]) -> Vec<Target> {
+    let mut rows = Vec::new();
+    for sc in SCENARIOS {
+        let runs: Vec<&report::ScenarioRun> = res.runs.iter().filter(|r| r.scenario == sc.name).collect();
+        if runs.is_empty() && !res.metrics.iter().any(|m| m.scenario == sc.name) {
+            continue;
+        }
+        let missing_fails = this_run.contains(&sc.name) && runs.iter().all(|r| r.completed);
+        let mut t = Targets::new(res, missing_fails);
+        (sc.targets)(&mut t);
+        rows.extend(t.rows);
+    }
+    rows
 }
 
 /// Where the results go: `--json` and `--svg` as given; a chart not given goes beside a results
@@ -710,7 +750,7 @@ pub(crate) fn report_main(opts: Opts) -> ExitCode {
                     .join("; "))
                 .unwrap_or_default(),
         );
-        println!("{}{}", report::markdown(&res, &header), report::targets(&res));
+        println!("{}{}", report::markdown(&res, &header), report::targets_markdown(&targets(&res, &[])));
         let dates: Vec<&str> = res.runs.iter().map(|r| r.date_utc.as_str()).collect();
         let title = format!(
             "seedgate bench — {} — {} × {}, medians (bars), min–max (whiskers)",

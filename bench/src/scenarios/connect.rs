@@ -14,7 +14,7 @@ use crate::systems::{self, Running, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-const SC: &str = "connect";
+pub(super) const SC: &str = "connect";
 pub(super) const HEADER: &str = "X-Gardener-Destination";
 pub(super) const DEST_PING: &str = "outbound|443||kube-apiserver.shoot--bench.svc.cluster.local";
 pub(super) const DEST_SINK: &str = "outbound|1194||vpn-seed-server.shoot--bench.svc.cluster.local";

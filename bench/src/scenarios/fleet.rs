@@ -45,7 +45,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::time::Instant;
 
-const SC: &str = "fleet";
+pub(super) const SC: &str = "fleet";
 const CLUSTERS: usize = 10;
 /// The replica killed (its id is `r1`).
 const KILLED: usize = 1;

@@ -41,7 +41,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-const SC: &str = "ha";
+pub(super) const SC: &str = "ha";
 /// The remark of every scenario no anchor plays (ha, fleet).
 pub(super) const SEEDGATE_ONLY: &str = "seedgate only: no anchor plays this role here (konnectivity, the upstream reverse \
      tunnel with several servers, is not installed), so `vs direct` and `seedgate ÷ this` stay empty; figures are \

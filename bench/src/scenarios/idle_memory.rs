@@ -12,13 +12,16 @@ use super::sni_bulk::{haproxy_sni_frontend, nginx_sni_server, router_sni_listene
 use super::{Ctx, record};
 use crate::host;
 use crate::load::{self, Preamble, client_hello};
-use crate::report::{Better, Kind, MetricId, Results};
+use crate::report::{Better, FigureId, Kind, MetricId, Results, Targets, of};
 use crate::systems::{self, Running};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-const SC: &str = "idle-memory";
+pub(super) const SC: &str = "idle-memory";
+const PER_ROUTED: FigureId = FigureId::new(SC, "sni-per-connection");
+const PER_CONNECT: FigureId = FigureId::new(SC, "connect-per-connection");
+const PER_STREAM: FigureId = FigureId::new(SC, "tunnel-per-stream");
 const SNI: &str = "idle.bench.example";
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -182,9 +185,14 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let (_helper, echo) = systems::echo_helper(ctx.dir.path()).await?;
     let hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), SNI)?.into();
     let metrics: [MetricId; 3] = [
-        res.metric(SC, &format!("SNI passthrough: RSS per idle connection, {n} held"), "KiB", Better::Lower),
-        res.metric(SC, &format!("HTTP CONNECT: RSS per idle connection, {n} held"), "KiB", Better::Lower),
-        res.metric(SC, &format!("reverse tunnel: RSS per idle stream, {n} held (both ends)"), "KiB", Better::Lower),
+        res.figure(PER_ROUTED, &format!("SNI passthrough: RSS per idle connection, {n} held"), "KiB", Better::Lower),
+        res.figure(PER_CONNECT, &format!("HTTP CONNECT: RSS per idle connection, {n} held"), "KiB", Better::Lower),
+        res.figure(
+            PER_STREAM,
+            &format!("reverse tunnel: RSS per idle stream, {n} held (both ends)"),
+            "KiB",
+            Better::Lower,
+        ),
     ];
     res.remark(
         SC,
@@ -251,4 +259,20 @@ async fn measure(
             .join(" + ")
     });
     Ok((after.saturating_sub(before) as f64 / n as f64, split))
+}
+
+/// Memory per idle routed connection and per idle tunnel stream.
+pub(super) fn targets(t: &mut Targets<'_>) {
+    t.value(
+        "idle memory ≤ 2 KiB per routed connection (sni-router)",
+        of(PER_ROUTED, "sni-router"),
+        |v| format!("{v:.1} KiB"),
+        |v| v <= 2.0,
+    );
+    t.value(
+        "idle memory ≤ 4.5 KiB per tunnel stream (both ends)",
+        of(PER_STREAM, "proxy-server"),
+        |v| format!("{v:.2} KiB"),
+        |v| v <= 4.5,
+    );
 }

@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-const SC: &str = "leak";
+pub(super) const SC: &str = "leak";
 /// The handshake deadline both front ends get, so stalled clients are closed quickly.
 pub(super) const HANDSHAKE: &str = "500ms";
 /// One connection of any kind must be over within this (a stalled one takes the deadline).

@@ -31,7 +31,7 @@ use testbed::migration::{
     percentile,
 };
 
-const SC: &str = "migration";
+pub(super) const SC: &str = "migration";
 const LABEL: &str = "seed A → seed B, proxy-server ×3 each";
 /// Its own address range (the migration tests use 10.92 to 10.94).
 const NET: Net = Net(96);

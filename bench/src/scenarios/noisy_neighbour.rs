@@ -24,7 +24,7 @@ use super::sni_bulk::{haproxy_sni_frontend, nginx_sni_server, router_sni_listene
 use super::{Ctx, record_rate, record_skips};
 use crate::host;
 use crate::load::{Preamble, Sink, Txn, client_hello, open, open_loop};
-use crate::report::{Better, Kind, Results};
+use crate::report::{Better, FigureId, Kind, Results, Targets, fmt_num, of};
 use crate::systems::{self, Running, Slot};
 use rustls::pki_types::ServerName;
 use std::net::SocketAddr;
@@ -36,7 +36,9 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-const SC: &str = "noisy-neighbour";
+pub(super) const SC: &str = "noisy-neighbour";
+const P99_QUIET: FigureId = FigureId::new(SC, "b-ttfb-p99-quiet");
+const P99_FLOOD: FigureId = FigureId::new(SC, "b-ttfb-p99-flooding");
 const SNI_A: &str = "api.shoot-a.bench.example";
 const SNI_B: &str = "api.shoot-b.bench.example";
 /// Client connections every system may hold.
@@ -150,9 +152,10 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let mut slots = gateways(ctx, sink.addr(), backend.addr()).await;
     let rate = s.fixed_rate;
     let m_q50 = res.metric(SC, &format!("shoot B time to first byte p50, quiet, {rate} conn/s"), "µs", Better::Lower);
-    let m_q99 = res.metric(SC, &format!("shoot B time to first byte p99, quiet, {rate} conn/s"), "µs", Better::Lower);
+    let m_q99 =
+        res.figure(P99_QUIET, &format!("shoot B time to first byte p99, quiet, {rate} conn/s"), "µs", Better::Lower);
     let m_f50 = res.metric(SC, "shoot B time to first byte p50, shoot A flooding", "µs", Better::Lower);
-    let m_f99 = res.metric(SC, "shoot B time to first byte p99, shoot A flooding", "µs", Better::Lower);
+    let m_f99 = res.figure(P99_FLOOD, "shoot B time to first byte p99, shoot A flooding", "µs", Better::Lower);
     let all = [m_q50, m_q99, m_f50, m_f99];
     res.remark(
         SC,
@@ -210,4 +213,18 @@ async fn settle(sys: &Running) {
         }
         last = now;
     }
+}
+
+/// Shoot B's p99 under shoot A's flood against its quiet p99, through sni-router.
+pub(super) fn targets(t: &mut Targets<'_>) {
+    t.check(
+        "shoot B's p99 with shoot A flooding ≤ 1.5× quiet",
+        &[of(P99_FLOOD, "sni-router"), of(P99_QUIET, "sni-router")],
+        |v| {
+            let (flood, quiet) = (v[0], v[1]);
+            (quiet > 0.0).then(|| {
+                (format!("{} ÷ {} µs = {:.2}×", fmt_num(flood), fmt_num(quiet), flood / quiet), flood / quiet <= 1.5)
+            })
+        },
+    );
 }

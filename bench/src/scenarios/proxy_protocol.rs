@@ -14,12 +14,13 @@
 use super::{Ctx, record_rate, record_skips};
 use crate::host;
 use crate::load::{Ping, Txn, closed_loop, open_loop, proxy_v2};
-use crate::report::{Better, Kind, Results};
+use crate::report::{Better, FigureId, Kind, Read, Results, Targets, fmt_num, of};
 use crate::systems::{self, Running, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-const SC: &str = "proxy-protocol";
+pub(super) const SC: &str = "proxy-protocol";
+const LISTENER: FigureId = FigureId::new(SC, "listener-conn-rate");
 /// The destinations receivers route: the harness's header, the agent sender, the haproxy sender.
 const HEADER_DST: &str = "10.1.2.3:443";
 
@@ -122,8 +123,8 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         "nginx 1.22 sends PROXY v1 only (`proxy_protocol on`; v2 sending arrived in 1.31.4)",
     ));
 
-    let m_l = res.metric(
-        SC,
+    let m_l = res.figure(
+        LISTENER,
         &format!("PROXY-v2 listener alone, connections/s ({} concurrent)", s.concurrency),
         "conn/s",
         Better::Higher,
@@ -172,4 +173,25 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     record_skips(res, &[m_l, m_l50, m_l99], &recv);
     record_skips(res, &[m_p], &pairs);
     Ok(())
+}
+
+/// The PROXY-v2 listener's connections/s against the better of haproxy and nginx.
+pub(super) fn targets(t: &mut Targets<'_>) {
+    let what = "PROXY-v2 listener connections/s ≥ 1.5× best of haproxy/nginx";
+    let ours = t.read(of(LISTENER, "sni-router"));
+    let anchors = [t.read(of(LISTENER, "haproxy")), t.read(of(LISTENER, "nginx"))];
+    // The better anchor of those measured; missing if either is missing.
+    let best = match anchors.iter().find(|r| matches!(r, Read::Missing(_))) {
+        Some(m) => m.clone(),
+        None => anchors
+            .iter()
+            .filter_map(|r| if let Read::Value(v) = r { Some(*v) } else { None })
+            .reduce(f64::max)
+            .map_or_else(|| anchors[0].clone(), Read::Value),
+    };
+    t.check_reads(what, &[ours, best], |v| {
+        (v[1] > 0.0).then(|| {
+            (format!("{} ÷ {} conn/s = {:.2}×", fmt_num(v[0]), fmt_num(v[1]), v[0] / v[1]), v[0] / v[1] >= 1.5)
+        })
+    });
 }

@@ -20,7 +20,7 @@ use super::sni_bulk::{haproxy_sni_frontend, nginx_sni_server, router_sni_listene
 use super::{Ctx, record};
 use crate::host;
 use crate::load::{Echo, PING_RESPONSE, Ping, Preamble, client_hello, open};
-use crate::report::{Better, Kind, Results};
+use crate::report::{Better, FigureId, Kind, Results, Targets, of};
 use crate::systems::{self, Running, write_atomic};
 use anyhow::{Context as _, ensure};
 use std::fmt::Write as _;
@@ -33,7 +33,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-const SC: &str = "reload";
+pub(super) const SC: &str = "reload";
+const ROUTE_LIVE: FigureId = FigureId::new(SC, "new-route-live");
+const RESET: FigureId = FigureId::new(SC, "connections-reset");
 const STREAM_SNI: &str = "stream.bench.example";
 
 fn route_name(i: usize) -> String {
@@ -276,11 +278,12 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let echo = Echo::start().await?;
     let ping = Ping::start().await?;
     let stream_hello: Arc<[u8]> = client_hello(ctx.tls_client.clone(), STREAM_SNI)?.into();
-    let m_time = res.metric(SC, &format!("new route live after a config change, {n} routes"), "ms", Better::Lower);
+    let m_time =
+        res.figure(ROUTE_LIVE, &format!("new route live after a config change, {n} routes"), "ms", Better::Lower);
     let m_stall =
         res.metric(SC, "longest echo round trip of a streaming connection across the reload", "ms", Better::Lower);
-    let m_reset = res.metric(
-        SC,
+    let m_reset = res.figure(
+        RESET,
         &format!("connections reset by the reload, of {} streaming", s.reload_streams),
         "conns",
         Better::Lower,
@@ -370,4 +373,21 @@ async fn one_reload(
         broken.load(Ordering::Relaxed),
         max_rtt_us.load(Ordering::Relaxed) as f64 / 1000.0,
     ))
+}
+
+/// No connection reset, and the new route live quickly, by a full reload and by a shoot file.
+pub(super) fn targets(t: &mut Targets<'_>) {
+    t.value("reload resets 0 connections", of(RESET, "sni-router"), |v| format!("{v:.0}"), |v| v == 0.0);
+    t.value(
+        "new route live < 100 ms at 10,000 routes (full reload)",
+        of(ROUTE_LIVE, "sni-router (SIGHUP)"),
+        |v| format!("{v:.0} ms"),
+        |v| v < 100.0,
+    );
+    t.value(
+        "one new shoot file live < 20 ms at 10,000 routes",
+        of(ROUTE_LIVE, "sni-router (routes_dir"),
+        |v| format!("{v:.1} ms"),
+        |v| v < 20.0,
+    );
 }

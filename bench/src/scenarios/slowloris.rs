@@ -40,7 +40,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
-const SC: &str = "slowloris";
+pub(super) const SC: &str = "slowloris";
 const SNI: &str = "api.bench.example";
 /// Client connections each system may hold: sni-router `max_connections`, haproxy `maxconn`.
 const MAX_CONNECTIONS: usize = 1000;

@@ -7,11 +7,13 @@
 use super::{Ctx, record, record_skips};
 use crate::host;
 use crate::load::{Preamble, Sink, bulk_upload, client_hello};
-use crate::report::{Better, Kind, Results};
+use crate::report::{Better, FigureId, Kind, Results, Targets, of};
 use crate::systems::{self, Running, Slot};
 use std::sync::Arc;
 
-const SC: &str = "sni-bulk";
+pub(super) const SC: &str = "sni-bulk";
+const BULK_1: FigureId = FigureId::new(SC, "bulk-1");
+const BULK_64: FigureId = FigureId::new(SC, "bulk-64");
 const SNI: &str = "bulk.bench.example";
 
 /// haproxy's SNI frontend (inspect-delay, ClientHello check, SNI map).
@@ -110,8 +112,8 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     let pre = Preamble::Raw(hello);
     let mut slots = vec![Slot::Up(Running::direct(&[("front", sink.addr())]))];
     slots.extend(sni_systems(ctx, SNI, sink.addr(), true, None).await);
-    let m1 = res.metric(SC, "bulk, 1 stream", "Gbit/s", Better::Higher);
-    let m64 = res.metric(SC, "bulk, 64 streams", "Gbit/s", Better::Higher);
+    let m1 = res.figure(BULK_1, "bulk, 1 stream", "Gbit/s", Better::Higher);
+    let m64 = res.figure(BULK_64, "bulk, 64 streams", "Gbit/s", Better::Higher);
     res.remark(
         SC,
         "client: a rustls ClientHello (SNI bulk.bench.example, one record), then 256 KiB writes; Gbit/s = bytes the sink read in the window",
@@ -129,4 +131,27 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
     }
     record_skips(res, &[m1, m64], &slots);
     Ok(())
+}
+
+/// sni-router's bulk against direct and ahead of haproxy with splice-auto.
+pub(super) fn targets(t: &mut Targets<'_>) {
+    let figs = [("1 stream", BULK_1), ("64 streams", BULK_64)];
+    for (what, f) in figs {
+        t.ratio_at_least(
+            &format!("sni-router bulk ({what}) ≥ 0.5× direct"),
+            of(f, "sni-router"),
+            of(f, "direct"),
+            0.5,
+            "Gbit/s",
+        );
+    }
+    for (what, f) in figs {
+        t.ratio_at_least(
+            &format!("sni-router bulk ({what}) ahead of haproxy splice-auto"),
+            of(f, "sni-router"),
+            of(f, "haproxy splice"),
+            1.0,
+            "Gbit/s",
+        );
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-const SC: &str = "soak";
+pub(super) const SC: &str = "soak";
 /// Outstanding connections at most; starts beyond are dropped (and counted).
 const MAX_OUTSTANDING: usize = 1000;
 

@@ -24,7 +24,7 @@ use crate::load::{
     self, Ping, Preamble, Sink, Source, Txn, bulk_download, bulk_upload, closed_loop, connect_head, open_loop,
     round_trips,
 };
-use crate::report::{Better, Kind, MetricId, Results};
+use crate::report::{self, Better, FigureId, Kind, MetricId, Results, at, fmt_num, of};
 use crate::systems::{self, Running, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +32,21 @@ use std::time::{Duration, Instant};
 
 mod grpc;
 
-const SC: &str = "tunnel";
+pub(super) const SC: &str = "tunnel";
+const BULK_1: FigureId = FigureId::new(SC, "bulk-upload-1");
+const BULK_64: FigureId = FigureId::new(SC, "bulk-upload-64");
+const CPU_PER_GB: FigureId = FigureId::new(SC, "cpu-per-gb");
+const TTFB_P50: FigureId = FigureId::new(SC, "ttfb-p50-fixed-rate");
+const TTFB_P99: FigureId = FigureId::new(SC, "ttfb-p99-fixed-rate");
+const DOWNLOAD: FigureId = FigureId::new(SC, "download");
+const HOL_RATIO: FigureId = FigureId::new(SC, "head-of-line-ratio");
+const CONNECT_OPENS: FigureId = FigureId::new(SC, "connect-opens");
+const CONNECT_P99: FigureId = FigureId::new(SC, "connect-open-p99-fixed-rate");
+/// At a number of open streams.
+const MEM_PER_STREAM: FigureId = FigureId::new(SC, "memory-per-stream");
+const STREAMS_DONE: FigureId = FigureId::new(SC, "streams-completing");
+const H2: &str = "proxy-server + proxy-agent (h2)";
+const QUIC: &str = "proxy-server + proxy-agent (quic)";
 
 /// The shoot-side targets.
 #[derive(Debug, Clone, Copy)]
@@ -138,9 +152,9 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         slots.push(Slot::from(k.label(), k.kind(), k.start(ctx, &t).await));
     }
 
-    let m_b1 = res.metric(SC, "bulk upload, 1 stream", "Gbit/s", Better::Higher);
-    let m_b64 = res.metric(SC, "bulk upload, 64 streams", "Gbit/s", Better::Higher);
-    let m_cpu = res.metric(SC, "CPU per GB moved, bulk upload 1 stream (both ends)", "CPU s/GB", Better::Lower);
+    let m_b1 = res.figure(BULK_1, "bulk upload, 1 stream", "Gbit/s", Better::Higher);
+    let m_b64 = res.figure(BULK_64, "bulk upload, 64 streams", "Gbit/s", Better::Higher);
+    let m_cpu = res.figure(CPU_PER_GB, "CPU per GB moved, bulk upload 1 stream (both ends)", "CPU s/GB", Better::Lower);
     let m_rate = res.metric(
         SC,
         &format!("new connections/s, small requests ({} concurrent)", s.concurrency),
@@ -148,15 +162,15 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         Better::Higher,
     );
     let m_sat99 = res.metric(SC, "time to first byte p99 at saturation", "µs", Better::Lower);
-    let m50 = res.metric(SC, &format!("time to first byte p50 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
-    let m99 = res.metric(SC, &format!("time to first byte p99 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let m50 = res.figure(TTFB_P50, &format!("time to first byte p50 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
+    let m99 = res.figure(TTFB_P99, &format!("time to first byte p99 at {} conn/s", s.fixed_rate), "µs", Better::Lower);
     let rt = |q: &str| format!("round trip on an open connection {q} at {}/s", s.fixed_rate);
     let m_rt50 = res.metric(SC, &rt("p50"), "µs", Better::Lower);
     let m_rt99 = res.metric(SC, &rt("p99"), "µs", Better::Lower);
-    let m_hol_base = res.metric(SC, &format!("download, {} streams", s.hol_streams), "Gbit/s", Better::Higher);
+    let m_hol_base = res.figure(DOWNLOAD, &format!("download, {} streams", s.hol_streams), "Gbit/s", Better::Higher);
     let m_hol_stalled =
         res.metric(SC, &format!("download, {} streams + 1 stalled reader", s.hol_streams), "Gbit/s", Better::Higher);
-    let m_hol = res.metric(SC, "head-of-line ratio (with stalled ÷ without)", "ratio", Better::Higher);
+    let m_hol = res.figure(HOL_RATIO, "head-of-line ratio (with stalled ÷ without)", "ratio", Better::Higher);
     res.remark(
         SC,
         "seedgate: CONNECT <target> to proxy-server's plain-TCP front end, agent dials the target (mTLS tunnel: HTTP/2 over TLS over TCP (h2), or QUIC (quic)); \
@@ -315,8 +329,8 @@ async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> an
     }
     .await;
     slots.push(Slot::from("squid + rathole", Kind::Anchor, r));
-    let m_rate = res.metric(
-        SC,
+    let m_rate = res.figure(
+        CONNECT_OPENS,
         &format!("CONNECT through a reverse tunnel, opens/s ({} concurrent)", s.concurrency),
         "conn/s",
         Better::Higher,
@@ -327,8 +341,8 @@ async fn connect_through_tunnel(ctx: &Ctx, res: &mut Results, t: &Targets) -> an
         "µs",
         Better::Lower,
     );
-    let m99 = res.metric(
-        SC,
+    let m99 = res.figure(
+        CONNECT_P99,
         &format!("CONNECT through a reverse tunnel, open latency p99 at {} conn/s", s.fixed_rate),
         "µs",
         Better::Lower,
@@ -360,9 +374,16 @@ async fn concurrent_streams(ctx: &Ctx, res: &mut Results, t: &Targets, kinds: &[
     let s = &ctx.scale;
     let mut ms = Vec::new();
     for n in s.streams {
-        let mem = res.metric(SC, &format!("memory per open stream at {n} streams (both ends)"), "KiB", Better::Lower);
+        let mem = res.figure_at(
+            MEM_PER_STREAM,
+            n,
+            &format!("memory per open stream at {n} streams (both ends)"),
+            "KiB",
+            Better::Lower,
+        );
         let open = res.metric(SC, &format!("time to open {n} streams"), "s", Better::Lower);
-        let done = res.metric(SC, &format!("streams completing an echo, of {n}"), "streams", Better::Higher);
+        let done =
+            res.figure_at(STREAMS_DONE, n, &format!("streams completing an echo, of {n}"), "streams", Better::Higher);
         ms.push((n, mem, open, done));
     }
     for _ in 0..s.repeats {
@@ -416,4 +437,160 @@ async fn concurrent_streams(ctx: &Ctx, res: &mut Results, t: &Targets, kinds: &[
         }
     }
     Ok(())
+}
+
+/// The tunnel's targets: h2 against rathole, QUIC against h2, CONNECT through the tunnel
+/// against squid behind rathole, head-of-line blocking, memory and completion of many streams.
+pub(super) fn targets(t: &mut report::Targets<'_>) {
+    let bulks = [("1 stream", BULK_1), ("64 streams", BULK_64), ("download", DOWNLOAD)];
+    for (what, f) in bulks {
+        for (anchor, min) in [("rathole (tls)", 1.5), ("rathole (tcp)", 1.0)] {
+            t.ratio_at_least(
+                &format!("tunnel h2 bulk ({what}) ≥ {min:.1}× {anchor}"),
+                of(f, H2),
+                of(f, anchor),
+                min,
+                "Gbit/s",
+            );
+        }
+        t.ratio_at_least(&format!("tunnel QUIC bulk ({what}) ≥ 0.8× h2"), of(f, QUIC), of(f, H2), 0.8, "Gbit/s");
+    }
+    let cpu = CPU_PER_GB;
+    t.ratio_at_most("tunnel h2 CPU per GB ≤ 1.15× rathole (tcp)", of(cpu, H2), of(cpu, "rathole (tcp)"), 1.15, "s");
+    t.ratio_at_most("tunnel QUIC CPU per GB ≤ 1.25× h2", of(cpu, QUIC), of(cpu, H2), 1.25, "s");
+    for (q, f) in [("p50", TTFB_P50), ("p99", TTFB_P99)] {
+        for (label, sys) in [("h2", H2), ("QUIC", QUIC)] {
+            t.ratio_at_most(
+                &format!("tunnel {label} time to first byte {q} ≤ rathole (tcp)"),
+                of(f, sys),
+                of(f, "rathole (tcp)"),
+                1.0,
+                "µs",
+            );
+        }
+    }
+    t.ratio_at_least(
+        "CONNECT through the tunnel ≥ 3× squid+rathole opens/s",
+        of(CONNECT_OPENS, H2),
+        of(CONNECT_OPENS, "squid"),
+        3.0,
+        "opens/s",
+    );
+    t.value(
+        "CONNECT through the tunnel: p99 open latency ≤ 4 ms",
+        of(CONNECT_P99, H2),
+        |v| format!("{:.2} ms (at 200 conn/s)", v / 1000.0),
+        |v| v <= 4000.0,
+    );
+    t.value("tunnel h2 head-of-line ratio ≥ 0.95", of(HOL_RATIO, H2), |v| format!("{v:.2}"), |v| v >= 0.95);
+    // At the most streams the run opened (10,000; 1,000 in a smoke run).
+    let ns: Vec<String> = t.res.params(MEM_PER_STREAM).into_iter().map(str::to_owned).collect();
+    let most = ns.iter().max_by_key(|n| n.parse::<u64>().unwrap_or(0)).map_or("?", String::as_str);
+    let what = format!(
+        "tunnel h2 memory per open stream ≤ 4.5 KiB ({} streams, both ends)",
+        fmt_num(most.parse().unwrap_or(f64::NAN))
+    );
+    t.value(&what, at(MEM_PER_STREAM, most, H2), |v| format!("{v:.2} KiB"), |v| v <= 4.5);
+    let ns: Vec<String> = t.res.params(STREAMS_DONE).into_iter().map(str::to_owned).collect();
+    if ns.is_empty() {
+        t.value("concurrent streams all complete", of(STREAMS_DONE, H2), |v| format!("{v:.0}"), |_| false);
+    }
+    for n in &ns {
+        let count: f64 = n.parse().unwrap_or(f64::NAN);
+        t.value(
+            &format!("{n} concurrent streams all complete"),
+            at(STREAMS_DONE, n, H2),
+            |v| format!("{v:.0} of {n}"),
+            |v| v >= count,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_targets_compare_h2_with_rathole_and_quic_with_h2() {
+        let mut r = Results::default();
+        let bulk = r.figure(BULK_1, "bulk upload, 1 stream", "Gbit/s", Better::Higher);
+        for (sys, kind, v) in [
+            (H2, Kind::Seedgate, 6.0),
+            (QUIC, Kind::Seedgate, 4.0),
+            ("rathole (tcp)", Kind::Anchor, 6.5),
+            ("rathole (tls)", Kind::Anchor, 3.0),
+        ] {
+            r.add(bulk, sys, kind, v);
+        }
+        let cpu = r.figure(CPU_PER_GB, "CPU per GB moved, bulk upload 1 stream (both ends)", "CPU s/GB", Better::Lower);
+        for (sys, kind, v) in
+            [(H2, Kind::Seedgate, 1.40), (QUIC, Kind::Seedgate, 1.80), ("rathole (tcp)", Kind::Anchor, 1.25)]
+        {
+            r.add(cpu, sys, kind, v);
+        }
+        let p50 = r.figure(TTFB_P50, "time to first byte p50 at 200 conn/s", "µs", Better::Lower);
+        for (sys, kind, v) in
+            [(H2, Kind::Seedgate, 300.0), (QUIC, Kind::Seedgate, 500.0), ("rathole (tcp)", Kind::Anchor, 400.0)]
+        {
+            r.add(p50, sys, kind, v);
+        }
+        // The stalled-reader figure's name starts with the plain download's: recorded first here,
+        // it must not be taken for it.
+        let stalled = r.metric(SC, "download, 50 streams + 1 stalled reader", "Gbit/s", Better::Higher);
+        r.add(stalled, H2, Kind::Seedgate, 1.0);
+        r.add(stalled, "rathole (tcp)", Kind::Anchor, 9.0);
+        let dl = r.figure(DOWNLOAD, "download, 50 streams", "Gbit/s", Better::Higher);
+        r.add(dl, H2, Kind::Seedgate, 5.0);
+        r.add(dl, "rathole (tcp)", Kind::Anchor, 4.0);
+        let mut targets = report::Targets::new(&r, true);
+        super::targets(&mut targets);
+        let t = report::targets_markdown(&targets.rows);
+        let line = |what: &str| {
+            t.lines().find(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?} in\n{t}")).to_owned()
+        };
+        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.5× rathole (tls)").ends_with("| yes |"), "{t}");
+        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.0× rathole (tcp)").contains("6 ÷ 6.50 Gbit/s = 0.92×"), "{t}");
+        assert!(line("tunnel h2 bulk (1 stream) ≥ 1.0× rathole (tcp)").ends_with("| **no** |"), "{t}");
+        // QUIC at 4.0 of h2's 6.0 is 0.67×: below 0.8.
+        assert!(line("tunnel QUIC bulk (1 stream) ≥ 0.8× h2").ends_with("| **no** |"), "{t}");
+        // 1.40 ÷ 1.25 = 1.12: within 1.15. QUIC 1.80 ÷ 1.40 = 1.29: over 1.25.
+        assert!(line("tunnel h2 CPU per GB ≤ 1.15× rathole (tcp)").ends_with("| yes |"), "{t}");
+        assert!(line("tunnel QUIC CPU per GB ≤ 1.25× h2").ends_with("| **no** |"), "{t}");
+        assert!(line("tunnel h2 time to first byte p50 ≤ rathole (tcp)").ends_with("| yes |"), "{t}");
+        assert!(line("tunnel QUIC time to first byte p50 ≤ rathole (tcp)").ends_with("| **no** |"), "{t}");
+        assert!(line("tunnel h2 bulk (download) ≥ 1.0× rathole (tcp)").contains("5 ÷ 4 Gbit/s = 1.25×"), "{t}");
+        // Figures this run did not record are missing targets (which fail a run), not left out.
+        assert!(line("tunnel h2 bulk (64 streams) ≥ 1.0× rathole (tcp)").ends_with("| **missing** |"), "{t}");
+        assert!(line("tunnel h2 time to first byte p99 ≤ rathole (tcp)").ends_with("| **missing** |"), "{t}");
+        assert!(line("concurrent streams all complete").ends_with("| **missing** |"), "{t}");
+    }
+
+    #[test]
+    fn memory_and_completion_targets_read_the_stream_counts_the_run_opened() {
+        let mut r = Results::default();
+        for n in [100, 1000] {
+            let mem = r.figure_at(
+                MEM_PER_STREAM,
+                n,
+                &format!("memory per open stream at {n} streams (both ends)"),
+                "KiB",
+                Better::Lower,
+            );
+            r.add(mem, H2, Kind::Seedgate, if n == 100 { 9.0 } else { 4.25 });
+            let done =
+                r.figure_at(STREAMS_DONE, n, &format!("streams completing an echo, of {n}"), "streams", Better::Higher);
+            r.add(done, H2, Kind::Seedgate, if n == 100 { 100.0 } else { 999.0 });
+        }
+        let mut targets = report::Targets::new(&r, true);
+        super::targets(&mut targets);
+        let row = |what: &str| targets.rows.iter().find(|t| t.what.contains(what)).unwrap_or_else(|| panic!("{what}"));
+        let mem = row("memory per open stream");
+        assert_eq!(
+            (mem.what.as_str(), mem.value.as_str(), mem.verdict),
+            ("tunnel h2 memory per open stream ≤ 4.5 KiB (1,000 streams, both ends)", "4.25 KiB", report::Verdict::Met)
+        );
+        assert_eq!(row("100 concurrent streams").verdict, report::Verdict::Met);
+        assert_eq!(row("1000 concurrent streams").value, "999 of 1000");
+        assert_eq!(row("1000 concurrent streams").verdict, report::Verdict::Unmet);
+    }
 }

@@ -35,7 +35,7 @@ use super::{Ctx, record, record_skips};
 use crate::load::{
     Echo, Latencies, Preamble, Sink, Source, bulk_download_each, bulk_upload, connect_head, round_trips,
 };
-use crate::report::{Better, Kind, MetricId, Results};
+use crate::report::{self, Better, FigureId, Kind, MetricId, Read, Results, at, fmt_num};
 use crate::systems::{self, Ends, Running, Slot};
 use anyhow::Context as _;
 use std::net::SocketAddr;
@@ -43,7 +43,7 @@ use std::time::Duration;
 use testbed::link::{Dir, Link, LinkOpts, Shape, Wan, kernel_has};
 use tokio::time::Instant;
 
-const SC: &str = "wan";
+pub(super) const SC: &str = "wan";
 /// The link's subnet (10.97.0.0/30), inside the scenario's own namespaces.
 const NET: u8 = 97;
 /// The highest rate (Mbit/s) the emulator carries faithfully on the 2-CPU machine the bench was
@@ -244,20 +244,33 @@ const F_SLOW16: &str = "16 streams down, slowest stream";
 const F_AGG64: &str = "64 streams down, aggregate";
 const F_RSS64: &str = "RSS of both ends, 64 streams down";
 
-fn f_rt(during: &str, q: &str) -> String {
-    format!("1-byte round trip during one stream {during}, {q}")
+/// The round trip of 1 byte during one stream `during` ("up" or "down"), quantile `q`.
+fn f_rt(during: &str, q: &str) -> &'static str {
+    match (during, q) {
+        ("up", "p50") => "1-byte round trip during one stream up, p50",
+        ("up", _) => "1-byte round trip during one stream up, p99",
+        (_, "p50") => "1-byte round trip during one stream down, p50",
+        _ => "1-byte round trip during one stream down, p99",
+    }
+}
+
+/// Figure `f` (one of the `F_` names or [`f_rt`]'s) of every profile: the profile's name is its
+/// parameter.
+fn fig(f: &'static str) -> FigureId {
+    FigureId::new(SC, f)
 }
 
 impl Rows {
     fn new(res: &mut Results, p: &Profile) -> Self {
         let n = p.name();
-        let mut m = |f: &str, unit: &str, better: Better| res.metric(SC, &format!("{n}: {f}"), unit, better);
+        let mut m =
+            |f: &'static str, unit: &str, better: Better| res.figure_at(fig(f), &n, &format!("{n}: {f}"), unit, better);
         Self {
             idle: m(F_IDLE, "ms", Better::Lower),
             up: m(F_UP, "Mbit/s", Better::Higher),
-            up_rt: [m(&f_rt("up", "p50"), "ms", Better::Lower), m(&f_rt("up", "p99"), "ms", Better::Lower)],
+            up_rt: [m(f_rt("up", "p50"), "ms", Better::Lower), m(f_rt("up", "p99"), "ms", Better::Lower)],
             down: m(F_DOWN, "Mbit/s", Better::Higher),
-            down_rt: [m(&f_rt("down", "p50"), "ms", Better::Lower), m(&f_rt("down", "p99"), "ms", Better::Lower)],
+            down_rt: [m(f_rt("down", "p50"), "ms", Better::Lower), m(f_rt("down", "p99"), "ms", Better::Lower)],
             agg16: m(F_AGG16, "Mbit/s", Better::Higher),
             slow16: m(F_SLOW16, "Mbit/s", Better::Higher),
             agg64: m(F_AGG64, "Mbit/s", Better::Higher),
@@ -592,120 +605,69 @@ async fn with_round_trips(
     Ok((b?, l.context("the round trips")?))
 }
 
-/// The targets of the WAN figures, one row per profile and figure, with the inputs named where
-/// one is missing (a profile or system that did not run shows here, it is not left out).
-pub(crate) fn targets(res: &Results) -> Vec<(String, String, Option<bool>)> {
-    let mut names: Vec<String> = Vec::new();
-    for m in res.metrics.iter().filter(|m| m.scenario == SC) {
-        if let Some((p, _)) = m.name.split_once(": ")
-            && !names.iter().any(|n| n == p)
-        {
-            names.push(p.to_owned());
-        }
+/// The targets of the WAN figures, one row per profile run and figure.
+pub(super) fn targets(t: &mut report::Targets<'_>) {
+    let names: Vec<String> = t.res.params(fig(F_UP)).into_iter().map(str::to_owned).collect();
+    if names.is_empty() {
+        t.not_evaluated("wan figures", &[Read::Missing(format!("figure {SC}/{F_UP} not recorded for any profile"))]);
     }
-    let med = |p: &str, f: &str, sys: &str| {
-        res.metrics
-            .iter()
-            .find(|m| m.scenario == SC && m.name == format!("{p}: {f}"))
-            .and_then(|m| m.rows.iter().find(|r| r.system == sys))
-            .and_then(crate::report::Row::median)
-    };
-    let mut out = Vec::new();
-    let mut row = |what: String,
-                   ours: (&str, &str, &str),
-                   theirs: Option<(&str, &str, &str)>,
-                   ok: &dyn Fn(f64, f64) -> bool,
-                   show: &dyn Fn(f64, f64) -> String| {
-        let o = med(ours.0, ours.1, ours.2);
-        let t = theirs.map(|(p, f, s)| med(p, f, s));
-        let value_ok = match (o, t) {
-            (Some(o), None) => Some((show(o, f64::NAN), ok(o, f64::NAN))),
-            (Some(o), Some(Some(t))) => Some((show(o, t), ok(o, t))),
-            _ => None,
-        };
-        match value_ok {
-            Some((v, ok)) => out.push((what, v, Some(ok))),
-            None => {
-                let mut missing = Vec::new();
-                if o.is_none() {
-                    missing.push(format!("{} of {}", ours.2, ours.1));
-                }
-                if let Some((_, f, s)) = theirs
-                    && t.flatten().is_none()
-                {
-                    missing.push(format!("{s} of {f}"));
-                }
-                out.push((what, format!("missing: {}", missing.join("; ")), None));
-            }
-        }
-    };
     let ratio =
-        |o: f64, t: f64| format!("{} ÷ {} = {:.2}×", crate::report::fmt_num(o), crate::report::fmt_num(t), o / t);
+        |v: &[f64]| Some((format!("{} ÷ {} = {:.2}×", fmt_num(v[0]), fmt_num(v[1]), v[0] / v[1]), v[0] >= 0.9 * v[1]));
     for name in &names {
         let Some(p) = Profile::parse(&format!("{name}: x")) else { continue };
         let n = name.as_str();
+        let q = |f: &'static str, sys: &'static str| at(fig(f), n, sys);
         if p.loss_pct == 0.0 {
             for f in [F_UP, F_DOWN] {
                 let floor = 0.9 * p.mbit;
-                row(
-                    format!(
-                        "emulator, {n}: {DIRECT_BBR} {f} ≥ 0.9× the link's {} Mbit/s",
-                        crate::report::fmt_num(p.mbit)
-                    ),
-                    (n, f, DIRECT_BBR),
-                    None,
-                    &|o, _| o >= floor,
-                    &|o, _| format!("{} Mbit/s", crate::report::fmt_num(o)),
+                t.value(
+                    &format!("emulator, {n}: {DIRECT_BBR} {f} ≥ 0.9× the link's {} Mbit/s", fmt_num(p.mbit)),
+                    q(f, DIRECT_BBR),
+                    |o| format!("{} Mbit/s", fmt_num(o)),
+                    |o| o >= floor,
                 );
             }
             let rtt = f64::from(p.rtt_ms);
-            row(
-                format!("emulator, {n}: idle round trip of {DIRECT_BBR} = the configured {} ms (+2 %)", p.rtt_ms),
-                (n, F_IDLE, DIRECT_BBR),
-                None,
-                &|o, _| o >= rtt && o <= rtt * 1.02,
-                &|o, _| format!("{o:.2} ms"),
+            t.value(
+                &format!("emulator, {n}: idle round trip of {DIRECT_BBR} = the configured {} ms (+2 %)", p.rtt_ms),
+                q(F_IDLE, DIRECT_BBR),
+                |o| format!("{o:.2} ms"),
+                |o| o >= rtt && o <= rtt * 1.02,
             );
         }
         for (sys, short) in [(H2, "h2"), (QUIC, "QUIC")] {
             let reference = if p.loss_pct > 0.0 && sys == QUIC { H2 } else { DIRECT_BBR };
             let rshort = if reference == H2 { "h2" } else { "direct" };
             // Under loss the targets are for one stream only.
-            let figures: &[&str] = if p.loss_pct > 0.0 { &[F_UP, F_DOWN] } else { &[F_UP, F_DOWN, F_AGG16] };
+            let figures: &[&'static str] = if p.loss_pct > 0.0 { &[F_UP, F_DOWN] } else { &[F_UP, F_DOWN, F_AGG16] };
             for &f in figures {
-                row(
-                    format!("{n}: {short} {f} ≥ 0.9× {rshort}"),
-                    (n, f, sys),
-                    Some((n, f, reference)),
-                    &|o, t| o >= 0.9 * t,
-                    &ratio,
-                );
+                t.check(&format!("{n}: {short} {f} ≥ 0.9× {rshort}"), &[q(f, sys), q(f, reference)], ratio);
             }
             if p.loss_pct > 0.0 {
                 continue;
             }
-            row(
-                format!("{n}: {short} slowest of 16 streams ≥ 0.5× a fair share (its aggregate ÷ 16)"),
-                (n, F_SLOW16, sys),
-                Some((n, F_AGG16, sys)),
-                &|o, t| o >= 0.5 * t / 16.0,
-                &|o, t| format!("{} of a fair {} Mbit/s", crate::report::fmt_num(o), crate::report::fmt_num(t / 16.0)),
+            t.check(
+                &format!("{n}: {short} slowest of 16 streams ≥ 0.5× a fair share (its aggregate ÷ 16)"),
+                &[q(F_SLOW16, sys), q(F_AGG16, sys)],
+                |v| {
+                    Some((
+                        format!("{} of a fair {} Mbit/s", fmt_num(v[0]), fmt_num(v[1] / 16.0)),
+                        v[0] >= 0.5 * v[1] / 16.0,
+                    ))
+                },
             );
             if p.rtt_ms <= 150 {
                 for during in ["up", "down"] {
                     let f = f_rt(during, "p99");
-                    row(
-                        format!("{n}: {short} 1-byte round trip p99 during one stream {during} ≤ 1.25× direct's"),
-                        (n, &f, sys),
-                        Some((n, &f, DIRECT_BBR)),
-                        &|o, t| o <= 1.25 * t,
-                        &|o, t| format!("{o:.0} ÷ {t:.0} ms = {:.2}×", o / t),
+                    t.check(
+                        &format!("{n}: {short} 1-byte round trip p99 during one stream {during} ≤ 1.25× direct's"),
+                        &[q(f, sys), q(f, DIRECT_BBR)],
+                        |v| Some((format!("{:.0} ÷ {:.0} ms = {:.2}×", v[0], v[1], v[0] / v[1]), v[0] <= 1.25 * v[1])),
                     );
                 }
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -726,21 +688,25 @@ mod tests {
 
     #[test]
     fn a_missing_figure_is_a_target_row_that_says_so() {
+        use crate::report::Verdict;
         let mut r = Results::default();
         let p = Profile { rtt_ms: 50, mbit: 100.0, loss_pct: 0.0 };
-        let up = r.metric(SC, &format!("{}: {F_UP}", p.name()), "Mbit/s", Better::Higher);
+        let up = r.figure_at(fig(F_UP), p.name(), &format!("{}: {F_UP}", p.name()), "Mbit/s", Better::Higher);
         r.add(up, DIRECT_BBR, Kind::Direct, 95.0);
         r.add(up, H2, Kind::Seedgate, 50.0);
         r.skip(up, QUIC, Kind::Seedgate, "did not start");
-        let t = targets(&r);
-        let find = |what: &str| t.iter().find(|(w, _, _)| w.contains(what)).unwrap_or_else(|| panic!("{what}: {t:?}"));
-        assert_eq!(find("h2 one stream up ≥ 0.9× direct").2, Some(false));
-        assert!(find("h2 one stream up ≥ 0.9× direct").1.contains("0.53×"));
+        let mut t = report::Targets::new(&r, true);
+        targets(&mut t);
+        let t = t.rows;
+        let find = |what: &str| t.iter().find(|t| t.what.contains(what)).unwrap_or_else(|| panic!("{what}: {t:?}"));
+        assert_eq!(find("h2 one stream up ≥ 0.9× direct").verdict, Verdict::Unmet);
+        assert!(find("h2 one stream up ≥ 0.9× direct").value.contains("0.53×"));
+        // A system that did not start is shown, not evaluated (its own row fails the run).
         let q = find("QUIC one stream up ≥ 0.9× direct");
-        assert_eq!(q.2, None);
-        assert!(q.1.contains(&format!("missing: {QUIC} of one stream up")), "{q:?}");
-        assert_eq!(find(&format!("{DIRECT_BBR} one stream up ≥ 0.9× the link's")).2, Some(true));
-        // A figure never recorded is missing too, not dropped.
-        assert_eq!(find("h2 one stream down ≥ 0.9× direct").2, None);
+        assert_eq!(q.verdict, Verdict::Unavailable);
+        assert!(q.value.contains(QUIC) && q.value.contains("skipped: did not start"), "{q:?}");
+        assert_eq!(find(&format!("{DIRECT_BBR} one stream up ≥ 0.9× the link's")).verdict, Verdict::Met);
+        // A figure never recorded is missing, which fails the run.
+        assert_eq!(find("h2 one stream down ≥ 0.9× direct").verdict, Verdict::Missing);
     }
 }
