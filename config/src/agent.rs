@@ -70,16 +70,31 @@ config_file! {
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new sessions"))]
 pub struct TunnelTls {
-    /// The agent's client certificate (PEM); its subject CN is the cluster name.
-    pub cert: String,
+    /// The agent's client certificate (PEM); its subject CN is the cluster name. Give it with
+    /// `key`, or leave both out for an agent that authenticates with `tunnel.token_file` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
     /// The private key (PEM) of `cert`.
-    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// CA that issued the proxy-servers' certificates.
     pub ca: String,
+    /// Certificate revocation lists (PEM `X509 CRL` blocks, or one DER list) of `ca`'s
+    /// issuers: a proxy-server certificate a list of its issuer names is refused. Watched like
+    /// the certificates. `null` (the default): none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crl: Option<String>,
     /// Name to verify in the server certificate (and send as SNI, which the seed's sni-router
     /// routes by). Default: the host part of each server address.
     #[serde(default)]
     pub server_name: Option<String>,
+}
+
+impl TunnelTls {
+    /// The certificate and its key, when the agent has them.
+    pub fn identity(&self) -> Option<(&str, &str)> {
+        Some((self.cert.as_deref()?, self.key.as_deref()?))
+    }
 }
 
 /// Back-off between session attempts.
@@ -117,6 +132,22 @@ pub struct Tunnel {
     pub servers: Vec<HostPort>,
     /// The agent's client certificate and the servers' CA. Required.
     pub tls: TunnelTls,
+    /// A ServiceAccount token (a projected volume's file, with the audience proxy-server
+    /// requires) the agent presents on every session, instead of or besides its client
+    /// certificate; proxy-server checks it with a TokenReview at the cluster's kube-apiserver.
+    /// Read again for every new session and whenever it changes (the kubelet rotates it), and
+    /// sent on the live sessions then, so they outlive the first token. Never logged. `null`
+    /// (the default): no token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub token_file: Option<String>,
+    /// The cluster this agent belongs to, as proxy-server names it: with a token, proxy-server
+    /// asks that cluster's kube-apiserver (and only it) whether the token is valid; with a
+    /// certificate, it must equal the certificate's CN. `null` (the default): proxy-server
+    /// takes its only cluster with token reviews (or the certificate's CN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub cluster: Option<String>,
     /// Destinations the seed may dial, as CIDRs with optional port (`10.250.0.0/16`,
     /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
     /// address, for one, is unreachable unless listed. A name is resolved and every address
@@ -367,23 +398,20 @@ impl ApiserverProxy {
 }
 
 impl AgentConfig {
-    /// Token files other than `admin.token_file`: none.
+    /// Token files other than `admin.token_file`: the tunnel's ServiceAccount token.
     pub fn token_files(&self) -> Vec<(String, String)> {
-        Vec::new()
+        let file = self.tunnel.as_ref().and_then(|t| t.token_file.clone());
+        file.map(|f| ("tunnel.token_file".to_owned(), f)).into_iter().collect()
     }
 
     /// The tunnel's client identity and the CA of the servers.
     pub fn tls_files(&self) -> Vec<crate::common::TlsFiles> {
         let Some(t) = &self.tunnel else { return Vec::new() };
         let t = &t.tls;
-        vec![crate::common::TlsFiles::new(
-            crate::common::TlsRole::Client,
-            "tunnel.tls",
-            &t.cert,
-            &t.key,
-            "ca",
-            Some(&t.ca),
-        )]
+        vec![
+            crate::common::TlsFiles::new(crate::common::TlsRole::Client, "tunnel.tls", t.identity(), "ca", Some(&t.ca))
+                .with_crl("tunnel.tls", t.crl.as_deref()),
+        ]
     }
 
     /// None: the agent listens on TCP only.
@@ -409,6 +437,21 @@ fn valid_header_value(v: &str) -> bool {
 fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
     let at = t.at();
     let f = "tunnel";
+    match (&t.tls.cert, &t.tls.key, &t.token_file) {
+        (Some(_), Some(_), _) | (None, None, Some(_)) => {}
+        (Some(_), None, _) => p.push(at, format!("{f}.tls.key"), "give the key of tls.cert"),
+        (None, Some(_), _) => p.push(at, format!("{f}.tls.cert"), "give the certificate of tls.key"),
+        (None, None, None) => p.push(
+            at,
+            format!("{f}.tls.cert"),
+            "the agent needs an identity: a client certificate (tls.cert and tls.key), a ServiceAccount token (token_file), or both",
+        ),
+    }
+    if let Some(c) = &t.cluster
+        && !crate::server::valid_cluster_name(c)
+    {
+        p.push(at, format!("{f}.cluster"), format!("{c:?} is not a valid cluster name"));
+    }
     if t.servers.is_empty() {
         p.push(at, format!("{f}.servers"), "at least one proxy-server address is required");
     }

@@ -678,18 +678,31 @@ pub enum TlsRole {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     pub role: TlsRole,
-    /// `(key path, file)`.
-    pub cert: (String, String),
-    pub key: (String, String),
+    /// `(key path, file)` of the certificate and of its key; `None` for an agent that
+    /// authenticates with a token only.
+    pub identity: Option<((String, String), (String, String))>,
     /// The CA peers' certificates must chain to, if any.
     pub ca: Option<(String, String)>,
+    /// Revocation lists for the peers' certificates, if any.
+    pub crl: Option<(String, String)>,
 }
 
 impl TlsFiles {
     /// `section` is the key path of the `tls` mapping; `ca_key` the name of its CA key there.
-    pub fn new(role: TlsRole, section: &str, cert: &str, key: &str, ca_key: &str, ca: Option<&str>) -> Self {
+    pub fn new(role: TlsRole, section: &str, identity: Option<(&str, &str)>, ca_key: &str, ca: Option<&str>) -> Self {
         let at = |k: &str, f: &str| (format!("{section}.{k}"), f.to_owned());
-        Self { role, cert: at("cert", cert), key: at("key", key), ca: ca.map(|c| at(ca_key, c)) }
+        Self {
+            role,
+            identity: identity.map(|(c, k)| (at("cert", c), at("key", k))),
+            ca: ca.map(|c| at(ca_key, c)),
+            crl: None,
+        }
+    }
+
+    /// With the revocation lists at `{section}.crl`.
+    pub fn with_crl(mut self, section: &str, crl: Option<&str>) -> Self {
+        self.crl = crl.map(|f| (format!("{section}.crl"), f.to_owned()));
+        self
     }
 }
 

@@ -67,7 +67,7 @@ struct Section {
     def: Option<String>,
     /// What a reload does with the key holding the mapping (inherited by keys without their own).
     reload: Option<String>,
-    /// Keys the holding key requires beyond the mapping's own (`agents.tls` requires `client_ca`).
+    /// Keys the holding key requires beyond the mapping's own (its schema's `required` for it).
     required: Vec<String>,
 }
 

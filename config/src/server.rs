@@ -154,20 +154,51 @@ pub struct ServerTls {
     /// The CA(s) (PEM) client certificates must chain to; `null`: no client certificate asked.
     #[serde(default)]
     pub client_ca: Option<String>,
+    /// Certificate revocation lists (PEM `X509 CRL` blocks, or one DER list) of `client_ca`'s
+    /// issuers: a client certificate whose serial a list of its issuer names is refused in the
+    /// handshake. Watched like the certificates: a changed list applies to new handshakes within
+    /// seconds, and at `agents.tls` it also ends the live agent sessions it revokes. Only the
+    /// client's own certificate is checked, and only against a list its issuer published. A
+    /// list past its `nextUpdate` is still used (refusing every client would be worse):
+    /// `seedgate_tls_crl_next_update_timestamp_seconds` and its alert show it. `null` (the
+    /// default): none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crl: Option<String>,
 }
 
-/// The agents' tunnel listener: mTLS (TLS 1.3, ALPN `seedgate-tunnel/1`), HTTP/2 inside.
+/// The agents' tunnel listener: TLS 1.3 (ALPN `seedgate-tunnel/1`) with client certificates,
+/// ServiceAccount tokens or both, HTTP/2 or QUIC inside.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"))]
+#[schemars(extend(
+    "x-reload" = "new sessions",
+    // Unless every agent comes with a token alone, the listener needs the agents' CA.
+    "if" = { "properties": { "auth": { "const": "token" } }, "required": ["auth"] },
+    "else" = { "properties": { "tls": { "required": ["client_ca"], "properties": { "client_ca": { "type": "string" } } } } }
+))]
 pub struct Agents {
     /// TCP `host:port`. A reload moves it; sessions made on the old socket continue.
     #[schemars(extend("x-reload" = "live"))]
     pub listen: HostPort,
-    /// Agents must present a client certificate from `client_ca` (required here); its CN names
-    /// the cluster.
-    #[schemars(extend("required" = ["client_ca"], "properties" = { "client_ca": { "type": "string" } }))]
+    /// The listener's certificate and the CA of the agents' client certificates: an agent's
+    /// certificate from `client_ca` names its cluster by its CN. `client_ca` is required unless
+    /// every agent authenticates with a token alone (`auth: token`).
     pub tls: ServerTls,
+    /// How agents prove who they are, for clusters without their own
+    /// `clusters.<name>.agent_auth`: `mtls` (the default: a client certificate from
+    /// `tls.client_ca`, whose CN names the cluster), `token` (a ServiceAccount token, checked by
+    /// a TokenReview at the cluster's kube-apiserver, `clusters.<name>.token_review`),
+    /// `mtls_and_token` (both, of the same cluster) or `mtls_or_token` (either, while a fleet
+    /// moves from one to the other). Where an agent may come with a token alone (`token` or
+    /// `mtls_or_token`, here or for a cluster of this file), the TLS handshake asks for a client
+    /// certificate without requiring one. Applies to new sessions.
+    #[serde(default)]
+    pub auth: AgentAuth,
+    /// How ServiceAccount tokens are reviewed: what a cluster's `token_review` does not set
+    /// itself; absent or `null`: every default.
+    #[serde(default, deserialize_with = "null_is_default")]
+    #[schemars(with = "Option<TokenReviews>")]
+    pub token_review: TokenReviews,
     /// PING interval and timeout of every session; absent or `null`: the defaults.
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Keepalive>")]
@@ -282,6 +313,159 @@ pub struct AgentsQuic {
 
 fn peers_interval_default() -> Dur {
     Dur::secs(10)
+}
+
+/// How agents prove who they are (`agents.auth`, `clusters.<name>.agent_auth`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentAuth {
+    /// A client certificate from `agents.tls.client_ca`; its CN names the cluster.
+    #[default]
+    Mtls,
+    /// A ServiceAccount token of the cluster, checked by a TokenReview at its kube-apiserver
+    /// (`clusters.<name>.token_review`). A client certificate is not needed; one presented must
+    /// name the same cluster.
+    Token,
+    /// Both: a client certificate naming the cluster, and a token of that cluster.
+    MtlsAndToken,
+    /// Either: a client certificate, or a token.
+    MtlsOrToken,
+}
+
+impl AgentAuth {
+    /// The config spelling (logs, refusals).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentAuth::Mtls => "mtls",
+            AgentAuth::Token => "token",
+            AgentAuth::MtlsAndToken => "mtls_and_token",
+            AgentAuth::MtlsOrToken => "mtls_or_token",
+        }
+    }
+
+    /// An agent may come without a client certificate.
+    pub fn certificate_optional(self) -> bool {
+        matches!(self, AgentAuth::Token | AgentAuth::MtlsOrToken)
+    }
+
+    /// Agents may authenticate with a client certificate.
+    pub fn uses_certificates(self) -> bool {
+        self != AgentAuth::Token
+    }
+
+    /// Agents may (or must) authenticate with a token.
+    pub fn uses_tokens(self) -> bool {
+        self != AgentAuth::Mtls
+    }
+}
+
+default_fn! {
+    review_audiences_default: Vec<String> = vec!["seedgate".into()];
+    review_accounts_default: Vec<String> = vec!["kube-system/proxy-agent".into()];
+    review_cache_ttl_default: Dur = Dur::secs(10);
+    review_cache_size_default: usize = 4096;
+    review_timeout_default: Dur = Dur::secs(5);
+    review_in_flight_default: usize = 8;
+}
+
+/// How ServiceAccount tokens are reviewed (`agents.token_review`): the defaults of every
+/// cluster's `token_review`, and the review cache.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
+pub struct TokenReviews {
+    /// The audiences a token must have one of (the review's `spec.audiences`; the agent's
+    /// projected volume names one of them). Default `[seedgate]`.
+    #[serde(default = "review_audiences_default")]
+    pub audiences: Vec<String>,
+    /// The ServiceAccounts whose tokens are accepted: `<namespace>/<name>`, or `<namespace>/*`
+    /// for every account of a namespace. Default `[kube-system/proxy-agent]`.
+    #[serde(default = "review_accounts_default")]
+    pub service_accounts: Vec<String>,
+    /// How long a positive review of a token is reused for new sessions with the same token
+    /// (never past the token's expiry). `0s`: every session is reviewed. Default `10s`.
+    #[serde(default = "review_cache_ttl_default")]
+    pub cache_ttl: Dur,
+    /// Most positive reviews kept; the oldest make room. Default `4096`.
+    #[serde(default = "review_cache_size_default")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub cache_size: usize,
+    /// A whole review: connect, TLS handshake, answer. Past it the kube-apiserver counts as not
+    /// answering: a new session is refused (`token_review_unavailable`), a live one is left
+    /// alone and reviewed again later. Default `5s`.
+    #[serde(default = "review_timeout_default")]
+    pub timeout: Dur,
+    /// Reviews in flight at once to one cluster's kube-apiserver; more wait for a place (within
+    /// `timeout`). Default `8`.
+    #[serde(default = "review_in_flight_default")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_in_flight: usize,
+}
+
+impl Default for TokenReviews {
+    fn default() -> Self {
+        Self {
+            audiences: review_audiences_default(),
+            service_accounts: review_accounts_default(),
+            cache_ttl: review_cache_ttl_default(),
+            cache_size: review_cache_size_default(),
+            timeout: review_timeout_default(),
+            max_in_flight: review_in_flight_default(),
+        }
+    }
+}
+
+/// Where and how a cluster's agents' tokens are reviewed (`clusters.<name>.token_review`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("x-reload" = "new sessions"))]
+pub struct TokenReview {
+    /// The cluster's kube-apiserver: `https://host[:port]` (port default 443). Reviews are
+    /// `POST /apis/authentication.k8s.io/v1/tokenreviews` there.
+    #[schemars(regex(pattern = r"^https://[^/\s]+/?$"))]
+    pub url: String,
+    /// The CA (PEM) of the kube-apiserver's serving certificate (read for every new connection).
+    pub ca: String,
+    /// proxy-server's own credentials there: a bearer token (a file, read again for every
+    /// review: it may be a rotating token). Give this or `cert` and `key`. Whoever they name
+    /// needs `create` on `tokenreviews` (the `system:auth-delegator` ClusterRole has it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// proxy-server's client certificate (PEM) there, with `key`: instead of `token_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    /// The private key (PEM) of `cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// This cluster's own `agents.token_review.audiences`; `null` (the default): those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audiences: Option<Vec<String>>,
+    /// This cluster's own `agents.token_review.service_accounts`; `null` (the default): those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_accounts: Option<Vec<String>>,
+}
+
+impl TokenReview {
+    /// The host and port of `url` (validated).
+    pub fn authority(&self) -> Option<(String, u16)> {
+        let rest = self.url.strip_prefix("https://")?.trim_end_matches('/');
+        if rest.is_empty() || rest.contains(['/', '@', ' ']) {
+            return None;
+        }
+        if let Some(v6) = rest.strip_prefix('[') {
+            let (host, after) = v6.split_once(']')?;
+            let port = match after {
+                "" => 443,
+                p => p.strip_prefix(':')?.parse().ok()?,
+            };
+            return Some((host.to_owned(), port));
+        }
+        match rest.rsplit_once(':') {
+            Some((h, p)) => Some((h.to_owned(), p.parse().ok()?)),
+            None => Some((rest.to_owned(), 443)),
+        }
+        .filter(|(h, _)| !h.is_empty())
+    }
 }
 
 /// Most replicas an agent keeps sessions to behind one name (bounds the agent's sessions).
@@ -432,6 +616,18 @@ pub struct ClusterState {
     /// override that does not name it keeps the value of the config or cluster file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernated: Option<bool>,
+    /// How this cluster's agents prove who they are (see `agents.auth`); `null` (the
+    /// default): `agents.auth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub agent_auth: Option<AgentAuth>,
+    /// The kube-apiserver that reviews this cluster's agents' tokens, and proxy-server's
+    /// credentials there. Only this cluster's kube-apiserver is asked about a token that names
+    /// this cluster, so a token of another cluster never gets a session here. `null` (the
+    /// default): agents of this cluster cannot authenticate with a token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub token_review: Option<TokenReview>,
 }
 
 /// One cluster's limits: hard caps, whatever else the process holds.
@@ -455,11 +651,11 @@ impl ServerConfig {
             crate::common::TlsFiles::new(
                 crate::common::TlsRole::Server,
                 section,
-                &t.cert,
-                &t.key,
+                Some((&t.cert, &t.key)),
                 "client_ca",
                 t.client_ca.as_deref(),
             )
+            .with_crl(section, t.crl.as_deref())
         };
         let mut out = vec![files("agents.tls", &self.agents.tls)];
         for (i, f) in self.frontends.iter().enumerate() {
@@ -497,7 +693,7 @@ pub fn valid_cluster_name(s: &str) -> bool {
 
 pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     validate_limits(cfg, p);
-    validate_agents(&cfg.agents, p);
+    validate_agents(cfg, p);
     let mut names = HashSet::new();
     for (i, f) in cfg.frontends.iter().enumerate() {
         if !names.insert(f.name.value.clone()) {
@@ -508,6 +704,19 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     validate_strategies("agents.proxy_strategies", &cfg.agents.proxy_strategies, p);
     for (name, c) in &cfg.clusters {
         validate_cluster(name, c, p);
+        if let Some(a) = c.agent_auth
+            && a.certificate_optional()
+            && !cfg.agents.auth.certificate_optional()
+        {
+            p.push(
+                (0, 0),
+                format!("clusters.{name}.agent_auth"),
+                format!(
+                    "the agents listener requires a client certificate (agents.auth: {}): set agents.auth to mtls_or_token to let agents come with a token alone",
+                    cfg.agents.auth.as_str()
+                ),
+            );
+        }
     }
     crate::common::validate_positive(
         &[
@@ -532,14 +741,19 @@ fn validate_limits(cfg: &ServerConfig, p: &mut Problems) {
     crate::common::validate_share(cfg.limits.tenant_share, "limits.tenant_share", p);
 }
 
-fn validate_agents(agents: &Agents, p: &mut Problems) {
-    if agents.tls.client_ca.is_none() {
+fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
+    let agents = &cfg.agents;
+    let certificates = agents.auth.uses_certificates()
+        || cfg.clusters.values().any(|c| c.agent_auth.is_some_and(AgentAuth::uses_certificates));
+    if agents.tls.client_ca.is_none() && certificates {
         p.push(
             (0, 0),
             "agents.tls.client_ca",
-            "agents authenticate with client certificates: give the CA that issued them",
+            "agents authenticate with client certificates: give the CA that issued them (or agents.auth: token)",
         );
     }
+    validate_crl("agents.tls", &agents.tls, p);
+    validate_reviews(&agents.token_review, p);
     let ka = &agents.keepalive;
     if ka.interval.get().is_zero() || ka.timeout.get().is_zero() {
         p.push((0, 0), "agents.keepalive", "interval and timeout must be positive");
@@ -611,6 +825,9 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
         (false, Some(_)) => p.push(at, format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization"),
         _ => {}
     }
+    if let Some(t) = &f.tls {
+        validate_crl(&format!("{ff}.tls"), t, p);
+    }
     match &f.cluster {
         Some(c) if !valid_cluster_name(c) => {
             p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
@@ -640,6 +857,86 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
     if let Some(s) = &c.proxy_strategies {
         validate_strategies(&format!("{cf}.proxy_strategies"), s, p);
     }
+    if let Some(a) = c.agent_auth
+        && a.uses_tokens()
+        && c.token_review.is_none()
+    {
+        p.push(
+            (0, 0),
+            format!("{cf}.token_review"),
+            format!("agent_auth {} needs the kube-apiserver that reviews the agents' tokens", a.as_str()),
+        );
+    }
+    if let Some(t) = &c.token_review {
+        validate_review(&format!("{cf}.token_review"), t, p);
+    }
+}
+
+fn validate_crl(section: &str, t: &ServerTls, p: &mut Problems) {
+    if t.crl.is_some() && t.client_ca.is_none() {
+        p.push((0, 0), format!("{section}.crl"), "revocation lists apply to client certificates: give client_ca");
+    }
+}
+
+/// `<namespace>/<name>` or `<namespace>/*`, each part a Kubernetes name.
+fn valid_account_pattern(s: &str) -> bool {
+    let name = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 253
+            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    matches!(s.split_once('/'), Some((ns, n)) if name(ns) && (n == "*" || name(n)))
+}
+
+fn validate_lists(key: &str, audiences: Option<&[String]>, accounts: Option<&[String]>, p: &mut Problems) {
+    if let Some(a) = audiences
+        && (a.is_empty() || a.iter().any(|a| a.is_empty()))
+    {
+        p.push((0, 0), format!("{key}.audiences"), "give at least one audience, none empty");
+    }
+    if let Some(a) = accounts {
+        if a.is_empty() {
+            p.push((0, 0), format!("{key}.service_accounts"), "give at least one <namespace>/<name>");
+        }
+        for s in a.iter().filter(|s| !valid_account_pattern(s)) {
+            p.push(
+                (0, 0),
+                format!("{key}.service_accounts"),
+                format!("{s:?} is not <namespace>/<name> or <namespace>/*"),
+            );
+        }
+    }
+}
+
+fn validate_reviews(r: &TokenReviews, p: &mut Problems) {
+    let key = "agents.token_review";
+    validate_lists(key, Some(&r.audiences), Some(&r.service_accounts), p);
+    if r.timeout.get().is_zero() {
+        p.push((0, 0), format!("{key}.timeout"), "must be positive");
+    }
+    if !(1..=1 << 20).contains(&r.cache_size) {
+        p.push((0, 0), format!("{key}.cache_size"), "must be between 1 and 1048576");
+    }
+    if !(1..=1024).contains(&r.max_in_flight) {
+        p.push((0, 0), format!("{key}.max_in_flight"), "must be between 1 and 1024");
+    }
+}
+
+fn validate_review(key: &str, t: &TokenReview, p: &mut Problems) {
+    if t.authority().is_none() {
+        p.push((0, 0), format!("{key}.url"), format!("{:?} is not https://host[:port]", t.url));
+    }
+    match (&t.token_file, &t.cert, &t.key) {
+        (Some(_), None, None) | (None, Some(_), Some(_)) => {}
+        (None, None, None) => p.push(
+            (0, 0),
+            key.to_owned(),
+            "give proxy-server's credentials at the kube-apiserver: token_file, or cert and key",
+        ),
+        (Some(_), _, _) => p.push((0, 0), format!("{key}.token_file"), "give token_file or cert and key, not both"),
+        (None, _, _) => p.push((0, 0), format!("{key}.cert"), "give cert and key together"),
+    }
+    validate_lists(key, t.audiences.as_deref(), t.service_accounts.as_deref(), p);
 }
 
 fn validate_strategies(key: &str, s: &[ProxyStrategy], p: &mut Problems) {

@@ -188,6 +188,10 @@ fn minimal_configs_and_null_sections_are_valid_for_both() {
     let mut v = base(ConfigFile::Server);
     v["agents"]["tls"].as_object_mut().unwrap().remove("client_ca");
     agree(ConfigFile::Server, &v, false, "agents without a client CA");
+    v["agents"]["auth"] = json!("mtls_or_token");
+    agree(ConfigFile::Server, &v, false, "agents that may use certificates, without a client CA");
+    v["agents"]["auth"] = json!("token");
+    agree(ConfigFile::Server, &v, true, "token agents without a client CA");
     let mut v = base(ConfigFile::ClusterFile);
     v["clusters"]["shoot a"] = json!({});
     agree(ConfigFile::ClusterFile, &v, false, "a cluster name with a space");

@@ -1,7 +1,8 @@
 //! proxy-server: the seed end of the reverse tunnel. Agents dial in; front ends (CONNECT, forward proxy) dial out through them.
 //!
 //! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate adds
-//! the agents' listener and sessions, the front ends and the per-cluster state. At shutdown the
+//! the agents' listener and sessions (with their identities: certificates, revocation lists,
+//! ServiceAccount tokens), the front ends and the per-cluster state. At shutdown the
 //! front-end connections drain for the grace period, then the agent sessions close.
 
 mod agents;
@@ -9,15 +10,19 @@ mod attempt;
 mod cluster_files;
 mod control;
 mod frontend;
+mod identity;
 mod listeners;
 mod liveness;
 mod metrics;
 mod registry;
 mod replica;
+mod rereview;
+mod revocation;
 mod session;
 mod settle;
 mod shared;
 mod strategy;
+mod tokens;
 mod unix_socket;
 
 use shared::Shared;
@@ -96,7 +101,8 @@ impl Service for Server {
     }
 
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
-        let (listeners, opened) = Listeners::bind(&cfg, &TlsMetrics::new(&ctx.registry), &ctx.shutdown.stop).await?;
+        let tls_metrics = TlsMetrics::new(&ctx.registry);
+        let (listeners, opened) = Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
             None => (ClusterFiles::new(None), None),
@@ -121,6 +127,8 @@ impl Service for Server {
             unknown: Mutex::default(),
             replica: replica::Replica::new(&cfg),
             settle: settle::Settle::new(std::time::Instant::now()),
+            reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
+            agents_revoked: Default::default(),
         });
         shared.apply_states();
         let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
@@ -160,6 +168,7 @@ impl Service for Server {
         }
         self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
         self.shared.pending.set_limits(new.pending_budget());
+        self.shared.reviewers.resize(new.agents.token_review.cache_size);
         self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
         self.shared.config.store(new);
         self.shared.apply_states();

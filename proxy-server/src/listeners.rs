@@ -17,7 +17,7 @@ use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{ALPN_V1, quic};
 use proxy_core::watch::{
     self,
-    tls::{Reloading, TlsMetrics},
+    tls::{ClientFiles, Reloading, TlsMetrics},
 };
 use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
 use seedgate_config::{HostPort, ServerConfig};
@@ -41,7 +41,9 @@ pub enum ApplyError {
 /// TLS material reloaded from its files while the guard lives.
 struct Tls {
     material: Arc<Reloading<rustls::ServerConfig>>,
-    _watching: DropGuard,
+    /// Cancelled with the guard: ends what follows the material (revoked sessions).
+    watching: CancellationToken,
+    _guard: DropGuard,
 }
 
 impl Tls {
@@ -53,12 +55,41 @@ impl Tls {
 fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationToken) -> Tls {
     let watching = stop.child_token();
     material.watch(watching.clone());
-    Tls { material, _watching: watching.drop_guard() }
+    Tls { material, watching: watching.clone(), _guard: watching.drop_guard() }
 }
 
-fn agents_tls(t: &ServerTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
-    let ca = t.client_ca.as_deref().map(AsRef::as_ref);
-    Ok(watch::tls::server("agents", t.cert.as_ref(), t.key.as_ref(), ca, &[ALPN_V1], true, m)?)
+/// How a server's TLS files verify client certificates (`None`: none asked).
+fn client_files(t: &ServerTls, optional: bool) -> Option<ClientFiles> {
+    let ca = t.client_ca.as_ref()?;
+    Some(ClientFiles { ca: ca.into(), crl: t.crl.as_ref().map(Into::into), optional })
+}
+
+/// What the agents' listener's TLS is made of: the files, and whether an agent may come
+/// without a certificate (with a token alone).
+#[derive(Clone, PartialEq)]
+struct AgentsTls {
+    tls: ServerTls,
+    optional: bool,
+}
+
+impl AgentsTls {
+    fn of(cfg: &ServerConfig) -> Self {
+        let optional = cfg.agents.auth.certificate_optional()
+            || cfg.clusters.values().any(|c| c.agent_auth.is_some_and(|a| a.certificate_optional()));
+        Self { tls: cfg.agents.tls.clone(), optional }
+    }
+}
+
+fn agents_tls(a: &AgentsTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
+    let t = &a.tls;
+    let client = client_files(t, a.optional);
+    Ok(watch::tls::server("agents", t.cert.as_ref(), t.key.as_ref(), client, &[ALPN_V1], true, m)?)
+}
+
+/// Follow the agents' material: the sessions a reloaded revocation list names end.
+fn follow_revocations(shared: &Arc<Shared>, tls: &Tls, t: &ServerTls) {
+    let crl = t.crl.as_ref().map(Into::into);
+    crate::revocation::follow(shared, &tls.material, crl, tls.watching.clone());
 }
 
 /// What a front end reads from files: its TLS material and its proxy token.
@@ -91,13 +122,12 @@ fn frontend_files(f: &Frontend, m: &TlsMetrics) -> Result<FeFiles, StartError> {
 
 fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rustls::ServerConfig>>>, StartError> {
     let Some(t) = &f.tls else { return Ok(None) };
-    let ca = t.client_ca.as_deref().map(AsRef::as_ref);
     let use_ = format!("frontend {}", *f.name);
     let alpn: &[&[u8]] = match f.protocol {
         FrontendProtocol::HttpConnect => &[b"http/1.1"],
         FrontendProtocol::Grpc => &[b"h2"],
     };
-    Ok(Some(watch::tls::server(&use_, t.cert.as_ref(), t.key.as_ref(), ca, alpn, false, m)?))
+    Ok(Some(watch::tls::server(&use_, t.cert.as_ref(), t.key.as_ref(), client_files(t, false), alpn, false, m)?))
 }
 
 /// Where a front end listens: its socket is kept across a reload while this stays the same.
@@ -189,7 +219,7 @@ impl FrontendEntry {
 struct AgentsEntry {
     listen: HostPort,
     addr: String,
-    tls_cfg: ServerTls,
+    tls_cfg: AgentsTls,
     tls: Arc<ArcSwap<Tls>>,
     stop: CancellationToken,
 }
@@ -250,12 +280,13 @@ impl Listeners {
         metrics: &TlsMetrics,
         stop: &CancellationToken,
     ) -> Result<(Self, Opened), StartError> {
-        let material = agents_tls(&cfg.agents.tls, metrics)?;
+        let agents_cfg = AgentsTls::of(cfg);
+        let material = agents_tls(&agents_cfg, metrics)?;
         let (agents_sock, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
         let agents = AgentsEntry {
             listen: cfg.agents.listen.clone(),
             addr: addr.to_string(),
-            tls_cfg: cfg.agents.tls.clone(),
+            tls_cfg: agents_cfg,
             tls: Arc::new(ArcSwap::from_pointee(watched(material.clone(), stop))),
             stop: stop.child_token(),
         };
@@ -294,6 +325,7 @@ impl Listeners {
     /// process.
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
         let e = self.entries.lock();
+        follow_revocations(shared, &e.agents.tls.load(), &e.agents.tls_cfg.tls);
         serve_agents(shared, sessions_stop, opened.agents, &e.agents);
         if let (Some(endpoint), Some(q)) = (opened.quic, &e.quic) {
             serve_quic(shared, sessions_stop, endpoint, e.agents.tls.clone(), q);
@@ -328,8 +360,9 @@ impl Listeners {
             (agents, e.quic.as_ref().map(|q| q.listen.clone()), e.agents.tls.load().material.clone(), fes)
         };
         let (agents_listen, agents_tls_cfg) = agents_now;
+        let new_agents_tls = AgentsTls::of(new);
         let agents_material =
-            if new.agents.tls != agents_tls_cfg { Some(agents_tls(&new.agents.tls, &self.metrics)?) } else { None };
+            if new_agents_tls != agents_tls_cfg { Some(agents_tls(&new_agents_tls, &self.metrics)?) } else { None };
         let agents_sock = match new.agents.listen != agents_listen {
             true => Some(listen_tcp("agents listener", &new.agents.listen).await?),
             false => None,
@@ -372,8 +405,11 @@ impl Listeners {
         let e = &mut *e;
         let a = &mut e.agents;
         if let Some(m) = agents_material {
-            a.tls.store(Arc::new(watched(m, &shared.shutdown.stop)));
-            a.tls_cfg = new.agents.tls.clone();
+            let new_agents_tls = AgentsTls::of(new);
+            let tls = watched(m, &shared.shutdown.stop);
+            follow_revocations(shared, &tls, &new_agents_tls.tls);
+            a.tls.store(Arc::new(tls));
+            a.tls_cfg = new_agents_tls;
         }
         if let Some((l, addr)) = agents_sock {
             // The same TLS material (shared with the QUIC listener, which stays).

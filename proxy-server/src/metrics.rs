@@ -15,6 +15,7 @@ pub struct ServerMetrics {
     pub conn: ConnMetrics,
     pub agents: IntGaugeVec,
     pub agent_sessions: IntCounterVec,
+    pub sessions_ended: IntCounterVec,
     pub streams_active: IntGaugeVec,
     pub streams_opened: IntCounterVec,
     pub dial_seconds: HistogramVec,
@@ -49,6 +50,12 @@ impl ServerMetrics {
                 "seedgate_agent_sessions_total",
                 "Agent session attempts, by cluster and result (accepted or the reason it was refused).",
                 &["cluster", "result"],
+            ),
+            sessions_ended: counter_vec(
+                reg,
+                "seedgate_agent_sessions_ended_total",
+                "Live agent sessions this replica ended because the agent's identity no longer holds, by cluster and reason: certificate_revoked (a reloaded agents.tls.crl lists its certificate), token_invalid, token_audience, token_account (a review of its expired or renewed token said no).",
+                &["cluster", "reason"],
             ),
             streams_active: gauge_vec(
                 reg,

@@ -301,13 +301,14 @@ impl SessionDirectory {
         opener: Arc<dyn Opener>,
         hello: Arc<OnceLock<AgentHello>>,
         stop: CancellationToken,
-    ) -> Result<Arc<Session>, &'static str> {
+        identity: crate::session::Identity,
+    ) -> Result<Arc<Session>, crate::identity::Refused> {
         let (s, mode) = {
             let mut c = self.clusters.write();
             let e = c.entry(cluster, &self.kill);
             let mode = e.mode();
             if mode.mode == ClusterMode::Fenced {
-                return Err("cluster_fenced");
+                return Err(crate::identity::Refused::Fenced(cluster.to_owned()));
             }
             let s = Arc::new(Session {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -317,6 +318,7 @@ impl SessionDirectory {
                 hello,
                 stop,
                 liveness: Default::default(),
+                identity,
             });
             e.sessions.push(s.clone());
             e.index.add(s.clone());
@@ -433,6 +435,8 @@ mod tests {
             proxy_strategies: None,
             limits: None,
             hibernated: None,
+            agent_auth: None,
+            token_review: None,
         };
         BTreeMap::from([("a".to_owned(), s)])
     }

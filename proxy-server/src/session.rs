@@ -16,4 +16,16 @@ pub(crate) struct Session {
     pub stop: CancellationToken,
     /// Whether dials trust it (superseded, suspect).
     pub liveness: crate::liveness::Liveness,
+    /// Who the agent proved to be.
+    pub identity: Identity,
+}
+
+/// What an agent proved about itself when its session was admitted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Identity {
+    /// The client certificate it was verified with, if it presented one (a revocation list
+    /// loaded later is checked against it).
+    pub cert: Option<rustls::pki_types::CertificateDer<'static>>,
+    /// The ServiceAccount a token review named, if it came with a token.
+    pub account: Option<String>,
 }

@@ -36,6 +36,10 @@ pub(crate) struct Shared {
     pub(crate) replica: replica::Replica,
     /// The start-up wait for agents (readiness).
     pub(crate) settle: Settle,
+    /// The TokenReview clients of the clusters and their cache.
+    pub(crate) reviewers: crate::tokens::Reviewers,
+    /// The revocation lists of `agents.tls.crl` in force (empty: none).
+    pub(crate) agents_revoked: ArcSwap<proxy_core::tls::Revoked>,
 }
 
 /// Cluster states from elsewhere than the main config.
@@ -69,12 +73,19 @@ impl Shared {
         s.extend(sources.files.states().map(|(k, v)| (k.clone(), v.clone())));
         for (name, o) in &sources.overrides {
             let mut o = o.clone();
-            // An override sets the state; the cluster's strategies stay configured unless it names them.
+            // An override sets the state; the cluster's strategies, hibernation, agent
+            // authentication and token review stay configured unless it names them.
             if o.proxy_strategies.is_none() {
                 o.proxy_strategies = s.get(name).and_then(|c| c.proxy_strategies.clone());
             }
             if o.hibernated.is_none() {
                 o.hibernated = s.get(name).and_then(|c| c.hibernated);
+            }
+            if o.agent_auth.is_none() {
+                o.agent_auth = s.get(name).and_then(|c| c.agent_auth);
+            }
+            if o.token_review.is_none() {
+                o.token_review = s.get(name).and_then(|c| c.token_review.clone());
             }
             s.insert(name.clone(), o);
         }
@@ -171,5 +182,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         unknown: Mutex::default(),
         replica: replica::Replica::new(&cfg),
         settle: Settle::new(std::time::Instant::now()),
+        reviewers: crate::tokens::Reviewers::new(&reg, &proxy_core::watch::tls::TlsMetrics::new(&reg), 16),
+        agents_revoked: Default::default(),
     })
 }

@@ -167,6 +167,7 @@ mod tests {
             hello: Arc::new(hello.map(OnceLock::from).unwrap_or_default()),
             stop: CancellationToken::new(),
             liveness: Default::default(),
+            identity: Default::default(),
         })
     }
 

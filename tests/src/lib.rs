@@ -15,6 +15,8 @@
 //! - [`tmp`]: temporary directories removed on drop.
 //! - [`docs`]: the repository's Markdown (README and book): files, anchors, links, marked examples.
 //! - [`secret_volume`]: a directory laid out like a mounted Kubernetes secret (atomic `..data` swaps).
+//! - [`token_review`]: a stand-in kube-apiserver that reviews ServiceAccount tokens (and fails as one does).
+//! - [`openssl_ca`]: `openssl ca`'s database for a test CA: revoking certificates, writing revocation lists.
 //!
 //! Everything async expects a tokio runtime.
 
@@ -27,6 +29,7 @@ pub mod konnectivity;
 pub mod link;
 pub mod migration;
 pub mod netns;
+pub mod openssl_ca;
 pub mod peers;
 pub mod pki;
 pub mod poll;
@@ -35,6 +38,7 @@ pub mod quic;
 pub mod secret_volume;
 pub mod tls_client;
 pub mod tmp;
+pub mod token_review;
 pub mod tunnel_kit;
 
 pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};

@@ -108,6 +108,14 @@ impl Ca {
         Ok(p)
     }
 
+    /// Write the CA's signing key to `<dir>/<stem>.key` (PEM) and return its path: for tools that
+    /// act as this CA (`openssl ca`).
+    pub fn write_key(&self, dir: &Path, stem: &str) -> anyhow::Result<PathBuf> {
+        let p = dir.join(format!("{stem}.key"));
+        std::fs::write(&p, self.issuer.key().serialize_pem()).with_context(|| format!("writing {}", p.display()))?;
+        Ok(p)
+    }
+
     /// A root store holding only this CA.
     pub fn roots(&self) -> RootCertStore {
         let mut r = RootCertStore::empty();

@@ -146,6 +146,20 @@ pub struct AgentOpts {
     pub dial_timeout: String,
     /// Extra keys inside `tunnel:` (indented by two spaces), e.g. `  max_streams: 10\n`.
     pub tunnel_extra: String,
+    /// The agent's client certificate.
+    pub cert: AgentCert,
+}
+
+/// Which client certificate an agent presents.
+#[derive(Debug, Clone, Default)]
+pub enum AgentCert {
+    /// One of the test CA for its cluster (CN = cluster name), written by [`agent_yaml`].
+    #[default]
+    OfCluster,
+    /// These files (certificate, key).
+    Files(PathBuf, PathBuf),
+    /// None: the agent authenticates with a token alone.
+    None,
 }
 
 impl AgentOpts {
@@ -157,19 +171,23 @@ impl AgentOpts {
             node_name: format!("{cluster}-node-1"),
             dial_timeout: "5s".into(),
             tunnel_extra: String::new(),
+            cert: AgentCert::OfCluster,
         }
     }
 }
 
 /// proxy-agent YAML (writes the agent's certificate): keepalive 500ms/2s, reconnect 100ms..1s.
 pub fn agent_yaml(pki: &TunnelPki, o: &AgentOpts) -> anyhow::Result<String> {
-    let (c, k) = pki.agent(&o.cluster)?;
+    let cert = match &o.cert {
+        AgentCert::OfCluster => Some(pki.agent(&o.cluster)?),
+        AgentCert::Files(c, k) => Some((c.clone(), k.clone())),
+        AgentCert::None => None,
+    };
+    let identity = cert.map(|(c, k)| format!("cert: {}, key: {}, ", c.display(), k.display())).unwrap_or_default();
     let list = |v: &[String]| v.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
     Ok(format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\ntunnel:\n  servers: [{}]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{}]\n  dial_timeout: {}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  node_name: {}\n{}",
+        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\ntunnel:\n  servers: [{}]\n  tls: {{ {identity}ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{}]\n  dial_timeout: {}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  node_name: {}\n{}",
         list(&o.servers),
-        c.display(),
-        k.display(),
         pki.ca_file.display(),
         list(&o.allow),
         o.dial_timeout,

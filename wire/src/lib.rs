@@ -1,4 +1,4 @@
-//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads and proxy credentials, HTTP/2 request header blocks, the tunnel's own protocol), with no async runtime.
+//! proxy-wire: the sans-IO readers of untrusted bytes (TLS ClientHello over TCP or in QUIC Initial packets, PROXY protocol, HTTP/1.x heads and proxy credentials, HTTP/2 request header blocks, Kubernetes TokenReview answers and ServiceAccount tokens, the tunnel's own protocol), with no async runtime.
 // Untrusted bytes must never panic a reader: no indexing or slicing that could be out of
 // bounds, no unwrap or expect (tests may).
 #![cfg_attr(not(test), deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used))]
@@ -13,4 +13,5 @@ pub mod proxy_auth;
 pub mod proxy_protocol;
 pub mod quic_cid;
 pub mod quic_initial;
+pub mod token_review;
 pub mod tunnel;

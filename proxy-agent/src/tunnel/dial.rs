@@ -5,8 +5,8 @@ use super::establish::{EstablishError, establish, establish_quic, hinted};
 use super::machine::{Carrier, Event, SessionId};
 use super::stream::serve_stream;
 use proxy_core::tunnel::{
-    AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, ServerInfo, SessionError, TunnelSettings,
-    run_agent_session,
+    AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo, SessionError,
+    TunnelSettings, run_agent_session,
 };
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
@@ -71,7 +71,8 @@ fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
         host,
         addresses,
         default_route: ids.default_route,
-        instance: String::new(),
+        cluster: cfg.cluster.clone().unwrap_or_default(),
+        ..AgentHello::default()
     }
 }
 
@@ -219,8 +220,14 @@ impl AgentHandler for Handler {
 
     fn hello(&self) -> AgentHello {
         // From the config in force: a reload of `node_name` or the identifiers shows in the next
-        // session's hello. The instance is this process's.
-        AgentHello { instance: self.t.instance.clone(), ..hello(&self.t.cfg.load(), |k| std::env::var(k).ok()) }
+        // session's hello. The instance is this process's; the token is read for this session.
+        let cfg = self.t.cfg.load();
+        let token = super::read_token(&cfg, true);
+        AgentHello { instance: self.t.instance.clone(), token, ..hello(&cfg, |k| std::env::var(k).ok()) }
+    }
+
+    fn token_renewals(&self) -> Option<tokio::sync::watch::Receiver<Secret>> {
+        self.t.token_renewals()
     }
 
     fn established(&self) {

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use metrics::TunnelMetrics;
 use proxy_core::prometheus::Registry;
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::ALPN_V1;
+use proxy_core::tunnel::{ALPN_V1, Secret};
 use proxy_core::watch::{
     self,
     tls::{Reloading, TlsMetrics},
@@ -42,6 +42,35 @@ pub(crate) struct Tunnel {
     /// This run of the agent (random, in every session's hello): a seed lets a session of a new
     /// run supersede those of an earlier run of the same node, which may be dead without a word.
     instance: String,
+    /// The ServiceAccount token of `tunnel.token_file` as last read: live sessions send each
+    /// new one to their server.
+    token: tokio::sync::watch::Sender<Secret>,
+}
+
+/// How often `tunnel.token_file` is read for a renewed token (the kubelet renews a projected
+/// token at 80 % of its life: minutes to hours ahead of its expiry).
+const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The token in `tunnel.token_file` (surrounding whitespace trimmed); empty when there is no
+/// such file, or it cannot be read (logged when `warn`: the server then refuses the session,
+/// saying why).
+pub(crate) fn read_token(cfg: &TunnelCfg, warn: bool) -> Secret {
+    let Some(file) = &cfg.token_file else { return Secret::default() };
+    match std::fs::read_to_string(file) {
+        Ok(t) if !t.trim().is_empty() => Secret::new(t.trim()),
+        Ok(_) => {
+            if warn {
+                tracing::warn!(%file, "tunnel.token_file is empty: the session goes without a token");
+            }
+            Secret::default()
+        }
+        Err(e) => {
+            if warn {
+                tracing::warn!(%file, error = %e, "tunnel.token_file cannot be read: the session goes without a token");
+            }
+            Secret::default()
+        }
+    }
 }
 
 /// One configured server name and the loop keeping its sessions.
@@ -72,8 +101,9 @@ pub struct TlsReloadError(#[source] proxy_core::tls::TlsError);
 
 fn client_tls(cfg: &TunnelCfg, metrics: &TlsMetrics) -> Result<ClientTls, proxy_core::tls::TlsError> {
     let t = &cfg.tls;
-    let material =
-        watch::tls::client("tunnel", t.ca.as_ref(), t.cert.as_ref(), t.key.as_ref(), &[ALPN_V1], true, metrics)?;
+    let identity = t.identity().map(|(c, k)| (c.as_ref(), k.as_ref()));
+    let crl = t.crl.as_deref().map(AsRef::as_ref);
+    let material = watch::tls::client("tunnel", t.ca.as_ref(), crl, identity, &[ALPN_V1], true, metrics)?;
     Ok(ClientTls { material, watching: CancellationToken::new() })
 }
 
@@ -85,6 +115,7 @@ impl Tunnel {
     ) -> Result<Arc<Self>, proxy_core::tls::TlsError> {
         let tls_metrics = TlsMetrics::new(reg);
         let tls = client_tls(&cfg, &tls_metrics)?;
+        let token = tokio::sync::watch::Sender::new(read_token(&cfg, false));
         Ok(Arc::new(Self {
             tls: ArcSwap::from_pointee(tls),
             tls_metrics,
@@ -93,6 +124,7 @@ impl Tunnel {
             active: AtomicUsize::new(0),
             names: Mutex::new(Vec::new()),
             run: Mutex::new(None),
+            token,
             kill,
             instance: format!("{:016x}", rand::random::<u64>()),
         }))
@@ -185,5 +217,37 @@ impl Tunnel {
         for server in self.cfg.load().servers.clone() {
             self.add_name(server, &stop, &tracker);
         }
+        tokio::spawn(self.clone().follow_token(stop));
+    }
+
+    /// Read `tunnel.token_file` (the one the config in force names) every [`TOKEN_POLL`], and
+    /// hand a changed token to the live sessions.
+    async fn follow_token(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(TOKEN_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let cfg = self.cfg.load_full();
+            if cfg.token_file.is_none() {
+                continue;
+            }
+            let now = tokio::task::spawn_blocking(move || read_token(&cfg, false)).await.unwrap_or_default();
+            self.token.send_if_modified(|t| {
+                let changed = !now.is_empty() && *t != now;
+                if changed {
+                    tracing::info!("tunnel.token_file: a renewed token; live sessions send it to their server");
+                    *t = now;
+                }
+                changed
+            });
+        }
+    }
+
+    /// The token renewals live sessions send (`None` without `tunnel.token_file`).
+    pub(crate) fn token_renewals(&self) -> Option<tokio::sync::watch::Receiver<Secret>> {
+        self.cfg.load().token_file.as_ref().map(|_| self.token.subscribe())
     }
 }

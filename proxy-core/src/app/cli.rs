@@ -105,14 +105,16 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
         }
     }
     for t in cfg.tls_files() {
-        let ca = t.ca.as_ref().map(|(_, f)| Path::new(f));
-        for (part, e) in check_files(Path::new(&t.cert.1), Path::new(&t.key.1), ca) {
-            let key = match part {
-                Part::Cert => &t.cert.0,
-                Part::Key => &t.key.0,
-                Part::Ca => t.ca.as_ref().map(|(k, _)| k).unwrap_or(&t.cert.0),
+        let file = |k: &Option<(String, String)>| k.as_ref().map(|(_, f)| Path::new(f).to_owned());
+        let identity = t.identity.as_ref().map(|((_, c), (_, k))| (Path::new(c), Path::new(k)));
+        for (part, e) in check_files(identity, file(&t.ca).as_deref(), file(&t.crl).as_deref()) {
+            let key = match (part, &t.identity) {
+                (Part::Cert, Some((c, _))) => c.0.clone(),
+                (Part::Key, Some((_, k))) => k.0.clone(),
+                (Part::Crl, _) => t.crl.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
+                _ => t.ca.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
             };
-            out.push((key.clone(), e.to_string()));
+            out.push((key, e.to_string()));
         }
     }
     // Only what would make the bind refuse for certain: a stale or live socket may be gone by

@@ -36,9 +36,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, ServerInfo};
+pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, Secret, ServerInfo};
 pub use session::{
-    AgentConnection, AgentSession, Ended, SeedConnection, SeedSession, SessionError, run_agent_session,
+    AgentConnection, AgentSession, Ended, Presented, SeedConnection, SeedSession, SessionError, run_agent_session,
     run_seed_session,
 };
 pub use stream::H2Stream;
@@ -162,6 +162,11 @@ pub trait AgentHandler: Send + Sync + 'static {
     /// A control message from the seed.
     fn control(&self, msg: ControlMsg);
     fn hello(&self) -> AgentHello;
+    /// The agent's token as it is renewed (the hello carries the one of the session's start):
+    /// each new value is sent to the seed on the control stream. `None`: no token.
+    fn token_renewals(&self) -> Option<tokio::sync::watch::Receiver<Secret>> {
+        None
+    }
     /// The session is up: the transport's handshake passed (TLS, the seed's verdict on our
     /// certificate included, and the seed's HTTP/2 preface or QUIC control stream arrived).
     fn established(&self) {}

@@ -11,7 +11,9 @@
 //! a connection of any transport, ready to run its session.
 
 use super::TunnelStream;
-use super::{AgentHandler, AgentHello, AgentMsg, BoxFuture, ControlMsg, DialError, Incoming, Opener, TunnelSettings};
+use super::{
+    AgentHandler, AgentHello, AgentMsg, BoxFuture, ControlMsg, DialError, Incoming, Opener, Secret, TunnelSettings,
+};
 use crate::net::guard::Active;
 use crate::relay::io::Resettable;
 use bytes::Bytes;
@@ -22,7 +24,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -159,8 +161,20 @@ pub struct SeedConn<T: SeedTransport> {
 pub struct SeedSession<O: ?Sized> {
     pub opener: Arc<O>,
     /// What the agent said about itself on the control stream (may arrive after the start;
-    /// it comes once).
+    /// it comes once), without its token.
     pub hello: Arc<OnceLock<AgentHello>>,
+    /// The credentials the agent presented: `None` until its hello arrived, then the cluster it
+    /// names and its latest token (renewed ones replace it).
+    pub presented: watch::Receiver<Option<Presented>>,
+}
+
+/// What an agent presented on its control stream to prove who it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Presented {
+    /// The cluster it names: a claim (empty: none).
+    pub cluster: String,
+    /// Its latest ServiceAccount token (empty: none).
+    pub token: Secret,
 }
 
 /// How a seed session ended: what its `on_ready` made of it (`None`: it never came up) and why
@@ -261,8 +275,9 @@ pub async fn run_seed<T: SeedTransport, R>(
         control: control_tx,
     });
     let hello = Arc::new(OnceLock::new());
-    let ready = on_ready(SeedSession { opener: opener.clone(), hello: hello.clone() });
-    let control = tokio::spawn(seed_control(control, control_rx, hello, opener.clone()));
+    let (presented_tx, presented) = watch::channel(None);
+    let ready = on_ready(SeedSession { opener: opener.clone(), hello: hello.clone(), presented });
+    let control = tokio::spawn(seed_control(control, control_rx, hello, presented_tx, opener.clone()));
     let result = tokio::select! {
         r = ended => r,
         _ = stop.cancelled() => {
@@ -280,6 +295,7 @@ async fn seed_control<T: SeedTransport>(
     control: BoxFuture<'static, Result<SeedControl<T>, SessionError>>,
     mut queue: mpsc::Receiver<ControlMsg>,
     hello: Arc<OnceLock<AgentHello>>,
+    presented: watch::Sender<Option<Presented>>,
     opener: Arc<SessionOpener<T>>,
 ) {
     let (mut send, recv) = match control.await {
@@ -291,12 +307,15 @@ async fn seed_control<T: SeedTransport>(
     };
     let reader = async move {
         let mut lines = Lines::new(recv);
-        if let Some(Line::Msg(h)) = lines.next::<AgentHello>().await {
+        if let Some(Line::Msg(mut h)) = lines.next::<AgentHello>().await {
             // Until now the session took dials only by the `default` strategy.
             tracing::info!(
                 node = %h.node, host = %h.host, addresses = ?h.addresses, default_route = h.default_route,
-                version = %h.version, "agent hello"
+                version = %h.version, cluster = %h.cluster, token = !h.token.is_empty(), "agent hello"
             );
+            // The token goes to whoever checks it, not into the hello the session keeps.
+            let token = std::mem::take(&mut h.token);
+            presented.send_replace(Some(Presented { cluster: h.cluster.clone(), token }));
             let _ = hello.set(h);
         }
         while let Some(line) = lines.next::<AgentMsg>().await {
@@ -304,6 +323,14 @@ async fn seed_control<T: SeedTransport>(
                 Line::Msg(AgentMsg::GoingAway) => {
                     tracing::debug!("agent going away: no new streams on this session");
                     opener.set_draining();
+                }
+                Line::Msg(AgentMsg::Token { token }) => {
+                    tracing::debug!("agent renewed its token");
+                    presented.send_modify(|p| {
+                        if let Some(p) = p {
+                            p.token = token;
+                        }
+                    });
                 }
                 Line::Unknown(e) => tracing::warn!(error = %e, "unknown message from the agent ignored"),
             }
@@ -450,7 +477,10 @@ async fn agent_control<S: ControlSend, R: ControlRecv>(
     handler: Arc<dyn AgentHandler>,
     mut notices: mpsc::Receiver<AgentMsg>,
 ) {
-    let Ok(hello) = encode_line(&handler.hello()) else { return };
+    let hello = handler.hello();
+    let mut renewals = handler.token_renewals();
+    let sent = hello.token.clone();
+    let Ok(hello) = encode_line(&hello) else { return };
     if send.send(hello).await.is_err() {
         return;
     }
@@ -464,7 +494,43 @@ async fn agent_control<S: ControlSend, R: ControlRecv>(
         }
     };
     let writer = async {
-        while let Some(msg) = notices.recv().await {
+        // A token renewed since the hello read its file goes out at once.
+        let mut last = sent;
+        loop {
+            let token = match &mut renewals {
+                Some(r) => {
+                    let now = r.borrow_and_update().clone();
+                    if now != last && !now.is_empty() {
+                        last = now.clone();
+                        Some(now)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            };
+            let msg = match token {
+                Some(token) => AgentMsg::Token { token },
+                None => {
+                    let renewed = async {
+                        let more = match &mut renewals {
+                            Some(r) => r.changed().await.is_ok(),
+                            None => false,
+                        };
+                        if !more {
+                            // No renewals (or no more): only notices from now on.
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    tokio::select! {
+                        n = notices.recv() => match n {
+                            Some(n) => n,
+                            None => break,
+                        },
+                        () = renewed => continue,
+                    }
+                }
+            };
             let Ok(line) = encode_line(&msg) else { continue };
             if send.send(line).await.is_err() {
                 break;

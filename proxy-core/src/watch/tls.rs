@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 pub struct TlsMetrics {
     reloads: IntCounterVec,
     expiry: GaugeVec,
+    crl_next_update: GaugeVec,
 }
 
 impl TlsMetrics {
@@ -42,7 +43,16 @@ impl TlsMetrics {
         )
         .expect("valid metric");
         crate::obs::metrics::register(reg, Box::new(expiry.clone())).expect("metric registered once");
-        Self { reloads, expiry }
+        let crl_next_update = GaugeVec::new(
+            Opts::new(
+                "seedgate_tls_crl_next_update_timestamp_seconds",
+                "Unix time of the earliest nextUpdate of the revocation lists in use, by use and file: past it, the issuer should have published a newer list.",
+            ),
+            &["use", "file"],
+        )
+        .expect("valid metric");
+        crate::obs::metrics::register(reg, Box::new(crl_next_update.clone())).expect("metric registered once");
+        Self { reloads, expiry, crl_next_update }
     }
 }
 
@@ -59,6 +69,9 @@ fn expiries(path: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// The subject recorded for a revocation list's series (no certificate's CN has a NUL).
+const CRL_MARK: &str = "\0crl";
+
 type Build<T> = Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>;
 
 /// A rustls config (server or client) rebuilt from its files when they change.
@@ -68,10 +81,14 @@ pub struct Reloading<T> {
     files: Vec<PathBuf>,
     current: ArcSwap<T>,
     seen: Mutex<Vec<Seen>>,
-    /// The (file, subject) label pairs of the expiry metric now set, to remove them on change.
+    /// The (file, subject) label pairs of the expiry metric now set ([`CRL_MARK`]: the
+    /// revocation lists' metric), to remove them on change.
     recorded: Mutex<Vec<(String, String)>>,
     build: Build<T>,
     metrics: TlsMetrics,
+    /// Counts the rebuilds that took effect: what was verified with the old material (a
+    /// revocation list) may be looked at again.
+    rebuilt: tokio::sync::watch::Sender<u64>,
 }
 
 impl<T: Send + Sync + 'static> Reloading<T> {
@@ -93,6 +110,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
             recorded: Mutex::new(Vec::new()),
             build: Box::new(build),
             metrics: metrics.clone(),
+            rebuilt: tokio::sync::watch::Sender::new(0),
         });
         this.record_expiry();
         Ok(this)
@@ -107,11 +125,23 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         &self.files
     }
 
+    /// Changes each time new material took effect.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.rebuilt.subscribe()
+    }
+
     fn record_expiry(&self) {
         let mut recorded = self.recorded.lock();
         for f in &self.files {
             let file = f.display().to_string();
-            for (subject, at) in expiries(f) {
+            let certs = expiries(f);
+            if certs.is_empty()
+                && let Some(next) = crate::tls::Revoked::load(f).ok().and_then(|r| r.next_update())
+            {
+                self.metrics.crl_next_update.with_label_values(&[&self.use_, &file]).set(next as f64);
+                recorded.push((file.clone(), CRL_MARK.to_owned()));
+            }
+            for (subject, at) in certs {
                 self.metrics.expiry.with_label_values(&[&self.use_, &file, &subject]).set(at);
                 recorded.push((file.clone(), subject));
             }
@@ -120,7 +150,10 @@ impl<T: Send + Sync + 'static> Reloading<T> {
 
     fn forget_expiry(&self) {
         for (file, subject) in std::mem::take(&mut *self.recorded.lock()) {
-            let _ = self.metrics.expiry.remove_label_values(&[&self.use_, &file, &subject]);
+            let _ = match subject == CRL_MARK {
+                true => self.metrics.crl_next_update.remove_label_values(&[&self.use_, &file]),
+                false => self.metrics.expiry.remove_label_values(&[&self.use_, &file, &subject]),
+            };
         }
     }
 
@@ -147,6 +180,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                 self.forget_expiry();
                 self.current.store(Arc::new(new));
                 self.record_expiry();
+                self.rebuilt.send_modify(|n| *n += 1);
                 tracing::info!(tls = %self.use_, files = ?changed, "TLS material reloaded; new handshakes use it");
                 Ok(())
             }
@@ -178,37 +212,62 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     }
 }
 
-/// A server identity (`cert`, `key`) and, with `client_ca`, the CA clients must chain to.
+/// What a server verifies client certificates with: its CA, revocation lists, and whether a
+/// client may come without one ([`crate::tls::ClientAuth`] as files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientFiles {
+    pub ca: PathBuf,
+    pub crl: Option<PathBuf>,
+    pub optional: bool,
+}
+
+/// A server identity (`cert`, `key`) and, with `client`, how client certificates are verified.
 pub fn server(
     use_: &str,
     cert: &Path,
     key: &Path,
-    client_ca: Option<&Path>,
+    client: Option<ClientFiles>,
     alpn: &'static [&'static [u8]],
     tls13_only: bool,
     metrics: &TlsMetrics,
 ) -> Result<Arc<Reloading<rustls::ServerConfig>>, TlsError> {
-    let (c, k, ca) = (cert.to_owned(), key.to_owned(), client_ca.map(Path::to_owned));
+    let (c, k) = (cert.to_owned(), key.to_owned());
     let mut files = vec![c.clone(), k.clone()];
-    files.extend(ca.clone());
+    if let Some(cl) = &client {
+        files.push(cl.ca.clone());
+        files.extend(cl.crl.clone());
+    }
     Reloading::new(use_, files, metrics, move || {
-        crate::tls::server_config(&c, &k, ca.as_deref(), alpn, tls13_only).map(Arc::unwrap_or_clone)
+        let auth = client.as_ref().map(|cl| crate::tls::ClientAuth {
+            ca: &cl.ca,
+            crl: cl.crl.as_deref(),
+            optional: cl.optional,
+        });
+        crate::tls::server_config(&c, &k, auth, alpn, tls13_only).map(Arc::unwrap_or_clone)
     })
 }
 
-/// A client identity (`cert`, `key`) trusting `ca`.
+/// A client trusting `ca` (less what the lists in `crl` revoke), presenting `identity` (a
+/// certificate and its key) when given.
 pub fn client(
     use_: &str,
     ca: &Path,
-    cert: &Path,
-    key: &Path,
+    crl: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
     alpn: &'static [&'static [u8]],
     tls13_only: bool,
     metrics: &TlsMetrics,
 ) -> Result<Arc<Reloading<rustls::ClientConfig>>, TlsError> {
-    let (ca, c, k) = (ca.to_owned(), cert.to_owned(), key.to_owned());
-    let files = vec![c.clone(), k.clone(), ca.clone()];
+    let (ca, crl) = (ca.to_owned(), crl.map(Path::to_owned));
+    let identity = identity.map(|(c, k)| (c.to_owned(), k.to_owned()));
+    let mut files = Vec::new();
+    if let Some((c, k)) = &identity {
+        files.extend([c.clone(), k.clone()]);
+    }
+    files.push(ca.clone());
+    files.extend(crl.clone());
     Reloading::new(use_, files, metrics, move || {
-        crate::tls::client_config(&ca, Some((&c, &k)), alpn, tls13_only).map(Arc::unwrap_or_clone)
+        let id = identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+        crate::tls::client_config(&ca, crl.as_deref(), id, alpn, tls13_only).map(Arc::unwrap_or_clone)
     })
 }

@@ -3,7 +3,10 @@
 //! working), broken and mismatched files refused with the old material kept, a CA rotation that
 //! resumption cannot bypass, and the expiry and reload metrics.
 
-use proxy_core::watch::{self, tls::TlsMetrics};
+use proxy_core::watch::{
+    self,
+    tls::{ClientFiles, TlsMetrics},
+};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::path::{Path, PathBuf};
@@ -241,9 +244,16 @@ async fn a_client_ca_rotation_cannot_be_bypassed_by_resumption() {
     let (sc, sk) = server_ca.leaf("server", true);
     vol.publish(&[("tls.crt", &sc), ("tls.key", &sk), ("ca.crt", &old_ca.pem)]);
     let ca_file = vol.path("ca.crt");
-    let m =
-        watch::tls::server("agents", &vol.path("tls.crt"), &vol.path("tls.key"), Some(&ca_file), &[], true, &metrics)
-            .unwrap();
+    let m = watch::tls::server(
+        "agents",
+        &vol.path("tls.crt"),
+        &vol.path("tls.key"),
+        Some(ClientFiles { ca: ca_file.clone(), crl: None, optional: false }),
+        &[],
+        true,
+        &metrics,
+    )
+    .unwrap();
     let addr = serve(m.clone()).await;
     let old_client = client_config(&server_ca.pem, Some(&old_ca.leaf("shoot-a", false)));
     let new_client = client_config(&server_ca.pem, Some(&new_ca.leaf("shoot-a", false)));

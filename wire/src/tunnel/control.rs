@@ -1,7 +1,8 @@
 //! The control stream: one JSON object per line, the agent's hello and notices one way, the seed's messages the other.
 //!
-//! The agent writes its [`AgentHello`] as the stream's first line, then at most the notices of
-//! [`AgentMsg`] (QUIC only: HTTP/2 has GOAWAY for it); the seed writes [`ControlMsg`] lines.
+//! The agent writes its [`AgentHello`] as the stream's first line (with its ServiceAccount token,
+//! if it has one), then at most the notices of [`AgentMsg`] (a renewed token; going away, QUIC
+//! only: HTTP/2 has GOAWAY for it); the seed writes [`ControlMsg`] lines.
 //! A line is at most [`CONTROL_LINE_MAX`] bytes before its newline; a longer one ends the
 //! stream's use (its framing is lost). A line that is not a message the reader knows is skipped,
 //! so either end may learn new messages without breaking the other.
@@ -75,6 +76,42 @@ pub struct AgentHello {
     /// (`default_route`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default_route: bool,
+    /// The cluster the agent says it belongs to: a claim, not an identity. With a token, the
+    /// seed asks only this cluster's kube-apiserver about it; with a certificate, it must
+    /// equal the certificate's cluster.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+    /// The agent's ServiceAccount token, if it has one (the seed takes it out before it keeps
+    /// the hello).
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
+    pub token: Secret,
+}
+
+/// A credential on the control stream: its text on the wire, never shown by `Debug`, so no log
+/// line or panic message can carry it.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    /// The credential itself, for the one place that must send or check it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
 }
 
 /// What the agent writes on the control stream after its hello.
@@ -83,6 +120,9 @@ pub struct AgentHello {
 pub enum AgentMsg {
     /// The agent shuts down: no new streams on this session (QUIC's GOAWAY), `{"type":"going_away"}`.
     GoingAway,
+    /// The agent's ServiceAccount token was renewed (the kubelet rotates it): the seed reviews
+    /// the session's identity with this one from now on, `{"type":"token","token":"..."}`.
+    Token { token: Secret },
 }
 
 /// `msg` as one control line: its JSON and the newline.
@@ -180,6 +220,7 @@ mod tests {
             addresses: vec!["10.250.0.7".into(), "fd00::7".into()],
             default_route: true,
             instance: "7f3a09".into(),
+            ..AgentHello::default()
         };
         let line = encode_line(&hello).ok().unwrap_or_default();
         assert_eq!(
@@ -200,6 +241,29 @@ mod tests {
         }
         r.push(&line);
         assert_eq!(read_all::<HelloV1>(&mut r), vec![Some(HelloV1 { node: "n".into(), version: "2".into() })]);
+    }
+
+    /// The token and the cluster claim are left out when empty (an agent with a certificate only
+    /// sends the line it sent before), and the token never shows in `Debug`.
+    #[test]
+    fn the_token_travels_in_the_hello_and_in_its_renewal_but_never_in_debug() {
+        let hello = AgentHello {
+            node: "n".into(),
+            version: "3".into(),
+            cluster: "shoot-a".into(),
+            token: Secret::new("eyJhbGciOi.x.y"),
+            ..AgentHello::default()
+        };
+        let line = encode_line(&hello).ok().unwrap_or_default();
+        assert_eq!(line, b"{\"node\":\"n\",\"version\":\"3\",\"cluster\":\"shoot-a\",\"token\":\"eyJhbGciOi.x.y\"}\n");
+        let shown = format!("{hello:?}");
+        assert!(!shown.contains("eyJ") && shown.contains("Secret(14 bytes)"), "{shown}");
+        let renewed = AgentMsg::Token { token: Secret::new("t2") };
+        assert_eq!(encode_line(&renewed).ok().as_deref(), Some(&b"{\"type\":\"token\",\"token\":\"t2\"}\n"[..]));
+        assert!(!format!("{renewed:?}").contains("t2"));
+        let mut r = ControlReader::default();
+        r.push(&line);
+        assert_eq!(read_all::<AgentHello>(&mut r), vec![Some(hello)]);
     }
 
     /// An announcement of a server before `since_ms` and `draining` existed still reads.

@@ -9,7 +9,7 @@ pub mod control;
 pub mod dial;
 pub mod quic;
 
-pub use control::{AgentHello, AgentMsg, CONTROL_LINE_MAX, ControlMsg, ControlReader, Line, ServerInfo};
+pub use control::{AgentHello, AgentMsg, CONTROL_LINE_MAX, ControlMsg, ControlReader, Line, Secret, ServerInfo};
 pub use dial::DialError;
 
 /// ALPN of tunnel protocol version 1.

@@ -1,5 +1,9 @@
-//! TLS setup from PEM files: server configs (optionally requiring client certificates), client configs, peer identity.
+//! TLS setup from PEM files: server configs (optionally requiring client certificates), client configs, revocation lists, peer identity.
 
+pub mod crl;
+
+pub use crl::{Revoked, load_crls};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -15,7 +19,7 @@ pub enum TlsError {
     Config(String),
 }
 
-fn file_err(path: &Path, what: &'static str, e: impl std::fmt::Display) -> TlsError {
+pub(crate) fn file_err(path: &Path, what: &'static str, e: impl std::fmt::Display) -> TlsError {
     TlsError::File { path: path.display().to_string(), what, detail: e.to_string() }
 }
 
@@ -65,20 +69,29 @@ pub enum Part {
     Cert,
     Key,
     Ca,
+    Crl,
 }
 
 /// Every problem with one identity's files, loaded exactly as [`server_config`] and
 /// [`client_config`] load them: a file missing or unreadable, no usable PEM in it, a CA that
-/// cannot be a trust anchor, a key that does not belong to the certificate. Binds nothing.
-pub fn check_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Vec<(Part, TlsError)> {
+/// cannot be a trust anchor, a revocation list that cannot be read, a key that does not belong
+/// to the certificate. Binds nothing. An agent with a token and no certificate has neither
+/// `cert` nor `key`.
+pub fn check_files(identity: Option<(&Path, &Path)>, ca: Option<&Path>, crl: Option<&Path>) -> Vec<(Part, TlsError)> {
     let mut out = Vec::new();
-    let certs = load_certs(cert).map_err(|e| out.push((Part::Cert, e))).ok();
-    let k = load_key(key).map_err(|e| out.push((Part::Key, e))).ok();
     if let Some(ca) = ca
         && let Err(e) = load_roots(ca)
     {
         out.push((Part::Ca, e));
     }
+    if let Some(crl) = crl
+        && let Err(e) = Revoked::load(crl)
+    {
+        out.push((Part::Crl, e));
+    }
+    let Some((cert, key)) = identity else { return out };
+    let certs = load_certs(cert).map_err(|e| out.push((Part::Cert, e))).ok();
+    let k = load_key(key).map_err(|e| out.push((Part::Key, e))).ok();
     if let (Some(certs), Some(k)) = (certs, k)
         && let Err(e) = rustls::sign::CertifiedKey::from_der(certs, k, &provider())
     {
@@ -88,12 +101,24 @@ pub fn check_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Vec<(Part, Tls
     out
 }
 
-/// A TLS server config. With `client_ca`, clients must present a certificate issued by it.
-/// `tls13_only` for the tunnel, whose contract is TLS 1.3.
+/// How a TLS server verifies its clients' certificates.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAuth<'a> {
+    /// The CA(s) a client certificate must chain to.
+    pub ca: &'a Path,
+    /// Revocation lists: a client certificate whose serial a list of its issuer names is refused.
+    pub crl: Option<&'a Path>,
+    /// A client may come without a certificate (it proves who it is otherwise: a token); one it
+    /// presents is verified all the same.
+    pub optional: bool,
+}
+
+/// A TLS server config. With `client`, clients present a certificate issued by its CA (which
+/// its lists may revoke). `tls13_only` for the tunnel, whose contract is TLS 1.3.
 pub fn server_config(
     cert: &Path,
     key: &Path,
-    client_ca: Option<&Path>,
+    client: Option<ClientAuth<'_>>,
     alpn: &[&[u8]],
     tls13_only: bool,
 ) -> Result<Arc<ServerConfig>, TlsError> {
@@ -102,12 +127,18 @@ pub fn server_config(
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match client_ca {
-        Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider())
-                .build()
-                .map_err(|e| TlsError::Config(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
+    let builder = match client {
+        Some(a) => {
+            let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(a.ca)?), provider());
+            if let Some(crl) = a.crl {
+                // Only the leaf, as `Revoked::of` checks live sessions; a certificate whose issuer
+                // publishes no list here is not checked (a bundle of several CAs, one with a list).
+                v = v.with_crls(load_crls(crl)?).only_check_end_entity_revocation().allow_unknown_revocation_status();
+            }
+            if a.optional {
+                v = v.allow_unauthenticated();
+            }
+            builder.with_client_cert_verifier(v.build().map_err(|e| TlsError::Config(e.to_string()))?)
         }
         None => builder.with_no_client_auth(),
     };
@@ -117,9 +148,11 @@ pub fn server_config(
     Ok(Arc::new(cfg))
 }
 
-/// A TLS client config trusting `ca`, presenting `cert`/`key` when given.
+/// A TLS client config trusting `ca` (less the certificates the lists in `crl` revoke),
+/// presenting `cert`/`key` when given.
 pub fn client_config(
     ca: &Path,
+    crl: Option<&Path>,
     client_cert: Option<(&Path, &Path)>,
     alpn: &[&[u8]],
     tls13_only: bool,
@@ -128,8 +161,19 @@ pub fn client_config(
         if tls13_only { &[&rustls::version::TLS13] } else { rustls::DEFAULT_VERSIONS };
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(load_roots(ca)?);
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match crl {
+        None => builder.with_root_certificates(load_roots(ca)?),
+        Some(crl) => {
+            let v = WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider())
+                .with_crls(load_crls(crl)?)
+                .only_check_end_entity_revocation()
+                .allow_unknown_revocation_status()
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+            builder.with_webpki_verifier(v)
+        }
+    };
     let mut cfg = match client_cert {
         Some((c, k)) => {
             builder.with_client_auth_cert(load_certs(c)?, load_key(k)?).map_err(|e| identity_error(c, k, e))?
@@ -161,6 +205,8 @@ pub struct Handshake {
     pub peer_cert: &'static str,
     /// What this end verifies the peer's certificate with: "agents.tls.client_ca".
     pub peer_ca: &'static str,
+    /// The revocation lists this end checks the peer's certificate against: "agents.tls.crl".
+    pub peer_crl: &'static str,
     /// The name this end asks the peer's certificate for (client end only): "tunnel.tls.server_name".
     pub peer_name: &'static str,
     /// This end's certificate: "agents.tls.cert".
@@ -177,6 +223,7 @@ pub const AGENTS_LISTENER: Handshake = Handshake {
     peer: "the agent",
     peer_cert: "the agent's client certificate (its tunnel.tls.cert)",
     peer_ca: "agents.tls.client_ca",
+    peer_crl: "agents.tls.crl",
     peer_name: "",
     own_cert: "agents.tls.cert",
     own_ca: "the agent's tunnel.tls.ca",
@@ -189,6 +236,7 @@ pub const AGENT_TUNNEL: Handshake = Handshake {
     peer: "proxy-server",
     peer_cert: "proxy-server's certificate (its agents.tls.cert)",
     peer_ca: "tunnel.tls.ca",
+    peer_crl: "tunnel.tls.crl",
     peer_name: "tunnel.tls.server_name (default: the host of tunnel.servers)",
     own_cert: "this agent's client certificate (tunnel.tls.cert)",
     own_ca: "proxy-server's agents.tls.client_ca",
@@ -201,6 +249,7 @@ pub const FRONTEND: Handshake = Handshake {
     peer: "the client",
     peer_cert: "the client's certificate (kube-apiserver: tlsConfig.clientCert)",
     peer_ca: "the front end's tls.client_ca",
+    peer_crl: "the front end's tls.crl",
     peer_name: "",
     own_cert: "the front end's tls.cert",
     own_ca: "the client's CA bundle (kube-apiserver: tlsConfig.caBundle)",
@@ -226,6 +275,10 @@ pub fn certificate_hint(e: &rustls::Error, at: &Handshake) -> Option<String> {
                     "{peer} has a signature that does not verify with the CA in {ca} (a CA of the same name but another key?)"
                 ),
                 "BadSignature",
+            ),
+            C::Revoked => (
+                format!("{peer} is revoked: its serial is on a revocation list of its issuer in {}", at.peer_crl),
+                "Revoked",
             ),
             C::Expired | C::ExpiredContext { .. } => {
                 (format!("{peer} has expired: renew it (or check the clock)"), "Expired")
@@ -266,6 +319,10 @@ pub fn certificate_hint(e: &rustls::Error, at: &Handshake) -> Option<String> {
                 A::UnsupportedCertificate => (
                     format!("{by} refused {own} for its extended key usage: it needs {own_usage}"),
                     "UnsupportedCertificate",
+                ),
+                A::CertificateRevoked => (
+                    format!("{by} refused {own}: it is revoked (listed in {by}'s revocation lists); issue a new one"),
+                    "CertificateRevoked",
                 ),
                 A::CertificateExpired => {
                     (format!("{by} says {own} has expired or is not valid yet"), "CertificateExpired")

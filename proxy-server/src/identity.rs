@@ -1,0 +1,203 @@
+//! Who an agent is: its cluster from its client certificate, or the cluster it names proven by a TokenReview there; and every refusal of an agent session, with its label and its reason in one place.
+//!
+//! A token agent names its cluster (a claim); the token is sent to that cluster's
+//! kube-apiserver only, and the session belongs to that cluster only if it says yes. A token of
+//! cluster A therefore never gets a session for cluster B: B's kube-apiserver does not
+//! authenticate it. A certificate agent's cluster is its certificate's CN; a cluster it names
+//! must be the same.
+
+use crate::tokens::ReviewError;
+use proxy_core::tunnel::{ControlMsg, Opener};
+use seedgate_config::server::AgentAuth;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long a refused session stays open so the refusal reaches the agent.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// Why an agent got no session (or lost it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("the client certificate has no usable CN (the cluster name)")]
+    BadIdentity,
+    #[error("cluster {0} is fenced on this seed: its agents belong to the seed it moved to")]
+    Fenced(String),
+    #[error(
+        "cluster {0:?} (the certificate's CN) is not served by this proxy-server: no front end or clusters entry names it, and agents.accept_unknown_clusters is false"
+    )]
+    UnknownCluster(String),
+    #[error("cluster {cluster}'s agents must present a client certificate (agent_auth: {auth})")]
+    CertificateRequired { cluster: String, auth: &'static str },
+    #[error(
+        "cluster {cluster}'s agents must present a ServiceAccount token (agent_auth: {auth}): set tunnel.token_file"
+    )]
+    TokenRequired { cluster: String, auth: &'static str },
+    #[error("the client certificate names cluster {cert} but the agent names {named} (tunnel.cluster)")]
+    ClusterMismatch { cert: String, named: String },
+    #[error("no cluster to review the token at: {0}")]
+    NoTokenCluster(String),
+    #[error("no hello with the agent's credentials within {0:?}")]
+    NoCredentials(Duration),
+    #[error("cluster {cluster}: {error}")]
+    Token { cluster: String, error: ReviewError },
+    #[error("the token now names ServiceAccount {now}, not {was} as when the session began")]
+    AccountChanged { was: String, now: String },
+}
+
+impl Refused {
+    /// The `result` label of `seedgate_agent_sessions_total` (and `reason` of
+    /// `seedgate_agent_sessions_ended_total`).
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Refused::BadIdentity => "bad_identity",
+            Refused::Fenced(_) => "cluster_fenced",
+            Refused::UnknownCluster(_) => "unknown_cluster",
+            Refused::CertificateRequired { .. } => "certificate_required",
+            Refused::TokenRequired { .. } => "token_required",
+            Refused::ClusterMismatch { .. } => "cluster_mismatch",
+            Refused::NoTokenCluster(_) => "token_cluster_unknown",
+            Refused::NoCredentials(_) => "no_credentials",
+            Refused::Token { error, .. } => error.label(),
+            Refused::AccountChanged { .. } => "token_account",
+        }
+    }
+}
+
+/// Send the agent why its session ends, and close the session once the notice had time to
+/// arrive.
+pub(crate) fn tell_and_close(r: &Refused, opener: &Arc<dyn Opener>, stop: &CancellationToken) {
+    let _ = opener.control(&ControlMsg::Refused { reason: r.to_string() });
+    // The notice goes out on the control stream once the agent opened it; then close.
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(REFUSAL_LINGER).await;
+        stop.cancel();
+    });
+}
+
+/// What an agent showed: its certificate's cluster (its CN, verified), and what it presented on
+/// the control stream (`None` until its hello; then the cluster it names and whether it has a
+/// token).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shown<'a> {
+    pub cert_cluster: Option<&'a str>,
+    pub named: &'a str,
+    pub token: bool,
+}
+
+/// Whether the agent's hello must be read before its session can be admitted: it has no
+/// certificate, or its certificate's cluster wants a token too.
+pub(crate) fn needs_hello(cert_cluster: Option<&str>, auth_of: impl Fn(&str) -> AgentAuth) -> bool {
+    match cert_cluster {
+        None => true,
+        Some(c) => matches!(auth_of(c), AgentAuth::Token | AgentAuth::MtlsAndToken),
+    }
+}
+
+/// The agent's cluster, and whether its token must be reviewed there. `auth_of` says how a
+/// cluster's agents authenticate; `token_clusters` are the clusters with a `token_review`.
+pub(crate) fn decide(
+    shown: Shown<'_>,
+    auth_of: impl Fn(&str) -> AgentAuth,
+    token_clusters: &[String],
+) -> Result<(String, bool), Refused> {
+    if let Some(cert) = shown.cert_cluster {
+        if !shown.named.is_empty() && shown.named != cert {
+            return Err(Refused::ClusterMismatch { cert: cert.to_owned(), named: shown.named.to_owned() });
+        }
+        let auth = auth_of(cert);
+        return match auth {
+            AgentAuth::Mtls | AgentAuth::MtlsOrToken => Ok((cert.to_owned(), false)),
+            AgentAuth::Token | AgentAuth::MtlsAndToken if !shown.token => {
+                Err(Refused::TokenRequired { cluster: cert.to_owned(), auth: auth.as_str() })
+            }
+            AgentAuth::Token | AgentAuth::MtlsAndToken => Ok((cert.to_owned(), true)),
+        };
+    }
+    let cluster = match (shown.named, token_clusters) {
+        ("", [only]) => only.clone(),
+        ("", list) => {
+            return Err(Refused::NoTokenCluster(format!(
+                "the agent names no cluster (tunnel.cluster) and {} clusters have a token_review here",
+                list.len()
+            )));
+        }
+        (named, list) if !list.iter().any(|c| c == named) => {
+            return Err(Refused::NoTokenCluster(format!("cluster {named:?} has no token_review here")));
+        }
+        (named, _) => named.to_owned(),
+    };
+    let auth = auth_of(&cluster);
+    if !auth.certificate_optional() {
+        return Err(Refused::CertificateRequired { cluster, auth: auth.as_str() });
+    }
+    if !shown.token {
+        return Err(Refused::TokenRequired { cluster, auth: auth.as_str() });
+    }
+    Ok((cluster, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use AgentAuth::*;
+
+    fn auth(c: &str) -> AgentAuth {
+        match c {
+            "tok" => Token,
+            "both" => MtlsAndToken,
+            "either" => MtlsOrToken,
+            _ => Mtls,
+        }
+    }
+
+    fn shown<'a>(cert: Option<&'a str>, named: &'a str, token: bool) -> Shown<'a> {
+        Shown { cert_cluster: cert, named, token }
+    }
+
+    fn label(r: Result<(String, bool), Refused>) -> String {
+        match r {
+            Ok((c, review)) => format!("{c}{}", if review { " +review" } else { "" }),
+            Err(e) => e.label().to_owned(),
+        }
+    }
+
+    /// Every combination of certificate, named cluster, token and mode, as a table.
+    #[test]
+    fn the_cluster_comes_from_the_certificate_or_from_a_review_of_the_named_cluster() {
+        let tokens = ["tok".to_owned(), "either".to_owned(), "both".to_owned()];
+        let rows: &[(Option<&str>, &str, bool, &str)] = &[
+            // A certificate names the cluster; its mode says whether a token is needed too.
+            (Some("a"), "", false, "a"),
+            (Some("a"), "a", true, "a"),
+            (Some("a"), "b", false, "cluster_mismatch"),
+            (Some("either"), "", false, "either"),
+            (Some("both"), "", false, "token_required"),
+            (Some("both"), "both", true, "both +review"),
+            (Some("tok"), "", true, "tok +review"),
+            // A token alone: the named cluster, reviewed there; never a cluster without a review.
+            (None, "tok", true, "tok +review"),
+            (None, "either", true, "either +review"),
+            (None, "tok", false, "token_required"),
+            (None, "both", true, "certificate_required"),
+            (None, "a", true, "token_cluster_unknown"),
+            (None, "", true, "token_cluster_unknown"),
+        ];
+        for (cert, named, token, want) in rows {
+            let got = label(decide(shown(*cert, named, *token), auth, &tokens));
+            assert_eq!(got, *want, "cert {cert:?}, named {named:?}, token {token}");
+        }
+        // One cluster with reviews: an agent that names none is that cluster's.
+        assert_eq!(label(decide(shown(None, "", true), auth, &["tok".to_owned()])), "tok +review");
+    }
+
+    #[test]
+    fn the_hello_is_awaited_only_where_it_decides() {
+        assert!(!needs_hello(Some("a"), auth));
+        assert!(!needs_hello(Some("either"), auth));
+        assert!(needs_hello(Some("both"), auth));
+        assert!(needs_hello(Some("tok"), auth));
+        assert!(needs_hello(None, auth));
+    }
+}

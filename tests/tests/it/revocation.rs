@@ -1,0 +1,180 @@
+//! Certificate revocation lists made by `openssl ca`: a revoked agent's live session (QUIC or
+//! HTTP/2) ends within seconds of the list's change and cannot come back while its neighbour
+//! stays; a revoked front-end client is refused once the list names it; an agent refuses a
+//! proxy-server whose certificate its list revokes.
+
+use anyhow::Context as _;
+use std::time::Duration;
+use testbed::openssl_ca::OpensslCa;
+use testbed::tunnel_kit::{
+    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect_strict, inproc_agent,
+    inproc_server, server_yaml,
+};
+use testbed::{TcpEcho, TempDir, metric_value, poll_until};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const TICK: Duration = Duration::from_millis(20);
+
+fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_value(m, name, labels).unwrap_or(0.0)
+}
+
+/// A CONNECT through `fe` to `echo` carries a line back.
+async fn echoes(fe: &Dialer, echo: std::net::SocketAddr) -> anyhow::Result<()> {
+    let mut s = connect_strict(fe, &echo.to_string()).await?;
+    s.write_all(b"ping\n").await?;
+    let mut b = [0u8; 5];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut b)).await.context("no echo")??;
+    anyhow::ensure!(&b == b"ping\n", "echoed {b:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_revoked_agent_loses_its_live_session_within_seconds_and_its_neighbour_stays() -> anyhow::Result<()> {
+    let dir = TempDir::new("crl-agents")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let crl = dir.path().join("agents-crl.pem");
+    ca.gencrl(&crl)?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "")
+        .replacen(
+            &format!("client_ca: {} }}", pki.ca_file.display()),
+            &format!("client_ca: {}, crl: {} }}", pki.ca_file.display(), crl.display()),
+            1,
+        )
+        .replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let echo = TcpEcho::start().await?;
+    // Two agents of one cluster, each with a certificate of its own: the one over QUIC is revoked.
+    let stolen = pki.ca.client("shoot-a")?.write(dir.path(), "agent-stolen")?;
+    let kept = pki.ca.client("shoot-a")?.write(dir.path(), "agent-kept")?;
+    let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents-quic")?, &["127.0.0.0/8"]);
+    o.cert = AgentCert::Files(stolen.0.clone(), stolen.1.clone());
+    o.node_name = "node-stolen".into();
+    o.tunnel_extra = "  transport: quic\n".into();
+    let (revoked_agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
+    let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]);
+    o.cert = AgentCert::Files(kept.0.clone(), kept.1.clone());
+    o.node_name = "node-kept".into();
+    let (_kept_agent, _) = inproc_agent(&dir, &agent_yaml(&pki, &o)?).await?;
+    let connected = |want: f64| {
+        let server = &server;
+        async move {
+            let have = value(&server.metrics(), "seedgate_agents_connected", &[("cluster", "shoot-a")]);
+            anyhow::ensure!(have == want, "{have} agents connected, want {want}");
+            Ok(())
+        }
+    };
+    poll_until(DEADLINE, TICK, || connected(2.0)).await?;
+    // The list's nextUpdate (a day ahead: default_crl_days) is published for the staleness alert.
+    let next = value(&server.metrics(), "seedgate_tls_crl_next_update_timestamp_seconds", &[("use", "agents")]);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
+    anyhow::ensure!(next > now + 3600.0 && next < now + 2.0 * 86400.0, "nextUpdate {next}, now {now}");
+    let fe = Dialer::Tcp(saddrs.listener("egress")?);
+    echoes(&fe, echo.addr()).await?;
+
+    ca.revoke(&stolen.0)?;
+    ca.gencrl(&crl)?;
+    let serial = OpensslCa::serial(&stolen.0)?;
+    poll_until(DEADLINE, TICK, || connected(1.0)).await.with_context(|| server.log())?;
+    let m = server.metrics();
+    let ended =
+        value(&m, "seedgate_agent_sessions_ended_total", &[("cluster", "shoot-a"), ("reason", "certificate_revoked")]);
+    anyhow::ensure!(ended == 1.0, "{ended} sessions ended as revoked");
+    let log = server.log();
+    anyhow::ensure!(
+        log.lines().any(|l| l.contains("its client certificate is revoked") && l.contains(&serial)),
+        "the end is logged with the serial {serial}:\n{log}"
+    );
+    // It cannot come back: its handshakes fail, and the agent is told why.
+    revoked_agent.wait_log_line(&["Revoked"], DEADLINE).await?;
+    poll_until(DEADLINE, TICK, || async {
+        let m = server.metrics();
+        let refused =
+            value(&m, "seedgate_agent_sessions_total", &[("cluster", "-"), ("result", "tls_handshake_failed")]);
+        anyhow::ensure!(refused >= 1.0, "no refused handshake yet");
+        Ok(())
+    })
+    .await?;
+    // The other agent of the cluster carries the cluster's streams as before.
+    connected(1.0).await?;
+    echoes(&fe, echo.addr()).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result<()> {
+    let dir = TempDir::new("crl-frontend")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let crl = dir.path().join("frontend-crl.pem");
+    ca.gencrl(&crl)?;
+    let (fc, fk) = &pki.frontend_cert;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "").replacen(
+        "    listen: 127.0.0.1:0\n",
+        &format!(
+            "    listen: 127.0.0.1:0\n    tls: {{ cert: {}, key: {}, client_ca: {}, crl: {} }}\n",
+            fc.display(),
+            fk.display(),
+            pki.ca_file.display(),
+            crl.display()
+        ),
+        1,
+    );
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let (agent, _) = inproc_agent(
+        &dir,
+        &agent_yaml(&pki, &AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]))?,
+    )
+    .await?;
+    let echo = TcpEcho::start().await?;
+    let fe = Dialer::Tls(saddrs.listener("egress")?, pki.apiserver_tls()?, FRONTEND_NAME.into());
+    poll_until(DEADLINE, TICK, || echoes(&fe, echo.addr())).await.with_context(|| agent.log())?;
+
+    // The kube-apiserver's client certificate is revoked: the next handshakes fail.
+    let apiserver_cert = pki.apiserver.write(dir.path(), "apiserver-client")?.0;
+    ca.revoke(&apiserver_cert)?;
+    ca.gencrl(&crl)?;
+    poll_until(DEADLINE, TICK, || async {
+        anyhow::ensure!(echoes(&fe, echo.addr()).await.is_err(), "still accepted");
+        Ok(())
+    })
+    .await?;
+    let m = server.metrics();
+    let rejects = value(&m, "seedgate_rejects_total", &[("listener", "egress"), ("reason", "tls_handshake_failed")]);
+    anyhow::ensure!(rejects >= 1.0, "the refusal is counted");
+    server
+        .wait_log_line(&["front-end TLS handshake failed", "is revoked", "the front end's tls.crl"], DEADLINE)
+        .await?;
+    // Another client of the same CA is served as before.
+    let other = pki.ca.client("kube-apiserver-2")?;
+    let cfg = testbed::pki::client_config(&pki.ca, Some(&other), &["http/1.1"])?;
+    echoes(&Dialer::Tls(saddrs.listener("egress")?, cfg, FRONTEND_NAME.into()), echo.addr()).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_agent_refuses_a_server_whose_certificate_its_list_revokes() -> anyhow::Result<()> {
+    let dir = TempDir::new("crl-server")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    ca.revoke(&pki.agents_cert.0)?;
+    let crl = dir.path().join("servers-crl.pem");
+    ca.gencrl(&crl)?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "");
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]);
+    let with_crl = agent_yaml(&pki, &o)?.replacen(
+        &format!("ca: {}, server_name", pki.ca_file.display()),
+        &format!("ca: {}, crl: {}, server_name", pki.ca_file.display(), crl.display()),
+        1,
+    );
+    let (agent, _) = inproc_agent(&dir, &with_crl).await?;
+    agent
+        .wait_log_line(&["proxy-server's certificate (its agents.tls.cert) is revoked", "tunnel.tls.crl"], DEADLINE)
+        .await?;
+    let connected = value(&server.metrics(), "seedgate_agents_connected", &[("cluster", "shoot-a")]);
+    anyhow::ensure!(connected == 0.0, "{connected} sessions with a revoked server");
+    Ok(())
+}
