@@ -787,3 +787,34 @@ apiserver_proxy:
         assert_eq!(j["timeouts"]["handshake"], "5s");
     }
 }
+
+#[cfg(test)]
+mod identity {
+    use super::parse;
+
+    const TUNNEL: &str = "tunnel:\n  servers: [a:1]\n  allow: [10.0.0.0/8]\n";
+
+    #[test]
+    fn an_agent_has_a_certificate_a_token_or_both() {
+        for tls in [
+            "  tls: { ca: ca }\n  token_file: /var/run/secrets/seedgate/token\n  cluster: shoot-a\n",
+            "  tls: { cert: c, key: k, ca: ca }\n",
+            "  tls: { cert: c, key: k, ca: ca, crl: l.pem }\n  token_file: /t\n",
+        ] {
+            let c = parse(&format!("{TUNNEL}{tls}"), "a.yaml").unwrap_or_else(|e| panic!("{tls}: {e}"));
+            let t = c.tunnel.expect("tunnel");
+            assert_eq!(t.tls.identity().is_some(), t.tls.cert.is_some());
+        }
+        let c = parse(&format!("{TUNNEL}  tls: {{ ca: ca }}\n  token_file: /t\n"), "a.yaml").unwrap();
+        assert_eq!(c.token_files(), vec![("tunnel.token_file".to_owned(), "/t".to_owned())]);
+        for (tls, want) in [
+            ("  tls: { ca: ca }\n", "tunnel.tls.cert: the agent needs an identity"),
+            ("  tls: { cert: c, ca: ca }\n", "tunnel.tls.key: give the key"),
+            ("  tls: { key: k, ca: ca }\n  token_file: /t\n", "tunnel.tls.cert: give the certificate"),
+            ("  tls: { ca: ca }\n  token_file: /t\n  cluster: 'a b'\n", "tunnel.cluster"),
+        ] {
+            let e = parse(&format!("{TUNNEL}{tls}"), "a.yaml").unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+}

@@ -21,6 +21,7 @@ default_fn! {
     tenant_share_default: f64 = 0.25;
     open_timeout_default: Dur = Dur::secs(2);
     settle_time_default: Dur = Dur::secs(30);
+    max_sessions_default: usize = 4096;
 }
 
 config_file! {
@@ -273,6 +274,14 @@ pub struct Agents {
     #[serde(default = "proxy_strategies_default", deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Vec<ProxyStrategy>>", extend("x-reload" = "new connections"))]
     pub proxy_strategies: Vec<ProxyStrategy>,
+    /// Agent sessions one cluster may hold on this replica, for clusters without their own
+    /// `clusters.<name>.limits.max_sessions`: one per node of the cluster (each agent holds one
+    /// session per replica) and some room for restarts. At the limit a new session is refused
+    /// (`cluster_session_limit`, the agent is told why and tries again later); live sessions are
+    /// never ended for it. Default `4096`.
+    #[serde(default = "max_sessions_default")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_sessions_per_cluster: usize,
 }
 
 /// One step of the agent choice of a dial (`agents.proxy_strategies`).
@@ -471,7 +480,8 @@ impl TokenReview {
 /// Most replicas an agent keeps sessions to behind one name (bounds the agent's sessions).
 pub const MAX_SERVER_COUNT: u32 = 64;
 
-/// A front end: HTTP CONNECT and absolute-form requests, carried to the cluster's agents.
+/// A front end: HTTP CONNECT and absolute-form requests (or konnectivity's gRPC, or a fixed port
+/// forward), carried to the cluster's agents.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new connections"))]
@@ -524,6 +534,11 @@ pub struct Frontend {
     #[serde(default, skip_serializing_if = "FrontendProtocol::is_default")]
     #[schemars(with = "Option<FrontendProtocol>")]
     pub protocol: FrontendProtocol,
+    /// `protocol: tcp` only: where every connection goes, `host:port` as the cluster's agents
+    /// dial it (a node's kubelet, a Service's cluster IP or name, a pod): the port forward's
+    /// fixed target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<HostPort>,
 }
 
 /// The protocol of a front end.
@@ -536,6 +551,9 @@ pub enum FrontendProtocol {
     /// konnectivity's gRPC `ProxyService.Proxy` over HTTP/2 (TLS with ALPN `h2`, or cleartext
     /// on a Unix socket or plain TCP).
     Grpc,
+    /// A port forward: every connection's bytes, as they come, to `target` in the cluster (no
+    /// request to read: for clients that speak neither CONNECT nor a proxy URL).
+    Tcp,
 }
 
 impl FrontendProtocol {
@@ -548,6 +566,7 @@ impl FrontendProtocol {
         match self {
             FrontendProtocol::HttpConnect => "http-connect",
             FrontendProtocol::Grpc => "grpc",
+            FrontendProtocol::Tcp => "tcp",
         }
     }
 }
@@ -642,6 +661,11 @@ pub struct ClusterLimits {
     /// TLS handshake or request head, and dials in flight to its agents.
     #[serde(default)]
     pub max_pending: Option<usize>,
+    /// Agent sessions of this cluster on this replica (`agents.max_sessions_per_cluster` when
+    /// unset): a new session at the limit is refused. Applies to sessions made after a reload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub max_sessions: Option<usize>,
 }
 
 impl ServerConfig {
@@ -779,6 +803,9 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
     {
         p.push((0, 0), "agents.server_id", "must be 1 to 253 characters without spaces");
     }
+    if !(1..=1 << 20).contains(&agents.max_sessions_per_cluster) {
+        p.push((0, 0), "agents.max_sessions_per_cluster", "must be between 1 and 1048576");
+    }
     if agents.peers_interval.get() < Duration::from_secs(1) {
         p.push((0, 0), "agents.peers_interval", "must be at least 1s");
     }
@@ -816,6 +843,24 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
             "a grpc front end has no proxy credentials: give cluster, or tls.client_ca",
         )
     }
+    if by_auth && f.protocol == FrontendProtocol::Tcp {
+        p.push(
+            at,
+            format!("{ff}.cluster_from"),
+            "a port forward (protocol: tcp) reads no request and so no proxy credentials: give cluster, or tls.client_ca",
+        )
+    }
+    match (f.protocol, &f.target) {
+        (FrontendProtocol::Tcp, None) => {
+            p.push(at, format!("{ff}.target"), "a port forward (protocol: tcp) needs its target host:port")
+        }
+        (FrontendProtocol::Tcp, Some(t)) if t.port == 0 => {
+            p.push(at, format!("{ff}.target"), "the target needs a port other than 0")
+        }
+        (FrontendProtocol::Tcp, Some(_)) => {}
+        (_, Some(_)) => p.push(at, format!("{ff}.target"), "only a port forward (protocol: tcp) has a target"),
+        (_, None) => {}
+    }
     match (by_auth, &f.proxy_token_file) {
         (true, None) => p.push(
             at,
@@ -851,7 +896,7 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
         p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
     }
     if let Some(l) = &c.limits {
-        let keys = [("max_streams", l.max_streams), ("max_pending", l.max_pending)];
+        let keys = [("max_streams", l.max_streams), ("max_pending", l.max_pending), ("max_sessions", l.max_sessions)];
         crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), (0, 0), p);
     }
     if let Some(s) = &c.proxy_strategies {

@@ -43,6 +43,10 @@ pub(crate) enum Refused {
     Token { cluster: String, error: ReviewError },
     #[error("the token now names ServiceAccount {now}, not {was} as when the session began")]
     AccountChanged { was: String, now: String },
+    #[error(
+        "cluster {cluster} holds its limit of {cap} agent sessions on this replica (clusters.{cluster}.limits.max_sessions or agents.max_sessions_per_cluster)"
+    )]
+    SessionLimit { cluster: String, cap: usize },
 }
 
 impl Refused {
@@ -60,6 +64,7 @@ impl Refused {
             Refused::NoCredentials(_) => "no_credentials",
             Refused::Token { error, .. } => error.label(),
             Refused::AccountChanged { .. } => "token_account",
+            Refused::SessionLimit { .. } => "cluster_session_limit",
         }
     }
 }

@@ -126,6 +126,8 @@ fn frontend_tls(f: &Frontend, m: &TlsMetrics) -> Result<Option<Arc<Reloading<rus
     let alpn: &[&[u8]] = match f.protocol {
         FrontendProtocol::HttpConnect => &[b"http/1.1"],
         FrontendProtocol::Grpc => &[b"h2"],
+        // A port forward's clients speak whatever their target does.
+        FrontendProtocol::Tcp => &[],
     };
     Ok(Some(watch::tls::server(&use_, t.cert.as_ref(), t.key.as_ref(), client_files(t, false), alpn, false, m)?))
 }
@@ -570,6 +572,7 @@ fn served(stop: &CancellationToken, f: &Frontend, files: FeFiles) -> Served {
         cluster: f.cluster.clone(),
         proxy_token: files.token,
         grpc: f.protocol == FrontendProtocol::Grpc,
+        target: f.target.as_ref().filter(|_| f.protocol == FrontendProtocol::Tcp).map(|t| Arc::from(t.to_string())),
     });
     Served { rt, tls: files.tls.map(|m| watched(m, stop)) }
 }

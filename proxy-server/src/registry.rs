@@ -108,19 +108,32 @@ pub(crate) struct ShareConfig {
 }
 
 /// The share of the process limits a cluster without limits of its own has.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct ShareDefaults {
     /// `limits.tenant_share`, of `limits.max_connections` (streams) and `limits.max_pending`.
     pub fraction: f64,
     pub max_streams: usize,
     pub max_pending: usize,
+    /// `agents.max_sessions_per_cluster`: the agent sessions of a cluster without its own limit.
+    pub max_sessions: usize,
+}
+
+/// No limits until a config is applied: what a directory starts with.
+impl Default for ShareDefaults {
+    fn default() -> Self {
+        Self { fraction: 0.0, max_streams: 0, max_pending: 0, max_sessions: usize::MAX }
+    }
 }
 
 impl ShareConfig {
     pub(crate) fn of(cfg: &ServerConfig, own: BTreeMap<String, ClusterLimits>) -> Self {
         let l = &cfg.limits;
-        let defaults =
-            ShareDefaults { fraction: l.tenant_share, max_streams: l.max_connections, max_pending: l.max_pending };
+        let defaults = ShareDefaults {
+            fraction: l.tenant_share,
+            max_streams: l.max_connections,
+            max_pending: l.max_pending,
+            max_sessions: cfg.agents.max_sessions_per_cluster,
+        };
         Self { own, defaults }
     }
 }
@@ -146,6 +159,11 @@ impl Clusters {
     /// The entry of `cluster`, made when it has none yet.
     fn entry(&mut self, cluster: &str, kill: &CancellationToken) -> &mut Entry {
         self.by_name.entry(cluster.to_owned()).or_insert_with(|| Entry::new(kill))
+    }
+
+    /// The most agent sessions `cluster` may hold here.
+    fn session_cap(&self, cluster: &str) -> usize {
+        self.by_name.get(cluster).and_then(|e| e.limits).and_then(|l| l.max_sessions).unwrap_or(self.share.max_sessions)
     }
 
     /// The cap of `cluster`'s share of `kind`.
@@ -292,8 +310,9 @@ impl SessionDirectory {
         }
     }
 
-    /// Register a new agent session. Refused (with the reason) when the cluster is fenced: the
-    /// mode is read and the session filed under the same lock, so a fence cannot slip between.
+    /// Register a new agent session. Refused (with the reason) when the cluster is fenced, or
+    /// holds its limit of sessions (a new session never ends an older one: who an agent says it
+    /// is in its hello is a claim, which must not displace a proven agent's session).
     pub(crate) fn add(
         &self,
         cluster: &str,
@@ -305,10 +324,14 @@ impl SessionDirectory {
     ) -> Result<Arc<Session>, crate::identity::Refused> {
         let (s, mode) = {
             let mut c = self.clusters.write();
+            let cap = c.session_cap(cluster);
             let e = c.entry(cluster, &self.kill);
             let mode = e.mode();
             if mode.mode == ClusterMode::Fenced {
                 return Err(crate::identity::Refused::Fenced(cluster.to_owned()));
+            }
+            if e.sessions.len() >= cap {
+                return Err(crate::identity::Refused::SessionLimit { cluster: cluster.to_owned(), cap });
             }
             let s = Arc::new(Session {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),

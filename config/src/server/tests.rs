@@ -176,6 +176,65 @@ fn grpc_front_ends_and_proxy_strategies() {
 }
 
 #[test]
+fn port_forwards_need_a_target_and_only_they_have_one() {
+    let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca } }\nfrontends:\n";
+    let y = format!(
+        "{base}  - {{ name: kubelet, unix: /run/k.sock, cluster: a, protocol: tcp, target: '10.250.0.7:10250' }}\n"
+    );
+    let c = parse(&y, "s.yaml").unwrap();
+    assert_eq!(c.frontends[0].protocol, FrontendProtocol::Tcp);
+    assert_eq!(c.frontends[0].target.as_ref().map(ToString::to_string).as_deref(), Some("10.250.0.7:10250"));
+    let y = format!(
+        "{base}  - {{ name: a, listen: 127.0.0.1:2, cluster: a, protocol: tcp }}\n  - {{ name: b, listen: 127.0.0.1:3, cluster: a, target: 'x:1' }}\n  - {{ name: c, listen: 127.0.0.1:4, protocol: tcp, target: 'x:1', cluster_from: proxy_authorization, proxy_token_file: /t }}\n  - {{ name: d, listen: 127.0.0.1:5, cluster: a, protocol: tcp, target: 'no-port' }}\n"
+    );
+    let e = parse(&y, "s.yaml").unwrap_err().to_string();
+    assert!(e.contains("frontends[0].target: a port forward (protocol: tcp) needs its target"), "{e}");
+    assert!(e.contains("frontends[1].target: only a port forward"), "{e}");
+    assert!(e.contains("frontends[2].cluster_from: a port forward"), "{e}");
+    assert!(e.contains("frontends[3].target"), "{e}");
+}
+
+#[test]
+fn sessions_per_cluster_have_a_default_and_a_cluster_s_own_limit() {
+    let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k, client_ca: ca }";
+    let c = parse(&format!("{base} }}\n"), "s.yaml").unwrap();
+    assert_eq!(c.agents.max_sessions_per_cluster, 4096);
+    let y = format!("{base}, max_sessions_per_cluster: 10 }}\nclusters:\n  a: {{ limits: {{ max_sessions: 3 }} }}\n");
+    let c = parse(&y, "s.yaml").unwrap();
+    assert_eq!((c.agents.max_sessions_per_cluster, c.clusters["a"].limits.unwrap().max_sessions), (10, Some(3)));
+    let y = format!("{base}, max_sessions_per_cluster: 0 }}\nclusters:\n  a: {{ limits: {{ max_sessions: 0 }} }}\n");
+    let e = parse(&y, "s.yaml").unwrap_err().to_string();
+    assert!(e.contains("agents.max_sessions_per_cluster") && e.contains("clusters.a.limits.max_sessions"), "{e}");
+}
+
+#[test]
+fn token_agents_and_revocation_lists() {
+    let base = "agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k";
+    let review = "{ url: 'https://kas.shoot-a:6443', ca: ca.crt, token_file: /t }";
+    let y = format!("{base} }}, auth: token }}\nclusters:\n  a: {{ token_review: {review} }}\n");
+    let c = parse(&y, "s.yaml").unwrap();
+    assert_eq!(c.agents.auth, AgentAuth::Token);
+    assert_eq!(c.clusters["a"].token_review.as_ref().unwrap().authority(), Some(("kas.shoot-a".into(), 6443)));
+    assert_eq!(c.agents.token_review.audiences, ["seedgate"]);
+    let y = format!(
+        "{base}, crl: l.pem }}, token_review: {{ audiences: [], service_accounts: [nobody] }} }}\nclusters:\n  a: {{ agent_auth: token }}\n  b: {{ agent_auth: mtls_and_token, token_review: {{ url: 'http://x', ca: c, token_file: t, cert: c, key: k }} }}\n"
+    );
+    let e = parse(&y, "s.yaml").unwrap_err().to_string();
+    for want in [
+        "agents.tls.client_ca: agents authenticate with client certificates",
+        "agents.tls.crl: revocation lists apply to client certificates",
+        "agents.token_review.audiences",
+        "agents.token_review.service_accounts: \"nobody\"",
+        "clusters.a.agent_auth: the agents listener requires a client certificate",
+        "clusters.a.token_review: agent_auth token needs",
+        "clusters.b.token_review.url",
+        "clusters.b.token_review.token_file: give token_file or cert and key, not both",
+    ] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}
+
+#[test]
 fn agents_need_a_client_ca() {
     let e = parse("agents: { listen: 127.0.0.1:1, tls: { cert: c, key: k } }\n", "s.yaml").unwrap_err().to_string();
     assert!(e.contains("agents.tls.client_ca"), "{e}");

@@ -29,6 +29,19 @@ pub(super) struct Ready {
     _places: Box<Places>,
 }
 
+impl Ready {
+    pub(super) fn new(
+        io: BoxIo,
+        stream: TunnelStream,
+        pipelined: Vec<u8>,
+        ctx: Ctx,
+        permit: ConnPermit,
+        share: Hold,
+    ) -> Self {
+        Self { io, stream, pipelined, ctx: Box::new(ctx), _places: Box::new(Places { _permit: permit, _share: share }) }
+    }
+}
+
 /// What an established stream holds while it relays.
 struct Places {
     /// The established connection's slot.
@@ -110,13 +123,7 @@ pub(super) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         }
         m.requests.with_label_values(&[&fe.name, "connect", "200"]).inc();
         let pipelined = buf.split_off(head.len);
-        Some(Ready {
-            io,
-            stream,
-            pipelined,
-            ctx: Box::new(ctx),
-            _places: Box::new(Places { _permit: permit, _share: share }),
-        })
+        Some(Ready::new(io, stream, pipelined, ctx, permit, share))
     } else if head.target.starts_with("http://") {
         ctx.kind = "forward";
         ctx.target = head.target.clone();

@@ -2,8 +2,8 @@
 //!
 //! A connection is admitted and handshaken ([`admission`]), then served by its front end's
 //! protocol: HTTP CONNECT (kube-apiserver egress, Prometheus https targets; [`connect`]),
-//! absolute-form forward proxying (Prometheus http targets; [`forward`]), or konnectivity's gRPC
-//! ([`grpc`]). Each refuses what it cannot serve with a [`Refusal`]; proxy credentials are read by
+//! absolute-form forward proxying (Prometheus http targets; [`forward`]), konnectivity's gRPC
+//! ([`grpc`]), or a fixed port forward to one target (`protocol: tcp`; [`port_forward`]). Each refuses what it cannot serve with a [`Refusal`]; proxy credentials are read by
 //! [`proxy_auth`].
 
 mod admission;
@@ -11,6 +11,7 @@ mod connect;
 mod forward;
 mod grpc;
 mod h2_normalise;
+mod port_forward;
 mod proxy_auth;
 mod refusal;
 
@@ -39,6 +40,8 @@ pub(crate) struct FrontendRt {
     pub proxy_token: Option<Arc<str>>,
     /// `grpc`: konnectivity's `ProxyService` over HTTP/2 rather than CONNECT.
     pub grpc: bool,
+    /// `tcp`: a port forward, every connection to this target.
+    pub target: Option<Arc<str>>,
 }
 
 /// Everything known about one front-end connection (or gRPC `Proxy` stream), for its access log.
@@ -117,11 +120,15 @@ pub(crate) fn connection(
     }
 }
 
-/// Serve a connection by its front end's protocol: gRPC to its end, CONNECT up to the relay.
+/// Serve a connection by its front end's protocol: gRPC to its end, a port forward or a CONNECT
+/// up to the relay.
 async fn by_protocol(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) -> Option<connect::Ready> {
     if fe.grpc {
         grpc::serve(shared, fe, conn).await;
         return None;
+    }
+    if let Some(target) = fe.target.clone() {
+        return port_forward::serve(shared, fe, target, conn).await;
     }
     connect::serve(shared, fe, conn).await
 }
@@ -153,6 +160,7 @@ mod tests {
             cluster: Some("c".into()),
             proxy_token: None,
             grpc: false,
+            target: None,
         });
         let f = super::connection(shared, fe, super::Accepted::Tcp(c, None), "peer".into(), None);
         // Every byte here is held by each open tunnel stream for its whole life (the pre-relay

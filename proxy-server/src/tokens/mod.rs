@@ -7,12 +7,12 @@ use cache::Cache;
 use client::{Client, Endpoint, Unavailable};
 use proxy_core::obs::metrics::{counter_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, Registry};
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::Secret;
 use proxy_core::watch::tls::TlsMetrics;
 use proxy_wire::token_review::{self, Account, Verdict};
 use seedgate_config::server::{TokenReview, TokenReviews};
 use std::collections::HashMap;
-use proxy_core::sync::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
