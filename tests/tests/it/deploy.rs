@@ -292,7 +292,7 @@ fn image_holds_the_binaries_the_manifests_run() -> anyhow::Result<()> {
             ensure!(version(rv) <= toolchain, "{} needs Rust {rv}; the Containerfile builds with {from}", p["name"]);
         }
     }
-    for o in ["seed", "shoot"] {
+    for o in ["seed", "shoot", "shoot-token"] {
         let objects = docs(&render(&kubectl, &deploy().join("overlays").join(o))?)?;
         for w in
             objects.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")))
@@ -693,7 +693,7 @@ fn checkov_reports_no_failure_without_a_skip_reason() -> anyhow::Result<()> {
     let scan = dir.join("rendered");
     std::fs::create_dir(&scan)?;
     // What gets applied: the overlays (the bases have no namespace of their own).
-    for o in ["seed", "shoot"] {
+    for o in ["seed", "shoot", "shoot-token"] {
         std::fs::write(scan.join(format!("{o}.yaml")), render(&kubectl, &deploy().join("overlays").join(o))?)?;
     }
     let (_, out, err) = run(Command::new(&checkov)
@@ -773,11 +773,20 @@ async fn every_metric_in_rules_and_dashboard_exists_on_the_binaries() -> anyhow:
 
     // proxy-server with one cluster and a plain front end; the agent may open one stream at a time.
     let fe = Fe::new("prom", "shoot-a", FeKind::Plain);
-    let yaml = server_yaml(&pki, "127.0.0.1:0", &[fe], "clusters:\n  shoot-a: { state: active }\n").replacen(
-        "admin: { listen: 127.0.0.1:0 }",
-        &format!("admin: {{ listen: 127.0.0.1:0, token_file: {} }}", token.display()),
-        1,
-    );
+    // A revocation list for the agents (its nextUpdate is a metric the certificate rules use).
+    let crl = dir.path().join("agents-crl.pem");
+    testbed::openssl_ca::OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?.gencrl(&crl)?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[fe], "clusters:\n  shoot-a: { state: active }\n")
+        .replacen(
+            "admin: { listen: 127.0.0.1:0 }",
+            &format!("admin: {{ listen: 127.0.0.1:0, token_file: {} }}", token.display()),
+            1,
+        )
+        .replacen(
+            &format!("client_ca: {} }}", pki.ca_file.display()),
+            &format!("client_ca: {}, crl: {} }}", pki.ca_file.display(), crl.display()),
+            1,
+        );
     let (_server, s_addrs) =
         Proc::start_seedgate(&bin_path("proxy-server")?, &dir.write("server.yaml", yaml)?, &[]).await?;
     let mut o = AgentOpts::new("shoot-a", s_addrs.listener("agents")?, &["127.0.0.1/32"]);
