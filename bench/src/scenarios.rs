@@ -8,6 +8,7 @@
 mod connect;
 mod fleet;
 mod ha;
+mod identity;
 mod idle_memory;
 mod leak;
 mod migration;
@@ -286,6 +287,16 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         in_all: always,
         run: run!(fleet),
         repeats: |s| s.fleet_kills,
+        targets: no_targets,
+    },
+    Scenario {
+        name: identity::SC,
+        about: "An agent session's set-up time by how the agent proves its cluster: a client \
+                certificate, a ServiceAccount token reviewed at a stand-in kube-apiserver, the same token \
+                with its review cached (seedgate only)",
+        in_all: always,
+        run: run!(identity),
+        repeats,
         targets: no_targets,
     },
     Scenario {

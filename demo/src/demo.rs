@@ -204,6 +204,7 @@ listeners:
     ha(&mut r, &dir, &bins, &ca, &tw, &mut router, &router_cfg, &mut others).await?;
     let qs = QuicSeed { seed: quic_seed, agents: quic_agents, gateway: quic_gw };
     quic(&mut r, &dir, &bins, &ca, &tw, qs, &via, &mut others).await?;
+    identity(&mut r, &dir, &bins, &ca, &tw, &mut others).await?;
 
     r.heading(&format!("metrics  (GET http://{admin}/metrics)"));
     metrics(&mut r, admin).await;
@@ -930,6 +931,144 @@ async fn quic(
             );
         }
         Err(e) => r.check(false, "agent /readyz?verbose", &format!("{e:#}")),
+    }
+    Ok(())
+}
+
+/// The cluster of the identity section's token agents.
+const TOKEN_CLUSTER: &str = "shoot-t";
+
+/// Identity and port forwards: a proxy-server whose cluster `shoot-t` takes agents with a
+/// ServiceAccount token (reviewed by a stand-in kube-apiserver, in this process) and holds at
+/// most one agent session; a token agent (no client certificate) dials it, a port forward
+/// (`protocol: tcp`) carries a TLS request to the kubelet through that agent, and a second agent
+/// of the cluster is refused at the cap, saying why.
+async fn identity(
+    r: &mut Report,
+    dir: &TempDir,
+    bins: &[std::path::PathBuf],
+    ca: &Ca,
+    tw: &TunnelWorld,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let kas = testbed::token_review::TokenReviewer::start(ca, dir.path(), "shoot-t-kas").await?;
+    let (crt, key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server-token")?;
+    let ca_path = ca.write(dir.path(), "ca")?;
+    let kubelet = tw.kubelet.addr();
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: 127.0.0.1:0\n  tls: {{ cert: {}, key: {} }}\n  auth: token\n  \
+         keepalive: {{ interval: 1s, timeout: 3s }}\nfrontends:\n  - name: kubelet-forward\n    listen: 127.0.0.1:0\n    \
+         protocol: tcp\n    cluster: {TOKEN_CLUSTER}\n    target: \"{kubelet}\"\nclusters:\n  {TOKEN_CLUSTER}:\n    \
+         limits: {{ max_sessions: 1 }}\n    token_review: {}\n",
+        crt.display(),
+        key.display(),
+        kas.section("")
+    );
+    let (server, s) = Proc::start_seedgate(&bins[2], &dir.write("proxy-server-token.yaml", &yaml)?, &[]).await?;
+    let (agents, forward, s_admin) = (s.listener("agents")?, s.listener("kubelet-forward")?, s.admin()?);
+    procs.push(server);
+    let token = kas.issue("kube-system/proxy-agent", &["seedgate"], Duration::from_secs(3600));
+    let token_file = dir.write("shoot-t-token", &token)?;
+    let agent_yaml = |node: &str| {
+        format!(
+            "admin: {{ listen: 127.0.0.1:0 }}\ntunnel:\n  servers: [{agents}]\n  tls: {{ ca: {}, server_name: {PROXY_NAME} }}\n  \
+             token_file: {}\n  cluster: {TOKEN_CLUSTER}\n  node_name: {node}\n  allow: [127.0.0.0/8]\n  \
+             reconnect: {{ initial: 200ms, max: 2s }}\n",
+            ca_path.display(),
+            token_file.display()
+        )
+    };
+    let (agent, _) =
+        Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-token.yaml", agent_yaml("node-1"))?, &[]).await?;
+    procs.push(agent);
+
+    r.heading(&format!(
+        "IDENTITY proxy-agent with a ServiceAccount token (no client certificate) -> proxy-server {agents}; TokenReview at the stand-in {TOKEN_CLUSTER} kube-apiserver {}",
+        kas.url()
+    ));
+    let up = poll_until(Duration::from_secs(10), Duration::from_millis(50), || async {
+        let (_, text) = http_get(s_admin, "/metrics").await?;
+        let n = metric_sum(&text, "seedgate_agents_connected", &[("cluster", TOKEN_CLUSTER)]);
+        anyhow::ensure!(n == 1.0, "{n} agents");
+        Ok(text)
+    })
+    .await;
+    match up {
+        Ok(text) => {
+            let reviewed = metric_sum(
+                &text,
+                "seedgate_token_reviews_total",
+                &[("cluster", TOKEN_CLUSTER), ("result", "authenticated")],
+            );
+            r.check(
+                reviewed >= 1.0 && kas.answers().first().map(String::as_str) == Some("authenticated"),
+                "session admitted by a TokenReview",
+                &format!(
+                    "seedgate_agents_connected{{cluster=\"{TOKEN_CLUSTER}\"}} 1, seedgate_token_reviews_total{{result=\"authenticated\"}} {reviewed}, the kube-apiserver answered {:?}",
+                    kas.answers()
+                ),
+            );
+        }
+        Err(e) => r.check(false, "session admitted by a TokenReview", &format!("{e:#}")),
+    }
+
+    r.heading(&format!("PORT FORWARD 127.0.0.1 -> proxy-server {forward} (protocol: tcp, target {kubelet}) -> the token agent -> kubelet"));
+    let forwarded = async {
+        let s = tokio::net::TcpStream::connect(forward).await?;
+        let cc = pki::client_config(ca, None, &[])?;
+        let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
+        let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
+        tls.write_all(&http_get_request("kubelet.shoot-a", "/healthz")).await?;
+        let mut resp = Vec::new();
+        let _ = tls.read_to_end(&mut resp).await;
+        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), forwarded).await {
+        Ok(Ok(resp)) => {
+            let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned();
+            r.check(
+                body.contains("backend=kubelet "),
+                "TLS to the kubelet through the port forward, answered by",
+                &body,
+            );
+        }
+        Ok(Err(e)) => r.check(false, "port forward", &format!("{e:#}")),
+        Err(_) => r.check(false, "port forward", "no answer within 10s"),
+    }
+
+    r.heading(&format!(
+        "LIMITS a second token agent of {TOKEN_CLUSTER} (clusters.{TOKEN_CLUSTER}.limits.max_sessions: 1)"
+    ));
+    let (second, _) =
+        Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-token-2.yaml", agent_yaml("node-2"))?, &[]).await?;
+    let refused = second
+        .wait_log_line(&["proxy-server refused this agent's session", "holds its limit"], Duration::from_secs(10))
+        .await;
+    procs.push(second);
+    match refused {
+        Ok(line) => {
+            let reason = line.split("reason=").nth(1).unwrap_or(&line).trim().to_owned();
+            r.check(true, "refused, and told why", &reason);
+        }
+        Err(e) => r.check(false, "refused, and told why", &format!("{e:#}")),
+    }
+    if let Ok((_, text)) = http_get(s_admin, "/metrics").await {
+        let capped = metric_sum(
+            &text,
+            "seedgate_agent_sessions_total",
+            &[("cluster", TOKEN_CLUSTER), ("result", "cluster_session_limit")],
+        );
+        let cached =
+            metric_sum(&text, "seedgate_token_reviews_total", &[("cluster", TOKEN_CLUSTER), ("result", "cached")]);
+        let connected = metric_sum(&text, "seedgate_agents_connected", &[("cluster", TOKEN_CLUSTER)]);
+        r.check(
+            capped >= 1.0 && connected == 1.0,
+            "proxy-server metrics",
+            &format!(
+                "seedgate_agent_sessions_total{{result=\"cluster_session_limit\"}} {capped}, seedgate_agents_connected {connected}, seedgate_token_reviews_total{{result=\"cached\"}} {cached} (the same token again)"
+            ),
+        );
     }
     Ok(())
 }
