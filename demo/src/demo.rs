@@ -556,6 +556,12 @@ async fn connect_through(
         let _ = s.read_to_string(&mut body).await;
         return Ok((status, body.trim().to_owned()));
     }
+    Ok((status, kubelet_healthz(s, ca).await?))
+}
+
+/// TLS to the stand-in kubelet over `s` (a tunnel stream), `GET /healthz`: the answer's body.
+async fn kubelet_healthz(s: tokio::net::TcpStream, ca: &Ca) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cc = pki::client_config(ca, None, &[])?;
     let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
     let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
@@ -563,7 +569,7 @@ async fn connect_through(
     let mut resp = Vec::new();
     let _ = tls.read_to_end(&mut resp).await;
     let text = String::from_utf8_lossy(&resp).into_owned();
-    Ok((status, text.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned()))
+    Ok(text.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned())
 }
 
 /// P6: the shoot's tunnel moves from proxy-server A (the one above) to a new proxy-server B:
@@ -951,7 +957,6 @@ async fn identity(
     tw: &TunnelWorld,
     procs: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let kas = testbed::token_review::TokenReviewer::start(ca, dir.path(), "shoot-t-kas").await?;
     let (crt, key) = ca.server(&[PROXY_NAME])?.write(dir.path(), "proxy-server-token")?;
     let ca_path = ca.write(dir.path(), "ca")?;
@@ -1014,19 +1019,9 @@ async fn identity(
     }
 
     r.heading(&format!("PORT FORWARD 127.0.0.1 -> proxy-server {forward} (protocol: tcp, target {kubelet}) -> the token agent -> kubelet"));
-    let forwarded = async {
-        let s = tokio::net::TcpStream::connect(forward).await?;
-        let cc = pki::client_config(ca, None, &[])?;
-        let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
-        let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
-        tls.write_all(&http_get_request("kubelet.shoot-a", "/healthz")).await?;
-        let mut resp = Vec::new();
-        let _ = tls.read_to_end(&mut resp).await;
-        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
-    };
+    let forwarded = async { kubelet_healthz(tokio::net::TcpStream::connect(forward).await?, ca).await };
     match tokio::time::timeout(Duration::from_secs(10), forwarded).await {
-        Ok(Ok(resp)) => {
-            let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned();
+        Ok(Ok(body)) => {
             r.check(
                 body.contains("backend=kubelet "),
                 "TLS to the kubelet through the port forward, answered by",

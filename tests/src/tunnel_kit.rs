@@ -434,6 +434,16 @@ pub async fn connect_tcp(frontend: SocketAddr, target: &str) -> anyhow::Result<(
     Ok((s, rest))
 }
 
+/// A CONNECT through `dialer` to an echo backend at `echo` carries a line there and back.
+pub async fn echo_line(dialer: &Dialer, echo: SocketAddr) -> anyhow::Result<()> {
+    let mut s = connect_strict(dialer, &echo.to_string()).await?;
+    s.write_all(b"ping\n").await?;
+    let mut b = [0u8; 5];
+    tokio::time::timeout(STEP, s.read_exact(&mut b)).await.context("no echo")??;
+    anyhow::ensure!(&b == b"ping\n", "echoed {b:?}");
+    Ok(())
+}
+
 /// The [`Refusal`] in an error from [`connect`] / [`connect_strict`], if that is what it was.
 pub fn refusal_of(e: &anyhow::Error) -> Option<&Refusal> {
     e.downcast_ref::<Refusal>()

@@ -7,11 +7,10 @@ use anyhow::Context as _;
 use std::time::Duration;
 use testbed::openssl_ca::OpensslCa;
 use testbed::tunnel_kit::{
-    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect_strict, inproc_agent,
+    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, echo_line, inproc_agent,
     inproc_server, server_yaml,
 };
 use testbed::{TcpEcho, TempDir, metric_value, poll_until};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const TICK: Duration = Duration::from_millis(20);
@@ -21,15 +20,6 @@ fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// A CONNECT through `fe` to `echo` carries a line back.
-async fn echoes(fe: &Dialer, echo: std::net::SocketAddr) -> anyhow::Result<()> {
-    let mut s = connect_strict(fe, &echo.to_string()).await?;
-    s.write_all(b"ping\n").await?;
-    let mut b = [0u8; 5];
-    tokio::time::timeout(DEADLINE, s.read_exact(&mut b)).await.context("no echo")??;
-    anyhow::ensure!(&b == b"ping\n", "echoed {b:?}");
-    Ok(())
-}
-
 #[tokio::test]
 async fn a_revoked_agent_loses_its_live_session_within_seconds_and_its_neighbour_stays() -> anyhow::Result<()> {
     let dir = TempDir::new("crl-agents")?;
@@ -72,7 +62,7 @@ async fn a_revoked_agent_loses_its_live_session_within_seconds_and_its_neighbour
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
     anyhow::ensure!(next > now + 3600.0 && next < now + 2.0 * 86400.0, "nextUpdate {next}, now {now}");
     let fe = Dialer::Tcp(saddrs.listener("egress")?);
-    echoes(&fe, echo.addr()).await?;
+    echo_line(&fe, echo.addr()).await?;
 
     ca.revoke(&stolen.0)?;
     ca.gencrl(&crl)?;
@@ -99,7 +89,7 @@ async fn a_revoked_agent_loses_its_live_session_within_seconds_and_its_neighbour
     .await?;
     // The other agent of the cluster carries the cluster's streams as before.
     connected(1.0).await?;
-    echoes(&fe, echo.addr()).await?;
+    echo_line(&fe, echo.addr()).await?;
     Ok(())
 }
 
@@ -130,14 +120,14 @@ async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result
     .await?;
     let echo = TcpEcho::start().await?;
     let fe = Dialer::Tls(saddrs.listener("egress")?, pki.apiserver_tls()?, FRONTEND_NAME.into());
-    poll_until(DEADLINE, TICK, || echoes(&fe, echo.addr())).await.with_context(|| agent.log())?;
+    poll_until(DEADLINE, TICK, || echo_line(&fe, echo.addr())).await.with_context(|| agent.log())?;
 
     // The kube-apiserver's client certificate is revoked: the next handshakes fail.
     let apiserver_cert = pki.apiserver.write(dir.path(), "apiserver-client")?.0;
     ca.revoke(&apiserver_cert)?;
     ca.gencrl(&crl)?;
     poll_until(DEADLINE, TICK, || async {
-        anyhow::ensure!(echoes(&fe, echo.addr()).await.is_err(), "still accepted");
+        anyhow::ensure!(echo_line(&fe, echo.addr()).await.is_err(), "still accepted");
         Ok(())
     })
     .await?;
@@ -150,7 +140,7 @@ async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result
     // Another client of the same CA is served as before.
     let other = pki.ca.client("kube-apiserver-2")?;
     let cfg = testbed::pki::client_config(&pki.ca, Some(&other), &["http/1.1"])?;
-    echoes(&Dialer::Tls(saddrs.listener("egress")?, cfg, FRONTEND_NAME.into()), echo.addr()).await?;
+    echo_line(&Dialer::Tls(saddrs.listener("egress")?, cfg, FRONTEND_NAME.into()), echo.addr()).await?;
     Ok(())
 }
 

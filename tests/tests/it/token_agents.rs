@@ -9,11 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use testbed::token_review::TokenReviewer;
 use testbed::tunnel_kit::{
-    AgentCert, AgentOpts, Dialer, Fe, FeKind, TunnelPki, agent_yaml, connect_strict, inproc_agent, inproc_server,
+    AgentCert, AgentOpts, Dialer, Fe, FeKind, TunnelPki, agent_yaml, echo_line, inproc_agent, inproc_server,
     server_yaml,
 };
 use testbed::{InProc, TcpEcho, TempDir, metric_value, poll_until};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const TICK: Duration = Duration::from_millis(20);
@@ -81,15 +80,6 @@ async fn wait_connected(server: &InProc, cluster: &str, n: f64) -> anyhow::Resul
     .with_context(|| format!("server log:\n{}", server.log()))
 }
 
-async fn echoes(fe: &Dialer, echo: std::net::SocketAddr) -> anyhow::Result<()> {
-    let mut s = connect_strict(fe, &echo.to_string()).await?;
-    s.write_all(b"ping\n").await?;
-    let mut b = [0u8; 5];
-    tokio::time::timeout(DEADLINE, s.read_exact(&mut b)).await.context("no echo")??;
-    anyhow::ensure!(&b == b"ping\n", "echoed {b:?}");
-    Ok(())
-}
-
 #[tokio::test]
 async fn a_token_agent_carries_streams_over_h2_and_quic_and_the_token_stays_out_of_logs() -> anyhow::Result<()> {
     let dir = TempDir::new("token-agents")?;
@@ -105,7 +95,7 @@ async fn a_token_agent_carries_streams_over_h2_and_quic_and_the_token_stays_out_
     for (i, transport) in ["h2", "quic"].into_iter().enumerate() {
         let (a, _) = inproc_agent(&dir, &agent(&pki, &server, "shoot-a", &file, transport)?).await?;
         wait_connected(&server, "shoot-a", 1.0).await.with_context(|| a.log())?;
-        echoes(&fe, echo.addr()).await?;
+        echo_line(&fe, echo.addr()).await?;
         let m = server.metrics();
         let accepted = value(&m, "seedgate_agent_sessions_total", &[("cluster", "shoot-a"), ("result", "accepted")]);
         anyhow::ensure!(accepted == (i + 1) as f64, "{transport}: {accepted} sessions accepted");
@@ -263,7 +253,7 @@ async fn a_kube_apiserver_that_stops_answering_leaves_live_sessions_and_refuses_
         .wait_log_line(&["proxy-server refused this agent's session", "did not review the token"], DEADLINE)
         .await?;
     wait_connected(&server, "shoot-a", 1.0).await?;
-    echoes(&Dialer::Tcp(saddrs.listener("egress")?), echo.addr()).await?;
+    echo_line(&Dialer::Tcp(saddrs.listener("egress")?), echo.addr()).await?;
     let ended = value(
         &server.metrics(),
         "seedgate_agent_sessions_ended_total",
