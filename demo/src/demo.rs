@@ -1027,6 +1027,21 @@ async fn identity(
                 "TLS to the kubelet through the port forward, answered by",
                 &body,
             );
+            // Counted as a CONNECT is, by its front end and kind.
+            let counted = http_get(s_admin, "/metrics").await.map(|(_, text)| {
+                let labels = [("frontend", "kubelet-forward"), ("kind", "tcp"), ("code", "200")];
+                metric_sum(&text, "seedgate_frontend_requests_total", &labels)
+            });
+            match counted {
+                Ok(n) => r.check(
+                    n == 1.0,
+                    "proxy-server metrics",
+                    &format!(
+                        "seedgate_frontend_requests_total{{frontend=\"kubelet-forward\",kind=\"tcp\",code=\"200\"}} {n}"
+                    ),
+                ),
+                Err(e) => r.check(false, "proxy-server metrics", &format!("{e:#}")),
+            }
         }
         Ok(Err(e)) => r.check(false, "port forward", &format!("{e:#}")),
         Err(_) => r.check(false, "port forward", "no answer within 10s"),
@@ -1048,22 +1063,23 @@ async fn identity(
         }
         Err(e) => r.check(false, "refused, and told why", &format!("{e:#}")),
     }
-    if let Ok((_, text)) = http_get(s_admin, "/metrics").await {
-        let capped = metric_sum(
-            &text,
-            "seedgate_agent_sessions_total",
-            &[("cluster", TOKEN_CLUSTER), ("result", "cluster_session_limit")],
-        );
-        let cached =
-            metric_sum(&text, "seedgate_token_reviews_total", &[("cluster", TOKEN_CLUSTER), ("result", "cached")]);
-        let connected = metric_sum(&text, "seedgate_agents_connected", &[("cluster", TOKEN_CLUSTER)]);
-        r.check(
-            capped >= 1.0 && connected == 1.0,
-            "proxy-server metrics",
-            &format!(
-                "seedgate_agent_sessions_total{{result=\"cluster_session_limit\"}} {capped}, seedgate_agents_connected {connected}, seedgate_token_reviews_total{{result=\"cached\"}} {cached} (the same token again)"
-            ),
-        );
+    match http_get(s_admin, "/metrics").await {
+        Err(e) => r.check(false, "proxy-server metrics", &format!("{e:#}")),
+        Ok((_, text)) => {
+            let capped = metric_sum(
+                &text,
+                "seedgate_agent_sessions_total",
+                &[("cluster", TOKEN_CLUSTER), ("result", "cluster_session_limit")],
+            );
+            let cached =
+                metric_sum(&text, "seedgate_token_reviews_total", &[("cluster", TOKEN_CLUSTER), ("result", "cached")]);
+            let connected = metric_sum(&text, "seedgate_agents_connected", &[("cluster", TOKEN_CLUSTER)]);
+            let shown = format!(
+                "seedgate_agent_sessions_total{{result=\"cluster_session_limit\"}} {capped}, seedgate_agents_connected \
+                 {connected}, seedgate_token_reviews_total{{result=\"cached\"}} {cached} (the same token again)"
+            );
+            r.check(capped >= 1.0 && connected == 1.0, "proxy-server metrics", &shown);
+        }
     }
     Ok(())
 }

@@ -96,7 +96,7 @@ impl ServerMetrics {
             requests: counter_vec(
                 reg,
                 "seedgate_frontend_requests_total",
-                "Front-end requests, by front end, kind (connect, forward) and status code.",
+                "Front-end requests, by front end, kind (connect, forward, tcp: a port forward's connection) and status code.",
                 &["frontend", "kind", "code"],
             ),
             cluster_state: gauge_vec(
