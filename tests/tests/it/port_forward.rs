@@ -1,7 +1,8 @@
 //! Port forwards (`protocol: tcp`): a front end whose every connection goes to one fixed target
 //! of one cluster. 16 MiB each way at once with checksums, over TCP and a Unix socket; the access
 //! event and metrics as CONNECT's; refusals (a target the agent may not dial, a cluster without
-//! agents, the cluster's share of streams); a reload that moves the target.
+//! agents, the cluster's share of streams); a reload that moves the target; curl getting a page
+//! from the shoot through one, as a client that speaks neither CONNECT nor a proxy URL.
 
 use anyhow::Context as _;
 use std::path::Path;
@@ -177,5 +178,49 @@ async fn a_port_forward_is_refused_as_connect_would_be_and_a_reload_moves_its_ta
         Ok(())
     })
     .await?;
+    Ok(())
+}
+
+/// curl, which speaks neither CONNECT nor a proxy URL here, reaches an HTTP target in the shoot
+/// through the port forward as if it were the target, over TCP and over the Unix socket.
+#[tokio::test]
+async fn curl_gets_a_page_from_the_shoot_through_a_port_forward() -> anyhow::Result<()> {
+    let dir = TempDir::new("port-forward-curl")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let page = testbed::HttpBackend::start("text/plain", "pod page\n").await?;
+    let (server, saddrs) = inproc_server(&dir, &server_config(&pki, dir.path(), &page.addr().to_string(), "")).await?;
+    let (_agent, _) = inproc_agent(
+        &dir,
+        &agent_yaml(&pki, &AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]))?,
+    )
+    .await?;
+    agent_up(&server).await?;
+    let tcp = format!("http://{}/metrics", saddrs.listener("fwd")?);
+    let sock = saddrs.unix("fwd-unix")?.display().to_string();
+    for args in
+        [vec!["-sS", "--fail", &tcp], vec!["-sS", "--fail", "--unix-socket", &sock, "http://pod.shoot-a/healthz"]]
+    {
+        let Some(out) = testbed::peers::curl(&args).await? else { return Ok(()) };
+        let body = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success() && body == "pod page\n",
+            "curl {args:?}: {}, {body:?}, {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The requests reached the target as curl sent them: nothing added, nothing read on the way.
+    let heads = page.requests();
+    anyhow::ensure!(heads.len() == 2, "{heads:?}");
+    anyhow::ensure!(heads[0].starts_with("GET /metrics HTTP/1.1"), "{heads:?}");
+    anyhow::ensure!(
+        heads[1].starts_with("GET /healthz HTTP/1.1") && heads[1].contains("Host: pod.shoot-a"),
+        "{heads:?}"
+    );
+    let m = server.metrics();
+    for fe in ["fwd", "fwd-unix"] {
+        let ok = value(&m, "seedgate_frontend_requests_total", &[("frontend", fe), ("kind", "tcp"), ("code", "200")]);
+        anyhow::ensure!(ok == 1.0, "{fe}: {ok} relayed");
+    }
     Ok(())
 }
