@@ -1,6 +1,6 @@
 //! Certificate revocation lists made by `openssl ca`: a revoked agent's live session (QUIC or
 //! HTTP/2) ends within seconds of the list's change and cannot come back while its neighbour
-//! stays; a revoked front-end client is refused once the list names it; an agent refuses a
+//! stays; a revoked front-end client (ours and curl) is refused once the list names it; an agent refuses a
 //! proxy-server whose certificate its list revokes.
 
 use anyhow::Context as _;
@@ -121,9 +121,19 @@ async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result
     let echo = TcpEcho::start().await?;
     let fe = Dialer::Tls(saddrs.listener("egress")?, pki.apiserver_tls()?, FRONTEND_NAME.into());
     poll_until(DEADLINE, TICK, || echo_line(&fe, echo.addr())).await.with_context(|| agent.log())?;
+    // curl as the kube-apiserver: CONNECT through the front end, its client certificate shown.
+    let page = testbed::HttpBackend::start("text/plain", "pod page\n").await?;
+    let (apiserver_cert, apiserver_key) = pki.apiserver.write(dir.path(), "apiserver-client")?;
+    let (proxy, url) = (format!("https://{}", saddrs.listener("egress")?), format!("http://{}/", page.addr()));
+    let [cacert, cert, key] = [&pki.ca_file, &apiserver_cert, &apiserver_key].map(|p| p.display().to_string());
+    let args = ["-sS", "-p", "-x", &proxy, "--proxy-cacert", &cacert, "--proxy-cert", &cert, "--proxy-key", &key, &url];
+    let curl_ok = |out: &std::process::Output| out.status.success() && out.stdout == b"pod page\n";
+    let before = testbed::peers::curl(&args).await?;
+    if let Some(out) = &before {
+        anyhow::ensure!(curl_ok(out), "curl before the revocation: {}", String::from_utf8_lossy(&out.stderr));
+    }
 
     // The kube-apiserver's client certificate is revoked: the next handshakes fail.
-    let apiserver_cert = pki.apiserver.write(dir.path(), "apiserver-client")?.0;
     ca.revoke(&apiserver_cert)?;
     ca.gencrl(&crl)?;
     poll_until(DEADLINE, TICK, || async {
@@ -131,6 +141,12 @@ async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result
         Ok(())
     })
     .await?;
+    if let Some(out) = testbed::peers::curl(&args).await? {
+        anyhow::ensure!(!curl_ok(&out), "curl with the revoked certificate got the page");
+        let err = String::from_utf8_lossy(&out.stderr);
+        // curl reports the TLS alert the front end sent (certificate revoked) or the reset.
+        anyhow::ensure!(out.status.code() == Some(35) || out.status.code() == Some(56), "curl: {}, {err}", out.status);
+    }
     let m = server.metrics();
     let rejects = value(&m, "seedgate_rejects_total", &[("listener", "egress"), ("reason", "tls_handshake_failed")]);
     anyhow::ensure!(rejects >= 1.0, "the refusal is counted");
