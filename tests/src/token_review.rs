@@ -13,11 +13,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use proxy_core::sync::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 
@@ -79,8 +80,8 @@ impl TokenReviewer {
         let serving = serve(listener, Arc::new(AtomicU64::new(0)), move |tcp| {
             let (acceptor, state, reviews) = (acceptor.clone(), st.clone(), rv.clone());
             async move {
-                if state.lock().expect("not poisoned").down {
-                    state.lock().expect("not poisoned").answers.push("down".into());
+                if state.lock().down {
+                    state.lock().answers.push("down".into());
                     return;
                 }
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
@@ -110,23 +111,23 @@ impl TokenReviewer {
             audiences: audiences.iter().map(|a| a.to_string()).collect(),
             expires,
         };
-        self.state.lock().expect("not poisoned").tokens.insert(token.clone(), issued);
+        self.state.lock().tokens.insert(token.clone(), issued);
         token
     }
 
     /// Forget a token (its ServiceAccount was deleted): reviews of it fail from now on.
     pub fn revoke(&self, token: &str) {
-        self.state.lock().expect("not poisoned").tokens.remove(token);
+        self.state.lock().tokens.remove(token);
     }
 
     /// Answer every review only after `d`.
     pub fn set_delay(&self, d: Duration) {
-        self.state.lock().expect("not poisoned").delay = d;
+        self.state.lock().delay = d;
     }
 
     /// Close every new connection at once without an answer (a kube-apiserver that is down).
     pub fn set_down(&self, down: bool) {
-        self.state.lock().expect("not poisoned").down = down;
+        self.state.lock().down = down;
     }
 
     /// Reviews answered (or refused for bad credentials).
@@ -136,7 +137,7 @@ impl TokenReviewer {
 
     /// How each review was answered, in order.
     pub fn answers(&self) -> Vec<String> {
-        self.state.lock().expect("not poisoned").answers.clone()
+        self.state.lock().answers.clone()
     }
 
     pub fn url(&self) -> String {
@@ -161,11 +162,11 @@ async fn answer(
     reviews: Arc<AtomicU64>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let delay = state.lock().expect("not poisoned").delay;
+    let delay = state.lock().delay;
     tokio::time::sleep(delay).await;
-    if state.lock().expect("not poisoned").down {
+    if state.lock().down {
         // Down: kept-alive connections break too, without an answer.
-        state.lock().expect("not poisoned").answers.push("down".into());
+        state.lock().answers.push("down".into());
         return Err(std::io::Error::other("down"));
     }
     reviews.fetch_add(1, Ordering::Relaxed);
@@ -179,7 +180,7 @@ async fn answer(
     let bearer = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let path_ok = req.method() == hyper::Method::POST && req.uri().path() == proxy_wire::token_review::PATH;
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    let mut st = state.lock().expect("not poisoned");
+    let mut st = state.lock();
     if bearer.as_deref() != Some(&format!("Bearer {}", st.bearer)) {
         st.answers.push("401".into());
         let status = serde_json::json!({"kind":"Status","apiVersion":"v1","status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401});
