@@ -163,7 +163,8 @@ pub struct Tunnel {
     #[serde(default = "tunnel_idle_default")]
     #[schemars(extend("x-reload" = "new streams"))]
     pub idle_timeout: Dur,
-    /// PING interval and timeout of every session; absent or `null`: the defaults.
+    /// PING interval, and when an unanswered PING makes a session suspect and dead; absent or
+    /// `null`: the defaults.
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
@@ -484,6 +485,7 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         ("idle_timeout", t.idle_timeout),
         ("keepalive.interval", t.keepalive.interval),
         ("keepalive.timeout", t.keepalive.timeout),
+        ("keepalive.suspect_after", t.keepalive.suspect_after),
         ("reconnect.initial", t.reconnect.initial),
         ("reconnect.max", t.reconnect.max),
         ("rehome_drain", t.rehome_drain),

@@ -344,7 +344,9 @@ impl AdminConfig {
     }
 }
 
-/// Tunnel keepalive, the same on both ends: a session whose PING goes unanswered is dead.
+/// Tunnel keepalive, the same on both ends: a session whose PING goes unanswered for a few
+/// seconds is suspect (no new streams; the agent opens a replacement beside it), and dead only
+/// after the longer timeout (its open streams wait for the path until then, as TCP would).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new sessions"))]
@@ -352,10 +354,19 @@ pub struct Keepalive {
     /// PING every this long. Default `5s`.
     #[serde(default = "ka_interval_default")]
     pub interval: Dur,
-    /// No PING answer for this long: the session is dead (its streams end at once; an agent
-    /// reconnects). Default `15s`.
+    /// No PING answer for this long: the session is dead (its streams end; an agent
+    /// reconnects). Sized like TCP's own patience with a silent path, so that an outage of
+    /// tens of seconds costs no open stream; the socket's limits follow it (`TCP_USER_TIMEOUT`
+    /// over h2, the idle timeout over QUIC). Default `60s`.
     #[serde(default = "ka_timeout_default")]
     pub timeout: Dur,
+    /// No PING answer for this long (QUIC: nothing heard while a PING or data waits for its
+    /// acknowledgement): the session is suspect. It takes no new streams (a dial goes to another
+    /// session, or is refused with `no_agent` and the reason), the agent dials a replacement
+    /// beside it, and its open streams go on waiting for the path; any sign of life clears it.
+    /// At most half of `timeout` (a shorter `timeout` lowers it). Default `3s`.
+    #[serde(default = "ka_suspect_default")]
+    pub suspect_after: Dur,
 }
 
 fn ka_interval_default() -> Dur {
@@ -363,12 +374,24 @@ fn ka_interval_default() -> Dur {
 }
 
 fn ka_timeout_default() -> Dur {
-    Dur::secs(15)
+    Dur::secs(60)
+}
+
+fn ka_suspect_default() -> Dur {
+    Dur::secs(3)
+}
+
+impl Keepalive {
+    /// How long a PING may go unanswered before the session is suspect: `suspect_after`, at
+    /// most half of `timeout`.
+    pub fn suspect(&self) -> std::time::Duration {
+        self.suspect_after.get().min(self.timeout.get() / 2)
+    }
 }
 
 impl Default for Keepalive {
     fn default() -> Self {
-        Self { interval: ka_interval_default(), timeout: ka_timeout_default() }
+        Self { interval: ka_interval_default(), timeout: ka_timeout_default(), suspect_after: ka_suspect_default() }
     }
 }
 

@@ -207,7 +207,8 @@ pub struct Agents {
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<TokenReviews>")]
     pub token_review: TokenReviews,
-    /// PING interval and timeout of every session; absent or `null`: the defaults.
+    /// PING interval, and when an unanswered PING makes a session suspect and dead; absent or
+    /// `null`: the defaults.
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
@@ -606,8 +607,8 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
     validate_crl("agents.tls", &agents.tls, p);
     validate_reviews(&agents.token_review, p);
     let ka = &agents.keepalive;
-    if ka.interval.get().is_zero() || ka.timeout.get().is_zero() {
-        p.push((0, 0), "agents.keepalive", "interval and timeout must be positive");
+    if ka.interval.get().is_zero() || ka.timeout.get().is_zero() || ka.suspect_after.get().is_zero() {
+        p.push((0, 0), "agents.keepalive", "interval, timeout and suspect_after must be positive");
     }
     if let Some(w) = agents.stream_window
         && !(65_535..=(1 << 31) - 1).contains(&w)

@@ -21,6 +21,7 @@ pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
         stream_window_quic,
         connection_window: cfg.agents.connection_window,
         keepalive_interval: cfg.agents.keepalive.interval.get(),
+        keepalive_suspect: cfg.agents.keepalive.suspect(),
         keepalive_timeout: cfg.agents.keepalive.timeout.get(),
         ..TunnelSettings::default()
     }
@@ -34,6 +35,7 @@ pub(crate) async fn accept_tls(
     peer: SocketAddr,
     stop: CancellationToken,
 ) {
+    proxy_core::net::session_patience(&tcp, shared.config.load().agents.keepalive.timeout.get());
     if let Some(tls) =
         handshake(&shared, peer, "TLS", acceptor.accept(proxy_core::relay::io::ReadAhead::new(tcp))).await
     {
@@ -293,6 +295,7 @@ async fn admit(
             let account = sess.identity.account.as_deref().unwrap_or("-");
             tracing::info!(%peer, %cluster, session = sess.id, transport = who.transport, %account, "agent session up");
             shared.replica.announce_to(&shared.metrics, &sess);
+            crate::liveness::watch_suspect(shared.metrics.clone(), &sess);
             Some((sess, token))
         }
         Err(r) => {

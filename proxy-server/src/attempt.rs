@@ -3,14 +3,38 @@
 use crate::liveness::Standing;
 use crate::metrics::ServerMetrics;
 use crate::session::Session;
-use proxy_core::tunnel::{DialError, TunnelStream};
+use proxy_core::tunnel::{DialError, Quiet, TunnelStream};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// How `s` stands for new dials now (a doubt it outlived is cleared and noted).
 pub(crate) fn standing(s: &Session, metrics: &ServerMetrics) -> Standing {
     let (standing, cleared) = s.liveness.standing(|| s.opener.heard());
     revived(s, cleared, metrics);
     standing
+}
+
+/// `s`'s keepalive went unanswered for the suspect time: it takes no new dials.
+pub(crate) fn suspect(s: &Session) -> bool {
+    s.opener.quiet().is_some_and(Quiet::is_silent)
+}
+
+/// Why a dial found only suspect sessions.
+pub(crate) fn all_suspect(cluster: &str) -> DialError {
+    DialError::NoAgent(format!(
+        "every agent session of cluster {cluster} is suspect: no keepalive answer within \
+         agents.keepalive.suspect_after (the path to the agent is quiet); its open streams wait for the path"
+    ))
+}
+
+/// Resolves once the session's path goes quiet (never, where the transport cannot tell).
+async fn went_quiet(quiet: &mut Option<watch::Receiver<bool>>) {
+    if let Some(rx) = quiet
+        && rx.wait_for(|q| *q).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// How one attempt of a dial on one session went.
@@ -25,7 +49,8 @@ pub(crate) enum Attempt {
 /// Open a stream to `target` on `s` within `left`. An agent that shows life gets all of `left`
 /// (its own dial may be slow); one that stays silent for `open_timeout` is suspected, and given
 /// up when `others()` says another session could take the dial; while none could, the wait
-/// goes on, looking again every `open_timeout`.
+/// goes on, looking again every `open_timeout`, until the session turns suspect (its keepalive
+/// unanswered): then the dial moves on, or is refused when no other session could take it.
 pub(crate) async fn attempt(
     s: &Session,
     target: &str,
@@ -35,11 +60,15 @@ pub(crate) async fn attempt(
     metrics: &ServerMetrics,
 ) -> Attempt {
     let heard = s.opener.heard();
+    let mut quiet = s.opener.quiet().map(Quiet::watch);
     let open = s.opener.open(target, left);
     tokio::pin!(open);
     let half = open_timeout / 2;
-    if let Ok(r) = tokio::time::timeout(half, &mut open).await {
-        return Attempt::Answered(r);
+    tokio::select! {
+        r = tokio::time::timeout(half, &mut open) => if let Ok(r) = r {
+            return Attempt::Answered(r);
+        },
+        () = went_quiet(&mut quiet) => return given_up(s, others),
     }
     if heard.is_some() && s.opener.heard() == heard {
         // No word since the open: ask for one, so that a live agent answers in time.
@@ -47,8 +76,11 @@ pub(crate) async fn attempt(
     }
     let mut wait = open_timeout - half;
     loop {
-        if let Ok(r) = tokio::time::timeout(wait, &mut open).await {
-            return Attempt::Answered(r);
+        tokio::select! {
+            r = tokio::time::timeout(wait, &mut open) => if let Ok(r) = r {
+                return Attempt::Answered(r);
+            },
+            () = went_quiet(&mut quiet) => return given_up(s, others),
         }
         if heard.is_none() || s.opener.heard() != heard {
             // Alive: the agent's own dial takes its time.
@@ -63,6 +95,11 @@ pub(crate) async fn attempt(
         }
         wait = open_timeout;
     }
+}
+
+/// The session turned suspect during an attempt: another session takes the dial, or none can.
+fn given_up(s: &Session, others: impl Fn() -> bool) -> Attempt {
+    if others() { Attempt::Silent } else { Attempt::Answered(Err(all_suspect(&s.cluster))) }
 }
 
 /// The node `s`'s agent named (empty before its hello, or when it named none).

@@ -68,6 +68,7 @@ fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
 fn session_detail(shared: &Shared, s: &crate::session::Session) -> String {
     let node = crate::attempt::node(s);
     let standing = match crate::attempt::standing(s, &shared.metrics) {
+        _ if crate::attempt::suspect(s) => "suspect: keepalive unanswered, takes no new dials",
         crate::liveness::Standing::Healthy => "",
         doubted => doubted.label(),
     };

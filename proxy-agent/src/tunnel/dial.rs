@@ -24,6 +24,7 @@ pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
         connection_window: cfg.connection_window,
         max_streams: cfg.max_streams as u32 + 16,
         keepalive_interval: cfg.keepalive.interval.get(),
+        keepalive_suspect: cfg.keepalive.suspect(),
         keepalive_timeout: cfg.keepalive.timeout.get(),
         receive_offload: cfg.quic_gro,
         ..TunnelSettings::default()
@@ -88,21 +89,24 @@ pub(super) struct Dialer {
 }
 
 impl Dialer {
-    /// Connect to `target` over `over` and run a session there, in its own task.
+    /// Connect to `target` over `over` (each step within `patience`, if given) and run a
+    /// session there, in its own task.
     pub(super) async fn connect(
         &self,
         id: SessionId,
         target: HostPort,
         over: Carrier,
+        patience: Option<std::time::Duration>,
     ) -> Result<Running, EstablishError> {
         let cfg = self.t.cfg.load_full();
+        let within = |d: std::time::Duration| patience.map_or(d, |p| p.min(d));
         let (conn, peer) = match over {
-            Carrier::H2 => establish(&self.t, &target).await?,
+            Carrier::H2 => establish(&self.t, &target, within(cfg.dial_timeout.get())).await?,
             Carrier::Quic => {
                 // Under `auto`, QUIC is tried first or probed from h2: it gets the (short) QUIC timeout.
                 let timeout =
                     if cfg.transport == Transport::Auto { cfg.quic_timeout.get() } else { cfg.dial_timeout.get() };
-                establish_quic(&self.t, &target, timeout).await?
+                establish_quic(&self.t, &target, within(timeout)).await?
             }
         };
         let stop = self.stop.child_token();
@@ -128,11 +132,14 @@ impl Dialer {
     }
 }
 
-/// What a session's handler has seen: the handshake passed, and the replica's announcement.
+/// What a session's handler has seen: the handshake passed, the replica's announcement, whether
+/// its keepalive is unanswered now, and whether it carried a stream.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct SessionState {
     up: bool,
     info: Option<ServerInfo>,
+    quiet: bool,
+    carried: bool,
 }
 
 /// A session being served in its own task.
@@ -162,6 +169,14 @@ impl Running {
             if now.up && !self.seen.up {
                 self.seen.up = true;
                 return Event::Up(self.id);
+            }
+            if now.carried && !self.seen.carried {
+                self.seen.carried = true;
+                return Event::Carried(self.id);
+            }
+            if now.quiet != self.seen.quiet {
+                self.seen.quiet = now.quiet;
+                return Event::Quiet { id: self.id, silent: now.quiet };
             }
             if let Some(info) = now.info.filter(|i| self.seen.info.as_ref() != Some(i)) {
                 self.seen.info = Some(info.clone());
@@ -200,6 +215,7 @@ struct Handler {
 
 impl AgentHandler for Handler {
     fn incoming(&self, inc: Incoming) -> BoxFuture<'static, ()> {
+        self.state.send_if_modified(|s| !std::mem::replace(&mut s.carried, true));
         Box::pin(serve_stream(self.t.clone(), self.server.clone(), self.kill.clone(), inc))
     }
 
@@ -232,6 +248,10 @@ impl AgentHandler for Handler {
 
     fn established(&self) {
         self.state.send_modify(|s| s.up = true);
+    }
+
+    fn quiet(&self, silent: bool) {
+        self.state.send_if_modified(|s| std::mem::replace(&mut s.quiet, silent) != silent);
     }
 }
 

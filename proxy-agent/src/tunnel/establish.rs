@@ -41,16 +41,17 @@ pub(super) enum EstablishError {
     Quic { addr: SocketAddr, source: quinn::ConnectionError },
 }
 
-/// Connect and handshake with `target` (resolved afresh).
+/// Connect and handshake with `target` (resolved afresh), each step within `timeout`.
 pub(super) async fn establish(
     t: &Tunnel,
     target: &HostPort,
+    timeout: Duration,
 ) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
     let cfg = t.cfg.load_full();
-    let timeout = cfg.dial_timeout.get();
     let (tcp, addr) = proxy_core::net::connect_host(target, timeout)
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
+    proxy_core::net::session_patience(&tcp, cfg.keepalive.timeout.get());
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;

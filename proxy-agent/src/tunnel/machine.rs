@@ -13,6 +13,12 @@
 //! one); only then is the old one retired: GOAWAY, and its streams run to their end or to the
 //! drain deadline. The errands' transitions are in [`errands`]; a failed dial comes in typed
 //! ([`EstablishError`]), as the driver got it.
+//!
+//! A live session whose keepalive goes unanswered for the suspect time is quiet: the slot dials
+//! the same place again beside it (a rescue), each try bounded by [`RESCUE_PATIENCE`] and the
+//! next one [`RESCUE_PACE`] (jittered) after, so that a healed path is used within about a
+//! second; the first that comes up takes over, and the quiet session's open streams go on there
+//! until they end or its keepalive timeout does. Its next sign of life stops the tries.
 
 use super::establish::EstablishError;
 use super::metrics::SlotMetrics;
@@ -28,6 +34,13 @@ use std::time::{Duration, Instant};
 /// Longest wait between attempts to reach one more replica while the ones reached answer:
 /// after a duplicate, or while looking for a draining replica's replacement.
 const PROBE_MAX: Duration = Duration::from_secs(5);
+
+/// Longest a rescue dial may take: a path that answers completes a handshake (a few round trips)
+/// well within it, and a silent one is tried again soon.
+pub(super) const RESCUE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Wait between one rescue dial's failure and the next: from half of this to all of it.
+const RESCUE_PACE: Duration = Duration::from_millis(500);
 
 /// A session the machine asked for; never reused within a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +128,11 @@ pub(super) enum Event {
     Dialed { id: SessionId, result: Result<SocketAddr, EstablishError> },
     /// The session passed its handshake (the seed spoke the transport's protocol).
     Up(SessionId),
+    /// The session's keepalive went unanswered for the suspect time (`silent`), or it showed
+    /// life again.
+    Quiet { id: SessionId, silent: bool },
+    /// The seed opened a stream on the session (the first one is reported).
+    Carried(SessionId),
     /// The session's replica announced itself (first time, or a change such as draining).
     Announced(SessionId, ServerInfo),
     /// The session ended (`error`: why, if it did not end cleanly).
@@ -134,8 +152,9 @@ pub(super) enum Event {
 /// What the driver does.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Action {
-    /// Establish a session to `target` (resolved afresh) over `over`; answer with [`Event::Dialed`].
-    Dial { id: SessionId, target: HostPort, over: Carrier },
+    /// Establish a session to `target` (resolved afresh) over `over`, within `patience` (`None`:
+    /// the configured timeouts); answer with [`Event::Dialed`].
+    Dial { id: SessionId, target: HostPort, over: Carrier, patience: Option<Duration> },
     /// Resolve `name`; answer with [`Event::Resolved`].
     Resolve { query: QueryId, name: HostPort },
     /// GOAWAY on the session now (with `open`: only once `drain` is over, so the server it
@@ -200,6 +219,8 @@ struct Dial {
     over: Over,
     /// Not the slot's first attempt: its outcome counts as a reconnect.
     reconnect: bool,
+    /// Bounds the dial (a rescue), and its fallback to h2 under `auto`.
+    patience: Option<Duration>,
 }
 
 struct Session {
@@ -211,6 +232,10 @@ struct Session {
     reconnect: bool,
     up: bool,
     info: Option<ServerInfo>,
+    /// Its keepalive is unanswered now.
+    quiet: bool,
+    /// The seed opened a stream on it: it proved itself.
+    carried: bool,
 }
 
 struct Connected {
@@ -223,6 +248,8 @@ struct Connected {
     upgrade_at: Option<Instant>,
     /// The live session's target is a name: when to check that it still includes the peer.
     follow_at: Option<Instant>,
+    /// While the live session is quiet: the next rescue dial.
+    rescue_at: Option<Instant>,
 }
 
 enum Errand {
@@ -255,6 +282,8 @@ enum Purpose {
     Replace,
     /// `auto` on h2: the same place over QUIC, judged as a replacement.
     Upgrade,
+    /// The live session is quiet: the same place again, judged as a replacement.
+    Rescue,
 }
 
 /// Which back-off the wait after losing the live session comes from.
@@ -312,7 +341,7 @@ impl Machine {
                 Some(Errand::Trying { deadline, .. }) => Some(*deadline),
                 Some(_) => None,
                 // No move to QUIC while a replacement is looked for.
-                None => [c.replace_at, c.upgrade_at.filter(|_| c.replace_at.is_none()), c.follow_at]
+                None => [c.rescue_at, c.replace_at, c.upgrade_at.filter(|_| c.replace_at.is_none()), c.follow_at]
                     .into_iter()
                     .flatten()
                     .min(),
@@ -329,7 +358,7 @@ fn due(at: Option<Instant>, now: Instant) -> bool {
 impl Connected {
     fn new(live: Session, now: Instant, reresolve: Duration) -> Box<Self> {
         let follow_at = live.target.socket_addr().is_none().then(|| now + reresolve);
-        Box::new(Self { live, errand: None, replace_at: None, upgrade_at: None, follow_at })
+        Box::new(Self { live, errand: None, replace_at: None, upgrade_at: None, follow_at, rescue_at: None })
     }
 
     fn draining(&self) -> bool {
@@ -343,6 +372,8 @@ impl Cx {
         match event {
             Event::Dialed { id, result } => self.dialed(now, phase, id, result),
             Event::Up(id) => self.up(now, phase, id),
+            Event::Quiet { id, silent } => self.quiet(now, phase, id, silent),
+            Event::Carried(id) => self.carried(phase, id),
             Event::Announced(id, info) => self.announced(now, phase, id, info),
             Event::Ended { id, error } => self.ended(now, phase, id, error),
             Event::Move { to, drain_deadline_ms } => {
@@ -379,10 +410,19 @@ impl Cx {
         Phase::Dialing(self.dial(self.target.clone(), Over::configured(self.settings.transport), reconnect))
     }
 
-    /// With no errand running: the newest move notice, then a replacement for a draining
-    /// replica, then a move to QUIC, then following DNS.
+    /// With no errand running: a rescue of a quiet session, the newest move notice, then a
+    /// replacement for a draining replica, then a move to QUIC, then following DNS.
     fn errands(&mut self, now: Instant, c: &mut Connected) {
         self.arm_upgrade(now, c);
+        if due(c.rescue_at, now) && c.live.quiet {
+            c.rescue_at = None;
+            let (place, over) = (c.live.target.clone(), Over::configured(self.settings.transport));
+            c.errand = Some(Errand::Dialing {
+                purpose: Purpose::Rescue,
+                dial: self.dial_within(place, over, RESCUE_PATIENCE),
+            });
+            return;
+        }
         if let Some(notice) = self.queued.take() {
             self.resolve(c, notice.next.clone(), Why::Move(notice));
             return;
@@ -435,10 +475,19 @@ impl Cx {
 /// Small steps shared by the transitions.
 impl Cx {
     fn dial(&mut self, target: HostPort, over: Over, reconnect: bool) -> Dial {
+        self.dial_patient(target, over, reconnect, None)
+    }
+
+    /// A reconnect dial bounded by `patience`.
+    fn dial_within(&mut self, target: HostPort, over: Over, patience: Duration) -> Dial {
+        self.dial_patient(target, over, true, Some(patience))
+    }
+
+    fn dial_patient(&mut self, target: HostPort, over: Over, reconnect: bool, patience: Option<Duration>) -> Dial {
         let id = SessionId(self.next_id);
         self.next_id += 1;
-        self.out.push(Action::Dial { id, target: target.clone(), over: over.carrier() });
-        Dial { id, target, over, reconnect }
+        self.out.push(Action::Dial { id, target: target.clone(), over: over.carrier(), patience });
+        Dial { id, target, over, reconnect, patience }
     }
 
     fn start(&mut self, c: &mut Connected, purpose: Purpose, target: HostPort, over: Over) {
@@ -458,7 +507,8 @@ impl Cx {
 
     fn session(d: Dial, peer: SocketAddr, now: Instant) -> Session {
         let over = d.over.carrier();
-        Session { id: d.id, target: d.target, peer, over, since: now, reconnect: d.reconnect, up: false, info: None }
+        let (id, target, reconnect) = (d.id, d.target, d.reconnect);
+        Session { id, target, peer, over, since: now, reconnect, up: false, info: None, quiet: false, carried: false }
     }
 
     fn backoff_wait(&mut self) -> Duration {
@@ -494,7 +544,7 @@ impl Cx {
         }
         let (server, target) = (&self.slot.label, &d.target);
         tracing::info!(%server, %target, %error, "transport auto: QUIC did not get through; using h2");
-        Some(self.dial(d.target.clone(), Over::H2 { after_quic: true }, d.reconnect))
+        Some(self.dial_patient(d.target.clone(), Over::H2 { after_quic: true }, d.reconnect, d.patience))
     }
 
     /// A dial made it: count `auto`'s fallback once it got through over h2.
@@ -596,6 +646,39 @@ impl Cx {
         Phase::Connected(c)
     }
 
+    /// The live session went quiet (rescue dials start) or showed life again (they stop; one
+    /// under way still takes over if it comes up).
+    fn quiet(&mut self, now: Instant, phase: Phase, id: SessionId, silent: bool) -> Phase {
+        let Phase::Connected(mut c) = phase else { return phase };
+        if c.live.id != id || c.live.quiet == silent {
+            return Phase::Connected(c);
+        }
+        c.live.quiet = silent;
+        let (server, target, peer) = (&self.slot.label, &c.live.target, c.live.peer);
+        if silent {
+            tracing::warn!(%server, %target, %peer, "tunnel session suspect: its keepalive went unanswered (the path is quiet); dialing a replacement beside it, its open streams wait for the path");
+            self.slot.metrics.suspect();
+            c.rescue_at = Some(now);
+        } else {
+            tracing::info!(%server, %target, %peer, "suspect tunnel session answers again");
+            c.rescue_at = None;
+        }
+        Phase::Connected(c)
+    }
+
+    /// The seed opened a stream on `id`: the session proved itself.
+    fn carried(&mut self, phase: Phase, id: SessionId) -> Phase {
+        let Phase::Connected(mut c) = phase else { return phase };
+        if c.live.id == id {
+            c.live.carried = true;
+        } else if let Some(Errand::Trying { session, .. }) = &mut c.errand
+            && session.id == id
+        {
+            session.carried = true;
+        }
+        Phase::Connected(c)
+    }
+
     fn announced(&mut self, now: Instant, phase: Phase, id: SessionId, info: ServerInfo) -> Phase {
         let Phase::Connected(mut c) = phase else { return phase };
         if c.live.id == id {
@@ -677,12 +760,15 @@ impl Cx {
         if !was_up && c.live.reconnect {
             self.slot.metrics.reconnect(false);
         }
-        // Only a session that lived at least `reconnect.max` resets the back-off: the next
-        // failure is fresh. One that came up and ended sooner does not, so a server that accepts
-        // sessions and closes them at once is redialled at a growing interval, not every
-        // `reconnect.initial`.
-        if now.saturating_duration_since(c.live.since) >= self.settings.reconnect_max {
+        // Only a session that proved itself — it lived at least `reconnect.max`, or carried a
+        // stream — resets the back-off: the next failure is fresh. One that came up and ended
+        // sooner does not, so a server (or a middlebox) that accepts sessions and closes them at
+        // once is redialled at a growing interval, not every `reconnect.initial`.
+        if c.live.carried || now.saturating_duration_since(c.live.since) >= self.settings.reconnect_max {
             self.backoff.reset();
+        } else if was_up {
+            tracing::info!(server = %self.slot.label, lived = ?now.saturating_duration_since(c.live.since), "tunnel session ended before it proved itself (lived tunnel.reconnect.max or carried a stream): backing off");
+            self.slot.metrics.storm_avoided();
         }
         self.gone(now, c, Wait::Backoff)
     }

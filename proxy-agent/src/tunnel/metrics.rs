@@ -27,6 +27,9 @@ pub(crate) struct SessionMetrics {
     pub duplicates: IntCounterVec,
     pub transport: IntGaugeVec,
     pub transport_changes: IntCounterVec,
+    pub suspect: IntCounterVec,
+    pub replaced: IntCounterVec,
+    pub storms_avoided: IntCounterVec,
 }
 
 impl SessionMetrics {
@@ -80,6 +83,24 @@ impl SessionMetrics {
                 "seedgate_tunnel_transport_changes_total",
                 "transport auto: sessions dialled over h2 because QUIC did not get through (from quic, to h2), and moves of a session from h2 to QUIC (from h2, to quic), by server.",
                 &["server", "from", "to"],
+            ),
+            suspect: counter_vec(
+                reg,
+                "seedgate_tunnel_sessions_suspect_total",
+                "Times the live session to a server became suspect (its keepalive unanswered for tunnel.keepalive.suspect_after: the path is quiet), by server. The agent then dials a replacement beside it.",
+                server,
+            ),
+            replaced: counter_vec(
+                reg,
+                "seedgate_tunnel_sessions_replaced_total",
+                "Suspect sessions replaced make-before-break by a new session to the same server, by server (the old one's open streams go on there).",
+                server,
+            ),
+            storms_avoided: counter_vec(
+                reg,
+                "seedgate_tunnel_reconnect_storms_avoided_total",
+                "Sessions that came up and ended before they proved themselves (lived tunnel.reconnect.max or carried a stream), by server: the back-off kept growing instead of redialling at tunnel.reconnect.initial.",
+                server,
             ),
         }
     }
@@ -173,6 +194,23 @@ impl SlotMetrics {
 
     pub(super) fn moved(&self) {
         self.m.moves.with_label_values(&[&self.label]).inc();
+    }
+
+    pub(super) fn suspect(&self) {
+        self.m.suspect.with_label_values(&[&self.label]).inc();
+    }
+
+    pub(super) fn replaced(&self) {
+        self.m.replaced.with_label_values(&[&self.label]).inc();
+    }
+
+    pub(super) fn storm_avoided(&self) {
+        self.m.storms_avoided.with_label_values(&[&self.label]).inc();
+    }
+
+    #[cfg(test)]
+    pub(super) fn counted(&self) -> [u64; 3] {
+        [&self.m.suspect, &self.m.replaced, &self.m.storms_avoided].map(|c| c.with_label_values(&[&self.label]).get())
     }
 
     pub(super) fn duplicate(&self) {

@@ -151,9 +151,10 @@ impl Io {
 
     fn perform(&mut self, action: Action) {
         match action {
-            Action::Dial { id, target, over } => {
+            Action::Dial { id, target, over, patience } => {
                 let dialer = self.dialer.clone();
-                self.in_flight.push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over).await) }));
+                self.in_flight
+                    .push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over, patience).await) }));
             }
             Action::Resolve { query, name } => {
                 let timeout = self.dialer.t.cfg.load().dial_timeout.get();

@@ -236,6 +236,14 @@ pub async fn resolve_within(hp: &HostPort, timeout: Duration) -> io::Result<Vec<
     }
 }
 
+/// A tunnel session's TCP connection gives up on unacknowledged data after `timeout`
+/// (`TCP_USER_TIMEOUT`), as its keepalive does: the kernel's own patience (15 retransmissions,
+/// about 15 minutes) would keep a session its keepalive already ended, and a shorter one would
+/// end it — and every stream on it — before its keepalive timeout.
+pub fn session_patience(s: &TcpStream, timeout: Duration) {
+    let _ = SockRef::from(s).set_tcp_user_timeout(Some(timeout));
+}
+
 /// Close `s` with a TCP RST instead of a FIN, to pass a peer's reset on.
 pub fn reset_on_close(s: &TcpStream) {
     let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));

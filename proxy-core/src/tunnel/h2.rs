@@ -10,7 +10,7 @@ use super::session::{
 };
 use super::{
     AgentConnection, AgentHandler, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming,
-    REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
+    Quiet, REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
 };
 use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, client, server};
@@ -19,7 +19,6 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 use tokio_util::io::InspectReader;
@@ -34,29 +33,46 @@ fn failed(context: &'static str) -> impl FnOnce(h2::Error) -> SessionError {
 }
 
 /// Send a PING every interval, and at once when `probes` asks for one (the seed: a dial wants a
-/// sign of life; a request made while a PING is out gets one after it); fail when one goes
-/// unanswered for the timeout.
-async fn keepalive(
+/// sign of life; a request made while a PING is out gets one after it). A PING unanswered for
+/// the suspect time makes the path quiet (`quiet(true)`; `quiet(false)` once one is answered):
+/// the session goes on, its streams wait for the path. It fails when one goes unanswered for the
+/// timeout.
+fn keepalive(
     mut pp: PingPong,
-    interval: Duration,
-    timeout: Duration,
+    settings: &TunnelSettings,
     probes: Option<Arc<Notify>>,
-) -> SessionError {
-    loop {
-        let probed = async {
-            match &probes {
-                Some(p) => p.notified().await,
-                None => std::future::pending().await,
+    quiet: impl Fn(bool) + Send + 'static,
+) -> impl Future<Output = SessionError> + Send + 'static {
+    let (interval, timeout) = (settings.keepalive_interval, settings.keepalive_timeout);
+    let suspect = settings.keepalive_suspect.min(timeout);
+    async move {
+        loop {
+            let probed = async {
+                match &probes {
+                    Some(p) => p.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = probed => {}
             }
-        };
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = probed => {}
-        }
-        match tokio::time::timeout(timeout, pp.ping(Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return SessionError::transport("session failed", e),
-            Err(_) => return SessionError::KeepaliveTimeout(timeout),
+            let ping = pp.ping(Ping::opaque());
+            tokio::pin!(ping);
+            let answer = match tokio::time::timeout(suspect, &mut ping).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    quiet(true);
+                    match tokio::time::timeout(timeout - suspect, &mut ping).await {
+                        Ok(answer) => answer,
+                        Err(_) => return SessionError::KeepaliveTimeout(timeout),
+                    }
+                }
+            };
+            match answer {
+                Ok(_) => quiet(false),
+                Err(e) => return SessionError::transport("session failed", e),
+            }
         }
     }
 }
@@ -86,6 +102,8 @@ pub struct H2Seed {
     heard: Arc<AtomicU64>,
     /// Asks the keepalive loop for a PING now.
     probes: Arc<Notify>,
+    /// The keepalive's PING is unanswered past the suspect time.
+    quiet: Arc<Quiet>,
 }
 
 /// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried on
@@ -148,6 +166,10 @@ impl SeedTransport for H2Seed {
     fn probe(&self) {
         self.probes.notify_one();
     }
+
+    fn quiet(&self) -> Option<&Quiet> {
+        Some(&self.quiet)
+    }
 }
 
 /// The control stream: a `POST` the agent answers 200 (then its hello line).
@@ -188,14 +210,18 @@ where
         .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let probes = Arc::new(Notify::new());
-    let ka = keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout, Some(probes.clone()));
+    let quiet = Arc::new(Quiet::default());
+    let q = quiet.clone();
+    let ka = keepalive(pp, settings, Some(probes.clone()), move |silent| {
+        q.set(silent);
+    });
     let ended = async move {
         tokio::select! {
             r = &mut conn => r.map_err(failed("session failed")),
             e = ka => Err(e),
         }
     };
-    let transport = H2Seed { send: send.clone(), heard, probes };
+    let transport = H2Seed { send: send.clone(), heard, probes, quiet };
     Ok(SeedConn { control: Box::pin(open_control(send)), transport, ended: Box::pin(ended) })
 }
 
@@ -324,7 +350,8 @@ where
         .map_err(|_| SessionError::HandshakeTimeout { waiting_for: "HTTP/2 preface", timeout })?
         .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
-    let keepalive = Box::pin(keepalive(pp, settings.keepalive_interval, settings.keepalive_timeout, None));
+    let h = handler.clone();
+    let keepalive = Box::pin(keepalive(pp, settings, None, move |silent| h.quiet(silent)));
     session::run_agent(H2Agent { conn, keepalive }, None, handler, stop, tracker).await
 }
 

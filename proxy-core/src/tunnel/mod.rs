@@ -141,6 +141,39 @@ pub trait Opener: Send + Sync + 'static {
     /// Ask the agent for a sign of life now, where a stream open elicits none by itself until
     /// the agent's dial is done (HTTP/2: a PING).
     fn probe(&self) {}
+    /// The session's path is quiet now ([`Quiet`]): its keepalive went unanswered for the
+    /// suspect time. `None`: the transport cannot tell.
+    fn quiet(&self) -> Option<&Quiet> {
+        None
+    }
+}
+
+/// Whether a session's path is quiet: a keepalive PING (QUIC: anything that asks for an
+/// acknowledgement) has gone unanswered for the suspect time. Set by the session's transport,
+/// cleared by the next sign of life; the session itself goes on until the keepalive timeout.
+#[derive(Debug)]
+pub struct Quiet(tokio::sync::watch::Sender<bool>);
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(false))
+    }
+}
+
+impl Quiet {
+    /// Record what the keepalive sees; true when that changed the state.
+    pub fn set(&self, silent: bool) -> bool {
+        self.0.send_if_modified(|s| std::mem::replace(s, silent) != silent)
+    }
+
+    pub fn is_silent(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Every change from now on.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.0.subscribe()
+    }
 }
 
 /// A stream the seed asked the agent to open.
@@ -170,6 +203,9 @@ pub trait AgentHandler: Send + Sync + 'static {
     /// The session is up: the transport's handshake passed (TLS, the seed's verdict on our
     /// certificate included, and the seed's HTTP/2 preface or QUIC control stream arrived).
     fn established(&self) {}
+    /// The session's path went quiet (`true`: its keepalive unanswered for the suspect time) or
+    /// showed life again (`false`).
+    fn quiet(&self, _silent: bool) {}
 }
 
 /// Tunnel tuning shared by both ends.
@@ -185,6 +221,10 @@ pub struct TunnelSettings {
     /// Most streams open at once on one session (set by the agent).
     pub max_streams: u32,
     pub keepalive_interval: Duration,
+    /// A PING (QUIC: anything ack-eliciting) unanswered this long: the session is suspect
+    /// ([`Quiet`]); it goes on.
+    pub keepalive_suspect: Duration,
+    /// ... this long: the session is dead.
     pub keepalive_timeout: Duration,
     /// QUIC: the kernel may hand a read up to 64 coalesced packets (UDP GRO). quinn sizes an
     /// endpoint's receive buffer for 32 such reads; see [`quic::endpoint`].
@@ -200,7 +240,8 @@ impl Default for TunnelSettings {
             max_frame_size: 64 * 1024,
             max_streams: 16 * 1024,
             keepalive_interval: Duration::from_secs(5),
-            keepalive_timeout: Duration::from_secs(15),
+            keepalive_suspect: Duration::from_secs(3),
+            keepalive_timeout: Duration::from_secs(60),
             receive_offload: true,
         }
     }

@@ -15,14 +15,15 @@
 //! Bytes: QUIC stream data, flow control per stream (`stream_window_quic`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
 //! is a reset. Liveness: QUIC keep-alive every keepalive interval, the idle timeout is the
-//! keepalive timeout.
+//! keepalive timeout; the path is quiet ([`Quiet`]) while nothing is heard for the suspect time
+//! after something that asks for an acknowledgement went out ([`Hearing`]).
 
 use super::session::{
     self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
     SessionOpener,
 };
 use super::{
-    AgentConnection, AgentHandler, AgentSession, BoxFuture, DialError, Incoming, Responder, SeedConnection,
+    AgentConnection, AgentHandler, AgentSession, BoxFuture, DialError, Incoming, Quiet, Responder, SeedConnection,
     TunnelSettings, TunnelStream,
 };
 use crate::net::guard::Active;
@@ -419,6 +420,7 @@ impl ControlRecv for RecvStream {
 /// The seed's end of a QUIC session: opens streams on the agent's connection.
 pub struct QuicSeed {
     conn: Connection,
+    quiet: Arc<Quiet>,
 }
 
 impl SeedTransport for QuicSeed {
@@ -455,11 +457,64 @@ impl SeedTransport for QuicSeed {
     fn stop(&self) {
         self.conn.close(VarInt::from_u32(CLOSE_STOPPED), b"stopped");
     }
+
+    fn quiet(&self) -> Option<&Quiet> {
+        Some(&self.quiet)
+    }
+}
+
+/// What a connection has heard since it last asked for an acknowledgement, from its counters:
+/// the path is quiet once something that asks for one (a keep-alive PING, stream data) has gone
+/// out and nothing at all came back for the suspect time. Fed samples of the counters; sans-IO.
+#[derive(Debug, Default)]
+pub struct Hearing {
+    received: u64,
+    asked: u64,
+    /// The first sample that saw a request for an acknowledgement go out since the last datagram.
+    waiting_since: Option<tokio::time::Instant>,
+}
+
+impl Hearing {
+    /// Take a sample (`received`: datagrams in; `asked`: frames out that ask for an
+    /// acknowledgement) at `now`; true while the path is quiet.
+    pub fn sample(&mut self, now: tokio::time::Instant, received: u64, asked: u64, suspect: Duration) -> bool {
+        if received != self.received {
+            (self.received, self.asked, self.waiting_since) = (received, asked, None);
+        } else if asked != self.asked {
+            self.asked = asked;
+            self.waiting_since.get_or_insert(now);
+        }
+        self.waiting_since.is_some_and(|t| now.duration_since(t) >= suspect)
+    }
+}
+
+/// Frames sent that ask for an acknowledgement (those a live peer answers within its ACK delay).
+fn asked(s: &quinn::ConnectionStats) -> u64 {
+    let f = &s.frame_tx;
+    f.ping + f.stream + f.reset_stream + f.stop_sending + f.max_data + f.max_stream_data + f.crypto
+}
+
+/// Tell `quiet` whether `conn`'s path is quiet ([`Hearing`]), sampled a few times per suspect
+/// time, until the connection closes.
+fn watch_quiet(conn: Connection, settings: &TunnelSettings, quiet: impl Fn(bool) + Send + 'static) {
+    let suspect = settings.keepalive_suspect.min(settings.keepalive_timeout);
+    let tick = (suspect / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
+    tokio::spawn(async move {
+        let mut hearing = Hearing::default();
+        loop {
+            tokio::select! {
+                _ = conn.closed() => return,
+                () = tokio::time::sleep(tick) => {}
+            }
+            let s = conn.stats();
+            quiet(hearing.sample(tokio::time::Instant::now(), s.udp_rx.datagrams, asked(&s), suspect));
+        }
+    });
 }
 
 /// The seed's end of a session on an established QUIC connection. Opens the control stream
 /// first: the agent takes the first stream as the control stream.
-async fn seed_conn(conn: Connection) -> Result<SeedConn<QuicSeed>, SessionError> {
+async fn seed_conn(conn: Connection, settings: TunnelSettings) -> Result<SeedConn<QuicSeed>, SessionError> {
     let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| SessionError::transport("QUIC connection", e))?;
     let header = StreamHeader::control().encode().map_err(|e| SessionError::Protocol(e.to_string()))?;
     ctl_send.write_all(&header).await.map_err(|e| SessionError::Protocol(format!("control stream: {e}")))?;
@@ -472,7 +527,12 @@ async fn seed_conn(conn: Connection) -> Result<SeedConn<QuicSeed>, SessionError>
         }
     };
     let control = Box::pin(std::future::ready(Ok((ctl_send, ctl_recv))));
-    Ok(SeedConn { transport: QuicSeed { conn }, control, ended: Box::pin(ended) })
+    let quiet = Arc::new(Quiet::default());
+    let q = quiet.clone();
+    watch_quiet(conn.clone(), &settings, move |silent| {
+        q.set(silent);
+    });
+    Ok(SeedConn { transport: QuicSeed { conn, quiet }, control, ended: Box::pin(ended) })
 }
 
 impl SeedConnection for Connection {
@@ -495,11 +555,8 @@ impl SeedConnection for Connection {
         self.close(VarInt::from_u32(CLOSE_PROTOCOL), why.as_bytes());
     }
 
-    fn start(
-        self,
-        _settings: &TunnelSettings,
-    ) -> impl Future<Output = Result<SeedConn<QuicSeed>, SessionError>> + Send {
-        seed_conn(self)
+    fn start(self, settings: &TunnelSettings) -> impl Future<Output = Result<SeedConn<QuicSeed>, SessionError>> + Send {
+        seed_conn(self, settings.clone())
     }
 }
 
@@ -658,6 +715,8 @@ async fn agent_session(
             return Err(SessionError::HandshakeTimeout { waiting_for: "control stream", timeout });
         }
     };
+    let h = handler.clone();
+    watch_quiet(conn.clone(), settings, move |silent| h.quiet(silent));
     let allowed = settings.max_streams.min(FIRST_STREAM_ALLOWANCE);
     let agent =
         QuicAgent { conn, active: Default::default(), allowed, max_streams: settings.max_streams, draining: false };
@@ -667,5 +726,28 @@ async fn agent_session(
 impl AgentConnection for Connection {
     fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
         Box::pin(agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Quiet only once something asked for an acknowledgement and nothing came back for the
+    /// suspect time; any datagram clears it.
+    #[test]
+    fn a_path_is_quiet_once_an_ack_eliciting_frame_waits_the_suspect_time_unanswered() {
+        let t0 = tokio::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let suspect = Duration::from_secs(3);
+        let mut h = Hearing::default();
+        assert!(!h.sample(at(0), 10, 5, suspect), "something was heard");
+        assert!(!h.sample(at(5_000), 10, 5, suspect), "idle both ways is not quiet: nothing was asked");
+        assert!(!h.sample(at(6_000), 10, 6, suspect), "a PING went out");
+        assert!(!h.sample(at(8_000), 10, 7, suspect), "2 s unanswered");
+        assert!(h.sample(at(9_000), 10, 7, suspect), "3 s since the first unanswered PING");
+        assert!(h.sample(at(20_000), 10, 9, suspect), "still nothing heard");
+        assert!(!h.sample(at(20_100), 11, 9, suspect), "one datagram: the path is back");
+        assert!(!h.sample(at(30_000), 11, 9, suspect));
     }
 }

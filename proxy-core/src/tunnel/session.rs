@@ -139,6 +139,10 @@ pub trait SeedTransport: Send + Sync + 'static {
     /// Ask the agent for a sign of life now, where opening a stream elicits none by itself
     /// (HTTP/2: a PING; a QUIC peer acknowledges the stream's first packet anyway).
     fn probe(&self) {}
+    /// Whether the path is quiet now, where the transport can tell.
+    fn quiet(&self) -> Option<&super::Quiet> {
+        None
+    }
     /// The seed stops the session: the connection closes, streams in flight are cut.
     fn stop(&self);
 }
@@ -252,6 +256,10 @@ impl<T: SeedTransport> Opener for SessionOpener<T> {
 
     fn probe(&self) {
         self.transport.probe();
+    }
+
+    fn quiet(&self) -> Option<&super::Quiet> {
+        self.transport.quiet()
     }
 }
 

@@ -158,10 +158,19 @@ impl SessionDirectory {
     ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
         let deadline = tokio::time::Instant::now() + times.dial;
         let mut tried: Vec<u64> = Vec::new();
-        let mut last = DialError::NoAgent(match self.sessions(cluster).is_empty() {
-            true => format!("no agent of cluster {cluster} is connected"),
-            false => format!("no agent of cluster {cluster} for {target} by proxy strategies {}", names(strategies)),
-        });
+        let sessions = self.sessions(cluster);
+        let open = sessions.iter().filter(|s| !s.opener.is_closed());
+        let (open, suspect) = open.fold((0, 0), |(n, q), s| (n + 1, q + usize::from(attempt::suspect(s))));
+        let mut last = if sessions.is_empty() {
+            DialError::NoAgent(format!("no agent of cluster {cluster} is connected"))
+        } else if open > 0 && open == suspect {
+            attempt::all_suspect(cluster)
+        } else {
+            DialError::NoAgent(format!(
+                "no agent of cluster {cluster} for {target} by proxy strategies {}",
+                names(strategies)
+            ))
+        };
         let mut retry: Option<(&'static str, u64)> = None;
         while tried.len() < DIAL_ATTEMPTS {
             let Some((strategy, s)) = self.next_session(cluster, target, strategies, &tried) else { break };
@@ -175,6 +184,9 @@ impl SessionDirectory {
             match attempt::attempt(&s, target, left, times.open, others, &self.metrics).await {
                 Attempt::Answered(Ok(stream)) => {
                     self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
+                    if suspect > 0 {
+                        self.metrics.dials_around_suspect.with_label_values(&[cluster]).inc();
+                    }
                     return Ok((stream, strategy, attempt::node(&s)));
                 }
                 // Nothing reached the target: another agent may take it.
@@ -210,8 +222,8 @@ impl SessionDirectory {
         Some((strategy, p2c(&best)?))
     }
 
-    /// The sessions of `cluster` the first fitting strategy names (open, not tried yet), each
-    /// with its standing. A doubted session is tried last: a later strategy's healthy session
+    /// The sessions of `cluster` the first fitting strategy names (open, not suspect, not tried
+    /// yet), each with its standing. A doubted session is tried last: a later strategy's healthy session
     /// comes before it. Each session's standing is asked once per look (asking clears a doubt
     /// the session has outlived, and counts it).
     fn candidates(
@@ -222,7 +234,8 @@ impl SessionDirectory {
         tried: &[u64],
     ) -> Option<Candidates> {
         self.file_hellos(cluster);
-        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id);
+        // A suspect session (its keepalive unanswered) takes no new dial: its path is quiet.
+        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id) && !attempt::suspect(s);
         let clusters = self.clusters.read();
         let e = clusters.by_name.get(cluster)?;
         let asked = std::cell::RefCell::new(HashMap::new());

@@ -134,6 +134,13 @@ impl Cx {
             Purpose::Upgrade => {
                 tracing::debug!(%server, %target, error = %why, "transport auto: QUIC still does not get through; staying on h2")
             }
+            Purpose::Rescue => {
+                tracing::debug!(%server, %target, error = %why, "no replacement for the suspect session yet; trying again");
+                if c.live.quiet {
+                    let draw = (self.draw)().clamp(0.0, 1.0);
+                    c.rescue_at = Some(now + RESCUE_PACE.mul_f64(0.5 + 0.5 * draw));
+                }
+            }
         }
         Phase::Connected(c)
     }
@@ -160,6 +167,11 @@ impl Cx {
                 self.probe.reset();
                 // The draining replica ends the old session's streams at its own deadline.
                 (None, "replica draining: replaced; its streams finish there")
+            }
+            Purpose::Rescue => {
+                self.slot.metrics.replaced();
+                // Its streams wait for the path until they end or its keepalive gives up.
+                (None, "tunnel session suspect: replaced; its open streams go on there")
             }
             Purpose::Upgrade => {
                 self.slot.metrics.transport_change(Carrier::H2, Carrier::Quic);

@@ -123,7 +123,7 @@ impl Bed {
 
 fn dial_of(a: &[Action]) -> (SessionId, HostPort, Carrier) {
     match a {
-        [Action::Dial { id, target, over }] => (*id, target.clone(), *over),
+        [Action::Dial { id, target, over, .. }] => (*id, target.clone(), *over),
         other => panic!("expected one dial, got {other:?}"),
     }
 }
@@ -489,6 +489,80 @@ fn the_back_off_grows_to_reconnect_max_and_resets_only_after_a_session_that_live
     assert_eq!(waited, ms(500));
     assert_eq!(b.fail(id), vec![]);
     assert_eq!(b.wake_dial().0, ms(300));
+}
+
+/// A server, or a middlebox before it, that accepts sessions and closes them at once is not
+/// redialled every `reconnect.initial`: only a session that carried a stream (or lived
+/// `reconnect.max`) resets the back-off. Each one that did not is counted as a storm avoided.
+#[test]
+fn only_a_session_that_carried_a_stream_or_lived_resets_the_back_off_and_storms_avoided_are_counted() {
+    let mut b = Bed::new(Transport::H2);
+    let mut id = b.connect(addr(1), None);
+    let mut waits = Vec::new();
+    // Accepted and closed at once, ten times: 1 minute of such a server.
+    for _ in 0..10 {
+        b.now += ms(20);
+        assert_eq!(b.feed(Event::Ended { id, error: None }), vec![]);
+        let (waited, next) = b.wake_dial();
+        assert_eq!(b.bring_up(next, addr(1), None), vec![]);
+        waits.push(waited);
+        id = next;
+    }
+    assert_eq!(waits, [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000].map(ms));
+    let dials_in_a_minute = waits
+        .iter()
+        .scan(Duration::ZERO, |t, w| {
+            *t += *w;
+            Some(*t)
+        })
+        .filter(|t| *t <= secs(60))
+        .count();
+    assert_eq!(dials_in_a_minute, 7, "not one every 250-500 ms (over 120 a minute)");
+    assert_eq!(b.metrics.counted()[2], 10, "storms avoided");
+    // One that carried a stream proved itself, however short it was.
+    assert_eq!(b.feed(Event::Carried(id)), vec![]);
+    b.now += ms(20);
+    assert_eq!(b.feed(Event::Ended { id, error: None }), vec![]);
+    assert_eq!(b.wake_dial().0, ms(250));
+    assert_eq!(b.metrics.counted()[2], 10, "not a storm");
+}
+
+/// The live session goes quiet: rescue dials to the same place (each within the rescue patience,
+/// the next one a jittered pace after a failure) until one comes up; it takes over and the quiet
+/// one is retired make-before-break, its streams left to run. A session that answers again stops
+/// the rescue.
+#[test]
+fn a_quiet_session_is_rescued_make_before_break_and_one_that_answers_again_is_kept() {
+    let mut b = Bed::new(Transport::H2);
+    let live = b.connect(addr(1), Some(info("a", 1, 1, false)));
+    let a = b.feed(Event::Quiet { id: live, silent: true });
+    let [Action::Dial { id: r1, target, over: Carrier::H2, patience: Some(p) }] = a.as_slice() else { panic!("{a:?}") };
+    assert_eq!((target, *p), (&hp("192.0.2.1:8132"), RESCUE_PATIENCE));
+    assert_eq!(b.metrics.counted()[0], 1);
+    // The path is still silent: the dial times out; the next one follows within the pace.
+    b.now += RESCUE_PATIENCE;
+    assert_eq!(b.fail(*r1), vec![]);
+    let (waited, r2) = b.wake_dial();
+    assert_eq!(waited, ms(500));
+    // The path heals: the rescue comes up at the same replica and takes over; the quiet session
+    // gets GOAWAY at once, its streams run to their end (no drain deadline).
+    assert_eq!(b.feed(Event::Dialed { id: r2, result: Ok(addr(1)) }), vec![]);
+    assert_eq!(b.feed(Event::Up(r2)), vec![]);
+    assert_eq!(retire_open_of(&b.feed(Event::Announced(r2, info("a", 1, 1, false)))), (live, None, false));
+    assert_eq!(b.metrics.counted()[..2], [1, 1], "one suspect, one replaced");
+    assert!(b.detail().starts_with("connected"), "{}", b.detail());
+    // The old session's later news changes nothing.
+    assert_eq!(b.feed(Event::Quiet { id: live, silent: false }), vec![]);
+    assert_eq!(b.m.poll_timeout(), None);
+
+    // Quiet, then it answers again before any rescue got through: no more rescue dials.
+    let a = b.feed(Event::Quiet { id: r2, silent: true });
+    let (r3, ..) = dial_of(&a);
+    assert_eq!(b.feed(Event::Quiet { id: r2, silent: false }), vec![]);
+    b.now += RESCUE_PATIENCE;
+    assert_eq!(b.fail(r3), vec![]);
+    assert_eq!(b.m.poll_timeout(), None, "nothing to rescue");
+    assert_eq!(b.metrics.counted()[..2], [2, 1]);
 }
 
 #[test]

@@ -57,6 +57,33 @@ async fn agent_session_ends_with_keepalive_timeout_when_the_seed_freezes<T: Tran
     assert!(matches!(&r, Err(e) if T::is_silence(e, &settings)), "{r:?}");
 }
 
+/// A path gone silent makes the session suspect at both ends once a keepalive has waited the
+/// suspect time unanswered — long before the keepalive timeout ends it: it is still open, and
+/// the seed could still open streams on it (a dial chooses not to).
+async fn a_silent_path_makes_the_session_quiet_at_both_ends_long_before_it_ends<T: Transport>() {
+    let settings = TunnelSettings {
+        keepalive_suspect: Duration::from_secs(3),
+        keepalive_timeout: Duration::from_secs(60),
+        ..keepalive_settings()
+    };
+    let (seed, mut agent, path) = pair::<T>(&settings).await;
+    let mut seed_quiet = seed.opener.quiet().expect("both transports tell").watch();
+    let (_s, _a) = open_accepted(&seed, &mut agent, "open:1").await;
+    tokio::time::sleep(settings.keepalive_interval * 4).await;
+    assert!(!*seed_quiet.borrow() && !*agent.quiet.borrow(), "a live path is not quiet");
+    path.go_silent();
+    let gone = Instant::now();
+    // The first unanswered keepalive goes out within an interval; it waits the suspect time.
+    let noticed = settings.keepalive_interval + settings.keepalive_suspect + Duration::from_secs(1);
+    tokio::time::timeout(noticed, seed_quiet.wait_for(|q| *q)).await.expect("the seed saw the path quiet").unwrap();
+    tokio::time::timeout_at(gone + noticed, agent.quiet.wait_for(|q| *q))
+        .await
+        .expect("the agent saw the path quiet")
+        .unwrap();
+    assert!(!seed.opener.is_closed() && !seed.task.is_finished() && !agent.task.is_finished(), "quiet is not dead");
+    assert!(gone.elapsed() < settings.keepalive_timeout / 2);
+}
+
 async fn a_live_session_stays_up_across_many_keepalive_intervals<T: Transport>() {
     let settings = keepalive_settings();
     let (mut seed, mut agent, _path) = pair::<T>(&settings).await;
@@ -92,5 +119,6 @@ over_both!(
     seed_session_ends_with_keepalive_timeout_when_the_agent_freezes,
     agent_session_ends_with_keepalive_timeout_when_the_seed_freezes,
     a_live_session_stays_up_across_many_keepalive_intervals,
+    a_silent_path_makes_the_session_quiet_at_both_ends_long_before_it_ends,
     agent_session_ends_when_the_seed_never_starts_the_session,
 );

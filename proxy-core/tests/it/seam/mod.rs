@@ -188,6 +188,7 @@ struct TestAgent {
     incoming: mpsc::UnboundedSender<Incoming>,
     control: mpsc::UnboundedSender<ControlMsg>,
     established: watch::Sender<bool>,
+    quiet: watch::Sender<bool>,
 }
 
 impl AgentHandler for TestAgent {
@@ -204,12 +205,17 @@ impl AgentHandler for TestAgent {
     fn established(&self) {
         let _ = self.established.send(true);
     }
+    fn quiet(&self, silent: bool) {
+        self.quiet.send_replace(silent);
+    }
 }
 
 pub(crate) struct AgentEnd {
     pub(crate) incoming: mpsc::UnboundedReceiver<Incoming>,
     pub(crate) control: mpsc::UnboundedReceiver<ControlMsg>,
     pub(crate) established: watch::Receiver<bool>,
+    /// What the session's keepalive last said of the path (true: quiet).
+    pub(crate) quiet: watch::Receiver<bool>,
     pub(crate) stop: CancellationToken,
     pub(crate) task: JoinHandle<Result<(), SessionError>>,
 }
@@ -226,14 +232,16 @@ pub(crate) fn spawn_agent<T: Transport>(side: T::AgentSide, settings: &TunnelSet
     let (itx, incoming) = mpsc::unbounded_channel();
     let (ctx, control) = mpsc::unbounded_channel();
     let (etx, established) = watch::channel(false);
-    let handler: Arc<dyn AgentHandler> = Arc::new(TestAgent { incoming: itx, control: ctx, established: etx });
+    let (qtx, quiet) = watch::channel(false);
+    let handler: Arc<dyn AgentHandler> =
+        Arc::new(TestAgent { incoming: itx, control: ctx, established: etx, quiet: qtx });
     let stop = CancellationToken::new();
     let (settings, st) = (settings.clone(), stop.clone());
     let task = tokio::spawn(async move {
         let session = AgentSession { settings: &settings, handler, stop: st, tracker: TaskTracker::new() };
         run_agent_session(Box::new(side), session).await
     });
-    AgentEnd { incoming, control, established, stop, task }
+    AgentEnd { incoming, control, established, quiet, stop, task }
 }
 
 /// The seed's end of a session on `side`, run as proxy-server runs it; returns once it is up.
