@@ -15,8 +15,8 @@
 //! Bytes: QUIC stream data, flow control per stream (`stream_window_quic`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
 //! is a reset. Liveness: QUIC keep-alive every keepalive interval, the idle timeout is the
-//! keepalive timeout; the path is quiet ([`Quiet`]) while nothing is heard for the suspect time
-//! after something that asks for an acknowledgement went out ([`Hearing`]).
+//! keepalive timeout; the path is quiet ([`Quiet`]) while nothing that asked for an
+//! acknowledgement is acknowledged for the suspect time ([`Hearing`]).
 
 use super::session::{
     self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
@@ -463,23 +463,27 @@ impl SeedTransport for QuicSeed {
     }
 }
 
-/// What a connection has heard since it last asked for an acknowledgement, from its counters:
-/// the path is quiet once something that asks for one (a keep-alive PING, stream data) has gone
-/// out and nothing at all came back for the suspect time. Fed samples of the counters; sans-IO.
+/// Whether what a connection sends is being acknowledged, from its counters: the path is quiet
+/// once something that asks for an acknowledgement (a keep-alive PING, stream data) has gone out
+/// and no acknowledgement came back for the suspect time. An acknowledgement shows as a new
+/// round-trip sample (quinn takes one from every ACK that newly acknowledges an ack-eliciting
+/// packet, and the smoothed RTT moves with it by the nanosecond). Datagrams or ACK frames
+/// received would not do: with only the seed's direction lost, the agent's packets (and the old
+/// ACK ranges they repeat) still arrive while nothing the seed sends does. Fed samples; sans-IO.
 #[derive(Debug, Default)]
 pub struct Hearing {
-    received: u64,
+    acked: u64,
     asked: u64,
     /// The first sample that saw a request for an acknowledgement go out since the last datagram.
     waiting_since: Option<tokio::time::Instant>,
 }
 
 impl Hearing {
-    /// Take a sample (`received`: datagrams in; `asked`: frames out that ask for an
-    /// acknowledgement) at `now`; true while the path is quiet.
-    pub fn sample(&mut self, now: tokio::time::Instant, received: u64, asked: u64, suspect: Duration) -> bool {
-        if received != self.received {
-            (self.received, self.asked, self.waiting_since) = (received, asked, None);
+    /// Take a sample (`acked`: changes with every acknowledgement, the smoothed RTT in
+    /// nanoseconds; `asked`: frames out that ask for one) at `now`; true while the path is quiet.
+    pub fn sample(&mut self, now: tokio::time::Instant, acked: u64, asked: u64, suspect: Duration) -> bool {
+        if acked != self.acked {
+            (self.acked, self.asked, self.waiting_since) = (acked, asked, None);
         } else if asked != self.asked {
             self.asked = asked;
             self.waiting_since.get_or_insert(now);
@@ -507,7 +511,8 @@ fn watch_quiet(conn: Connection, settings: &TunnelSettings, quiet: impl Fn(bool)
                 () = tokio::time::sleep(tick) => {}
             }
             let s = conn.stats();
-            quiet(hearing.sample(tokio::time::Instant::now(), s.udp_rx.datagrams, asked(&s), suspect));
+            let acked = u64::try_from(s.path.rtt.as_nanos()).unwrap_or(u64::MAX);
+            quiet(hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect));
         }
     });
 }
@@ -733,21 +738,21 @@ impl AgentConnection for Connection {
 mod tests {
     use super::*;
 
-    /// Quiet only once something asked for an acknowledgement and nothing came back for the
-    /// suspect time; any datagram clears it.
+    /// Quiet only once something asked for an acknowledgement and none came back for the
+    /// suspect time; the next acknowledgement clears it.
     #[test]
     fn a_path_is_quiet_once_an_ack_eliciting_frame_waits_the_suspect_time_unanswered() {
         let t0 = tokio::time::Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let suspect = Duration::from_secs(3);
         let mut h = Hearing::default();
-        assert!(!h.sample(at(0), 10, 5, suspect), "something was heard");
+        assert!(!h.sample(at(0), 10, 5, suspect), "acknowledged");
         assert!(!h.sample(at(5_000), 10, 5, suspect), "idle both ways is not quiet: nothing was asked");
         assert!(!h.sample(at(6_000), 10, 6, suspect), "a PING went out");
         assert!(!h.sample(at(8_000), 10, 7, suspect), "2 s unanswered");
         assert!(h.sample(at(9_000), 10, 7, suspect), "3 s since the first unanswered PING");
         assert!(h.sample(at(20_000), 10, 9, suspect), "still nothing heard");
-        assert!(!h.sample(at(20_100), 11, 9, suspect), "one datagram: the path is back");
+        assert!(!h.sample(at(20_100), 11, 9, suspect), "an acknowledgement: the path is back");
         assert!(!h.sample(at(30_000), 11, 9, suspect));
     }
 }

@@ -22,6 +22,7 @@ mod module_graph;
 mod p2_agent;
 mod p2_connect;
 mod p2_proxy_protocol;
+mod path_faults;
 mod pending_budget;
 mod port_forward;
 mod proxy_credentials;

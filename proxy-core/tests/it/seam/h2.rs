@@ -46,6 +46,7 @@ impl Transport for H2 {
     const DRAINING_REFUSAL_STOPS_OPENS: bool = false;
     const NOTICE_ON_CONTROL: bool = false;
     const CONTROL_FIRST: bool = false;
+    const LIVE_PATH_TOLD_IN_VIRTUAL_TIME: bool = true;
 }
 
 /// One end of the duplex pipe on a [`Path`]: while the path is silent, reads wait for ever and

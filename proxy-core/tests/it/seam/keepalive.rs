@@ -70,7 +70,9 @@ async fn a_silent_path_makes_the_session_quiet_at_both_ends_long_before_it_ends<
     let mut seed_quiet = seed.opener.quiet().expect("both transports tell").watch();
     let (_s, _a) = open_accepted(&seed, &mut agent, "open:1").await;
     tokio::time::sleep(settings.keepalive_interval * 4).await;
-    assert!(!*seed_quiet.borrow() && !*agent.quiet.borrow(), "a live path is not quiet");
+    if T::LIVE_PATH_TOLD_IN_VIRTUAL_TIME {
+        assert!(!*seed_quiet.borrow() && !*agent.quiet.borrow(), "a live path is not quiet");
+    }
     path.go_silent();
     let gone = Instant::now();
     // The first unanswered keepalive goes out within an interval; it waits the suspect time.

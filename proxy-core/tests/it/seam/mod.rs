@@ -100,6 +100,11 @@ pub(crate) trait Transport: Sized + 'static {
     /// The agent's going-away notice reaches the seed by itself (QUIC: on the control stream);
     /// else the seed learns of it from its next open (HTTP/2's GOAWAY).
     const NOTICE_ON_CONTROL: bool;
+    /// On the suite's path in virtual time, a live path is told from a quiet one (HTTP/2: PING
+    /// answers). QUIC tells an acknowledgement by the new round-trip sample it brings, and on a
+    /// path without delay in virtual time every sample is the same: there it cannot tell (the
+    /// link emulator's tests check it in real time).
+    const LIVE_PATH_TOLD_IN_VIRTUAL_TIME: bool;
 }
 
 /// A seed that speaks the transport by hand, for what our seed never sends.

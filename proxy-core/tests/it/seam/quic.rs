@@ -54,6 +54,7 @@ impl Transport for Quic {
     const DRAINING_REFUSAL_STOPS_OPENS: bool = true;
     const NOTICE_ON_CONTROL: bool = true;
     const CONTROL_FIRST: bool = true;
+    const LIVE_PATH_TOLD_IN_VIRTUAL_TIME: bool = false;
 }
 
 /// Two quinn sockets joined in memory: a datagram one sends is queued for the other and wakes
