@@ -16,7 +16,9 @@
 //!   RST_STREAM(CANCEL) is a reset;
 //! - control: the seed opens `POST /seedgate/v1/control`; the agent answers 200 with a JSON
 //!   hello line; the seed then sends JSON lines ([`ControlMsg`]);
-//! - liveness: HTTP/2 PING from both sides every keepalive interval.
+//! - liveness: HTTP/2 PING from both sides every keepalive interval; one unanswered for the
+//!   suspect time makes the path [`Quiet`] (the session goes on), for the keepalive timeout ends
+//!   the session.
 //!
 //! Over QUIC: see [`quic`].
 
