@@ -295,7 +295,7 @@ async fn admit(
             let account = sess.identity.account.as_deref().unwrap_or("-");
             tracing::info!(%peer, %cluster, session = sess.id, transport = who.transport, %account, "agent session up");
             shared.replica.announce_to(&shared.metrics, &sess);
-            crate::liveness::watch_suspect(shared.metrics.clone(), &sess);
+            crate::attempt::watch_suspect(shared.metrics.clone(), &sess);
             Some((sess, token))
         }
         Err(r) => {

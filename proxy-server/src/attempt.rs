@@ -1,9 +1,10 @@
-//! One dial attempt on one agent session, under the open timeout, and what it learns of the session's liveness (marks, counts and logs).
+//! One dial attempt on one agent session, under the open timeout, and what it and the session's keepalive learn of its liveness (marks, counts and logs).
 
 use crate::liveness::Standing;
 use crate::metrics::ServerMetrics;
 use crate::session::Session;
 use proxy_core::tunnel::{DialError, Quiet, TunnelStream};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -123,4 +124,40 @@ pub(crate) fn revived(s: &Session, cleared: Option<Standing>, metrics: &ServerMe
             tracing::info!(cluster = %s.cluster, session = s.id, peer = %s.peer, %node, "suspect agent session showed life again")
         }
     }
+}
+
+/// Count and log `session`'s keepalive turning suspect and back, until the session is gone.
+/// Holds it weakly: the watch ends when the session (and its transport) is dropped.
+pub(crate) fn watch_suspect(metrics: ServerMetrics, session: &Arc<Session>) {
+    let Some(mut quiet) = session.opener.quiet().map(proxy_core::tunnel::Quiet::watch) else { return };
+    let (weak, cluster, id, peer) =
+        (Arc::downgrade(session), session.cluster.clone(), session.id, session.peer.clone());
+    let gauge = metrics.sessions_suspect.with_label_values(&[&cluster]);
+    tokio::spawn(async move {
+        let mut since: Option<tokio::time::Instant> = None;
+        while quiet.changed().await.is_ok() {
+            let silent = *quiet.borrow_and_update();
+            let Some(s) = weak.upgrade() else { break };
+            match (silent, since) {
+                (true, None) => {
+                    since = Some(tokio::time::Instant::now());
+                    gauge.inc();
+                    metrics.sessions_suspect_total.with_label_values(&[&cluster]).inc();
+                    let streams = s.opener.active_streams();
+                    tracing::warn!(%cluster, session = id, %peer, node = %node(&s), streams, "agent session suspect: its keepalive went unanswered (the path is quiet); no new dials go to it, its open streams wait for the path");
+                }
+                (false, Some(at)) => {
+                    since = None;
+                    gauge.dec();
+                    let streams = s.opener.active_streams();
+                    metrics.streams_survived.with_label_values(&[&cluster]).inc_by(streams as u64);
+                    tracing::info!(%cluster, session = id, %peer, quiet = ?at.elapsed(), streams, "suspect agent session answers again: it takes dials, its open streams rode out the outage");
+                }
+                _ => {}
+            }
+        }
+        if since.is_some() {
+            gauge.dec();
+        }
+    });
 }

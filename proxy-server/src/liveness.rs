@@ -13,16 +13,13 @@
 //!
 //! Before any dial notices, the session's own keepalive does: a PING (QUIC: anything that asks
 //! for an acknowledgement) unanswered for `agents.keepalive.suspect_after` makes it suspect
-//! ([`watch_suspect`] counts and logs it). A suspect session takes no new dial at all — a dial
+//! (counted and logged as it turns so). A suspect session takes no new dial at all — a dial
 //! goes to another session of the cluster, or is refused with `no_agent` and the reason — while
 //! its open streams wait for the path until `agents.keepalive.timeout`; its next sign of life
 //! clears it.
 
-use crate::metrics::ServerMetrics;
-use crate::session::Session;
 use proxy_core::sync::Mutex;
 use proxy_core::tunnel::AgentHello;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a session stands for new dials, best first.
@@ -86,42 +83,6 @@ impl Liveness {
             }
         }
     }
-}
-
-/// Count and log `session`'s keepalive turning suspect and back, until the session is gone.
-/// Holds it weakly: the watch ends when the session (and its transport) is dropped.
-pub(crate) fn watch_suspect(metrics: ServerMetrics, session: &Arc<Session>) {
-    let Some(mut quiet) = session.opener.quiet().map(proxy_core::tunnel::Quiet::watch) else { return };
-    let (weak, cluster, id, peer) =
-        (Arc::downgrade(session), session.cluster.clone(), session.id, session.peer.clone());
-    let gauge = metrics.sessions_suspect.with_label_values(&[&cluster]);
-    tokio::spawn(async move {
-        let mut since: Option<tokio::time::Instant> = None;
-        while quiet.changed().await.is_ok() {
-            let silent = *quiet.borrow_and_update();
-            let Some(s) = weak.upgrade() else { break };
-            match (silent, since) {
-                (true, None) => {
-                    since = Some(tokio::time::Instant::now());
-                    gauge.inc();
-                    metrics.sessions_suspect_total.with_label_values(&[&cluster]).inc();
-                    let streams = s.opener.active_streams();
-                    tracing::warn!(%cluster, session = id, %peer, node = %crate::attempt::node(&s), streams, "agent session suspect: its keepalive went unanswered (the path is quiet); no new dials go to it, its open streams wait for the path");
-                }
-                (false, Some(at)) => {
-                    since = None;
-                    gauge.dec();
-                    let streams = s.opener.active_streams();
-                    metrics.streams_survived.with_label_values(&[&cluster]).inc_by(streams as u64);
-                    tracing::info!(%cluster, session = id, %peer, quiet = ?at.elapsed(), streams, "suspect agent session answers again: it takes dials, its open streams rode out the outage");
-                }
-                _ => {}
-            }
-        }
-        if since.is_some() {
-            gauge.dec();
-        }
-    });
 }
 
 /// The candidates a dial chooses among: those of the best standing present.
