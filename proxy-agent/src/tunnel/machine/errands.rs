@@ -108,7 +108,16 @@ impl Cx {
         self.retire(session.id, None, "replacement candidate not kept; closing it");
         let why =
             if session.up { "it reached a replica already held or draining" } else { "it did not come up in time" };
-        self.not_kept(now, c, purpose, &session.target, why)
+        match self.not_kept(now, c, purpose, &session.target, why) {
+            // The path answers, but behind the name is a replica another slot holds: the next
+            // rescue waits for the probe back-off, so that the other replicas are not handed a
+            // session every pace while this one's path stays silent.
+            Phase::Connected(mut c) if matches!(purpose, Purpose::Rescue) && session.up && c.rescue_at.is_some() => {
+                c.rescue_at = Some(now + self.probe_wait().max(RESCUE_PACE));
+                Phase::Connected(c)
+            }
+            phase => phase,
+        }
     }
 
     /// The errand's session did not make it: the live session stays.

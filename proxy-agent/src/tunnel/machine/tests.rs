@@ -565,6 +565,25 @@ fn a_quiet_session_is_rescued_make_before_break_and_one_that_answers_again_is_ke
     assert_eq!(b.metrics.counted()[..2], [2, 1]);
 }
 
+/// A rescue that reaches a replica another slot holds is closed, and the next one waits for the
+/// growing probe back-off, not the short pace: the other replicas are not handed a session every
+/// half second while this slot's path stays silent.
+#[test]
+fn a_rescue_reaching_a_replica_held_elsewhere_is_retried_on_the_probe_back_off() {
+    let (mut b, old) = draining_bed(2);
+    let (r1, ..) = dial_of(&b.feed(Event::Quiet { id: old, silent: true }));
+    let mut waits = Vec::new();
+    let mut id = r1;
+    for _ in 0..4 {
+        assert_eq!(retire_of(&b.bring_up(id, addr(2), Some(info("b", 2, 1, false)))), (id, None));
+        let (waited, next) = b.wake_dial();
+        waits.push(waited);
+        id = next;
+    }
+    assert_eq!(waits, [500, 500, 1000, 2000].map(ms));
+    assert_eq!(b.metrics.counted()[1], 0, "nothing replaced");
+}
+
 #[test]
 fn a_session_failing_before_it_was_up_is_a_failed_reconnect_after_it_is_not() {
     let mut b = Bed::new(Transport::H2);
