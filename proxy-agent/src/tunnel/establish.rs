@@ -41,6 +41,20 @@ pub(super) enum EstablishError {
     Quic { addr: SocketAddr, source: quinn::ConnectionError },
 }
 
+impl EstablishError {
+    /// Nothing answered at all (no SYN-ACK, no QUIC packet in time): the path or the server is
+    /// silent. Trying again costs the server nothing, so the slot probes at a short pace instead
+    /// of backing off; anything else (a refusal, a handshake that failed or stalled half-way, a
+    /// name that does not resolve) is backed off from.
+    pub(super) fn silent(&self) -> bool {
+        match self {
+            EstablishError::Connect { source, .. } => source.kind() == std::io::ErrorKind::TimedOut,
+            EstablishError::QuicTimeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// Connect and handshake with `target` (resolved afresh), each step within `timeout`.
 pub(super) async fn establish(
     t: &Tunnel,

@@ -18,7 +18,10 @@
 //! the same place again beside it (a rescue), each try bounded by [`RESCUE_PATIENCE`] and the
 //! next one [`RESCUE_PACE`] (jittered) after, so that a healed path is used within about a
 //! second; the first that comes up takes over, and the quiet session's open streams go on there
-//! until they end or its keepalive timeout does. Its next sign of life stops the tries.
+//! until they end or its keepalive timeout does. Its next sign of life stops the tries. Without a
+//! session, a server that does not answer at all ([`EstablishError::silent`]) is probed the same
+//! way — every fourth try with the full dial timeout, for a path slower than the patience — and
+//! the back-off is kept for servers that refuse or fail.
 
 use super::establish::EstablishError;
 use super::metrics::SlotMetrics;
@@ -196,6 +199,8 @@ struct Cx {
     target: HostPort,
     /// No dial was made yet (the first one is not a reconnect).
     first: bool,
+    /// Dials in a row that nothing answered: the slot probes (see [`Cx::probe_silent`]).
+    unanswered: u32,
     next_id: u64,
     /// The newest move notice not acted on yet (the slot was busy, or had no session).
     queued: Option<Notice>,
@@ -304,6 +309,7 @@ impl Machine {
             settings,
             draw,
             first: true,
+            unanswered: 0,
             next_id: 0,
             queued: None,
             out: Vec::new(),
@@ -407,7 +413,10 @@ impl Cx {
             return Phase::Parked;
         }
         let reconnect = !std::mem::replace(&mut self.first, false);
-        Phase::Dialing(self.dial(self.target.clone(), Over::configured(self.settings.transport), reconnect))
+        let (target, over) = (self.target.clone(), Over::configured(self.settings.transport));
+        // Probing a silent server: short tries, every fourth one with the configured timeouts.
+        let patience = (!self.unanswered.is_multiple_of(4)).then_some(RESCUE_PATIENCE);
+        Phase::Dialing(self.dial_patient(target, over, reconnect, patience))
     }
 
     /// With no errand running: a rescue of a quiet session, the newest move notice, then a
@@ -594,6 +603,7 @@ impl Cx {
         let e = match result {
             Ok(peer) => {
                 self.fell_back(&d);
+                self.unanswered = 0;
                 return self.adopt(now, Self::session(d, peer, now));
             }
             Err(e) => e,
@@ -601,14 +611,31 @@ impl Cx {
         if let Some(h2) = self.fallback(&d, &e) {
             return Phase::Dialing(h2);
         }
-        tracing::warn!(server = %self.slot.label, target = %d.target, error = %e, "tunnel session failed");
+        let (server, target) = (&self.slot.label, &d.target);
+        if !e.silent() || self.unanswered == 0 {
+            tracing::warn!(%server, %target, error = %e, "tunnel session failed");
+        } else {
+            tracing::debug!(%server, %target, error = %e, tries = self.unanswered, "tunnel session failed: still no answer");
+        }
         self.lost(&format!("not connected: {e}"));
         if d.reconnect {
             self.slot.metrics.reconnect(false);
         }
         // A move target that does not answer is not kept: fall back to the name.
         self.target = self.slot.configured.clone();
+        if e.silent() {
+            return Phase::Waiting(now + self.probe_silent());
+        }
+        self.unanswered = 0;
         Phase::Waiting(now + self.backoff_wait())
+    }
+
+    /// Nothing answered the dial: the next one follows at the rescue pace (the back-off stands),
+    /// so that a path that heals is used within about a second. Bounded by the tries themselves:
+    /// each waits its patience for an answer that costs the server nothing when it never comes.
+    fn probe_silent(&mut self) -> Duration {
+        self.unanswered = self.unanswered.saturating_add(1);
+        RESCUE_PACE.mul_f64(0.5 + 0.5 * (self.draw)().clamp(0.0, 1.0))
     }
 
     /// `live` is the slot's session now: report it if up, and act on its announcement.

@@ -584,6 +584,40 @@ fn a_rescue_reaching_a_replica_held_elsewhere_is_retried_on_the_probe_back_off()
     assert_eq!(b.metrics.counted()[1], 0, "nothing replaced");
 }
 
+/// A server that answers nothing at all (the path is silent) is probed at the rescue pace with
+/// short tries, every fourth with the full timeouts, so a healed path is used within about a
+/// second; the back-off neither grows meanwhile nor applies. One that refuses is backed off from.
+#[test]
+fn a_silent_server_is_probed_at_a_short_pace_and_a_refusing_one_backed_off_from() {
+    let mut b = Bed::new(Transport::H2);
+    let timed_out = |b: &mut Bed, id| {
+        let source = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let target = hp("192.0.2.1:8132");
+        b.feed(Event::Dialed { id, result: Err(EstablishError::Connect { target, source }) })
+    };
+    let a = b.wake().1;
+    let [Action::Dial { id, patience: None, .. }] = a.as_slice() else { panic!("{a:?}") };
+    let mut id = *id;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        assert_eq!(timed_out(&mut b, id), vec![]);
+        let (waited, a) = b.wake();
+        let [Action::Dial { id: next, patience, .. }] = a.as_slice() else { panic!("{a:?}") };
+        seen.push((waited, *patience));
+        id = *next;
+    }
+    let quick = Some(RESCUE_PATIENCE);
+    assert_eq!(
+        seen,
+        [(ms(500), quick), (ms(500), quick), (ms(500), quick), (ms(500), None), (ms(500), quick), (ms(500), quick)]
+    );
+    // The path answers with a refusal: back-off from its first step.
+    assert_eq!(b.fail(id), vec![]);
+    let (waited, a) = b.wake();
+    assert_eq!(waited, ms(250));
+    let [Action::Dial { patience: None, .. }] = a.as_slice() else { panic!("{a:?}") };
+}
+
 #[test]
 fn a_session_failing_before_it_was_up_is_a_failed_reconnect_after_it_is_not() {
     let mut b = Bed::new(Transport::H2);
