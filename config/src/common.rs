@@ -351,7 +351,8 @@ impl AdminConfig {
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "new sessions"))]
 pub struct Keepalive {
-    /// PING every this long. Default `5s`.
+    /// PING every this long, and at least three times per `suspect_after` (so a few seconds of
+    /// silence are noticed). The agent re-resolves its servers' names this often. Default `5s`.
     #[serde(default = "ka_interval_default")]
     pub interval: Dur,
     /// No PING answer for this long: the session is dead (its streams end; an agent
@@ -364,7 +365,8 @@ pub struct Keepalive {
     /// acknowledgement): the session is suspect. It takes no new streams (a dial goes to another
     /// session, or is refused with `no_agent` and the reason), the agent dials a replacement
     /// beside it, and its open streams go on waiting for the path; any sign of life clears it.
-    /// At most half of `timeout` (a shorter `timeout` lowers it). Default `3s`.
+    /// At most `timeout` (a shorter `timeout` lowers it; equal to it, a session is never suspect
+    /// before it is dead). Default `3s`.
     #[serde(default = "ka_suspect_default")]
     pub suspect_after: Dur,
 }
@@ -383,9 +385,9 @@ fn ka_suspect_default() -> Dur {
 
 impl Keepalive {
     /// How long a PING may go unanswered before the session is suspect: `suspect_after`, at
-    /// most half of `timeout`.
+    /// most `timeout`.
     pub fn suspect(&self) -> std::time::Duration {
-        self.suspect_after.get().min(self.timeout.get() / 2)
+        self.suspect_after.get().min(self.timeout.get())
     }
 }
 

@@ -32,7 +32,7 @@ fn failed(context: &'static str) -> impl FnOnce(h2::Error) -> SessionError {
     move |e| SessionError::transport(context, e)
 }
 
-/// Send a PING every interval, and at once when `probes` asks for one (the seed: a dial wants a
+/// Send a PING every [`TunnelSettings::ping_every`], and at once when `probes` asks for one (the seed: a dial wants a
 /// sign of life; a request made while a PING is out gets one after it). A PING unanswered for
 /// the suspect time makes the path quiet (`quiet(true)`; `quiet(false)` once one is answered):
 /// the session goes on, its streams wait for the path. It fails when one goes unanswered for the
@@ -43,7 +43,7 @@ fn keepalive(
     probes: Option<Arc<Notify>>,
     quiet: impl Fn(bool) + Send + 'static,
 ) -> impl Future<Output = SessionError> + Send + 'static {
-    let (interval, timeout) = (settings.keepalive_interval, settings.keepalive_timeout);
+    let (interval, timeout) = (settings.ping_every(), settings.keepalive_timeout);
     let suspect = settings.keepalive_suspect.min(timeout);
     async move {
         loop {

@@ -233,6 +233,17 @@ pub struct TunnelSettings {
     pub receive_offload: bool,
 }
 
+impl TunnelSettings {
+    /// How often a keepalive PING goes out: every keepalive interval, and at least three times
+    /// per suspect time, so that a few seconds of silence are noticed whether or not anything
+    /// else is sent (a PING is some 40 bytes on the wire).
+    pub fn ping_every(&self) -> Duration {
+        self.keepalive_interval
+            .min(self.keepalive_suspect.min(self.keepalive_timeout) / 3)
+            .max(Duration::from_millis(10))
+    }
+}
+
 impl Default for TunnelSettings {
     fn default() -> Self {
         Self {
@@ -246,5 +257,30 @@ impl Default for TunnelSettings {
             keepalive_timeout: Duration::from_secs(60),
             receive_offload: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PING pace is the interval, or a third of the suspect time where that is shorter (so a
+    /// silence is seen within the suspect time and a third), never zero.
+    #[test]
+    fn pings_go_out_at_least_three_times_per_suspect_time() {
+        let s = |interval: u64, suspect: u64, timeout: u64| TunnelSettings {
+            keepalive_interval: Duration::from_millis(interval),
+            keepalive_suspect: Duration::from_millis(suspect),
+            keepalive_timeout: Duration::from_millis(timeout),
+            ..TunnelSettings::default()
+        };
+        assert_eq!(TunnelSettings::default().ping_every(), Duration::from_secs(1), "5s interval, 3s suspect");
+        assert_eq!(s(500, 2_000, 2_000).ping_every(), Duration::from_millis(500), "the interval is shorter");
+        assert_eq!(
+            s(5_000, 9_000, 3_000).ping_every(),
+            Duration::from_secs(1),
+            "the suspect time is at most the timeout"
+        );
+        assert_eq!(s(5_000, 0, 60_000).ping_every(), Duration::from_millis(10), "never a busy loop");
     }
 }

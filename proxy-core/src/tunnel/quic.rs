@@ -14,7 +14,7 @@
 //!
 //! Bytes: QUIC stream data, flow control per stream (`stream_window_quic`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
-//! is a reset. Liveness: QUIC keep-alive every keepalive interval, the idle timeout is the
+//! is a reset. Liveness: QUIC keep-alive every [`TunnelSettings::ping_every`], the idle timeout is the
 //! keepalive timeout; the path is quiet ([`Quiet`]) while nothing that asked for an
 //! acknowledgement is acknowledged for the suspect time ([`Hearing`]).
 
@@ -80,7 +80,10 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t.receive_window(VarInt::from_u32(s.connection_window));
     t.send_window(u64::from(s.connection_window));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
-    t.keep_alive_interval(Some(s.keepalive_interval));
+    t.keep_alive_interval(Some(s.ping_every()));
+    // Neither end reads datagrams: the only ones sent are the probes of a quiet path
+    // ([`watch_quiet`]), one byte each; a small window bounds what waits unread.
+    t.datagram_receive_buffer_size(Some(PROBE_WINDOW));
     t.max_idle_timeout(quinn::IdleTimeout::try_from(s.keepalive_timeout).ok());
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
@@ -495,26 +498,43 @@ impl Hearing {
 /// Frames sent that ask for an acknowledgement (those a live peer answers within its ACK delay).
 fn asked(s: &quinn::ConnectionStats) -> u64 {
     let f = &s.frame_tx;
-    f.ping + f.stream + f.reset_stream + f.stop_sending + f.max_data + f.max_stream_data + f.crypto
+    f.ping + f.stream + f.reset_stream + f.stop_sending + f.max_data + f.max_stream_data + f.crypto + f.datagram
 }
+
+/// What a connection keeps of the datagrams it receives (they are never read): a few probes.
+const PROBE_WINDOW: usize = 1024;
+
+/// While the path is quiet, this often a probe asks the peer for an acknowledgement.
+const PROBE_PACE: Duration = Duration::from_millis(200);
 
 /// Tell `quiet` whether `conn`'s path is quiet ([`Hearing`]), sampled eight times per suspect
 /// time (at most every 500 ms: a dial waits for the verdict, and the first thing sent into the
 /// silence is seen one sample late), until the connection closes. A sample copies the
-/// connection's counters under its lock: some microseconds.
+/// connection's counters under its lock: some microseconds. While the path is quiet, a one-byte
+/// datagram (ack-eliciting) goes out every [`PROBE_PACE`] and the samples follow it: quinn's
+/// own retransmissions back off exponentially during an outage, so without this the first
+/// acknowledgement after the path heals could come seconds later; with it, within a round trip
+/// and a pace.
 fn watch_quiet(conn: Connection, settings: &TunnelSettings, quiet: impl Fn(bool) + Send + 'static) {
     let suspect = settings.keepalive_suspect.min(settings.keepalive_timeout);
     let tick = (suspect / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
     tokio::spawn(async move {
         let mut hearing = Hearing::default();
+        let mut silent = false;
         loop {
+            let wait = if silent { tick.min(PROBE_PACE) } else { tick };
             tokio::select! {
                 _ = conn.closed() => return,
-                () = tokio::time::sleep(tick) => {}
+                () = tokio::time::sleep(wait) => {}
             }
             let s = conn.stats();
             let acked = u64::try_from(s.path.rtt.as_nanos()).unwrap_or(u64::MAX);
-            quiet(hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect));
+            silent = hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect);
+            quiet(silent);
+            // A peer that takes no datagrams would close the connection on one.
+            if silent && conn.max_datagram_size().is_some() {
+                let _ = conn.send_datagram(Bytes::from_static(b"p"));
+            }
         }
     });
 }

@@ -35,7 +35,7 @@ impl Transport for H2 {
     }
 
     fn silence_noticed_after(s: &TunnelSettings) -> Duration {
-        s.keepalive_interval + s.keepalive_timeout
+        s.ping_every() + s.keepalive_timeout
     }
 
     fn is_silence(e: &SessionError, s: &TunnelSettings) -> bool {
