@@ -106,12 +106,12 @@ impl Fe {
     }
 }
 
-/// proxy-server YAML: admin on 127.0.0.1:0, agents on `agents_listen`, short keepalive, the
+/// proxy-server YAML: admin on 127.0.0.1:0, agents on `agents_listen`, short keepalive (see [`agent_yaml`]), the
 /// given front ends; `extra` is appended at the top level (e.g. `drain_grace: 1s\n`).
 pub fn server_yaml(pki: &TunnelPki, agents_listen: &str, frontends: &[Fe], extra: &str) -> String {
     let (c, k) = &pki.agents_cert;
     let mut y = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: {agents_listen}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\nfrontends:\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: {agents_listen}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\nfrontends:\n",
         c.display(),
         k.display(),
         pki.ca_file.display()
@@ -177,6 +177,9 @@ impl AgentOpts {
 }
 
 /// proxy-agent YAML (writes the agent's certificate): keepalive 500ms/2s, reconnect 100ms..1s.
+/// A session is suspect only when it is dead (`suspect_after` = `timeout`): a PING answered
+/// late on a loaded CI machine must not turn dials away in tests about something else; the
+/// tests of suspect sessions ask for a suspect time of their own.
 pub fn agent_yaml(pki: &TunnelPki, o: &AgentOpts) -> anyhow::Result<String> {
     let cert = match &o.cert {
         AgentCert::OfCluster => Some(pki.agent(&o.cluster)?),
@@ -186,7 +189,7 @@ pub fn agent_yaml(pki: &TunnelPki, o: &AgentOpts) -> anyhow::Result<String> {
     let identity = cert.map(|(c, k)| format!("cert: {}, key: {}, ", c.display(), k.display())).unwrap_or_default();
     let list = |v: &[String]| v.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
     Ok(format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\ntunnel:\n  servers: [{}]\n  tls: {{ {identity}ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{}]\n  dial_timeout: {}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  node_name: {}\n{}",
+        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\ntunnel:\n  servers: [{}]\n  tls: {{ {identity}ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{}]\n  dial_timeout: {}\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  node_name: {}\n{}",
         list(&o.servers),
         pki.ca_file.display(),
         list(&o.allow),

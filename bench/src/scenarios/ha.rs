@@ -54,7 +54,7 @@ pub(super) const SNI: &str = "proxy.bench.local";
 pub(super) const REPLICAS: usize = 3;
 /// The agent's reconnect back-off and both ends' keepalive.
 const RECONNECT: &str = "{ initial: 100ms, max: 1s }";
-const KEEPALIVE: &str = "{ interval: 500ms, timeout: 2s }";
+const KEEPALIVE: &str = "{ interval: 500ms, suspect_after: 2s, timeout: 2s }";
 /// Replicas and agent log their session events (kept with `--keep`), not one line per stream.
 const LOG: &str = "info,access=warn";
 /// How often a new replica's admin endpoint is polled while its first session is timed.

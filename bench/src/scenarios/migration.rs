@@ -137,7 +137,7 @@ fn remarks(res: &mut Results, h2: usize, quic: usize, every: Duration) {
         &format!(
             "in network namespaces: seeds A and B, each sni-router + 3 proxy-server replicas (server_count 3); {h2} agents over \
              h2 and {quic} over QUIC (through the gateway's UDP listener) in the shoot, reconnect {{ initial: 100ms, max: 1s }}, \
-             keepalive {{ interval: 500ms, timeout: 2s }}; in-cluster requests and seed-side CONNECTs each one every {} ms; \
+             keepalive {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}; in-cluster requests and seed-side CONNECTs each one every {} ms; \
              `etcdctl watch` through A's SNI route to etcd, one event every {} ms; the move: A's routes handed off to B \
              (PROXY v2, drain_deadline 3s), every A replica draining with move_to B (drain_deadline 10s), load and DNS switched to B once every \
              agent is there, A fenced once its streams ended; seedgate processes on the proxy CPU",

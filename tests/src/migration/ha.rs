@@ -181,7 +181,7 @@ fn router_yaml(net: Net, etcd: &str, handoff: Option<&str>) -> String {
 /// front end on the caller-facing address.
 fn replica_yaml(name: &str, i: usize, mgmt_ip: &str, files: &SeedFiles) -> String {
     format!(
-        "admin: {{ listen: {mgmt_ip}:{}, token_file: {} }}\ndrain_grace: 2s\nagents:\n  listen: 127.0.0.1:{}\n  quic: {{ listen: 127.0.0.1:{} }}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  server_id: {name}-r{i}\n  server_count: {REPLICAS}\nfrontends:\n  - name: egress\n    listen: {mgmt_ip}:{}\n    cluster: {CLUSTER}\n",
+        "admin: {{ listen: {mgmt_ip}:{}, token_file: {} }}\ndrain_grace: 2s\nagents:\n  listen: 127.0.0.1:{}\n  quic: {{ listen: 127.0.0.1:{} }}\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  server_id: {name}-r{i}\n  server_count: {REPLICAS}\nfrontends:\n  - name: egress\n    listen: {mgmt_ip}:{}\n    cluster: {CLUSTER}\n",
         9910 + i,
         files.token.display(),
         8140 + i,
@@ -252,7 +252,7 @@ fn agent_yaml(net: Net, j: usize, t: Transport, proxy: bool, files: &SeedFiles) 
         String::new()
     };
     format!(
-        "admin: {{ listen: {} }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\n{apiserver_proxy}tunnel:\n  servers: [proxy.seed.test:8132]\n  transport: {}\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: {TUNNEL_DRAIN}\n  node_name: node-{j}\n",
+        "admin: {{ listen: {} }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\n{apiserver_proxy}tunnel:\n  servers: [proxy.seed.test:8132]\n  transport: {}\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: {TUNNEL_DRAIN}\n  node_name: node-{j}\n",
         net.shoot_addr(9700 + j as u16),
         t.name(),
         files.cert.display(),

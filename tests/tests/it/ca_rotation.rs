@@ -128,7 +128,7 @@ async fn ca_rotation_without_restart() -> anyhow::Result<()> {
 
     let p = |v: &SecretVolume, f: &str| v.path(f).display().to_string();
     let server_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: {SEED}:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\nfrontends:\n  - name: egress\n    listen: {SEED}:0\n    cluster: shoot-a\n    tls: {{ cert: {}, key: {}, client_ca: {} }}\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\nagents:\n  listen: {SEED}:0\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\nfrontends:\n  - name: egress\n    listen: {SEED}:0\n    cluster: shoot-a\n    tls: {{ cert: {}, key: {}, client_ca: {} }}\n",
         p(&agents_vol, "tls.crt"),
         p(&agents_vol, "tls.key"),
         p(&agents_vol, "ca.crt"),
@@ -140,7 +140,7 @@ async fn ca_rotation_without_restart() -> anyhow::Result<()> {
     let a = server.read_addresses().context("server addresses")?;
     let (sadmin, agents_addr, fe) = (a.admin()?, a.listener("agents")?, a.listener("egress")?);
     let agent_yaml = format!(
-        "admin: {{ listen: {NODE}:0 }}\ntunnel:\n  servers: [\"{agents_addr}\"]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{POD}/32]\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n",
+        "admin: {{ listen: {NODE}:0 }}\ntunnel:\n  servers: [\"{agents_addr}\"]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: {SERVER_NAME} }}\n  allow: [{POD}/32]\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n",
         p(&agent_vol, "tls.crt"),
         p(&agent_vol, "tls.key"),
         p(&agent_vol, "ca.crt"),

@@ -15,7 +15,7 @@ const DIALS: usize = 8;
 const KEEPALIVE: &str = "keepalive: { interval: 500ms, timeout: 60s }";
 
 fn long_keepalive(yaml: &str) -> String {
-    yaml.replace("keepalive: { interval: 500ms, timeout: 2s }", KEEPALIVE)
+    yaml.replace("keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }", KEEPALIVE)
 }
 
 /// The counter `name{cluster="shoot-a", reason}` of a proxy-server.

@@ -61,7 +61,7 @@ fn replica_yaml(seed: &Seed, i: usize, agents_extra: &str) -> String {
         &[Fe::new("egress", CLUSTER, FeKind::Plain)],
         "drain_grace: 2s\n",
     );
-    let ka = "  keepalive: { interval: 500ms, timeout: 2s }\n";
+    let ka = "  keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }\n";
     y.replacen(ka, &format!("{ka}  server_id: r{i}\n{agents_extra}"), 1)
 }
 

@@ -92,7 +92,7 @@ async fn start_seed(
     let token = dir.write("admin-token", testbed::migration::TOKEN)?;
     let ca_file = ca.write(dir.path(), "ca")?;
     let server_yaml = format!(
-        "admin: {{ listen: {mgmt_ip}:9902, token_file: {} }}\ndrain_grace: 2s\nagents:\n  listen: 0.0.0.0:8132\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, timeout: 2s }}\nfrontends:\n  - name: egress\n    listen: {mgmt_ip}:9443\n    cluster: {CLUSTER}\n",
+        "admin: {{ listen: {mgmt_ip}:9902, token_file: {} }}\ndrain_grace: 2s\nagents:\n  listen: 0.0.0.0:8132\n  tls: {{ cert: {}, key: {}, client_ca: {} }}\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\nfrontends:\n  - name: egress\n    listen: {mgmt_ip}:9443\n    cluster: {CLUSTER}\n",
         token.display(),
         srv_crt.display(),
         srv_key.display(),
@@ -122,7 +122,7 @@ async fn world(label: &str, net: Net) -> anyhow::Result<Option<World>> {
 
     let (agent_crt, agent_key) = ca.client(CLUSTER)?.write(dir.path(), "agent")?;
     let agent_yaml = format!(
-        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\napiserver_proxy:\n  listen: [{}]\n  gateway: api.seed.test:8443\n  mode: proxy-protocol-v2\ntunnel:\n  servers: [proxy.seed.test:8132]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: 3s\n",
+        "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 2s\ntimeouts: {{ connect: 2s }}\napiserver_proxy:\n  listen: [{}]\n  gateway: api.seed.test:8443\n  mode: proxy-protocol-v2\ntunnel:\n  servers: [proxy.seed.test:8132]\n  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.seed.test }}\n  allow: [127.0.0.0/8]\n  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  reconnect: {{ initial: 100ms, max: 1s }}\n  rehome_drain: 3s\n",
         net.pod_api(),
         agent_crt.display(),
         agent_key.display(),

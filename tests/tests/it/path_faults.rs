@@ -29,7 +29,7 @@ const CLIENT_WAIT: Duration = Duration::from_secs(8);
 const RESUME: Duration = Duration::from_secs(30);
 
 fn patient(yaml: &str) -> String {
-    yaml.replace("keepalive: { interval: 500ms, timeout: 2s }", KEEPALIVE)
+    yaml.replace("keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }", KEEPALIVE)
 }
 
 /// What came of one dial made during a fault.

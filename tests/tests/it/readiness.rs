@@ -14,7 +14,7 @@ use testbed::{TcpEcho, TempDir, http_get, metric_value, poll_until, wait_ready};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const TICK: Duration = Duration::from_millis(20);
-const KEEPALIVE: &str = "  keepalive: { interval: 500ms, timeout: 2s }\n";
+const KEEPALIVE: &str = "  keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }\n";
 
 /// `yaml` (from [`server_yaml`]) with `agents.settle_time: settle`.
 fn settle(yaml: &str, settle: &str) -> String {

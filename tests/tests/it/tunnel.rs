@@ -27,7 +27,7 @@ const MIB: u64 = 1024 * 1024;
 /// 64 KiB a stream, 1 MiB a session, so that a transfer of a few MiB spans many windows.
 const WINDOWS: &str = "  stream_window: 65535\n  connection_window: 1048576\n";
 /// The keepalive of every config `server_yaml` and `agent_yaml` write.
-const KEEPALIVE: &str = "keepalive: { interval: 500ms, timeout: 2s }";
+const KEEPALIVE: &str = "keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }";
 
 /// The tunnel transport a test runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

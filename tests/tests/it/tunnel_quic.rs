@@ -95,11 +95,12 @@ async fn a_replica_restarted_in_place_resets_its_predecessors_sessions() -> anyh
     let long = "keepalive: { interval: 500ms, timeout: 60s }";
     let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "")
         .replacen("agents:\n", &format!("agents:\n  quic: {{ listen: {udp} }}\n  server_id: r1\n"), 1)
-        .replace("keepalive: { interval: 500ms, timeout: 2s }", long);
+        .replace("keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }", long);
     let (mut first, faddrs) = start_server(&dir, "server", &yaml).await?;
     let mut o = AgentOpts::new("shoot-a", udp, &["127.0.0.1/32"]);
     o.tunnel_extra = "  transport: quic\n".into();
-    let agent_yaml = agent_yaml(&pki, &o)?.replace("keepalive: { interval: 500ms, timeout: 2s }", long);
+    let agent_yaml =
+        agent_yaml(&pki, &o)?.replace("keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }", long);
     let (agent, _) = inproc_agent(&dir, &agent_yaml).await?;
     wait_agents(faddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
 

@@ -15,8 +15,10 @@ const WARNING: &str = "which no front end or clusters entry knows";
 
 fn server(pki: &TunnelPki, accept: bool) -> String {
     server_yaml(pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "").replace(
-        "  keepalive: { interval: 500ms, timeout: 2s }\n",
-        &format!("  keepalive: {{ interval: 500ms, timeout: 2s }}\n  accept_unknown_clusters: {accept}\n"),
+        "  keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }\n",
+        &format!(
+            "  keepalive: {{ interval: 500ms, suspect_after: 2s, timeout: 2s }}\n  accept_unknown_clusters: {accept}\n"
+        ),
     )
 }
 
