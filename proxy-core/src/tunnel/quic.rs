@@ -479,26 +479,51 @@ pub struct Hearing {
     asked: u64,
     /// The first sample that saw a request for an acknowledgement go out since the last datagram.
     waiting_since: Option<tokio::time::Instant>,
+    /// The last sample saw an acknowledgement and, since the one before, more requests for one:
+    /// the acknowledgement may not cover them.
+    unsure: bool,
 }
 
 impl Hearing {
     /// Take a sample (`acked`: changes with every acknowledgement, the smoothed RTT in
     /// nanoseconds; `asked`: frames out that ask for one) at `now`; true while the path is quiet.
-    pub fn sample(&mut self, now: tokio::time::Instant, acked: u64, asked: u64, suspect: Duration) -> bool {
+    /// `can_ask`: the caller sends a request of its own ([`Hearing::unsure`]) when the counters
+    /// cannot tell whether what went out last was acknowledged; without one such frames count
+    /// as acknowledged (a silence is then noticed from the next request on).
+    pub fn sample(
+        &mut self,
+        now: tokio::time::Instant,
+        acked: u64,
+        asked: u64,
+        suspect: Duration,
+        can_ask: bool,
+    ) -> bool {
+        self.unsure = false;
         if acked != self.acked {
-            (self.acked, self.asked, self.waiting_since) = (acked, asked, None);
+            // What went out since the last sample may be just what this acknowledgement left
+            // unanswered (a dial's first packet into a path that failed a moment ago): it waits
+            // from now, until the caller's request is acknowledged.
+            self.unsure = can_ask && asked != self.asked;
+            (self.acked, self.asked, self.waiting_since) = (acked, asked, self.unsure.then_some(now));
         } else if asked != self.asked {
             self.asked = asked;
             self.waiting_since.get_or_insert(now);
         }
         self.waiting_since.is_some_and(|t| now.duration_since(t) >= suspect)
     }
+
+    /// The last sample could not tell whether the latest requests were acknowledged: ask for
+    /// an acknowledgement (one the counters in `asked` do not count).
+    pub fn unsure(&self) -> bool {
+        self.unsure
+    }
 }
 
-/// Frames sent that ask for an acknowledgement (those a live peer answers within its ACK delay).
+/// Frames sent that ask for an acknowledgement (those a live peer answers within its ACK delay);
+/// not datagrams: the only ones sent are [`watch_quiet`]'s own requests.
 fn asked(s: &quinn::ConnectionStats) -> u64 {
     let f = &s.frame_tx;
-    f.ping + f.stream + f.reset_stream + f.stop_sending + f.max_data + f.max_stream_data + f.crypto + f.datagram
+    f.ping + f.stream + f.reset_stream + f.stop_sending + f.max_data + f.max_stream_data + f.crypto
 }
 
 /// What a connection keeps of the datagrams it receives (they are never read): a few probes.
@@ -510,8 +535,9 @@ const PROBE_PACE: Duration = Duration::from_millis(200);
 /// Tell `quiet` whether `conn`'s path is quiet ([`Hearing`]), sampled eight times per suspect
 /// time (at most every 500 ms: a dial waits for the verdict, and the first thing sent into the
 /// silence is seen one sample late), until the connection closes. A sample copies the
-/// connection's counters under its lock: some microseconds. While the path is quiet, a one-byte
-/// datagram (ack-eliciting) goes out every [`PROBE_PACE`] and the samples follow it: quinn's
+/// connection's counters under its lock: some microseconds. A one-byte datagram (ack-eliciting)
+/// goes out when a sample is [`Hearing::unsure`] (on a busy connection, about one per sample),
+/// and while the path is quiet every [`PROBE_PACE`], the samples following it: quinn's
 /// own retransmissions back off exponentially during an outage, so without this the first
 /// acknowledgement after the path heals could come seconds later; with it, within a round trip
 /// and a pace.
@@ -529,10 +555,11 @@ fn watch_quiet(conn: Connection, settings: &TunnelSettings, quiet: impl Fn(bool)
             }
             let s = conn.stats();
             let acked = u64::try_from(s.path.rtt.as_nanos()).unwrap_or(u64::MAX);
-            silent = hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect);
-            quiet(silent);
             // A peer that takes no datagrams would close the connection on one.
-            if silent && conn.max_datagram_size().is_some() {
+            let can_ask = conn.max_datagram_size().is_some();
+            silent = hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect, can_ask);
+            quiet(silent);
+            if can_ask && (silent || hearing.unsure()) {
                 let _ = conn.send_datagram(Bytes::from_static(b"p"));
             }
         }
@@ -768,13 +795,38 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let suspect = Duration::from_secs(3);
         let mut h = Hearing::default();
-        assert!(!h.sample(at(0), 10, 5, suspect), "acknowledged");
-        assert!(!h.sample(at(5_000), 10, 5, suspect), "idle both ways is not quiet: nothing was asked");
-        assert!(!h.sample(at(6_000), 10, 6, suspect), "a PING went out");
-        assert!(!h.sample(at(8_000), 10, 7, suspect), "2 s unanswered");
-        assert!(h.sample(at(9_000), 10, 7, suspect), "3 s since the first unanswered PING");
-        assert!(h.sample(at(20_000), 10, 9, suspect), "still nothing heard");
-        assert!(!h.sample(at(20_100), 11, 9, suspect), "an acknowledgement: the path is back");
-        assert!(!h.sample(at(30_000), 11, 9, suspect));
+        let mut sample = |ms, acked, asked| h.sample(at(ms), acked, asked, suspect, true);
+        assert!(!sample(0, 10, 5), "acknowledged");
+        assert!(!sample(100, 11, 5), "the request the first sample was unsure of is acknowledged");
+        assert!(!sample(5_000, 11, 5), "idle both ways is not quiet: nothing was asked");
+        assert!(!sample(6_000, 11, 6), "a PING went out");
+        assert!(!sample(8_000, 11, 7), "2 s unanswered");
+        assert!(sample(9_000, 11, 7), "3 s since the first unanswered PING");
+        assert!(sample(20_000, 11, 9), "still nothing heard");
+        assert!(!sample(20_100, 12, 9), "an acknowledgement: the path is back");
+        assert!(!sample(30_000, 12, 9));
+        // An acknowledgement arrives in the same sample as something new goes out, then nothing:
+        // what went out waits from that sample on.
+        assert!(!sample(31_000, 13, 10), "acknowledged, and asked again");
+        assert!(!sample(33_000, 13, 10), "2 s unanswered");
+        assert!(sample(34_000, 13, 10), "3 s since it went out unanswered");
+        assert!(!sample(34_100, 14, 10), "acknowledged, nothing new: the path is back");
+    }
+
+    /// The watch asks for an acknowledgement exactly when a sample cannot tell; a caller that
+    /// cannot ask counts such frames as acknowledged.
+    #[test]
+    fn an_acknowledgement_that_may_not_cover_the_latest_requests_is_settled_by_asking() {
+        let t0 = tokio::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let suspect = Duration::from_secs(3);
+        let mut h = Hearing::default();
+        assert!(!h.sample(at(0), 10, 5, suspect, true));
+        assert!(h.unsure(), "acknowledged and asked since the last sample");
+        assert!(!h.sample(at(100), 11, 5, suspect, true));
+        assert!(!h.unsure(), "acknowledged, nothing new");
+        assert!(!h.sample(at(200), 12, 6, suspect, false));
+        assert!(!h.unsure(), "cannot ask");
+        assert!(!h.sample(at(9_000), 12, 6, suspect, false), "taken as acknowledged");
     }
 }
