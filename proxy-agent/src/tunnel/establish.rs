@@ -55,6 +55,42 @@ impl EstablishError {
     }
 }
 
+/// How many TCP connects one try starts, a fraction of its time apart. A SYN sent while the path
+/// is silent is sent again by the kernel only after a second, as long as a short try (a rescue,
+/// a probe of a silent server) lasts: without a fresh one a path that heals mid-try would stay
+/// unused until the next try, up to a second and a half later.
+const CONNECTS_PER_TRY: u32 = 3;
+
+/// Connect to `target` within `timeout`, starting another connect every third of it while none
+/// has succeeded: the first to succeed is kept, the others are dropped. A connect that fails
+/// while no other is under way ends the try (a refusal is an answer).
+async fn connect_staggered(
+    target: &HostPort,
+    timeout: Duration,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let step = timeout / CONNECTS_PER_TRY;
+    let mut tries = tokio::task::JoinSet::new();
+    let (mut started, mut next) = (0, tokio::time::Instant::now());
+    loop {
+        if started < CONNECTS_PER_TRY && tokio::time::Instant::now() >= next {
+            let (t, left) = (target.clone(), deadline.saturating_duration_since(tokio::time::Instant::now()));
+            tries.spawn(async move { proxy_core::net::connect_host(&t, left).await });
+            (started, next) = (started + 1, next + step);
+        }
+        tokio::select! {
+            r = tries.join_next() => match r {
+                Some(Ok(Ok(c))) => return Ok(c),
+                Some(Ok(Err(e))) if tries.is_empty() => return Err(e),
+                Some(Err(e)) if tries.is_empty() => return Err(std::io::Error::other(e)),
+                None => return Err(std::io::Error::other("no connect under way")),
+                Some(_) => {}
+            },
+            () = tokio::time::sleep_until(next), if started < CONNECTS_PER_TRY => {}
+        }
+    }
+}
+
 /// Connect and handshake with `target` (resolved afresh), each step within `timeout`.
 pub(super) async fn establish(
     t: &Tunnel,
@@ -62,7 +98,7 @@ pub(super) async fn establish(
     timeout: Duration,
 ) -> Result<(Box<dyn AgentConnection>, SocketAddr), EstablishError> {
     let cfg = t.cfg.load_full();
-    let (tcp, addr) = proxy_core::net::connect_host(target, timeout)
+    let (tcp, addr) = connect_staggered(target, timeout)
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
     proxy_core::net::session_patience(&tcp, cfg.keepalive.timeout.get());
