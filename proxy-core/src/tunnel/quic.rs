@@ -787,15 +787,28 @@ impl AgentConnection for Connection {
 mod tests {
     use super::*;
 
+    /// A [`Hearing`] fed samples at milliseconds from a start, with a suspect time of 3 s.
+    struct Samples {
+        t0: tokio::time::Instant,
+        h: Hearing,
+    }
+
+    impl Samples {
+        fn new() -> Self {
+            Self { t0: tokio::time::Instant::now(), h: Hearing::default() }
+        }
+
+        fn at(&mut self, ms: u64, acked: u64, asked: u64, can_ask: bool) -> bool {
+            self.h.sample(self.t0 + Duration::from_millis(ms), acked, asked, Duration::from_secs(3), can_ask)
+        }
+    }
+
     /// Quiet only once something asked for an acknowledgement and none came back for the
     /// suspect time; the next acknowledgement clears it.
     #[test]
     fn a_path_is_quiet_once_an_ack_eliciting_frame_waits_the_suspect_time_unanswered() {
-        let t0 = tokio::time::Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let suspect = Duration::from_secs(3);
-        let mut h = Hearing::default();
-        let mut sample = |ms, acked, asked| h.sample(at(ms), acked, asked, suspect, true);
+        let mut s = Samples::new();
+        let mut sample = |ms, acked, asked| s.at(ms, acked, asked, true);
         assert!(!sample(0, 10, 5), "acknowledged");
         assert!(!sample(100, 11, 5), "the request the first sample was unsure of is acknowledged");
         assert!(!sample(5_000, 11, 5), "idle both ways is not quiet: nothing was asked");
@@ -817,16 +830,13 @@ mod tests {
     /// cannot ask counts such frames as acknowledged.
     #[test]
     fn an_acknowledgement_that_may_not_cover_the_latest_requests_is_settled_by_asking() {
-        let t0 = tokio::time::Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let suspect = Duration::from_secs(3);
-        let mut h = Hearing::default();
-        assert!(!h.sample(at(0), 10, 5, suspect, true));
-        assert!(h.unsure(), "acknowledged and asked since the last sample");
-        assert!(!h.sample(at(100), 11, 5, suspect, true));
-        assert!(!h.unsure(), "acknowledged, nothing new");
-        assert!(!h.sample(at(200), 12, 6, suspect, false));
-        assert!(!h.unsure(), "cannot ask");
-        assert!(!h.sample(at(9_000), 12, 6, suspect, false), "taken as acknowledged");
+        let mut s = Samples::new();
+        assert!(!s.at(0, 10, 5, true));
+        assert!(s.h.unsure(), "acknowledged and asked since the last sample");
+        assert!(!s.at(100, 11, 5, true));
+        assert!(!s.h.unsure(), "acknowledged, nothing new");
+        assert!(!s.at(200, 12, 6, false));
+        assert!(!s.h.unsure(), "cannot ask");
+        assert!(!s.at(9_000, 12, 6, false), "taken as acknowledged");
     }
 }
