@@ -443,15 +443,7 @@ async fn tunnel(
         kubelet.addr()
     ));
     let connect = async {
-        let mut s = tokio::net::TcpStream::connect(egress).await?;
-        s.write_all(format!("CONNECT {} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", kubelet.addr()).as_bytes()).await?;
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut b = [0u8; 1];
-            anyhow::ensure!(s.read(&mut b).await? == 1, "closed before the response head");
-            head.push(b[0]);
-        }
-        let status = String::from_utf8_lossy(&head).lines().next().unwrap_or("").to_owned();
+        let (s, status) = connect_head(egress, kubelet.addr()).await?;
         let cc = pki::client_config(ca, None, &[])?;
         let name = rustls::pki_types::ServerName::try_from("kubelet.shoot-a")?;
         let mut tls = tokio_rustls::TlsConnector::from(cc).connect(name, s).await?;
@@ -534,13 +526,12 @@ async fn tunnel(
     Ok(TunnelWorld { server_yaml, agents, egress, admin: s_admin, kubelet })
 }
 
-/// A CONNECT through `egress` to `target`: the response status line, and for 200 the body of a
-/// TLS request made through the tunnel (`Err` text for anything else).
-async fn connect_through(
+/// Send `CONNECT target` to `egress` and read the response head byte by byte (nothing past it):
+/// the stream and the status line.
+async fn connect_head(
     egress: std::net::SocketAddr,
     target: std::net::SocketAddr,
-    ca: &Ca,
-) -> anyhow::Result<(String, String)> {
+) -> anyhow::Result<(tokio::net::TcpStream, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(egress).await?;
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
@@ -551,6 +542,18 @@ async fn connect_through(
         head.push(b[0]);
     }
     let status = String::from_utf8_lossy(&head).lines().next().unwrap_or("").to_owned();
+    Ok((s, status))
+}
+
+/// A CONNECT through `egress` to `target`: the response status line, and for 200 the body of a
+/// TLS request made through the tunnel (`Err` text for anything else).
+async fn connect_through(
+    egress: std::net::SocketAddr,
+    target: std::net::SocketAddr,
+    ca: &Ca,
+) -> anyhow::Result<(String, String)> {
+    use tokio::io::AsyncReadExt;
+    let (mut s, status) = connect_head(egress, target).await?;
     if !status.contains(" 200 ") {
         let mut body = String::new();
         let _ = s.read_to_string(&mut body).await;
