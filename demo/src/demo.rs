@@ -464,15 +464,9 @@ async fn tunnel(
 
     r.heading(&format!("P5 GET http://{}/metrics through proxy-server (Prometheus proxy_url)", node_exporter.addr()));
     let get = async {
-        let mut s = tokio::net::TcpStream::connect(egress).await?;
-        s.write_all(
-            format!("GET http://{0}/metrics HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", node_exporter.addr())
-                .as_bytes(),
-        )
-        .await?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).await?;
-        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
+        let req =
+            format!("GET http://{0}/metrics HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", node_exporter.addr());
+        exchange(egress, req.as_bytes()).await
     };
     match tokio::time::timeout(Duration::from_secs(10), get).await {
         Ok(Ok(resp)) => {
@@ -493,13 +487,7 @@ async fn tunnel(
     grpc_dial(r, &grpc, node_exporter.addr()).await;
 
     r.heading("P4 CONNECT 169.254.169.254:80 (not on the agent's allowlist)");
-    let refused = async {
-        let mut s = tokio::net::TcpStream::connect(egress).await?;
-        s.write_all(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).await?;
-        anyhow::Ok(String::from_utf8_lossy(&resp).into_owned())
-    };
+    let refused = async { exchange(egress, b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await };
     match tokio::time::timeout(Duration::from_secs(10), refused).await {
         Ok(Ok(resp)) => {
             let status = resp.lines().next().unwrap_or("").to_owned();
@@ -524,6 +512,16 @@ async fn tunnel(
         r.check(opened >= 3.0, "streams opened through the tunnel", &format!("{opened}"));
     }
     Ok(TunnelWorld { server_yaml, agents, egress, admin: s_admin, kubelet })
+}
+
+/// Send `request` to `egress` and read until the proxy closes: the whole answer as text.
+async fn exchange(egress: std::net::SocketAddr, request: &[u8]) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(egress).await?;
+    s.write_all(request).await?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await?;
+    Ok(String::from_utf8_lossy(&resp).into_owned())
 }
 
 /// Send `CONNECT target` to `egress` and read the response head byte by byte (nothing past it):
