@@ -61,6 +61,7 @@ async fn mode_group_and_parent_directory_then_removed_on_reload_and_exit() -> an
     let with_uds = yaml(&pki, Some((&sock, &format!("    unix_mode: \"0660\"\n    unix_group: {group}\n"))));
     let mut server = Running::start(&dir, "proxy-server", &with_uds).await?;
     let a = server.read_addresses().context("addresses")?;
+    let admin = a.admin()?;
     anyhow::ensure!(a.unix("uds")? == sock, "{a:?}");
     let m = std::fs::metadata(&sock)?;
     anyhow::ensure!(m.file_type().is_socket(), "not a socket");
@@ -72,10 +73,14 @@ async fn mode_group_and_parent_directory_then_removed_on_reload_and_exit() -> an
     tokio::net::UnixStream::connect(&sock).await.context("connecting to the socket")?;
 
     // Removing the front end removes its socket file.
+    // Each reload is waited for by its count, not by the addresses file: the file still names
+    // `uds` from before the removal until the removal's reload has finished writing it.
     server.reload_with(&yaml(&pki, None)).await?;
+    server.wait_reloads(admin, "success", 1.0).await?;
     gone(&sock).await.with_context(|| server.proc.log())?;
     // Back again, then SIGTERM: the file goes with the process.
     server.reload_with(&with_uds).await?;
+    server.wait_reloads(admin, "success", 2.0).await?;
     server.addresses_where(|a| a.listeners.contains_key("uds")).await?;
     anyhow::ensure!(sock.exists(), "socket back after the reload");
     server.proc.signal(libc::SIGTERM)?;
