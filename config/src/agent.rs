@@ -1,8 +1,8 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
 use crate::common::{
-    AdminConfig, CidrPort, Dur, HostPort, Keepalive, Located, config_file, default_fn, null_is_default,
-    valid_header_name,
+    AdminConfig, CidrPort, CongestionControl, Dur, HostPort, Keepalive, Located, config_file, default_fn,
+    null_is_default, valid_header_name,
 };
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
@@ -21,6 +21,8 @@ default_fn! {
     tunnel_idle_default: Dur = Dur::secs(3600);
     max_streams_default: usize = 16_384;
     connection_window_default: u32 = 64 * 1024 * 1024;
+    max_stream_window_default: u32 = crate::common::MAX_STREAM_WINDOW;
+    tcp_notsent_lowat_default: u32 = 128 * 1024;
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
     rehome_drain_default: Dur = Dur::secs(30);
@@ -189,6 +191,22 @@ pub struct Tunnel {
     #[serde(default = "connection_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
+    /// The most one stream's window grows to on a path that needs it (a long round trip at a
+    /// high rate). Over HTTP/2 each session estimates its path's bandwidth-delay product from
+    /// its PINGs and raises every stream's window to twice that, from `stream_window` up to
+    /// this; over QUIC every stream gets this window (bytes are held only as they arrive
+    /// unread). Within a quarter of `connection_window`, so that four stalled readers are
+    /// needed to stall a session; `stream_window` or less: no growth. Default `16777216`.
+    #[serde(default = "max_stream_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
+    pub max_stream_window: u32,
+    /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
+    /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
+    /// not yet handed to the kernel it schedules itself, so a stream that sends little (a
+    /// keystroke, a request) waits behind at most this much of bulk streams' bytes, not behind
+    /// megabytes of socket buffer. Default `131072`.
+    #[serde(default = "tcp_notsent_lowat_default")]
+    pub tcp_notsent_lowat: u32,
     /// The node this agent runs on: a session of a new run of the same node supersedes the
     /// earlier run's (dials try those last until they end), and the server shows it (readiness,
     /// logs). Default: `identifiers.host`, else `$NODE_NAME`, else the host name; agents that
@@ -226,6 +244,12 @@ pub struct Tunnel {
     /// uploads to the shoot.
     #[serde(default = "quic_gro_default")]
     pub quic_gro: bool,
+    /// QUIC sessions: the congestion controller of what the agent sends to the seed (the seed's
+    /// `agents.quic.congestion_control` sets the other direction): `bbr` (the default), `cubic`
+    /// or `new_reno`. The loss-based ones cut their rate at every lost packet, which on a path
+    /// with random loss leaves a stream a few per cent of the link.
+    #[serde(default)]
+    pub quic_congestion_control: CongestionControl,
     /// What the agent tells proxy-server about its node, so that a dial to this node's name or
     /// addresses comes to this agent (`agents.proxy_strategies: [dest_host, ...]`). Default: all
     /// from the downward API's environment (`NODE_NAME`, `HOST_IPS`, `HOST_IP`).
@@ -479,6 +503,9 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
     }
     if t.connection_window < t.stream_window.unwrap_or(65_535) || t.connection_window > (1 << 31) - 1 {
         p.push(at, format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
+    }
+    if !(65_535..=(1 << 31) - 1).contains(&t.max_stream_window) {
+        p.push(at, format!("{f}.max_stream_window"), "must be between 65535 and 2147483647");
     }
     for (name, d) in [
         ("dial_timeout", t.dial_timeout),

@@ -16,8 +16,9 @@ mod yaml;
 pub use agent::AgentConfig;
 pub use binary::{BinaryConfig, load};
 pub use common::{
-    AdminConfig, CidrPort, CidrPortFault, Dur, FileMode, HostPort, IpCidr, Keepalive, Located, PendingBudget,
-    STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, TlsFiles, TlsRole, ValueError, canonical, stream_windows, valid_header_name,
+    AdminConfig, CidrPort, CidrPortFault, CongestionControl, Dur, FileMode, HostPort, IpCidr, Keepalive, Located,
+    MAX_STREAM_WINDOW, PendingBudget, STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, TlsFiles, TlsRole, ValueError, canonical,
+    stream_windows, valid_header_name,
 };
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;

@@ -1,8 +1,9 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
 use crate::common::{
-    AdminConfig, Dur, FileMode, HostPort, Keepalive, Located, config_file, default_fn, limits_with_pending_budget,
-    null_is_default, pending_budget_of, timeouts_with_pending_budget, validate_pending_budget,
+    AdminConfig, CongestionControl, Dur, FileMode, HostPort, Keepalive, Located, config_file, default_fn,
+    limits_with_pending_budget, null_is_default, pending_budget_of, timeouts_with_pending_budget,
+    validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,8 @@ default_fn! {
     max_connections_default: usize = 10_000;
     head_max_default: usize = 8 * 1024;
     connection_window_default: u32 = 64 * 1024 * 1024;
+    max_stream_window_default: u32 = crate::common::MAX_STREAM_WINDOW;
+    tcp_notsent_lowat_default: u32 = 128 * 1024;
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
     open_timeout_default: Dur = Dur::secs(2);
@@ -231,6 +234,22 @@ pub struct Agents {
     #[serde(default = "connection_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
+    /// The most one stream's window grows to on a path that needs it (a long round trip at a
+    /// high rate). Over HTTP/2 each session estimates its path's bandwidth-delay product from
+    /// its PINGs and raises every stream's window to twice that, from `stream_window` up to
+    /// this; over QUIC every stream gets this window (bytes are held only as they arrive
+    /// unread). Within a quarter of `connection_window`, so that four stalled readers are
+    /// needed to stall a session; `stream_window` or less: no growth. Default `16777216`.
+    #[serde(default = "max_stream_window_default")]
+    #[schemars(range(min = 65535, max = 2147483647))]
+    pub max_stream_window: u32,
+    /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
+    /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
+    /// not yet handed to the kernel it schedules itself, so a stream that sends little (a
+    /// keystroke, a request) waits behind at most this much of bulk streams' bytes, not behind
+    /// megabytes of socket buffer. Default `131072`.
+    #[serde(default = "tcp_notsent_lowat_default")]
+    pub tcp_notsent_lowat: u32,
     /// An agent whose certificate names a cluster that no front end and no `clusters` entry
     /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
     /// warning once per cluster name; `false` refuses it, telling the agent why.
@@ -299,6 +318,13 @@ pub struct Agents {
 pub struct AgentsQuic {
     /// UDP `host:port`; for agents with `transport: auto`, the same port number as `listen`.
     pub listen: HostPort,
+    /// The congestion controller of what the server sends to agents over QUIC (an agent's
+    /// `tunnel.quic_congestion_control` sets the other direction): `bbr` (the default), `cubic`
+    /// or `new_reno`. The loss-based ones cut their rate at every lost packet, which on a path
+    /// with random loss leaves a stream a few per cent of the link.
+    #[serde(default)]
+    #[schemars(extend("x-reload" = "new sessions"))]
+    pub congestion_control: CongestionControl,
 }
 
 fn peers_interval_default() -> Dur {
@@ -617,6 +643,9 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
     }
     if agents.connection_window < agents.stream_window.unwrap_or(65_535) || agents.connection_window > (1 << 31) - 1 {
         p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
+    }
+    if !(65_535..=(1 << 31) - 1).contains(&agents.max_stream_window) {
+        p.push((0, 0), "agents.max_stream_window", "must be between 65535 and 2147483647");
     }
     if let Some(n) = agents.server_count
         && !(1..=MAX_SERVER_COUNT).contains(&n)

@@ -254,7 +254,8 @@ fn integer_bounds_are_the_validators() {
                 let mut c = v.clone();
                 set(&mut c, &at, json!(n));
                 for (key, other) in ALONG {
-                    if let Some(stem) = at.strip_suffix(key) {
+                    // The whole key: `max_stream_window` is not `stream_window`.
+                    if let Some(stem) = at.strip_suffix(key).filter(|s| s.ends_with('/')) {
                         set(&mut c, &format!("{stem}{other}"), json!(n.clamp(65535, (1 << 31) - 1)));
                     }
                 }

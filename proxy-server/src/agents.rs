@@ -20,9 +20,11 @@ pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
         stream_window,
         stream_window_quic,
         connection_window: cfg.agents.connection_window,
+        max_stream_window: cfg.agents.max_stream_window,
         keepalive_interval: cfg.agents.keepalive.interval.get(),
         keepalive_suspect: cfg.agents.keepalive.suspect(),
         keepalive_timeout: cfg.agents.keepalive.timeout.get(),
+        congestion: cfg.agents.quic.as_ref().map(|q| q.congestion_control).unwrap_or_default(),
         ..TunnelSettings::default()
     }
 }
@@ -35,7 +37,8 @@ pub(crate) async fn accept_tls(
     peer: SocketAddr,
     stop: CancellationToken,
 ) {
-    proxy_core::net::session_patience(&tcp, shared.config.load().agents.keepalive.timeout.get());
+    let agents = &shared.config.load().agents;
+    proxy_core::net::tune_session_socket(&tcp, agents.keepalive.timeout.get(), agents.tcp_notsent_lowat);
     if let Some(tls) =
         handshake(&shared, peer, "TLS", acceptor.accept(proxy_core::relay::io::ReadAhead::new(tcp))).await
     {

@@ -22,11 +22,13 @@ pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
         stream_window,
         stream_window_quic,
         connection_window: cfg.connection_window,
+        max_stream_window: cfg.max_stream_window,
         max_streams: cfg.max_streams as u32 + 16,
         keepalive_interval: cfg.keepalive.interval.get(),
         keepalive_suspect: cfg.keepalive.suspect(),
         keepalive_timeout: cfg.keepalive.timeout.get(),
         receive_offload: cfg.quic_gro,
+        congestion: cfg.quic_congestion_control,
         ..TunnelSettings::default()
     }
 }

@@ -101,7 +101,7 @@ pub(super) async fn establish(
     let (tcp, addr) = connect_staggered(target, timeout)
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
-    proxy_core::net::session_patience(&tcp, cfg.keepalive.timeout.get());
+    proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), cfg.tcp_notsent_lowat);
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;

@@ -140,6 +140,25 @@ pub fn tune_stream(s: &TcpStream) {
     let _ = SockRef::from(s).set_tcp_keepalive(&keepalive());
 }
 
+/// Options of a tunnel session's TCP socket, at either end (one function, so that every option
+/// of that socket is set in one place).
+/// - `patience`: `TCP_USER_TIMEOUT`, as the session's keepalive timeout: the kernel's own
+///   patience (15 retransmissions, about 15 minutes) would keep a session its keepalive already
+///   ended, and a shorter one would end it — and every stream on it — before that timeout.
+/// - `notsent_lowat`: `TCP_NOTSENT_LOWAT`, the most bytes the kernel holds unsent (`0`: no
+///   limit): the socket then reports writable only below it, and what HTTP/2 has not yet written
+///   stays in the session, where a stream that sends little (a keystroke, a round trip) goes out
+///   next rather than behind everything bulk streams queued.
+pub fn tune_session_socket(s: &TcpStream, patience: Duration, notsent_lowat: u32) {
+    let sock = SockRef::from(s);
+    let _ = sock.set_tcp_user_timeout(Some(patience));
+    if notsent_lowat > 0
+        && let Err(e) = sock.set_tcp_notsent_lowat(notsent_lowat)
+    {
+        tracing::debug!(error = %e, "TCP_NOTSENT_LOWAT not set on a tunnel session's socket");
+    }
+}
+
 /// Why an upstream connect failed, as a metric label and an HTTP status class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectFailure {
@@ -234,14 +253,6 @@ pub async fn resolve_within(hp: &HostPort, timeout: Duration) -> io::Result<Vec<
             Err(io::Error::new(io::ErrorKind::TimedOut, format!("resolving {} timed out after {timeout:?}", hp.host)))
         }
     }
-}
-
-/// A tunnel session's TCP connection gives up on unacknowledged data after `timeout`
-/// (`TCP_USER_TIMEOUT`), as its keepalive does: the kernel's own patience (15 retransmissions,
-/// about 15 minutes) would keep a session its keepalive already ended, and a shorter one would
-/// end it — and every stream on it — before its keepalive timeout.
-pub fn session_patience(s: &TcpStream, timeout: Duration) {
-    let _ = SockRef::from(s).set_tcp_user_timeout(Some(timeout));
 }
 
 /// Close `s` with a TCP RST instead of a FIN, to pass a peer's reset on.

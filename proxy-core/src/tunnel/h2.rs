@@ -8,6 +8,7 @@ use super::session::{
     self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
     SessionOpener,
 };
+use super::window::{WindowTuner, stream_window_cap};
 use super::{
     AgentConnection, AgentHandler, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming,
     Quiet, REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
@@ -19,8 +20,10 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -32,20 +35,52 @@ fn failed(context: &'static str) -> impl FnOnce(h2::Error) -> SessionError {
     move |e| SessionError::transport(context, e)
 }
 
+/// How often a busy session whose window may still grow samples its path (a PING each).
+const SAMPLE_GAP: Duration = Duration::from_millis(100);
+/// How often an idle session looks whether bytes flow again (an atomic load, no PING).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// Bytes received since the last look that make a session busy: more than PINGs and a trickle.
+const BUSY: u64 = 64 * 1024;
+
+/// What the keepalive loop needs to let a session's stream window follow its path
+/// ([`WindowTuner`]): the bytes the session received so far, and where a new window goes (the
+/// connection's driver sends it as `SETTINGS_INITIAL_WINDOW_SIZE`).
+struct Tuning {
+    tuner: WindowTuner,
+    received: Arc<AtomicU64>,
+    apply: watch::Sender<u32>,
+}
+
+impl Tuning {
+    fn new(settings: &TunnelSettings, received: Arc<AtomicU64>) -> (Self, watch::Receiver<u32>) {
+        let cap = stream_window_cap(settings.stream_window, settings.max_stream_window, settings.connection_window);
+        let (apply, windows) = watch::channel(settings.stream_window);
+        (Self { tuner: WindowTuner::new(settings.stream_window, cap), received, apply }, windows)
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+}
+
 /// Send a PING every [`TunnelSettings::ping_every`], and at once when `probes` asks for one (the seed: a dial wants a
 /// sign of life; a request made while a PING is out gets one after it). A PING unanswered for
 /// the suspect time makes the path quiet (`quiet(true)`; `quiet(false)` once one is answered):
 /// the session goes on, its streams wait for the path. It fails when one goes unanswered for the
-/// timeout.
+/// timeout. While the session is busy and its window may still grow, a PING every
+/// [`SAMPLE_GAP`] also samples the path for `tuning`.
 fn keepalive(
     mut pp: PingPong,
     settings: &TunnelSettings,
     probes: Option<Arc<Notify>>,
-    quiet: impl Fn(bool) + Send + 'static,
+    quiet: impl Fn(bool) + Send + Sync + 'static,
+    mut tuning: Tuning,
 ) -> impl Future<Output = SessionError> + Send + 'static {
     let (interval, timeout) = (settings.ping_every(), settings.keepalive_timeout);
     let suspect = settings.keepalive_suspect.min(timeout);
     async move {
+        let mut due = Instant::now() + interval;
+        let mut seen = tuning.received();
         loop {
             let probed = async {
                 match &probes {
@@ -53,27 +88,74 @@ fn keepalive(
                     None => std::future::pending().await,
                 }
             };
+            let growing = tuning.tuner.growing();
+            let look = Instant::now() + if growing { IDLE_CHECK.min(interval) } else { interval };
+            let mut asked = false;
             tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                () = probed => {}
+                () = tokio::time::sleep_until(look.min(due)) => {}
+                () = probed => asked = true,
             }
-            let ping = pp.ping(Ping::opaque());
-            tokio::pin!(ping);
-            let answer = match tokio::time::timeout(suspect, &mut ping).await {
-                Ok(answer) => answer,
-                Err(_) => {
-                    quiet(true);
-                    match tokio::time::timeout(timeout - suspect, &mut ping).await {
-                        Ok(answer) => answer,
-                        Err(_) => return SessionError::KeepaliveTimeout(timeout),
-                    }
+            // Bytes since the last look: a busy session samples now and again after SAMPLE_GAP.
+            let mut busy = growing && tuning.received().saturating_sub(seen) >= BUSY;
+            if !busy {
+                seen = tuning.received();
+            }
+            while asked || busy || Instant::now() >= due {
+                let (sent, before) = (Instant::now(), tuning.received());
+                if let Err(e) = ping_once(&mut pp, suspect, timeout, &quiet).await {
+                    return e;
                 }
-            };
-            match answer {
-                Ok(_) => quiet(false),
-                Err(e) => return SessionError::transport("session failed", e),
+                due = Instant::now() + interval;
+                seen = tuning.received();
+                if let Some(w) = tuning.tuner.sample(sent.elapsed(), seen.saturating_sub(before)) {
+                    tracing::debug!(window = w, "the session's stream window grows with its path");
+                    let _ = tuning.apply.send(w);
+                }
+                if !(busy && tuning.tuner.growing()) {
+                    break;
+                }
+                tokio::time::sleep(SAMPLE_GAP).await;
+                busy = tuning.received().saturating_sub(seen) >= BUSY;
+                asked = false;
             }
         }
+    }
+}
+
+/// One PING and its answer: quiet after `suspect` without one, failed after `timeout`.
+async fn ping_once(
+    pp: &mut PingPong,
+    suspect: Duration,
+    timeout: Duration,
+    quiet: &impl Fn(bool),
+) -> Result<(), SessionError> {
+    let ping = pp.ping(Ping::opaque());
+    tokio::pin!(ping);
+    let answer = match tokio::time::timeout(suspect, &mut ping).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            quiet(true);
+            tokio::time::timeout(timeout - suspect, &mut ping)
+                .await
+                .map_err(|_| SessionError::KeepaliveTimeout(timeout))?
+        }
+    };
+    match answer {
+        Ok(_) => {
+            quiet(false);
+            Ok(())
+        }
+        Err(e) => Err(SessionError::transport("session failed", e)),
+    }
+}
+
+/// Apply a window from [`Tuning`] to every stream of the session, new and open.
+fn apply_window<E: std::fmt::Display>(set: impl FnOnce(u32) -> Result<(), E>, windows: &mut watch::Receiver<u32>) {
+    let w = *windows.borrow_and_update();
+    // Refused only while the previous SETTINGS awaits its acknowledgement; the next growth
+    // carries a larger window anyway.
+    if let Err(e) = set(w) {
+        tracing::debug!(window = w, error = %e, "stream window not applied yet");
     }
 }
 
@@ -212,13 +294,24 @@ where
     let probes = Arc::new(Notify::new());
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
-    let ka = keepalive(pp, settings, Some(probes.clone()), move |silent| {
-        q.set(silent);
-    });
+    let (tuning, mut windows) = Tuning::new(settings, heard.clone());
+    let ka = keepalive(
+        pp,
+        settings,
+        Some(probes.clone()),
+        move |silent| {
+            q.set(silent);
+        },
+        tuning,
+    );
     let ended = async move {
-        tokio::select! {
-            r = &mut conn => r.map_err(failed("session failed")),
-            e = ka => Err(e),
+        let mut ka = std::pin::pin!(ka);
+        loop {
+            tokio::select! {
+                r = &mut conn => return r.map_err(failed("session failed")),
+                e = &mut ka => return Err(e),
+                Ok(()) = windows.changed() => apply_window(|w| conn.set_initial_window_size(w), &mut windows),
+            }
         }
     };
     let transport = H2Seed { send: send.clone(), heard, probes, quiet };
@@ -282,6 +375,8 @@ impl Responder for H2Responder {
 struct H2Agent<T> {
     conn: server::Connection<T, Bytes>,
     keepalive: BoxFuture<'static, SessionError>,
+    /// Stream windows from the keepalive loop's [`Tuning`].
+    windows: watch::Receiver<u32>,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Agent<T> {
@@ -294,6 +389,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Ag
             let next = tokio::select! {
                 r = self.conn.accept() => r,
                 e = &mut self.keepalive => return Err(e),
+                Ok(()) = self.windows.changed() => {
+                    apply_window(|w| self.conn.set_initial_window_size(w), &mut self.windows);
+                    continue;
+                }
             };
             let (req, mut respond) = match next {
                 None => return Ok(None),
@@ -334,6 +433,11 @@ async fn agent_session<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let io = InspectReader::new(io, move |read: &[u8]| {
+        counter.fetch_add(read.len() as u64, Ordering::Relaxed);
+    });
     let handshake = server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -351,8 +455,9 @@ where
         .map_err(failed("HTTP/2 handshake failed"))?;
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let h = handler.clone();
-    let keepalive = Box::pin(keepalive(pp, settings, None, move |silent| h.quiet(silent)));
-    session::run_agent(H2Agent { conn, keepalive }, None, handler, stop, tracker).await
+    let (tuning, windows) = Tuning::new(settings, received);
+    let keepalive = Box::pin(keepalive(pp, settings, None, move |silent| h.quiet(silent), tuning));
+    session::run_agent(H2Agent { conn, keepalive, windows }, None, handler, stop, tracker).await
 }
 
 /// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-agent does).

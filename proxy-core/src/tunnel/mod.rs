@@ -26,6 +26,7 @@ pub mod h2;
 pub mod quic;
 pub mod session;
 mod stream;
+pub mod window;
 
 use crate::net::guard::Active;
 use crate::relay::io::Resettable;
@@ -219,6 +220,10 @@ pub struct TunnelSettings {
     pub stream_window_quic: u32,
     /// Per-session receive window: bounds the memory of all streams together.
     pub connection_window: u32,
+    /// The most a stream's window grows to on a path that needs it (HTTP/2: the session's
+    /// estimate of its bandwidth-delay product, [`window`]; QUIC: every stream's window), within
+    /// a quarter of `connection_window` and never below the stream window.
+    pub max_stream_window: u32,
     pub max_frame_size: u32,
     /// Most streams open at once on one session (set by the agent).
     pub max_streams: u32,
@@ -231,6 +236,8 @@ pub struct TunnelSettings {
     /// QUIC: the kernel may hand a read up to 64 coalesced packets (UDP GRO). quinn sizes an
     /// endpoint's receive buffer for 32 such reads; see [`quic::endpoint`].
     pub receive_offload: bool,
+    /// QUIC: the congestion controller of what this end sends.
+    pub congestion: seedgate_config::CongestionControl,
 }
 
 impl TunnelSettings {
@@ -250,12 +257,14 @@ impl Default for TunnelSettings {
             stream_window: seedgate_config::STREAM_WINDOW_H2,
             stream_window_quic: seedgate_config::STREAM_WINDOW_QUIC,
             connection_window: 64 * 1024 * 1024,
+            max_stream_window: seedgate_config::MAX_STREAM_WINDOW,
             max_frame_size: 64 * 1024,
             max_streams: 16 * 1024,
             keepalive_interval: Duration::from_secs(5),
             keepalive_suspect: Duration::from_secs(3),
             keepalive_timeout: Duration::from_secs(60),
             receive_offload: true,
+            congestion: seedgate_config::CongestionControl::default(),
         }
     }
 }

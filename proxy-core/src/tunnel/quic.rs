@@ -76,7 +76,10 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
 /// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
 fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
-    t.stream_receive_window(VarInt::from_u32(s.stream_window_quic));
+    // quinn's windows are fixed for a connection's life: every stream gets the window a fast
+    // path needs (quinn holds only what arrives unread), the connection window bounds the sum.
+    let cap = super::window::stream_window_cap(s.stream_window_quic, s.max_stream_window, s.connection_window);
+    t.stream_receive_window(VarInt::from_u32(cap));
     t.receive_window(VarInt::from_u32(s.connection_window));
     t.send_window(u64::from(s.connection_window));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
@@ -88,7 +91,21 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
+    t.congestion_controller_factory(congestion_controller(s.congestion));
     t
+}
+
+/// quinn's controller for the configured one, each with quinn's defaults.
+fn congestion_controller(
+    cc: seedgate_config::CongestionControl,
+) -> Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> {
+    use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
+    use seedgate_config::CongestionControl::*;
+    match cc {
+        Bbr => Arc::new(BbrConfig::default()),
+        Cubic => Arc::new(CubicConfig::default()),
+        NewReno => Arc::new(NewRenoConfig::default()),
+    }
 }
 
 /// Largest QUIC packet either end sends, and a server endpoint accepts. Path MTU discovery starts at 1,200 bytes and
