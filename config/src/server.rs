@@ -224,9 +224,11 @@ pub struct Agents {
     #[serde(default = "open_timeout_default")]
     #[schemars(extend("x-reload" = "new connections"))]
     pub open_timeout: Dur,
-    /// Bytes one stream may have in flight unread (per-stream flow-control window). Default:
-    /// `524288` over HTTP/2 and `1048576` over QUIC, whose stack re-opens a stream's window in
-    /// smaller steps (at most `connection_window`).
+    /// Bytes one stream may have in flight unread at first (per-stream flow-control window).
+    /// Default: `524288` over HTTP/2, where each session grows it up to `max_stream_window` on a
+    /// path that needs more; `1048576` over QUIC, where every stream gets `max_stream_window`
+    /// when that is larger (quinn re-opens a stream's window in smaller steps). At most
+    /// `connection_window`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub stream_window: Option<u32>,
@@ -319,9 +321,11 @@ pub struct AgentsQuic {
     /// UDP `host:port`; for agents with `transport: auto`, the same port number as `listen`.
     pub listen: HostPort,
     /// The congestion controller of what the server sends to agents over QUIC (an agent's
-    /// `tunnel.quic_congestion_control` sets the other direction): `bbr` (the default), `cubic`
-    /// or `new_reno`. The loss-based ones cut their rate at every lost packet, which on a path
-    /// with random loss leaves a stream a few per cent of the link.
+    /// `tunnel.quic_congestion_control` sets the other direction): `cubic` (the default), `bbr`
+    /// or `new_reno`. The loss-based ones (`cubic`, `new_reno`) cut their rate at every lost
+    /// packet: on a path with random loss a stream keeps a few per cent of the link, where `bbr`
+    /// keeps its rate; but quinn's BBR (experimental upstream) stalled a stream across a 150 ms
+    /// path that Cubic filled.
     #[serde(default)]
     #[schemars(extend("x-reload" = "new sessions"))]
     pub congestion_control: CongestionControl,

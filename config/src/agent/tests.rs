@@ -84,6 +84,25 @@ fn tunnel_identifiers() {
 }
 
 #[test]
+fn wan_settings_default_and_parse() {
+    let base = "tunnel:\n  servers: [a:1]\n  tls: { cert: c, key: k, ca: ca }\n  allow: [10.0.0.0/8]\n";
+    let tunnel = |extra: &str| parse(&format!("{base}{extra}"), "f.yaml").unwrap().tunnel.unwrap();
+    let t = tunnel("");
+    assert_eq!(
+        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat),
+        (CongestionControl::Cubic, 16 * 1024 * 1024, 128 * 1024)
+    );
+    let t = tunnel("  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n");
+    assert_eq!(
+        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat),
+        (CongestionControl::Bbr, 524_288, 0)
+    );
+    assert_eq!(tunnel("  quic_congestion_control: new_reno\n").quic_congestion_control, CongestionControl::NewReno);
+    refused_with(&format!("{base}  quic_congestion_control: vegas\n"), "unknown variant");
+    refused_with(&format!("{base}  max_stream_window: 65534\n"), "tunnel.max_stream_window: must be between");
+}
+
+#[test]
 fn stream_windows_default_per_transport_and_a_given_one_holds_for_both() {
     let base = "tunnel:\n  servers: [a:1]\n  tls: { cert: c, key: k, ca: ca }\n  allow: [10.0.0.0/8]\n";
     let windows = |extra: &str| {
