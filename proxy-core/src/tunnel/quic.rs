@@ -12,7 +12,7 @@
 //! flight continue; streams that crossed the notice are refused with `draining`. Once its last
 //! stream ends the agent closes the connection with code [`CLOSE_DONE`].
 //!
-//! Bytes: QUIC stream data, flow control per stream (`stream_window_quic`) and per connection
+//! Bytes: QUIC stream data, flow control per stream (`max_stream_window`, at least `stream_window_quic`) and per connection
 //! (`connection_window`); FIN is a half-close; RESET_STREAM / STOP_SENDING with [`RESET_CODE`]
 //! is a reset. Liveness: QUIC keep-alive every [`TunnelSettings::ping_every`], the idle timeout is the
 //! keepalive timeout; the path is quiet ([`Quiet`]) while nothing that asked for an
