@@ -181,10 +181,10 @@ pub struct Tunnel {
     #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
     pub max_streams: usize,
     /// Bytes one stream may have in flight unread at first (per-stream flow-control window).
-    /// Default: `524288` over HTTP/2, where each session grows it up to `max_stream_window` on a
-    /// path that needs more; `1048576` over QUIC, where every stream gets `max_stream_window`
-    /// when that is larger (quinn re-opens a stream's window in smaller steps). At most
-    /// `connection_window`.
+    /// Default: `524288` over HTTP/2 (grown up to `max_stream_window` on a path that needs more
+    /// when `h2_adaptive_window` is on); `1048576` over QUIC, where every stream gets more when
+    /// `max_stream_window` and `connection_window` allow (quinn re-opens a stream's window in
+    /// smaller steps). At most `connection_window`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub stream_window: Option<u32>,
@@ -194,14 +194,26 @@ pub struct Tunnel {
     #[schemars(range(min = 65535, max = 2147483647))]
     pub connection_window: u32,
     /// The most one stream's window grows to on a path that needs it (a long round trip at a
-    /// high rate). Over HTTP/2 each session estimates its path's bandwidth-delay product from
-    /// its PINGs and raises every stream's window to twice that, from `stream_window` up to
-    /// this; over QUIC every stream gets this window (bytes are held only as they arrive
-    /// unread). Within a quarter of `connection_window`, so that four stalled readers are
+    /// high rate). Over HTTP/2 with `h2_adaptive_window` each session estimates its path's
+    /// bandwidth-delay product from its PINGs and raises every stream's window to twice that,
+    /// from `stream_window` up to this. Over QUIC every stream gets this window, but at most a
+    /// sixteenth of `connection_window` (4 MiB by default), so that sixteen streams moving bulk
+    /// at once all find room in the sender's window; quinn holds bytes only as they arrive
+    /// unread. Within a quarter of `connection_window`, so that four stalled readers are
     /// needed to stall a session; `stream_window` or less: no growth. Default `16777216`.
     #[serde(default = "max_stream_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]
     pub max_stream_window: u32,
+    /// HTTP/2 sessions grow their stream windows with the path, up to `max_stream_window`: each
+    /// end estimates the bandwidth-delay product of what it receives from its PINGs. One stream
+    /// then moves at the link's rate across a long round trip (at 150 ms and 100 Mbit/s: 73-92
+    /// Mbit/s instead of 20), but the session's TCP connection carries megabytes in flight, and a
+    /// packet lost at the path's bottleneck stalls every stream of the session behind its
+    /// retransmission: a 1-byte round trip behind a bulk stream went from about the path's round
+    /// trip to two to four times it. Off by default (interactive streams first); across a WAN,
+    /// QUIC has neither limit. Default `false`.
+    #[serde(default)]
+    pub h2_adaptive_window: bool,
     /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
     /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
     /// not yet handed to the kernel it schedules itself, so a stream that sends little (a

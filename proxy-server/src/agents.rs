@@ -21,6 +21,7 @@ pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
         stream_window_quic,
         connection_window: cfg.agents.connection_window,
         max_stream_window: cfg.agents.max_stream_window,
+        h2_adaptive_window: cfg.agents.h2_adaptive_window,
         keepalive_interval: cfg.agents.keepalive.interval.get(),
         keepalive_suspect: cfg.agents.keepalive.suspect(),
         keepalive_timeout: cfg.agents.keepalive.timeout.get(),

@@ -89,13 +89,15 @@ fn wan_settings_default_and_parse() {
     let tunnel = |extra: &str| parse(&format!("{base}{extra}"), "f.yaml").unwrap().tunnel.unwrap();
     let t = tunnel("");
     assert_eq!(
-        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat),
-        (CongestionControl::Cubic, 16 * 1024 * 1024, 128 * 1024)
+        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat, t.h2_adaptive_window),
+        (CongestionControl::Cubic, 16 * 1024 * 1024, 128 * 1024, false)
     );
-    let t = tunnel("  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n");
+    let t = tunnel(
+        "  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n  h2_adaptive_window: true\n",
+    );
     assert_eq!(
-        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat),
-        (CongestionControl::Bbr, 524_288, 0)
+        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat, t.h2_adaptive_window),
+        (CongestionControl::Bbr, 524_288, 0, true)
     );
     assert_eq!(tunnel("  quic_congestion_control: new_reno\n").quic_congestion_control, CongestionControl::NewReno);
     refused_with(&format!("{base}  quic_congestion_control: vegas\n"), "unknown variant");

@@ -23,6 +23,7 @@ pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
         stream_window_quic,
         connection_window: cfg.connection_window,
         max_stream_window: cfg.max_stream_window,
+        h2_adaptive_window: cfg.h2_adaptive_window,
         max_streams: cfg.max_streams as u32 + 16,
         keepalive_interval: cfg.keepalive.interval.get(),
         keepalive_suspect: cfg.keepalive.suspect(),

@@ -53,7 +53,11 @@ struct Tuning {
 
 impl Tuning {
     fn new(settings: &TunnelSettings, received: Arc<AtomicU64>) -> (Self, watch::Receiver<u32>) {
-        let cap = stream_window_cap(settings.stream_window, settings.max_stream_window, settings.connection_window);
+        let cap = if settings.h2_adaptive_window {
+            stream_window_cap(settings.stream_window, settings.max_stream_window, settings.connection_window)
+        } else {
+            settings.stream_window
+        };
         let (apply, windows) = watch::channel(settings.stream_window);
         (Self { tuner: WindowTuner::new(settings.stream_window, cap), received, apply }, windows)
     }
@@ -464,5 +468,25 @@ where
 impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentConnection for tokio_rustls::client::TlsStream<IO> {
     fn run_agent(self: Box<Self>, s: AgentSession<'_>) -> BoxFuture<'_, Result<(), SessionError>> {
         Box::pin(agent_session(*self, s.settings, s.handler, s.stop, s.tracker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_window_grows_only_when_adaptive_windows_are_on() {
+        let received = Arc::new(AtomicU64::new(0));
+        let off = TunnelSettings::default();
+        let (mut t, _) = Tuning::new(&off, received.clone());
+        assert!(!t.tuner.growing(), "off: the window is the configured one");
+        assert_eq!(t.tuner.sample(Duration::from_millis(150), 1 << 20), None);
+
+        let on = TunnelSettings { h2_adaptive_window: true, ..TunnelSettings::default() };
+        let (mut t, _) = Tuning::new(&on, received);
+        assert!(t.tuner.growing());
+        // A window's worth per 150 ms round trip: the window is the limit and it doubles.
+        assert_eq!(t.tuner.sample(Duration::from_millis(150), u64::from(on.stream_window)), Some(2 * on.stream_window));
     }
 }

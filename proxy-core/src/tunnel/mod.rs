@@ -224,6 +224,10 @@ pub struct TunnelSettings {
     /// estimate of its bandwidth-delay product, [`window`]; QUIC: every stream's window), within
     /// a quarter of `connection_window` and never below the stream window.
     pub max_stream_window: u32,
+    /// HTTP/2: the session's stream window follows its path up to `max_stream_window`; off, it
+    /// stays `stream_window` (one TCP connection: a lost packet stalls every stream behind it,
+    /// and a large window makes losses at the path's bottleneck likely).
+    pub h2_adaptive_window: bool,
     pub max_frame_size: u32,
     /// Most streams open at once on one session (set by the agent).
     pub max_streams: u32,
@@ -258,6 +262,7 @@ impl Default for TunnelSettings {
             stream_window_quic: seedgate_config::STREAM_WINDOW_QUIC,
             connection_window: 64 * 1024 * 1024,
             max_stream_window: seedgate_config::MAX_STREAM_WINDOW,
+            h2_adaptive_window: false,
             max_frame_size: 64 * 1024,
             max_streams: 16 * 1024,
             keepalive_interval: Duration::from_secs(5),

@@ -73,13 +73,26 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t
 }
 
+/// How many streams moving bulk at once each find room in the sending end's window. quinn lets a
+/// stream buffer up to the window its peer granted it, and the send window (the connection
+/// window) is shared first come, first served: with 16 MiB stream windows four streams filled a
+/// 64 MiB send window and a fifth moved nothing for seconds. A stream window of at most a
+/// sixteenth of it keeps sixteen bulk streams sending side by side.
+const SEND_SHARES: u32 = 16;
+
+/// Every stream's window: quinn's windows are fixed for a connection's life, so every stream gets
+/// the window a fast path needs (quinn holds only what arrives unread), within [`SEND_SHARES`]
+/// of the connection window and never below the configured stream window.
+fn stream_window(s: &TunnelSettings) -> u32 {
+    super::window::stream_window_cap(s.stream_window_quic, s.max_stream_window, s.connection_window)
+        .min(s.connection_window / SEND_SHARES)
+        .max(s.stream_window_quic)
+}
+
 /// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
 fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
-    // quinn's windows are fixed for a connection's life: every stream gets the window a fast
-    // path needs (quinn holds only what arrives unread), the connection window bounds the sum.
-    let cap = super::window::stream_window_cap(s.stream_window_quic, s.max_stream_window, s.connection_window);
-    t.stream_receive_window(VarInt::from_u32(cap));
+    t.stream_receive_window(VarInt::from_u32(stream_window(s)));
     t.receive_window(VarInt::from_u32(s.connection_window));
     t.send_window(u64::from(s.connection_window));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
@@ -803,6 +816,18 @@ impl AgentConnection for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_stream_window_leaves_sixteen_bulk_streams_room_to_send() {
+        const MIB: u32 = 1024 * 1024;
+        let d = TunnelSettings::default();
+        assert_eq!((d.connection_window, d.max_stream_window), (64 * MIB, 16 * MIB));
+        assert_eq!(stream_window(&d), 4 * MIB, "a sixteenth of 64 MiB, below the 16 MiB cap");
+        let big = TunnelSettings { connection_window: 512 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&big), 16 * MIB, "the cap");
+        let small = TunnelSettings { connection_window: 4 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&small), d.stream_window_quic, "never below the configured window");
+    }
 
     /// A [`Hearing`] fed samples at milliseconds from a start, with a suspect time of 3 s.
     struct Samples {
