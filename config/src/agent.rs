@@ -197,9 +197,9 @@ pub struct Tunnel {
     /// high rate). Over HTTP/2 with `h2_adaptive_window` each session estimates its path's
     /// bandwidth-delay product from its PINGs and raises every stream's window to twice that,
     /// from `stream_window` up to this. Over QUIC every stream gets this window, but at most a
-    /// sixteenth of `connection_window` (4 MiB by default), so that sixteen streams moving bulk
-    /// at once all find room in the sender's window; quinn holds bytes only as they arrive
-    /// unread. Within a quarter of `connection_window`, so that four stalled readers are
+    /// sixty-fourth of `connection_window` (so 1 MiB by default; raise `connection_window` on
+    /// both ends for long, fast paths), so that sixty-four streams moving bulk at once all find
+    /// room in the sender's window; quinn holds bytes only as they arrive unread. Within a quarter of `connection_window`, so that four stalled readers are
     /// needed to stall a session; `stream_window` or less: no growth. Default `16777216`.
     #[serde(default = "max_stream_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]

@@ -74,11 +74,14 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
 }
 
 /// How many streams moving bulk at once each find room in the sending end's window. quinn lets a
-/// stream buffer up to the window its peer granted it, and the send window (the connection
-/// window) is shared first come, first served: with 16 MiB stream windows four streams filled a
-/// 64 MiB send window and a fifth moved nothing for seconds. A stream window of at most a
-/// sixteenth of it keeps sixteen bulk streams sending side by side.
-const SEND_SHARES: u32 = 16;
+/// stream buffer up to the window its peer granted it, out of one send window (the connection
+/// window) shared first come, first served; a stream that finds it full cannot even send its
+/// answer to an open. With 4 MiB stream windows and a 64 MiB connection window, sixteen bulk
+/// streams filled it on a lossy path that Cubic had slowed to 4 Mbit/s, and the next opens timed
+/// out; with 16 MiB, four streams filled it and a fifth moved nothing. A sixty-fourth keeps
+/// sixty-four bulk streams answering: 1 MiB with the defaults, more where `connection_window` is
+/// raised for long, fast paths.
+const SEND_SHARES: u32 = 64;
 
 /// Every stream's window: quinn's windows are fixed for a connection's life, so every stream gets
 /// the window a fast path needs (quinn holds only what arrives unread), within [`SEND_SHARES`]
@@ -818,12 +821,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_stream_window_leaves_sixteen_bulk_streams_room_to_send() {
+    fn every_stream_window_leaves_sixty_four_bulk_streams_room_to_send() {
         const MIB: u32 = 1024 * 1024;
         let d = TunnelSettings::default();
         assert_eq!((d.connection_window, d.max_stream_window), (64 * MIB, 16 * MIB));
-        assert_eq!(stream_window(&d), 4 * MIB, "a sixteenth of 64 MiB, below the 16 MiB cap");
-        let big = TunnelSettings { connection_window: 512 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&d), MIB, "a sixty-fourth of 64 MiB, below the 16 MiB cap");
+        let long = TunnelSettings { connection_window: 256 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&long), 4 * MIB, "grows with the connection window");
+        let big = TunnelSettings { connection_window: 2047 * MIB, ..TunnelSettings::default() };
         assert_eq!(stream_window(&big), 16 * MIB, "the cap");
         let small = TunnelSettings { connection_window: 4 * MIB, ..TunnelSettings::default() };
         assert_eq!(stream_window(&small), d.stream_window_quic, "never below the configured window");
