@@ -45,6 +45,9 @@ pub(crate) enum Attempt {
     /// No answer and no sign of life within the open timeout, and another session may take
     /// the dial: the open is abandoned (its stream reset) and the session is suspect.
     Silent,
+    /// The session turned suspect (its keepalive unanswered) while the open waited, and another
+    /// session may take the dial: the open is abandoned (its stream reset).
+    TurnedSuspect,
 }
 
 /// Open a stream to `target` on `s` within `left`. An agent that shows life gets all of `left`
@@ -100,7 +103,7 @@ pub(crate) async fn attempt(
 
 /// The session turned suspect during an attempt: another session takes the dial, or none can.
 fn given_up(s: &Session, others: impl Fn() -> bool) -> Attempt {
-    if others() { Attempt::Silent } else { Attempt::Answered(Err(all_suspect(&s.cluster))) }
+    if others() { Attempt::TurnedSuspect } else { Attempt::Answered(Err(all_suspect(&s.cluster))) }
 }
 
 /// The node `s`'s agent named (empty before its hello, or when it named none).

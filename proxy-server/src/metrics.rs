@@ -142,7 +142,7 @@ impl ServerMetrics {
             dial_retries: counter_vec(
                 reg,
                 "seedgate_tunnel_dial_retries_total",
-                "Dials moved to another agent session, by cluster and why: silent (no answer within agents.open_timeout), transport (the session failed before the agent answered), draining (the agent is shutting down).",
+                "Dials moved to another agent session, by cluster and why: silent (no answer within agents.open_timeout), suspect (the session's keepalive went unanswered while the open waited), transport (the session failed before the agent answered), draining (the agent is shutting down).",
                 &["cluster", "reason"],
             ),
             sessions_suspect: gauge_vec(
@@ -160,7 +160,7 @@ impl ServerMetrics {
             dials_around_suspect: counter_vec(
                 reg,
                 "seedgate_tunnel_dials_around_suspect_total",
-                "Dials that went to another agent session of the cluster because a suspect one was passed over, by cluster.",
+                "Dials served by another agent session of the cluster because a suspect one was passed over, or the session the dial was sent on turned suspect meanwhile, by cluster.",
                 &["cluster"],
             ),
             streams_survived: counter_vec(

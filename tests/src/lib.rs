@@ -11,6 +11,7 @@
 //! - [`migration`]: control-plane migration worlds (two seeds, replicas, agents, etcd) and their loads.
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`link`]: a WAN link emulated between two namespaces (delay, rate, bottleneck, loss, black hole).
+//! - [`faults`]: rigs for faults on that link (one replica, or two behind a gateway on two paths) and dial outcomes.
 //! - [`poll`]: waiting for a condition with a deadline instead of sleeping.
 //! - [`tmp`]: temporary directories removed on drop.
 //! - [`docs`]: the repository's Markdown (README and book): files, anchors, links, marked examples.
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod backend;
 pub mod docs;
+pub mod faults;
 pub mod grpc_core;
 pub mod inproc;
 pub mod konnectivity;

@@ -147,8 +147,8 @@ impl SessionDirectory {
     /// Among the sessions [`next_session`](Self::next_session) offers, one attempt after
     /// another. The dial moves to another session (up to [`DIAL_ATTEMPTS`] in all, within
     /// `times.dial`) when the transport failed before the agent answered, when the agent turns
-    /// out to be shutting down, or when the session stays silent past `times.open`. Returns
-    /// the stream, the strategy and the agent's node.
+    /// out to be shutting down, when the session stays silent past `times.open`, or when it turns
+    /// suspect while the open waits. Returns the stream, the strategy and the agent's node.
     async fn dial_agent(
         &self,
         cluster: &str,
@@ -160,7 +160,7 @@ impl SessionDirectory {
         let mut tried: Vec<u64> = Vec::new();
         let sessions = self.sessions(cluster);
         let open = sessions.iter().filter(|s| !s.opener.is_closed());
-        let (open, suspect) = open.fold((0, 0), |(n, q), s| (n + 1, q + usize::from(attempt::suspect(s))));
+        let (open, mut suspect) = open.fold((0, 0), |(n, q), s| (n + 1, q + usize::from(attempt::suspect(s))));
         let mut last = if sessions.is_empty() {
             DialError::NoAgent(format!("no agent of cluster {cluster} is connected"))
         } else if open > 0 && open == suspect {
@@ -199,6 +199,13 @@ impl SessionDirectory {
                 Attempt::Silent => {
                     retry = Some(("silent", s.id));
                     last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
+                }
+                // Sent into a path that then went quiet: served late by another session rather
+                // than refused (the agent may still get the abandoned open once the path heals).
+                Attempt::TurnedSuspect => {
+                    retry = Some(("suspect", s.id));
+                    suspect += 1;
+                    last = attempt::all_suspect(cluster);
                 }
             }
         }

@@ -24,11 +24,19 @@ struct Fake {
     opens: AtomicUsize,
     /// Streams it claims to carry (p2c prefers the less busy: this orders the first pick).
     busy: usize,
+    /// Its keepalive's verdict, set by the test.
+    quiet: proxy_core::tunnel::Quiet,
 }
 
 impl Fake {
     fn new(agent: Agent, busy: usize) -> Arc<Self> {
-        Arc::new(Self { agent, heard: AtomicU64::new(100), opens: AtomicUsize::new(0), busy })
+        Arc::new(Self {
+            agent,
+            heard: AtomicU64::new(100),
+            opens: AtomicUsize::new(0),
+            busy,
+            quiet: Default::default(),
+        })
     }
 
     fn opens(&self) -> usize {
@@ -79,6 +87,10 @@ impl Opener for Fake {
         if self.agent != Agent::Silent {
             self.heard.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn quiet(&self) -> Option<&proxy_core::tunnel::Quiet> {
+        Some(&self.quiet)
     }
 }
 
@@ -131,6 +143,38 @@ async fn a_silent_session_is_suspected_and_the_dial_moves_to_another() {
     silent.heard.fetch_add(1, Ordering::Relaxed);
     assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
     assert_eq!(count(&d.metrics.sessions_revived, &["a", "silent"]), 1);
+}
+
+/// A dial sent on a session whose path then goes quiet (its keepalive unanswered) is not
+/// refused: it moves to another live session of the cluster at once, and is counted as served
+/// around a suspect session.
+#[tokio::test(start_paused = true)]
+async fn a_dial_whose_session_turns_suspect_meanwhile_is_served_by_another() {
+    let d = directory();
+    // p2c prefers the idle session that is about to go quiet.
+    let (quiet, live) = (Fake::new(Agent::Silent, 0), Fake::new(Agent::Answers, 9));
+    let (_s, _) = (add(&d, &quiet, None), add(&d, &live, None));
+    let turns = Duration::from_millis(700);
+    let q = quiet.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(turns).await;
+        q.quiet.set(true);
+    });
+    let started = tokio::time::Instant::now();
+    assert!(dial(&d).await.is_ok());
+    assert_eq!((quiet.opens(), live.opens()), (1, 1));
+    assert_eq!(started.elapsed(), turns, "moved on when the session turned suspect, not at the open timeout");
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "suspect"]), 1);
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "silent"]), 0);
+    assert_eq!(count(&d.metrics.dials_around_suspect, &["a"]), 1);
+    // With no other session, a dial on the quiet one is refused at once, naming it.
+    let d = directory();
+    let alone = Fake::new(Agent::Silent, 0);
+    add(&d, &alone, None);
+    alone.quiet.set(true);
+    let err = dial(&d).await.err().expect("refused");
+    assert!(err.to_string().contains("suspect"), "{err}");
+    assert_eq!(alone.opens(), 0, "a suspect session takes no new dial");
 }
 
 #[tokio::test(start_paused = true)]

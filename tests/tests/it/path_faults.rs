@@ -1,18 +1,17 @@
-//! Faults on the seed–shoot path, on the emulated link (proxy-server in the seed namespace, proxy-agent in the shoot's): a short black hole and one direction gone silent, with a stream open and dials made throughout — the stream carries bytes again after it, every dial is served or refused with a reason, none left without an answer — and a middlebox that accepts sessions and cuts them at once, which the agent does not redial in a storm. Over h2 and QUIC (the storm: h2, the machine test covers both).
+//! Faults on the seed–shoot path, on the emulated link (proxy-server in the seed namespace, proxy-agent in the shoot's): a short black hole, one direction gone silent and a flapping link, with a stream open and dials made throughout — the stream carries bytes again after it, every dial is served or refused with a reason, none left without an answer; two replicas reached over two paths, one path black-holed, where every dial is served; and a middlebox that accepts sessions and cuts them at once, which the agent does not redial in a storm. Over h2 and QUIC (the storm: h2, the machine test covers both).
 //!
 //! Outcomes only: how long each fault took to notice and to heal is the bench's to measure.
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
 use std::time::Duration;
+use testbed::faults::{Outcome, Rig, RigOpts, dial, roundtrip};
 use testbed::link::{Dir, LinkOpts, Shape, Wan};
 use testbed::netns::require_root;
 use testbed::tunnel_kit::{
-    AgentOpts, BoxStream, Dialer, Fe, FeKind, STEP, TunnelPki, agent_yaml, connect, inproc_server, metrics, refusal_of,
-    server_yaml, start_agent, wait_agents,
+    AgentOpts, Fe, FeKind, STEP, TunnelPki, agent_yaml, inproc_server, metrics, server_yaml, start_agent,
 };
-use testbed::{Proc, TcpEcho, TempDir, metric_sum, metric_value, poll_until};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use testbed::{TempDir, metric_sum, metric_value, poll_until};
 
 /// Both ends: PING every 500ms, suspect after 1.5s unanswered, dead only after 30s.
 const KEEPALIVE: &str = "keepalive: { interval: 500ms, suspect_after: 1500ms, timeout: 30s }";
@@ -28,55 +27,33 @@ const CLIENT_WAIT: Duration = Duration::from_secs(8);
 /// retransmit on their own back-off).
 const RESUME: Duration = Duration::from_secs(30);
 
-fn patient(yaml: &str) -> String {
-    yaml.replace("keepalive: { interval: 500ms, suspect_after: 2s, timeout: 2s }", KEEPALIVE)
+fn opts(quic: bool) -> RigOpts {
+    RigOpts { quic, keepalive: Some(KEEPALIVE.into()) }
 }
 
-/// What came of one dial made during a fault.
-#[derive(Debug)]
-enum Outcome {
-    Served,
-    /// Refused: the status and the reason the front end gave.
-    Refused(u16, String),
-    /// Neither within [`CLIENT_WAIT`].
-    NoAnswer,
-    /// The connection to the front end failed otherwise (why, for the failure message).
-    Failed(#[allow(dead_code)] String),
-}
-
-/// One echo round trip through the front end: served, refused (with its reason), or nothing.
-async fn dial(d: Dialer, target: SocketAddr) -> Outcome {
-    let attempt = async {
-        let mut s = connect(&d, &target.to_string()).await?;
-        roundtrip(&mut s, b"during").await
-    };
-    match tokio::time::timeout(CLIENT_WAIT, attempt).await {
-        Err(_) => Outcome::NoAnswer,
-        Ok(Ok(())) => Outcome::Served,
-        Ok(Err(e)) => match refusal_of(&e) {
-            Some(r) => Outcome::Refused(r.status, r.body.clone()),
-            None => Outcome::Failed(format!("{e:#}")),
-        },
+/// A link of 25 ms each way between fresh namespaces (`paths` of them).
+fn wan(label: &str, net: u8, paths: u8) -> anyhow::Result<Wan> {
+    let shape = Shape { delay: Duration::from_millis(25), ..Shape::CLEAR };
+    let mut wan = Wan::new(label, net, shape, LinkOpts::default())?;
+    for p in 1..paths {
+        wan.add_path(net + 100 + p, shape, LinkOpts::default())?;
     }
+    Ok(wan)
 }
 
-async fn roundtrip(s: &mut BoxStream, msg: &[u8]) -> anyhow::Result<()> {
-    s.write_all(msg).await?;
-    let mut back = vec![0u8; msg.len()];
-    s.read_exact(&mut back).await?;
-    anyhow::ensure!(back == msg, "echo mismatch");
-    Ok(())
+/// The open stream carries bytes again once the path is back.
+async fn resumes(rig: &Rig, open: &mut testbed::tunnel_kit::BoxStream) -> anyhow::Result<()> {
+    tokio::time::timeout(RESUME, roundtrip(open, b"after the outage"))
+        .await
+        .context("the open stream carries nothing after the outage")
+        .with_context(|| rig.logs())?
+        .context("the open stream failed across the outage")
+        .with_context(|| rig.logs())
 }
 
-/// A counter of proxy-server for the cluster.
-fn server_count(m: &str, name: &str) -> f64 {
-    metric_value(m, name, &[("cluster", "shoot-a")]).unwrap_or(0.0)
-}
-
-/// The agent's metrics (its admin listens on the shoot namespace's loopback).
-async fn agent_metrics(wan: &Wan, admin: SocketAddr) -> anyhow::Result<String> {
-    let _in_shoot = wan.shoot().enter()?;
-    metrics(admin).await
+/// Served, or refused at once with `503` naming the suspect session: an answer with a reason.
+fn answered(o: &Outcome) -> bool {
+    matches!(o, Outcome::Served) || matches!(o, Outcome::Refused(503, why) if why.contains("suspect"))
 }
 
 /// The path goes down (`dirs`) for [`OUTAGE`] with a stream open and dials made throughout;
@@ -85,85 +62,43 @@ async fn outage(label: &str, net: u8, quic: bool, dirs: &[Dir]) -> anyhow::Resul
     if !require_root() {
         return Ok(());
     }
-    let rtt_half = Duration::from_millis(25);
-    let wan = Wan::new(label, net, Shape { delay: rtt_half, ..Shape::CLEAR }, LinkOpts::default())?;
+    let wan = wan(label, net, 1)?;
     let link = wan.link();
     // Every socket of this thread (and the in-process server's threads) lives in the seed
     // namespace from here on.
     let _in_seed = wan.seed().enter()?;
-    let echo = {
-        let _in_shoot = wan.shoot().enter()?;
-        TcpEcho::start_on(SocketAddr::from((link.shoot_ip(), 0))).await?
-    };
-    let dir = TempDir::new(label)?;
-    let pki = TunnelPki::new(dir.path())?;
-    let fe = Fe::new("egress", "shoot-a", FeKind::Plain);
-    let listen = format!("{}:0", link.seed_ip());
-    let mut yaml = patient(&server_yaml(&pki, &listen, &[fe], ""));
-    if quic {
-        yaml = yaml.replacen("agents:\n", &format!("agents:\n  quic: {{ listen: {listen} }}\n"), 1);
-    }
-    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
-    let admin = saddrs.admin()?;
-    let agents = saddrs.listener(if quic { "agents-quic" } else { "agents" })?;
-    let mut o = AgentOpts::new("shoot-a", agents, &[&format!("{}/32", link.shoot_ip())]);
-    if quic {
-        o.tunnel_extra = "  transport: quic\n".into();
-    }
-    let (agent, aaddrs): (Proc, _) =
-        start_agent(&dir, "agent", &patient(&agent_yaml(&pki, &o)?), Some(wan.shoot())).await?;
-    let logs = || format!("--- server:\n{}\n--- agent:\n{}", server.log(), agent.log());
-    wait_agents(admin, "shoot-a", 1.0).await.with_context(logs)?;
-    let d = Dialer::Tcp(saddrs.listener("egress")?);
-    let mut open = connect(&d, &echo.addr().to_string()).await.with_context(logs)?;
-    roundtrip(&mut open, b"before").await.with_context(logs)?;
+    let rig = Rig::one(&wan, label, &opts(quic)).await?;
+    let mut open = rig.open_stream(0).await.with_context(|| rig.logs())?;
 
     link.black_hole(dirs, true);
     let mut dials = Vec::new();
     for _ in 0..DIALS {
-        dials.push(tokio::spawn(dial(d.clone(), echo.addr())));
+        dials.push(tokio::spawn(dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT)));
         tokio::time::sleep(DIAL_EVERY).await;
     }
     tokio::time::sleep(OUTAGE.saturating_sub(DIAL_EVERY * DIALS)).await;
     link.black_hole(dirs, false);
 
-    // The stream open across the outage carries bytes again.
-    tokio::time::timeout(RESUME, roundtrip(&mut open, b"after the outage"))
-        .await
-        .context("the open stream carries nothing after the outage")
-        .with_context(logs)?
-        .context("the open stream failed across the outage")
-        .with_context(logs)?;
+    resumes(&rig, &mut open).await?;
     let mut outcomes = Vec::new();
     for t in dials {
-        outcomes.push(t.await?);
+        outcomes.push(t.await?.outcome);
     }
     // Every dial made during the outage was answered: served (by a session that got through),
     // or refused at once with the reason; none was left hanging.
-    for o in &outcomes {
-        match o {
-            Outcome::Served => {}
-            Outcome::Refused(503, why) if why.contains("suspect") => {}
-            other => anyhow::bail!("a dial during the outage: {other:?}; all: {outcomes:?}\n{}", logs()),
-        }
+    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
+        anyhow::bail!("a dial during the outage: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
     }
     assert!(
         outcomes.iter().any(|o| matches!(o, Outcome::Refused(..))),
         "the only path was down, yet no dial was refused: {outcomes:?}"
     );
     // New dials are served again.
-    poll_until(STEP, Duration::from_millis(100), || async {
-        let mut s = connect(&d, &echo.addr().to_string()).await?;
-        roundtrip(&mut s, b"healed").await
-    })
-    .await
-    .context("no dial served after the outage")
-    .with_context(logs)?;
+    rig.until_served(0, STEP).await.context("no dial served after the outage").with_context(|| rig.logs())?;
 
-    let m = metrics(admin).await?;
-    assert!(server_count(&m, "seedgate_agent_sessions_suspect_total") >= 1.0, "{m}");
-    assert!(server_count(&m, "seedgate_tunnel_streams_survived_outage_total") >= 1.0, "{m}\n{}", logs());
-    let am = agent_metrics(&wan, aaddrs.admin()?).await?;
+    assert!(rig.server_sum("seedgate_agent_sessions_suspect_total") >= 1.0, "{}", rig.logs());
+    assert!(rig.server_sum("seedgate_tunnel_streams_survived_outage_total") >= 1.0, "{}", rig.logs());
+    let am = rig.agent_metrics(&wan).await?;
     let suspect = metric_sum(&am, "seedgate_tunnel_sessions_suspect_total", &[]);
     assert!(suspect >= 1.0, "the agent saw no suspect session: {am}");
     drop(open);
@@ -189,6 +124,145 @@ async fn an_open_stream_rides_out_one_direction_going_silent_h2() -> anyhow::Res
 #[tokio::test]
 async fn an_open_stream_rides_out_one_direction_going_silent_quic() -> anyhow::Result<()> {
     outage("faults-oneway-quic", 44, true, &[Dir::ToShoot]).await
+}
+
+/// Time the link flaps: down for [`FLAP`], up for [`FLAP`], over and over.
+const FLAPPING: Duration = Duration::from_secs(8);
+const FLAP: Duration = Duration::from_secs(1);
+/// A dial is made every this long throughout.
+const FLAP_DIAL_EVERY: Duration = Duration::from_millis(250);
+
+/// The link goes down for a second and up for a second, again and again, with a stream open
+/// and a dial every 250 ms: the stream carries bytes afterwards, and every dial is answered
+/// (served, or refused with the reason), none left past the client's wait.
+async fn flapping(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
+    if !require_root() {
+        return Ok(());
+    }
+    let wan = wan(label, net, 1)?;
+    let link = wan.link();
+    let _in_seed = wan.seed().enter()?;
+    let rig = Rig::one(&wan, label, &opts(quic)).await?;
+    let mut open = rig.open_stream(0).await.with_context(|| rig.logs())?;
+
+    let mut dials = Vec::new();
+    let ticks = (FLAPPING.as_millis() / FLAP_DIAL_EVERY.as_millis()) as u32;
+    let per_flap = (FLAP.as_millis() / FLAP_DIAL_EVERY.as_millis()) as u32;
+    for tick in 0..ticks {
+        if tick % per_flap == 0 {
+            // Down for the first flap, up for the next, and so on.
+            link.black_hole(Dir::BOTH, (tick / per_flap) % 2 == 0);
+        }
+        dials.push(tokio::spawn(dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT)));
+        tokio::time::sleep(FLAP_DIAL_EVERY).await;
+    }
+    link.black_hole(Dir::BOTH, false);
+
+    resumes(&rig, &mut open).await?;
+    let mut outcomes = Vec::new();
+    for t in dials {
+        outcomes.push(t.await?.outcome);
+    }
+    let served = outcomes.iter().filter(|o| **o == Outcome::Served).count();
+    eprintln!("{label}: {} dials while the link flapped, {served} served; {outcomes:?}", outcomes.len());
+    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
+        anyhow::bail!("a dial while the link flapped: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
+    }
+    assert!(served > 0, "the link was up half the time, yet no dial was served: {outcomes:?}\n{}", rig.logs());
+    rig.until_served(0, STEP).await.context("no dial served after the flapping").with_context(|| rig.logs())?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flapping_link_loses_no_open_stream_and_leaves_no_dial_unanswered_h2() -> anyhow::Result<()> {
+    flapping("faults-flap-h2", 45, false).await
+}
+
+#[tokio::test]
+async fn a_flapping_link_loses_no_open_stream_and_leaves_no_dial_unanswered_quic() -> anyhow::Result<()> {
+    flapping("faults-flap-quic", 46, true).await
+}
+
+/// Dials through the two replicas' front ends, alternating, one every this long.
+const HA_DIAL_EVERY: Duration = Duration::from_millis(250);
+/// From this long into the black hole, every path-2 session is suspect (1.5 s) and every dial
+/// must be served over path 1.
+const HA_GRACE: Duration = Duration::from_secs(3);
+
+/// Two replicas behind a gateway reachable over two paths; the agent lists the gateway once per
+/// path, so each replica holds a session of the cluster over each. Path 2 goes black for
+/// [`OUTAGE`]: every dial made after the first 3 s is served over path 1, and a dial sent on a
+/// path-2 session before it turned suspect is served late by the path-1 session rather than
+/// refused. The streams open across path 2 carry bytes again after it.
+async fn two_paths(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
+    if !require_root() {
+        return Ok(());
+    }
+    let wan = wan(label, net, 2)?;
+    let path2 = wan.path(1).context("second path")?;
+    let _in_seed = wan.seed().enter()?;
+    let rig = Rig::two_replicas(&wan, label, &opts(quic)).await?;
+    // Streams through both replicas: some of them on path-2 sessions.
+    let mut open = Vec::new();
+    for i in 0..4 {
+        open.push(rig.open_stream(i % 2).await.with_context(|| rig.logs())?);
+    }
+
+    path2.black_hole(Dir::BOTH, true);
+    let started = tokio::time::Instant::now();
+    let mut dials = Vec::new();
+    let n = (OUTAGE.as_millis() / HA_DIAL_EVERY.as_millis()) as usize;
+    for i in 0..n {
+        let at = started.elapsed();
+        dials.push((at, tokio::spawn(dial(rig.fronts[i % 2].clone(), rig.echo.addr(), CLIENT_WAIT))));
+        tokio::time::sleep(HA_DIAL_EVERY).await;
+    }
+    tokio::time::sleep(OUTAGE.saturating_sub(started.elapsed())).await;
+    path2.black_hole(Dir::BOTH, false);
+
+    for s in &mut open {
+        resumes(&rig, s).await?;
+    }
+    let mut early = Vec::new();
+    let mut late = Vec::new();
+    for (at, t) in dials {
+        let o = t.await?.outcome;
+        if at < HA_GRACE { early.push(o) } else { late.push(o) }
+    }
+    let lost = |v: &[Outcome]| v.iter().filter(|o| **o != Outcome::Served).count();
+    let moved = |reason: &str| rig.server_sum_by("seedgate_tunnel_dial_retries_total", &[("reason", reason)]) as u64;
+    eprintln!(
+        "{label}: dials in the first {HA_GRACE:?} of the black hole: {} of {} not served; after: {} of {} not served; \
+         moved to another session: {} when theirs turned suspect, {} silent",
+        lost(&early),
+        early.len(),
+        lost(&late),
+        late.len(),
+        moved("suspect"),
+        moved("silent"),
+    );
+    assert!(!late.is_empty(), "no dial after the first {HA_GRACE:?}");
+    assert_eq!(lost(&late), 0, "dials after the first {HA_GRACE:?} failed: {late:?}\n{}", rig.logs());
+    if let Some(bad) = early.iter().find(|o| !answered(o)) {
+        anyhow::bail!("a dial in the first {HA_GRACE:?}: {bad:?}; all: {early:?}\n{}", rig.logs());
+    }
+    assert!(rig.server_sum("seedgate_agent_sessions_suspect_total") >= 1.0, "{}", rig.logs());
+    assert!(
+        rig.server_sum("seedgate_tunnel_dials_around_suspect_total") >= 1.0,
+        "no dial went around a suspect session\n{}",
+        rig.logs()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_replicas_over_two_paths_serve_every_dial_while_one_path_is_black_h2() -> anyhow::Result<()> {
+    two_paths("faults-2path-h2", 47, false).await
+}
+
+#[tokio::test]
+async fn two_replicas_over_two_paths_serve_every_dial_while_one_path_is_black_quic() -> anyhow::Result<()> {
+    two_paths("faults-2path-quic", 48, true).await
 }
 
 /// A relay (a middlebox) that passes each connection to `to` and cuts it `after` it opened.
