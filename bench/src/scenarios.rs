@@ -6,6 +6,7 @@
 //! repeat 2, ...) so that drift in the machine's state spreads over all systems alike.
 
 mod connect;
+mod faults;
 mod fleet;
 mod ha;
 mod identity;
@@ -320,6 +321,17 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         run: run!(wan),
         repeats: |s| s.wan_repeats,
         targets: wan::targets,
+    },
+    Scenario {
+        name: faults::SC,
+        about: "The reverse tunnel through faults on an emulated 50 ms path (black holes of 5 to 30 s, one \
+                direction silent, a flapping link, two replicas with one of two paths black): whether an open \
+                stream survives, what came of the dials meanwhile, the first good dial after the heal; h2 and \
+                QUIC, direct TCP's open stream beside them (about 10 minutes)",
+        in_all: always,
+        run: run!(faults),
+        repeats: once,
+        targets: faults::targets,
     },
     Scenario {
         name: soak::SC,

@@ -28,6 +28,8 @@ pub struct RigOpts {
     /// The `keepalive:` line of both ends (e.g. `keepalive: { interval: 500ms, suspect_after:
     /// 1500ms, timeout: 30s }`); `None`: the products' defaults.
     pub keepalive: Option<String>,
+    /// The proxy-agent binary (`None`: the one of this build's profile, built when stale).
+    pub agent_bin: Option<std::path::PathBuf>,
 }
 
 /// What came of one dial: an echo round trip through a front end.
@@ -171,8 +173,11 @@ impl Rig {
         if o.quic {
             ao.tunnel_extra = "  transport: quic\n".into();
         }
-        let (agent, aaddrs) =
-            start_agent(&dir, "agent", &keepalive(&agent_yaml(pki, &ao)?, o), Some(wan.shoot())).await?;
+        let yaml = keepalive(&agent_yaml(pki, &ao)?, o);
+        let (agent, aaddrs) = match &o.agent_bin {
+            None => start_agent(&dir, "agent", &yaml, Some(wan.shoot())).await?,
+            Some(bin) => Proc::spawn_seedgate(wan.shoot().command(bin), &dir.write("agent.yaml", &yaml)?, &[]).await?,
+        };
         let mut fronts = Vec::new();
         let mut admins = Vec::new();
         for s in &servers {

@@ -28,7 +28,7 @@ const CLIENT_WAIT: Duration = Duration::from_secs(8);
 const RESUME: Duration = Duration::from_secs(30);
 
 fn opts(quic: bool) -> RigOpts {
-    RigOpts { quic, keepalive: Some(KEEPALIVE.into()) }
+    RigOpts { quic, keepalive: Some(KEEPALIVE.into()), agent_bin: None }
 }
 
 /// A link of 25 ms each way between fresh namespaces (`paths` of them).
