@@ -114,6 +114,9 @@ pub(crate) struct Opts {
     /// wan: run only the profiles whose name contains this text (e.g. "150 ms" or "loss").
     #[arg(long, global = true)]
     pub wan_profile: Option<String>,
+    /// faults: run only the faults whose name contains this text (e.g. "black hole" or "flapping").
+    #[arg(long, global = true)]
+    pub fault: Option<String>,
 }
 
 /// One scenario: its subcommand and help, whether `all` runs it, and what the runner calls. The
@@ -327,7 +330,7 @@ pub(crate) static SCENARIOS: &[Scenario] = &[
         about: "The reverse tunnel through faults on an emulated 50 ms path (black holes of 5 to 30 s, one \
                 direction silent, a flapping link, two replicas with one of two paths black): whether an open \
                 stream survives, what came of the dials meanwhile, the first good dial after the heal; h2 and \
-                QUIC, direct TCP's open stream beside them (about 10 minutes)",
+                QUIC, direct TCP's open stream beside them (about 7 minutes)",
         in_all: always,
         run: run!(faults),
         repeats: once,
@@ -407,6 +410,8 @@ pub(crate) struct Scale {
     pub wan_repeats: usize,
     pub wan_rate_mbit: f64,
     pub wan_profile: Option<String>,
+    /// faults: only the faults whose name contains this.
+    pub fault: Option<String>,
 }
 
 impl Scale {
@@ -448,6 +453,7 @@ impl Scale {
             wan_repeats: o.repeats.unwrap_or(if s { 1 } else { 3 }).max(1),
             wan_rate_mbit: o.wan_rate.unwrap_or(wan::HIGH_RATE_MBIT).max(1.0),
             wan_profile: o.wan_profile.clone(),
+            fault: o.fault.clone(),
         }
     }
 }

@@ -162,20 +162,12 @@ fn metric(res: &mut Results, fault: Fault, f: &'static str) -> MetricId {
     res.figure_at(fig(f), &n, &format!("{n}: {f}"), unit, better)
 }
 
-/// Why the scenario cannot run here, if it cannot.
-fn unavailable() -> Option<&'static str> {
-    if !testbed::netns::require_root() {
-        return Some("needs root (network namespaces, TUN devices)");
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun missing (the link emulator's devices)");
-    }
-    None
-}
-
 pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
-    let faults = faults(ctx.smoke);
-    if let Some(why) = unavailable() {
+    let mut faults = faults(ctx.smoke);
+    if let Some(only) = &ctx.scale.fault {
+        faults.retain(|f| f.name().contains(only.as_str()));
+    }
+    if let Some(why) = super::wan::unavailable() {
         for &fault in &faults {
             for &f in fault.figures() {
                 let m = metric(res, fault, f);

@@ -286,8 +286,8 @@ impl Rows {
     }
 }
 
-/// Why the scenario cannot run here, if it cannot.
-fn unavailable() -> Option<&'static str> {
+/// Why a scenario on the link emulator cannot run here, if it cannot.
+pub(super) fn unavailable() -> Option<&'static str> {
     if !testbed::netns::require_root() {
         return Some("needs root (network namespaces, TUN devices)");
     }

@@ -56,6 +56,27 @@ fn answered(o: &Outcome) -> bool {
     matches!(o, Outcome::Served) || matches!(o, Outcome::Refused(503, why) if why.contains("suspect"))
 }
 
+/// The outcomes of the dials made `during` a fault, once each open stream carried bytes again;
+/// every one of them must have been [`answered`].
+async fn settle(
+    rig: &Rig,
+    during: &str,
+    open: &mut [testbed::tunnel_kit::BoxStream],
+    dials: Vec<tokio::task::JoinHandle<testbed::faults::Dialled>>,
+) -> anyhow::Result<Vec<Outcome>> {
+    for s in open {
+        resumes(rig, s).await?;
+    }
+    let mut outcomes = Vec::new();
+    for t in dials {
+        outcomes.push(t.await?.outcome);
+    }
+    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
+        anyhow::bail!("a dial {during}: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
+    }
+    Ok(outcomes)
+}
+
 /// The path goes down (`dirs`) for [`OUTAGE`] with a stream open and dials made throughout;
 /// then it comes back.
 async fn outage(label: &str, net: u8, quic: bool, dirs: &[Dir]) -> anyhow::Result<()> {
@@ -79,16 +100,9 @@ async fn outage(label: &str, net: u8, quic: bool, dirs: &[Dir]) -> anyhow::Resul
     tokio::time::sleep(OUTAGE.saturating_sub(DIAL_EVERY * DIALS)).await;
     link.black_hole(dirs, false);
 
-    resumes(&rig, &mut open).await?;
-    let mut outcomes = Vec::new();
-    for t in dials {
-        outcomes.push(t.await?.outcome);
-    }
     // Every dial made during the outage was answered: served (by a session that got through),
     // or refused at once with the reason; none was left hanging.
-    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
-        anyhow::bail!("a dial during the outage: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
-    }
+    let outcomes = settle(&rig, "during the outage", std::slice::from_mut(&mut open), dials).await?;
     assert!(
         outcomes.iter().any(|o| matches!(o, Outcome::Refused(..))),
         "the only path was down, yet no dial was refused: {outcomes:?}"
@@ -158,16 +172,9 @@ async fn flapping(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
     }
     link.black_hole(Dir::BOTH, false);
 
-    resumes(&rig, &mut open).await?;
-    let mut outcomes = Vec::new();
-    for t in dials {
-        outcomes.push(t.await?.outcome);
-    }
+    let outcomes = settle(&rig, "while the link flapped", std::slice::from_mut(&mut open), dials).await?;
     let served = outcomes.iter().filter(|o| **o == Outcome::Served).count();
-    eprintln!("{label}: {} dials while the link flapped, {served} served; {outcomes:?}", outcomes.len());
-    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
-        anyhow::bail!("a dial while the link flapped: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
-    }
+    eprintln!("{label}: {} dials while the link flapped, {served} served", outcomes.len());
     assert!(served > 0, "the link was up half the time, yet no dial was served: {outcomes:?}\n{}", rig.logs());
     rig.until_served(0, STEP).await.context("no dial served after the flapping").with_context(|| rig.logs())?;
     Ok(())
@@ -210,25 +217,21 @@ async fn two_paths(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
 
     path2.black_hole(Dir::BOTH, true);
     let started = tokio::time::Instant::now();
-    let mut dials = Vec::new();
+    let (mut dials, mut made) = (Vec::new(), Vec::new());
     let n = (OUTAGE.as_millis() / HA_DIAL_EVERY.as_millis()) as usize;
     for i in 0..n {
-        let at = started.elapsed();
-        dials.push((at, tokio::spawn(dial(rig.fronts[i % 2].clone(), rig.echo.addr(), CLIENT_WAIT))));
+        made.push(started.elapsed());
+        dials.push(tokio::spawn(dial(rig.fronts[i % 2].clone(), rig.echo.addr(), CLIENT_WAIT)));
         tokio::time::sleep(HA_DIAL_EVERY).await;
     }
     tokio::time::sleep(OUTAGE.saturating_sub(started.elapsed())).await;
     path2.black_hole(Dir::BOTH, false);
 
-    for s in &mut open {
-        resumes(&rig, s).await?;
-    }
-    let mut early = Vec::new();
-    let mut late = Vec::new();
-    for (at, t) in dials {
-        let o = t.await?.outcome;
-        if at < HA_GRACE { early.push(o) } else { late.push(o) }
-    }
+    // Every dial is answered; those of the first seconds served or refused with the reason.
+    let outcomes = settle(&rig, "while path 2 was black", &mut open, dials).await?;
+    let (early, late): (Vec<_>, Vec<_>) = made.iter().zip(outcomes).partition(|(at, _)| **at < HA_GRACE);
+    let (early, late): (Vec<Outcome>, Vec<Outcome>) =
+        (early.into_iter().map(|(_, o)| o).collect(), late.into_iter().map(|(_, o)| o).collect());
     let lost = |v: &[Outcome]| v.iter().filter(|o| **o != Outcome::Served).count();
     let moved = |reason: &str| rig.server_sum_by("seedgate_tunnel_dial_retries_total", &[("reason", reason)]) as u64;
     eprintln!(
@@ -243,9 +246,6 @@ async fn two_paths(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
     );
     assert!(!late.is_empty(), "no dial after the first {HA_GRACE:?}");
     assert_eq!(lost(&late), 0, "dials after the first {HA_GRACE:?} failed: {late:?}\n{}", rig.logs());
-    if let Some(bad) = early.iter().find(|o| !answered(o)) {
-        anyhow::bail!("a dial in the first {HA_GRACE:?}: {bad:?}; all: {early:?}\n{}", rig.logs());
-    }
     assert!(rig.server_sum("seedgate_agent_sessions_suspect_total") >= 1.0, "{}", rig.logs());
     assert!(
         rig.server_sum("seedgate_tunnel_dials_around_suspect_total") >= 1.0,
