@@ -243,7 +243,7 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
     for i in 0..n as u32 {
         let down = match fault {
             // Down for the first second, up for the next, and so on.
-            Fault::Flap(_) => (started.elapsed().as_secs() % 2) == 0,
+            Fault::Flap(_) => started.elapsed().as_secs().is_multiple_of(2),
             _ => true,
         };
         link.black_hole(dirs, down);

@@ -165,7 +165,7 @@ async fn flapping(label: &str, net: u8, quic: bool) -> anyhow::Result<()> {
     for tick in 0..ticks {
         if tick % per_flap == 0 {
             // Down for the first flap, up for the next, and so on.
-            link.black_hole(Dir::BOTH, (tick / per_flap) % 2 == 0);
+            link.black_hole(Dir::BOTH, (tick / per_flap).is_multiple_of(2));
         }
         dials.push(tokio::spawn(dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT)));
         tokio::time::sleep(FLAP_DIAL_EVERY).await;
