@@ -54,7 +54,8 @@ pub(crate) enum Attempt {
 /// (its own dial may be slow); one that stays silent for `open_timeout` is suspected, and given
 /// up when `others()` says another session could take the dial; while none could, the wait
 /// goes on, looking again every `open_timeout`, until the session turns suspect (its keepalive
-/// unanswered): then the dial moves on, or is refused when no other session could take it.
+/// unanswered): then the dial moves on, or is refused when no other session could take it. A
+/// session turning suspect ends the wait of an agent that showed life too.
 pub(crate) async fn attempt(
     s: &Session,
     target: &str,
@@ -87,8 +88,13 @@ pub(crate) async fn attempt(
             () = went_quiet(&mut quiet) => return given_up(s, others),
         }
         if heard.is_none() || s.opener.heard() != heard {
-            // Alive: the agent's own dial takes its time.
-            return Attempt::Answered(open.await);
+            // Alive: the agent's own dial takes its time. Unless the path turns quiet: with one
+            // direction silent the agent is still heard, but neither the open nor the answer to
+            // it gets through.
+            return tokio::select! {
+                r = &mut open => Attempt::Answered(r),
+                () = went_quiet(&mut quiet) => given_up(s, others),
+            };
         }
         if s.liveness.doubt(Standing::Suspect, heard) {
             metrics.sessions_doubted.with_label_values(&[&s.cluster, "silent"]).inc();

@@ -177,6 +177,40 @@ async fn a_dial_whose_session_turns_suspect_meanwhile_is_served_by_another() {
     assert_eq!(alone.opens(), 0, "a suspect session takes no new dial");
 }
 
+/// One direction of the path silent: the agent is heard (its own packets arrive), yet neither
+/// the open nor its answer gets through, and the session turns suspect. The dial does not wait
+/// for the agent's "slow dial" to the dial timeout: it moves on, or is refused, then.
+#[tokio::test(start_paused = true)]
+async fn a_heard_agent_whose_session_turns_suspect_does_not_hold_the_dial() {
+    let d = directory();
+    let (heard, live) = (Fake::new(Agent::Slow(Duration::from_secs(8)), 0), Fake::new(Agent::Answers, 9));
+    let (_s, _) = (add(&d, &heard, None), add(&d, &live, None));
+    let turns = Duration::from_secs(3);
+    let q = heard.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(turns).await;
+        q.quiet.set(true);
+    });
+    let started = tokio::time::Instant::now();
+    assert!(dial(&d).await.is_ok());
+    assert_eq!((heard.opens(), live.opens()), (1, 1));
+    assert_eq!(started.elapsed(), turns, "moved on when the session turned suspect, not when the agent answered");
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "suspect"]), 1);
+    // Alone, it is refused then.
+    let d = directory();
+    let alone = Fake::new(Agent::Slow(Duration::from_secs(8)), 0);
+    add(&d, &alone, None);
+    let q = alone.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(turns).await;
+        q.quiet.set(true);
+    });
+    let started = tokio::time::Instant::now();
+    let err = dial(&d).await.err().expect("refused");
+    assert!(err.to_string().contains("suspect"), "{err}");
+    assert_eq!(started.elapsed(), turns);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_live_agent_slow_to_reach_its_target_gets_the_whole_dial_timeout() {
     let d = directory();
