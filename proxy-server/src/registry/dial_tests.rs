@@ -94,6 +94,15 @@ impl Opener for Fake {
     }
 }
 
+/// `fake`'s keepalive finds its path quiet `after` from now.
+fn turns_quiet(fake: &Arc<Fake>, after: Duration) {
+    let f = fake.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        f.quiet.set(true);
+    });
+}
+
 fn directory() -> Arc<SessionDirectory> {
     let reg = proxy_core::prometheus::Registry::new();
     Arc::new(SessionDirectory::new(ServerMetrics::new(&reg), &reg, &BTreeMap::new(), CancellationToken::new()))
@@ -155,11 +164,7 @@ async fn a_dial_whose_session_turns_suspect_meanwhile_is_served_by_another() {
     let (quiet, live) = (Fake::new(Agent::Silent, 0), Fake::new(Agent::Answers, 9));
     let (_s, _) = (add(&d, &quiet, None), add(&d, &live, None));
     let turns = Duration::from_millis(700);
-    let q = quiet.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(turns).await;
-        q.quiet.set(true);
-    });
+    turns_quiet(&quiet, turns);
     let started = tokio::time::Instant::now();
     assert!(dial(&d).await.is_ok());
     assert_eq!((quiet.opens(), live.opens()), (1, 1));
@@ -186,11 +191,7 @@ async fn a_heard_agent_whose_session_turns_suspect_does_not_hold_the_dial() {
     let (heard, live) = (Fake::new(Agent::Slow(Duration::from_secs(8)), 0), Fake::new(Agent::Answers, 9));
     let (_s, _) = (add(&d, &heard, None), add(&d, &live, None));
     let turns = Duration::from_secs(3);
-    let q = heard.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(turns).await;
-        q.quiet.set(true);
-    });
+    turns_quiet(&heard, turns);
     let started = tokio::time::Instant::now();
     assert!(dial(&d).await.is_ok());
     assert_eq!((heard.opens(), live.opens()), (1, 1));
@@ -200,11 +201,7 @@ async fn a_heard_agent_whose_session_turns_suspect_does_not_hold_the_dial() {
     let d = directory();
     let alone = Fake::new(Agent::Slow(Duration::from_secs(8)), 0);
     add(&d, &alone, None);
-    let q = alone.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(turns).await;
-        q.quiet.set(true);
-    });
+    turns_quiet(&alone, turns);
     let started = tokio::time::Instant::now();
     let err = dial(&d).await.err().expect("refused");
     assert!(err.to_string().contains("suspect"), "{err}");
