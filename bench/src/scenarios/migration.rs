@@ -24,11 +24,10 @@ use super::{Ctx, record};
 use crate::report::{Better, Kind, MetricId, Results};
 use crate::systems;
 use anyhow::Context as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::migration::{
-    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, MoveReport, Net, PodLoad, TICK, Transport, WAIT, WatchReport,
-    percentile,
+    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, MoveReport, Net, PodLoad, TICK, Targets, Transport, WAIT,
+    WatchReport, percentile,
 };
 
 pub(super) const SC: &str = "migration";
@@ -157,7 +156,7 @@ async fn one_move(bins: &Bins, h2: usize, quic: usize, every: Duration) -> anyho
         .await
         .context("the watch through A saw no event")?;
     let pods = PodLoad::start(&w.ca, w.agents.pod_apis(), every)?;
-    let targets = Arc::new(Mutex::new(w.a.egresses()));
+    let targets = Targets::new(w.a.egresses());
     let dials = ConnectLoad::start(targets.clone(), every);
     testbed::poll_until(WAIT, TICK, || async { (pods.tally.ok() >= 3 && dials.tally.ok() >= 3).then_some(()) })
         .await

@@ -398,10 +398,12 @@ impl HaWorld {
         );
         self.a.put_all(&drain).await?;
         let on_b = self.agents.time_until_on("b", notice).await;
-        *targets.lock().expect("lock") = self.b.egresses();
+        targets.set(self.b.egresses());
         switch_dns(&self.shoot, &self.b.shoot_ip)?;
+        // Dials that picked A before the switch end first: fencing closes A's sessions.
         crate::poll_until(WAIT, TICK, || async {
-            (self.a.replicas_metric("seedgate_tunnel_streams_active").await? == 0.0).then_some(())
+            (targets.stale() == 0 && self.a.replicas_metric("seedgate_tunnel_streams_active").await? == 0.0)
+                .then_some(())
         })
         .await
         .context("A's tunnel streams did not end")?;

@@ -139,16 +139,53 @@ impl PodLoad {
 /// from A's replicas to B's), each echoing a few bytes.
 pub struct ConnectLoad;
 
-/// Where the seed-side load dials: `(label, egress address)` pairs.
-pub type Targets = Arc<Mutex<Vec<(String, SocketAddr)>>>;
+/// Where the seed-side load dials (`(label, egress address)` pairs), and how many of its dials
+/// are under way to each label: a caller that switches the targets waits until none is under way
+/// to the old ones before it fences them.
+#[derive(Clone)]
+pub struct Targets(Arc<Mutex<TargetsInner>>);
+
+struct TargetsInner {
+    list: Vec<(String, SocketAddr)>,
+    under_way: BTreeMap<String, usize>,
+}
+
+impl Targets {
+    pub fn new(list: Vec<(String, SocketAddr)>) -> Self {
+        Self(Arc::new(Mutex::new(TargetsInner { list, under_way: BTreeMap::new() })))
+    }
+
+    /// Dial these from now on.
+    pub fn set(&self, list: Vec<(String, SocketAddr)>) {
+        self.0.lock().expect("lock").list = list;
+    }
+
+    /// Dials under way to a target no longer in the list.
+    pub fn stale(&self) -> usize {
+        let t = self.0.lock().expect("lock");
+        t.under_way.iter().filter(|(l, _)| !t.list.iter().any(|(x, _)| x == *l)).map(|(_, n)| n).sum()
+    }
+
+    /// The `k`th dial's target, counted as under way until [`Self::done`].
+    fn pick(&self, k: u64) -> Option<(String, SocketAddr)> {
+        let mut t = self.0.lock().expect("lock");
+        let pick = (!t.list.is_empty()).then(|| t.list[k as usize % t.list.len()].clone())?;
+        *t.under_way.entry(pick.0.clone()).or_default() += 1;
+        Some(pick)
+    }
+
+    fn done(&self, label: &str) {
+        if let Some(n) = self.0.lock().expect("lock").under_way.get_mut(label) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
 
 impl ConnectLoad {
     pub fn start(targets: Targets, every: Duration) -> Running {
         drive(every, move |k| {
-            let pick = {
-                let t = targets.lock().expect("lock");
-                (!t.is_empty()).then(|| t[k as usize % t.len()].clone())
-            };
+            let pick = targets.pick(k);
+            let targets = targets.clone();
             async move {
                 let (label, egress) = pick.ok_or("no egress target")?;
                 let r = tokio::time::timeout(WAIT, async {
@@ -156,6 +193,7 @@ impl ConnectLoad {
                     echo_once(&mut s, format!("dial {k}").as_bytes()).await
                 })
                 .await;
+                targets.done(&label);
                 match r {
                     Ok(Ok(())) => Ok(label),
                     Ok(Err(e)) => Err(format!("via {label} ({egress}): {e:#}")),

@@ -16,12 +16,11 @@
 use anyhow::Context as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use testbed::migration::{
-    CLUSTER, ConnectLoad, Net, PodLoad, TICK, WAIT, admin_metric, connect_echo, echo_once, init_dns, put_cluster,
-    reload_file, start_apiserver, start_echo, switch_dns, wire,
+    CLUSTER, ConnectLoad, Net, PodLoad, TICK, Targets, WAIT, admin_metric, connect_echo, echo_once, init_dns,
+    put_cluster, reload_file, start_apiserver, start_echo, switch_dns, wire,
 };
 use testbed::netns::{Netns, Veth, require_root};
 use testbed::{Ca, Proc, TempDir, bin_path, poll_until};
@@ -193,7 +192,7 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
     let long_task = tokio::spawn(watch_long_stream(long, stop.clone()));
 
     // Seed-side dials: through A until the agent is on B, then through B.
-    let targets = Arc::new(Mutex::new(vec![("a".to_owned(), w.a.egress())]));
+    let targets = Targets::new(vec![("a".to_owned(), w.a.egress())]);
     let dials = ConnectLoad::start(targets.clone(), Duration::from_millis(100));
     // Some traffic on A first.
     poll_until(WAIT, TICK, || async { (pods.tally.ok() >= 10).then_some(()) }).await?;
@@ -211,7 +210,7 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
     )
     .await?;
     let rehomed = wait_agents(&w.b, 1.0).await?;
-    *targets.lock().expect("lock") = vec![("b".to_owned(), w.b.egress())];
+    targets.set(vec![("b".to_owned(), w.b.egress())]);
     // 3. DNS: the shoot's names point at B (the node-local proxy follows on its next connection).
     switch_dns(&w.shoot, &w.b.shoot_ip)?;
     // 4. A's long-lived stream ends cleanly at its drain deadline.
@@ -219,7 +218,9 @@ async fn planned_migration_a_to_b_under_load() -> anyhow::Result<()> {
         tokio::time::timeout(Duration::from_secs(30), long_task).await.context("long stream hung")??;
     assert_eq!(end, StreamEnd::CleanEof, "the exec stream must end with a clean close at the drain deadline");
     let long_lived = ended_at.duration_since(notice);
-    // 5. Fence A. From now on A accepts no stream for the cluster.
+    // 5. Fence A, once no dial that picked it before the switch is under way (fencing closes
+    // its sessions). From now on A accepts no stream for the cluster.
+    poll_until(WAIT, TICK, || async { (targets.stale() == 0).then_some(()) }).await?;
     put_cluster(w.a.server_admin(), r#"{"state":"fenced"}"#).await?;
     wait_agents(&w.a, 0.0).await?;
     let opened_at_fence =

@@ -8,11 +8,10 @@
 //! event is lost or the client reports an error is the client's own verdict, not a stand-in's.
 
 use anyhow::Context as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::migration::{
-    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, LoadTally, MoveReport, Net, PodLoad, TICK, Transport, WAIT,
-    WatchReport, admin_metric, connect_echo,
+    Bins, ConnectLoad, EtcdWatch, EtcdWriter, HaWorld, LoadTally, MoveReport, Net, PodLoad, TICK, Targets, Transport,
+    WAIT, WatchReport, admin_metric, connect_echo,
 };
 use testbed::netns::require_root;
 use testbed::poll_until;
@@ -38,7 +37,7 @@ async fn planned_move_with_replicas_quic_agents_and_a_live_etcd_watch() -> anyho
         .await
         .with_context(|| format!("the watch through A saw no event; etcd log:\n{}", w.etcd.log()))?;
     let pods = PodLoad::start(&w.ca, w.agents.pod_apis(), REQUEST_EVERY)?;
-    let targets = Arc::new(Mutex::new(w.a.egresses()));
+    let targets = Targets::new(w.a.egresses());
     let dials = ConnectLoad::start(targets.clone(), REQUEST_EVERY);
     poll_until(WAIT, TICK, || async { (pods.tally.ok() >= 5 && dials.tally.ok() >= 5).then_some(()) }).await?;
 
