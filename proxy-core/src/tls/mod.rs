@@ -113,6 +113,12 @@ pub struct ClientAuth<'a> {
     pub optional: bool,
 }
 
+/// The protocol versions a config offers: TLS 1.3 alone for the tunnel, whose contract it is.
+fn versions(tls13_only: bool) -> &'static [&'static rustls::SupportedProtocolVersion] {
+    static TLS13_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS13];
+    if tls13_only { &TLS13_ONLY } else { rustls::DEFAULT_VERSIONS }
+}
+
 /// A TLS server config. With `client`, clients present a certificate issued by its CA (which
 /// its lists may revoke). `tls13_only` for the tunnel, whose contract is TLS 1.3.
 pub fn server_config(
@@ -122,10 +128,8 @@ pub fn server_config(
     alpn: &[&[u8]],
     tls13_only: bool,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let versions: &[&rustls::SupportedProtocolVersion] =
-        if tls13_only { &[&rustls::version::TLS13] } else { rustls::DEFAULT_VERSIONS };
     let builder = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(versions)
+        .with_protocol_versions(versions(tls13_only))
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match client {
         Some(a) => {
@@ -157,10 +161,8 @@ pub fn client_config(
     alpn: &[&[u8]],
     tls13_only: bool,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    let versions: &[&rustls::SupportedProtocolVersion] =
-        if tls13_only { &[&rustls::version::TLS13] } else { rustls::DEFAULT_VERSIONS };
     let builder = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(versions)
+        .with_protocol_versions(versions(tls13_only))
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match crl {
         None => builder.with_root_certificates(load_roots(ca)?),
