@@ -215,12 +215,17 @@ pub struct Agents {
     #[serde(default, deserialize_with = "null_is_default")]
     #[schemars(with = "Option<Keepalive>")]
     pub keepalive: Keepalive,
-    /// How long a stream open may go without the agent's answer and without any other sign of
-    /// life from its session (HTTP/2: a PING answer, asked for halfway; QUIC: an
-    /// acknowledgement) before the dial moves to another session of the cluster, within
-    /// `timeouts.dial`. The silent session is then suspect: tried last until it shows life
-    /// again. A live agent that is only slow to reach its target keeps the whole
-    /// `timeouts.dial`. Default `2s`.
+    /// How long a stream open may go without the agent's answer and without a sign that the
+    /// agent got it before the dial moves to another session of the cluster, within
+    /// `timeouts.dial`. Over QUIC the sign is any packet from the agent. Over HTTP/2 it is the
+    /// answer to a PING sent after the open (one TCP connection delivers in order), asked for
+    /// every quarter of this while the dial waits, and the agent must go on answering: a dial
+    /// whose session answered no PING sent within this time is stalled (a path that lost what
+    /// was sent and retransmits on TCP's back-off), and is refused with `503` and the reason
+    /// when no other session could take it; the next session a dial moves to has a quarter of
+    /// this to show it got the open. The silent session is then suspect: tried last until it
+    /// shows life again. A live agent that is only slow to reach its target keeps the whole
+    /// `timeouts.dial`. Keep it above twice the path's round trip under load. Default `2s`.
     #[serde(default = "open_timeout_default")]
     #[schemars(extend("x-reload" = "new connections"))]
     pub open_timeout: Dur,

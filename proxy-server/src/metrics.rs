@@ -130,7 +130,7 @@ impl ServerMetrics {
             sessions_doubted: counter_vec(
                 reg,
                 "seedgate_agent_sessions_doubted_total",
-                "Agent sessions dials try last, by cluster and reason: superseded (a new run of the same agent connected: it restarted) or silent (no answer to a stream open and no other sign of life within agents.open_timeout).",
+                "Agent sessions dials try last, by cluster and reason: superseded (a new run of the same agent connected: it restarted) or silent (no answer to a stream open and no sign that the agent got it within agents.open_timeout; over HTTP/2, no PING sent after it answered).",
                 &["cluster", "reason"],
             ),
             sessions_revived: counter_vec(
@@ -142,7 +142,7 @@ impl ServerMetrics {
             dial_retries: counter_vec(
                 reg,
                 "seedgate_tunnel_dial_retries_total",
-                "Dials moved to another agent session, by cluster and why: silent (no answer within agents.open_timeout), suspect (the session's keepalive went unanswered while the open waited), transport (the session failed before the agent answered), draining (the agent is shutting down).",
+                "Dials moved to another agent session, by cluster and why: silent (no answer and no sign that the agent got the open within agents.open_timeout: a silent or stalled session), suspect (the session's keepalive went unanswered while the open waited), transport (the session failed before the agent answered), draining (the agent is shutting down).",
                 &["cluster", "reason"],
             ),
             sessions_suspect: gauge_vec(

@@ -49,6 +49,20 @@ pub enum Outcome {
 pub struct Dialled {
     pub outcome: Outcome,
     pub took: Duration,
+    /// How long the front end took to answer the CONNECT with `200` (`None`: it did not), the
+    /// echo round trip after it aside.
+    pub answered: Option<Duration>,
+}
+
+impl Dialled {
+    /// How long the dial waited for its answer: the CONNECT's `200` when it was served (the echo
+    /// round trip after it is the new stream's bytes crossing the link), else its outcome.
+    pub fn waited(&self) -> Duration {
+        match (&self.outcome, self.answered) {
+            (Outcome::Served, Some(answered)) => answered,
+            _ => self.took,
+        }
+    }
 }
 
 /// One echo round trip of `msg`.
@@ -64,8 +78,10 @@ pub async fn roundtrip(s: &mut BoxStream, msg: &[u8]) -> anyhow::Result<()> {
 /// client's patience).
 pub async fn dial(d: Dialer, target: SocketAddr, wait: Duration) -> Dialled {
     let start = Instant::now();
+    let mut answered = None;
     let attempt = async {
         let mut s = connect(&d, &target.to_string()).await?;
+        answered = Some(start.elapsed());
         roundtrip(&mut s, b"dial").await
     };
     let outcome = match tokio::time::timeout(wait, attempt).await {
@@ -76,7 +92,7 @@ pub async fn dial(d: Dialer, target: SocketAddr, wait: Duration) -> Dialled {
             None => Outcome::Failed(format!("{e:#}")),
         },
     };
-    Dialled { outcome, took: start.elapsed() }
+    Dialled { outcome, took: start.elapsed(), answered }
 }
 
 /// proxy-server replicas in the seed namespace, an agent in the shoot's, an echo target there.

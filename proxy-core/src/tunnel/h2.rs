@@ -10,8 +10,8 @@ use super::session::{
 };
 use super::window::{WindowTuner, stream_window_cap};
 use super::{
-    AgentConnection, AgentHandler, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, H2Stream, Incoming,
-    Quiet, REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
+    AgentConnection, AgentHandler, AgentSession, BoxFuture, CONTROL_PATH, DialError, ERROR_HEADER, Echoes, H2Stream,
+    Incoming, Quiet, REASON_HEADER, Responder, SeedConnection, TunnelSettings, TunnelStream,
 };
 use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, client, server};
@@ -72,11 +72,13 @@ impl Tuning {
 /// the suspect time makes the path quiet (`quiet(true)`; `quiet(false)` once one is answered):
 /// the session goes on, its streams wait for the path. It fails when one goes unanswered for the
 /// timeout. While the session is busy and its window may still grow, a PING every
-/// [`SAMPLE_GAP`] also samples the path for `tuning`.
+/// [`SAMPLE_GAP`] also samples the path for `tuning`. Every PING sent and answered is counted in
+/// `echoes`.
 fn keepalive(
     mut pp: PingPong,
     settings: &TunnelSettings,
     probes: Option<Arc<Notify>>,
+    echoes: Arc<Echoes>,
     quiet: impl Fn(bool) + Send + Sync + 'static,
     mut tuning: Tuning,
 ) -> impl Future<Output = SessionError> + Send + 'static {
@@ -106,7 +108,7 @@ fn keepalive(
             }
             while asked || busy || Instant::now() >= due {
                 let (sent, before) = (Instant::now(), tuning.received());
-                if let Err(e) = ping_once(&mut pp, suspect, timeout, &quiet).await {
+                if let Err(e) = ping_once(&mut pp, suspect, timeout, &quiet, &echoes).await {
                     return e;
                 }
                 due = Instant::now() + interval;
@@ -132,7 +134,11 @@ async fn ping_once(
     suspect: Duration,
     timeout: Duration,
     quiet: &impl Fn(bool),
+    echoes: &Echoes,
 ) -> Result<(), SessionError> {
+    // Taken before it is queued: a dial that took the time after queueing its open knows that a
+    // PING sent later cannot have gone out ahead of the open.
+    let sent = Instant::now();
     let ping = pp.ping(Ping::opaque());
     tokio::pin!(ping);
     let answer = match tokio::time::timeout(suspect, &mut ping).await {
@@ -146,6 +152,7 @@ async fn ping_once(
     };
     match answer {
         Ok(_) => {
+            echoes.answered(sent);
             quiet(false);
             Ok(())
         }
@@ -190,6 +197,8 @@ pub struct H2Seed {
     probes: Arc<Notify>,
     /// The keepalive's PING is unanswered past the suspect time.
     quiet: Arc<Quiet>,
+    /// The keepalive's PINGs sent and answered.
+    echoes: Arc<Echoes>,
 }
 
 /// A failed open: a GOAWAY from the agent means it drains (503, and the dial may be retried on
@@ -256,6 +265,10 @@ impl SeedTransport for H2Seed {
     fn quiet(&self) -> Option<&Quiet> {
         Some(&self.quiet)
     }
+
+    fn echoes(&self) -> Option<&Echoes> {
+        Some(&self.echoes)
+    }
 }
 
 /// The control stream: a `POST` the agent answers 200 (then its hello line).
@@ -299,10 +312,12 @@ where
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
     let (tuning, mut windows) = Tuning::new(settings, heard.clone());
+    let echoes = Arc::new(Echoes::default());
     let ka = keepalive(
         pp,
         settings,
         Some(probes.clone()),
+        echoes.clone(),
         move |silent| {
             q.set(silent);
         },
@@ -318,7 +333,7 @@ where
             }
         }
     };
-    let transport = H2Seed { send: send.clone(), heard, probes, quiet };
+    let transport = H2Seed { send: send.clone(), heard, probes, quiet, echoes };
     Ok(SeedConn { control: Box::pin(open_control(send)), transport, ended: Box::pin(ended) })
 }
 
@@ -460,7 +475,8 @@ where
     let pp = conn.ping_pong().expect("ping_pong is available once");
     let h = handler.clone();
     let (tuning, windows) = Tuning::new(settings, received);
-    let keepalive = Box::pin(keepalive(pp, settings, None, move |silent| h.quiet(silent), tuning));
+    let echoes = Arc::default();
+    let keepalive = Box::pin(keepalive(pp, settings, None, echoes, move |silent| h.quiet(silent), tuning));
     session::run_agent(H2Agent { conn, keepalive, windows }, None, handler, stop, tracker).await
 }
 

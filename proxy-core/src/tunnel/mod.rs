@@ -149,6 +149,32 @@ pub trait Opener: Send + Sync + 'static {
     fn quiet(&self) -> Option<&Quiet> {
         None
     }
+    /// The PINGs this end has sent on the session and the agent has answered ([`Echoes`]).
+    /// `None`: the transport has no such order to go by.
+    fn echoes(&self) -> Option<&Echoes> {
+        None
+    }
+}
+
+/// When the latest PING the agent answered was sent, on the seed's end of an HTTP/2 session.
+/// One TCP connection delivers in order, so a PING sent after a stream open and answered shows
+/// the agent has the open; that, not any byte from the agent (its own PINGs cross a path that
+/// carries nothing the other way), tells a dial that its open got through, and PINGs answered on
+/// and on tell it that the path still carries the answer.
+#[derive(Debug, Default)]
+pub struct Echoes(crate::sync::Mutex<Option<tokio::time::Instant>>);
+
+impl Echoes {
+    /// A PING sent at `sent` was answered (they are answered in order).
+    pub fn answered(&self, sent: tokio::time::Instant) {
+        let mut last = self.0.lock();
+        *last = Some(last.map_or(sent, |l| l.max(sent)));
+    }
+
+    /// When the latest PING answered so far was sent.
+    pub fn last_answered(&self) -> Option<tokio::time::Instant> {
+        *self.0.lock()
+    }
 }
 
 /// Whether a session's path is quiet: a keepalive PING (QUIC: anything that asks for an

@@ -143,6 +143,10 @@ pub trait SeedTransport: Send + Sync + 'static {
     fn quiet(&self) -> Option<&super::Quiet> {
         None
     }
+    /// Its PINGs sent and answered, where they are in order with the streams (HTTP/2).
+    fn echoes(&self) -> Option<&super::Echoes> {
+        None
+    }
     /// The seed stops the session: the connection closes, streams in flight are cut.
     fn stop(&self);
 }
@@ -260,6 +264,10 @@ impl<T: SeedTransport> Opener for SessionOpener<T> {
 
     fn quiet(&self) -> Option<&super::Quiet> {
         self.transport.quiet()
+    }
+
+    fn echoes(&self) -> Option<&super::Echoes> {
+        self.transport.echoes()
     }
 }
 

@@ -172,6 +172,7 @@ impl SessionDirectory {
             ))
         };
         let mut retry: Option<(&'static str, u64)> = None;
+        let mut patience = attempt::Patience::new(times.open);
         while tried.len() < DIAL_ATTEMPTS {
             let Some((strategy, s)) = self.next_session(cluster, target, strategies, &tried) else { break };
             if let Some((reason, from)) = retry.take() {
@@ -181,7 +182,7 @@ impl SessionDirectory {
             tried.push(s.id);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let others = || self.candidates(cluster, target, strategies, &tried).is_some();
-            match attempt::attempt(&s, target, left, times.open, others, &self.metrics).await {
+            match attempt::attempt(&s, target, left, patience, others, &self.metrics).await {
                 Attempt::Answered(Ok(stream)) => {
                     self.metrics.dial_strategy.with_label_values(&[cluster, strategy.as_str()]).inc();
                     if suspect > 0 {
@@ -197,12 +198,14 @@ impl SessionDirectory {
                 }
                 Attempt::Answered(Err(e)) => return Err(e),
                 Attempt::Silent => {
+                    patience = patience.moved_on();
                     retry = Some(("silent", s.id));
                     last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
                 }
                 // Sent into a path that then went quiet: served late by another session rather
                 // than refused (the agent may still get the abandoned open once the path heals).
                 Attempt::TurnedSuspect => {
+                    patience = patience.moved_on();
                     retry = Some(("suspect", s.id));
                     suspect += 1;
                     last = attempt::all_suspect(cluster);

@@ -5,8 +5,8 @@ use super::*;
 use crate::attempt;
 use crate::liveness::Standing;
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::{BoxFuture, DialError, TunnelStream};
-use std::sync::atomic::AtomicUsize;
+use proxy_core::tunnel::{BoxFuture, DialError, Echoes, TunnelStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// How the agent behind a fake session answers a stream open.
 #[derive(Clone, Copy, PartialEq)]
@@ -16,6 +16,10 @@ enum Agent {
     Silent,
     /// Alive (answers a probe at once) but its own dial takes this long.
     Slow(Duration),
+    /// Heard (its own packets arrive), but nothing sent to it gets through: neither the open
+    /// nor a PING behind it is answered (an HTTP/2 session whose TCP lost them on a flapping
+    /// path and retransmits on its own back-off).
+    Stalled,
 }
 
 struct Fake {
@@ -26,6 +30,10 @@ struct Fake {
     busy: usize,
     /// Its keepalive's verdict, set by the test.
     quiet: proxy_core::tunnel::Quiet,
+    /// Its PINGs, where they are in order with its streams (HTTP/2).
+    echoes: Option<Echoes>,
+    /// From when its path stalls: nothing sent to it is answered any more (HTTP/2 only).
+    stalls: AtomicBool,
 }
 
 impl Fake {
@@ -36,7 +44,16 @@ impl Fake {
             opens: AtomicUsize::new(0),
             busy,
             quiet: Default::default(),
+            echoes: None,
+            stalls: AtomicBool::new(false),
         })
+    }
+
+    /// An HTTP/2 session: its PINGs are answered in order with its streams.
+    fn h2(agent: Agent, busy: usize) -> Arc<Self> {
+        let mut fake = Arc::into_inner(Self::new(agent, busy)).expect("just made");
+        fake.echoes = Some(Echoes::default());
+        Arc::new(fake)
     }
 
     fn opens(&self) -> usize {
@@ -55,7 +72,7 @@ impl Opener for Fake {
         Box::pin(async move {
             let took = match self.agent {
                 Agent::Answers => Duration::ZERO,
-                Agent::Silent => Duration::MAX,
+                Agent::Silent | Agent::Stalled => Duration::MAX,
                 Agent::Slow(d) => d,
             };
             if took > timeout {
@@ -87,10 +104,20 @@ impl Opener for Fake {
         if self.agent != Agent::Silent {
             self.heard.fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(e) = &self.echoes
+            && !matches!(self.agent, Agent::Silent | Agent::Stalled)
+            && !self.stalls.load(Ordering::Relaxed)
+        {
+            e.answered(tokio::time::Instant::now());
+        }
     }
 
     fn quiet(&self) -> Option<&proxy_core::tunnel::Quiet> {
         Some(&self.quiet)
+    }
+
+    fn echoes(&self) -> Option<&Echoes> {
+        self.echoes.as_ref()
     }
 }
 
@@ -210,15 +237,96 @@ async fn a_heard_agent_whose_session_turns_suspect_does_not_hold_the_dial() {
 
 #[tokio::test(start_paused = true)]
 async fn a_live_agent_slow_to_reach_its_target_gets_the_whole_dial_timeout() {
+    // Any transport: any sign of life, or a PING behind the open answered (HTTP/2).
+    for fake in [Fake::new, Fake::h2] {
+        let d = directory();
+        let (slow, other) = (fake(Agent::Slow(Duration::from_secs(7)), 0), fake(Agent::Answers, 9));
+        let (s, _) = (add(&d, &slow, None), add(&d, &other, None));
+        let started = tokio::time::Instant::now();
+        assert!(dial(&d).await.is_ok());
+        assert_eq!(started.elapsed(), Duration::from_secs(7));
+        assert_eq!((slow.opens(), other.opens()), (1, 0), "it answered the probe: not abandoned");
+        assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
+        assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 0);
+        // Alone too.
+        let d = directory();
+        let alone = fake(Agent::Slow(Duration::from_secs(7)), 0);
+        add(&d, &alone, None);
+        let started = tokio::time::Instant::now();
+        assert!(dial(&d).await.is_ok());
+        assert_eq!(started.elapsed(), Duration::from_secs(7));
+    }
+}
+
+/// A flapping path over HTTP/2: the agent's own PINGs get through now and then, so it is heard,
+/// but the open was lost and waits in the session's TCP, behind a retransmission back-off that
+/// can outlast the next moment the path is up, and so does every PING sent behind it. Being heard
+/// does not hold the dial: without an answered PING sent after the open, it moves on at the open
+/// timeout, or, on the only session, is refused then with the reason.
+#[tokio::test(start_paused = true)]
+async fn an_h2_open_stalled_on_a_path_that_still_carries_the_agents_pings_moves_on_at_the_open_timeout() {
     let d = directory();
-    let (slow, other) = (Fake::new(Agent::Slow(Duration::from_secs(7)), 0), Fake::new(Agent::Answers, 9));
-    let (s, _) = (add(&d, &slow, None), add(&d, &other, None));
+    // p2c prefers the idle stalled session.
+    let (stalled, live) = (Fake::h2(Agent::Stalled, 0), Fake::h2(Agent::Answers, 9));
+    let (s, _) = (add(&d, &stalled, None), add(&d, &live, None));
+    let heard = stalled.heard.load(Ordering::Relaxed);
     let started = tokio::time::Instant::now();
     assert!(dial(&d).await.is_ok());
-    assert_eq!(started.elapsed(), Duration::from_secs(7));
-    assert_eq!((slow.opens(), other.opens()), (1, 0), "it answered the probe: not abandoned");
-    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
-    assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 0);
+    assert!(stalled.heard.load(Ordering::Relaxed) > heard, "the agent was heard meanwhile");
+    assert_eq!((stalled.opens(), live.opens()), (1, 1));
+    assert_eq!(started.elapsed(), TIMES.open, "moved on at agents.open_timeout, not the dial timeout");
+    assert_eq!(count(&d.metrics.dial_retries, &["a", "silent"]), 1);
+    drop(s);
+
+    // Alone: refused at the open timeout, naming the stalled path; not held to the dial timeout.
+    let d = directory();
+    let alone = Fake::h2(Agent::Stalled, 0);
+    add(&d, &alone, None);
+    let started = tokio::time::Instant::now();
+    let err = dial(&d).await.err().expect("refused");
+    assert_eq!((started.elapsed(), alone.opens()), (TIMES.open, 1));
+    assert_eq!(err.http_status(), 503);
+    assert!(err.to_string().contains("stalled") && err.to_string().contains("suspect"), "{err}");
+
+    // Two sessions over the same flapping path (the agent's replacement beside the first): the
+    // second has a quarter of the open timeout to show it got the open, so the dial is answered
+    // within one and a quarter open timeouts, not two.
+    let d = directory();
+    let (first, second) = (Fake::h2(Agent::Stalled, 0), Fake::h2(Agent::Stalled, 9));
+    let (_a, _b) = (add(&d, &first, None), add(&d, &second, None));
+    let started = tokio::time::Instant::now();
+    let err = dial(&d).await.err().expect("refused");
+    assert_eq!((first.opens(), second.opens()), (1, 1));
+    assert_eq!(started.elapsed(), TIMES.open + TIMES.open / 4);
+    assert!(err.to_string().contains("stalled"), "{err}");
+    // A live second session still takes it in that quarter.
+    let d = directory();
+    let (first, second) = (Fake::h2(Agent::Stalled, 0), Fake::h2(Agent::Slow(Duration::from_secs(3)), 9));
+    let (_a, _b) = (add(&d, &first, None), add(&d, &second, None));
+    let started = tokio::time::Instant::now();
+    assert!(dial(&d).await.is_ok());
+    assert_eq!(started.elapsed(), TIMES.open + Duration::from_secs(3), "slow, but it answered its PINGs");
+}
+
+/// The open got through (a PING behind it was answered) and the agent's own dial takes its
+/// time; then the path stalls, and with it the agent's answer. The dial gives up once no PING
+/// sent within the open timeout has been answered, not at the dial timeout.
+#[tokio::test(start_paused = true)]
+async fn an_h2_dial_whose_path_stalls_after_the_open_got_through_is_given_up_at_the_open_timeout() {
+    let d = directory();
+    let slow = Fake::h2(Agent::Slow(Duration::from_secs(7)), 0);
+    add(&d, &slow, None);
+    let f = slow.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        f.stalls.store(true, Ordering::Relaxed);
+    });
+    let started = tokio::time::Instant::now();
+    let err = dial(&d).await.err().expect("refused");
+    // PINGs go out every quarter of the open timeout (500ms): the last one answered went out at
+    // 1s; 2s later the session is stalled for the dial.
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert!(err.to_string().contains("stalled"), "{err}");
 }
 
 #[tokio::test(start_paused = true)]
