@@ -569,7 +569,11 @@ pub(crate) async fn seedgate_tunnel_pinned(
              agents:\n  listen: {near}\n{}  tls: {{ cert: {}, key: {}, client_ca: {} }}\n\
              frontends:\n  - name: egress\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n\
              \x20 - name: grpc\n    listen: 127.0.0.1:0\n    cluster: shoot-a\n    protocol: grpc\n",
-            if quic { format!("  quic: {{ listen: {near} }}\n") } else { String::new() },
+            if quic {
+                format!("  quic: {{ listen: {near}{} }}\n", quic_cc(", congestion_control: ", ""))
+            } else {
+                String::new()
+            },
             sc.display(),
             sk.display(),
             ca.display()
@@ -592,7 +596,11 @@ pub(crate) async fn seedgate_tunnel_pinned(
             "admin: {{ listen: 127.0.0.1:0 }}\ndrain_grace: 1s\nlimits: {{ max_connections: 19000 }}\n\
              tunnel:\n  servers: [{agents}]\n{}  tls: {{ cert: {}, key: {}, ca: {}, server_name: proxy.bench.local }}\n\
              \x20 allow: [{}]\n  max_streams: 16384\n",
-            if quic { "  transport: quic\n" } else { "" },
+            if quic {
+                format!("  transport: quic\n{}", quic_cc("  quic_congestion_control: ", "\n"))
+            } else {
+                String::new()
+            },
             ac.display(),
             ak.display(),
             ca.display(),
@@ -612,6 +620,22 @@ pub(crate) async fn seedgate_tunnel_pinned(
     r.set_addr("agent-admin", aa.admin()?);
     wait_connect_ok(&mut r, frontend, probe).await?;
     Ok(r)
+}
+
+/// Names the congestion controller of both ends' QUIC sessions instead of the default, for
+/// comparing controllers: `BENCH_QUIC_CC=cubic bench wan ...`.
+const QUIC_CC_ENV: &str = "BENCH_QUIC_CC";
+
+/// The congestion controller of seedgate's QUIC sessions in this run, for the remarks.
+pub(crate) fn quic_congestion_control() -> String {
+    std::env::var(QUIC_CC_ENV)
+        .map(|cc| format!("{cc} ({QUIC_CC_ENV})"))
+        .unwrap_or_else(|_| format!("{} (the default)", seedgate_config::CongestionControl::default().as_str()))
+}
+
+/// `<key><controller><end>` when [`QUIC_CC_ENV`] names one, else nothing.
+fn quic_cc(key: &str, end: &str) -> String {
+    std::env::var(QUIC_CC_ENV).map(|cc| format!("{key}{cc}{end}")).unwrap_or_default()
 }
 
 /// Poll a CONNECT to `target` through `proxy` until it succeeds (the tunnel is up).

@@ -382,11 +382,14 @@ fn remarks(res: &mut Results) {
     );
     res.remark(
         SC,
-        "seedgate: proxy-server (seed namespace, agents listener on the seed's link address) and proxy-agent (shoot \
-         namespace) over h2 (mTLS HTTP/2 over TCP with BBR) or QUIC (quinn's default congestion control); load: CONNECT \
-         <target> at proxy-server's front end; rathole (tcp transport: a connection across the link per visitor) and \
-         ssh -R (one SSH connection, a channel per visitor) likewise across the link; direct: the harness in the seed \
-         namespace to the targets in the shoot namespace, with BBR, and with Cubic",
+        &format!(
+            "seedgate: proxy-server (seed namespace, agents listener on the seed's link address) and proxy-agent (shoot \
+             namespace) over h2 (mTLS HTTP/2 over TCP with BBR) or QUIC (congestion control: {}); load: CONNECT \
+             <target> at proxy-server's front end; rathole (tcp transport: a connection across the link per visitor) and \
+             ssh -R (one SSH connection, a channel per visitor) likewise across the link; direct: the harness in the seed \
+             namespace to the targets in the shoot namespace, with BBR, and with Cubic",
+            systems::quic_congestion_control()
+        ),
     );
     res.remark(
         SC,

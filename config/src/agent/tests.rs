@@ -90,7 +90,7 @@ fn wan_settings_default_and_parse() {
     let t = tunnel("");
     assert_eq!(
         (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat, t.h2_adaptive_window),
-        (CongestionControl::Cubic, 16 * 1024 * 1024, 128 * 1024, false)
+        (CongestionControl::LossTolerant, 16 * 1024 * 1024, 128 * 1024, false)
     );
     let t = tunnel(
         "  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n  h2_adaptive_window: true\n",
@@ -100,6 +100,7 @@ fn wan_settings_default_and_parse() {
         (CongestionControl::Bbr, 524_288, 0, true)
     );
     assert_eq!(tunnel("  quic_congestion_control: new_reno\n").quic_congestion_control, CongestionControl::NewReno);
+    assert_eq!(tunnel("  quic_congestion_control: cubic\n").quic_congestion_control, CongestionControl::Cubic);
     refused_with(&format!("{base}  quic_congestion_control: vegas\n"), "unknown variant");
     refused_with(&format!("{base}  max_stream_window: 65534\n"), "tunnel.max_stream_window: must be between");
 }

@@ -22,6 +22,7 @@
 //!
 //! Over QUIC: see [`quic`].
 
+pub mod congestion;
 pub mod h2;
 pub mod quic;
 pub mod session;

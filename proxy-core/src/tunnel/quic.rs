@@ -111,7 +111,7 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t
 }
 
-/// quinn's controller for the configured one, each with quinn's defaults.
+/// The controller for the configured one: quinn's, each with quinn's defaults, or ours.
 fn congestion_controller(
     cc: seedgate_config::CongestionControl,
 ) -> Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> {
@@ -121,6 +121,7 @@ fn congestion_controller(
         Bbr => Arc::new(BbrConfig::default()),
         Cubic => Arc::new(CubicConfig::default()),
         NewReno => Arc::new(NewRenoConfig::default()),
+        LossTolerant => Arc::new(super::congestion::LossTolerantConfig::default()),
     }
 }
 

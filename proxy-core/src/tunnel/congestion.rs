@@ -1,0 +1,680 @@
+//! The `loss_tolerant` congestion controller of QUIC tunnel sessions: Cubic's growth, cut only by loss that comes with a standing queue (sans-IO).
+//!
+//! A loss-based controller (Cubic, NewReno) reads every loss as a full bottleneck queue and cuts
+//! its window; across a path that drops a packet in a few hundred at random (a lossy WAN, a
+//! radio hop) that happens every round trip or two and the window never grows: at 0.5 % loss
+//! and 50 ms quinn's Cubic moved 3-4 Mbit/s of a 100 Mbit/s link. This controller tells the two
+//! apart by the queueing delay, the smoothed round trip less the path's minimum, against a
+//! margin (an eighth of the minimum, at least [`MIN_QUEUE_MARGIN`]):
+//!
+//! | queueing delay | acknowledgements | a loss |
+//! |---|---|---|
+//! | within the margin | grow the window (slow start, then Cubic's curve) | random: counted, ignored |
+//! | within twice the margin | hold it: the path is full | congestion: the window becomes what the path holds without its queue (× min ÷ smoothed round trip) |
+//! | beyond | once per round trip, shrink it to what the path holds plus the margin | the same |
+//!
+//! No cut goes below half the window. The bottleneck queue so stays near the margin, and
+//! interactive streams behind a bulk one wait little longer than the path's round trip.
+//! Persistent congestion (RFC 9002 §7.6) collapses the window to the minimum and ECN congestion
+//! marks cut it by Cubic's factor, queue or not.
+//!
+//! The minimum round trip is the smallest sample of the last [`MIN_RTT_WINDOW`]; a sample
+//! within a quarter of the margin of it confirms it. One left unconfirmed that long while the
+//! session sends bulk (a queue stood throughout, or the route changed) is measured again: for
+//! two round trips the window is halved, which drains the bottleneck queue, and the smallest
+//! round trip of the packets sent meanwhile becomes the minimum (as BBR's ProbeRTT does). A
+//! route that got much longer shows at once as a long queue that stays at the minimum window;
+//! the round trip is then learnt again at once, and the path's rate in slow start.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
+
+/// How long a minimum round trip holds without a sample confirming it.
+pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
+
+/// The smallest queueing delay read as a standing queue, whatever the minimum round trip: below
+/// it, scheduling and timer noise at the ends (a few hundred microseconds on a busy host) would
+/// read as congestion on short paths.
+pub const MIN_QUEUE_MARGIN: Duration = Duration::from_millis(2);
+
+/// The queueing delay read as a standing queue is the minimum round trip over this (and at least
+/// [`MIN_QUEUE_MARGIN`]): 6 ms at 50 ms, 19 ms at 150 ms, a few packets' worth of a window.
+const QUEUE_FRACTION: u32 = 8;
+
+/// The deepest cut of one congestion event: a loss with a queue as long as the path's round trip
+/// halves the window (as NewReno does); a shorter queue cuts less.
+const MIN_CUT: f64 = 0.5;
+
+/// Cubic's cut on an ECN congestion mark, and the factor of its TCP-friendly estimate
+/// (RFC 9438 §4.6, §4.3).
+const BETA: f64 = 0.7;
+
+/// Cubic's constant C (RFC 9438 §5), in datagrams per second cubed.
+const C: f64 = 0.4;
+
+/// How many round trips a measurement of the minimum round trip lasts: one for the queue to
+/// drain, one for the packets sent after it to be acknowledged.
+const PROBE_RTTS: u32 = 2;
+
+/// The shortest measurement of the minimum round trip (short paths' acknowledgements may be
+/// delayed by more than their round trip).
+const MIN_PROBE: Duration = Duration::from_millis(20);
+
+/// quinn's initial window (RFC 9002 §7.2: ten datagrams, at most 14,720 bytes), in its smallest
+/// datagrams.
+const INITIAL_WINDOW: u64 = 10 * 1200;
+
+/// Builds a [`LossTolerant`] controller per QUIC path.
+#[derive(Debug, Clone)]
+pub struct LossTolerantConfig {
+    initial_window: u64,
+}
+
+impl Default for LossTolerantConfig {
+    fn default() -> Self {
+        Self { initial_window: INITIAL_WINDOW }
+    }
+}
+
+impl ControllerFactory for LossTolerantConfig {
+    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        Box::new(LossTolerant::new(self.initial_window, now, current_mtu))
+    }
+}
+
+/// Cubic's curve since the last congestion event (RFC 9438 §4.2), in bytes.
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    start: Instant,
+    /// The window before the event.
+    w_max: f64,
+    /// Seconds until the curve is back at `w_max`.
+    k: f64,
+}
+
+/// What the smoothed round trip says of the bottleneck queue (see [`LossTolerant::margin`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Queue {
+    /// Within the margin of the minimum: none, or one too short to matter.
+    None,
+    /// Past the margin, within twice it: the path is full.
+    Standing,
+    /// Past twice the margin.
+    Long { min: Duration },
+}
+
+/// A measurement of the minimum round trip under way.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    start: Instant,
+    until: Instant,
+    /// The smallest round trip of a packet sent since `start`.
+    min: Option<Duration>,
+}
+
+/// The controller's state; see the module doc.
+#[derive(Debug, Clone)]
+pub struct LossTolerant {
+    initial_window: u64,
+    mtu: u64,
+    window: u64,
+    ssthresh: u64,
+    /// Growth not yet a whole byte of window.
+    carry: f64,
+    /// Losses of packets sent before this belong to the congestion event answered then.
+    recovery_start: Option<Instant>,
+    epoch: Option<Epoch>,
+    /// The smoothed round trip at the last acknowledgement.
+    srtt: Duration,
+    /// The minimum round trip and when a sample last set or confirmed it.
+    min_rtt: Option<(Duration, Instant)>,
+    probe: Option<Probe>,
+    random_losses: u64,
+}
+
+impl LossTolerant {
+    /// A controller for a new path, at `now`, whose datagrams are `mtu` bytes.
+    pub fn new(initial_window: u64, _now: Instant, mtu: u16) -> Self {
+        Self {
+            initial_window,
+            mtu: u64::from(mtu),
+            window: initial_window,
+            ssthresh: u64::MAX,
+            carry: 0.0,
+            recovery_start: None,
+            epoch: None,
+            srtt: Duration::ZERO,
+            min_rtt: None,
+            probe: None,
+            random_losses: 0,
+        }
+    }
+
+    /// How many losses were read as random (no standing queue) and left the window as it was.
+    pub fn random_losses(&self) -> u64 {
+        self.random_losses
+    }
+
+    /// The minimum round trip in effect, if any sample was taken.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt.map(|(m, _)| m)
+    }
+
+    /// Whether a measurement of the minimum round trip is under way (the window is halved).
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    fn minimum_window(&self) -> u64 {
+        2 * self.mtu
+    }
+
+    /// The queueing delay above the minimum round trip read as a standing queue.
+    fn margin(min: Duration) -> Duration {
+        (min / QUEUE_FRACTION).max(MIN_QUEUE_MARGIN)
+    }
+
+    /// What the smoothed round trip shows of the bottleneck queue.
+    fn queue(&self) -> Queue {
+        let Some((min, _)) = self.min_rtt else { return Queue::None };
+        let margin = Self::margin(min);
+        if self.srtt > min + 2 * margin {
+            Queue::Long { min }
+        } else if self.srtt > min + margin {
+            Queue::Standing
+        } else {
+            Queue::None
+        }
+    }
+
+    /// A packet sent at `sent` was acknowledged at `now`; `srtt` is the path's smoothed round
+    /// trip after it. Takes the round-trip sample, then grows the window while the path shows
+    /// no standing queue, holds it while the queue is within twice the margin, and beyond that
+    /// shrinks it to what the path holds plus the margin.
+    pub fn ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
+        self.srtt = srtt;
+        self.sample(now, now.saturating_duration_since(sent), sent, app_limited);
+        if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
+            return;
+        }
+        match self.queue() {
+            Queue::None if self.window < self.ssthresh => self.window = self.window.saturating_add(bytes),
+            Queue::None => self.grow(now, bytes),
+            // Within reach of the margin: the path is full. Hold, in slow start too (a
+            // moment's delay on a busy host must not end it).
+            Queue::Standing => {}
+            // Well past it: more in flight than the path holds plus the margin (growth runs a
+            // round trip ahead of the round trip that shows it). Once per round trip.
+            Queue::Long { .. } if self.window <= self.minimum_window() => self.forget_min_rtt(),
+            Queue::Long { min } => {
+                let target = (min + Self::margin(min)).as_secs_f64() / self.srtt.as_secs_f64();
+                self.reduce(now, target);
+            }
+        }
+    }
+
+    /// Congestion avoidance: Cubic's curve, or its TCP-friendly estimate where that is ahead,
+    /// at most half again the window one round trip ahead (RFC 9438 §4.2-4.4).
+    fn grow(&mut self, now: Instant, bytes: u64) {
+        let window = self.window as f64;
+        let epoch = *self.epoch.get_or_insert(Epoch { start: now, w_max: window, k: 0.0 });
+        let mtu = self.mtu as f64;
+        let rtt = self.srtt.max(Duration::from_micros(1)).as_secs_f64();
+        let t = now.saturating_duration_since(epoch.start).as_secs_f64();
+        let cubic = C * (t + rtt - epoch.k).powi(3) * mtu + epoch.w_max;
+        let friendly = epoch.w_max * BETA + 3.0 * (1.0 - BETA) / (1.0 + BETA) * (t / rtt) * mtu;
+        let target = cubic.max(friendly).min(1.5 * window);
+        if target > window {
+            self.carry += (target - window) / window * bytes as f64;
+            let whole = self.carry.floor();
+            self.carry -= whole;
+            self.window = self.window.saturating_add(whole as u64);
+        }
+    }
+
+    /// Takes one round-trip sample of a packet sent at `sent`. An application-limited one
+    /// (a keepalive, a request on an idle session) may be late by the peer's acknowledgement
+    /// delay: it lowers or confirms the minimum but neither measures it nor starts a measurement.
+    fn sample(&mut self, now: Instant, rtt: Duration, sent: Instant, app_limited: bool) {
+        match self.min_rtt {
+            Some((min, _)) if rtt < min => self.set_min(rtt, now),
+            Some((min, _)) if rtt <= min + Self::margin(min) / 4 => self.min_rtt = Some((min, now)),
+            Some(_) => {}
+            None => self.set_min(rtt, now),
+        }
+        if app_limited {
+            return;
+        }
+        if let Some(p) = &mut self.probe {
+            if sent >= p.start {
+                p.min = Some(p.min.map_or(rtt, |m| m.min(rtt)));
+            }
+            if now >= p.until {
+                match p.min {
+                    Some(m) => self.set_min(m, now),
+                    // Nothing sent since it began: measure again at the next expiry.
+                    None => {
+                        self.probe = None;
+                        self.min_rtt = self.min_rtt.map(|(min, _)| (min, now));
+                    }
+                }
+            }
+        } else if let Some((_, at)) = self.min_rtt
+            && now.saturating_duration_since(at) > MIN_RTT_WINDOW
+        {
+            let length = (self.srtt * PROBE_RTTS).max(MIN_PROBE);
+            self.probe = Some(Probe { start: now, until: now + length, min: None });
+        }
+    }
+
+    /// The queue stays long at the minimum window, where this end queues next to nothing: the
+    /// minimum is stale (the route got longer, or other traffic fills the queue). Learn the
+    /// round trip again from the next sample, and the path's rate in slow start.
+    fn forget_min_rtt(&mut self) {
+        self.min_rtt = None;
+        self.probe = None;
+        self.ssthresh = u64::MAX;
+        self.epoch = None;
+    }
+
+    fn set_min(&mut self, min: Duration, now: Instant) {
+        self.min_rtt = Some((min, now));
+        self.probe = None;
+    }
+
+    /// Packets sent at `sent` were lost (`lost_bytes` of them; 0 for an ECN congestion mark)
+    /// at `now`; `persistent`: all sent over the persistent-congestion period were.
+    pub fn congestion(&mut self, now: Instant, sent: Instant, persistent: bool, lost_bytes: u64) {
+        if persistent {
+            // The path went dark for several round trips (RFC 9002 §7.6.2): start over, and
+            // learn its round trip again (it may be another path now).
+            self.ssthresh = (self.window / 2).max(self.minimum_window());
+            self.window = self.minimum_window();
+            self.recovery_start = None;
+            self.epoch = None;
+            self.carry = 0.0;
+            self.min_rtt = None;
+            self.probe = None;
+            return;
+        }
+        if self.recovery_start.is_some_and(|r| sent <= r) {
+            return;
+        }
+        let cut = match self.queue() {
+            _ if lost_bytes == 0 => BETA,
+            // What the path holds without its queue (at most 8/9 of the window: the queue is
+            // past the margin).
+            Queue::Standing | Queue::Long { .. } => {
+                let min = self.min_rtt.map_or(Duration::ZERO, |(m, _)| m);
+                min.as_secs_f64() / self.srtt.as_secs_f64()
+            }
+            Queue::None => {
+                self.random_losses += 1;
+                return;
+            }
+        };
+        self.reduce(now, cut);
+    }
+
+    /// Multiplies the window by `factor` (at least [`MIN_CUT`]), ends slow start, and starts
+    /// Cubic's curve back towards the window before: later losses or delays of packets sent
+    /// before `now` belong to this event.
+    fn reduce(&mut self, now: Instant, factor: f64) {
+        self.recovery_start = Some(now);
+        let w_max = self.window as f64;
+        self.window = ((w_max * factor.clamp(MIN_CUT, 1.0)) as u64).max(self.minimum_window());
+        self.ssthresh = self.window;
+        self.carry = 0.0;
+        let k = ((w_max - self.window as f64) / self.mtu as f64 / C).max(0.0).cbrt();
+        self.epoch = Some(Epoch { start: now, w_max, k });
+    }
+}
+
+impl Controller for LossTolerant {
+    fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, rtt: &quinn_proto::RttEstimator) {
+        self.ack(now, sent, bytes, app_limited, rtt.get());
+    }
+
+    fn on_congestion_event(&mut self, now: Instant, sent: Instant, is_persistent_congestion: bool, lost_bytes: u64) {
+        self.congestion(now, sent, is_persistent_congestion, lost_bytes);
+    }
+
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.mtu = u64::from(new_mtu);
+        self.window = self.window.max(self.minimum_window());
+    }
+
+    fn window(&self) -> u64 {
+        if self.probe.is_some() { (self.window / 2).max(self.minimum_window()) } else { self.window }
+    }
+
+    fn metrics(&self) -> ControllerMetrics {
+        let mut m = ControllerMetrics::default();
+        m.congestion_window = self.window();
+        m.ssthresh = Some(self.ssthresh);
+        m
+    }
+
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(self.clone())
+    }
+
+    fn initial_window(&self) -> u64 {
+        self.initial_window
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MTU: u16 = 1200;
+    const MS: Duration = Duration::from_millis(1);
+    const MAX_ROUND: u64 = 1000;
+
+    /// A path on a virtual clock: acknowledges a window's worth of packets per round trip (at
+    /// most [`MAX_ROUND`], so that long runs stay short).
+    struct Path {
+        cc: LossTolerant,
+        now: Instant,
+    }
+
+    impl Path {
+        fn new() -> Self {
+            let now = Instant::now();
+            Self { cc: LossTolerant::new(INITIAL_WINDOW, now, MTU), now }
+        }
+
+        /// One round trip of `rtt` in which the whole window is sent and acknowledged, each
+        /// packet with that round trip and the smoothed round trip `srtt`.
+        fn round(&mut self, rtt: Duration, srtt: Duration) {
+            let sent = self.now;
+            self.now += rtt;
+            let packets = (self.cc.window() / u64::from(MTU)).min(MAX_ROUND);
+            for _ in 0..packets {
+                self.cc.ack(self.now, sent, u64::from(MTU), false, srtt);
+            }
+        }
+
+        /// A loss of a packet sent half a round trip ago.
+        fn lose(&mut self, rtt: Duration) {
+            self.cc.congestion(self.now, self.now - rtt / 2, false, u64::from(MTU));
+        }
+    }
+
+    #[test]
+    fn window_grows_on_acks_in_slow_start_and_after() {
+        let mut p = Path::new();
+        let w0 = p.cc.window();
+        p.round(50 * MS, 50 * MS);
+        assert_eq!(p.cc.window(), 2 * w0, "slow start doubles per round trip");
+        // Congestion avoidance: still grows, slower.
+        p.cc.ssthresh = p.cc.window;
+        let w1 = p.cc.window();
+        for _ in 0..40 {
+            let before = p.cc.window();
+            p.round(50 * MS, 50 * MS);
+            assert!(p.cc.window() <= before + before / 2, "{} after {before}", p.cc.window());
+        }
+        assert!(p.cc.window() > w1, "{} > {w1}", p.cc.window());
+    }
+
+    #[test]
+    fn app_limited_acks_do_not_grow_the_window_but_sample_the_path() {
+        let mut p = Path::new();
+        let w0 = p.cc.window();
+        let sent = p.now;
+        p.now += 30 * MS;
+        p.cc.ack(p.now, sent, u64::from(MTU), true, 30 * MS);
+        assert_eq!(p.cc.window(), w0);
+        assert_eq!(p.cc.min_rtt(), Some(30 * MS));
+    }
+
+    #[test]
+    fn random_loss_without_a_queue_keeps_the_window() {
+        let mut p = Path::new();
+        for _ in 0..5 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        for i in 0..10 {
+            // A smoothed round trip within the margin (6.25 ms at 50 ms) is no queue.
+            p.cc.srtt = 55 * MS;
+            p.lose(50 * MS);
+            assert_eq!(p.cc.window(), w, "loss {i}");
+        }
+        assert_eq!(p.cc.random_losses(), 10);
+        // Slow start goes on past them.
+        p.round(50 * MS, 50 * MS);
+        assert_eq!(p.cc.window(), 2 * w);
+    }
+
+    #[test]
+    fn loss_with_a_standing_queue_cuts_to_what_the_path_holds() {
+        let mut p = Path::new();
+        for _ in 0..6 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        // A 20 ms queue: the window becomes 50/70 of what it was.
+        p.cc.srtt = 70 * MS;
+        p.lose(50 * MS);
+        let cut = p.cc.window();
+        assert_eq!(cut, (w as f64 * 50.0 / 70.0) as u64);
+        assert_eq!(p.cc.random_losses(), 0);
+        // More losses of packets sent before the cut are the same event.
+        p.lose(50 * MS);
+        assert_eq!(p.cc.window(), cut);
+        // A full queue (as long as the path) halves it, no more.
+        p.now += 100 * MS;
+        p.cc.srtt = 200 * MS;
+        p.cc.congestion(p.now, p.now - MS, false, u64::from(MTU));
+        assert_eq!(p.cc.window(), cut / 2);
+        // Just past the margin: a ninth at least.
+        p.now += 100 * MS;
+        p.cc.srtt = 57 * MS;
+        let before = p.cc.window();
+        p.cc.congestion(p.now, p.now - MS, false, u64::from(MTU));
+        assert_eq!(p.cc.window(), (before as f64 * 50.0 / 57.0) as u64);
+    }
+
+    #[test]
+    fn ecn_marks_cut_without_a_queue() {
+        let mut p = Path::new();
+        for _ in 0..4 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        p.cc.congestion(p.now, p.now - MS, false, 0);
+        assert_eq!(p.cc.window(), (w as f64 * BETA) as u64);
+    }
+
+    #[test]
+    fn a_queue_within_twice_the_margin_holds_the_window_in_slow_start_too() {
+        let mut p = Path::new();
+        for _ in 0..4 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        // 10 ms at 50 ms: past the margin (6.25 ms), within twice it.
+        for _ in 0..10 {
+            p.round(60 * MS, 60 * MS);
+            assert_eq!(p.cc.window(), w);
+        }
+        // A moment's delay (a busy host) does not end slow start: once it passes, the window
+        // doubles again.
+        p.round(50 * MS, 50 * MS);
+        assert_eq!(p.cc.window(), 2 * w);
+        assert_eq!(p.cc.ssthresh, u64::MAX);
+    }
+
+    #[test]
+    fn a_queue_past_twice_the_margin_shrinks_the_window_once_per_round_trip() {
+        let mut p = Path::new();
+        for _ in 0..6 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        // Slow start overshot: a 30 ms queue. The window becomes what the path holds plus the
+        // margin, 56.25 / 80 of it, and slow start ends.
+        p.round(80 * MS, 80 * MS);
+        let shrunk = (w as f64 * 56.25 / 80.0) as u64;
+        assert_eq!(p.cc.window(), shrunk);
+        assert_eq!(p.cc.ssthresh, shrunk);
+        assert_eq!(p.cc.random_losses(), 0);
+        // The packets sent before it still show the queue: no second cut for them.
+        let sent = p.now - 40 * MS;
+        p.cc.ack(p.now + MS, sent, u64::from(MTU), false, 80 * MS);
+        assert_eq!(p.cc.window(), shrunk);
+        // A round trip later the queue is at the margin: held.
+        p.round(56 * MS, 56 * MS);
+        assert_eq!(p.cc.window(), shrunk);
+    }
+
+    #[test]
+    fn after_a_cut_the_window_grows_back_to_where_it_was() {
+        let mut p = Path::new();
+        for _ in 0..6 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        p.cc.srtt = 70 * MS;
+        p.lose(50 * MS);
+        assert!(p.cc.window() < w);
+        let mut rounds = 0;
+        while p.cc.window() < w {
+            p.round(50 * MS, 50 * MS);
+            rounds += 1;
+            assert!(rounds < 400, "{} after {rounds} round trips, short of {w}", p.cc.window());
+        }
+    }
+
+    #[test]
+    fn persistent_congestion_collapses_to_the_minimum_window() {
+        let mut p = Path::new();
+        for _ in 0..6 {
+            p.round(50 * MS, 50 * MS);
+        }
+        let w = p.cc.window();
+        // Without a queue too: the path went dark.
+        p.cc.congestion(p.now, p.now - MS, true, 10 * u64::from(MTU));
+        assert_eq!(p.cc.window(), 2 * u64::from(MTU));
+        assert_eq!(p.cc.ssthresh, w / 2);
+        assert_eq!(p.cc.min_rtt(), None, "the round trip is learnt again");
+        p.round(80 * MS, 80 * MS);
+        assert_eq!(p.cc.min_rtt(), Some(80 * MS));
+        assert_eq!(p.cc.window(), 4 * u64::from(MTU), "slow start again");
+    }
+
+    #[test]
+    fn a_route_that_gets_longer_is_learnt_again() {
+        let mut p = Path::new();
+        for _ in 0..6 {
+            p.round(20 * MS, 20 * MS);
+        }
+        assert_eq!(p.cc.min_rtt(), Some(20 * MS));
+        // The route changes to 100 ms: it looks like a long queue, and the window shrinks
+        // round trip after round trip, until at the minimum window the queue cannot be this
+        // end's: the round trip is learnt again, and the path's rate in slow start.
+        let mut rounds = 0;
+        while p.cc.min_rtt() != Some(100 * MS) {
+            p.round(100 * MS, 100 * MS);
+            rounds += 1;
+            assert!(rounds <= 20, "{:?} after {rounds} round trips", p.cc.min_rtt());
+        }
+        assert_eq!(p.cc.ssthresh, u64::MAX);
+        let w = p.cc.window();
+        p.round(100 * MS, 100 * MS);
+        assert_eq!(p.cc.window(), 2 * w);
+        // Random losses are random again.
+        let w = p.cc.window();
+        p.cc.srtt = 101 * MS;
+        p.lose(100 * MS);
+        assert_eq!(p.cc.window(), w);
+    }
+
+    #[test]
+    fn a_minimum_round_trip_left_unconfirmed_is_measured_again() {
+        let mut p = Path::new();
+        p.round(20 * MS, 20 * MS);
+        p.cc.ssthresh = p.cc.window;
+        // The route changes to 24 ms: within the margin and never confirming 20 ms.
+        let mut rounds = 0;
+        while !p.cc.probing() {
+            p.round(24 * MS, 24 * MS);
+            rounds += 1;
+            assert!(rounds <= 10_000 / 24 + 1, "no measurement after {rounds} round trips");
+        }
+        // The window is halved for two round trips, whose smallest sample is the minimum.
+        let held = p.cc.window;
+        assert_eq!(p.cc.window(), held / 2);
+        for _ in 0..3 {
+            p.round(24 * MS, 24 * MS);
+        }
+        assert!(!p.cc.probing());
+        assert_eq!(p.cc.min_rtt(), Some(24 * MS));
+        assert!(p.cc.window() >= held, "the whole window again");
+    }
+
+    #[test]
+    fn late_acknowledgements_of_an_idle_session_do_not_raise_the_minimum() {
+        let mut p = Path::new();
+        p.round(50 * MS, 50 * MS);
+        // Twenty seconds of keepalives, each acknowledged 25 ms late.
+        for _ in 0..20 {
+            p.now += 1000 * MS;
+            p.cc.ack(p.now, p.now - 75 * MS, u64::from(MTU), true, 52 * MS);
+            assert!(!p.cc.probing());
+        }
+        assert_eq!(p.cc.min_rtt(), Some(50 * MS));
+        // Bulk again, behind a queue: the unconfirmed minimum is measured then.
+        p.round(60 * MS, 60 * MS);
+        assert!(p.cc.probing());
+    }
+
+    #[test]
+    fn samples_near_the_minimum_confirm_it() {
+        let mut p = Path::new();
+        p.round(50 * MS, 50 * MS);
+        // Twenty seconds of round trips within a quarter of the margin (1.56 ms) of 50 ms.
+        for _ in 0..400 {
+            p.round(51 * MS, 51 * MS);
+            assert!(!p.cc.probing());
+        }
+        assert_eq!(p.cc.min_rtt(), Some(50 * MS));
+    }
+
+    #[test]
+    fn a_standing_queue_throughout_is_drained_to_measure() {
+        let mut p = Path::new();
+        p.round(50 * MS, 50 * MS);
+        // A queue of 5 ms (within the margin) that never drains: no sample confirms the minimum.
+        let mut rounds = 0;
+        while !p.cc.probing() {
+            p.round(55 * MS, 55 * MS);
+            rounds += 1;
+            assert!(rounds <= 190, "no measurement after {rounds} round trips");
+        }
+        // The halved window drains the queue: the packets sent then see the path's own 50 ms.
+        p.round(55 * MS, 55 * MS);
+        p.round(50 * MS, 52 * MS);
+        p.round(50 * MS, 50 * MS);
+        assert!(!p.cc.probing());
+        assert_eq!(p.cc.min_rtt(), Some(50 * MS));
+    }
+
+    #[test]
+    fn the_factory_builds_it_at_quinns_initial_window() {
+        let cc = Arc::new(LossTolerantConfig::default()).build(Instant::now(), MTU);
+        assert_eq!(cc.window(), INITIAL_WINDOW);
+        assert_eq!(cc.initial_window(), INITIAL_WINDOW);
+        assert!(cc.into_any().downcast::<LossTolerant>().is_ok());
+    }
+}
