@@ -392,6 +392,15 @@ mod tests {
             Self { cc: LossTolerant::new(INITIAL_WINDOW, now, MTU), now }
         }
 
+        /// A path after `rounds` round trips of `rtt` without a queue (slow start).
+        fn after(rounds: usize, rtt: Duration) -> Self {
+            let mut p = Self::new();
+            for _ in 0..rounds {
+                p.round(rtt, rtt);
+            }
+            p
+        }
+
         /// One round trip of `rtt` in which the whole window is sent and acknowledged, each
         /// packet with that round trip and the smoothed round trip `srtt`.
         fn round(&mut self, rtt: Duration, srtt: Duration) {
@@ -439,10 +448,7 @@ mod tests {
 
     #[test]
     fn random_loss_without_a_queue_keeps_the_window() {
-        let mut p = Path::new();
-        for _ in 0..5 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(5, 50 * MS);
         let w = p.cc.window();
         for i in 0..10 {
             // A smoothed round trip within the margin (6.25 ms at 50 ms) is no queue.
@@ -458,10 +464,7 @@ mod tests {
 
     #[test]
     fn loss_with_a_standing_queue_cuts_to_what_the_path_holds() {
-        let mut p = Path::new();
-        for _ in 0..6 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
         // A 20 ms queue: the window becomes 50/70 of what it was.
         p.cc.srtt = 70 * MS;
@@ -487,10 +490,7 @@ mod tests {
 
     #[test]
     fn ecn_marks_cut_without_a_queue() {
-        let mut p = Path::new();
-        for _ in 0..4 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(4, 50 * MS);
         let w = p.cc.window();
         p.cc.congestion(p.now, p.now - MS, false, 0);
         assert_eq!(p.cc.window(), (w as f64 * BETA) as u64);
@@ -498,10 +498,7 @@ mod tests {
 
     #[test]
     fn a_queue_within_twice_the_margin_holds_the_window_in_slow_start_too() {
-        let mut p = Path::new();
-        for _ in 0..4 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(4, 50 * MS);
         let w = p.cc.window();
         // 10 ms at 50 ms: past the margin (6.25 ms), within twice it.
         for _ in 0..10 {
@@ -517,10 +514,7 @@ mod tests {
 
     #[test]
     fn a_queue_past_twice_the_margin_shrinks_the_window_once_per_round_trip() {
-        let mut p = Path::new();
-        for _ in 0..6 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
         // Slow start overshot: a 30 ms queue. The window becomes what the path holds plus the
         // margin, 56.25 / 80 of it, and slow start ends.
@@ -540,10 +534,7 @@ mod tests {
 
     #[test]
     fn after_a_cut_the_window_grows_back_to_where_it_was() {
-        let mut p = Path::new();
-        for _ in 0..6 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
         p.cc.srtt = 70 * MS;
         p.lose(50 * MS);
@@ -558,10 +549,7 @@ mod tests {
 
     #[test]
     fn persistent_congestion_collapses_to_the_minimum_window() {
-        let mut p = Path::new();
-        for _ in 0..6 {
-            p.round(50 * MS, 50 * MS);
-        }
+        let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
         // Without a queue too: the path went dark.
         p.cc.congestion(p.now, p.now - MS, true, 10 * u64::from(MTU));
@@ -575,10 +563,7 @@ mod tests {
 
     #[test]
     fn a_route_that_gets_longer_is_learnt_again() {
-        let mut p = Path::new();
-        for _ in 0..6 {
-            p.round(20 * MS, 20 * MS);
-        }
+        let mut p = Path::after(6, 20 * MS);
         assert_eq!(p.cc.min_rtt(), Some(20 * MS));
         // The route changes to 100 ms: it looks like a long queue, and the window shrinks
         // round trip after round trip, until at the minimum window the queue cannot be this
