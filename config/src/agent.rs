@@ -260,12 +260,9 @@ pub struct Tunnel {
     pub quic_gro: bool,
     /// QUIC sessions: the congestion controller of what the agent sends to the seed (the seed's
     /// `agents.quic.congestion_control` sets the other direction): `loss_tolerant` (the
-    /// default), `cubic`, `bbr` or `new_reno`. `loss_tolerant` cuts its rate at a loss only
-    /// while the round trip shows a queue at the bottleneck, and keeps that queue short; the
-    /// loss-based ones (`cubic`, `new_reno`) cut it at every lost packet: on a path with random
-    /// loss a stream keeps a few per cent of the link. Choose `cubic` where the tunnel shares a
-    /// bottleneck with loss-based traffic that keeps the queue full. quinn's BBR (experimental
-    /// upstream) stalled a stream across a 150 ms path.
+    /// default), `cubic`, `bbr` or `new_reno`. The loss-based ones (`cubic`, `new_reno`) cut
+    /// their rate at every lost packet: on a path with random loss a stream keeps a few per cent
+    /// of the link. quinn's BBR (experimental upstream) stalled a stream across a 150 ms path.
     #[serde(default)]
     pub quic_congestion_control: CongestionControl,
     /// What the agent tells proxy-server about its node, so that a dial to this node's name or
