@@ -774,7 +774,8 @@ pub enum CongestionControl {
     /// the bottleneck (the smoothed round trip above the path's minimum by an eighth of it, at
     /// least 2 ms); a loss without one is read as random and ignored. It also stops growing
     /// while such a queue stands and shrinks the window when it grows past twice that, so the
-    /// bottleneck queue stays short. For paths with random loss (a WAN, radio hops), and
+    /// bottleneck queue stays short (on paths under 1 ms, where the queue is the hosts' own, it
+    /// grows as Cubic does). For paths with random loss (a WAN, radio hops), and
     /// anywhere interactive streams share a session with bulk ones. Choose `cubic` where the
     /// tunnel shares a bottleneck with loss-based traffic that keeps its queue full (this one
     /// backs off from a queue the other fills), or where the round trip swings by more than the

@@ -18,6 +18,10 @@
 //! Persistent congestion (RFC 9002 §7.6) collapses the window to the minimum and ECN congestion
 //! marks cut it by Cubic's factor, queue or not.
 //!
+//! On a local path (a minimum round trip under [`LOCAL_RTT`]: loopback, a LAN) the window is
+//! neither held nor shrunk for delay, only losses are told apart: the queue there is the hosts'
+//! own, and bounding it made quinn pace a loopback stream at a few per cent less throughput.
+//!
 //! The minimum round trip is the smallest sample of the last [`MIN_RTT_WINDOW`]; a sample
 //! within a quarter of the margin of it confirms it. One left unconfirmed that long while the
 //! session sends bulk (a queue stood throughout, or the route changed) is measured again: for
@@ -31,6 +35,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
+
+use super::window::LOCAL_RTT;
 
 /// How long a minimum round trip holds without a sample confirming it.
 pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
@@ -177,6 +183,11 @@ impl LossTolerant {
         (min / QUEUE_FRACTION).max(MIN_QUEUE_MARGIN)
     }
 
+    /// Whether the path's minimum round trip is a local one (see [`LOCAL_RTT`]).
+    fn local(&self) -> bool {
+        self.min_rtt.is_some_and(|(min, _)| min < LOCAL_RTT)
+    }
+
     /// What the smoothed round trip shows of the bottleneck queue.
     fn queue(&self) -> Queue {
         let Some((min, _)) = self.min_rtt else { return Queue::None };
@@ -200,7 +211,10 @@ impl LossTolerant {
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
-        match self.queue() {
+        // On a local path the queue is the hosts' own (socket buffers, a busy CPU), not a
+        // bottleneck's: bounding it there only makes quinn pace (and cost CPU per byte).
+        let queue = if self.local() { Queue::None } else { self.queue() };
+        match queue {
             Queue::None if self.window < self.ssthresh => self.window = self.window.saturating_add(bytes),
             Queue::None => self.grow(now, bytes),
             // Within reach of the margin: the path is full. Hold, in slow start too (a
@@ -377,6 +391,7 @@ mod tests {
 
     const MTU: u16 = 1200;
     const MS: Duration = Duration::from_millis(1);
+    const MICROS: Duration = Duration::from_micros(1);
     const MAX_ROUND: u64 = 1000;
 
     /// A path on a virtual clock: acknowledges a window's worth of packets per round trip (at
@@ -510,6 +525,25 @@ mod tests {
         p.round(50 * MS, 50 * MS);
         assert_eq!(p.cc.window(), 2 * w);
         assert_eq!(p.cc.ssthresh, u64::MAX);
+    }
+
+    #[test]
+    fn a_local_path_grows_whatever_its_round_trip_says_but_still_tells_losses_apart() {
+        let mut p = Path::after(3, 200 * MICROS);
+        // The hosts queue 10 ms behind bulk: no hold, no shrink.
+        for _ in 0..4 {
+            let w = p.cc.window();
+            p.round(10 * MS, 10 * MS);
+            assert_eq!(p.cc.window(), 2 * w);
+        }
+        // A loss within the margin (2 ms) is random; past it, congestion.
+        let w = p.cc.window();
+        p.cc.srtt = 1500 * MICROS;
+        p.lose(MS);
+        assert_eq!(p.cc.window(), w);
+        p.cc.srtt = 10 * MS;
+        p.lose(MS);
+        assert_eq!(p.cc.window(), w / 2);
     }
 
     #[test]
