@@ -72,7 +72,7 @@ impl Tuning {
 /// the suspect time makes the path quiet (`quiet(true)`; `quiet(false)` once one is answered):
 /// the session goes on, its streams wait for the path. It fails when one goes unanswered for the
 /// timeout. While the session is busy and its window may still grow, a PING every
-/// [`SAMPLE_GAP`] also samples the path for `tuning`. Every PING sent and answered is counted in
+/// [`SAMPLE_GAP`] also samples the path for `tuning`. Each answered PING's sending time goes to
 /// `echoes`.
 fn keepalive(
     mut pp: PingPong,
@@ -197,7 +197,7 @@ pub struct H2Seed {
     probes: Arc<Notify>,
     /// The keepalive's PING is unanswered past the suspect time.
     quiet: Arc<Quiet>,
-    /// The keepalive's PINGs sent and answered.
+    /// When the keepalive's latest answered PING was sent.
     echoes: Arc<Echoes>,
 }
 

@@ -150,8 +150,8 @@ pub trait Opener: Send + Sync + 'static {
     fn quiet(&self) -> Option<&Quiet> {
         None
     }
-    /// The PINGs this end has sent on the session and the agent has answered ([`Echoes`]).
-    /// `None`: the transport has no such order to go by.
+    /// When the latest PING the agent answered on this session was sent ([`Echoes`]). `None`:
+    /// the transport's PINGs are not in order with its streams.
     fn echoes(&self) -> Option<&Echoes> {
         None
     }
@@ -166,10 +166,9 @@ pub trait Opener: Send + Sync + 'static {
 pub struct Echoes(crate::sync::Mutex<Option<tokio::time::Instant>>);
 
 impl Echoes {
-    /// A PING sent at `sent` was answered (they are answered in order).
+    /// A PING sent at `sent` was answered (one is out at a time: each is later than the last).
     pub fn answered(&self, sent: tokio::time::Instant) {
-        let mut last = self.0.lock();
-        *last = Some(last.map_or(sent, |l| l.max(sent)));
+        *self.0.lock() = Some(sent);
     }
 
     /// When the latest PING answered so far was sent.

@@ -143,7 +143,7 @@ pub trait SeedTransport: Send + Sync + 'static {
     fn quiet(&self) -> Option<&super::Quiet> {
         None
     }
-    /// Its PINGs sent and answered, where they are in order with the streams (HTTP/2).
+    /// When its latest answered PING was sent, where PINGs are in order with the streams (HTTP/2).
     fn echoes(&self) -> Option<&super::Echoes> {
         None
     }
