@@ -27,6 +27,8 @@ default_fn! {
     connection_window_default: u32 = 64 * 1024 * 1024;
     max_stream_window_default: u32 = crate::common::MAX_STREAM_WINDOW;
     tcp_notsent_lowat_default: u32 = 128 * 1024;
+    tcp_inflight_bound_default: bool = true;
+    h2_adaptive_window_default: bool = true;
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
     open_timeout_default: Dur = Dur::secs(2);
@@ -231,7 +233,7 @@ pub struct Agents {
     pub open_timeout: Dur,
     /// Bytes one stream may have in flight unread at first (per-stream flow-control window).
     /// Default: `524288` over HTTP/2 (grown up to `max_stream_window` on a path that needs more
-    /// when `h2_adaptive_window` is on); `1048576` over QUIC, where every stream gets more when
+    /// unless `h2_adaptive_window` is off); `1048576` over QUIC, where every stream gets more when
     /// `max_stream_window` and `connection_window` allow (quinn re-opens a stream's window in
     /// smaller steps). At most `connection_window`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,13 +256,12 @@ pub struct Agents {
     pub max_stream_window: u32,
     /// HTTP/2 sessions grow their stream windows with the path, up to `max_stream_window`: each
     /// end estimates the bandwidth-delay product of what it receives from its PINGs. One stream
-    /// then moves at the link's rate across a long round trip (at 150 ms and 100 Mbit/s: 73-92
-    /// Mbit/s instead of 20), but the session's TCP connection carries megabytes in flight, and a
-    /// packet lost at the path's bottleneck stalls every stream of the session behind its
-    /// retransmission: a 1-byte round trip behind a bulk stream went from about the path's round
-    /// trip to two to four times it. Off by default (interactive streams first); across a WAN,
-    /// QUIC has neither limit. Default `false`.
-    #[serde(default)]
+    /// then moves at the link's rate across a long round trip (at 150 ms and 100 Mbit/s: 95
+    /// Mbit/s instead of 20). The megabytes in flight this allows share the session's one TCP
+    /// connection with every other stream; `tcp_inflight_bound` keeps them from overflowing the
+    /// path's bottleneck queue, so a round trip behind a bulk stream stays near the path's. Paths
+    /// under a millisecond never grow. Default `true`.
+    #[serde(default = "h2_adaptive_window_default")]
     pub h2_adaptive_window: bool,
     /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
     /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
@@ -269,6 +270,17 @@ pub struct Agents {
     /// megabytes of socket buffer. Default `131072`.
     #[serde(default = "tcp_notsent_lowat_default")]
     pub tcp_notsent_lowat: u32,
+    /// HTTP/2 sessions: bound the bytes the session's TCP socket holds unacknowledged to what the
+    /// path carries plus a short queue (an eighth of the path's minimum round trip, 2-10 ms),
+    /// following the socket's smoothed round trip against its minimum. The kernel's congestion
+    /// control fills the path's bottleneck queue and overflows it; inside one TCP connection a
+    /// lost packet stalls every stream of the session behind its retransmission, and the queue
+    /// delays every stream by its length. A path under a millisecond (loopback, a LAN) never
+    /// gets a bound. Off: the kernel alone decides (choose it where the session shares a
+    /// bottleneck with loss-based bulk traffic that keeps the queue full: the bound would yield
+    /// to it). Default `true`.
+    #[serde(default = "tcp_inflight_bound_default")]
+    pub tcp_inflight_bound: bool,
     /// An agent whose certificate names a cluster that no front end and no `clusters` entry
     /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
     /// warning once per cluster name; `false` refuses it, telling the agent why.

@@ -3,7 +3,9 @@
 use crate::identity::{Refused, Shown};
 use crate::shared::Shared;
 use crate::tokens::ClusterReview;
+use proxy_core::relay::io::ReadAhead;
 use proxy_core::tunnel::quic;
+use proxy_core::tunnel::session_socket::SessionSocket;
 use proxy_core::tunnel::{ALPN_V1, Opener, Presented, SeedConnection, TunnelSettings, run_seed_session};
 use seedgate_config::server::{AgentAuth, ClusterMode, valid_cluster_name};
 use std::future::Future;
@@ -40,9 +42,8 @@ pub(crate) async fn accept_tls(
 ) {
     let agents = &shared.config.load().agents;
     proxy_core::net::tune_session_socket(&tcp, agents.keepalive.timeout.get(), agents.tcp_notsent_lowat);
-    if let Some(tls) =
-        handshake(&shared, peer, "TLS", acceptor.accept(proxy_core::relay::io::ReadAhead::new(tcp))).await
-    {
+    let tcp = SessionSocket::new(tcp, agents.tcp_inflight_bound, Some(shared.metrics.inflight.clone()));
+    if let Some(tls) = handshake(&shared, peer, "TLS", acceptor.accept(ReadAhead::new(tcp))).await {
         serve_agent(shared, tls, peer, stop).await;
     }
 }

@@ -3,6 +3,7 @@
 use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::core::Collector as _;
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::tunnel::session_socket::InflightStats;
 use seedgate_config::server::ClusterMode;
 use std::collections::BTreeMap;
 
@@ -37,6 +38,7 @@ pub struct ServerMetrics {
     pub replica_count: IntGauge,
     pub peers: IntGauge,
     pub announcements: IntCounter,
+    pub inflight: InflightStats,
 }
 
 impl ServerMetrics {
@@ -184,6 +186,7 @@ impl ServerMetrics {
                 "seedgate_server_announcements_total",
                 "Announcements of this replica (id, count, draining) sent to agents.",
             ),
+            inflight: InflightStats::new(reg),
         }
     }
 

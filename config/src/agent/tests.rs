@@ -89,15 +89,27 @@ fn wan_settings_default_and_parse() {
     let tunnel = |extra: &str| parse(&format!("{base}{extra}"), "f.yaml").unwrap().tunnel.unwrap();
     let t = tunnel("");
     assert_eq!(
-        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat, t.h2_adaptive_window),
-        (CongestionControl::LossTolerant, 16 * 1024 * 1024, 128 * 1024, false)
+        (
+            t.quic_congestion_control,
+            t.max_stream_window,
+            t.tcp_notsent_lowat,
+            t.h2_adaptive_window,
+            t.tcp_inflight_bound
+        ),
+        (CongestionControl::LossTolerant, 16 * 1024 * 1024, 128 * 1024, true, true)
     );
     let t = tunnel(
-        "  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n  h2_adaptive_window: true\n",
+        "  quic_congestion_control: bbr\n  max_stream_window: 524288\n  tcp_notsent_lowat: 0\n  h2_adaptive_window: false\n  tcp_inflight_bound: false\n",
     );
     assert_eq!(
-        (t.quic_congestion_control, t.max_stream_window, t.tcp_notsent_lowat, t.h2_adaptive_window),
-        (CongestionControl::Bbr, 524_288, 0, true)
+        (
+            t.quic_congestion_control,
+            t.max_stream_window,
+            t.tcp_notsent_lowat,
+            t.h2_adaptive_window,
+            t.tcp_inflight_bound
+        ),
+        (CongestionControl::Bbr, 524_288, 0, false, false)
     );
     assert_eq!(tunnel("  quic_congestion_control: new_reno\n").quic_congestion_control, CongestionControl::NewReno);
     assert_eq!(tunnel("  quic_congestion_control: cubic\n").quic_congestion_control, CongestionControl::Cubic);

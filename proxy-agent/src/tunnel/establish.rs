@@ -102,6 +102,11 @@ pub(super) async fn establish(
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
     proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), cfg.tcp_notsent_lowat);
+    let tcp = proxy_core::tunnel::session_socket::SessionSocket::new(
+        tcp,
+        cfg.tcp_inflight_bound,
+        Some(t.metrics.inflight.clone()),
+    );
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;

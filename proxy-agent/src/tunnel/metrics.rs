@@ -3,16 +3,18 @@
 use super::machine::Carrier;
 use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::tunnel::session_socket::InflightStats;
 
 #[derive(Clone)]
 pub(crate) struct TunnelMetrics {
     pub session: SessionMetrics,
     pub stream: StreamMetrics,
+    pub inflight: InflightStats,
 }
 
 impl TunnelMetrics {
     pub(crate) fn new(reg: &Registry) -> Self {
-        Self { session: SessionMetrics::new(reg), stream: StreamMetrics::new(reg) }
+        Self { session: SessionMetrics::new(reg), stream: StreamMetrics::new(reg), inflight: InflightStats::new(reg) }
     }
 }
 

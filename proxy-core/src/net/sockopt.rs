@@ -1,8 +1,9 @@
-//! Socket options that neither std nor socket2 sets: UDP GRO, through setsockopt(2) (the `unsafe` is isolated here).
+//! Socket options and state that neither std nor socket2 reaches: UDP GRO, a TCP socket's path and unacknowledged bytes, its pacing (the `unsafe` of setsockopt(2), getsockopt(2) and ioctl(2) is isolated here).
 #![allow(unsafe_code)]
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
 
 /// Turn UDP generic receive offload on or off on `fd`. Off, every read returns one datagram,
 /// never a run of up to 64 coalesced ones.
@@ -21,6 +22,82 @@ pub fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
         )
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// What `TCP_INFO` says of a TCP socket's path; zero where the kernel has nothing yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPath {
+    pub srtt: Duration,
+    pub min_rtt: Duration,
+    /// The latest delivery-rate sample, bytes a second.
+    pub delivery_rate: u64,
+    /// Of the unacknowledged bytes, those no longer in the network: selectively acknowledged,
+    /// or counted lost and not yet sent again (segments times the sending MSS).
+    pub left_network: u64,
+}
+
+/// A TCP socket's smoothed and minimum round trips and its delivery rate (`TCP_INFO`).
+pub fn tcp_path(fd: BorrowedFd<'_>) -> io::Result<TcpPath> {
+    // SAFETY: tcp_info is plain old data (integers only): all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is borrowed, so open for the call; `info` and `len` are live and
+    // writable, `len` says how much of `info` the kernel may fill (it fills at most that).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The minimum is all ones until the first sample.
+    let min = if info.tcpi_min_rtt == u32::MAX { 0 } else { info.tcpi_min_rtt };
+    Ok(TcpPath {
+        srtt: Duration::from_micros(info.tcpi_rtt.into()),
+        min_rtt: Duration::from_micros(min.into()),
+        delivery_rate: info.tcpi_delivery_rate,
+        left_network: u64::from((info.tcpi_sacked + info.tcpi_lost).saturating_sub(info.tcpi_retrans))
+            * u64::from(info.tcpi_snd_mss),
+    })
+}
+
+/// `SO_MAX_PACING_RATE` in the kernel's generic socket options (x86-64, arm64; the libc crate
+/// does not export it for glibc targets).
+const SO_MAX_PACING_RATE: libc::c_int = 47;
+
+/// The fastest a socket's packets may leave, in bytes a second (`SO_MAX_PACING_RATE`; it also
+/// turns on TCP's own pacing where the congestion control did not); `u64::MAX`: no limit.
+pub fn set_max_pacing_rate(fd: BorrowedFd<'_>, bytes_per_second: u64) -> io::Result<()> {
+    // SAFETY: the descriptor is borrowed, so open for the call; the value points at a live u64
+    // and its length is that of a u64, which the kernel reads as an unsigned long (64-bit
+    // targets). The kernel only reads through the pointer.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_MAX_PACING_RATE,
+            (&raw const bytes_per_second).cast::<libc::c_void>(),
+            std::mem::size_of::<u64>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Bytes written to a TCP socket and not yet acknowledged by its peer, sent or not (`SIOCOUTQ`).
+pub fn tcp_unacknowledged(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: the descriptor is borrowed, so open for the call; SIOCOUTQ (TIOCOUTQ) writes one
+    // c_int through the pointer, which points at a live one.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &raw mut n) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -45,6 +122,23 @@ mod tests {
         v
     }
 
+    fn pacing(sock: &std::net::TcpStream) -> u64 {
+        let mut v: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: as in set_max_pacing_rate; `v` and `len` are live and writable for the answer.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_MAX_PACING_RATE,
+                (&raw mut v).cast::<libc::c_void>(),
+                &raw mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        v
+    }
+
     #[test]
     fn gro_turns_on_and_off() {
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -52,6 +146,31 @@ mod tests {
         assert_ne!(gro(&sock), 0);
         set_udp_gro(sock.as_fd(), false).unwrap();
         assert_eq!(gro(&sock), 0);
+    }
+
+    #[test]
+    fn a_connected_tcp_socket_tells_its_round_trips_and_what_its_peer_has_not_acknowledged() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_peer, _) = l.accept().unwrap();
+        let p = tcp_path(c.as_fd()).unwrap();
+        assert!(p.min_rtt > Duration::ZERO && p.min_rtt < Duration::from_secs(1), "{p:?}");
+        assert!(p.srtt >= p.min_rtt, "{p:?}");
+        c.write_all(b"x").unwrap();
+        // Loopback acknowledges within microseconds: bounded wait for it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while tcp_unacknowledged(c.as_fd()).unwrap() != 0 {
+            assert!(std::time::Instant::now() < deadline, "one byte never acknowledged");
+            std::thread::yield_now();
+        }
+        assert!(tcp_unacknowledged(l.as_fd()).is_err() || tcp_unacknowledged(l.as_fd()).unwrap() == 0);
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(tcp_path(udp.as_fd()).is_err(), "not a TCP socket");
+        set_max_pacing_rate(c.as_fd(), 12_500_000).unwrap();
+        assert_eq!(pacing(&c), 12_500_000);
+        set_max_pacing_rate(c.as_fd(), u64::MAX).unwrap();
+        assert_eq!(pacing(&c), u64::MAX);
     }
 
     #[test]

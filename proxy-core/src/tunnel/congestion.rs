@@ -101,15 +101,37 @@ struct Epoch {
     k: f64,
 }
 
-/// What the smoothed round trip says of the bottleneck queue (see [`LossTolerant::margin`]).
+/// What the smoothed round trip says of the bottleneck queue (see [`queue_margin`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Queue {
+pub(crate) enum Queue {
     /// Within the margin of the minimum: none, or one too short to matter.
     None,
     /// Past the margin, within twice it: the path is full.
     Standing,
     /// Past twice the margin.
     Long { min: Duration },
+}
+
+/// The queueing delay above the minimum round trip `min` read as a standing queue.
+pub(crate) fn queue_margin(min: Duration) -> Duration {
+    (min / QUEUE_FRACTION).max(MIN_QUEUE_MARGIN)
+}
+
+/// What a smoothed round trip `srtt` shows of the bottleneck queue of a path whose minimum round
+/// trip is `min`.
+pub(crate) fn read_queue(srtt: Duration, min: Duration) -> Queue {
+    read_queue_with(srtt, min, queue_margin(min))
+}
+
+/// [`read_queue`] with a given margin.
+pub(crate) fn read_queue_with(srtt: Duration, min: Duration, margin: Duration) -> Queue {
+    if srtt > min + 2 * margin {
+        Queue::Long { min }
+    } else if srtt > min + margin {
+        Queue::Standing
+    } else {
+        Queue::None
+    }
 }
 
 /// A measurement of the minimum round trip under way.
@@ -178,11 +200,6 @@ impl LossTolerant {
         2 * self.mtu
     }
 
-    /// The queueing delay above the minimum round trip read as a standing queue.
-    fn margin(min: Duration) -> Duration {
-        (min / QUEUE_FRACTION).max(MIN_QUEUE_MARGIN)
-    }
-
     /// Whether the path's minimum round trip is a local one (see [`LOCAL_RTT`]).
     fn local(&self) -> bool {
         self.min_rtt.is_some_and(|(min, _)| min < LOCAL_RTT)
@@ -190,15 +207,7 @@ impl LossTolerant {
 
     /// What the smoothed round trip shows of the bottleneck queue.
     fn queue(&self) -> Queue {
-        let Some((min, _)) = self.min_rtt else { return Queue::None };
-        let margin = Self::margin(min);
-        if self.srtt > min + 2 * margin {
-            Queue::Long { min }
-        } else if self.srtt > min + margin {
-            Queue::Standing
-        } else {
-            Queue::None
-        }
+        self.min_rtt.map_or(Queue::None, |(min, _)| read_queue(self.srtt, min))
     }
 
     /// A packet sent at `sent` was acknowledged at `now`; `srtt` is the path's smoothed round
@@ -224,7 +233,7 @@ impl LossTolerant {
             // round trip ahead of the round trip that shows it). Once per round trip.
             Queue::Long { .. } if self.window <= self.minimum_window() => self.forget_min_rtt(),
             Queue::Long { min } => {
-                let target = (min + Self::margin(min)).as_secs_f64() / self.srtt.as_secs_f64();
+                let target = (min + queue_margin(min)).as_secs_f64() / self.srtt.as_secs_f64();
                 self.reduce(now, target);
             }
         }
@@ -255,7 +264,7 @@ impl LossTolerant {
     fn sample(&mut self, now: Instant, rtt: Duration, sent: Instant, app_limited: bool) {
         match self.min_rtt {
             Some((min, _)) if rtt < min => self.set_min(rtt, now),
-            Some((min, _)) if rtt <= min + Self::margin(min) / 4 => self.min_rtt = Some((min, now)),
+            Some((min, _)) if rtt <= min + queue_margin(min) / 4 => self.min_rtt = Some((min, now)),
             Some(_) => {}
             None => self.set_min(rtt, now),
         }

@@ -494,12 +494,13 @@ mod tests {
     #[test]
     fn a_session_window_grows_only_when_adaptive_windows_are_on() {
         let received = Arc::new(AtomicU64::new(0));
-        let off = TunnelSettings::default();
+        let off = TunnelSettings { h2_adaptive_window: false, ..TunnelSettings::default() };
         let (mut t, _) = Tuning::new(&off, received.clone());
         assert!(!t.tuner.growing(), "off: the window is the configured one");
         assert_eq!(t.tuner.sample(Duration::from_millis(150), 1 << 20), None);
 
-        let on = TunnelSettings { h2_adaptive_window: true, ..TunnelSettings::default() };
+        let on = TunnelSettings::default();
+        assert!(on.h2_adaptive_window, "on by default");
         let (mut t, _) = Tuning::new(&on, received);
         assert!(t.tuner.growing());
         // A window's worth per 150 ms round trip: the window is the limit and it doubles.

@@ -24,8 +24,10 @@
 
 pub mod congestion;
 pub mod h2;
+pub mod inflight;
 pub mod quic;
 pub mod session;
+pub mod session_socket;
 mod stream;
 pub mod window;
 
@@ -251,8 +253,8 @@ pub struct TunnelSettings {
     /// a quarter of `connection_window` and never below the stream window.
     pub max_stream_window: u32,
     /// HTTP/2: the session's stream window follows its path up to `max_stream_window`; off, it
-    /// stays `stream_window` (one TCP connection: a lost packet stalls every stream behind it,
-    /// and a large window makes losses at the path's bottleneck likely).
+    /// stays `stream_window`. (What keeps the bytes a grown window lets into flight from
+    /// overflowing the path is the session socket's in-flight bound, [`inflight`].)
     pub h2_adaptive_window: bool,
     pub max_frame_size: u32,
     /// Most streams open at once on one session (set by the agent).
@@ -288,7 +290,7 @@ impl Default for TunnelSettings {
             stream_window_quic: seedgate_config::STREAM_WINDOW_QUIC,
             connection_window: 64 * 1024 * 1024,
             max_stream_window: seedgate_config::MAX_STREAM_WINDOW,
-            h2_adaptive_window: false,
+            h2_adaptive_window: true,
             max_frame_size: 64 * 1024,
             max_streams: 16 * 1024,
             keepalive_interval: Duration::from_secs(5),

@@ -40,9 +40,10 @@ impl WindowTuner {
         self.window
     }
 
-    /// True while the window may still grow: samples are worth taking often.
+    /// True while the window may still grow: samples are worth taking often (never again once
+    /// the path showed itself local).
     pub fn growing(&self) -> bool {
-        self.window < self.cap
+        self.window < self.cap && self.min_rtt.is_none_or(|m| m >= LOCAL_RTT)
     }
 
     /// One PING's round trip `rtt`, during which the session received `bytes`. Returns the new
@@ -122,6 +123,7 @@ mod tests {
         assert_eq!(t.sample(ms(2), 4_000_000), None);
         assert_eq!(t.sample(Duration::from_micros(400), 800_000), None);
         assert_eq!(t.window(), 512 * KIB);
+        assert!(!t.growing(), "a local path is not sampled again");
     }
 
     #[test]

@@ -1,0 +1,307 @@
+//! A tunnel session's TCP socket, writing no more than its [`InflightBound`] lets it hold unacknowledged (the tokio glue of that bound).
+
+use super::inflight::{InflightBound, PathSample};
+use super::window::LOCAL_RTT;
+use crate::net::sockopt::{set_max_pacing_rate, tcp_path, tcp_unacknowledged};
+use crate::obs::metrics::{counter, gauge};
+use prometheus::{IntCounter, IntGauge, Registry};
+use std::future::Future;
+use std::io;
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+/// What the in-flight bounds of a process's session sockets do (one set per process).
+#[derive(Debug, Clone)]
+pub struct InflightStats {
+    /// Session sockets whose bound is set now.
+    pub bounded: IntGauge,
+    /// Writes that found their socket's bound full and waited.
+    pub waits: IntCounter,
+}
+
+impl InflightStats {
+    pub fn new(reg: &Registry) -> Self {
+        Self {
+            bounded: gauge(
+                reg,
+                "seedgate_tunnel_inflight_bounded",
+                "HTTP/2 tunnel sessions whose TCP socket has an in-flight bound now (tcp_inflight_bound: a path of 1 ms or more that has shown a queue).",
+            ),
+            waits: counter(
+                reg,
+                "seedgate_tunnel_inflight_waits_total",
+                "Writes to an HTTP/2 tunnel session's TCP socket that waited because the session's bytes in flight reached its bound (each wait is a sixteenth of the path's round trip, 1-10 ms): the session moves what its path carries.",
+            ),
+        }
+    }
+}
+
+/// A session's TCP stream; reads pass through, writes wait for the bound (none on a local path).
+#[derive(Debug)]
+pub struct SessionSocket {
+    inner: TcpStream,
+    bounding: Option<Box<Bounding>>,
+}
+
+#[derive(Debug)]
+struct Bounding {
+    bound: InflightBound,
+    /// The latest look at the socket, and when the next one is due.
+    last: PathSample,
+    next_look: Instant,
+    /// Wakes a write that waits for acknowledgements (the kernel says nothing when they come).
+    wait: Pin<Box<Sleep>>,
+    stats: Option<InflightStats>,
+    /// Counted in `stats.bounded`.
+    counted: bool,
+}
+
+impl Drop for Bounding {
+    fn drop(&mut self) {
+        if let Some(s) = self.stats.as_ref().filter(|_| self.counted) {
+            s.bounded.dec();
+        }
+    }
+}
+
+impl SessionSocket {
+    /// `bound`: whether the setting asks for one. A socket whose handshake took less than
+    /// [`LOCAL_RTT`] never gets one (its path does not change, and its minimum only falls).
+    pub fn new(inner: TcpStream, bound: bool, stats: Option<InflightStats>) -> Self {
+        let path = if bound { tcp_path(inner.as_fd()).ok() } else { None };
+        let bounding = path.filter(|p| p.min_rtt >= LOCAL_RTT).map(|p| {
+            Box::new(Bounding {
+                bound: InflightBound::new(),
+                last: PathSample { srtt: p.srtt, min_rtt: p.min_rtt, held: 0, delivery_rate: 0 },
+                next_look: Instant::now(),
+                wait: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                stats,
+                counted: false,
+            })
+        });
+        Self { inner, bounding }
+    }
+
+    /// The bound now: `None` without one (a local path, the setting off, or none learnt yet).
+    pub fn bound(&self) -> Option<u64> {
+        self.bounding.as_ref().and_then(|b| b.bound.bound())
+    }
+
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.inner
+    }
+
+    #[cfg(test)]
+    fn with_bound(inner: TcpStream, bound: InflightBound) -> Self {
+        let mut s = Self::new(inner, false, None);
+        s.bounding = Some(Box::new(Bounding {
+            bound,
+            stats: None,
+            counted: false,
+            last: PathSample {
+                srtt: Duration::from_millis(50),
+                min_rtt: Duration::from_millis(50),
+                held: 0,
+                delivery_rate: 0,
+            },
+            next_look: Instant::now() + Duration::from_secs(3600),
+            wait: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        }));
+        s
+    }
+}
+
+impl Bounding {
+    /// How often the socket's round trips are read: eight times a round trip, within 1–25 ms.
+    fn look_gap(&self) -> Duration {
+        (self.last.srtt / 8).clamp(Duration::from_millis(1), Duration::from_millis(25))
+    }
+
+    /// How long a write that found the bound full waits before it looks again: a sixteenth of
+    /// the path (what drains meanwhile is a small part of the bound), within 1–10 ms.
+    fn pause(&self) -> Duration {
+        (self.last.min_rtt / 16).clamp(Duration::from_millis(1), Duration::from_millis(10))
+    }
+
+    /// How much of `len` may be written now; `Pending` (the timer armed) when nothing may.
+    fn room(&mut self, sock: &TcpStream, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<usize>> {
+        let now = Instant::now();
+        // What the session's bytes occupy of the path: unacknowledged, less what has left the
+        // network (a hole's selectively acknowledged bytes wait only for the retransmission).
+        let p = tcp_path(sock.as_fd())?;
+        let held = tcp_unacknowledged(sock.as_fd())?.saturating_sub(p.left_network);
+        if now >= self.next_look {
+            self.last = PathSample { srtt: p.srtt, min_rtt: p.min_rtt, held, delivery_rate: p.delivery_rate };
+            let pacing = self.bound.pacing_rate();
+            self.bound.sample(now.into_std(), self.last);
+            self.next_look = now + self.look_gap();
+            if let Some(rate) = self.bound.pacing_rate().filter(|&r| Some(r) != pacing) {
+                set_max_pacing_rate(sock.as_fd(), rate)?;
+                if let Some(s) = self.stats.as_ref().filter(|_| !self.counted) {
+                    s.bounded.inc();
+                    self.counted = true;
+                }
+            }
+        }
+        let room = self.bound.room(held, len);
+        if room > 0 {
+            return Poll::Ready(Ok(room));
+        }
+        if let Some(s) = &self.stats {
+            s.waits.inc();
+        }
+        let pause = self.pause();
+        self.wait.as_mut().reset(now + pause);
+        // A timer just armed in the future is pending: this registers the task's waker.
+        match self.wait.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncRead for SessionSocket {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SessionSocket {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let Some(b) = this.bounding.as_deref_mut() else {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        };
+        match b.room(&this.inner, cx, buf.len()) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(room)) => Pin::new(&mut this.inner).poll_write(cx, buf.get(..room).unwrap_or(buf)),
+            Poll::Ready(Err(e)) => {
+                // The socket cannot say (it always should): write without a bound.
+                tracing::debug!(error = %e, "a tunnel session's socket writes without an in-flight bound");
+                this.bounding = None;
+                Pin::new(&mut this.inner).poll_write(cx, buf)
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.bounding.is_none() {
+            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        }
+        let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &**b);
+        self.poll_write(cx, first)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.bounding.is_none() && self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use socket2::SockRef;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    #[tokio::test]
+    async fn a_local_socket_gets_no_bound_and_writes_through() {
+        let (c, mut s) = pair().await;
+        let reg = Registry::new();
+        let stats = InflightStats::new(&reg);
+        let mut c = SessionSocket::new(c, true, Some(stats.clone()));
+        assert!(c.bounding.is_none(), "loopback's handshake is far below a millisecond");
+        assert!(c.is_write_vectored());
+        c.write_all(&[7; 100_000]).await.unwrap();
+        let mut got = vec![0; 100_000];
+        s.read_exact(&mut got).await.unwrap();
+        assert!(got.iter().all(|&b| b == 7));
+        assert_eq!(c.bound(), None);
+        assert_eq!((stats.bounded.get(), stats.waits.get()), (0, 0));
+    }
+
+    /// The peer stops reading: what the socket holds unacknowledged (unsent, once the peer's
+    /// window is shut) stops at the bound, and writing goes on once the peer reads.
+    #[tokio::test]
+    async fn writes_stop_at_the_bound_and_go_on_when_acknowledgements_come() {
+        let (c, mut s) = pair().await;
+        let _ = SockRef::from(&s).set_recv_buffer_size(64 * 1024);
+        let bound = 128 * 1024;
+        let mut c = SessionSocket::with_bound(c, bounded(bound));
+        let stats = InflightStats::new(&Registry::new());
+        c.bounding.as_mut().unwrap().stats = Some(stats.clone());
+        let chunk = [1u8; 16 * 1024];
+        let mut written = 0u64;
+        // Bounded: the write that never completes within 200 ms is the one held back.
+        for _ in 0..10_000 {
+            match tokio::time::timeout(Duration::from_millis(200), c.write(&chunk)).await {
+                Ok(n) => written += n.unwrap() as u64,
+                Err(_) => break,
+            }
+        }
+        let held = tcp_unacknowledged(c.get_ref().as_fd()).unwrap();
+        assert!(held <= bound, "held {held} over the bound {bound} ({written} written)");
+        assert!(held + chunk.len() as u64 > bound, "held {held}: stopped early");
+        assert!(c.bounding.as_ref().unwrap().bound.bound().is_some());
+        assert!(stats.waits.get() > 0, "the held-back write is counted");
+        // The peer reads everything: writing resumes and everything arrives.
+        let reader = tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                match s.read(&mut buf).await.unwrap() {
+                    0 => return n,
+                    k => n += k as u64,
+                }
+            }
+        });
+        let more = 4 * bound;
+        for _ in 0..more / chunk.len() as u64 {
+            tokio::time::timeout(Duration::from_secs(10), c.write_all(&chunk)).await.unwrap().unwrap();
+        }
+        c.shutdown().await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), reader).await.unwrap().unwrap();
+        assert_eq!(n, written + more);
+    }
+
+    fn bounded(bytes: u64) -> InflightBound {
+        // A standing queue with `bytes` × 1.1 held makes a bound of about `bytes`.
+        let mut b = InflightBound::new();
+        let min = Duration::from_millis(100);
+        let srtt = min + InflightBound::margin(min) * 3 / 2;
+        let held = (bytes as f64 * srtt.as_secs_f64() / (min + InflightBound::margin(min)).as_secs_f64()) as u64;
+        let sample = PathSample { srtt, min_rtt: min, held: held + 1, delivery_rate: 0 };
+        // Busy for two round trips: the queue is the session's.
+        let now = std::time::Instant::now();
+        b.sample(now - 2 * srtt, sample);
+        b.sample(now, sample);
+        assert!(b.bound().unwrap().abs_diff(bytes) < 2, "{:?}", b.bound());
+        b
+    }
+}
