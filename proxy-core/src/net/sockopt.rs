@@ -34,6 +34,10 @@ pub struct TcpPath {
     /// Of the unacknowledged bytes, those no longer in the network: selectively acknowledged,
     /// or counted lost and not yet sent again (segments times the sending MSS).
     pub left_network: u64,
+    /// Time since the last acknowledgement came, and since data was last sent (millisecond
+    /// resolution).
+    pub since_ack: Duration,
+    pub since_sent: Duration,
 }
 
 /// A TCP socket's smoothed and minimum round trips and its delivery rate (`TCP_INFO`).
@@ -63,6 +67,8 @@ pub fn tcp_path(fd: BorrowedFd<'_>) -> io::Result<TcpPath> {
         delivery_rate: info.tcpi_delivery_rate,
         left_network: u64::from((info.tcpi_sacked + info.tcpi_lost).saturating_sub(info.tcpi_retrans))
             * u64::from(info.tcpi_snd_mss),
+        since_ack: Duration::from_millis(info.tcpi_last_ack_recv.into()),
+        since_sent: Duration::from_millis(info.tcpi_last_data_sent.into()),
     })
 }
 

@@ -15,6 +15,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+/// How long a write waits before it looks at a full bound again while the path is silent.
+const SILENT_PAUSE: Duration = Duration::from_millis(200);
+
 /// What the in-flight bounds of a process's session sockets do (one set per process).
 #[derive(Debug, Clone)]
 pub struct InflightStats {
@@ -35,7 +38,7 @@ impl InflightStats {
             waits: counter(
                 reg,
                 "seedgate_tunnel_inflight_waits_total",
-                "Writes to an HTTP/2 tunnel session's TCP socket that waited because the session's bytes in flight reached its bound (each wait is a sixteenth of the path's round trip, 1-10 ms): the session moves what its path carries.",
+                "Writes to an HTTP/2 tunnel session's TCP socket that waited because the session's bytes in flight reached its bound (a wait is a sixteenth of the path's round trip, 1-10 ms, or 200 ms once data sent two round trips ago got no acknowledgement): the session moves what its path carries.",
             ),
         }
     }
@@ -123,8 +126,15 @@ impl Bounding {
     }
 
     /// How long a write that found the bound full waits before it looks again: a sixteenth of
-    /// the path (what drains meanwhile is a small part of the bound), within 1–10 ms.
-    fn pause(&self) -> Duration {
+    /// the path (what drains meanwhile is a small part of the bound), within 1–10 ms; but
+    /// [`SILENT_PAUSE`] once data sent two round trips ago (at least 100 ms) got no
+    /// acknowledgement since: a path gone silent costs a few wake-ups a second, not hundreds.
+    /// (After an idle period the last acknowledgement is old too, but data was just sent.)
+    fn pause(&self, since_ack: Duration, since_sent: Duration) -> Duration {
+        let silence = (2 * self.last.srtt).max(Duration::from_millis(100));
+        if since_ack > silence && since_sent > silence {
+            return SILENT_PAUSE;
+        }
         (self.last.min_rtt / 16).clamp(Duration::from_millis(1), Duration::from_millis(10))
     }
 
@@ -155,7 +165,7 @@ impl Bounding {
         if let Some(s) = &self.stats {
             s.waits.inc();
         }
-        let pause = self.pause();
+        let pause = self.pause(p.since_ack, p.since_sent);
         self.wait.as_mut().reset(now + pause);
         // A timer just armed in the future is pending: this registers the task's waker.
         match self.wait.as_mut().poll(cx) {
@@ -288,6 +298,19 @@ mod tests {
         c.shutdown().await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(10), reader).await.unwrap().unwrap();
         assert_eq!(n, written + more);
+    }
+
+    #[tokio::test]
+    async fn the_pause_is_a_sixteenth_of_the_path_and_long_once_the_path_is_silent() {
+        let (c, _s) = pair().await;
+        let c = SessionSocket::with_bound(c, bounded(128 * 1024));
+        let b = c.bounding.as_ref().unwrap();
+        let ms = Duration::from_millis;
+        let base = Duration::from_micros(3125);
+        assert_eq!(b.pause(ms(0), ms(0)), base, "a sixteenth of 50 ms");
+        assert_eq!(b.pause(ms(100), ms(101)), base, "acknowledgements 100 ms apart: a slow path");
+        assert_eq!(b.pause(ms(5000), ms(2)), base, "the first write after an idle period");
+        assert_eq!(b.pause(ms(101), ms(101)), SILENT_PAUSE, "sent long ago, nothing acknowledged since");
     }
 
     fn bounded(bytes: u64) -> InflightBound {
