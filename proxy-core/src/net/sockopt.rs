@@ -40,7 +40,7 @@ pub struct TcpPath {
     pub since_sent: Duration,
 }
 
-/// A TCP socket's smoothed and minimum round trips and its delivery rate (`TCP_INFO`).
+/// What `TCP_INFO` says of a TCP socket: its round trips, delivery rate, holes and last activity.
 pub fn tcp_path(fd: BorrowedFd<'_>) -> io::Result<TcpPath> {
     // SAFETY: tcp_info is plain old data (integers only): all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
