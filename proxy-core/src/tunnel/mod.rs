@@ -26,6 +26,7 @@ pub mod congestion;
 pub mod h2;
 pub mod inflight;
 pub mod quic;
+pub mod send_turns;
 pub mod session;
 pub mod session_socket;
 mod stream;

@@ -18,6 +18,7 @@
 //! keepalive timeout; the path is quiet ([`Quiet`]) while nothing that asked for an
 //! acknowledgement is acknowledged for the suspect time ([`Hearing`]).
 
+use super::send_turns::{SMALL_WRITE, SendTurns};
 use super::session::{
     self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
     SessionOpener,
@@ -37,8 +38,8 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -73,23 +74,43 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t
 }
 
-/// How many streams moving bulk at once each find room in the sending end's window. quinn lets a
-/// stream buffer up to the window its peer granted it, out of one send window (the connection
-/// window) shared first come, first served; a stream that finds it full cannot even send its
-/// answer to an open. With 4 MiB stream windows and a 64 MiB connection window, sixteen bulk
-/// streams filled it on a lossy path that Cubic had slowed to 4 Mbit/s, and the next opens timed
-/// out; with 16 MiB, four streams filled it and a fifth moved nothing. A sixty-fourth keeps
-/// sixty-four bulk streams answering: 1 MiB with the defaults, more where `connection_window` is
-/// raised for long, fast paths.
-const SEND_SHARES: u32 = 64;
-
 /// Every stream's window: quinn's windows are fixed for a connection's life, so every stream gets
-/// the window a fast path needs (quinn holds only what arrives unread), within [`SEND_SHARES`]
-/// of the connection window and never below the configured stream window.
+/// the window a fast, long path needs (`max_stream_window`, 16 MiB by default: 300 ms at
+/// 300 Mbit/s), within a quarter of the connection window and never below the configured stream
+/// window. A receiver holds only what arrives unread; what a sender holds is bounded for the
+/// whole connection by [`send_window`], which follows the path.
 fn stream_window(s: &TunnelSettings) -> u32 {
     super::window::stream_window_cap(s.stream_window_quic, s.max_stream_window, s.connection_window)
-        .min(s.connection_window / SEND_SHARES)
-        .max(s.stream_window_quic)
+}
+
+/// The least a connection's send window is: what a stream's start needs before the congestion
+/// window says more (a path's first round trips), and what sixty-four streams answering an open
+/// need beside bulk ones.
+pub const SEND_WINDOW_FLOOR: u64 = 4 << 20;
+
+/// How many congestion windows a connection's send window holds: one in flight, one held behind
+/// a loss until its retransmission is acknowledged (quinn frees a stream's bytes only up to its
+/// first hole), and one ready to go out.
+const SEND_WINDOW_CWNDS: u64 = 3;
+
+/// How often a connection's send window follows its congestion window: a few times per round
+/// trip of a WAN path, and cheap (a copy of the connection's counters under its lock).
+const SEND_WINDOW_EVERY: Duration = Duration::from_millis(50);
+
+/// How long a stream may hold its turn at the send window ([`SendTurns`]) without getting a write
+/// in: room frees with every acknowledgement, so a head that waits two round trips (at least
+/// 100 ms) is held by its own stream's flow control.
+fn turn_patience(rtt: Duration) -> Duration {
+    (rtt * 2).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// The bytes a connection may hold unacknowledged (all its streams together), for a congestion
+/// window of `cwnd`: what keeps the path busy through a loss, within [`SEND_WINDOW_FLOOR`] and
+/// the configured connection window `cap`. quinn lets a stream buffer up to the window its
+/// peer granted, out of this send window shared first come, first served; a fixed send window
+/// as large as the stream windows would let one bulk stream hold 16 MiB of a 2 MB path.
+pub fn send_window(cwnd: u64, cap: u64) -> u64 {
+    cwnd.saturating_mul(SEND_WINDOW_CWNDS).max(SEND_WINDOW_FLOOR).min(cap)
 }
 
 /// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
@@ -97,7 +118,7 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(stream_window(s)));
     t.receive_window(VarInt::from_u32(s.connection_window));
-    t.send_window(u64::from(s.connection_window));
+    t.send_window(send_window(0, u64::from(s.connection_window)));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(s.ping_every()));
     // Neither end reads datagrams: the only ones sent are the probes of a quiet path
@@ -315,11 +336,54 @@ pub struct QuicStream {
     write_closed: bool,
     /// Bytes to send before the stream's own (the agent's answer), not yet sent.
     prefix: Vec<u8>,
+    /// The connection's queue for its send window, and this stream's place in it.
+    turns: Arc<Turns>,
+    key: u64,
 }
 
+/// One connection's [`SendTurns`], shared by its streams and its watcher.
+pub type Turns = crate::sync::Mutex<SendTurns<Waker>>;
+
 impl QuicStream {
-    fn new(send: SendStream, recv: RecvStream) -> Self {
-        Self { send, recv, read_eof: false, write_closed: false, prefix: Vec::new() }
+    fn new(send: SendStream, recv: RecvStream, turns: Arc<Turns>) -> Self {
+        let key = VarInt::from(send.id()).into_inner();
+        Self { send, recv, read_eof: false, write_closed: false, prefix: Vec::new(), turns, key }
+    }
+
+    /// Whether a write of `len` bytes may try quinn now ([`SendTurns`]); if not, it waits its turn.
+    fn poll_turn(&self, cx: &Context<'_>, len: usize) -> Poll<()> {
+        let mut turns = self.turns.lock();
+        if turns.may_write(self.key, len) {
+            return Poll::Ready(());
+        }
+        turns.wait(self.key, cx.waker().clone(), Instant::now());
+        Poll::Pending
+    }
+
+    /// What quinn made of a write of `len` bytes: bytes got in (the turn passes on), or it found
+    /// the window full (a bulk write queues for a turn).
+    fn after_write(&self, cx: &Context<'_>, len: usize, got_in: bool) {
+        let mut turns = self.turns.lock();
+        let next = if got_in {
+            turns.wrote(self.key, Instant::now())
+        } else {
+            if len > SMALL_WRITE {
+                turns.wait(self.key, cx.waker().clone(), Instant::now());
+            }
+            None
+        };
+        drop(turns);
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+
+    /// This stream writes no more: its place in the queue goes to the next.
+    fn leave_turns(&self) {
+        let next = self.turns.lock().left(self.key, Instant::now());
+        if let Some(w) = next {
+            w.wake();
+        }
     }
 
     /// Send what is left of the prefix.
@@ -338,6 +402,7 @@ impl Resettable for QuicStream {
         let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
         self.write_closed = true;
         self.read_eof = true;
+        self.leave_turns();
     }
 
     /// quinn queues a chunk as it is (its `poll_write` copies).
@@ -351,11 +416,14 @@ impl Resettable for QuicStream {
         }
         std::task::ready!(self.poll_prefix(cx))?;
         while !chunk.is_empty() {
+            let len = chunk.len();
+            std::task::ready!(self.poll_turn(cx, len));
             // quinn offers chunk writes as a future only; polled once here, it registers the
             // waker as its poll method would, and leaves in `bufs` what it did not take.
             let mut bufs = [std::mem::take(chunk)];
             let polled = std::pin::pin!(self.send.write_chunks(&mut bufs)).poll(cx);
             *chunk = std::mem::take(&mut bufs[0]);
+            self.after_write(cx, len, polled.is_ready());
             std::task::ready!(polled).map_err(io::Error::from)?;
         }
         Poll::Ready(Ok(()))
@@ -410,7 +478,10 @@ impl AsyncWrite for QuicStream {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
         std::task::ready!(self.poll_prefix(cx))?;
-        AsyncWrite::poll_write(Pin::new(&mut self.send), cx, buf)
+        std::task::ready!(self.poll_turn(cx, buf.len()));
+        let polled = AsyncWrite::poll_write(Pin::new(&mut self.send), cx, buf);
+        self.after_write(cx, buf.len(), polled.is_ready());
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -421,6 +492,7 @@ impl AsyncWrite for QuicStream {
         if !self.write_closed {
             std::task::ready!(self.poll_prefix(cx))?;
             self.write_closed = true;
+            self.leave_turns();
             // FIN: the half-close the far side turns into a TCP FIN.
             self.send.finish().map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e))?;
         }
@@ -435,6 +507,7 @@ impl Drop for QuicStream {
             let _ = self.send.reset(VarInt::from_u32(RESET_CODE));
             let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
         }
+        self.leave_turns();
     }
 }
 
@@ -458,6 +531,7 @@ impl ControlRecv for RecvStream {
 pub struct QuicSeed {
     conn: Connection,
     quiet: Arc<Quiet>,
+    turns: Arc<Turns>,
 }
 
 impl SeedTransport for QuicSeed {
@@ -474,7 +548,7 @@ impl SeedTransport for QuicSeed {
             .await
             .map_err(|e| DialError::Transport(format!("answer from the agent: {e}")))?;
         match answer.into_result() {
-            Ok(()) => Ok(QuicStream::new(send, recv)),
+            Ok(()) => Ok(QuicStream::new(send, recv, self.turns.clone())),
             // Only a stream that crossed the going-away notice is refused so.
             Err(DialError::Draining(why)) => Err(OpenError::GoingAway(why)),
             Err(e) => Err(e.into()),
@@ -574,28 +648,52 @@ const PROBE_PACE: Duration = Duration::from_millis(200);
 /// and while the path is quiet every [`PROBE_PACE`], the samples following it: quinn's
 /// own retransmissions back off exponentially during an outage, so without this the first
 /// acknowledgement after the path heals could come seconds later; with it, within a round trip
-/// and a pace.
-fn watch_quiet(conn: Connection, settings: &TunnelSettings, quiet: impl Fn(bool) + Send + 'static) {
+/// and a pace. The same task keeps the connection's send window at [`send_window`] of its
+/// congestion window and passes on a turn at it ([`SendTurns`]) held past [`turn_patience`].
+fn watch_quiet(conn: Connection, settings: &TunnelSettings, turns: Arc<Turns>, quiet: impl Fn(bool) + Send + 'static) {
     let suspect = settings.keepalive_suspect.min(settings.keepalive_timeout);
     let tick = (suspect / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
+    let cap = u64::from(settings.connection_window);
     tokio::spawn(async move {
         let mut hearing = Hearing::default();
-        let mut silent = false;
+        let mut sent_window = send_window(0, cap);
+        let mut hear_at = tokio::time::Instant::now() + tick;
+        let mut busy = false;
         loop {
-            let wait = if silent { tick.min(PROBE_PACE) } else { tick };
+            // Between samples of the path: while the send window moves or streams wait for a
+            // turn, every [`SEND_WINDOW_EVERY`]; an idle connection wakes only to sample.
+            let at = if busy { hear_at.min(tokio::time::Instant::now() + SEND_WINDOW_EVERY) } else { hear_at };
             tokio::select! {
                 _ = conn.closed() => return,
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep_until(at) => {}
+            }
+            let path = conn.stats().path;
+            let window = send_window(path.cwnd, cap);
+            busy = window != sent_window;
+            if busy {
+                conn.set_send_window(window);
+                sent_window = window;
+            }
+            let mut t = turns.lock();
+            let expired = t.expire(Instant::now(), turn_patience(path.rtt));
+            busy |= t.waiting() > 0;
+            drop(t);
+            if let Some(w) = expired {
+                w.wake();
+            }
+            if tokio::time::Instant::now() < hear_at {
+                continue;
             }
             let s = conn.stats();
             let acked = u64::try_from(s.path.rtt.as_nanos()).unwrap_or(u64::MAX);
             // A peer that takes no datagrams would close the connection on one.
             let can_ask = conn.max_datagram_size().is_some();
-            silent = hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect, can_ask);
+            let silent = hearing.sample(tokio::time::Instant::now(), acked, asked(&s), suspect, can_ask);
             quiet(silent);
             if can_ask && (silent || hearing.unsure()) {
                 let _ = conn.send_datagram(Bytes::from_static(b"p"));
             }
+            hear_at = tokio::time::Instant::now() + if silent { tick.min(PROBE_PACE) } else { tick };
         }
     });
 }
@@ -617,10 +715,11 @@ async fn seed_conn(conn: Connection, settings: TunnelSettings) -> Result<SeedCon
     let control = Box::pin(std::future::ready(Ok((ctl_send, ctl_recv))));
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
-    watch_quiet(conn.clone(), &settings, move |silent| {
+    let turns = Arc::new(Turns::default());
+    watch_quiet(conn.clone(), &settings, turns.clone(), move |silent| {
         q.set(silent);
     });
-    Ok(SeedConn { transport: QuicSeed { conn, quiet }, control, ended: Box::pin(ended) })
+    Ok(SeedConn { transport: QuicSeed { conn, quiet, turns }, control, ended: Box::pin(ended) })
 }
 
 impl SeedConnection for Connection {
@@ -657,12 +756,13 @@ struct QuicResponder {
     send: SendStream,
     recv: RecvStream,
     active: Active<Arc<AtomicUsize>>,
+    turns: Arc<Turns>,
 }
 
 impl Responder for QuicResponder {
     fn accept(self: Box<Self>) -> Result<TunnelStream, DialError> {
-        let QuicResponder { send, recv, active } = *self;
-        let mut stream = QuicStream::new(send, recv);
+        let QuicResponder { send, recv, active, turns } = *self;
+        let mut stream = QuicStream::new(send, recv, turns);
         stream.prefix = Answer::Connected.encode();
         // A fresh stream has send credit for 3 bytes: queue the answer now, so the seed learns
         // of the dial at once even if the target sends nothing first. Anything left (no credit
@@ -675,7 +775,7 @@ impl Responder for QuicResponder {
     }
 
     fn refuse(self: Box<Self>, err: &DialError) {
-        let QuicResponder { mut send, recv, active } = *self;
+        let QuicResponder { mut send, recv, active, turns: _ } = *self;
         let answer = Answer::refusal(err).encode();
         tokio::spawn(async move {
             let _ = send.write_all(&answer).await;
@@ -691,6 +791,7 @@ struct QuicAgent {
     conn: Connection,
     /// Streams accepted and not yet ended (the control stream aside).
     active: Arc<AtomicUsize>,
+    turns: Arc<Turns>,
     /// Streams the seed may have open now, and at most.
     allowed: u32,
     max_streams: u32,
@@ -704,6 +805,7 @@ async fn incoming(
     send: SendStream,
     mut recv: RecvStream,
     active: Active<Arc<AtomicUsize>>,
+    turns: Arc<Turns>,
     draining: bool,
 ) -> Option<Incoming> {
     let Ok(Ok(header)) = tokio::time::timeout(HEADER_TIMEOUT, read_framed(&mut recv, StreamHeader::read)).await else {
@@ -711,7 +813,7 @@ async fn incoming(
         let _ = send.reset(VarInt::from_u32(RESET_CODE));
         return None;
     };
-    let responder = Box::new(QuicResponder { send, recv, active });
+    let responder = Box::new(QuicResponder { send, recv, active, turns });
     if header.kind != KIND_CONNECT {
         responder.refuse(&DialError::BadTarget(format!("unexpected stream kind {}", header.kind)));
         None
@@ -748,7 +850,7 @@ impl AgentTransport for QuicAgent {
         };
         let active = Active::new(self.active.clone());
         self.allow_more();
-        let pending: BoxFuture<'static, _> = Box::pin(incoming(send, recv, active, self.draining));
+        let pending: BoxFuture<'static, _> = Box::pin(incoming(send, recv, active, self.turns.clone(), self.draining));
         Ok(Some(Accepted::Pending(pending)))
     }
 
@@ -804,10 +906,17 @@ async fn agent_session(
         }
     };
     let h = handler.clone();
-    watch_quiet(conn.clone(), settings, move |silent| h.quiet(silent));
+    let turns = Arc::new(Turns::default());
+    watch_quiet(conn.clone(), settings, turns.clone(), move |silent| h.quiet(silent));
     let allowed = settings.max_streams.min(FIRST_STREAM_ALLOWANCE);
-    let agent =
-        QuicAgent { conn, active: Default::default(), allowed, max_streams: settings.max_streams, draining: false };
+    let agent = QuicAgent {
+        conn,
+        active: Default::default(),
+        turns,
+        allowed,
+        max_streams: settings.max_streams,
+        draining: false,
+    };
     session::run_agent(agent, Some(control), handler, stop, tracker).await
 }
 
@@ -822,17 +931,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_stream_window_leaves_sixty_four_bulk_streams_room_to_send() {
+    fn every_stream_window_is_what_a_long_fast_path_needs_within_a_quarter_of_the_connection_window() {
         const MIB: u32 = 1024 * 1024;
         let d = TunnelSettings::default();
         assert_eq!((d.connection_window, d.max_stream_window), (64 * MIB, 16 * MIB));
-        assert_eq!(stream_window(&d), MIB, "a sixty-fourth of 64 MiB, below the 16 MiB cap");
-        let long = TunnelSettings { connection_window: 256 * MIB, ..TunnelSettings::default() };
-        assert_eq!(stream_window(&long), 4 * MIB, "grows with the connection window");
-        let big = TunnelSettings { connection_window: 2047 * MIB, ..TunnelSettings::default() };
-        assert_eq!(stream_window(&big), 16 * MIB, "the cap");
-        let small = TunnelSettings { connection_window: 4 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&d), 16 * MIB, "the cap, a quarter of 64 MiB");
+        let short = TunnelSettings { connection_window: 32 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&short), 8 * MIB, "a quarter of the connection window");
+        let small = TunnelSettings { connection_window: 2 * MIB, ..TunnelSettings::default() };
         assert_eq!(stream_window(&small), d.stream_window_quic, "never below the configured window");
+    }
+
+    #[test]
+    fn the_send_window_holds_three_congestion_windows_within_the_floor_and_the_connection_window() {
+        const MIB: u64 = 1024 * 1024;
+        assert_eq!(send_window(0, 64 * MIB), SEND_WINDOW_FLOOR, "before the path is known");
+        assert_eq!(send_window(MIB, 64 * MIB), SEND_WINDOW_FLOOR, "a short path");
+        assert_eq!(send_window(2 * MIB, 64 * MIB), 6 * MIB, "150 ms at 100 Mbit/s");
+        assert_eq!(send_window(12 * MIB, 64 * MIB), 36 * MIB, "300 ms at 300 Mbit/s");
+        assert_eq!(send_window(40 * MIB, 64 * MIB), 64 * MIB, "the connection window caps it");
+        assert_eq!(send_window(u64::MAX, 64 * MIB), 64 * MIB, "no overflow");
+        assert_eq!(send_window(0, 2 * MIB), 2 * MIB, "a connection window below the floor");
     }
 
     /// A [`Hearing`] fed samples at milliseconds from a start, with a suspect time of 3 s.

@@ -47,4 +47,5 @@ mod udp_migration;
 mod uds_clients;
 mod unix_socket;
 mod unknown_clusters;
+mod wan_bulk;
 mod wan_link;
