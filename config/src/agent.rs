@@ -200,10 +200,10 @@ pub struct Tunnel {
     /// bandwidth-delay product from its PINGs and raises every stream's window to twice that,
     /// from `stream_window` up to this, within a quarter of `connection_window` (four stalled
     /// readers are needed to stall a session). Over QUIC every stream gets this window within a
-    /// sixteenth of `connection_window` (4 MiB by default: raise `connection_window` on both ends
-    /// for paths beyond 100 Mbit/s at 300 ms); a receiver holds bytes only as they arrive unread,
-    /// and what a sender holds of all its streams together follows the path (three congestion
-    /// windows, at least 4 MiB, at most `connection_window`), which bulk streams take in turn.
+    /// quarter of `connection_window` (16 MiB by default: 300 Mbit/s at 300 ms); a receiver holds
+    /// bytes only as they arrive unread, and what a sender holds of all its streams together
+    /// follows the path (three congestion windows, at least 4 MiB, at most `connection_window`),
+    /// which bulk streams take in turn.
     /// `stream_window` or less: no growth. Default `16777216`.
     #[serde(default = "max_stream_window_default")]
     #[schemars(range(min = 65535, max = 2147483647))]

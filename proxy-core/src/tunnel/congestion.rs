@@ -10,11 +10,14 @@
 //! | queueing delay | acknowledgements | a loss |
 //! |---|---|---|
 //! | within the margin | grow the window (slow start, then Cubic's curve) | random: counted, ignored |
-//! | within twice the margin | hold it: the path is full | congestion: the window becomes what the path holds without its queue (× min ÷ smoothed round trip) |
+//! | within twice the margin | hold it: the path is full | congestion: the window becomes what the path holds without its queue (× min ÷ smoothed round trip) of the window; the first loss after slow start grew it, of what the last round trip carried where less |
 //! | beyond | once per round trip, shrink it to what the path holds plus the margin | the same |
 //!
-//! No cut goes below half the window. The bottleneck queue so stays near the margin, and
-//! interactive streams behind a bulk one wait little longer than the path's round trip.
+//! A loss that ends slow start finds the window up to twice what the path and its queue hold
+//! (slow start doubles it a round trip before the queue shows), so the cut starts from what the
+//! path carried, not from the window. No cut goes below half the window. The bottleneck queue
+//! so stays near the margin, and interactive streams behind a bulk one wait little longer than
+//! the path's round trip.
 //! Persistent congestion (RFC 9002 §7.6) collapses the window to the minimum and ECN congestion
 //! marks cut it by Cubic's factor, queue or not.
 //!
@@ -161,6 +164,46 @@ pub struct LossTolerant {
     min_rtt: Option<(Duration, Instant)>,
     probe: Option<Probe>,
     random_losses: u64,
+    delivery: Delivery,
+    /// Slow start grew the window since the last loss cut: a loss now may end an overshoot.
+    doubling: bool,
+}
+
+/// Bytes acknowledged per smoothed round trip: what the path carried while the window was full.
+/// The loss that ends an overshoot (slow start runs a round trip ahead of the queue that shows it,
+/// so the window may be twice what the path and its queue hold) cuts from this, not the window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Delivery {
+    start: Option<Instant>,
+    bytes: u64,
+    /// Whether an acknowledgement of this round was of an application-limited packet.
+    app_limited: bool,
+    /// The last whole round's bytes, unless it was application-limited.
+    last: Option<u64>,
+}
+
+impl Delivery {
+    fn ack(&mut self, now: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
+        match self.start {
+            Some(start) if now.saturating_duration_since(start) < srtt => {}
+            Some(_) => {
+                self.last = (!self.app_limited).then_some(self.bytes);
+                *self = Self { start: Some(now), last: self.last, ..Self::default() };
+            }
+            None => self.start = Some(now),
+        }
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.app_limited |= app_limited;
+    }
+
+    /// What the path carried in a round trip: the larger of the last whole round and this one
+    /// so far; none while either was application-limited (the sender, not the path, set it).
+    fn per_round(&self) -> Option<u64> {
+        if self.app_limited {
+            return None;
+        }
+        self.last.map(|last| last.max(self.bytes))
+    }
 }
 
 impl LossTolerant {
@@ -178,6 +221,8 @@ impl LossTolerant {
             min_rtt: None,
             probe: None,
             random_losses: 0,
+            delivery: Delivery::default(),
+            doubling: false,
         }
     }
 
@@ -216,6 +261,7 @@ impl LossTolerant {
     /// shrinks it to what the path holds plus the margin.
     pub fn ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
         self.srtt = srtt;
+        self.delivery.ack(now, bytes, app_limited, srtt);
         self.sample(now, now.saturating_duration_since(sent), sent, app_limited);
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
             return;
@@ -224,7 +270,10 @@ impl LossTolerant {
         // bottleneck's: bounding it there only makes quinn pace (and cost CPU per byte).
         let queue = if self.local() { Queue::None } else { self.queue() };
         match queue {
-            Queue::None if self.window < self.ssthresh => self.window = self.window.saturating_add(bytes),
+            Queue::None if self.window < self.ssthresh => {
+                self.window = self.window.saturating_add(bytes);
+                self.doubling = true;
+            }
             Queue::None => self.grow(now, bytes),
             // Within reach of the margin: the path is full. Hold, in slow start too (a
             // moment's delay on a busy host must not end it).
@@ -329,10 +378,20 @@ impl LossTolerant {
         let cut = match self.queue() {
             _ if lost_bytes == 0 => BETA,
             // What the path holds without its queue (at most 8/9 of the window: the queue is
-            // past the margin).
+            // past the margin), of the window or, the first loss after slow start grew it, of
+            // what the path carried in the last round trip where less (an overshoot: slow start
+            // doubled the window a round trip before the queue showed). Only then: across a
+            // lossy path in congestion avoidance, a round trip's count read short of the window
+            // often enough to cost a fifth of the rate.
             Queue::Standing | Queue::Long { .. } => {
                 let min = self.min_rtt.map_or(Duration::ZERO, |(m, _)| m);
-                min.as_secs_f64() / self.srtt.as_secs_f64()
+                let drained = min.as_secs_f64() / self.srtt.as_secs_f64();
+                let carried = match self.delivery.per_round() {
+                    Some(d) if self.doubling => d as f64 / self.window.max(1) as f64,
+                    _ => 1.0,
+                };
+                self.doubling = false;
+                drained * carried.min(1.0)
             }
             Queue::None => {
                 self.random_losses += 1;
@@ -428,9 +487,15 @@ mod tests {
         /// One round trip of `rtt` in which the whole window is sent and acknowledged, each
         /// packet with that round trip and the smoothed round trip `srtt`.
         fn round(&mut self, rtt: Duration, srtt: Duration) {
+            let packets = (self.cc.window() / u64::from(MTU)).min(MAX_ROUND);
+            self.carry(rtt, srtt, packets);
+        }
+
+        /// One round trip of `rtt` in which the path carries `packets`, each acknowledged with
+        /// that round trip and the smoothed round trip `srtt`.
+        fn carry(&mut self, rtt: Duration, srtt: Duration, packets: u64) {
             let sent = self.now;
             self.now += rtt;
-            let packets = (self.cc.window() / u64::from(MTU)).min(MAX_ROUND);
             for _ in 0..packets {
                 self.cc.ack(self.now, sent, u64::from(MTU), false, srtt);
             }
@@ -490,7 +555,9 @@ mod tests {
     fn loss_with_a_standing_queue_cuts_to_what_the_path_holds() {
         let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
-        // A 20 ms queue: the window becomes 50/70 of what it was.
+        // A path that carried the whole window in the last round trip, and a 20 ms queue: the
+        // window becomes 50/70 of what it was.
+        p.cc.delivery.last = Some(w);
         p.cc.srtt = 70 * MS;
         p.lose(50 * MS);
         let cut = p.cc.window();
@@ -510,6 +577,52 @@ mod tests {
         let before = p.cc.window();
         p.cc.congestion(p.now, p.now - MS, false, u64::from(MTU));
         assert_eq!(p.cc.window(), (before as f64 * 50.0 / 57.0) as u64);
+    }
+
+    #[test]
+    fn a_loss_that_ends_an_overshoot_cuts_to_what_the_path_carried() {
+        let packet = u64::from(MTU);
+        // Slow start reaches 160 packets in flight on a path that holds 100 and queues 20: the
+        // round trip that doubled the window showed no queue yet.
+        let mut p = Path::after(3, 50 * MS);
+        p.carry(50 * MS, 50 * MS, 80);
+        assert_eq!(p.cc.window(), 160 * packet);
+        // The next round trip carries what the path and its queue hold (the queue shows: the
+        // window holds), then a loss.
+        p.carry(60 * MS, 60 * MS, 120);
+        assert_eq!(p.cc.window(), 160 * packet);
+        p.lose(60 * MS);
+        // What the path carried without its queue, not 50/60 of the window (133 packets, a third
+        // more than the path holds: lost again next round trip).
+        let w = p.cc.window();
+        assert!(w.abs_diff(100 * packet) <= packet, "{} packets", w / packet);
+        // Past slow start a loss cuts from the window again, whatever a round trip counted (on a
+        // lossy path the count often reads short of the window).
+        p.carry(60 * MS, 60 * MS, 70);
+        p.carry(60 * MS, 60 * MS, 70);
+        p.lose(60 * MS);
+        assert_eq!(p.cc.window(), (w as f64 * 50.0 / 60.0) as u64);
+        // No cut below half, whatever the path carried.
+        let mut p = Path::after(3, 50 * MS);
+        p.carry(50 * MS, 50 * MS, 80);
+        p.carry(60 * MS, 60 * MS, 20);
+        p.lose(60 * MS);
+        assert_eq!(p.cc.window(), 80 * packet);
+    }
+
+    #[test]
+    fn an_application_limited_round_trip_does_not_measure_the_path() {
+        let packet = u64::from(MTU);
+        let mut p = Path::after(3, 50 * MS);
+        p.carry(50 * MS, 50 * MS, 80);
+        // A quiet round trip: the sender, not the path, sent little.
+        let sent = p.now;
+        p.now += 60 * MS;
+        for _ in 0..20 {
+            p.cc.ack(p.now, sent, packet, true, 60 * MS);
+        }
+        p.lose(60 * MS);
+        assert_eq!(p.cc.window(), (160.0 * packet as f64 * 50.0 / 60.0) as u64);
     }
 
     #[test]

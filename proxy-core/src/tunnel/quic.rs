@@ -76,22 +76,21 @@ pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
 
 /// Every stream's window: quinn's windows are fixed for a connection's life, so every stream gets
 /// the window a fast, long path needs, `max_stream_window` within [`STREAM_SHARES`] of the
-/// connection window (4 MiB with the defaults: 100 Mbit/s at 300 ms), never below the
+/// connection window (16 MiB with the defaults: 300 Mbit/s at 300 ms), never below the
 /// configured stream window. A receiver holds only what arrives unread; what a sender holds is
 /// bounded for the whole connection by [`send_window`], which follows the path.
 fn stream_window(s: &TunnelSettings) -> u32 {
     s.max_stream_window.min(s.connection_window / STREAM_SHARES).max(s.stream_window_quic)
 }
 
-/// A QUIC stream's window is at most this share of the connection window. Its window is also what
-/// one stream may put in flight, and `loss_tolerant`'s slow start doubles what is in flight per
-/// round trip until a round trip shows the queue, a round trip late: with 16 MiB windows it put
-/// twice the path in flight across 300 ms at 100 Mbit/s and 150 ms at 300 Mbit/s (a 50 ms
-/// bottleneck queue), lost thousands of packets and, in some runs, moved nothing for seconds. A
-/// sixteenth (4 MiB by default) bounds that overshoot to what such paths hold; raise
-/// `connection_window` on both ends for longer, faster paths. Sixteen readers that stop reading
-/// with full windows are needed to stall a session.
-const STREAM_SHARES: u32 = 16;
+/// A QUIC stream's window is at most this share of the connection window (16 MiB by default:
+/// 300 Mbit/s at 300 ms). Its window is also what one stream may put in flight, and slow start
+/// doubles what is in flight per round trip until a round trip shows the queue, a round trip
+/// late: across 300 ms at 100 Mbit/s and 150 ms at 300 Mbit/s (a 50 ms bottleneck queue) it
+/// puts twice the path in flight. `loss_tolerant` cuts the loss that ends it to what the path
+/// carried in the last round trip, so the overshoot costs one round trip's retransmissions.
+/// Four readers that stop reading with full windows are needed to stall a session.
+const STREAM_SHARES: u32 = 4;
 
 /// The least a connection's send window is: what a stream's start needs before the congestion
 /// window says more (a path's first round trips), and what sixty-four streams answering an open
@@ -941,13 +940,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_stream_window_is_max_stream_window_within_a_sixteenth_of_the_connection_window() {
+    fn every_stream_window_is_max_stream_window_within_a_quarter_of_the_connection_window() {
         const MIB: u32 = 1024 * 1024;
         let d = TunnelSettings::default();
         assert_eq!((d.connection_window, d.max_stream_window), (64 * MIB, 16 * MIB));
-        assert_eq!(stream_window(&d), 4 * MIB, "a sixteenth of 64 MiB");
-        let long = TunnelSettings { connection_window: 256 * MIB, ..TunnelSettings::default() };
-        assert_eq!(stream_window(&long), 16 * MIB, "a sixteenth of the connection window");
+        assert_eq!(stream_window(&d), 16 * MIB, "max_stream_window, a quarter of 64 MiB");
+        let short = TunnelSettings { connection_window: 32 * MIB, ..TunnelSettings::default() };
+        assert_eq!(stream_window(&short), 8 * MIB, "a quarter of the connection window");
         let big = TunnelSettings { connection_window: 2047 * MIB, ..TunnelSettings::default() };
         assert_eq!(stream_window(&big), 16 * MIB, "max_stream_window caps it");
         let small = TunnelSettings { connection_window: 2 * MIB, ..TunnelSettings::default() };
