@@ -676,15 +676,16 @@ fn watch_quiet(conn: Connection, settings: &TunnelSettings, turns: Arc<Turns>, q
                 _ = conn.closed() => return,
                 () = tokio::time::sleep_until(at) => {}
             }
-            let path = conn.stats().path;
-            let window = send_window(path.cwnd, cap);
+            // One copy of the counters serves the send window, the turns and the path sample.
+            let s = conn.stats();
+            let window = send_window(s.path.cwnd, cap);
             busy = window != sent_window;
             if busy {
                 conn.set_send_window(window);
                 sent_window = window;
             }
             let mut t = turns.lock();
-            let expired = t.expire(Instant::now(), turn_patience(path.rtt));
+            let expired = t.expire(Instant::now(), turn_patience(s.path.rtt));
             busy |= t.waiting() > 0;
             drop(t);
             if let Some(w) = expired {
@@ -693,7 +694,6 @@ fn watch_quiet(conn: Connection, settings: &TunnelSettings, turns: Arc<Turns>, q
             if tokio::time::Instant::now() < hear_at {
                 continue;
             }
-            let s = conn.stats();
             let acked = u64::try_from(s.path.rtt.as_nanos()).unwrap_or(u64::MAX);
             // A peer that takes no datagrams would close the connection on one.
             let can_ask = conn.max_datagram_size().is_some();
