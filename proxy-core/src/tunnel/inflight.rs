@@ -12,7 +12,7 @@
 //!
 //! | queueing delay (smoothed − minimum) | the bound |
 //! |---|---|
-//! | within the margin, and the bound held a write back | grows by half a margin's worth of the path, up to what the delivery rate fills with twice the margin |
+//! | within the margin, and the bound held a write back | at once to the delivery rate times the path plus the margin where that is more, else by half a margin's worth of the path, up to what the delivery rate fills with twice the margin |
 //! | within twice the margin | holds: the path is full |
 //! | beyond, the session busy for two round trips | the delivery rate times the path plus the margin (no more than halved) |
 //!
@@ -46,6 +46,9 @@ pub const CEILING: u64 = 256 * 1024 * 1024;
 
 /// The deepest cut of one adjustment.
 const MIN_CUT: f64 = 0.5;
+
+/// How much faster than the bound's own rate the socket may send ([`InflightBound::pacing_rate`]).
+const PACING_GAIN: f64 = 1.1;
 
 /// What the socket says of its path at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,14 +107,16 @@ impl InflightBound {
     }
 
     /// The fastest the socket may send, in bytes a second, while it has a bound: the bound's rate
-    /// across the path plus the margin, and a quarter more. Without it a transfer after an idle
-    /// period (or a start-up's pacing, at nearly three times the rate) sends the whole bound in
-    /// a burst that overflows a bottleneck queue shorter than it; with it the queue grows by at
-    /// most a fifth of the bound.
+    /// across the path plus the margin, and a tenth more. Without it a transfer after an idle
+    /// period (or a start-up's pacing, at nearly three times the rate; or the refill after BBR's
+    /// ProbeRTT, which drains the path to four packets every 10 s) sends the whole bound in a
+    /// burst that overflows a bottleneck queue shorter than it; with it the queue grows by at
+    /// most an eleventh of the bound: 28 ms of a path's rate at 300 ms (a quarter more let it
+    /// grow by 60 ms there, past a 50 ms queue).
     pub fn pacing_rate(&self) -> Option<u64> {
         let bound = self.bound?;
         let per = (self.min + Self::margin(self.min)).as_secs_f64();
-        Some(scale(bound, 1.25 / per))
+        Some(scale(bound, PACING_GAIN / per))
     }
 
     /// The margin of a path whose minimum round trip is `min`.
@@ -167,13 +172,17 @@ impl InflightBound {
                 self.bound = Some(target.clamp(scale(bound, MIN_CUT), bound).max(FLOOR));
             }
             Queue::None if self.held_back => {
-                // Half a margin's worth of the path per round trip, but never past what the
-                // delivery rate says fills the path and twice the margin: a queue that reads
-                // empty just after losses drained it is no room to grow into.
+                // Where the delivery rate says the path carries more than the bound, the bound
+                // goes there at once: one set while start-up's rate was still climbing (the
+                // queue shows before the path is full) would take dozens of round trips to grow
+                // by half-margins on a long path, 7 s at 300 ms. Past that, half a margin's
+                // worth of the path per round trip, but never past what the delivery rate says
+                // fills the path and twice the margin: a queue that reads empty just after
+                // losses drained it is no room to grow into.
                 let step = scale(bound, margin.as_secs_f64() / (2.0 * s.srtt.as_secs_f64())).max(1500);
                 let mut grown = bound.saturating_add(step);
                 if rate > 0 {
-                    grown = grown.min(scale(rate, (min + 2 * margin).as_secs_f64()).max(bound));
+                    grown = grown.max(by_rate).min(scale(rate, (min + 2 * margin).as_secs_f64()).max(bound));
                 }
                 self.bound = Some(grown.min(CEILING));
             }
@@ -287,12 +296,34 @@ mod tests {
     }
 
     #[test]
-    fn the_pacing_rate_is_the_bounds_rate_and_a_quarter() {
+    fn a_bound_set_while_start_up_climbed_goes_to_the_paths_rate_in_one_round_trip() {
+        // 300 ms at 100 Mbit/s: the queue showed while the socket held 2.75 MB of a 3.75 MB
+        // path and the delivery rate still read 7.5 MB/s.
+        let t0 = Instant::now();
+        let mut b = InflightBound::new();
+        settled(&mut b, t0, rated(318, 300, 2_750_000, 7_500_000));
+        let first = b.bound().unwrap();
+        assert_eq!(first, scale(2_750_000, 310.0 / 318.0), "what the socket held, less its queue");
+        // The next round trip holds writes back with no queue, at the link's 12 MB/s.
+        b.held_back();
+        b.sample(at(t0, 320), rated(301, 300, first, 12_000_000));
+        let path = scale(12_000_000, 0.310);
+        assert_eq!(b.bound(), Some(path), "the path plus the margin at once, not half-margins");
+        // From there growth is by half-margins again, to the ceiling.
+        b.held_back();
+        b.sample(at(t0, 640), rated(301, 300, path, 12_000_000));
+        let next = b.bound().unwrap();
+        assert!(next > path && next < path + path / 50, "{next} after {path}");
+    }
+
+    #[test]
+    fn the_pacing_rate_is_the_bounds_rate_and_a_tenth() {
         let t0 = Instant::now();
         assert_eq!(InflightBound::new().pacing_rate(), None);
         let b = started(t0);
-        // 2,285,714 bytes per 160 ms is 14.3 MB/s (114 Mbit/s); a quarter more.
-        assert_eq!(b.pacing_rate(), Some(17_857_140));
+        // 2,285,714 bytes per 160 ms is 14.3 MB/s (114 Mbit/s); a tenth more.
+        assert_eq!(b.pacing_rate(), Some(scale(2_285_714, 1.1 / 0.160)));
+        assert!((15_714_000..=15_714_300).contains(&b.pacing_rate().unwrap()));
     }
 
     #[test]
