@@ -82,10 +82,16 @@ pub(crate) trait Transport: Sized + 'static {
     /// (the server), the agent's (the client), and the path between them.
     fn connect(settings: &TunnelSettings) -> impl Future<Output = (Self::SeedSide, Self::AgentSide, Path)>;
 
-    /// How long after its path went silent an end gives up on a session; and whether `e` is the
-    /// error it gives up with. HTTP/2: its first unanswered PING goes out one interval after
-    /// the last, and is lost one timeout later. QUIC: the idle timeout, from the last packet.
+    /// How long after its path went silent an end gives up on a session at the earliest, and at
+    /// the latest; and whether `e` is the error it gives up with. HTTP/2: its first unanswered
+    /// PING goes out one interval after the last, and is lost one timeout later. QUIC: the idle
+    /// timeout, from the last packet received; but the idle timer also restarts at the first
+    /// ack-eliciting packet sent after a receipt (RFC 9000, 10.1), and a keepalive goes out
+    /// within one PING interval, so it may end up to that much later.
     fn silence_noticed_after(settings: &TunnelSettings) -> Duration;
+    fn silence_noticed_by(settings: &TunnelSettings) -> Duration {
+        Self::silence_noticed_after(settings)
+    }
     fn is_silence(e: &SessionError, settings: &TunnelSettings) -> bool;
 
     /// What `Opener::heard` counts at least per keepalive interval of an idle session (HTTP/2:

@@ -45,6 +45,10 @@ impl Transport for Quic {
         s.keepalive_timeout
     }
 
+    fn silence_noticed_by(s: &TunnelSettings) -> Duration {
+        s.keepalive_timeout + s.ping_every()
+    }
+
     fn is_silence(e: &SessionError, _s: &TunnelSettings) -> bool {
         let SessionError::Transport { source, .. } = e else { return false };
         matches!(source.downcast_ref::<quinn::ConnectionError>(), Some(quinn::ConnectionError::TimedOut))
