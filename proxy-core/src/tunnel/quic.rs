@@ -339,24 +339,30 @@ async fn read_framed<T>(
 
 /// One QUIC stream as a byte stream. Dropped before an orderly end both ways, it resets.
 pub struct QuicStream {
-    send: SendStream,
+    send: QuicSend,
     recv: RecvStream,
     read_eof: bool,
     write_closed: bool,
     /// Bytes to send before the stream's own (the agent's answer), not yet sent.
     prefix: Vec<u8>,
-    /// The connection's queue for its send window, and this stream's place in it.
-    turns: Arc<Turns>,
-    key: u64,
 }
 
 /// One connection's [`SendTurns`], shared by its streams and its watcher.
 pub type Turns = crate::sync::Mutex<SendTurns<Waker>>;
 
-impl QuicStream {
-    fn new(send: SendStream, recv: RecvStream, turns: Arc<Turns>) -> Self {
+/// A QUIC stream's sending half, which writes at its connection's send window in turn
+/// ([`SendTurns`]): the streams of a session and the control stream.
+pub struct QuicSend {
+    send: SendStream,
+    /// The connection's queue for its send window, and this stream's place in it.
+    turns: Arc<Turns>,
+    key: u64,
+}
+
+impl QuicSend {
+    fn new(send: SendStream, turns: Arc<Turns>) -> Self {
         let key = VarInt::from(send.id()).into_inner();
-        Self { send, recv, read_eof: false, write_closed: false, prefix: Vec::new(), turns, key }
+        Self { send, turns, key }
     }
 
     /// Whether a write of `len` bytes may try quinn now ([`SendTurns`]); if not, it waits its turn.
@@ -369,8 +375,9 @@ impl QuicStream {
         Poll::Pending
     }
 
-    /// What quinn made of a write of `len` bytes: bytes got in (the turn passes on), or it found
-    /// the window full (a bulk write queues for a turn).
+    /// What quinn made of a write of `len` bytes: bytes got in (the turn passes on, or bulk
+    /// writes held back by a small one go on), or it found the window full (a bulk write queues
+    /// for a turn; a small one holds bulk writes back until it gets in).
     fn after_write(&self, cx: &Context<'_>, len: usize, got_in: bool) {
         let mut turns = self.turns.lock();
         let next = if got_in {
@@ -378,6 +385,8 @@ impl QuicStream {
         } else {
             if len > SMALL_WRITE {
                 turns.wait(self.key, cx.waker().clone(), Instant::now());
+            } else {
+                turns.wait_small(self.key, Instant::now());
             }
             None
         };
@@ -395,23 +404,59 @@ impl QuicStream {
         }
     }
 
+    /// A write of `buf`, in turn.
+    fn poll_send(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_turn(cx, buf.len()));
+        let polled = AsyncWrite::poll_write(Pin::new(&mut self.send), cx, buf);
+        self.after_write(cx, buf.len(), polled.is_ready());
+        polled
+    }
+
+    /// The whole of `buf`, in turn.
+    async fn send_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = std::future::poll_fn(|cx| self.poll_send(cx, buf)).await?;
+            buf = buf.get(n..).unwrap_or_default();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QuicSend {
+    fn drop(&mut self) {
+        self.leave_turns();
+    }
+}
+
+impl QuicStream {
+    fn new(send: SendStream, recv: RecvStream, turns: Arc<Turns>) -> Self {
+        Self { send: QuicSend::new(send, turns), recv, read_eof: false, write_closed: false, prefix: Vec::new() }
+    }
+
     /// Send what is left of the prefix.
     fn poll_prefix(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.prefix.is_empty() {
-            let n = std::task::ready!(Pin::new(&mut self.send).poll_write(cx, &self.prefix))?;
+            let n = std::task::ready!(self.send.poll_send(cx, &self.prefix))?;
             self.prefix.drain(..n);
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Reads nothing more: the peer is asked to stop sending, and dropping the stream after an
+    /// orderly end of writing does not reset it.
+    fn stop_reading(&mut self) {
+        let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
+        self.read_eof = true;
     }
 }
 
 impl Resettable for QuicStream {
     fn reset(&mut self) {
-        let _ = self.send.reset(VarInt::from_u32(RESET_CODE));
+        let _ = self.send.send.reset(VarInt::from_u32(RESET_CODE));
         let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
         self.write_closed = true;
         self.read_eof = true;
-        self.leave_turns();
+        self.send.leave_turns();
     }
 
     /// quinn queues a chunk as it is (its `poll_write` copies).
@@ -426,13 +471,14 @@ impl Resettable for QuicStream {
         std::task::ready!(self.poll_prefix(cx))?;
         while !chunk.is_empty() {
             let len = chunk.len();
-            std::task::ready!(self.poll_turn(cx, len));
+            let send = &mut self.send;
+            std::task::ready!(send.poll_turn(cx, len));
             // quinn offers chunk writes as a future only; polled once here, it registers the
             // waker as its poll method would, and leaves in `bufs` what it did not take.
             let mut bufs = [std::mem::take(chunk)];
-            let polled = std::pin::pin!(self.send.write_chunks(&mut bufs)).poll(cx);
+            let polled = std::pin::pin!(send.send.write_chunks(&mut bufs)).poll(cx);
             *chunk = std::mem::take(&mut bufs[0]);
-            self.after_write(cx, len, polled.is_ready());
+            send.after_write(cx, len, polled.is_ready());
             std::task::ready!(polled).map_err(io::Error::from)?;
         }
         Poll::Ready(Ok(()))
@@ -487,23 +533,20 @@ impl AsyncWrite for QuicStream {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
         std::task::ready!(self.poll_prefix(cx))?;
-        std::task::ready!(self.poll_turn(cx, buf.len()));
-        let polled = AsyncWrite::poll_write(Pin::new(&mut self.send), cx, buf);
-        self.after_write(cx, buf.len(), polled.is_ready());
-        polled
+        self.send.poll_send(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.send).poll_flush(cx)
+        Pin::new(&mut self.send.send).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.write_closed {
             std::task::ready!(self.poll_prefix(cx))?;
             self.write_closed = true;
-            self.leave_turns();
+            self.send.leave_turns();
             // FIN: the half-close the far side turns into a TCP FIN.
-            self.send.finish().map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e))?;
+            self.send.send.finish().map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e))?;
         }
         Poll::Ready(Ok(()))
     }
@@ -513,16 +556,15 @@ impl Drop for QuicStream {
     fn drop(&mut self) {
         // quinn finishes a dropped send stream; an unfinished exchange must look like a reset.
         if !(self.write_closed && self.read_eof) {
-            let _ = self.send.reset(VarInt::from_u32(RESET_CODE));
+            let _ = self.send.send.reset(VarInt::from_u32(RESET_CODE));
             let _ = self.recv.stop(VarInt::from_u32(RESET_CODE));
         }
-        self.leave_turns();
     }
 }
 
-impl ControlSend for SendStream {
+impl ControlSend for QuicSend {
     async fn send(&mut self, line: Vec<u8>) -> io::Result<()> {
-        self.write_all(&line).await.map_err(io::Error::other)
+        self.send_all(&line).await
     }
 }
 
@@ -545,19 +587,21 @@ pub struct QuicSeed {
 
 impl SeedTransport for QuicSeed {
     type Stream = QuicStream;
-    type ControlSend = SendStream;
+    type ControlSend = QuicSend;
     type ControlRecv = RecvStream;
 
     async fn open(&self, target: &str) -> Result<QuicStream, OpenError> {
         let header =
             StreamHeader::connect(target).encode().map_err(|e| DialError::BadTarget(format!("{target:.64}: {e}")))?;
-        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| DialError::Transport(e.to_string()))?;
-        send.write_all(&header).await.map_err(|e| DialError::Transport(e.to_string()))?;
-        let answer = read_framed(&mut recv, Answer::read)
+        let (send, recv) = self.conn.open_bi().await.map_err(|e| DialError::Transport(e.to_string()))?;
+        // Dropped unanswered (the dial gave up), the stream resets rather than ends.
+        let mut stream = QuicStream::new(send, recv, self.turns.clone());
+        stream.send.send_all(&header).await.map_err(|e| DialError::Transport(e.to_string()))?;
+        let answer = read_framed(&mut stream.recv, Answer::read)
             .await
             .map_err(|e| DialError::Transport(format!("answer from the agent: {e}")))?;
         match answer.into_result() {
-            Ok(()) => Ok(QuicStream::new(send, recv, self.turns.clone())),
+            Ok(()) => Ok(stream),
             // Only a stream that crossed the going-away notice is refused so.
             Err(DialError::Draining(why)) => Err(OpenError::GoingAway(why)),
             Err(e) => Err(e.into()),
@@ -721,10 +765,10 @@ async fn seed_conn(conn: Connection, settings: TunnelSettings) -> Result<SeedCon
             e => Err(SessionError::transport("QUIC connection", e)),
         }
     };
-    let control = Box::pin(std::future::ready(Ok((ctl_send, ctl_recv))));
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
     let turns = Arc::new(Turns::default());
+    let control = Box::pin(std::future::ready(Ok((QuicSend::new(ctl_send, turns.clone()), ctl_recv))));
     watch_quiet(conn.clone(), &settings, turns.clone(), move |silent| {
         q.set(silent);
     });
@@ -784,12 +828,14 @@ impl Responder for QuicResponder {
     }
 
     fn refuse(self: Box<Self>, err: &DialError) {
-        let QuicResponder { mut send, recv, active, turns: _ } = *self;
+        let QuicResponder { send, recv, active, turns } = *self;
+        let mut stream = QuicStream::new(send, recv, turns);
         let answer = Answer::refusal(err).encode();
         tokio::spawn(async move {
-            let _ = send.write_all(&answer).await;
-            let _ = send.finish();
-            drop(recv);
+            if stream.send.send_all(&answer).await.is_ok() {
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+            }
+            stream.stop_reading();
             drop(active);
         });
     }
@@ -847,7 +893,7 @@ impl QuicAgent {
 }
 
 impl AgentTransport for QuicAgent {
-    type ControlSend = SendStream;
+    type ControlSend = QuicSend;
     type ControlRecv = RecvStream;
     type Pending = BoxFuture<'static, Option<Incoming>>;
 
@@ -916,6 +962,7 @@ async fn agent_session(
     };
     let h = handler.clone();
     let turns = Arc::new(Turns::default());
+    let control = (QuicSend::new(control.0, turns.clone()), control.1);
     watch_quiet(conn.clone(), settings, turns.clone(), move |silent| h.quiet(silent));
     let allowed = settings.max_streams.min(FIRST_STREAM_ALLOWANCE);
     let agent = QuicAgent {
