@@ -55,8 +55,7 @@ impl<W: Clone> SendTurns<W> {
         if len <= SMALL_WRITE {
             return true;
         }
-        self.small.iter().all(|(s, _)| *s == id)
-            && (self.passed.contains(&id) || self.queue.front().is_none_or(|(head, _)| *head == id))
+        !self.held_back(id) && (self.passed.contains(&id) || self.queue.front().is_none_or(|(head, _)| *head == id))
     }
 
     /// Stream `id` found the window full with a bulk write, or must wait its turn: it queues (at
@@ -65,7 +64,7 @@ impl<W: Clone> SendTurns<W> {
     /// unless small writes hold it back: then it gives up its pass and queues.
     pub fn wait(&mut self, id: u64, wake: W, now: Instant) {
         if self.passed.contains(&id) {
-            if self.small.iter().all(|(s, _)| *s == id) {
+            if !self.held_back(id) {
                 return;
             }
             self.passed.remove(&id);
@@ -155,13 +154,22 @@ impl<W: Clone> SendTurns<W> {
 
     /// Stream `id`'s small write waits no more; whether that was the last one, which releases bulk.
     fn small_done(&mut self, id: u64, now: Instant) -> bool {
-        let before = self.small.len();
+        // Every write that gets in comes here: nothing to do unless a small write waits.
+        if self.small.is_empty() {
+            return false;
+        }
         self.small.retain(|(s, _)| *s != id);
-        let released = before > 0 && self.small.is_empty();
+        let released = self.small.is_empty();
         if released {
             self.since = Some(now);
         }
         released
+    }
+
+    /// Whether a small write of another stream than `id` waits for room, holding `id`'s bulk
+    /// writes back.
+    fn held_back(&self, id: u64) -> bool {
+        self.small.iter().any(|(s, _)| *s != id)
     }
 
     fn head(&self) -> Option<W> {
