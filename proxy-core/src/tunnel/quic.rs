@@ -130,6 +130,10 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     t.send_window(send_window(0, u64::from(s.connection_window)));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(s.ping_every()));
+    // A quiet path is probed at least as often as a live one is pinged: backed off without bound,
+    // the next probe after an outage of some seconds is seconds away, and an open stream waits
+    // that long after the path came back.
+    t.max_probe_timeout(Some(s.ping_every()));
     // Neither end reads datagrams: the only ones sent are the probes of a quiet path
     // ([`watch_quiet`]), one byte each; a small window bounds what waits unread.
     t.datagram_receive_buffer_size(Some(PROBE_WINDOW));

@@ -70,14 +70,18 @@ async fn settle(
     for s in open {
         resumes(rig, s).await?;
     }
-    let mut outcomes = Vec::new();
+    let mut done = Vec::new();
     for t in dials {
-        outcomes.push(t.await?.outcome);
+        done.push(t.await?);
     }
-    if let Some(bad) = outcomes.iter().find(|o| !answered(o)) {
-        anyhow::bail!("a dial {during}: {bad:?}; all: {outcomes:?}\n{}", rig.logs());
+    if let Some(bad) = done.iter().find(|d| !answered(&d.outcome)) {
+        // Each dial with its times: a dial answered `200` whose echo then waited differs from
+        // one never answered.
+        let all: Vec<String> =
+            done.iter().map(|d| format!("{:?} after {:?} (200 after {:?})", d.outcome, d.took, d.answered)).collect();
+        anyhow::bail!("a dial {during}: {:?}; all, in order:\n{}\n{}", bad.outcome, all.join("\n"), rig.logs());
     }
-    Ok(outcomes)
+    Ok(done.into_iter().map(|d| d.outcome).collect())
 }
 
 /// The path goes down (`dirs`) for [`OUTAGE`] with a stream open and dials made throughout;

@@ -118,6 +118,37 @@ async fn agent_session_ends_when_the_seed_never_starts_the_session<T: Transport>
     assert!(r.is_ok(), "agent session still waiting for the seed after {bound:?}");
 }
 
+/// QUIC: a silence of 20 s with both ends sending into it (each end's congestion window full of
+/// what it lost, more waiting): once the path carries again, an open stream carries both ways
+/// within about one PING interval, not after a retransmission back-off grown to seconds (the
+/// back-off stops at the PING interval, and an end whose window is full still acknowledges the
+/// first probe that crosses).
+#[tokio::test(start_paused = true)]
+async fn quic_an_open_stream_carries_again_within_a_ping_interval_of_a_long_silence() {
+    let settings = TunnelSettings {
+        keepalive_interval: Duration::from_secs(1),
+        keepalive_suspect: Duration::from_secs(3),
+        keepalive_timeout: Duration::from_secs(60),
+        ..keepalive_settings()
+    };
+    let (seed, mut agent, path) = pair::<crate::seam::quic::Quic>(&settings).await;
+    let (mut s, mut a) = open_accepted(&seed, &mut agent, "resume:1").await;
+    path.go_silent();
+    const LEN: usize = 256 * 1024;
+    // Into quinn's send buffers at once; what goes out is lost.
+    within("write up", s.write_all(&pattern(LEN, 1))).await.unwrap();
+    within("write down", a.write_all(&pattern(LEN, 2))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!seed.task.is_finished() && !agent.task.is_finished(), "a silence shorter than the timeout ended it");
+
+    path.go_live();
+    let back = Instant::now();
+    assert_eq!(read_exact_n(&mut a, LEN).await, pattern(LEN, 1));
+    assert_eq!(read_exact_n(&mut s, LEN).await, pattern(LEN, 2));
+    let took = back.elapsed();
+    assert!(took <= settings.ping_every() * 2, "the stream carried again {took:?} after the path came back");
+}
+
 over_both!(
     seed_session_ends_with_keepalive_timeout_when_the_agent_freezes,
     agent_session_ends_with_keepalive_timeout_when_the_seed_freezes,

@@ -174,6 +174,11 @@ impl Path {
         self.silent.store(true, Ordering::Relaxed);
     }
 
+    /// The path carries again (QUIC only: the HTTP/2 pipe lost what was written meanwhile).
+    pub(crate) fn go_live(&self) {
+        self.silent.store(false, Ordering::Relaxed);
+    }
+
     pub(crate) fn silent(&self) -> bool {
         self.silent.load(Ordering::Relaxed)
     }

@@ -43,6 +43,8 @@ pub struct TransportConfig {
     pub(crate) ack_frequency_config: Option<AckFrequencyConfig>,
 
     pub(crate) persistent_congestion_threshold: u32,
+    /// seedgate: the longest a backed-off probe timeout may grow.
+    pub(crate) max_probe_timeout: Option<Duration>,
     pub(crate) keep_alive_interval: Option<Duration>,
     pub(crate) crypto_buffer_size: usize,
     pub(crate) allow_spin: bool,
@@ -256,6 +258,22 @@ impl TransportConfig {
         self
     }
 
+    /// seedgate: the longest the probe timeout may grow by backing off (never less than the
+    /// probe timeout without back-off)
+    ///
+    /// Each probe timeout that passes without an acknowledgement doubles the next one. After an
+    /// outage of some seconds the next probe may then be seconds away, and nothing crosses the
+    /// healed path until it goes: the congestion window is full of packets the outage lost, and
+    /// only a probe or an acknowledgement declares them lost. With a bound, a connection whose
+    /// path went quiet sends a probe (one or two packets) at least this often, and resumes
+    /// within this long (plus a round trip) of the path coming back.
+    ///
+    /// `None`, the default, backs off without bound, as RFC 9002 describes.
+    pub fn max_probe_timeout(&mut self, value: Option<Duration>) -> &mut Self {
+        self.max_probe_timeout = value;
+        self
+    }
+
     /// Period of inactivity before sending a keep-alive packet
     ///
     /// Keep-alive packets prevent an inactive but otherwise healthy connection from timing out.
@@ -389,6 +407,7 @@ impl Default for TransportConfig {
             ack_frequency_config: None,
 
             persistent_congestion_threshold: 3,
+            max_probe_timeout: None,
             keep_alive_interval: None,
             crypto_buffer_size: 16 * 1024,
             allow_spin: true,
@@ -425,6 +444,7 @@ impl fmt::Debug for TransportConfig {
             pad_to_mtu,
             ack_frequency_config,
             persistent_congestion_threshold,
+            max_probe_timeout,
             keep_alive_interval,
             crypto_buffer_size,
             allow_spin,
@@ -457,6 +477,7 @@ impl fmt::Debug for TransportConfig {
                 "persistent_congestion_threshold",
                 persistent_congestion_threshold,
             )
+            .field("max_probe_timeout", max_probe_timeout)
             .field("keep_alive_interval", keep_alive_interval)
             .field("crypto_buffer_size", crypto_buffer_size)
             .field("allow_spin", allow_spin)

@@ -557,6 +557,9 @@ impl Connection {
             if space_id == SpaceId::Data {
                 ack_eliciting |= self.can_send_1rtt(frame_space_1rtt);
             }
+            // seedgate: this packet carries only the ACK the peer is owed (the congestion window
+            // holds back everything else).
+            let mut ack_only = false;
 
             pad_datagram_to_mtu |= space_id == SpaceId::Data && self.config.pad_to_mtu;
 
@@ -613,7 +616,9 @@ impl Connection {
                     debug_assert!(untracked_bytes <= segment_size as u64);
 
                     let bytes_to_send = segment_size as u64 + untracked_bytes;
-                    if self.path.in_flight.bytes + bytes_to_send >= self.path.congestion.window() {
+                    let blocked =
+                        self.path.in_flight.bytes + bytes_to_send >= self.path.congestion.window();
+                    if blocked && !self.spaces[space_id].pending_acks.can_send() {
                         space_idx += 1;
                         congestion_blocked = true;
                         // We continue instead of breaking here in order to avoid
@@ -621,11 +626,19 @@ impl Connection {
                         trace!("blocked by congestion control");
                         continue;
                     }
-
-                    // Check whether the next datagram is blocked by pacing
-                    let smoothed_rtt = self.path.rtt.get();
-                    if let Some(delay) = self.path.pacing.delay(
-                        smoothed_rtt,
+                    if blocked {
+                        // seedgate: packets containing only ACK frames are not congestion
+                        // controlled (RFC 9002, section 7). Withheld behind data the window holds
+                        // back, an owed ACK leaves the peer's probe unanswered: both ends of a
+                        // path that came back after an outage wait out their probe timeout
+                        // back-off, seconds, before either sends again.
+                        congestion_blocked = true;
+                        ack_only = true;
+                        ack_eliciting = false;
+                        trace!("blocked by congestion control: sending the owed ACK alone");
+                    } else if let Some(delay) = self.path.pacing.delay(
+                        // Check whether the next datagram is blocked by pacing
+                        self.path.rtt.get(),
                         bytes_to_send,
                         self.path.current_mtu(),
                         self.path.congestion.window(),
@@ -883,8 +896,21 @@ impl Connection {
                 }
             }
 
-            let sent =
-                self.populate_packet(now, space_id, buf, builder.max_size, builder.exact_number);
+            let sent = if ack_only {
+                let mut sent = SentFrames::default();
+                Self::try_populate_acks(
+                    now,
+                    self.receiving_ecn,
+                    &mut sent,
+                    &mut self.spaces[space_id],
+                    buf,
+                    &mut self.stats,
+                    builder.max_size,
+                );
+                sent
+            } else {
+                self.populate_packet(now, space_id, buf, builder.max_size, builder.exact_number)
+            };
 
             // ACK-only packets should only be sent when explicitly allowed. If we write them due to
             // any other reason, there is a bug which leads to one component announcing write
@@ -910,6 +936,12 @@ impl Connection {
 
             // Keep information about the packet around until it gets finalized
             sent_frames = Some(sent);
+
+            if ack_only {
+                // seedgate: nothing else of this space may go until the window opens.
+                space_idx += 1;
+                continue;
+            }
 
             // Don't increment space_idx.
             // We stay in the current space and check if there is more data to send.
@@ -1830,7 +1862,7 @@ impl Connection {
 
     fn pto_time_and_space(&self, now: Instant) -> Option<(Instant, SpaceId)> {
         let backoff = 2u32.pow(self.pto_count.min(MAX_BACKOFF_EXPONENT));
-        let mut duration = self.path.rtt.pto_base() * backoff;
+        let mut duration = self.backed_off(self.path.rtt.pto_base(), backoff);
 
         if self.path.in_flight.ack_eliciting == 0 {
             debug_assert!(!self.peer_completed_address_validation());
@@ -1852,7 +1884,10 @@ impl Connection {
                     return result;
                 }
                 // Include max_ack_delay and backoff for ApplicationData.
-                duration += self.ack_frequency.max_ack_delay_for_pto() * backoff;
+                duration = self.backed_off(
+                    self.path.rtt.pto_base() + self.ack_frequency.max_ack_delay_for_pto(),
+                    backoff,
+                );
             }
             let last_ack_eliciting = match self.spaces[space].time_of_last_ack_eliciting_packet {
                 Some(time) => time,
@@ -1864,6 +1899,16 @@ impl Connection {
             }
         }
         result
+    }
+
+    /// seedgate: the probe timeout `base` backed off by `backoff`, within the configured bound
+    /// (never below `base`)
+    fn backed_off(&self, base: Duration, backoff: u32) -> Duration {
+        let backed = base.saturating_mul(backoff);
+        match self.config.max_probe_timeout {
+            Some(max) => backed.min(max.max(base)),
+            None => backed,
+        }
     }
 
     fn peer_completed_address_validation(&self) -> bool {

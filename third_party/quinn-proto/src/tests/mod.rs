@@ -2184,6 +2184,85 @@ fn congested_tail_loss() {
     pair.client_send(client_ch, s).write(&[42; 1024]).unwrap();
 }
 
+// seedgate: an endpoint whose congestion window is full, with data waiting, still sends the
+// ACK its peer is owed, alone: withheld until its own probe timeout (after an outage, backed
+// off to seconds), it leaves the peer's probe unanswered and the peer backing off in turn.
+#[test]
+fn owed_ack_sent_while_congestion_blocked() {
+    let _guard = subscribe();
+    let mut pair = Pair::default();
+    let (client_ch, server_ch) = pair.connect();
+
+    // The server fills its congestion window into a black hole, with more waiting.
+    let s = pair.server_streams(server_ch).open(Dir::Uni).unwrap();
+    let n = pair.server_send(server_ch, s).write(&[42; 64 * 1024]).unwrap();
+    assert_eq!(n, 64 * 1024);
+    pair.drive_server();
+    assert!(!pair.client.inbound.is_empty());
+    pair.client.inbound.clear();
+    // Its probes are lost too, until its probe timeout has backed off a few times.
+    for _ in 0..6 {
+        pair.step();
+        pair.client.inbound.clear();
+    }
+    let before = pair.server_conn_mut(server_ch).stats();
+    let acks_before = pair.client_conn_mut(client_ch).stats().frame_rx.acks;
+
+    // The path is back: the client asks for an acknowledgement.
+    pair.client_conn_mut(client_ch).ping();
+    let mut acked = false;
+    for _ in 0..100 {
+        pair.step();
+        if pair.client_conn_mut(client_ch).stats().frame_rx.acks > acks_before {
+            acked = true;
+            break;
+        }
+    }
+    assert!(acked, "the client's PING was never acknowledged");
+    let after = pair.server_conn_mut(server_ch).stats();
+    // Acknowledged by an ACK alone, before the server's next probe (which carries stream data).
+    assert_eq!(after.frame_tx.stream, before.frame_tx.stream);
+    assert!(after.frame_tx.acks > before.frame_tx.acks);
+}
+
+// seedgate: through a black hole, probes back off up to `max_probe_timeout` and no further;
+// without the bound they back off to many seconds apart.
+#[test]
+fn probe_timeout_backs_off_within_its_bound() {
+    let _guard = subscribe();
+    const BOUND: Duration = Duration::from_secs(1);
+    let longest_gap = |bound: Option<Duration>| {
+        let mut transport = TransportConfig::default();
+        transport.max_probe_timeout(bound);
+        let server = ServerConfig {
+            transport: Arc::new(transport),
+            ..server_config()
+        };
+        let mut pair = Pair::new(Default::default(), server);
+        let (_, server_ch) = pair.connect();
+        let s = pair.server_streams(server_ch).open(Dir::Uni).unwrap();
+        pair.server_send(server_ch, s).write(&[42; 64 * 1024]).unwrap();
+        // 20 s of black hole: every datagram the server sends is lost.
+        let end = pair.time + Duration::from_secs(20);
+        let (mut sent, mut last, mut longest) = (0, pair.time, Duration::ZERO);
+        while pair.time < end && pair.step() {
+            pair.client.inbound.clear();
+            let now_sent = pair.server_conn_mut(server_ch).stats().udp_tx.datagrams;
+            if now_sent > sent {
+                longest = longest.max(pair.time - last);
+                (sent, last) = (now_sent, pair.time);
+            }
+        }
+        assert!(pair.time >= end, "the server stopped probing");
+        longest
+    };
+    let bounded = longest_gap(Some(BOUND));
+    assert!(bounded <= BOUND, "{bounded:?} between probes");
+    assert!(bounded >= BOUND / 2, "no back-off: {bounded:?}");
+    let unbounded = longest_gap(None);
+    assert!(unbounded > BOUND * 4, "{unbounded:?}");
+}
+
 // Send a tail-loss probe when GSO segment_size is less than INITIAL_MTU
 #[test]
 fn tail_loss_small_segment_size() {
