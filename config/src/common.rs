@@ -352,7 +352,10 @@ impl AdminConfig {
 #[schemars(extend("x-reload" = "new sessions"))]
 pub struct Keepalive {
     /// PING every this long, and at least three times per `suspect_after` (so a few seconds of
-    /// silence are noticed). The agent re-resolves its servers' names this often. Default `5s`.
+    /// silence are noticed). A quiet path is probed at least that often too (the retransmission
+    /// back-off stops there: over QUIC always, over HTTP/2 on Linux 6.15 and later, and not below
+    /// the kernel's 1 s), so a session resumes within about that long of the path's return. The
+    /// agent re-resolves its servers' names this often. Default `5s`.
     #[serde(default = "ka_interval_default")]
     pub interval: Dur,
     /// No PING answer for this long: the session is dead (its streams end; an agent

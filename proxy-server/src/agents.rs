@@ -40,8 +40,10 @@ pub(crate) async fn accept_tls(
     peer: SocketAddr,
     stop: CancellationToken,
 ) {
-    let agents = &shared.config.load().agents;
-    proxy_core::net::tune_session_socket(&tcp, agents.keepalive.timeout.get(), agents.tcp_notsent_lowat);
+    let cfg = shared.config.load();
+    let agents = &cfg.agents;
+    let probe_every = settings(&cfg).ping_every();
+    proxy_core::net::tune_session_socket(&tcp, agents.keepalive.timeout.get(), probe_every, agents.tcp_notsent_lowat);
     let tcp = SessionSocket::new(tcp, agents.tcp_inflight_bound, Some(shared.metrics.inflight.clone()));
     if let Some(tls) = handshake(&shared, peer, "TLS", acceptor.accept(ReadAhead::new(tcp))).await {
         serve_agent(shared, tls, peer, stop).await;

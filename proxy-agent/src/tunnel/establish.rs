@@ -101,7 +101,8 @@ pub(super) async fn establish(
     let (tcp, addr) = connect_staggered(target, timeout)
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
-    proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), cfg.tcp_notsent_lowat);
+    let probe_every = super::dial::settings(&cfg).ping_every();
+    proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), probe_every, cfg.tcp_notsent_lowat);
     let tcp = proxy_core::tunnel::session_socket::SessionSocket::new(
         tcp,
         cfg.tcp_inflight_bound,

@@ -14,6 +14,7 @@ use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -145,13 +146,21 @@ pub fn tune_stream(s: &TcpStream) {
 /// - `patience`: `TCP_USER_TIMEOUT`, as the session's keepalive timeout: the kernel's own
 ///   patience (15 retransmissions, about 15 minutes) would keep a session its keepalive already
 ///   ended, and a shorter one would end it — and every stream on it — before that timeout.
+/// - `probe_every`: `TCP_RTO_MAX_MS`, as the keepalive's PING interval (within the kernel's
+///   1-120 s): the retransmission timeout backs off no further, so a quiet path is probed at
+///   least that often, and the session (every stream on it) carries on within about that long of
+///   the path's return. Backed off to the kernel's 120 s, it stayed silent seconds after a heal
+///   that followed an outage of a few seconds. Kernels before 6.15 lack the option.
 /// - `notsent_lowat`: `TCP_NOTSENT_LOWAT`, the most bytes the kernel holds unsent (`0`: no
 ///   limit): the socket then reports writable only below it, and what HTTP/2 has not yet written
 ///   stays in the session, where a stream that sends little (a keystroke, a round trip) goes out
 ///   next rather than behind everything bulk streams queued.
-pub fn tune_session_socket(s: &TcpStream, patience: Duration, notsent_lowat: u32) {
+pub fn tune_session_socket(s: &TcpStream, patience: Duration, probe_every: Duration, notsent_lowat: u32) {
     let sock = SockRef::from(s);
     let _ = sock.set_tcp_user_timeout(Some(patience));
+    if let Err(e) = sockopt::set_tcp_rto_max(s.as_fd(), probe_every) {
+        tracing::debug!(error = %e, "TCP_RTO_MAX_MS not set on a tunnel session's socket");
+    }
     if notsent_lowat > 0
         && let Err(e) = sock.set_tcp_notsent_lowat(notsent_lowat)
     {
@@ -269,6 +278,21 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         l.local_addr().unwrap()
         // dropped: nothing listens there any more, so a connect is refused at once
+    }
+
+    /// A tunnel session's socket: the kernel's patience is the keepalive timeout, its
+    /// retransmission back-off stops at the PING interval (where the kernel has the option).
+    #[tokio::test]
+    async fn a_session_socket_gives_up_with_the_keepalive_and_probes_at_its_pace() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let default = sockopt::tcp_rto_max(c.as_fd());
+        tune_session_socket(&c, Duration::from_secs(60), Duration::from_millis(1500), 0);
+        assert_eq!(SockRef::from(&c).tcp_user_timeout().unwrap(), Some(Duration::from_secs(60)));
+        match default {
+            Ok(_) => assert_eq!(sockopt::tcp_rto_max(c.as_fd()).unwrap(), Duration::from_millis(1500)),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}"),
+        }
     }
 
     /// Four sockets on one port: each accepts connections of its own, and a port in use by a

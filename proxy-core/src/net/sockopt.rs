@@ -1,4 +1,4 @@
-//! Socket options and state that neither std nor socket2 reaches: UDP GRO, a TCP socket's path and unacknowledged bytes, its pacing (the `unsafe` of setsockopt(2), getsockopt(2) and ioctl(2) is isolated here).
+//! Socket options and state that neither std nor socket2 reaches: UDP GRO, a TCP socket's path and unacknowledged bytes, its pacing and retransmission back-off (the `unsafe` of setsockopt(2), getsockopt(2) and ioctl(2) is isolated here).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -94,6 +94,54 @@ pub fn set_max_pacing_rate(fd: BorrowedFd<'_>, bytes_per_second: u64) -> io::Res
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// `TCP_RTO_MAX_MS` (Linux 6.15 and later; the libc crate does not export it).
+const TCP_RTO_MAX_MS: libc::c_int = 44;
+
+/// The range of `TCP_RTO_MAX_MS` the kernel accepts.
+pub const TCP_RTO_MAX_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(120);
+
+/// The longest a TCP socket's retransmission timeout may back off to (`TCP_RTO_MAX_MS`; the
+/// kernel's default is 120 s), clamped to the range the kernel takes ([`TCP_RTO_MAX_RANGE`]).
+/// A kernel without the option answers `ENOPROTOOPT`.
+pub fn set_tcp_rto_max(fd: BorrowedFd<'_>, max: Duration) -> io::Result<()> {
+    let max = max.clamp(*TCP_RTO_MAX_RANGE.start(), *TCP_RTO_MAX_RANGE.end());
+    let ms = libc::c_int::try_from(max.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is borrowed, so open for the call; the value points at a live c_int
+    // and its length is that of a c_int, as setsockopt(2) requires for IPPROTO_TCP/TCP_RTO_MAX_MS.
+    // The kernel only reads through the pointer.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            TCP_RTO_MAX_MS,
+            (&raw const ms).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// A TCP socket's bound on its retransmission timeout ([`set_tcp_rto_max`]).
+pub fn tcp_rto_max(fd: BorrowedFd<'_>) -> io::Result<Duration> {
+    let mut ms: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor is borrowed, so open for the call; `ms` and `len` are live and
+    // writable, `len` says how much the kernel may write (one c_int).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            TCP_RTO_MAX_MS,
+            (&raw mut ms).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
 /// Bytes written to a TCP socket and not yet acknowledged by its peer, sent or not (`SIOCOUTQ`).
 pub fn tcp_unacknowledged(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut n: libc::c_int = 0;
@@ -143,6 +191,26 @@ mod tests {
         };
         assert_eq!(rc, 0, "{}", io::Error::last_os_error());
         v
+    }
+
+    #[test]
+    fn the_retransmission_back_off_is_bounded_within_the_range_the_kernel_takes() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        if let Err(e) = tcp_rto_max(c.as_fd()) {
+            // A kernel before 6.15: the setter says so too, and callers go on without it.
+            assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}");
+            let e = set_tcp_rto_max(c.as_fd(), Duration::from_secs(2)).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}");
+            return;
+        }
+        set_tcp_rto_max(c.as_fd(), Duration::from_millis(2500)).unwrap();
+        assert_eq!(tcp_rto_max(c.as_fd()).unwrap(), Duration::from_millis(2500));
+        // Below the kernel's floor and above its ceiling: clamped, not refused.
+        set_tcp_rto_max(c.as_fd(), Duration::from_millis(10)).unwrap();
+        assert_eq!(tcp_rto_max(c.as_fd()).unwrap(), Duration::from_secs(1));
+        set_tcp_rto_max(c.as_fd(), Duration::from_secs(600)).unwrap();
+        assert_eq!(tcp_rto_max(c.as_fd()).unwrap(), Duration::from_secs(120));
     }
 
     #[test]
