@@ -6,9 +6,10 @@
 //! after 60 s). Before the fault a stream is opened through the tunnel to an echo target in the
 //! shoot (and, during the h2 pass, a direct TCP connection to it across the same link); during
 //! the fault dials are made through the front end, each an echo round trip with a client
-//! timeout of 4 s; after the heal, dials until one is served, then a round trip on the open
-//! stream. What counts is the outcome of each dial (served, refused with a reason, no answer),
-//! how many waited more than 3 s, and how long after the heal the first dial was served.
+//! timeout of 4 s; after the heal, side by side, dials until one is served and a round trip on
+//! the open stream (and on the direct connection). What counts is the outcome of each dial
+//! (served, refused with a reason, no answer), how many waited more than 3 s, and how long after
+//! the heal the first dial was served and the open stream carried bytes again.
 //!
 //! Faults: black holes both ways of 5, 12, 20 and 30 s (a dial a second); only seed → shoot
 //! dropped for 20 s; a link that flaps (1 s down, 1 s up) for a minute (a dial every 250 ms);
@@ -43,6 +44,7 @@ const AFTER: Duration = Duration::from_secs(40);
 
 /// The figures, each per fault (the fault's name is the parameter).
 const F_STREAM: &str = "open stream carries bytes after it";
+const F_RESUME: &str = "open stream's first round trip after the heal";
 const F_DIALS: &str = "dials during it";
 const F_SERVED: &str = "dials served";
 const F_REFUSED: &str = "dials refused with a reason";
@@ -96,7 +98,7 @@ impl Fault {
     fn figures(self) -> &'static [&'static str] {
         match self {
             Fault::TwoPaths(_) => &[F_STREAM, F_DIALS, F_SERVED, F_LATE_FAILED, F_WAITED, F_MAX_WAIT],
-            _ => &[F_STREAM, F_DIALS, F_SERVED, F_REFUSED, F_UNANSWERED, F_WAITED, F_MAX_WAIT, F_HEAL],
+            _ => &[F_STREAM, F_RESUME, F_DIALS, F_SERVED, F_REFUSED, F_UNANSWERED, F_WAITED, F_MAX_WAIT, F_HEAL],
         }
     }
 }
@@ -106,7 +108,7 @@ fn unit_of(f: &str) -> (&'static str, Better) {
         F_STREAM => ("yes = 1", Better::Higher),
         F_DIALS => ("dials", Better::Higher),
         F_SERVED => ("dials", Better::Higher),
-        F_MAX_WAIT | F_HEAL => ("s", Better::Lower),
+        F_MAX_WAIT | F_HEAL | F_RESUME => ("s", Better::Lower),
         _ => ("dials", Better::Lower),
     }
 }
@@ -128,10 +130,11 @@ fn faults(smoke: bool) -> Vec<Fault> {
 
 /// What one fault did.
 struct Seen {
-    /// The open stream through the tunnel carried bytes after it.
-    stream: bool,
+    /// From the heal to the end of the open stream's first round trip through the tunnel
+    /// (`None`: not within [`AFTER`]).
+    resumed: Option<Duration>,
     /// The same of a direct TCP connection across the link (the h2 pass only).
-    direct: Option<bool>,
+    direct: Option<Option<Duration>>,
     /// Each dial made during it, with when it was made (from the fault's start).
     dials: Vec<(Duration, Dialled)>,
     /// From the heal to the first served dial (`None`: none within [`AFTER`]).
@@ -142,7 +145,8 @@ struct Seen {
 fn value(f: &str, seen: &Seen) -> Option<f64> {
     let count = |p: &dyn Fn(&Duration, &Dialled) -> bool| seen.dials.iter().filter(|(at, d)| p(at, d)).count() as f64;
     Some(match f {
-        F_STREAM => f64::from(u8::from(seen.stream)),
+        F_STREAM => f64::from(u8::from(seen.resumed.is_some())),
+        F_RESUME => seen.resumed?.as_secs_f64(),
         F_DIALS => seen.dials.len() as f64,
         F_SERVED => count(&|_, d| d.outcome == Outcome::Served),
         F_REFUSED => count(&|_, d| matches!(d.outcome, Outcome::Refused(..))),
@@ -204,7 +208,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
          counts every dial whose answer (the CONNECT's 200, a refusal, or none) took longer, and `longest dial` is \
          the longest such wait: the echo after a 200 is the new stream's bytes crossing the link, and a dial whose \
          echo made it take longer than 3 s is listed under the table; direct TCP: a connection across the \
-         same link during the h2 pass (only the open-stream figure)",
+         same link during the h2 pass (only the open-stream figures)",
     );
     for &fault in &faults {
         for (sys, quic) in [(H2, false), (QUIC, true)] {
@@ -225,9 +229,16 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
                 let m = metric(res, fault, F_WAITED);
                 res.note_split(m, sys, Kind::Seedgate, &slow);
             }
-            if let Ok(Seen { direct: Some(ok), .. }) = &seen {
+            if let Ok(Seen { direct: Some(resumed), .. }) = &seen {
                 let m = metric(res, fault, F_STREAM);
-                record(res, m, DIRECT, Kind::Direct, Ok(f64::from(u8::from(*ok))));
+                record(res, m, DIRECT, Kind::Direct, Ok(f64::from(u8::from(resumed.is_some()))));
+                if fault.figures().contains(&F_RESUME) {
+                    let m = metric(res, fault, F_RESUME);
+                    match resumed {
+                        Some(t) => record(res, m, DIRECT, Kind::Direct, Ok(t.as_secs_f64())),
+                        None => res.note(m, DIRECT, Kind::Direct, &format!("none within {} s", AFTER.as_secs())),
+                    }
+                }
             }
         }
     }
@@ -278,35 +289,39 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
         tokio::time::sleep_until(started + every * (i + 1)).await;
     }
     link.black_hole(dirs, false);
+    // From the heal, at once and side by side: dials until one is served, a round trip on the
+    // open stream, and one on the direct connection.
     let healed = Instant::now();
-    let heal = loop {
-        if healed.elapsed() > AFTER {
-            break None;
+    let first_served = async {
+        while healed.elapsed() <= AFTER {
+            let d = dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT).await;
+            if d.outcome == Outcome::Served {
+                return Some(healed.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let d = dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT).await;
-        if d.outcome == Outcome::Served {
-            break Some(healed.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        None
     };
-    let stream = matches!(tokio::time::timeout(AFTER, roundtrip(&mut open, b"after")).await, Ok(Ok(())));
-    let direct = match direct.as_mut() {
-        None => None,
-        Some(s) => Some(
-            tokio::time::timeout(AFTER, async {
-                s.write_all(b"y").await?;
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).await
-            })
-            .await
-            .is_ok_and(|r| r.is_ok()),
-        ),
+    let resumed = async {
+        let r = tokio::time::timeout(AFTER, roundtrip(&mut open, b"after")).await;
+        matches!(r, Ok(Ok(()))).then(|| healed.elapsed())
     };
+    let direct_resumed = async {
+        let s = direct.as_mut()?;
+        let r = tokio::time::timeout(AFTER, async {
+            s.write_all(b"y").await?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await
+        })
+        .await;
+        Some(r.is_ok_and(|r| r.is_ok()).then(|| healed.elapsed()))
+    };
+    let (heal, resumed, direct) = tokio::join!(first_served, resumed, direct_resumed);
     let mut done = Vec::new();
     for (at, t) in dials {
         done.push((at, t.await?));
     }
-    Ok(Seen { stream, direct, dials: done, heal })
+    Ok(Seen { resumed, direct, dials: done, heal })
 }
 
 /// The targets: per fault recorded, over h2 and QUIC.
@@ -325,6 +340,14 @@ pub(super) fn targets(t: &mut report::Targets<'_>) {
                 t.value(&format!("{n}: {short} no dial fails after the first 3 s"), q(F_LATE_FAILED), fmt_num, zero);
                 continue;
             }
+            // A quiet session probes at least once per PING interval (1 s by default; over h2 where
+            // the kernel has TCP_RTO_MAX_MS, Linux 6.15 and later).
+            t.value(
+                &format!("{n}: {short} open stream carries bytes within 2 s of the heal"),
+                q(F_RESUME),
+                |v| format!("{v:.2} s"),
+                |v| v <= 2.0,
+            );
             if n.starts_with("flapping") {
                 t.value(&format!("{n}: {short} no open stream lost"), q(F_STREAM), fmt_num, |v| v == 1.0);
                 t.value(&format!("{n}: {short} every dial answered"), q(F_UNANSWERED), fmt_num, zero);
