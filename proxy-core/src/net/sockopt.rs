@@ -5,23 +5,52 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
-/// Turn UDP generic receive offload on or off on `fd`. Off, every read returns one datagram,
-/// never a run of up to 64 coalesced ones.
-pub fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let value = libc::c_int::from(on);
-    // SAFETY: the descriptor is borrowed, so it is open for the duration of the call; the option
-    // value points at a live c_int and its length is that of a c_int, as setsockopt(2) requires
-    // for SOL_UDP/UDP_GRO. The kernel only reads through the pointer.
+/// Option values: plain data, valid for every bit pattern, so the kernel may fill one.
+///
+/// # Safety
+/// Every bit pattern of the type's size is a valid value of it (integers, and structs of them).
+unsafe trait Plain: Copy {}
+// SAFETY: integers.
+unsafe impl Plain for libc::c_int {}
+// SAFETY: integers.
+unsafe impl Plain for u64 {}
+// SAFETY: tcp_info is a struct of integers only.
+unsafe impl Plain for libc::tcp_info {}
+
+/// setsockopt(2) of `fd` with a value of type `T`, which must be the type the option reads
+/// (`c_int`, or `u64` where the kernel reads an unsigned long on 64-bit targets).
+fn set_opt<T: Plain>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: T) -> io::Result<()> {
+    // SAFETY: the descriptor is borrowed, so it is open for the duration of the call; the value
+    // points at a live `T` and the length is that of a `T`, the type the option reads (the
+    // callers' contract). The kernel only reads through the pointer.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
+            level,
+            name,
             (&raw const value).cast::<libc::c_void>(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// getsockopt(2) of `fd` into `value` (its type must be the one the option writes; what the
+/// kernel does not fill keeps the value given).
+fn get_opt<T: Plain>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, mut value: T) -> io::Result<T> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the descriptor is borrowed, so open for the call; `value` and `len` are live and
+    // writable, `len` says how much of `value` the kernel may fill (it fills at most that), and
+    // any bytes it writes make a valid `T` (`Plain`).
+    let rc =
+        unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&raw mut value).cast::<libc::c_void>(), &raw mut len) };
+    if rc == 0 { Ok(value) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Turn UDP generic receive offload on or off on `fd`. Off, every read returns one datagram,
+/// never a run of up to 64 coalesced ones.
+pub fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    set_opt(fd, libc::SOL_UDP, libc::UDP_GRO, libc::c_int::from(on))
 }
 
 /// What `TCP_INFO` says of a TCP socket's path; zero where the kernel has nothing yet.
@@ -43,22 +72,8 @@ pub struct TcpPath {
 /// What `TCP_INFO` says of a TCP socket: its round trips, delivery rate, holes and last activity.
 pub fn tcp_path(fd: BorrowedFd<'_>) -> io::Result<TcpPath> {
     // SAFETY: tcp_info is plain old data (integers only): all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: the descriptor is borrowed, so open for the call; `info` and `len` are live and
-    // writable, `len` says how much of `info` the kernel may fill (it fills at most that).
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast::<libc::c_void>(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let zero: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let info = get_opt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, zero)?;
     // The minimum is all ones until the first sample.
     let min = if info.tcpi_min_rtt == u32::MAX { 0 } else { info.tcpi_min_rtt };
     Ok(TcpPath {
@@ -79,19 +94,7 @@ const SO_MAX_PACING_RATE: libc::c_int = 47;
 /// The fastest a socket's packets may leave, in bytes a second (`SO_MAX_PACING_RATE`; it also
 /// turns on TCP's own pacing where the congestion control did not); `u64::MAX`: no limit.
 pub fn set_max_pacing_rate(fd: BorrowedFd<'_>, bytes_per_second: u64) -> io::Result<()> {
-    // SAFETY: the descriptor is borrowed, so open for the call; the value points at a live u64
-    // and its length is that of a u64, which the kernel reads as an unsigned long (64-bit
-    // targets). The kernel only reads through the pointer.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_MAX_PACING_RATE,
-            (&raw const bytes_per_second).cast::<libc::c_void>(),
-            std::mem::size_of::<u64>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    set_opt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, bytes_per_second)
 }
 
 /// `TCP_RTO_MAX_MS` (Linux 6.15 and later; the libc crate does not export it).
@@ -106,39 +109,12 @@ pub const TCP_RTO_MAX_RANGE: std::ops::RangeInclusive<Duration> = Duration::from
 pub fn set_tcp_rto_max(fd: BorrowedFd<'_>, max: Duration) -> io::Result<()> {
     let max = max.clamp(*TCP_RTO_MAX_RANGE.start(), *TCP_RTO_MAX_RANGE.end());
     let ms = libc::c_int::try_from(max.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: the descriptor is borrowed, so open for the call; the value points at a live c_int
-    // and its length is that of a c_int, as setsockopt(2) requires for IPPROTO_TCP/TCP_RTO_MAX_MS.
-    // The kernel only reads through the pointer.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            TCP_RTO_MAX_MS,
-            (&raw const ms).cast::<libc::c_void>(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    set_opt(fd, libc::IPPROTO_TCP, TCP_RTO_MAX_MS, ms)
 }
 
 /// A TCP socket's bound on its retransmission timeout ([`set_tcp_rto_max`]).
 pub fn tcp_rto_max(fd: BorrowedFd<'_>) -> io::Result<Duration> {
-    let mut ms: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the descriptor is borrowed, so open for the call; `ms` and `len` are live and
-    // writable, `len` says how much the kernel may write (one c_int).
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            TCP_RTO_MAX_MS,
-            (&raw mut ms).cast::<libc::c_void>(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let ms: libc::c_int = get_opt(fd, libc::IPPROTO_TCP, TCP_RTO_MAX_MS, 0)?;
     Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
@@ -160,37 +136,11 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn gro(sock: &std::net::UdpSocket) -> libc::c_int {
-        let mut v: libc::c_int = -1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: as in set_udp_gro; `v` and `len` are live and writable for the kernel's answer.
-        let rc = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_UDP,
-                libc::UDP_GRO,
-                (&raw mut v).cast::<libc::c_void>(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-        v
+        get_opt(sock.as_fd(), libc::SOL_UDP, libc::UDP_GRO, -1).unwrap()
     }
 
     fn pacing(sock: &std::net::TcpStream) -> u64 {
-        let mut v: u64 = 0;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        // SAFETY: as in set_max_pacing_rate; `v` and `len` are live and writable for the answer.
-        let rc = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_MAX_PACING_RATE,
-                (&raw mut v).cast::<libc::c_void>(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-        v
+        get_opt(sock.as_fd(), libc::SOL_SOCKET, SO_MAX_PACING_RATE, 0).unwrap()
     }
 
     #[test]
