@@ -277,8 +277,11 @@ pub struct Agents {
     /// following the socket's smoothed round trip against its minimum. The kernel's congestion
     /// control fills the path's bottleneck queue and overflows it; inside one TCP connection a
     /// lost packet stalls every stream of the session behind its retransmission, and the queue
-    /// delays every stream by its length. A path under a millisecond (loopback, a LAN) never
-    /// gets a bound. Off: the kernel alone decides (choose it where the session shares a
+    /// delays every stream by its length. Where the socket's congestion control is BBR, a
+    /// bounded session also starts it afresh every 5 s of sending: the bound keeps the queue
+    /// short already, and BBR's ProbeRTT (four packets for 200 ms and a round trip, every 10 s)
+    /// would stall every stream of the session. A path under a millisecond (loopback, a LAN)
+    /// never gets a bound. Off: the kernel alone decides (choose it where the session shares a
     /// bottleneck with loss-based bulk traffic that keeps the queue full: the bound would yield
     /// to it). Default `true`.
     #[serde(default = "tcp_inflight_bound_default")]

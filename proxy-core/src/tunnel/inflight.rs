@@ -29,6 +29,18 @@
 //! keepalive's, acknowledged late) it says nothing of the load until the socket has been busy
 //! for two round trips. A long queue that stays at the floor is read as a longer route, whose
 //! round trip becomes the minimum. On a local path (below [`LOCAL_RTT`]) there is no bound.
+//!
+//! Where the kernel's congestion control is BBR, it would drain a connection that has been busy
+//! for 10 s without a round trip at or below its minimum to four packets for 200 ms and a round
+//! trip (ProbeRTT), and every stream of the session, a keystroke's included, would wait for it:
+//! half a second at 150 ms. Under the bound BBR never reads its minimum again (the bound keeps a
+//! queue of up to twice the margin, and an empty queue only matches the minimum by chance) and
+//! never leaves its start-up either (the bound, not BBR, limits what is sent, so every rate sample
+//! is limited by the application), so ProbeRTT would come every 10 s. What ProbeRTT is for, the
+//! bound does already: it keeps the queue short and follows a longer route. So while the bound is
+//! set, [`InflightBound::restart_min_rtt_clock`] says when to start BBR afresh (every
+//! [`MIN_RTT_CLOCK`], never while the socket recovers from a loss), which starts its 10 s again;
+//! the congestion window and what is in flight stay, and the pacing cap holds the start-up's.
 
 use super::congestion::{Queue, queue_margin, read_queue_with};
 use super::window::LOCAL_RTT;
@@ -49,6 +61,10 @@ const MIN_CUT: f64 = 0.5;
 
 /// How much faster than the bound's own rate the socket may send ([`InflightBound::pacing_rate`]).
 const PACING_GAIN: f64 = 1.1;
+
+/// How often a bounded socket's BBR is started afresh: well within its 10 s minimum-round-trip
+/// window ([`InflightBound::restart_min_rtt_clock`]).
+pub const MIN_RTT_CLOCK: Duration = Duration::from_secs(5);
 
 /// What the socket says of its path at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +94,8 @@ pub struct InflightBound {
     busy_since: Option<Instant>,
     /// The largest recent delivery rate: each adjustment forgets an eighth of it.
     rate: u64,
+    /// When BBR was last started afresh ([`Self::restart_min_rtt_clock`]).
+    clock_restarted: Option<Instant>,
 }
 
 impl InflightBound {
@@ -117,6 +135,19 @@ impl InflightBound {
         let bound = self.bound?;
         let per = (self.min + Self::margin(self.min)).as_secs_f64();
         Some(scale(bound, PACING_GAIN / per))
+    }
+
+    /// Whether a socket whose congestion control is BBR should start it afresh at `now`, before
+    /// its minimum round trip expires into ProbeRTT (see the module's doc): while the bound is
+    /// set (it, not BBR, limits what is sent), at most once per [`MIN_RTT_CLOCK`], and not while
+    /// the socket is `recovering` from a loss (BBR afresh would forget the window to restore).
+    /// `true` counts as done.
+    pub fn restart_min_rtt_clock(&mut self, now: Instant, recovering: bool) -> bool {
+        if self.bound.is_none() || recovering || self.clock_restarted.is_some_and(|t| now < t + MIN_RTT_CLOCK) {
+            return false;
+        }
+        self.clock_restarted = Some(now);
+        true
     }
 
     /// The margin of a path whose minimum round trip is `min`.
@@ -428,6 +459,25 @@ mod tests {
         assert_eq!(b.bound(), None);
         b.sample(t0, PathSample { srtt: Duration::ZERO, ..s(0, 50, 10 * MB) });
         assert_eq!(b.bound(), None, "no round trip yet");
+    }
+
+    #[test]
+    fn bbr_is_started_afresh_while_the_bound_is_set_every_five_seconds_and_never_in_recovery() {
+        let t0 = Instant::now();
+        let mut b = InflightBound::new();
+        assert!(!b.restart_min_rtt_clock(t0, false), "no bound: BBR's start-up finds the path");
+        let mut b = started(t0);
+        assert!(b.bound().is_some());
+        assert!(!b.restart_min_rtt_clock(t0, true), "recovering from a loss");
+        assert!(b.restart_min_rtt_clock(at(t0, 1), false), "the first look with the bound set");
+        assert!(!b.restart_min_rtt_clock(at(t0, 1), false), "once");
+        assert!(!b.restart_min_rtt_clock(at(t0, 5_000), false), "within five seconds");
+        assert!(!b.restart_min_rtt_clock(at(t0, 5_001), true), "due, but recovering");
+        assert!(b.restart_min_rtt_clock(at(t0, 5_002), false), "due, and open again");
+        // After an idle minute the first look is due at once: the transfer that ends the idle
+        // period is not drained to four packets by the first acknowledgement.
+        assert!(b.restart_min_rtt_clock(at(t0, 65_000), false));
+        assert!(!b.restart_min_rtt_clock(at(t0, 65_100), false));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::inflight::{InflightBound, PathSample};
 use super::window::LOCAL_RTT;
-use crate::net::sockopt::{set_max_pacing_rate, tcp_path, tcp_unacknowledged};
+use crate::net::sockopt::{restart_tcp_congestion, set_max_pacing_rate, tcp_congestion, tcp_path, tcp_unacknowledged};
 use crate::obs::metrics::{counter, gauge};
 use prometheus::{IntCounter, IntGauge, Registry};
 use std::future::Future;
@@ -25,6 +25,8 @@ pub struct InflightStats {
     pub bounded: IntGauge,
     /// Writes that found their socket's bound full and waited.
     pub waits: IntCounter,
+    /// Times a bounded socket's BBR was started afresh before its ProbeRTT.
+    pub bbr_restarts: IntCounter,
 }
 
 impl InflightStats {
@@ -39,6 +41,11 @@ impl InflightStats {
                 reg,
                 "seedgate_tunnel_inflight_waits_total",
                 "Writes to an HTTP/2 tunnel session's TCP socket that waited because the session's bytes in flight reached its bound (a wait is a sixteenth of the path's round trip, 1-10 ms, or 200 ms once data sent two round trips ago got no acknowledgement): the session moves what its path carries.",
+            ),
+            bbr_restarts: counter(
+                reg,
+                "seedgate_tunnel_inflight_bbr_restarts_total",
+                "Times the BBR congestion control of an HTTP/2 tunnel session's TCP socket was started afresh while the session's in-flight bound was set (every 5 s of sending, never during loss recovery): this keeps BBR from draining the connection to four packets for 200 ms and a round trip every 10 s (ProbeRTT), which every stream of the session would wait for.",
             ),
         }
     }
@@ -62,6 +69,8 @@ struct Bounding {
     stats: Option<InflightStats>,
     /// Counted in `stats.bounded`.
     counted: bool,
+    /// The socket's congestion control is BBR (started afresh while bounded).
+    bbr: bool,
 }
 
 impl Drop for Bounding {
@@ -85,6 +94,7 @@ impl SessionSocket {
                 wait: Box::pin(tokio::time::sleep(Duration::ZERO)),
                 stats,
                 counted: false,
+                bbr: tcp_congestion(inner.as_fd()).is_ok_and(|cc| cc == "bbr"),
             })
         });
         Self { inner, bounding }
@@ -106,6 +116,7 @@ impl SessionSocket {
             bound,
             stats: None,
             counted: false,
+            bbr: false,
             last: PathSample {
                 srtt: Duration::from_millis(50),
                 min_rtt: Duration::from_millis(50),
@@ -159,6 +170,17 @@ impl Bounding {
                 if let Some(s) = self.stats.as_ref().filter(|_| !self.counted) {
                     s.bounded.inc();
                     self.counted = true;
+                }
+            }
+            if self.bbr && self.bound.restart_min_rtt_clock(now.into_std(), p.recovering) {
+                match restart_tcp_congestion(sock.as_fd(), "bbr") {
+                    Ok(()) => self.stats.iter().for_each(|s| s.bbr_restarts.inc()),
+                    Err(e) => {
+                        // The kernel let the socket choose BBR before and no longer does: the
+                        // socket goes on with what it has now (the error says which).
+                        tracing::warn!(error = %e, "a tunnel session's BBR could not be started afresh");
+                        self.bbr = false;
+                    }
                 }
             }
         }
@@ -315,6 +337,30 @@ mod tests {
         assert_eq!(b.pause(ms(100), ms(101)), base, "acknowledgements 100 ms apart: a slow path");
         assert_eq!(b.pause(ms(5000), ms(2)), base, "the first write after an idle period");
         assert_eq!(b.pause(ms(101), ms(101)), SILENT_PAUSE, "sent long ago, nothing acknowledged since");
+    }
+
+    /// A bounded socket whose congestion control is BBR starts it afresh at its first look and
+    /// then not again within five seconds, and keeps BBR.
+    #[tokio::test]
+    async fn a_bounded_bbr_socket_is_started_afresh_and_stays_bbr() {
+        let (c, mut s) = pair().await;
+        if let Err(e) = crate::net::sockopt::set_tcp_congestion(c.as_fd(), "bbr") {
+            eprintln!("skipped: this kernel has no BBR ({e})");
+            return;
+        }
+        let mut c = SessionSocket::with_bound(c, bounded(1 << 20));
+        let stats = InflightStats::new(&Registry::new());
+        let b = c.bounding.as_mut().unwrap();
+        (b.stats, b.bbr, b.next_look) = (Some(stats.clone()), true, Instant::now());
+        c.write_all(&[3; 1000]).await.unwrap();
+        assert_eq!(stats.bbr_restarts.get(), 1, "the first look restarts BBR");
+        assert_eq!(tcp_congestion(c.get_ref().as_fd()).unwrap(), "bbr");
+        c.bounding.as_mut().unwrap().next_look = Instant::now();
+        c.write_all(&[3; 1000]).await.unwrap();
+        assert_eq!(stats.bbr_restarts.get(), 1, "not again within five seconds");
+        let mut got = vec![0; 2000];
+        s.read_exact(&mut got).await.unwrap();
+        assert!(got.iter().all(|&b| b == 3), "what was written arrives");
     }
 
     fn bounded(bytes: u64) -> InflightBound {
