@@ -1,4 +1,4 @@
-//! Socket options and state that neither std nor socket2 reaches: UDP GRO, a TCP socket's path and unacknowledged bytes, its congestion control, pacing and retransmission back-off (the `unsafe` of setsockopt(2), getsockopt(2) and ioctl(2) is isolated here).
+//! Socket options and state that neither std nor socket2 reaches: UDP GRO, a TCP socket's path and unacknowledged bytes, its pacing and retransmission back-off (the `unsafe` of setsockopt(2), getsockopt(2) and ioctl(2) is isolated here).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -16,8 +16,6 @@ unsafe impl Plain for libc::c_int {}
 unsafe impl Plain for u64 {}
 // SAFETY: tcp_info is a struct of integers only.
 unsafe impl Plain for libc::tcp_info {}
-// SAFETY: bytes.
-unsafe impl Plain for [u8; TCP_CA_NAME_MAX] {}
 
 /// setsockopt(2) of `fd` with a value of type `T`, which must be the type the option reads
 /// (`c_int`, or `u64` where the kernel reads an unsigned long on 64-bit targets).
@@ -92,39 +90,6 @@ pub fn tcp_path(fd: BorrowedFd<'_>) -> io::Result<TcpPath> {
         // TCP_CA_Open is 0; Disorder, CWR, Recovery and Loss follow it.
         recovering: info.tcpi_ca_state != 0,
     })
-}
-
-/// The longest name of a TCP congestion control, its terminating NUL included.
-const TCP_CA_NAME_MAX: usize = 16;
-
-/// The congestion control of a TCP socket (`TCP_CONGESTION`), e.g. `"bbr"` or `"cubic"`.
-pub fn tcp_congestion(fd: BorrowedFd<'_>) -> io::Result<String> {
-    let name = get_opt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, [0u8; TCP_CA_NAME_MAX])?;
-    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    Ok(String::from_utf8_lossy(name.get(..len).unwrap_or_default()).into_owned())
-}
-
-/// Set a TCP socket's congestion control (`TCP_CONGESTION`). Naming the one it has changes
-/// nothing; another one starts from its initial state. Without `CAP_NET_ADMIN` only those in
-/// `net.ipv4.tcp_allowed_congestion_control` (the default one and `reno` at least) are allowed.
-pub fn set_tcp_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
-    let mut value = [0u8; TCP_CA_NAME_MAX];
-    let (Some(dst), false) = (value.get_mut(..name.len()), name.len() >= TCP_CA_NAME_MAX) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no congestion control is named {name:?}")));
-    };
-    dst.copy_from_slice(name.as_bytes());
-    set_opt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, value)
-}
-
-/// Start a TCP socket's congestion control `name` (the one it has) again from its initial
-/// state, through `reno` (which every kernel has and allows): the kernel starts one afresh only
-/// when it changes. Its congestion window and what is in flight stay as they are. Should `name`
-/// be refused on the way back (twice), the socket is left with `reno` and the error says so.
-pub fn restart_tcp_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
-    set_tcp_congestion(fd, "reno")?;
-    set_tcp_congestion(fd, name)
-        .or_else(|_| set_tcp_congestion(fd, name))
-        .map_err(|e| io::Error::new(e.kind(), format!("{name} refused after reno ({e}): the socket is left with reno")))
 }
 
 /// `SO_MAX_PACING_RATE` in the kernel's generic socket options (x86-64, arm64; the libc crate
@@ -221,6 +186,7 @@ mod tests {
         let p = tcp_path(c.as_fd()).unwrap();
         assert!(p.min_rtt > Duration::ZERO && p.min_rtt < Duration::from_secs(1), "{p:?}");
         assert!(p.srtt >= p.min_rtt, "{p:?}");
+        assert!(!p.recovering, "an idle loopback connection is open: {p:?}");
         c.write_all(b"x").unwrap();
         // Loopback acknowledges within microseconds: bounded wait for it.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -235,26 +201,6 @@ mod tests {
         assert_eq!(pacing(&c), 12_500_000);
         set_max_pacing_rate(c.as_fd(), u64::MAX).unwrap();
         assert_eq!(pacing(&c), u64::MAX);
-    }
-
-    #[test]
-    fn a_tcp_sockets_congestion_control_is_read_set_and_restarted() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let initial = tcp_congestion(c.as_fd()).unwrap();
-        assert!(!initial.is_empty() && initial.is_ascii(), "{initial:?}");
-        set_tcp_congestion(c.as_fd(), "reno").unwrap();
-        assert_eq!(tcp_congestion(c.as_fd()).unwrap(), "reno");
-        set_tcp_congestion(c.as_fd(), &initial).unwrap();
-        assert_eq!(tcp_congestion(c.as_fd()).unwrap(), initial);
-        restart_tcp_congestion(c.as_fd(), &initial).unwrap();
-        assert_eq!(tcp_congestion(c.as_fd()).unwrap(), initial, "the same one again after the restart");
-        let e = set_tcp_congestion(c.as_fd(), "no-such-control").unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
-        let e = set_tcp_congestion(c.as_fd(), "a-name-too-long-for-the-kernel").unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        assert_eq!(tcp_congestion(c.as_fd()).unwrap(), initial, "a refused name changes nothing");
-        assert!(!tcp_path(c.as_fd()).unwrap().recovering, "an idle loopback connection is open");
     }
 
     #[test]

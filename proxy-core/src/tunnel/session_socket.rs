@@ -2,9 +2,10 @@
 
 use super::inflight::{InflightBound, PathSample};
 use super::window::LOCAL_RTT;
-use crate::net::sockopt::{restart_tcp_congestion, set_max_pacing_rate, tcp_congestion, tcp_path, tcp_unacknowledged};
+use crate::net::sockopt::{set_max_pacing_rate, tcp_path, tcp_unacknowledged};
 use crate::obs::metrics::{counter, gauge};
 use prometheus::{IntCounter, IntGauge, Registry};
+use socket2::SockRef;
 use std::future::Future;
 use std::io;
 use std::os::fd::AsFd;
@@ -94,7 +95,7 @@ impl SessionSocket {
                 wait: Box::pin(tokio::time::sleep(Duration::ZERO)),
                 stats,
                 counted: false,
-                bbr: tcp_congestion(inner.as_fd()).is_ok_and(|cc| cc == "bbr"),
+                bbr: is_bbr(&inner),
             })
         });
         Self { inner, bounding }
@@ -128,6 +129,23 @@ impl SessionSocket {
         }));
         s
     }
+}
+
+/// Whether the socket's congestion control is BBR (the kernel pads the name with NULs).
+fn is_bbr(sock: &TcpStream) -> bool {
+    SockRef::from(sock).tcp_congestion().is_ok_and(|name| name.split(|&b| b == 0).next() == Some(&b"bbr"[..]))
+}
+
+/// Start the socket's BBR again from its initial state, through `reno` (which every kernel has
+/// and allows): the kernel starts a congestion control afresh only when it changes. The
+/// congestion window and what is in flight stay as they are. Should BBR be refused on the way
+/// back (twice), the socket is left with `reno` and the error says so.
+fn restart_bbr(sock: &TcpStream) -> io::Result<()> {
+    let sock = SockRef::from(sock);
+    sock.set_tcp_congestion(b"reno")?;
+    sock.set_tcp_congestion(b"bbr")
+        .or_else(|_| sock.set_tcp_congestion(b"bbr"))
+        .map_err(|e| io::Error::new(e.kind(), format!("bbr refused after reno ({e}): the socket is left with reno")))
 }
 
 impl Bounding {
@@ -173,7 +191,7 @@ impl Bounding {
                 }
             }
             if self.bbr && self.bound.restart_min_rtt_clock(now.into_std(), p.recovering) {
-                match restart_tcp_congestion(sock.as_fd(), "bbr") {
+                match restart_bbr(sock) {
                     Ok(()) => self.stats.iter().for_each(|s| s.bbr_restarts.inc()),
                     Err(e) => {
                         // The kernel let the socket choose BBR before and no longer does: the
@@ -256,7 +274,6 @@ impl AsyncWrite for SessionSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use socket2::SockRef;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn pair() -> (TcpStream, TcpStream) {
@@ -344,7 +361,9 @@ mod tests {
     #[tokio::test]
     async fn a_bounded_bbr_socket_is_started_afresh_and_stays_bbr() {
         let (c, mut s) = pair().await;
-        if let Err(e) = crate::net::sockopt::set_tcp_congestion(c.as_fd(), "bbr") {
+        SockRef::from(&c).set_tcp_congestion(b"reno").unwrap();
+        assert!(!is_bbr(&c), "reno is not BBR");
+        if let Err(e) = SockRef::from(&c).set_tcp_congestion(b"bbr") {
             eprintln!("skipped: this kernel has no BBR ({e})");
             return;
         }
@@ -354,7 +373,7 @@ mod tests {
         (b.stats, b.bbr, b.next_look) = (Some(stats.clone()), true, Instant::now());
         c.write_all(&[3; 1000]).await.unwrap();
         assert_eq!(stats.bbr_restarts.get(), 1, "the first look restarts BBR");
-        assert_eq!(tcp_congestion(c.get_ref().as_fd()).unwrap(), "bbr");
+        assert!(is_bbr(c.get_ref()), "still BBR after the restart");
         c.bounding.as_mut().unwrap().next_look = Instant::now();
         c.write_all(&[3; 1000]).await.unwrap();
         assert_eq!(stats.bbr_restarts.get(), 1, "not again within five seconds");
