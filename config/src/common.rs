@@ -774,8 +774,8 @@ pub const MAX_STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 #[serde(rename_all = "snake_case")]
 pub enum CongestionControl {
     /// Cubic's growth, but a loss cuts the window only while the round trip shows a queue at
-    /// the bottleneck (the smoothed round trip above the path's minimum by an eighth of it, at
-    /// least 2 ms); a loss without one is read as random and ignored. It also stops growing
+    /// the bottleneck (the smoothed round trip above the path's minimum by an eighth of it,
+    /// 2-10 ms); a loss without one is read as random and ignored. It also stops growing
     /// while such a queue stands and shrinks the window when it grows past twice that, so the
     /// bottleneck queue stays short (on paths under 1 ms, where the queue is the hosts' own, it
     /// grows as Cubic does). For paths with random loss (a WAN, radio hops), and

@@ -4,6 +4,7 @@ use crate::identity::{Refused, Shown};
 use crate::shared::Shared;
 use crate::tokens::ClusterReview;
 use proxy_core::relay::io::ReadAhead;
+use proxy_core::tunnel::congestion::CongestionStats;
 use proxy_core::tunnel::quic;
 use proxy_core::tunnel::session_socket::SessionSocket;
 use proxy_core::tunnel::{ALPN_V1, Opener, Presented, SeedConnection, TunnelSettings, run_seed_session};
@@ -333,14 +334,15 @@ pub(crate) fn refuse_session(
 }
 
 /// The quinn server config of one agent connection: the agents' current TLS material and the
-/// current tunnel settings.
+/// current tunnel settings; its congestion controllers count into `stats`.
 pub(crate) fn quic_server_config(
     tls: Arc<rustls::ServerConfig>,
     cfg: &seedgate_config::ServerConfig,
+    stats: Option<&CongestionStats>,
 ) -> Result<quinn::ServerConfig, quinn::crypto::rustls::NoInitialCipherSuite> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut sc = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    sc.transport_config(Arc::new(quic::seed_transport_config(&settings(cfg))));
+    sc.transport_config(Arc::new(quic::seed_transport_config(&settings(cfg), stats)));
     Ok(sc)
 }
 

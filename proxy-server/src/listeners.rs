@@ -516,8 +516,9 @@ async fn listen_quic(
     let what = "agents QUIC listener";
     let addr = resolve_listen(what, hp).await?;
     let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
-    let server_config =
-        crate::agents::quic_server_config(material.current(), cfg).map_err(|e| bind_err(std::io::Error::other(e)))?;
+    // No stats: every connection is accepted with a config of its own (`accept_quic`), which has them.
+    let server_config = crate::agents::quic_server_config(material.current(), cfg, None)
+        .map_err(|e| bind_err(std::io::Error::other(e)))?;
     let settings = crate::agents::settings(cfg);
     // The key file outlives the process and the id names this replica: a replica restarted in
     // place resets its predecessor's sessions (see `StableKeys`). Unreadable now: keys of this
@@ -637,7 +638,11 @@ async fn serve_agents_quic(
             },
         };
         let cfg = shared.config.load_full();
-        match crate::agents::quic_server_config(tls.load().material.current(), &cfg) {
+        match crate::agents::quic_server_config(
+            tls.load().material.current(),
+            &cfg,
+            Some(&shared.metrics.quic_congestion),
+        ) {
             Ok(sc) => {
                 tokio::spawn(crate::agents::accept_quic(shared.clone(), incoming, Arc::new(sc), sessions_stop.clone()));
             }

@@ -3,6 +3,7 @@
 use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::core::Collector as _;
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::tunnel::congestion::CongestionStats;
 use proxy_core::tunnel::session_socket::InflightStats;
 use seedgate_config::server::ClusterMode;
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub struct ServerMetrics {
     pub peers: IntGauge,
     pub announcements: IntCounter,
     pub inflight: InflightStats,
+    pub quic_congestion: CongestionStats,
 }
 
 impl ServerMetrics {
@@ -187,6 +189,7 @@ impl ServerMetrics {
                 "Announcements of this replica (id, count, draining) sent to agents.",
             ),
             inflight: InflightStats::new(reg),
+            quic_congestion: CongestionStats::new(reg),
         }
     }
 

@@ -135,7 +135,7 @@ pub(super) async fn establish_quic(
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(t.tls.load().material.current())
         .map_err(EstablishError::QuicMaterial)?;
     let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-    client.transport_config(Arc::new(quic::agent_transport_config(&settings(&cfg))));
+    client.transport_config(Arc::new(quic::agent_transport_config(&settings(&cfg), Some(&t.metrics.quic_congestion))));
     let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(target.to_string()))
         .await
         .map_err(|_| EstablishError::ResolveTimeout { target: target.clone() })?

@@ -3,6 +3,7 @@
 use super::machine::Carrier;
 use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use proxy_core::tunnel::congestion::CongestionStats;
 use proxy_core::tunnel::session_socket::InflightStats;
 
 #[derive(Clone)]
@@ -10,11 +11,17 @@ pub(crate) struct TunnelMetrics {
     pub session: SessionMetrics,
     pub stream: StreamMetrics,
     pub inflight: InflightStats,
+    pub quic_congestion: CongestionStats,
 }
 
 impl TunnelMetrics {
     pub(crate) fn new(reg: &Registry) -> Self {
-        Self { session: SessionMetrics::new(reg), stream: StreamMetrics::new(reg), inflight: InflightStats::new(reg) }
+        Self {
+            session: SessionMetrics::new(reg),
+            stream: StreamMetrics::new(reg),
+            inflight: InflightStats::new(reg),
+            quic_congestion: CongestionStats::new(reg),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! radio hop) that happens every round trip or two and the window never grows: at 0.5 % loss
 //! and 50 ms quinn's Cubic moved 3-4 Mbit/s of a 100 Mbit/s link. This controller tells the two
 //! apart by the queueing delay, the smoothed round trip less the path's minimum, against a
-//! margin (an eighth of the minimum, at least [`MIN_QUEUE_MARGIN`]):
+//! margin (an eighth of the minimum, between [`MIN_QUEUE_MARGIN`] and [`MAX_QUEUE_MARGIN`]):
 //!
 //! | queueing delay | acknowledgements | a loss |
 //! |---|---|---|
@@ -37,9 +37,11 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::{IntCounter, Registry};
 use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
 
 use super::window::LOCAL_RTT;
+use crate::obs::metrics::{counter, counter_vec};
 
 /// How long a minimum round trip holds without a sample confirming it.
 pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
@@ -49,8 +51,15 @@ pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
 /// read as congestion on short paths.
 pub const MIN_QUEUE_MARGIN: Duration = Duration::from_millis(2);
 
-/// The queueing delay read as a standing queue is the minimum round trip over this (and at least
-/// [`MIN_QUEUE_MARGIN`]): 6 ms at 50 ms, 19 ms at 150 ms, a few packets' worth of a window.
+/// The largest queueing delay read as no queue, however long the path. The window holds while the
+/// queue is within twice the margin, so twice it must fit in the bottleneck's queue, which is often
+/// no deeper than a few tens of milliseconds: an eighth of 300 ms held a 50 ms queue full, and
+/// every overflow cost an interactive stream behind the bulk a retransmission's round trip.
+pub const MAX_QUEUE_MARGIN: Duration = Duration::from_millis(10);
+
+/// The queueing delay read as a standing queue is the minimum round trip over this (between
+/// [`MIN_QUEUE_MARGIN`] and [`MAX_QUEUE_MARGIN`]): 6.25 ms at 50 ms, 10 ms from 80 ms on, a few
+/// packets' worth of a window.
 const QUEUE_FRACTION: u32 = 8;
 
 /// The deepest cut of one congestion event: a loss with a queue as long as the path's round trip
@@ -80,17 +89,101 @@ const INITIAL_WINDOW: u64 = 10 * 1200;
 #[derive(Debug, Clone)]
 pub struct LossTolerantConfig {
     initial_window: u64,
+    stats: Option<CongestionStats>,
 }
 
 impl Default for LossTolerantConfig {
     fn default() -> Self {
-        Self { initial_window: INITIAL_WINDOW }
+        Self { initial_window: INITIAL_WINDOW, stats: None }
+    }
+}
+
+impl LossTolerantConfig {
+    /// Controllers that count what they do into `stats`.
+    pub fn counted(stats: CongestionStats) -> Self {
+        Self { stats: Some(stats), ..Self::default() }
     }
 }
 
 impl ControllerFactory for LossTolerantConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(LossTolerant::new(self.initial_window, now, current_mtu))
+        let mut cc = LossTolerant::new(self.initial_window, now, current_mtu);
+        cc.stats = self.stats.clone();
+        Box::new(cc)
+    }
+}
+
+/// What a controller did since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Losses read as random (no standing queue): the window was kept.
+    pub random_losses: u64,
+    /// Cuts for a loss that came with a standing queue.
+    pub loss_cuts: u64,
+    /// Cuts for a queue past twice the margin, without a loss.
+    pub queue_cuts: u64,
+    /// Cuts for an ECN congestion mark.
+    pub ecn_cuts: u64,
+    /// Collapses to the minimum window for persistent congestion.
+    pub collapses: u64,
+    /// Measurements of the minimum round trip begun (the window halved for two round trips).
+    pub min_rtt_probes: u64,
+}
+
+/// What the `loss_tolerant` controllers of a process do, all paths together (one set per
+/// process): whether a path's losses are read as random or as congestion, and how often its
+/// window is cut, is what says why a QUIC session moves less than its link.
+#[derive(Debug, Clone)]
+pub struct CongestionStats {
+    random_losses: IntCounter,
+    loss_cuts: IntCounter,
+    queue_cuts: IntCounter,
+    ecn_cuts: IntCounter,
+    collapses: IntCounter,
+    min_rtt_probes: IntCounter,
+}
+
+impl CongestionStats {
+    pub fn new(reg: &Registry) -> Self {
+        let cuts = counter_vec(
+            reg,
+            "seedgate_tunnel_quic_window_cuts_total",
+            "Congestion window cuts of QUIC tunnel sessions whose congestion control is loss_tolerant, by cause: `loss` (a loss while the round trip showed a queue at the bottleneck), `queue` (the queue grew past twice the margin, no loss), `ecn` (an ECN congestion mark), `persistent` (every packet of several round trips lost: the window collapsed to its minimum).",
+            &["cause"],
+        );
+        Self {
+            random_losses: counter(
+                reg,
+                "seedgate_tunnel_quic_random_losses_total",
+                "Losses of QUIC tunnel sessions whose congestion control is loss_tolerant that came while the round trip showed no queue at the bottleneck: read as random (a lossy link), they left the window as it was.",
+            ),
+            loss_cuts: cuts.with_label_values(&["loss"]),
+            queue_cuts: cuts.with_label_values(&["queue"]),
+            ecn_cuts: cuts.with_label_values(&["ecn"]),
+            collapses: cuts.with_label_values(&["persistent"]),
+            min_rtt_probes: counter(
+                reg,
+                "seedgate_tunnel_quic_min_rtt_probes_total",
+                "Measurements of the minimum round trip by QUIC tunnel sessions whose congestion control is loss_tolerant (none confirmed it for 10 s while the session sent bulk): the window is halved for two round trips, which drains the bottleneck queue.",
+            ),
+        }
+    }
+
+    /// Adds what a controller did between `before` and `after`.
+    fn add(&self, before: Counts, after: Counts) {
+        let pairs = [
+            (&self.random_losses, before.random_losses, after.random_losses),
+            (&self.loss_cuts, before.loss_cuts, after.loss_cuts),
+            (&self.queue_cuts, before.queue_cuts, after.queue_cuts),
+            (&self.ecn_cuts, before.ecn_cuts, after.ecn_cuts),
+            (&self.collapses, before.collapses, after.collapses),
+            (&self.min_rtt_probes, before.min_rtt_probes, after.min_rtt_probes),
+        ];
+        for (c, b, a) in pairs {
+            if a > b {
+                c.inc_by(a - b);
+            }
+        }
     }
 }
 
@@ -117,7 +210,7 @@ pub(crate) enum Queue {
 
 /// The queueing delay above the minimum round trip `min` read as a standing queue.
 pub(crate) fn queue_margin(min: Duration) -> Duration {
-    (min / QUEUE_FRACTION).max(MIN_QUEUE_MARGIN)
+    (min / QUEUE_FRACTION).clamp(MIN_QUEUE_MARGIN, MAX_QUEUE_MARGIN)
 }
 
 /// What a smoothed round trip `srtt` shows of the bottleneck queue of a path whose minimum round
@@ -163,10 +256,12 @@ pub struct LossTolerant {
     /// The minimum round trip and when a sample last set or confirmed it.
     min_rtt: Option<(Duration, Instant)>,
     probe: Option<Probe>,
-    random_losses: u64,
+    counts: Counts,
     delivery: Delivery,
     /// Slow start grew the window since the last loss cut: a loss now may end an overshoot.
     doubling: bool,
+    /// Where the [`Controller`] glue adds [`Self::counts`] (the sans-IO core never touches it).
+    stats: Option<CongestionStats>,
 }
 
 /// Bytes acknowledged per smoothed round trip: what the path carried while the window was full.
@@ -220,15 +315,21 @@ impl LossTolerant {
             srtt: Duration::ZERO,
             min_rtt: None,
             probe: None,
-            random_losses: 0,
+            counts: Counts::default(),
             delivery: Delivery::default(),
             doubling: false,
+            stats: None,
         }
     }
 
     /// How many losses were read as random (no standing queue) and left the window as it was.
     pub fn random_losses(&self) -> u64 {
-        self.random_losses
+        self.counts.random_losses
+    }
+
+    /// What the controller did since it was built.
+    pub fn counts(&self) -> Counts {
+        self.counts
     }
 
     /// The minimum round trip in effect, if any sample was taken.
@@ -283,6 +384,7 @@ impl LossTolerant {
             Queue::Long { .. } if self.window <= self.minimum_window() => self.forget_min_rtt(),
             Queue::Long { min } => {
                 let target = (min + queue_margin(min)).as_secs_f64() / self.srtt.as_secs_f64();
+                self.counts.queue_cuts += 1;
                 self.reduce(now, target);
             }
         }
@@ -339,6 +441,7 @@ impl LossTolerant {
         {
             let length = (self.srtt * PROBE_RTTS).max(MIN_PROBE);
             self.probe = Some(Probe { start: now, until: now + length, min: None });
+            self.counts.min_rtt_probes += 1;
         }
     }
 
@@ -370,13 +473,17 @@ impl LossTolerant {
             self.carry = 0.0;
             self.min_rtt = None;
             self.probe = None;
+            self.counts.collapses += 1;
             return;
         }
         if self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
         let cut = match self.queue() {
-            _ if lost_bytes == 0 => BETA,
+            _ if lost_bytes == 0 => {
+                self.counts.ecn_cuts += 1;
+                BETA
+            }
             // What the path holds without its queue (at most 8/9 of the window: the queue is
             // past the margin), of the window or, the first loss after slow start grew it, of
             // what the path carried in the last round trip where less (an overshoot: slow start
@@ -391,10 +498,11 @@ impl LossTolerant {
                     _ => 1.0,
                 };
                 self.doubling = false;
+                self.counts.loss_cuts += 1;
                 drained * carried.min(1.0)
             }
             Queue::None => {
-                self.random_losses += 1;
+                self.counts.random_losses += 1;
                 return;
             }
         };
@@ -415,13 +523,26 @@ impl LossTolerant {
     }
 }
 
+impl LossTolerant {
+    /// Adds what the last event did to the process's stats, if counted.
+    fn report(&self, before: Counts) {
+        if let Some(s) = self.stats.as_ref().filter(|_| before != self.counts) {
+            s.add(before, self.counts);
+        }
+    }
+}
+
 impl Controller for LossTolerant {
     fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, rtt: &quinn_proto::RttEstimator) {
+        let before = self.counts;
         self.ack(now, sent, bytes, app_limited, rtt.get());
+        self.report(before);
     }
 
     fn on_congestion_event(&mut self, now: Instant, sent: Instant, is_persistent_congestion: bool, lost_bytes: u64) {
+        let before = self.counts;
         self.congestion(now, sent, is_persistent_congestion, lost_bytes);
+        self.report(before);
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
@@ -689,6 +810,34 @@ mod tests {
     }
 
     #[test]
+    fn the_margin_is_an_eighth_of_the_path_within_its_limits() {
+        assert_eq!(queue_margin(50 * MS), 6250 * MICROS);
+        assert_eq!(queue_margin(5 * MS), MIN_QUEUE_MARGIN);
+        assert_eq!(queue_margin(80 * MS), MAX_QUEUE_MARGIN);
+        assert_eq!(queue_margin(300 * MS), MAX_QUEUE_MARGIN);
+    }
+
+    #[test]
+    fn across_a_long_path_a_full_short_bottleneck_queue_shrinks_the_window() {
+        // 300 ms and a bottleneck queue of 50 ms, full. An eighth of the path (37.5 ms) would
+        // read it as within twice the margin and hold the window, keeping the queue full until
+        // it overflows; the capped margin reads it as long and shrinks the window to the path
+        // plus 10 ms.
+        let mut p = Path::after(6, 300 * MS);
+        let w = p.cc.window();
+        p.round(350 * MS, 350 * MS);
+        let shrunk = (w as f64 * 310.0 / 350.0) as u64;
+        assert_eq!(p.cc.window(), shrunk);
+        // A queue of 15 ms is within twice the margin: held.
+        p.round(315 * MS, 315 * MS);
+        assert_eq!(p.cc.window(), shrunk);
+        // A loss with it is congestion: the window becomes what the path holds without it.
+        p.lose(315 * MS);
+        assert_eq!(p.cc.window(), (shrunk as f64 * 300.0 / 315.0) as u64);
+        assert_eq!(p.cc.counts(), Counts { queue_cuts: 1, loss_cuts: 1, ..Counts::default() });
+    }
+
+    #[test]
     fn after_a_cut_the_window_grows_back_to_where_it_was() {
         let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
@@ -762,6 +911,7 @@ mod tests {
         assert!(!p.cc.probing());
         assert_eq!(p.cc.min_rtt(), Some(24 * MS));
         assert!(p.cc.window() >= held, "the whole window again");
+        assert_eq!(p.cc.counts().min_rtt_probes, 1);
     }
 
     #[test]
@@ -817,5 +967,26 @@ mod tests {
         assert_eq!(cc.window(), INITIAL_WINDOW);
         assert_eq!(cc.initial_window(), INITIAL_WINDOW);
         assert!(cc.into_any().downcast::<LossTolerant>().is_ok());
+    }
+
+    #[test]
+    fn a_counted_factory_adds_what_its_controllers_do_to_the_process_stats() {
+        let reg = Registry::new();
+        let stats = CongestionStats::new(&reg);
+        let factory = Arc::new(LossTolerantConfig::counted(stats));
+        let (mut a, mut b) = (factory.clone().build(Instant::now(), MTU), factory.build(Instant::now(), MTU));
+        let now = Instant::now();
+        // No round trip yet, so no queue: random. Then the path goes dark.
+        a.on_congestion_event(now, now, false, u64::from(MTU));
+        b.on_congestion_event(now, now, false, u64::from(MTU));
+        b.on_congestion_event(now + MS, now, true, 10 * u64::from(MTU));
+        let text = crate::obs::metrics::render(&reg);
+        assert!(text.contains("seedgate_tunnel_quic_random_losses_total 2"), "{text}");
+        assert!(text.contains(r#"seedgate_tunnel_quic_window_cuts_total{cause="persistent"} 1"#), "{text}");
+        assert!(text.contains(r#"seedgate_tunnel_quic_window_cuts_total{cause="loss"} 0"#), "{text}");
+        assert!(text.contains("seedgate_tunnel_quic_min_rtt_probes_total 0"), "{text}");
+        // The core counts as well, without stats.
+        let b = b.into_any().downcast::<LossTolerant>().unwrap();
+        assert_eq!(b.counts(), Counts { random_losses: 1, collapses: 1, ..Counts::default() });
     }
 }

@@ -16,8 +16,8 @@
 //! | within twice the margin | holds: the path is full |
 //! | beyond, the session busy for two round trips | the delivery rate times the path plus the margin (no more than halved) |
 //!
-//! The margin is an eighth of the minimum round trip, between
-//! [`MIN_QUEUE_MARGIN`](super::congestion::MIN_QUEUE_MARGIN) and [`MAX_MARGIN`]; the delivery rate
+//! The margin is the QUIC controller's ([`queue_margin`]: an eighth of the minimum round trip,
+//! 2-10 ms, so that twice it fits in a bottleneck's queue); the delivery rate
 //! is the largest recent sample (each adjustment forgets an eighth of it). While a queue stands
 //! the bottleneck is busy, so the delivery rate is what the path gives the session. Until the
 //! first standing queue the socket has no bound: TCP's own start-up finds the path's rate, and
@@ -45,10 +45,6 @@
 use super::congestion::{Queue, queue_margin, read_queue_with};
 use super::window::LOCAL_RTT;
 use std::time::{Duration, Instant};
-
-/// The most queueing delay the bound aims at, however long the path: a bottleneck's queue is
-/// often no deeper than a few tens of milliseconds, and twice the margin must fit in it.
-pub const MAX_MARGIN: Duration = Duration::from_millis(10);
 
 /// The bound never goes below this: a few dozen packets, enough for a trickle's bursts.
 pub const FLOOR: u64 = 64 * 1024;
@@ -133,7 +129,7 @@ impl InflightBound {
     /// grow by 60 ms there, past a 50 ms queue).
     pub fn pacing_rate(&self) -> Option<u64> {
         let bound = self.bound?;
-        let per = (self.min + Self::margin(self.min)).as_secs_f64();
+        let per = (self.min + queue_margin(self.min)).as_secs_f64();
         Some(scale(bound, PACING_GAIN / per))
     }
 
@@ -150,11 +146,6 @@ impl InflightBound {
         true
     }
 
-    /// The margin of a path whose minimum round trip is `min`.
-    pub fn margin(min: Duration) -> Duration {
-        queue_margin(min).min(MAX_MARGIN)
-    }
-
     /// One look at the socket at `now`.
     pub fn sample(&mut self, now: Instant, s: PathSample) {
         if s.srtt.is_zero() || s.min_rtt < LOCAL_RTT {
@@ -165,7 +156,7 @@ impl InflightBound {
         }
         let min = self.raised_min.map_or(s.min_rtt, |r| r.max(s.min_rtt));
         self.min = min;
-        let margin = Self::margin(min);
+        let margin = queue_margin(min);
         let queue = read_queue_with(s.srtt, min, margin);
         // What the path carries plus the margin: from the delivery rate (the path's, while a
         // queue stands), or from what the socket holds at `srtt`.
@@ -231,9 +222,7 @@ fn scale(bytes: u64, factor: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tunnel::congestion::MIN_QUEUE_MARGIN;
 
-    const MS: Duration = Duration::from_millis(1);
     const MB: u64 = 1_000_000;
 
     fn at(t0: Instant, ms: u64) -> Instant {
@@ -478,12 +467,5 @@ mod tests {
         // period is not drained to four packets by the first acknowledgement.
         assert!(b.restart_min_rtt_clock(at(t0, 65_000), false));
         assert!(!b.restart_min_rtt_clock(at(t0, 65_100), false));
-    }
-
-    #[test]
-    fn the_margin_is_an_eighth_of_the_path_within_its_limits() {
-        assert_eq!(InflightBound::margin(50 * MS), Duration::from_micros(6250));
-        assert_eq!(InflightBound::margin(5 * MS), MIN_QUEUE_MARGIN);
-        assert_eq!(InflightBound::margin(300 * MS), MAX_MARGIN);
     }
 }

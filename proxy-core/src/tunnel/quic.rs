@@ -18,6 +18,7 @@
 //! keepalive timeout; the path is quiet ([`Quiet`]) while nothing that asked for an
 //! acknowledgement is acknowledged for the suspect time ([`Hearing`]).
 
+use super::congestion::{CongestionStats, LossTolerantConfig};
 use super::send_turns::{SMALL_WRITE, SendTurns};
 use super::session::{
     self, Accepted, AgentTransport, ControlRecv, ControlSend, Notice, OpenError, SeedConn, SeedTransport, SessionError,
@@ -59,17 +60,18 @@ const CONTROL_CHUNK: usize = 4096;
 const FIRST_STREAM_ALLOWANCE: u32 = 256;
 
 /// The seed's quinn transport settings. The seed opens every stream of a session (the control
-/// stream first), so the agent may open none.
-pub fn seed_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
-    let mut t = transport_config(s);
+/// stream first), so the agent may open none. `stats`: where `loss_tolerant` controllers count
+/// what they do.
+pub fn seed_transport_config(s: &TunnelSettings, stats: Option<&CongestionStats>) -> quinn::TransportConfig {
+    let mut t = transport_config(s, stats);
     t.max_concurrent_bidi_streams(VarInt::from_u32(0));
     t
 }
 
 /// The agent's quinn transport settings: the seed may open [`FIRST_STREAM_ALLOWANCE`] streams
 /// at first (the session raises it as they fill).
-pub fn agent_transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
-    let mut t = transport_config(s);
+pub fn agent_transport_config(s: &TunnelSettings, stats: Option<&CongestionStats>) -> quinn::TransportConfig {
+    let mut t = transport_config(s, stats);
     t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams.min(FIRST_STREAM_ALLOWANCE)));
     t
 }
@@ -123,7 +125,7 @@ pub fn send_window(cwnd: u64, cap: u64) -> u64 {
 }
 
 /// quinn transport settings from the tunnel's: flow-control windows, keepalive, packet size.
-fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
+fn transport_config(s: &TunnelSettings, stats: Option<&CongestionStats>) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(stream_window(s)));
     t.receive_window(VarInt::from_u32(s.connection_window));
@@ -141,13 +143,14 @@ fn transport_config(s: &TunnelSettings) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
-    t.congestion_controller_factory(congestion_controller(s.congestion));
+    t.congestion_controller_factory(congestion_controller(s.congestion, stats));
     t
 }
 
 /// The controller for the configured one: quinn's, each with quinn's defaults, or ours.
 fn congestion_controller(
     cc: seedgate_config::CongestionControl,
+    stats: Option<&CongestionStats>,
 ) -> Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> {
     use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
     use seedgate_config::CongestionControl::*;
@@ -155,7 +158,10 @@ fn congestion_controller(
         Bbr => Arc::new(BbrConfig::default()),
         Cubic => Arc::new(CubicConfig::default()),
         NewReno => Arc::new(NewRenoConfig::default()),
-        LossTolerant => Arc::new(super::congestion::LossTolerantConfig::default()),
+        LossTolerant => Arc::new(match stats {
+            Some(stats) => LossTolerantConfig::counted(stats.clone()),
+            None => LossTolerantConfig::default(),
+        }),
     }
 }
 

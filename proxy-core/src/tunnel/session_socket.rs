@@ -274,6 +274,7 @@ impl AsyncWrite for SessionSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tunnel::congestion::queue_margin;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn pair() -> (TcpStream, TcpStream) {
@@ -386,8 +387,8 @@ mod tests {
         // A standing queue with `bytes` × 1.1 held makes a bound of about `bytes`.
         let mut b = InflightBound::new();
         let min = Duration::from_millis(100);
-        let srtt = min + InflightBound::margin(min) * 3 / 2;
-        let held = (bytes as f64 * srtt.as_secs_f64() / (min + InflightBound::margin(min)).as_secs_f64()) as u64;
+        let srtt = min + queue_margin(min) * 3 / 2;
+        let held = (bytes as f64 * srtt.as_secs_f64() / (min + queue_margin(min)).as_secs_f64()) as u64;
         let sample = PathSample { srtt, min_rtt: min, held: held + 1, delivery_rate: 0 };
         // Busy for two round trips: the queue is the session's.
         let now = std::time::Instant::now();

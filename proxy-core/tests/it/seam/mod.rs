@@ -418,9 +418,9 @@ pub(crate) mod pki {
         use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
         let (server, client) = configs();
         let mut sc = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(server).unwrap()));
-        sc.transport_config(Arc::new(quic::seed_transport_config(settings)));
+        sc.transport_config(Arc::new(quic::seed_transport_config(settings, None)));
         let mut cc = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client).unwrap()));
-        cc.transport_config(Arc::new(quic::agent_transport_config(settings)));
+        cc.transport_config(Arc::new(quic::agent_transport_config(settings, None)));
         (sc, cc)
     }
 }
