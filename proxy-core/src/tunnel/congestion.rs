@@ -216,11 +216,7 @@ pub(crate) fn queue_margin(min: Duration) -> Duration {
 /// What a smoothed round trip `srtt` shows of the bottleneck queue of a path whose minimum round
 /// trip is `min`.
 pub(crate) fn read_queue(srtt: Duration, min: Duration) -> Queue {
-    read_queue_with(srtt, min, queue_margin(min))
-}
-
-/// [`read_queue`] with a given margin.
-pub(crate) fn read_queue_with(srtt: Duration, min: Duration, margin: Duration) -> Queue {
+    let margin = queue_margin(min);
     if srtt > min + 2 * margin {
         Queue::Long { min }
     } else if srtt > min + margin {

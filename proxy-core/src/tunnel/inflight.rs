@@ -42,7 +42,7 @@
 //! [`MIN_RTT_CLOCK`], never while the socket recovers from a loss), which starts its 10 s again;
 //! the congestion window and what is in flight stay, and the pacing cap holds the start-up's.
 
-use super::congestion::{Queue, queue_margin, read_queue_with};
+use super::congestion::{Queue, queue_margin, read_queue};
 use super::window::LOCAL_RTT;
 use std::time::{Duration, Instant};
 
@@ -157,7 +157,7 @@ impl InflightBound {
         let min = self.raised_min.map_or(s.min_rtt, |r| r.max(s.min_rtt));
         self.min = min;
         let margin = queue_margin(min);
-        let queue = read_queue_with(s.srtt, min, margin);
+        let queue = read_queue(s.srtt, min);
         // What the path carries plus the margin: from the delivery rate (the path's, while a
         // queue stands), or from what the socket holds at `srtt`.
         let plus_margin = (min + margin).as_secs_f64();
