@@ -787,22 +787,29 @@ mod tests {
 
     #[test]
     fn a_queue_past_twice_the_margin_shrinks_the_window_once_per_round_trip() {
-        let mut p = Path::after(6, 50 * MS);
-        let w = p.cc.window();
-        // Slow start overshot: a 30 ms queue. The window becomes what the path holds plus the
-        // margin, 56.25 / 80 of it, and slow start ends.
-        p.round(80 * MS, 80 * MS);
-        let shrunk = (w as f64 * 56.25 / 80.0) as u64;
-        assert_eq!(p.cc.window(), shrunk);
-        assert_eq!(p.cc.ssthresh, shrunk);
-        assert_eq!(p.cc.random_losses(), 0);
-        // The packets sent before it still show the queue: no second cut for them.
-        let sent = p.now - 40 * MS;
-        p.cc.ack(p.now + MS, sent, u64::from(MTU), false, 80 * MS);
-        assert_eq!(p.cc.window(), shrunk);
-        // A round trip later the queue is at the margin: held.
-        p.round(56 * MS, 56 * MS);
-        assert_eq!(p.cc.window(), shrunk);
+        // (path, smoothed round trip, margin): slow start overshot by 30 ms at 50 ms; at 300 ms a
+        // full 50 ms bottleneck queue, which an eighth of the path (37.5 ms) would read as within
+        // twice the margin and hold, keeping the queue full until it overflowed.
+        for (rtt, srtt, margin) in [(50 * MS, 80 * MS, 6250 * MICROS), (300 * MS, 350 * MS, 10 * MS)] {
+            let mut p = Path::after(6, rtt);
+            let w = p.cc.window();
+            // The window becomes what the path holds plus the margin, and slow start ends.
+            p.round(srtt, srtt);
+            let shrunk = (w as f64 * ((rtt + margin).as_secs_f64() / srtt.as_secs_f64())) as u64;
+            assert_eq!(p.cc.window(), shrunk, "{rtt:?}");
+            assert_eq!(p.cc.ssthresh, shrunk);
+            // The packets sent before it still show the queue: no second cut for them.
+            p.cc.ack(p.now + srtt / 2, p.now - srtt / 2, u64::from(MTU), false, srtt);
+            assert_eq!(p.cc.window(), shrunk);
+            // A round trip later the queue is within twice the margin: held.
+            let held = rtt + margin * 3 / 2;
+            p.round(held, held);
+            assert_eq!(p.cc.window(), shrunk);
+            // A loss with it is congestion: the window becomes what the path holds without it.
+            p.lose(held);
+            assert_eq!(p.cc.window(), (shrunk as f64 * (rtt.as_secs_f64() / held.as_secs_f64())) as u64);
+            assert_eq!(p.cc.counts(), Counts { queue_cuts: 1, loss_cuts: 1, ..Counts::default() });
+        }
     }
 
     #[test]
@@ -811,26 +818,6 @@ mod tests {
         assert_eq!(queue_margin(5 * MS), MIN_QUEUE_MARGIN);
         assert_eq!(queue_margin(80 * MS), MAX_QUEUE_MARGIN);
         assert_eq!(queue_margin(300 * MS), MAX_QUEUE_MARGIN);
-    }
-
-    #[test]
-    fn across_a_long_path_a_full_short_bottleneck_queue_shrinks_the_window() {
-        // 300 ms and a bottleneck queue of 50 ms, full. An eighth of the path (37.5 ms) would
-        // read it as within twice the margin and hold the window, keeping the queue full until
-        // it overflows; the capped margin reads it as long and shrinks the window to the path
-        // plus 10 ms.
-        let mut p = Path::after(6, 300 * MS);
-        let w = p.cc.window();
-        p.round(350 * MS, 350 * MS);
-        let shrunk = (w as f64 * 310.0 / 350.0) as u64;
-        assert_eq!(p.cc.window(), shrunk);
-        // A queue of 15 ms is within twice the margin: held.
-        p.round(315 * MS, 315 * MS);
-        assert_eq!(p.cc.window(), shrunk);
-        // A loss with it is congestion: the window becomes what the path holds without it.
-        p.lose(315 * MS);
-        assert_eq!(p.cc.window(), (shrunk as f64 * 300.0 / 315.0) as u64);
-        assert_eq!(p.cc.counts(), Counts { queue_cuts: 1, loss_cuts: 1, ..Counts::default() });
     }
 
     #[test]
