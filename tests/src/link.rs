@@ -535,6 +535,16 @@ impl Link {
         self.lane(dir).stats()
     }
 
+    /// Start both directions' running maxima (the latest delivery, the bottleneck's peak) over,
+    /// so that a later [`Link::stats`] gives those of one part of a run; the counters go on.
+    pub fn reset_peaks(&self) {
+        for &d in Dir::BOTH {
+            let c = &self.lane(d).counters;
+            c.max_late_ns.store(0, Ordering::Relaxed);
+            c.max_queue_bytes.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Bytes on their way in both directions now.
     pub fn held_bytes(&self) -> u64 {
         Dir::BOTH.iter().map(|&d| self.stats(d).held_bytes).sum()

@@ -351,6 +351,7 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         eprintln!("bench: wan profile {}", p.name());
         link.set(Dir::BOTH, p.shape());
         let (cpu0, t0) = (link.cpu_time(), Instant::now());
+        link.reset_peaks();
         let before = [link.stats(Dir::ToShoot), link.stats(Dir::ToSeed)];
         let mut slots = Vec::new();
         for s in SYSTEMS {
@@ -625,6 +626,31 @@ async fn with_round_trips(
     Ok((b?, l.context("the round trips")?))
 }
 
+/// The emulator carries the link's rate if the kernel's TCP gets ≥ 0.9× of it through with
+/// either of its controllers: the better of direct TCP with BBR and with Cubic, which ran in the
+/// same profile. Either alone can fall short for its own reasons: 64 BBR flows on one tail-drop
+/// queue of 50 ms lose a few per cent to each other's probing at 150 ms and 300 Mbit/s, where
+/// Cubic fills the link. A controller left out of the run (`--only`) is left out here; with
+/// neither, or a figure never recorded, the row is not evaluated.
+fn emulator_rate(t: &mut report::Targets<'_>, profile: &str, f: &'static str, mbit: f64) {
+    let what = format!(
+        "emulator, {profile}: direct TCP {f}, the better of bbr and cubic, ≥ 0.9× the link's {} Mbit/s",
+        fmt_num(mbit)
+    );
+    let reads =
+        [("bbr", t.read(at(fig(f), profile, DIRECT_BBR))), ("cubic", t.read(at(fig(f), profile, DIRECT_CUBIC)))];
+    let values: Vec<(&str, f64)> =
+        reads.iter().filter_map(|(cc, r)| if let Read::Value(v) = r { Some((*cc, *v)) } else { None }).collect();
+    let missing = reads.iter().any(|(_, r)| matches!(r, Read::Missing(_)));
+    let best = values.iter().map(|&(_, v)| v).reduce(f64::max);
+    let Some(best) = best.filter(|_| !missing) else {
+        let reads: Vec<Read> = reads.into_iter().map(|(_, r)| r).collect();
+        return t.not_evaluated(&what, &reads);
+    };
+    let shown: Vec<String> = values.iter().map(|(cc, v)| format!("{cc} {}", fmt_num(*v))).collect();
+    t.push(&what, format!("{} Mbit/s", shown.join(", ")), best >= 0.9 * mbit);
+}
+
 /// The targets of the WAN figures, one row per profile run and figure.
 pub(super) fn targets(t: &mut report::Targets<'_>) {
     let names: Vec<String> = t.res.params(fig(F_UP)).into_iter().map(str::to_owned).collect();
@@ -642,13 +668,7 @@ pub(super) fn targets(t: &mut report::Targets<'_>) {
             // 300 ms): there the link's rate is shown by 64 streams, whose ProbeRTTs fall apart.
             let one = if p.spans_probe_rtt() { &[][..] } else { &[F_UP, F_DOWN][..] };
             for &f in one.iter().chain(&[F_AGG64]) {
-                let floor = 0.9 * p.mbit;
-                t.value(
-                    &format!("emulator, {n}: {DIRECT_BBR} {f} ≥ 0.9× the link's {} Mbit/s", fmt_num(p.mbit)),
-                    q(f, DIRECT_BBR),
-                    |o| format!("{} Mbit/s", fmt_num(o)),
-                    |o| o >= floor,
-                );
+                emulator_rate(t, n, f, p.mbit);
             }
             let rtt = f64::from(p.rtt_ms);
             t.value(
@@ -740,8 +760,36 @@ mod tests {
         let q = find("QUIC one stream up ≥ 0.9× direct");
         assert_eq!(q.verdict, Verdict::Unavailable);
         assert!(q.value.contains(QUIC) && q.value.contains("skipped: did not start"), "{q:?}");
-        assert_eq!(find(&format!("{DIRECT_BBR} one stream up ≥ 0.9× the link's")).verdict, Verdict::Met);
+        // Direct TCP with Cubic has no row in this figure: the scenario and its targets disagree.
+        assert_eq!(find("direct TCP one stream up, the better of").verdict, Verdict::Missing);
         // A figure never recorded is missing, which fails the run.
         assert_eq!(find("h2 one stream down ≥ 0.9× direct").verdict, Verdict::Missing);
+    }
+
+    #[test]
+    fn the_emulator_carries_the_rate_if_either_kernel_controller_gets_it_through() {
+        use crate::report::Verdict;
+        let p = Profile { rtt_ms: 150, mbit: 300.0, loss_pct: 0.0 };
+        let verdict = |bbr: Option<f64>, cubic: Option<f64>| {
+            let mut r = Results::default();
+            let id = r.figure_at(fig(F_AGG64), p.name(), &format!("{}: {F_AGG64}", p.name()), "Mbit/s", Better::Higher);
+            for (sys, v) in [(DIRECT_BBR, bbr), (DIRECT_CUBIC, cubic)] {
+                match v {
+                    Some(v) => r.add(id, sys, Kind::Direct, v),
+                    None => r.skip(id, sys, Kind::Direct, "left out by --only"),
+                }
+            }
+            let mut t = report::Targets::new(&r, true);
+            emulator_rate(&mut t, &p.name(), F_AGG64, p.mbit);
+            let row = t.rows.pop().expect("one row");
+            (row.verdict, row.value)
+        };
+        // 270 is 0.9× of 300 Mbit/s.
+        assert_eq!(verdict(Some(264.0), Some(290.0)), (Verdict::Met, "bbr 264, cubic 290 Mbit/s".to_owned()));
+        assert_eq!(verdict(Some(290.0), Some(264.0)).0, Verdict::Met);
+        assert_eq!(verdict(Some(264.0), Some(269.0)).0, Verdict::Unmet);
+        assert_eq!(verdict(Some(264.0), None), (Verdict::Unmet, "bbr 264 Mbit/s".to_owned()));
+        assert_eq!(verdict(None, Some(270.0)).0, Verdict::Met);
+        assert_eq!(verdict(None, None).0, Verdict::Unavailable);
     }
 }

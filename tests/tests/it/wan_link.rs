@@ -195,6 +195,14 @@ fn the_bottleneck_keeps_the_head_and_drops_the_tail() {
         assert_eq!(recv_seq(&b), i);
     }
     assert!(nothing_waiting(&b));
+    // A new part of a run starts its peak over; the counts go on.
+    link.reset_peaks();
+    let s = link.stats(Dir::ToShoot);
+    assert_eq!((s.max_queue_bytes, s.max_late, s.tail_dropped), (0, Duration::ZERO, 16), "{s:?}");
+    send_seq(&a, 20, 1, 972);
+    assert_eq!(recv_seq(&b), 20);
+    let s = link.stats(Dir::ToShoot);
+    assert!((1..=1000).contains(&s.max_queue_bytes), "one packet's peak: {s:?}");
 }
 
 #[test]
