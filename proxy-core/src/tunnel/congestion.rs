@@ -4,7 +4,9 @@
 //! its window; across a path that drops a packet in a few hundred at random (a lossy WAN, a
 //! radio hop) that happens every round trip or two and the window never grows: at 0.5 % loss
 //! and 50 ms quinn's Cubic moved 3-4 Mbit/s of a 100 Mbit/s link. This controller tells the two
-//! apart by the queueing delay, the smoothed round trip less the path's minimum, against a
+//! apart by the queueing delay, the smoothed round trip less the path's minimum (on an
+//! acknowledgement, the acknowledged packet's own round trip where shorter: the smoothed one lags
+//! a queue that drained), against a
 //! margin (an eighth of the minimum, between [`MIN_QUEUE_MARGIN`] and [`MAX_QUEUE_MARGIN`]):
 //!
 //! | queueing delay | acknowledgements | a loss |
@@ -359,13 +361,21 @@ impl LossTolerant {
     pub fn ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
         self.srtt = srtt;
         self.delivery.ack(now, bytes, app_limited, srtt);
-        self.sample(now, now.saturating_duration_since(sent), sent, app_limited);
+        let rtt = now.saturating_duration_since(sent);
+        self.sample(now, rtt, sent, app_limited);
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
+        // The queue now: the smoothed round trip lags by several acknowledgements, so the first
+        // packets sent after a cut come back while it still shows the queue they no longer
+        // waited behind. A packet's own round trip never reads a queue shorter than it met.
+        let now_rtt = srtt.min(rtt);
         // On a local path the queue is the hosts' own (socket buffers, a busy CPU), not a
         // bottleneck's: bounding it there only makes quinn pace (and cost CPU per byte).
-        let queue = if self.local() { Queue::None } else { self.queue() };
+        let queue = match self.min_rtt {
+            Some((min, _)) if !self.local() => read_queue(now_rtt, min),
+            _ => Queue::None,
+        };
         match queue {
             Queue::None if self.window < self.ssthresh => {
                 self.window = self.window.saturating_add(bytes);
@@ -379,7 +389,7 @@ impl LossTolerant {
             // round trip ahead of the round trip that shows it). Once per round trip.
             Queue::Long { .. } if self.window <= self.minimum_window() => self.forget_min_rtt(),
             Queue::Long { min } => {
-                let target = (min + queue_margin(min)).as_secs_f64() / self.srtt.as_secs_f64();
+                let target = (min + queue_margin(min)).as_secs_f64() / now_rtt.as_secs_f64();
                 self.counts.queue_cuts += 1;
                 self.reduce(now, target);
             }
@@ -810,6 +820,32 @@ mod tests {
             assert_eq!(p.cc.window(), (shrunk as f64 * (rtt.as_secs_f64() / held.as_secs_f64())) as u64);
             assert_eq!(p.cc.counts(), Counts { queue_cuts: 1, loss_cuts: 1, ..Counts::default() });
         }
+    }
+
+    #[test]
+    fn a_queue_is_read_from_the_packets_own_round_trip_where_the_smoothed_one_lags() {
+        let packet = u64::from(MTU);
+        // Slow start overshot a 50 ms path into a full 50 ms queue, and a loss cut the window.
+        let mut p = Path::after(6, 50 * MS);
+        p.cc.srtt = 100 * MS;
+        p.lose(100 * MS);
+        let cut = p.cc.window();
+        // The first packets sent after the cut come back in 52 ms (the queue drained meanwhile)
+        // while the smoothed round trip still shows most of it: no queue, no second cut.
+        let sent = p.now + MS;
+        p.now = sent + 52 * MS;
+        for _ in 0..10 {
+            p.cc.ack(p.now, sent, packet, false, 90 * MS);
+        }
+        assert!(p.cc.window() >= cut, "{} < {cut}", p.cc.window());
+        assert_eq!(p.cc.counts().queue_cuts, 0);
+        // A packet that met a long queue is one, whatever the smoothed round trip says: the
+        // window becomes what the path holds plus the margin (6.25 ms), of its own round trip.
+        let w = p.cc.window();
+        p.now += 90 * MS;
+        p.cc.ack(p.now, p.now - 80 * MS, packet, false, 90 * MS);
+        assert_eq!(p.cc.window(), (w as f64 * (56.25 / 80.0)) as u64);
+        assert_eq!(p.cc.counts().queue_cuts, 1);
     }
 
     #[test]
