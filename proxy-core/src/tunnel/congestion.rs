@@ -4,8 +4,8 @@
 //! its window; across a path that drops a packet in a few hundred at random (a lossy WAN, a
 //! radio hop) that happens every round trip or two and the window never grows: at 0.5 % loss
 //! and 50 ms quinn's Cubic moved 3-4 Mbit/s of a 100 Mbit/s link. This controller tells the two
-//! apart by the queueing delay, the smoothed round trip less the path's minimum (on an
-//! acknowledgement, the acknowledged packet's own round trip where shorter: the smoothed one lags
+//! apart by the queueing delay, the smoothed round trip less the path's minimum (a cut on an
+//! acknowledgement needs the packet's own round trip to show the queue too: the smoothed one lags
 //! a queue that drained), against a
 //! margin (an eighth of the minimum, between [`MIN_QUEUE_MARGIN`] and [`MAX_QUEUE_MARGIN`]):
 //!
@@ -366,16 +366,9 @@ impl LossTolerant {
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
-        // The queue now: the smoothed round trip lags by several acknowledgements, so the first
-        // packets sent after a cut come back while it still shows the queue they no longer
-        // waited behind. A packet's own round trip never reads a queue shorter than it met.
-        let now_rtt = srtt.min(rtt);
         // On a local path the queue is the hosts' own (socket buffers, a busy CPU), not a
         // bottleneck's: bounding it there only makes quinn pace (and cost CPU per byte).
-        let queue = match self.min_rtt {
-            Some((min, _)) if !self.local() => read_queue(now_rtt, min),
-            _ => Queue::None,
-        };
+        let queue = if self.local() { Queue::None } else { self.queue() };
         match queue {
             Queue::None if self.window < self.ssthresh => {
                 self.window = self.window.saturating_add(bytes);
@@ -388,8 +381,13 @@ impl LossTolerant {
             // Well past it: more in flight than the path holds plus the margin (growth runs a
             // round trip ahead of the round trip that shows it). Once per round trip.
             Queue::Long { .. } if self.window <= self.minimum_window() => self.forget_min_rtt(),
+            // The smoothed round trip lags by several acknowledgements: the first packets sent
+            // after a cut come back while it still shows the queue they no longer waited behind.
+            // A cut needs the packet's own round trip to show the long queue too (it never reads
+            // a queue shorter than the one it met); growth still waits for the smoothed one.
+            Queue::Long { min } if !matches!(read_queue(rtt, min), Queue::Long { .. }) => {}
             Queue::Long { min } => {
-                let target = (min + queue_margin(min)).as_secs_f64() / now_rtt.as_secs_f64();
+                let target = (min + queue_margin(min)).as_secs_f64() / srtt.min(rtt).as_secs_f64();
                 self.counts.queue_cuts += 1;
                 self.reduce(now, target);
             }
@@ -823,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_is_read_from_the_packets_own_round_trip_where_the_smoothed_one_lags() {
+    fn a_cut_for_the_queue_needs_the_packets_own_round_trip_to_show_it_too() {
         let packet = u64::from(MTU);
         // Slow start overshot a 50 ms path into a full 50 ms queue, and a loss cut the window.
         let mut p = Path::after(6, 50 * MS);
@@ -831,20 +829,24 @@ mod tests {
         p.lose(100 * MS);
         let cut = p.cc.window();
         // The first packets sent after the cut come back in 52 ms (the queue drained meanwhile)
-        // while the smoothed round trip still shows most of it: no queue, no second cut.
+        // while the smoothed round trip still shows most of it: held, not cut again.
         let sent = p.now + MS;
         p.now = sent + 52 * MS;
         for _ in 0..10 {
             p.cc.ack(p.now, sent, packet, false, 90 * MS);
         }
-        assert!(p.cc.window() >= cut, "{} < {cut}", p.cc.window());
+        assert_eq!(p.cc.window(), cut);
         assert_eq!(p.cc.counts().queue_cuts, 0);
-        // A packet that met a long queue is one, whatever the smoothed round trip says: the
-        // window becomes what the path holds plus the margin (6.25 ms), of its own round trip.
-        let w = p.cc.window();
+        // Nor does a short round trip of its own grow the window while the smoothed one shows a
+        // standing queue (10 ms at 50 ms: within twice the 6.25 ms margin).
+        p.now += 60 * MS;
+        p.cc.ack(p.now, p.now - 50 * MS, packet, false, 60 * MS);
+        assert_eq!(p.cc.window(), cut);
+        // A packet that met a long queue is cut for it: the window becomes what the path holds
+        // plus the margin, of the shorter of the two round trips.
         p.now += 90 * MS;
         p.cc.ack(p.now, p.now - 80 * MS, packet, false, 90 * MS);
-        assert_eq!(p.cc.window(), (w as f64 * (56.25 / 80.0)) as u64);
+        assert_eq!(p.cc.window(), (cut as f64 * (56.25 / 80.0)) as u64);
         assert_eq!(p.cc.counts().queue_cuts, 1);
     }
 
