@@ -12,14 +12,18 @@
 //! | queueing delay | acknowledgements | a loss |
 //! |---|---|---|
 //! | within the margin | grow the window (slow start, then Cubic's curve) | random: counted, ignored |
-//! | within twice the margin | hold it: the path is full | congestion: the window becomes what the path holds without its queue (× min ÷ smoothed round trip) of the window; the first loss after slow start grew it, of what the last round trip carried where less |
-//! | beyond | once per round trip, shrink it to what the path holds plus the margin | the same |
+//! | within twice the margin | hold it: the path is full | congestion: the window becomes what the path holds without its queue (× min ÷ smoothed round trip) of the window, or after an overshoot of what the last round trip carried where less |
+//! | beyond | once per round trip, shrink it to what the path holds plus the margin (of what the last round trip carried, after an overshoot) | the same |
 //!
-//! A loss that ends slow start finds the window up to twice what the path and its queue hold
-//! (slow start doubles it a round trip before the queue shows), so the cut starts from what the
-//! path carried, not from the window. No cut goes below half the window. The bottleneck queue
-//! so stays near the margin, and interactive streams behind a bulk one wait little longer than
-//! the path's round trip.
+//! The cut that ends an overshoot (slow start, or Cubic's curve grown to twice the window the
+//! last cut left) finds the window up to twice what the path and its queue hold: growth runs a
+//! round trip ahead of the queue that shows it, and the smoothed round trip lags the queue by
+//! another. So the cut starts from what the path carried, not from the window, and Cubic's
+//! curve then aims at what the path carried too: the window before the event is one the path
+//! never held, and the curve's TCP-friendly estimate (0.7 of it) alone would take the window
+//! back past the queue the moment it drained, and keep the queue overflowing for seconds at
+//! 300 ms. No cut goes below half the window. The bottleneck queue so stays near the margin,
+//! and interactive streams behind a bulk one wait little longer than the path's round trip.
 //! Persistent congestion (RFC 9002 §7.6) collapses the window to the minimum and ECN congestion
 //! marks cut it by Cubic's factor, queue or not.
 //!
@@ -78,6 +82,9 @@ const C: f64 = 0.4;
 /// How many round trips a measurement of the minimum round trip lasts: one for the queue to
 /// drain, one for the packets sent after it to be acknowledged.
 const PROBE_RTTS: u32 = 2;
+
+/// How many spans of a smoothed round trip the recent delivery rate is measured over.
+const RECENT_SPANS: u32 = 8;
 
 /// The shortest measurement of the minimum round trip (short paths' acknowledgements may be
 /// delayed by more than their round trip).
@@ -256,8 +263,13 @@ pub struct LossTolerant {
     probe: Option<Probe>,
     counts: Counts,
     delivery: Delivery,
-    /// Slow start grew the window since the last loss cut: a loss now may end an overshoot.
-    doubling: bool,
+    /// The same in spans of an eighth of the smoothed round trip: an overshoot shows as a queue
+    /// within a round trip of the bottleneck filling, so only the last acknowledgements came at
+    /// its rate; a whole round's count is short of it by the ramp before.
+    recent: Delivery,
+    /// Slow start grew the window since the last cut: the next cut, for a queue or a loss, ends
+    /// an overshoot (see [`Self::carried`]).
+    overshoot: bool,
     /// Where the [`Controller`] glue adds [`Self::counts`] (the sans-IO core never touches it).
     stats: Option<CongestionStats>,
 }
@@ -269,19 +281,20 @@ pub struct LossTolerant {
 struct Delivery {
     start: Option<Instant>,
     bytes: u64,
-    /// Whether an acknowledgement of this round was of an application-limited packet.
+    /// Whether an acknowledgement of this span was of an application-limited packet.
     app_limited: bool,
-    /// The last whole round's bytes, unless it was application-limited.
-    last: Option<u64>,
+    /// The last whole span's bytes and length, unless it was application-limited.
+    last: Option<(u64, Duration)>,
 }
 
 impl Delivery {
-    fn ack(&mut self, now: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
+    /// Counts an acknowledgement of `bytes` at `now` into spans of at least `span`.
+    fn ack(&mut self, now: Instant, bytes: u64, app_limited: bool, span: Duration) {
         match self.start {
-            Some(start) if now.saturating_duration_since(start) < srtt => {}
-            Some(_) => {
-                self.last = (!self.app_limited).then_some(self.bytes);
-                *self = Self { start: Some(now), last: self.last, ..Self::default() };
+            Some(start) if now.saturating_duration_since(start) < span => {}
+            Some(start) => {
+                let last = (!self.app_limited).then_some((self.bytes, now.saturating_duration_since(start)));
+                *self = Self { start: Some(now), last, ..Self::default() };
             }
             None => self.start = Some(now),
         }
@@ -289,13 +302,14 @@ impl Delivery {
         self.app_limited |= app_limited;
     }
 
-    /// What the path carried in a round trip: the larger of the last whole round and this one
-    /// so far; none while either was application-limited (the sender, not the path, set it).
-    fn per_round(&self) -> Option<u64> {
+    /// The last whole span's bytes scaled to `srtt`, unless it or this one so far was
+    /// application-limited (the sender, not the path, set it).
+    fn per(&self, srtt: Duration) -> Option<u64> {
         if self.app_limited {
             return None;
         }
-        self.last.map(|last| last.max(self.bytes))
+        let (bytes, length) = self.last?;
+        Some((bytes as f64 * srtt.as_secs_f64() / length.as_secs_f64().max(1e-6)) as u64)
     }
 }
 
@@ -315,7 +329,8 @@ impl LossTolerant {
             probe: None,
             counts: Counts::default(),
             delivery: Delivery::default(),
-            doubling: false,
+            recent: Delivery::default(),
+            overshoot: false,
             stats: None,
         }
     }
@@ -361,6 +376,7 @@ impl LossTolerant {
     pub fn ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, srtt: Duration) {
         self.srtt = srtt;
         self.delivery.ack(now, bytes, app_limited, srtt);
+        self.recent.ack(now, bytes, app_limited, srtt / RECENT_SPANS);
         let rtt = now.saturating_duration_since(sent);
         self.sample(now, rtt, sent, app_limited);
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
@@ -372,7 +388,7 @@ impl LossTolerant {
         match queue {
             Queue::None if self.window < self.ssthresh => {
                 self.window = self.window.saturating_add(bytes);
-                self.doubling = true;
+                self.overshoot = true;
             }
             Queue::None => self.grow(now, bytes),
             // Within reach of the margin: the path is full. Hold, in slow start too (a
@@ -388,8 +404,9 @@ impl LossTolerant {
             Queue::Long { min } if !matches!(read_queue(rtt, min), Queue::Long { .. }) => {}
             Queue::Long { min } => {
                 let target = (min + queue_margin(min)).as_secs_f64() / srtt.min(rtt).as_secs_f64();
+                let carried = self.carried();
                 self.counts.queue_cuts += 1;
-                self.reduce(now, target);
+                self.reduce(now, target * carried, carried);
             }
         }
     }
@@ -483,43 +500,73 @@ impl LossTolerant {
         if self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
-        let cut = match self.queue() {
+        let (cut, carried) = match self.queue() {
             _ if lost_bytes == 0 => {
                 self.counts.ecn_cuts += 1;
-                BETA
+                (BETA, 1.0)
             }
             // What the path holds without its queue (at most 8/9 of the window: the queue is
-            // past the margin), of the window or, the first loss after slow start grew it, of
-            // what the path carried in the last round trip where less (an overshoot: slow start
-            // doubled the window a round trip before the queue showed). Only then: across a
-            // lossy path in congestion avoidance, a round trip's count read short of the window
-            // often enough to cost a fifth of the rate.
+            // past the margin), of the window or, after an overshoot, of what the path carried
+            // in the last round trip where less. Only then: across a lossy path in congestion
+            // avoidance, a round trip's count read short of the window often enough to cost a
+            // fifth of the rate.
             Queue::Standing | Queue::Long { .. } => {
                 let min = self.min_rtt.map_or(Duration::ZERO, |(m, _)| m);
                 let drained = min.as_secs_f64() / self.srtt.as_secs_f64();
-                let carried = match self.delivery.per_round() {
-                    Some(d) if self.doubling => d as f64 / self.window.max(1) as f64,
-                    _ => 1.0,
-                };
-                self.doubling = false;
+                let carried = self.carried();
                 self.counts.loss_cuts += 1;
-                drained * carried.min(1.0)
+                (drained * carried, carried)
             }
             Queue::None => {
                 self.counts.random_losses += 1;
                 return;
             }
         };
-        self.reduce(now, cut);
+        self.reduce(now, cut, carried);
+    }
+
+    /// What the path carried in a round trip: the most of the last whole round, this one so far,
+    /// and the last eighth of one at its rate; none while the last round or this one was
+    /// application-limited (the sender, not the path, set it).
+    fn per_round(&self) -> Option<u64> {
+        if self.delivery.app_limited || self.recent.app_limited {
+            return None;
+        }
+        let (last, _) = self.delivery.last?;
+        Some(last.max(self.delivery.bytes).max(self.recent.per(self.srtt).unwrap_or(0)))
+    }
+
+    /// Whether Cubic's curve grew the window to twice what the last cut left: far past the
+    /// window before that cut (a session whose first cut came at its initial window, before
+    /// any bulk), the curve grows half again the window per round trip and, like slow start,
+    /// runs a round trip ahead of the queue that shows it. Growth within twice is not one.
+    fn overshooting(&self) -> bool {
+        self.window >= self.ssthresh.saturating_mul(2)
+    }
+
+    /// The share of the window the path carried in the last round trip, its queue included,
+    /// after an overshoot, else 1. Read once per overshoot.
+    fn carried(&mut self) -> f64 {
+        let overshoot = self.overshoot || self.overshooting();
+        let carried = match self.per_round() {
+            Some(d) if overshoot => (d as f64 / self.window.max(1) as f64).min(1.0),
+            _ => 1.0,
+        };
+        self.overshoot = false;
+        carried
     }
 
     /// Multiplies the window by `factor` (at least [`MIN_CUT`]), ends slow start, and starts
-    /// Cubic's curve back towards the window before: later losses or delays of packets sent
-    /// before `now` belong to this event.
-    fn reduce(&mut self, now: Instant, factor: f64) {
+    /// Cubic's curve back towards the window before, times `carried` (the share of it the path
+    /// carried): later losses or delays of packets sent before `now` belong to this event.
+    fn reduce(&mut self, now: Instant, factor: f64, carried: f64) {
         self.recovery_start = Some(now);
-        let w_max = self.window as f64;
-        self.window = ((w_max * factor.clamp(MIN_CUT, 1.0)) as u64).max(self.minimum_window());
+        let before = self.window as f64;
+        self.window = ((before * factor.clamp(MIN_CUT, 1.0)) as u64).max(self.minimum_window());
+        // After an overshoot the window before the event is one the path never held: Cubic's
+        // curve and its TCP-friendly estimate (0.7 of it) aim at what the path carried instead,
+        // or the estimate alone would take the window back past the queue once it drained.
+        let w_max = (before * carried).max(self.window as f64);
         self.ssthresh = self.window;
         self.carry = 0.0;
         let k = ((w_max - self.window as f64) / self.mtu as f64 / C).max(0.0).cbrt();
@@ -682,7 +729,7 @@ mod tests {
         let w = p.cc.window();
         // A path that carried the whole window in the last round trip, and a 20 ms queue: the
         // window becomes 50/70 of what it was.
-        p.cc.delivery.last = Some(w);
+        p.cc.delivery.last = Some((w, 50 * MS));
         p.cc.srtt = 70 * MS;
         p.lose(50 * MS);
         let cut = p.cc.window();
@@ -801,7 +848,9 @@ mod tests {
         for (rtt, srtt, margin) in [(50 * MS, 80 * MS, 6250 * MICROS), (300 * MS, 350 * MS, 10 * MS)] {
             let mut p = Path::after(6, rtt);
             let w = p.cc.window();
-            // The window becomes what the path holds plus the margin, and slow start ends.
+            // A path that carried the whole window in the last round trip: the window becomes
+            // what the path holds plus the margin, and slow start ends.
+            p.cc.delivery.bytes = w;
             p.round(srtt, srtt);
             let shrunk = (w as f64 * ((rtt + margin).as_secs_f64() / srtt.as_secs_f64())) as u64;
             assert_eq!(p.cc.window(), shrunk, "{rtt:?}");
@@ -818,6 +867,84 @@ mod tests {
             assert_eq!(p.cc.window(), (shrunk as f64 * (rtt.as_secs_f64() / held.as_secs_f64())) as u64);
             assert_eq!(p.cc.counts(), Counts { queue_cuts: 1, loss_cuts: 1, ..Counts::default() });
         }
+    }
+
+    #[test]
+    fn a_queue_that_ends_slow_start_cuts_from_what_the_path_carried_and_cubic_aims_there() {
+        // Slow start at 300 ms doubled the window a round trip before the queue showed, and the
+        // path carried 0.6 of it in the round trip that ends.
+        let mut p = Path::after(6, 300 * MS);
+        let w = p.cc.window();
+        p.cc.delivery.bytes = w * 6 / 10;
+        p.round(350 * MS, 350 * MS);
+        let carried = (w * 6 / 10) as f64;
+        let cut = carried * (310.0 / 350.0);
+        assert!((p.cc.window() as f64 - cut).abs() <= 1.0, "{} is {cut}", p.cc.window());
+        assert_eq!(p.cc.counts().queue_cuts, 1);
+        assert_eq!(p.cc.epoch.map(|e| e.w_max.round()), Some(carried.round()));
+        // The queue drained: the packets sent after the cut grow the window towards what the
+        // path carried, not past it (the TCP-friendly estimate of the overshot window, 0.7 of
+        // it, would take it there in a round trip, and the queue would overflow again).
+        p.now += MS;
+        p.round(300 * MS, 300 * MS);
+        assert!(p.cc.window() as f64 > cut, "{} > {cut}", p.cc.window());
+        assert!((p.cc.window() as f64) < carried, "{} < {carried}", p.cc.window());
+    }
+
+    #[test]
+    fn an_overshoot_is_measured_at_the_rate_of_its_last_acknowledgements() {
+        // Slow start at 50 ms: the bottleneck filled within the round trip that shows the queue,
+        // so the whole round counted 0.4 of the window, but its last eighth came at a rate of
+        // 0.8 of the window per (70 ms) round trip.
+        let packet = u64::from(MTU);
+        let mut p = Path::after(6, 50 * MS);
+        let w = p.cc.window();
+        p.cc.delivery.bytes = w * 4 / 10;
+        let sent = p.now;
+        p.now += 70 * MS;
+        p.cc.recent.start = Some(p.now - 70 * MS / RECENT_SPANS);
+        p.cc.recent.bytes = w / 10;
+        p.cc.ack(p.now, sent, packet, false, 70 * MS);
+        // Of 0.8 of the window: (50 + 6.25) / 70 of it.
+        let cut = (w / 10) as f64 * 8.0 * (56.25 / 70.0);
+        assert!((p.cc.window() as f64 - cut).abs() <= 2.0, "{} is {cut}", p.cc.window());
+    }
+
+    #[test]
+    fn growth_to_twice_the_window_the_last_cut_left_ends_as_slow_start_does() {
+        // A session's first cut came at its initial window (a loss with a queue on a 300 ms
+        // path), and its first bulk a minute later.
+        let mut p = Path::after(1, 300 * MS);
+        p.cc.srtt = 350 * MS;
+        p.lose(300 * MS);
+        assert_eq!(p.cc.counts().loss_cuts, 1);
+        p.now += Duration::from_secs(60);
+        // Cubic's curve is far past the window: half again the window per round trip.
+        for _ in 0..8 {
+            let w = p.cc.window();
+            p.round(300 * MS, 300 * MS);
+            assert!(p.cc.window() + u64::from(MTU) >= w * 3 / 2, "{} after {w}", p.cc.window());
+        }
+        // A queue shows, and the path carried 0.6 of the window in the round trip that ended:
+        // the cut is from that, as at the end of slow start.
+        let w = p.cc.window();
+        p.cc.delivery.bytes = w * 6 / 10;
+        p.cc.recent.bytes = 0;
+        p.round(350 * MS, 350 * MS);
+        let cut = (w * 6 / 10) as f64 * (310.0 / 350.0);
+        assert!((p.cc.window() as f64 - cut).abs() <= 1.0, "{} is {cut}", p.cc.window());
+        assert_eq!(p.cc.counts().queue_cuts, 1);
+        // Bulk again a minute later: the curve races again, but a queue within twice the window
+        // the cut left is no overshoot, whatever the first round trip after the spell carried.
+        p.now += Duration::from_secs(60);
+        p.round(300 * MS, 300 * MS);
+        let w = p.cc.window();
+        assert!(w > cut as u64 && w < 2 * cut as u64, "{w} after {cut}");
+        p.cc.delivery.bytes = w * 6 / 10;
+        p.round(350 * MS, 350 * MS);
+        let cut = w as f64 * (310.0 / 350.0);
+        assert!((p.cc.window() as f64 - cut).abs() <= 1.0, "{} is {cut}", p.cc.window());
+        assert_eq!(p.cc.counts().queue_cuts, 2);
     }
 
     #[test]
