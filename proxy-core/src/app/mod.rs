@@ -370,13 +370,14 @@ impl<S: Service> App<S> {
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
         match result {
             Ok(()) => {
+                // The line first, then the count: whoever polls the count finds the line written.
+                tracing::info!(trigger = why.label(), %file, parse_ms, total_ms, "config reloaded");
                 self.reload.reloads.with_label_values(&["success"]).inc();
                 mark_loaded(&self.reload);
-                tracing::info!(trigger = why.label(), %file, parse_ms, total_ms, "config reloaded");
             }
             Err(e) => {
-                self.reload.reloads.with_label_values(&["failure"]).inc();
                 tracing::error!(trigger = why.label(), %file, error = %e, "config reload refused; the running config stays in force");
+                self.reload.reloads.with_label_values(&["failure"]).inc();
             }
         }
     }

@@ -115,8 +115,11 @@ async fn a_regular_file_at_the_path_is_refused_at_start_and_on_reload_and_left_i
     let admin = server.read_addresses().context("addresses")?.admin()?;
     server.reload_with(&with_file).await?;
     server.wait_reloads(admin, "failure", 1.0).await?;
-    let log = server.proc.log();
-    anyhow::ensure!(log.contains("front end uds") && log.contains("is not a socket; refusing to replace it"), "{log}");
+    server
+        .proc
+        .wait_log_line(&["front end uds", "is not a socket; refusing to replace it"], DEADLINE)
+        .await
+        .with_context(|| server.proc.log())?;
     anyhow::ensure!(std::fs::read_to_string(&path)? == "not a socket", "the file was changed by the reload");
     Ok(())
 }
