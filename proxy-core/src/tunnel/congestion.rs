@@ -6,7 +6,9 @@
 //! and 50 ms quinn's Cubic moved 3-4 Mbit/s of a 100 Mbit/s link. This controller tells the two
 //! apart by the queueing delay, the smoothed round trip less the path's minimum (a cut on an
 //! acknowledgement needs the packet's own round trip to show the queue too: the smoothed one lags
-//! a queue that drained), against a
+//! a queue that drained; a cut for a loss needs the smallest round trip of the last quarter to
+//! half a round trip to show it: a burst or a stall at either end delays some packets, a
+//! standing queue every one), against a
 //! margin (an eighth of the minimum, between [`MIN_QUEUE_MARGIN`] and [`MAX_QUEUE_MARGIN`]):
 //!
 //! | queueing delay | acknowledgements | a loss |
@@ -85,6 +87,10 @@ const PROBE_RTTS: u32 = 2;
 
 /// How many spans of a smoothed round trip the recent delivery rate is measured over.
 const RECENT_SPANS: u32 = 8;
+
+/// How many spans of a smoothed round trip the floor of the round trip is kept over: it is the
+/// smallest sample of the last whole span and of this one, a quarter to half a round trip.
+const FLOOR_SPANS: u32 = 4;
 
 /// The shortest measurement of the minimum round trip (short paths' acknowledgements may be
 /// delayed by more than their round trip).
@@ -267,6 +273,8 @@ pub struct LossTolerant {
     /// within a round trip of the bottleneck filling, so only the last acknowledgements came at
     /// its rate; a whole round's count is short of it by the ramp before.
     recent: Delivery,
+    /// The smallest round trip of the last acknowledgements (see [`Floor`]).
+    floor: Floor,
     /// Slow start grew the window since the last cut: the next cut, for a queue or a loss, ends
     /// an overshoot (see [`Self::carried`]).
     overshoot: bool,
@@ -313,6 +321,40 @@ impl Delivery {
     }
 }
 
+/// The smallest round trip of the last acknowledgements. A standing queue delays every packet;
+/// a burst queued for a few milliseconds, or a stall of either end's event loop, delays some,
+/// yet lifts the smoothed round trip past the margin for a while: a random loss read against it
+/// alone cut a window already below the path's, and at 1 % loss Cubic's curve took seconds to
+/// grow it back (one stream a sixth below the link's rate).
+#[derive(Debug, Clone, Copy, Default)]
+struct Floor {
+    start: Option<Instant>,
+    /// This span's smallest sample so far.
+    now: Option<Duration>,
+    /// The last whole span's.
+    last: Option<Duration>,
+}
+
+impl Floor {
+    /// Takes a sample of `rtt` at `now` into spans of at least `span`.
+    fn sample(&mut self, now: Instant, rtt: Duration, span: Duration) {
+        match self.start {
+            Some(start) if now.saturating_duration_since(start) < span => {}
+            Some(_) => *self = Self { start: Some(now), now: None, last: self.now },
+            None => self.start = Some(now),
+        }
+        self.now = Some(self.now.map_or(rtt, |m| m.min(rtt)));
+    }
+
+    /// The smallest sample of the last whole span and this one; none before any sample.
+    fn get(&self) -> Option<Duration> {
+        match (self.last, self.now) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 impl LossTolerant {
     /// A controller for a new path, at `now`, whose datagrams are `mtu` bytes.
     pub fn new(initial_window: u64, _now: Instant, mtu: u16) -> Self {
@@ -330,6 +372,7 @@ impl LossTolerant {
             counts: Counts::default(),
             delivery: Delivery::default(),
             recent: Delivery::default(),
+            floor: Floor::default(),
             overshoot: false,
             stats: None,
         }
@@ -378,6 +421,7 @@ impl LossTolerant {
         self.delivery.ack(now, bytes, app_limited, srtt);
         self.recent.ack(now, bytes, app_limited, srtt / RECENT_SPANS);
         let rtt = now.saturating_duration_since(sent);
+        self.floor.sample(now, rtt, srtt / FLOOR_SPANS);
         self.sample(now, rtt, sent, app_limited);
         if app_limited || self.recovery_start.is_some_and(|r| sent <= r) {
             return;
@@ -500,7 +544,10 @@ impl LossTolerant {
         if self.recovery_start.is_some_and(|r| sent <= r) {
             return;
         }
-        let (cut, carried) = match self.queue() {
+        // The queue as every recent packet met it, not only the smoothed round trip.
+        let srtt = self.floor.get().map_or(self.srtt, |f| f.min(self.srtt));
+        let queue = self.min_rtt.map_or(Queue::None, |(min, _)| read_queue(srtt, min));
+        let (cut, carried) = match queue {
             _ if lost_bytes == 0 => {
                 self.counts.ecn_cuts += 1;
                 (BETA, 1.0)
@@ -512,7 +559,7 @@ impl LossTolerant {
             // fifth of the rate.
             Queue::Standing | Queue::Long { .. } => {
                 let min = self.min_rtt.map_or(Duration::ZERO, |(m, _)| m);
-                let drained = min.as_secs_f64() / self.srtt.as_secs_f64();
+                let drained = min.as_secs_f64() / srtt.as_secs_f64();
                 let carried = self.carried();
                 self.counts.loss_cuts += 1;
                 (drained * carried, carried)
@@ -673,6 +720,18 @@ mod tests {
             }
         }
 
+        /// The smoothed round trip reads `srtt`, and so did every packet of the last round trip.
+        fn queue(&mut self, srtt: Duration) {
+            self.cc.srtt = srtt;
+            self.cc.floor = Floor { start: Some(self.now), now: Some(srtt), last: Some(srtt) };
+        }
+
+        /// The floor of the round trip holds only the round trip just carried (a real path's
+        /// acknowledgements come spread across it; these came at one instant).
+        fn spread(&mut self) {
+            self.cc.floor.last = self.cc.floor.now;
+        }
+
         /// A loss of a packet sent half a round trip ago.
         fn lose(&mut self, rtt: Duration) {
             self.cc.congestion(self.now, self.now - rtt / 2, false, u64::from(MTU));
@@ -713,7 +772,7 @@ mod tests {
         let w = p.cc.window();
         for i in 0..10 {
             // A smoothed round trip within the margin (6.25 ms at 50 ms) is no queue.
-            p.cc.srtt = 55 * MS;
+            p.queue(55 * MS);
             p.lose(50 * MS);
             assert_eq!(p.cc.window(), w, "loss {i}");
         }
@@ -730,7 +789,7 @@ mod tests {
         // A path that carried the whole window in the last round trip, and a 20 ms queue: the
         // window becomes 50/70 of what it was.
         p.cc.delivery.last = Some((w, 50 * MS));
-        p.cc.srtt = 70 * MS;
+        p.queue(70 * MS);
         p.lose(50 * MS);
         let cut = p.cc.window();
         assert_eq!(cut, (w as f64 * 50.0 / 70.0) as u64);
@@ -740,15 +799,43 @@ mod tests {
         assert_eq!(p.cc.window(), cut);
         // A full queue (as long as the path) halves it, no more.
         p.now += 100 * MS;
-        p.cc.srtt = 200 * MS;
+        p.queue(200 * MS);
         p.cc.congestion(p.now, p.now - MS, false, u64::from(MTU));
         assert_eq!(p.cc.window(), cut / 2);
         // Just past the margin: a ninth at least.
         p.now += 100 * MS;
-        p.cc.srtt = 57 * MS;
+        p.queue(57 * MS);
         let before = p.cc.window();
         p.cc.congestion(p.now, p.now - MS, false, u64::from(MTU));
         assert_eq!(p.cc.window(), (before as f64 * 50.0 / 57.0) as u64);
+    }
+
+    #[test]
+    fn a_loss_is_read_against_the_round_trip_every_recent_packet_met() {
+        let packet = u64::from(MTU);
+        let mut p = Path::after(6, 50 * MS);
+        p.queue(70 * MS);
+        p.lose(50 * MS);
+        let w = p.cc.window();
+        // A burst or a stall delays some packets: the smoothed round trip reads 58 ms, past the
+        // margin (6.25 ms), while one packet in four of the last few came back in 50.
+        p.now += 100 * MS;
+        for i in 0..20 {
+            let rtt = if i % 4 == 0 { 50 * MS } else { 70 * MS };
+            p.cc.ack(p.now, p.now - rtt, packet, false, 58 * MS);
+            p.now += MS;
+        }
+        assert_eq!(p.cc.window(), w, "held: the smoothed round trip shows a queue");
+        p.lose(50 * MS);
+        assert_eq!((p.cc.window(), p.cc.counts().loss_cuts, p.cc.random_losses()), (w, 1, 1), "random");
+        // A queue that every packet of the last half round trip met: the loss is congestion.
+        for _ in 0..30 {
+            p.cc.ack(p.now, p.now - 58 * MS, packet, false, 58 * MS);
+            p.now += MS;
+        }
+        p.lose(50 * MS);
+        assert_eq!(p.cc.window(), (w as f64 * 50.0 / 58.0) as u64);
+        assert_eq!(p.cc.counts().loss_cuts, 2);
     }
 
     #[test]
@@ -763,6 +850,7 @@ mod tests {
         // window holds), then a loss.
         p.carry(60 * MS, 60 * MS, 120);
         assert_eq!(p.cc.window(), 160 * packet);
+        p.spread();
         p.lose(60 * MS);
         // What the path carried without its queue, not 50/60 of the window (133 packets, a third
         // more than the path holds: lost again next round trip).
@@ -772,12 +860,14 @@ mod tests {
         // lossy path the count often reads short of the window).
         p.carry(60 * MS, 60 * MS, 70);
         p.carry(60 * MS, 60 * MS, 70);
+        p.spread();
         p.lose(60 * MS);
         assert_eq!(p.cc.window(), (w as f64 * 50.0 / 60.0) as u64);
         // No cut below half, whatever the path carried.
         let mut p = Path::after(3, 50 * MS);
         p.carry(50 * MS, 50 * MS, 80);
         p.carry(60 * MS, 60 * MS, 20);
+        p.spread();
         p.lose(60 * MS);
         assert_eq!(p.cc.window(), 80 * packet);
     }
@@ -793,6 +883,7 @@ mod tests {
         for _ in 0..20 {
             p.cc.ack(p.now, sent, packet, true, 60 * MS);
         }
+        p.spread();
         p.lose(60 * MS);
         assert_eq!(p.cc.window(), (160.0 * packet as f64 * 50.0 / 60.0) as u64);
     }
@@ -832,10 +923,10 @@ mod tests {
         }
         // A loss within the margin (2 ms) is random; past it, congestion.
         let w = p.cc.window();
-        p.cc.srtt = 1500 * MICROS;
+        p.queue(1500 * MICROS);
         p.lose(MS);
         assert_eq!(p.cc.window(), w);
-        p.cc.srtt = 10 * MS;
+        p.queue(10 * MS);
         p.lose(MS);
         assert_eq!(p.cc.window(), w / 2);
     }
@@ -915,7 +1006,7 @@ mod tests {
         // A session's first cut came at its initial window (a loss with a queue on a 300 ms
         // path), and its first bulk a minute later.
         let mut p = Path::after(1, 300 * MS);
-        p.cc.srtt = 350 * MS;
+        p.queue(350 * MS);
         p.lose(300 * MS);
         assert_eq!(p.cc.counts().loss_cuts, 1);
         p.now += Duration::from_secs(60);
@@ -952,7 +1043,7 @@ mod tests {
         let packet = u64::from(MTU);
         // Slow start overshot a 50 ms path into a full 50 ms queue, and a loss cut the window.
         let mut p = Path::after(6, 50 * MS);
-        p.cc.srtt = 100 * MS;
+        p.queue(100 * MS);
         p.lose(100 * MS);
         let cut = p.cc.window();
         // The first packets sent after the cut come back in 52 ms (the queue drained meanwhile)
@@ -989,7 +1080,7 @@ mod tests {
     fn after_a_cut_the_window_grows_back_to_where_it_was() {
         let mut p = Path::after(6, 50 * MS);
         let w = p.cc.window();
-        p.cc.srtt = 70 * MS;
+        p.queue(70 * MS);
         p.lose(50 * MS);
         assert!(p.cc.window() < w);
         let mut rounds = 0;
@@ -1033,7 +1124,7 @@ mod tests {
         assert_eq!(p.cc.window(), 2 * w);
         // Random losses are random again.
         let w = p.cc.window();
-        p.cc.srtt = 101 * MS;
+        p.queue(101 * MS);
         p.lose(100 * MS);
         assert_eq!(p.cc.window(), w);
     }
