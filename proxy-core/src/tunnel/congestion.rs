@@ -409,7 +409,12 @@ impl LossTolerant {
 
     /// What the smoothed round trip shows of the bottleneck queue.
     fn queue(&self) -> Queue {
-        self.min_rtt.map_or(Queue::None, |(min, _)| read_queue(self.srtt, min))
+        self.queue_at(self.srtt)
+    }
+
+    /// What a round trip of `rtt` shows of the bottleneck queue.
+    fn queue_at(&self, rtt: Duration) -> Queue {
+        self.min_rtt.map_or(Queue::None, |(min, _)| read_queue(rtt, min))
     }
 
     /// A packet sent at `sent` was acknowledged at `now`; `srtt` is the path's smoothed round
@@ -546,8 +551,7 @@ impl LossTolerant {
         }
         // The queue as every recent packet met it, not only the smoothed round trip.
         let srtt = self.floor.get().map_or(self.srtt, |f| f.min(self.srtt));
-        let queue = self.min_rtt.map_or(Queue::None, |(min, _)| read_queue(srtt, min));
-        let (cut, carried) = match queue {
+        let (cut, carried) = match self.queue_at(srtt) {
             _ if lost_bytes == 0 => {
                 self.counts.ecn_cuts += 1;
                 (BETA, 1.0)
