@@ -160,13 +160,49 @@ async fn ping_once(
     }
 }
 
-/// Apply a window from [`Tuning`] to every stream of the session, new and open.
-fn apply_window<E: std::fmt::Display>(set: impl FnOnce(u32) -> Result<(), E>, windows: &mut watch::Receiver<u32>) {
-    let w = *windows.borrow_and_update();
-    // Refused only while the previous SETTINGS awaits its acknowledgement; the next growth
-    // carries a larger window anyway.
-    if let Err(e) = set(w) {
-        tracing::debug!(window = w, error = %e, "stream window not applied yet");
+/// The windows [`Tuning`] chooses, on their way to the connection as `SETTINGS_INITIAL_WINDOW_SIZE`
+/// (every stream of the session, new and open). h2 refuses new SETTINGS while the last await
+/// their acknowledgement, a round trip behind whatever the peer has queued; a refused window
+/// is tried again after [`APPLY_RETRY`], since the growth to the cap has no later one to carry it.
+struct Windows {
+    chosen: watch::Receiver<u32>,
+    retry: Option<Instant>,
+}
+
+/// How soon a window h2 refused is offered again.
+const APPLY_RETRY: Duration = Duration::from_millis(50);
+
+impl Windows {
+    fn new(chosen: watch::Receiver<u32>) -> Self {
+        Self { chosen, retry: None }
+    }
+
+    /// The window to apply next: a newly chosen one, or the latest once a retry is due. Pending
+    /// for good once the chooser is gone with nothing left to retry.
+    async fn due(&mut self) -> u32 {
+        let retry = self.retry;
+        let again = async {
+            match retry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Ok(()) = self.chosen.changed() => {}
+            () = again => {}
+        }
+        *self.chosen.borrow_and_update()
+    }
+
+    /// Apply `window` with `set`, or schedule a retry when it is refused.
+    fn apply<E: std::fmt::Display>(&mut self, window: u32, set: impl FnOnce(u32) -> Result<(), E>) {
+        self.retry = match set(window) {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::debug!(window, error = %e, "stream window not applied yet");
+                Some(Instant::now() + APPLY_RETRY)
+            }
+        };
     }
 }
 
@@ -311,7 +347,8 @@ where
     let probes = Arc::new(Notify::new());
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
-    let (tuning, mut windows) = Tuning::new(settings, heard.clone());
+    let (tuning, windows) = Tuning::new(settings, heard.clone());
+    let mut windows = Windows::new(windows);
     let echoes = Arc::new(Echoes::default());
     let ka = keepalive(
         pp,
@@ -329,7 +366,7 @@ where
             tokio::select! {
                 r = &mut conn => return r.map_err(failed("session failed")),
                 e = &mut ka => return Err(e),
-                Ok(()) = windows.changed() => apply_window(|w| conn.set_initial_window_size(w), &mut windows),
+                w = windows.due() => windows.apply(w, |w| conn.set_initial_window_size(w)),
             }
         }
     };
@@ -395,7 +432,7 @@ struct H2Agent<T> {
     conn: server::Connection<T, Bytes>,
     keepalive: BoxFuture<'static, SessionError>,
     /// Stream windows from the keepalive loop's [`Tuning`].
-    windows: watch::Receiver<u32>,
+    windows: Windows,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Agent<T> {
@@ -408,8 +445,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> AgentTransport for H2Ag
             let next = tokio::select! {
                 r = self.conn.accept() => r,
                 e = &mut self.keepalive => return Err(e),
-                Ok(()) = self.windows.changed() => {
-                    apply_window(|w| self.conn.set_initial_window_size(w), &mut self.windows);
+                w = self.windows.due() => {
+                    self.windows.apply(w, |w| self.conn.set_initial_window_size(w));
                     continue;
                 }
             };
@@ -477,7 +514,7 @@ where
     let (tuning, windows) = Tuning::new(settings, received);
     let echoes = Arc::default();
     let keepalive = Box::pin(keepalive(pp, settings, None, echoes, move |silent| h.quiet(silent), tuning));
-    session::run_agent(H2Agent { conn, keepalive, windows }, None, handler, stop, tracker).await
+    session::run_agent(H2Agent { conn, keepalive, windows: Windows::new(windows) }, None, handler, stop, tracker).await
 }
 
 /// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-agent does).
@@ -505,5 +542,80 @@ mod tests {
         assert!(t.tuner.growing());
         // A window's worth per 150 ms round trip: the window is the limit and it doubles.
         assert_eq!(t.tuner.sample(Duration::from_millis(150), u64::from(on.stream_window)), Some(2 * on.stream_window));
+    }
+
+    const MIB: u32 = 1024 * 1024;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_refused_while_settings_await_their_acknowledgement_is_applied_on_retry() {
+        let (chosen, rx) = watch::channel(MIB / 2);
+        let mut windows = Windows::new(rx);
+        chosen.send(8 * MIB).unwrap();
+        let w = windows.due().await;
+        assert_eq!(w, 8 * MIB);
+        windows.apply(w, |_| Ok::<_, &str>(()));
+        // The growth to the cap comes before the peer acknowledged the last SETTINGS; none follows it.
+        chosen.send(16 * MIB).unwrap();
+        let w = windows.due().await;
+        windows.apply(w, |_| Err("settings pending"));
+        let again =
+            tokio::time::timeout(Duration::from_secs(1), windows.due()).await.expect("the refused window comes again");
+        assert_eq!(again, 16 * MIB);
+        let mut applied = None;
+        windows.apply(again, |w| {
+            applied = Some(w);
+            Ok::<_, &str>(())
+        });
+        assert_eq!(applied, Some(16 * MIB));
+        assert!(tokio::time::timeout(Duration::from_secs(60), windows.due()).await.is_err(), "nothing left to apply");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_chosen_while_a_retry_waits_replaces_the_refused_one() {
+        let (chosen, rx) = watch::channel(MIB / 2);
+        let mut windows = Windows::new(rx);
+        chosen.send(4 * MIB).unwrap();
+        let w = windows.due().await;
+        windows.apply(w, |_| Err("settings pending"));
+        chosen.send(8 * MIB).unwrap();
+        let before = Instant::now();
+        assert_eq!(windows.due().await, 8 * MIB);
+        assert_eq!(before.elapsed(), Duration::ZERO, "at once, not at the retry");
+        windows.apply(8 * MIB, |_| Ok::<_, &str>(()));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), windows.due()).await.is_err(),
+            "the refused one is not retried"
+        );
+    }
+
+    /// Offer `window` to the agent's end, driving it between tries, until taken (true) or 10 s pass.
+    async fn take(agent: &mut server::Connection<tokio::io::DuplexStream, Bytes>, window: u32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if agent.set_initial_window_size(window).is_ok() {
+                return true;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(10), agent.accept()).await;
+        }
+        false
+    }
+
+    /// What [`Windows`] retries for: h2 refuses a second window until the peer acknowledged the first.
+    #[tokio::test]
+    async fn h2_refuses_new_settings_until_the_last_are_acknowledged() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let seed = tokio::spawn(async move {
+            let (send, conn) = client::handshake(a).await.unwrap();
+            let driven = tokio::spawn(conn);
+            (send, driven)
+        });
+        let mut agent = server::handshake(b).await.unwrap();
+        let (_send, driven) = seed.await.unwrap();
+        // The handshake's own SETTINGS await their acknowledgement too: drive the agent's end
+        // until a window is taken, then ask for another at once.
+        assert!(take(&mut agent, MIB).await, "the seed never acknowledged the handshake's SETTINGS");
+        assert!(agent.set_initial_window_size(2 * MIB).is_err(), "refused while the first is unacknowledged");
+        assert!(take(&mut agent, 2 * MIB).await, "taken once the seed acknowledged the first");
+        driven.abort();
     }
 }
