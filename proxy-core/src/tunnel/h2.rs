@@ -52,14 +52,14 @@ struct Tuning {
 }
 
 impl Tuning {
-    fn new(settings: &TunnelSettings, received: Arc<AtomicU64>) -> (Self, watch::Receiver<u32>) {
+    fn new(settings: &TunnelSettings, received: Arc<AtomicU64>) -> (Self, Windows) {
         let cap = if settings.h2_adaptive_window {
             stream_window_cap(settings.stream_window, settings.max_stream_window, settings.connection_window)
         } else {
             settings.stream_window
         };
         let (apply, windows) = watch::channel(settings.stream_window);
-        (Self { tuner: WindowTuner::new(settings.stream_window, cap), received, apply }, windows)
+        (Self { tuner: WindowTuner::new(settings.stream_window, cap), received, apply }, Windows::new(windows))
     }
 
     fn received(&self) -> u64 {
@@ -347,8 +347,7 @@ where
     let probes = Arc::new(Notify::new());
     let quiet = Arc::new(Quiet::default());
     let q = quiet.clone();
-    let (tuning, windows) = Tuning::new(settings, heard.clone());
-    let mut windows = Windows::new(windows);
+    let (tuning, mut windows) = Tuning::new(settings, heard.clone());
     let echoes = Arc::new(Echoes::default());
     let ka = keepalive(
         pp,
@@ -514,7 +513,7 @@ where
     let (tuning, windows) = Tuning::new(settings, received);
     let echoes = Arc::default();
     let keepalive = Box::pin(keepalive(pp, settings, None, echoes, move |silent| h.quiet(silent), tuning));
-    session::run_agent(H2Agent { conn, keepalive, windows: Windows::new(windows) }, None, handler, stop, tracker).await
+    session::run_agent(H2Agent { conn, keepalive, windows }, None, handler, stop, tracker).await
 }
 
 /// Over TCP directly, or through [`crate::relay::io::ReadAhead`] (what proxy-agent does).
