@@ -221,7 +221,9 @@ pub struct Tunnel {
     /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
     /// not yet handed to the kernel it schedules itself, so a stream that sends little (a
     /// keystroke, a request) waits behind at most this much of bulk streams' bytes, not behind
-    /// megabytes of socket buffer. Default `131072`.
+    /// megabytes of socket buffer. Not set on a path whose TCP handshake took under a
+    /// millisecond (loopback, one host or zone), where the kernel sends what it holds at once
+    /// and the limit would only cost wake-ups. Default `131072`.
     #[serde(default = "tcp_notsent_lowat_default")]
     pub tcp_notsent_lowat: u32,
     /// HTTP/2 sessions: bound the bytes the session's TCP socket holds unacknowledged to what the

@@ -10,6 +10,7 @@ pub mod pending;
 pub mod share;
 pub mod sockopt;
 
+use crate::tunnel::window::LOCAL_RTT;
 use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -154,15 +155,34 @@ pub fn tune_stream(s: &TcpStream) {
 /// - `notsent_lowat`: `TCP_NOTSENT_LOWAT`, the most bytes the kernel holds unsent (`0`: no
 ///   limit): the socket then reports writable only below it, and what HTTP/2 has not yet written
 ///   stays in the session, where a stream that sends little (a keystroke, a round trip) goes out
-///   next rather than behind everything bulk streams queued.
+///   next rather than behind everything bulk streams queued. Not on a local path (see
+///   [`session_notsent_lowat`]).
 pub fn tune_session_socket(s: &TcpStream, patience: Duration, probe_every: Duration, notsent_lowat: u32) {
     let sock = SockRef::from(s);
     let _ = sock.set_tcp_user_timeout(Some(patience));
     if let Err(e) = sockopt::set_tcp_rto_max(s.as_fd(), probe_every) {
         tracing::debug!(error = %e, "TCP_RTO_MAX_MS not set on a tunnel session's socket");
     }
-    if notsent_lowat > 0
-        && let Err(e) = sock.set_tcp_notsent_lowat(notsent_lowat)
+    // Zero: the kernel has no sample of the path yet.
+    let path_rtt = sockopt::tcp_path(s.as_fd()).ok().map(|p| p.min_rtt).filter(|rtt| !rtt.is_zero());
+    set_notsent_lowat(&sock, session_notsent_lowat(path_rtt, notsent_lowat));
+}
+
+/// The `TCP_NOTSENT_LOWAT` of a session socket whose handshake took `path_rtt` (`None`: unknown):
+/// `configured`, but none (`0`) on a local path, under [`LOCAL_RTT`]. There the kernel hands what
+/// it holds to the peer within microseconds, so the limit shortens no wait behind bulk, and the
+/// session pays for it in writes cut short and wake-ups: on loopback, bulk through 50 or 64
+/// streams moved 5-10 % less with it.
+pub fn session_notsent_lowat(path_rtt: Option<Duration>, configured: u32) -> u32 {
+    match path_rtt {
+        Some(rtt) if rtt < LOCAL_RTT => 0,
+        _ => configured,
+    }
+}
+
+fn set_notsent_lowat(sock: &SockRef<'_>, lowat: u32) {
+    if lowat > 0
+        && let Err(e) = sock.set_tcp_notsent_lowat(lowat)
     {
         tracing::debug!(error = %e, "TCP_NOTSENT_LOWAT not set on a tunnel session's socket");
     }
@@ -292,6 +312,40 @@ mod tests {
         match default {
             Ok(_) => assert_eq!(sockopt::tcp_rto_max(c.as_fd()).unwrap(), Duration::from_millis(1500)),
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}"),
+        }
+    }
+
+    /// A session socket on a local path gets no `TCP_NOTSENT_LOWAT`, whatever the setting; on a
+    /// longer one it gets the setting (a handshake's round trip stands in for the path here, as
+    /// loopback has no other).
+    #[tokio::test]
+    async fn a_session_socket_limits_its_unsent_bytes_only_on_a_path_longer_than_local() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (a, _) = l.accept().await.unwrap();
+        let lowat = |s: &TcpStream| SockRef::from(s).tcp_notsent_lowat().unwrap();
+        let unset = lowat(&c);
+        for s in [&c, &a] {
+            tune_session_socket(s, Duration::from_secs(60), Duration::from_millis(1500), 128 * 1024);
+            assert_eq!(lowat(s), unset, "loopback is a local path");
+        }
+        set_notsent_lowat(&SockRef::from(&c), session_notsent_lowat(Some(Duration::from_millis(50)), 128 * 1024));
+        assert_eq!(lowat(&c), 128 * 1024);
+    }
+
+    #[test]
+    fn the_unsent_limit_of_a_session_socket_by_its_path() {
+        let ms = Duration::from_millis;
+        for (rtt, configured, want) in [
+            (Some(Duration::from_micros(40)), 131_072, 0),
+            (Some(ms(1) - Duration::from_nanos(1)), 131_072, 0),
+            (Some(ms(1)), 131_072, 131_072),
+            (Some(ms(150)), 16_384, 16_384),
+            (Some(ms(150)), 0, 0),
+            // No round trip known: the setting, as on a long path.
+            (None, 131_072, 131_072),
+        ] {
+            assert_eq!(session_notsent_lowat(rtt, configured), want, "{rtt:?} {configured}");
         }
     }
 
