@@ -10,7 +10,6 @@ pub mod pending;
 pub mod share;
 pub mod sockopt;
 
-use crate::tunnel::window::LOCAL_RTT;
 use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -130,6 +129,11 @@ pub async fn resolve(hp: &HostPort) -> io::Result<Vec<SocketAddr>> {
     }
     Ok(tokio::net::lookup_host((hp.host.as_str(), hp.port)).await?.collect())
 }
+
+/// Below this round trip a path is local (loopback, a LAN, one zone): what a tunnel session does
+/// for a WAN (a grown h2 window, the in-flight bound, the unsent limit, QUIC reading a queue from
+/// its round trips) stays off there.
+pub const LOCAL_RTT: Duration = Duration::from_millis(1);
 
 fn keepalive() -> TcpKeepalive {
     TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL).with_retries(KEEPALIVE_RETRIES)

@@ -16,10 +16,10 @@
 
 use std::time::Duration;
 
-/// Below this round trip a path is local (loopback, a LAN, one zone), where the default window
-/// already allows gigabytes a second per stream: its windows never grow, whatever a sample says
-/// (a PING queued behind bulk at both ends takes far longer than the path).
-pub const LOCAL_RTT: Duration = Duration::from_millis(1);
+/// On a local path the default window already allows gigabytes a second per stream: its windows
+/// never grow, whatever a sample says (a PING queued behind bulk at both ends takes far longer
+/// than the path).
+pub use crate::net::LOCAL_RTT;
 
 /// How one session's stream window follows its path.
 #[derive(Debug, Clone)]
