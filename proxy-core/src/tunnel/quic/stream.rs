@@ -169,7 +169,7 @@ impl Resettable for QuicStream {
 
     /// quinn queues a chunk as it is (its `poll_write` copies).
     fn owned_chunk(&self) -> Option<usize> {
-        Some(crate::relay::copy::BUF_SIZE)
+        Some(crate::relay::buf::BUF_SIZE)
     }
 
     fn poll_write_owned(&mut self, cx: &mut Context<'_>, chunk: &mut Bytes) -> Poll<io::Result<()>> {
