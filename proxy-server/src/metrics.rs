@@ -3,8 +3,8 @@
 use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::core::Collector as _;
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
-use proxy_core::tunnel::congestion::CongestionStats;
-use proxy_core::tunnel::session_socket::InflightStats;
+use proxy_core::tunnel::h2::InflightStats;
+use proxy_core::tunnel::quic::congestion::CongestionStats;
 use seedgate_config::server::ClusterMode;
 use std::collections::BTreeMap;
 

@@ -4,7 +4,7 @@ use crate::identity::Refused;
 use crate::session::Session;
 use crate::shared::Shared;
 use crate::tokens::{ClusterReview, ReviewError, Reviewed};
-use proxy_core::tunnel::Presented;
+use proxy_core::tunnel::session::Presented;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 

@@ -4,9 +4,9 @@ use super::Tunnel;
 use super::establish::{EstablishError, establish, establish_quic, hinted};
 use super::machine::{Carrier, Event, SessionId};
 use super::stream::serve_stream;
+use proxy_core::tunnel::session::{AgentSession, SessionError, run_agent_session};
 use proxy_core::tunnel::{
-    AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo, SessionError,
-    TunnelSettings, run_agent_session,
+    AgentHandler, AgentHello, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo, TunnelSettings,
 };
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};

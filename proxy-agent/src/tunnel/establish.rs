@@ -2,8 +2,8 @@
 
 use super::Tunnel;
 use super::dial::settings;
-use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, AgentConnection};
+use proxy_core::tunnel::session::AgentConnection;
+use proxy_core::tunnel::{ALPN_V1, h2, quic};
 use seedgate_config::HostPort;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -103,11 +103,7 @@ pub(super) async fn establish(
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
     let probe_every = super::dial::settings(&cfg).ping_every();
     proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), probe_every, cfg.tcp_notsent_lowat);
-    let tcp = proxy_core::tunnel::session_socket::SessionSocket::new(
-        tcp,
-        cfg.tcp_inflight_bound,
-        Some(t.metrics.inflight.clone()),
-    );
+    let tcp = h2::SessionSocket::new(tcp, cfg.tcp_inflight_bound, Some(t.metrics.inflight.clone()));
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;

@@ -3,8 +3,8 @@
 use super::machine::Carrier;
 use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
-use proxy_core::tunnel::congestion::CongestionStats;
-use proxy_core::tunnel::session_socket::InflightStats;
+use proxy_core::tunnel::h2::InflightStats;
+use proxy_core::tunnel::quic::congestion::CongestionStats;
 
 #[derive(Clone)]
 pub(crate) struct TunnelMetrics {

@@ -6,7 +6,7 @@
 //! way: intermediates are not checked), and only against a list whose issuer is the
 //! certificate's issuer.
 
-use super::{TlsError, file_err};
+use super::error::{TlsError, file_err};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::CertificateRevocationListDer;
 use rustls::pki_types::pem::PemObject;

@@ -1,8 +1,11 @@
 //! TLS setup from PEM files: server configs (optionally requiring client certificates), client configs, revocation lists, peer identity.
 
 pub mod crl;
+mod error;
 
 pub use crl::{Revoked, load_crls};
+pub use error::TlsError;
+use error::file_err;
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -10,18 +13,6 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::path::Path;
 use std::sync::Arc;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("{path}: {what}: {detail}")]
-    File { path: String, what: &'static str, detail: String },
-    #[error("TLS configuration: {0}")]
-    Config(String),
-}
-
-pub(crate) fn file_err(path: &Path, what: &'static str, e: impl std::fmt::Display) -> TlsError {
-    TlsError::File { path: path.display().to_string(), what, detail: e.to_string() }
-}
 
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)

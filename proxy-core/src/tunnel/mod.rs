@@ -8,6 +8,12 @@
 //! own messages and codes (control lines, dial errors, QUIC's stream framing) are sans-IO, in
 //! `proxy_wire::tunnel`.
 //!
+//! The seam's types live here and the session and both transports use them, so this module names
+//! none of its children (a file that re-exported theirs would depend on files that depend on it):
+//! a session of either transport starts from [`session`] (`run_seed_session`, `run_agent_session`,
+//! the connections they take), each transport's own API is under [`h2`] and [`quic`], and what
+//! both read of a session's path is in [`path`].
+//!
 //! Wire protocol, version 1 (ALPN `seedgate-tunnel/1`), over HTTP/2:
 //! - stream open: `CONNECT` with `:authority` = `host:port` of the target in the shoot;
 //! - answer: `:status 200` once the agent's dial succeeded; otherwise a status from
@@ -22,15 +28,10 @@
 //!
 //! Over QUIC: see [`quic`].
 
-pub mod congestion;
 pub mod h2;
-pub mod inflight;
+pub mod path;
 pub mod quic;
-pub mod send_turns;
 pub mod session;
-pub mod session_socket;
-mod stream;
-pub mod window;
 
 use crate::net::guard::Active;
 use crate::relay::io::Resettable;
@@ -44,11 +45,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, Secret, ServerInfo};
-pub use session::{
-    AgentConnection, AgentSession, Ended, Presented, SeedConnection, SeedSession, SessionError, run_agent_session,
-    run_seed_session,
-};
-pub use stream::H2Stream;
 
 pub const ERROR_HEADER: &str = "seedgate-error";
 pub const REASON_HEADER: &str = "seedgate-reason";
@@ -250,12 +246,12 @@ pub struct TunnelSettings {
     /// Per-session receive window: bounds the memory of all streams together.
     pub connection_window: u32,
     /// The most a stream's window grows to on a path that needs it (HTTP/2: the session's
-    /// estimate of its bandwidth-delay product, [`window`]; QUIC: every stream's window), within
+    /// estimate of its bandwidth-delay product, [`h2::window`]; QUIC: every stream's window), within
     /// a quarter of `connection_window` and never below the stream window.
     pub max_stream_window: u32,
     /// HTTP/2: the session's stream window follows its path up to `max_stream_window`; off, it
     /// stays `stream_window`. (What keeps the bytes a grown window lets into flight from
-    /// overflowing the path is the session socket's in-flight bound, [`inflight`].)
+    /// overflowing the path is the session socket's in-flight bound, [`h2::inflight`].)
     pub h2_adaptive_window: bool,
     pub max_frame_size: u32,
     /// Most streams open at once on one session (set by the agent).

@@ -1,6 +1,7 @@
-//! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream.
+//! One HTTP/2 stream as a byte stream: flow-control capacity is released only as the reader consumes, so a stalled reader stalls only its stream; and the control stream's halves.
 
 use crate::relay::io::Resettable;
+use crate::tunnel::session::{ControlRecv, ControlSend};
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use std::io;
@@ -166,5 +167,19 @@ impl Drop for H2Stream {
         if !(self.write_closed && self.read_eof) {
             self.send.send_reset(Reason::CANCEL);
         }
+    }
+}
+
+impl ControlSend for h2::SendStream<Bytes> {
+    async fn send(&mut self, line: Vec<u8>) -> io::Result<()> {
+        self.send_data(Bytes::from(line), false).map_err(io::Error::other)
+    }
+}
+
+impl ControlRecv for h2::RecvStream {
+    async fn recv(&mut self) -> Option<Bytes> {
+        let chunk = self.data().await?.ok()?;
+        let _ = self.flow_control().release_capacity(chunk.len());
+        Some(chunk)
     }
 }

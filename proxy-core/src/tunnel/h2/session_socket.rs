@@ -1,9 +1,9 @@
 //! A tunnel session's TCP socket, writing no more than its [`InflightBound`] lets it hold unacknowledged (the tokio glue of that bound).
 
 use super::inflight::{InflightBound, PathSample};
-use super::window::LOCAL_RTT;
 use crate::net::sockopt::{set_max_pacing_rate, tcp_path, tcp_unacknowledged};
 use crate::obs::metrics::{counter, gauge};
+use crate::tunnel::path::LOCAL_RTT;
 use prometheus::{IntCounter, IntGauge, Registry};
 use socket2::SockRef;
 use std::future::Future;
@@ -274,7 +274,7 @@ impl AsyncWrite for SessionSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tunnel::congestion::queue_margin;
+    use crate::tunnel::path::queue_margin;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn pair() -> (TcpStream, TcpStream) {

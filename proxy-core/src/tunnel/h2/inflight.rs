@@ -16,7 +16,7 @@
 //! | within twice the margin | holds: the path is full |
 //! | beyond, the session busy for two round trips | the delivery rate times the path plus the margin (no more than halved) |
 //!
-//! The margin is the QUIC controller's ([`queue_margin`]: an eighth of the minimum round trip,
+//! The margin is the one QUIC's controller reads too ([`queue_margin`]: an eighth of the minimum round trip,
 //! 2-10 ms, so that twice it fits in a bottleneck's queue); the delivery rate
 //! is the largest recent sample (each adjustment forgets an eighth of it). While a queue stands
 //! the bottleneck is busy, so the delivery rate is what the path gives the session. Until the
@@ -42,8 +42,7 @@
 //! [`MIN_RTT_CLOCK`], never while the socket recovers from a loss), which starts its 10 s again;
 //! the congestion window and what is in flight stay, and the pacing cap holds the start-up's.
 
-use super::congestion::{Queue, queue_margin, read_queue};
-use super::window::LOCAL_RTT;
+use crate::tunnel::path::{LOCAL_RTT, Queue, queue_margin, read_queue};
 use std::time::{Duration, Instant};
 
 /// The bound never goes below this: a few dozen packets, enough for a trickle's bursts.

@@ -16,10 +16,10 @@
 
 use std::time::Duration;
 
-/// On a local path the default window already allows gigabytes a second per stream: its windows
-/// never grow, whatever a sample says (a PING queued behind bulk at both ends takes far longer
-/// than the path).
-pub use crate::net::LOCAL_RTT;
+// On a local path the default window already allows gigabytes a second per stream: its windows
+// never grow, whatever a sample says (a PING queued behind bulk at both ends takes far longer
+// than the path).
+use crate::tunnel::path::LOCAL_RTT;
 
 /// How one session's stream window follows its path.
 #[derive(Debug, Clone)]
