@@ -494,52 +494,48 @@ fn valid_header_value(v: &str) -> bool {
 }
 
 fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
-    let at = t.at();
     let f = "tunnel";
     match (&t.tls.cert, &t.tls.key, &t.token_file) {
         (Some(_), Some(_), _) | (None, None, Some(_)) => {}
-        (Some(_), None, _) => p.push(at, format!("{f}.tls.key"), "give the key of tls.cert"),
-        (None, Some(_), _) => p.push(at, format!("{f}.tls.cert"), "give the certificate of tls.key"),
-        (None, None, None) => p.push(
-            at,
-            format!("{f}.tls.cert"),
+        (Some(_), None, _) => p.push(format!("{f}.tls.key"), "give the key of tls.cert"),
+        (None, Some(_), _) => p.push(format!("{f}.tls.cert"), "give the certificate of tls.key"),
+        (None, None, None) => p.push(format!("{f}.tls.cert"),
             "the agent needs an identity: a client certificate (tls.cert and tls.key), a ServiceAccount token (token_file), or both",
         ),
     }
     if let Some(c) = &t.cluster
         && !crate::server::valid_cluster_name(c)
     {
-        p.push(at, format!("{f}.cluster"), format!("{c:?} is not a valid cluster name"));
+        p.push(format!("{f}.cluster"), format!("{c:?} is not a valid cluster name"));
     }
     if t.servers.is_empty() {
-        p.push(at, format!("{f}.servers"), "at least one proxy-server address is required");
+        p.push(format!("{f}.servers"), "at least one proxy-server address is required");
     }
     let mut seen = HashSet::new();
     for (i, s) in t.servers.iter().enumerate() {
         if !seen.insert(s.clone()) {
-            p.push(at, format!("{f}.servers[{i}]"), format!("{s} is listed twice"));
+            p.push(format!("{f}.servers[{i}]"), format!("{s} is listed twice"));
         }
     }
     if t.allow.is_empty() {
         p.push(
-            at,
             format!("{f}.allow"),
             "empty: every dial would be refused; list the node, pod and service CIDRs the seed may reach",
         );
     }
     if t.max_streams == 0 || t.max_streams > 1 << 20 {
-        p.push(at, format!("{f}.max_streams"), "must be between 1 and 1048576");
+        p.push(format!("{f}.max_streams"), "must be between 1 and 1048576");
     }
     if let Some(w) = t.stream_window
         && !(65_535..=(1 << 31) - 1).contains(&w)
     {
-        p.push(at, format!("{f}.stream_window"), "must be between 65535 and 2147483647");
+        p.push(format!("{f}.stream_window"), "must be between 65535 and 2147483647");
     }
     if t.connection_window < t.stream_window.unwrap_or(65_535) || t.connection_window > (1 << 31) - 1 {
-        p.push(at, format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
+        p.push(format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
     }
     if !(65_535..=(1 << 31) - 1).contains(&t.max_stream_window) {
-        p.push(at, format!("{f}.max_stream_window"), "must be between 65535 and 2147483647");
+        p.push(format!("{f}.max_stream_window"), "must be between 65535 and 2147483647");
     }
     for (name, d) in [
         ("dial_timeout", t.dial_timeout),
@@ -554,22 +550,22 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         ("quic_probe_interval", t.quic_probe_interval),
     ] {
         if d.get().is_zero() {
-            p.push(at, format!("{f}.{name}"), "must be positive");
+            p.push(format!("{f}.{name}"), "must be positive");
         }
     }
     if t.reconnect.max < t.reconnect.initial {
-        p.push(at, format!("{f}.reconnect.max"), "must not be below reconnect.initial");
+        p.push(format!("{f}.reconnect.max"), "must not be below reconnect.initial");
     }
     if let Some(h) = &t.identifiers.host
         && (h.is_empty() || h.len() > 253 || h.contains(|c: char| c.is_whitespace() || c.is_control() || c == ':'))
     {
-        p.push(at, format!("{f}.identifiers.host"), format!("{h:?} is not a node name"));
+        p.push(format!("{f}.identifiers.host"), format!("{h:?} is not a node name"));
     }
 }
 
 pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
+        p.push("limits.max_connections", "must be at least 1");
     }
     crate::common::validate_positive(
         &[
@@ -583,34 +579,28 @@ pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
         validate_tunnel(t, p);
     }
     let Some(ap) = &cfg.apiserver_proxy else { return };
-    let at = ap.at();
     let f = "apiserver_proxy";
     if ap.listen.is_empty() {
-        p.push(at, format!("{f}.listen"), "at least one listen address is required");
+        p.push(format!("{f}.listen"), "at least one listen address is required");
     }
     let mut seen = HashSet::new();
     for (i, l) in ap.listen.iter().enumerate() {
         // A host name is allowed: it is resolved (once, at bind) like every listen address.
         if l.port != 0 && !seen.insert(l.value.clone()) {
-            p.push(l.at(), format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
+            p.push(format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
         }
     }
     match (ap.mode, &ap.destination) {
-        (Mode::HttpConnect, None) => p.push(
-            at,
-            format!("{f}.destination"),
+        (Mode::HttpConnect, None) => p.push(format!("{f}.destination"),
             "required in http-connect mode (e.g. \"outbound|443||kube-apiserver.<namespace>.svc.cluster.local\")",
         ),
-        (_, Some(d)) if !valid_header_value(d) => p.push(
-            at,
-            format!("{f}.destination"),
+        (_, Some(d)) if !valid_header_value(d) => p.push(format!("{f}.destination"),
             format!("{d:?} is not a valid header value: non-empty, at most {MAX_DESTINATION_LEN} bytes, visible ASCII and inner spaces only"),
         ),
         _ => {}
     }
     if !valid_header_name(&ap.destination_header) {
         p.push(
-            at,
             format!("{f}.destination_header"),
             format!("{:?} is not a valid HTTP header name", ap.destination_header),
         );
@@ -618,13 +608,12 @@ pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
         .contains(&ap.destination_header.to_ascii_lowercase().as_str())
     {
         p.push(
-            at,
             format!("{f}.destination_header"),
             format!("{:?} is a header the CONNECT request itself uses; choose another name", ap.destination_header),
         );
     }
     if ap.retries == 0 || ap.retries > MAX_RETRIES {
-        p.push(at, format!("{f}.retries"), format!("must be between 1 and {MAX_RETRIES} (total connect attempts)"));
+        p.push(format!("{f}.retries"), format!("must be between 1 and {MAX_RETRIES} (total connect attempts)"));
     }
 }
 

@@ -404,7 +404,7 @@ impl Default for Keepalive {
 pub(crate) fn validate_positive(keys: &[(&str, Dur)], p: &mut crate::error::Problems) {
     for (name, d) in keys {
         if d.get().is_zero() {
-            p.push((0, 0), *name, "must be positive");
+            p.push(*name, "must be positive");
         }
     }
 }
@@ -412,20 +412,15 @@ pub(crate) fn validate_positive(keys: &[(&str, Dur)], p: &mut crate::error::Prob
 /// `limits.tenant_share`: a fraction of the process limits, above 0 and at most 1.
 pub(crate) fn validate_share(share: f64, field: &str, p: &mut crate::error::Problems) {
     if !(share > 0.0 && share <= 1.0) {
-        p.push((0, 0), field, "must be a fraction above 0 and at most 1 (0.25: a quarter of each process limit)");
+        p.push(field, "must be a fraction above 0 and at most 1 (0.25: a quarter of each process limit)");
     }
 }
 
 /// One tenant's own limits (a route's or a cluster's `limits`): each set one at least 1.
-pub(crate) fn validate_tenant_limits(
-    keys: &[(&str, Option<usize>)],
-    field: &str,
-    at: (u64, u64),
-    p: &mut crate::error::Problems,
-) {
+pub(crate) fn validate_tenant_limits(keys: &[(&str, Option<usize>)], field: &str, p: &mut crate::error::Problems) {
     for (key, v) in keys {
         if *v == Some(0) {
-            p.push(at, format!("{field}.{key}"), "must be at least 1 (leave it out for the default share)");
+            p.push(format!("{field}.{key}"), "must be at least 1 (leave it out for the default share)");
         }
     }
 }
@@ -565,13 +560,13 @@ pub(crate) use pending_budget_of;
 /// The pending budget's checks, as problems of `limits.*`.
 pub(crate) fn validate_pending_budget(b: &PendingBudget, p: &mut crate::error::Problems) {
     if b.max_pending == 0 {
-        p.push((0, 0), "limits.max_pending", "must be at least 1");
+        p.push("limits.max_pending", "must be at least 1");
     }
     if b.prefix_v4 > 32 {
-        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
+        p.push("limits.source_prefix_v4", "must be between 0 and 32");
     }
     if b.prefix_v6 > 128 {
-        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
+        p.push("limits.source_prefix_v6", "must be between 0 and 128");
     }
 }
 

@@ -614,7 +614,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     let mut names = HashSet::new();
     for (i, f) in cfg.frontends.iter().enumerate() {
         if !names.insert(f.name.value.clone()) {
-            p.push(f.name.at(), format!("frontends[{i}].name"), format!("duplicate front end name {:?}", *f.name));
+            p.push(format!("frontends[{i}].name"), format!("duplicate front end name {:?}", *f.name));
         }
         validate_frontend(&format!("frontends[{i}]"), f, p);
     }
@@ -625,9 +625,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
             && a.certificate_optional()
             && !cfg.agents.auth.certificate_optional()
         {
-            p.push(
-                (0, 0),
-                format!("clusters.{name}.agent_auth"),
+            p.push(format!("clusters.{name}.agent_auth"),
                 format!(
                     "the agents listener requires a client certificate (agents.auth: {}): set agents.auth to mtls_or_token to let agents come with a token alone",
                     cfg.agents.auth.as_str()
@@ -649,11 +647,11 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
 
 fn validate_limits(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
+        p.push("limits.max_connections", "must be at least 1");
     }
     validate_pending_budget(&cfg.pending_budget(), p);
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
-        p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
+        p.push("limits.request_head_max", "must be between 256 and 65536 bytes");
     }
     crate::common::validate_share(cfg.limits.tenant_share, "limits.tenant_share", p);
 }
@@ -664,7 +662,6 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
         || cfg.clusters.values().any(|c| c.agent_auth.is_some_and(AgentAuth::uses_certificates));
     if agents.tls.client_ca.is_none() && certificates {
         p.push(
-            (0, 0),
             "agents.tls.client_ca",
             "agents authenticate with client certificates: give the CA that issued them (or agents.auth: token)",
         );
@@ -673,97 +670,92 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
     validate_reviews(&agents.token_review, p);
     let ka = &agents.keepalive;
     if ka.interval.get().is_zero() || ka.timeout.get().is_zero() || ka.suspect_after.get().is_zero() {
-        p.push((0, 0), "agents.keepalive", "interval, timeout and suspect_after must be positive");
+        p.push("agents.keepalive", "interval, timeout and suspect_after must be positive");
     }
     if let Some(w) = agents.stream_window
         && !(65_535..=(1 << 31) - 1).contains(&w)
     {
-        p.push((0, 0), "agents.stream_window", "must be between 65535 and 2147483647");
+        p.push("agents.stream_window", "must be between 65535 and 2147483647");
     }
     if agents.connection_window < agents.stream_window.unwrap_or(65_535) || agents.connection_window > (1 << 31) - 1 {
-        p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
+        p.push("agents.connection_window", "must be at least stream_window and at most 2147483647");
     }
     if !(65_535..=(1 << 31) - 1).contains(&agents.max_stream_window) {
-        p.push((0, 0), "agents.max_stream_window", "must be between 65535 and 2147483647");
+        p.push("agents.max_stream_window", "must be between 65535 and 2147483647");
     }
     if let Some(n) = agents.server_count
         && !(1..=MAX_SERVER_COUNT).contains(&n)
     {
-        p.push((0, 0), "agents.server_count", format!("must be between 1 and {MAX_SERVER_COUNT}"));
+        p.push("agents.server_count", format!("must be between 1 and {MAX_SERVER_COUNT}"));
     }
     if agents.server_count.is_some() && agents.peers.is_some() {
-        p.push((0, 0), "agents.peers", "give agents.server_count or agents.peers, not both");
+        p.push("agents.peers", "give agents.server_count or agents.peers, not both");
     }
     if let Some(id) = &agents.server_id
         && (id.is_empty() || id.len() > 253 || id.chars().any(|c| c.is_control() || c.is_whitespace()))
     {
-        p.push((0, 0), "agents.server_id", "must be 1 to 253 characters without spaces");
+        p.push("agents.server_id", "must be 1 to 253 characters without spaces");
     }
     if !(1..=1 << 20).contains(&agents.max_sessions_per_cluster) {
-        p.push((0, 0), "agents.max_sessions_per_cluster", "must be between 1 and 1048576");
+        p.push("agents.max_sessions_per_cluster", "must be between 1 and 1048576");
     }
     if agents.peers_interval.get() < Duration::from_secs(1) {
-        p.push((0, 0), "agents.peers_interval", "must be at least 1s");
+        p.push("agents.peers_interval", "must be at least 1s");
     }
 }
 
 /// One front end, `ff` its path in the config (`frontends[i]`).
 fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
-    let at = f.name.at();
     match (&f.listen, &f.unix) {
-        (Some(_), Some(_)) => p.push(at, ff, "give either listen or unix, not both"),
-        (None, None) => p.push(at, ff, "give listen (TCP) or unix (socket path)"),
-        (None, Some(_)) if f.tls.is_some() => p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS"),
+        (Some(_), Some(_)) => p.push(ff, "give either listen or unix, not both"),
+        (None, None) => p.push(ff, "give listen (TCP) or unix (socket path)"),
+        (None, Some(_)) if f.tls.is_some() => p.push(format!("{ff}.tls"), "a unix socket front end takes no TLS"),
         _ => {}
     }
     if f.unix.is_none() {
         for (key, set) in [("unix_mode", f.unix_mode.is_some()), ("unix_group", f.unix_group.is_some())] {
             if set {
-                p.push(at, format!("{ff}.{key}"), "only a unix socket front end (unix: PATH) has this");
+                p.push(format!("{ff}.{key}"), "only a unix socket front end (unix: PATH) has this");
             }
         }
     }
     if let Some(g) = &f.unix_group
         && (g.is_empty() || g.contains([':', '\n']) || g.contains(char::is_whitespace))
     {
-        p.push(at, format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
+        p.push(format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
     }
     let by_auth = f.cluster_from == ClusterFrom::ProxyAuthorization;
     if by_auth && f.cluster.is_some() {
-        p.push(at, format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
+        p.push(format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
     }
     if by_auth && f.protocol == FrontendProtocol::Grpc {
         p.push(
-            at,
             format!("{ff}.cluster_from"),
             "a grpc front end has no proxy credentials: give cluster, or tls.client_ca",
         )
     }
     if by_auth && f.protocol == FrontendProtocol::Tcp {
-        p.push(
-            at,
-            format!("{ff}.cluster_from"),
+        p.push(format!("{ff}.cluster_from"),
             "a port forward (protocol: tcp) reads no request and so no proxy credentials: give cluster, or tls.client_ca",
         )
     }
     match (f.protocol, &f.target) {
         (FrontendProtocol::Tcp, None) => {
-            p.push(at, format!("{ff}.target"), "a port forward (protocol: tcp) needs its target host:port")
+            p.push(format!("{ff}.target"), "a port forward (protocol: tcp) needs its target host:port")
         }
         (FrontendProtocol::Tcp, Some(t)) if t.port == 0 => {
-            p.push(at, format!("{ff}.target"), "the target needs a port other than 0")
+            p.push(format!("{ff}.target"), "the target needs a port other than 0")
         }
         (FrontendProtocol::Tcp, Some(_)) => {}
-        (_, Some(_)) => p.push(at, format!("{ff}.target"), "only a port forward (protocol: tcp) has a target"),
+        (_, Some(_)) => p.push(format!("{ff}.target"), "only a port forward (protocol: tcp) has a target"),
         (_, None) => {}
     }
     match (by_auth, &f.proxy_token_file) {
         (true, None) => p.push(
-            at,
             format!("{ff}.proxy_token_file"),
             "cluster_from: proxy_authorization needs the token that proxy credentials must carry",
         ),
-        (false, Some(_)) => p.push(at, format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization"),
+        (false, Some(_)) => p.push(format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization"),
         _ => {}
     }
     if let Some(t) = &f.tls {
@@ -771,10 +763,10 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
     }
     match &f.cluster {
         Some(c) if !valid_cluster_name(c) => {
-            p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
+            p.push(format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
         }
         None if !by_auth && f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => {
-            p.push(at, format!("{ff}.cluster"), "without a cluster, the client certificate names it: set tls.client_ca")
+            p.push(format!("{ff}.cluster"), "without a cluster, the client certificate names it: set tls.client_ca")
         }
         _ => {}
     }
@@ -783,17 +775,17 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
 fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
     let cf = format!("clusters.{name}");
     if !valid_cluster_name(name) {
-        p.push((0, 0), cf.clone(), "not a valid cluster name");
+        p.push(cf.clone(), "not a valid cluster name");
     }
     if c.state != ClusterMode::Draining && !c.move_to.is_empty() {
-        p.push((0, 0), format!("{cf}.move_to"), "move_to only applies to state draining");
+        p.push(format!("{cf}.move_to"), "move_to only applies to state draining");
     }
     if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
-        p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+        p.push(format!("{cf}.drain_deadline"), "must be positive");
     }
     if let Some(l) = &c.limits {
         let keys = [("max_streams", l.max_streams), ("max_pending", l.max_pending), ("max_sessions", l.max_sessions)];
-        crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), (0, 0), p);
+        crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), p);
     }
     if let Some(s) = &c.proxy_strategies {
         validate_strategies(&format!("{cf}.proxy_strategies"), s, p);
@@ -803,7 +795,6 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
         && c.token_review.is_none()
     {
         p.push(
-            (0, 0),
             format!("{cf}.token_review"),
             format!("agent_auth {} needs the kube-apiserver that reviews the agents' tokens", a.as_str()),
         );
@@ -815,7 +806,7 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
 
 fn validate_crl(section: &str, t: &ServerTls, p: &mut Problems) {
     if t.crl.is_some() && t.client_ca.is_none() {
-        p.push((0, 0), format!("{section}.crl"), "revocation lists apply to client certificates: give client_ca");
+        p.push(format!("{section}.crl"), "revocation lists apply to client certificates: give client_ca");
     }
 }
 
