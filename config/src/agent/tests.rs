@@ -123,7 +123,7 @@ fn stream_windows_default_per_transport_and_a_given_one_holds_for_both() {
     let windows = |extra: &str| {
         let c = parse(&format!("{base}{extra}"), "f.yaml").unwrap();
         let t = c.tunnel.unwrap();
-        crate::common::stream_windows(t.stream_window, t.connection_window)
+        t.session().stream_windows()
     };
     assert_eq!(windows(""), (512 * 1024, 1024 * 1024), "h2 and QUIC defaults");
     assert_eq!(windows("  stream_window: 65535\n"), (65_535, 65_535));

@@ -287,7 +287,7 @@ mod every_problem {
         for want in [
             "s.yaml:2:20: limits.max_connections: must be at least 1",
             "s.yaml:3:17: limits.tenant_share: must be a fraction",
-            "s.yaml:7:3: agents.keepalive: interval, timeout and suspect_after must be positive",
+            "s.yaml:8:14: agents.keepalive.timeout: must be positive",
             "s.yaml:9:18: agents.stream_window: must be between",
             "s.yaml:10:31: agents.token_review.cache_size: must be between",
             "s.yaml:11:19: agents.peers_interval: must be at least 1s",

@@ -714,7 +714,7 @@ const PROBE_PACE: Duration = Duration::from_millis(200);
 /// and a pace. The same task keeps the connection's send window at [`send_window`] of its
 /// congestion window and passes on a turn at it ([`SendTurns`]) held past [`turn_patience`].
 fn watch_quiet(conn: Connection, settings: &TunnelSettings, turns: Arc<Turns>, quiet: impl Fn(bool) + Send + 'static) {
-    let suspect = settings.keepalive_suspect.min(settings.keepalive_timeout);
+    let suspect = settings.suspect();
     let tick = (suspect / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
     let cap = u64::from(settings.connection_window);
     tokio::spawn(async move {
