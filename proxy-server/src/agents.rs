@@ -17,20 +17,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) fn settings(cfg: &seedgate_config::ServerConfig) -> TunnelSettings {
-    let (stream_window, stream_window_quic) =
-        seedgate_config::stream_windows(cfg.agents.stream_window, cfg.agents.connection_window);
-    TunnelSettings {
-        stream_window,
-        stream_window_quic,
-        connection_window: cfg.agents.connection_window,
-        max_stream_window: cfg.agents.max_stream_window,
-        h2_adaptive_window: cfg.agents.h2_adaptive_window,
-        keepalive_interval: cfg.agents.keepalive.interval.get(),
-        keepalive_suspect: cfg.agents.keepalive.suspect(),
-        keepalive_timeout: cfg.agents.keepalive.timeout.get(),
-        congestion: cfg.agents.quic.as_ref().map(|q| q.congestion_control).unwrap_or_default(),
-        ..TunnelSettings::default()
-    }
+    let congestion = cfg.agents.quic.as_ref().map(|q| q.congestion_control).unwrap_or_default();
+    TunnelSettings::new(&cfg.agents.session(), congestion)
 }
 
 /// The agents' TCP listener: the TLS handshake, then the session.

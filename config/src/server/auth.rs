@@ -171,18 +171,14 @@ fn validate_lists(key: &str, audiences: Option<&[String]>, accounts: Option<&[St
     if let Some(a) = audiences
         && (a.is_empty() || a.iter().any(|a| a.is_empty()))
     {
-        p.push((0, 0), format!("{key}.audiences"), "give at least one audience, none empty");
+        p.push(format!("{key}.audiences"), "give at least one audience, none empty");
     }
     if let Some(a) = accounts {
         if a.is_empty() {
-            p.push((0, 0), format!("{key}.service_accounts"), "give at least one <namespace>/<name>");
+            p.push(format!("{key}.service_accounts"), "give at least one <namespace>/<name>");
         }
         for s in a.iter().filter(|s| !valid_account_pattern(s)) {
-            p.push(
-                (0, 0),
-                format!("{key}.service_accounts"),
-                format!("{s:?} is not <namespace>/<name> or <namespace>/*"),
-            );
+            p.push(format!("{key}.service_accounts"), format!("{s:?} is not <namespace>/<name> or <namespace>/*"));
         }
     }
 }
@@ -191,29 +187,27 @@ pub(super) fn validate_reviews(r: &TokenReviews, p: &mut Problems) {
     let key = "agents.token_review";
     validate_lists(key, Some(&r.audiences), Some(&r.service_accounts), p);
     if r.timeout.get().is_zero() {
-        p.push((0, 0), format!("{key}.timeout"), "must be positive");
+        p.push(format!("{key}.timeout"), "must be positive");
     }
     if !(1..=1 << 20).contains(&r.cache_size) {
-        p.push((0, 0), format!("{key}.cache_size"), "must be between 1 and 1048576");
+        p.push(format!("{key}.cache_size"), "must be between 1 and 1048576");
     }
     if !(1..=1024).contains(&r.max_in_flight) {
-        p.push((0, 0), format!("{key}.max_in_flight"), "must be between 1 and 1024");
+        p.push(format!("{key}.max_in_flight"), "must be between 1 and 1024");
     }
 }
 
 pub(super) fn validate_review(key: &str, t: &TokenReview, p: &mut Problems) {
     if t.authority().is_none() {
-        p.push((0, 0), format!("{key}.url"), format!("{:?} is not https://host[:port]", t.url));
+        p.push(format!("{key}.url"), format!("{:?} is not https://host[:port]", t.url));
     }
     match (&t.token_file, &t.cert, &t.key) {
         (Some(_), None, None) | (None, Some(_), Some(_)) => {}
-        (None, None, None) => p.push(
-            (0, 0),
-            key.to_owned(),
-            "give proxy-server's credentials at the kube-apiserver: token_file, or cert and key",
-        ),
-        (Some(_), _, _) => p.push((0, 0), format!("{key}.token_file"), "give token_file or cert and key, not both"),
-        (None, _, _) => p.push((0, 0), format!("{key}.cert"), "give cert and key together"),
+        (None, None, None) => {
+            p.push(key.to_owned(), "give proxy-server's credentials at the kube-apiserver: token_file, or cert and key")
+        }
+        (Some(_), _, _) => p.push(format!("{key}.token_file"), "give token_file or cert and key, not both"),
+        (None, _, _) => p.push(format!("{key}.cert"), "give cert and key together"),
     }
     validate_lists(key, t.audiences.as_deref(), t.service_accounts.as_deref(), p);
 }

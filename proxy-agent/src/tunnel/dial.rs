@@ -16,21 +16,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// The agent's session settings: the keys both ends share, and the agent's own stream limit and
+/// UDP receive offload.
 pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
-    let (stream_window, stream_window_quic) = seedgate_config::stream_windows(cfg.stream_window, cfg.connection_window);
     TunnelSettings {
-        stream_window,
-        stream_window_quic,
-        connection_window: cfg.connection_window,
-        max_stream_window: cfg.max_stream_window,
-        h2_adaptive_window: cfg.h2_adaptive_window,
         max_streams: cfg.max_streams as u32 + 16,
-        keepalive_interval: cfg.keepalive.interval.get(),
-        keepalive_suspect: cfg.keepalive.suspect(),
-        keepalive_timeout: cfg.keepalive.timeout.get(),
         receive_offload: cfg.quic_gro,
-        congestion: cfg.quic_congestion_control,
-        ..TunnelSettings::default()
+        ..TunnelSettings::new(&cfg.session(), cfg.quic_congestion_control)
     }
 }
 
