@@ -7,6 +7,12 @@
 //! connection (answered by `CLOSE_RSP`); the end of the client's send side passes on as a
 //! half-close; the shoot side's end is a `CLOSE_RSP`. A `DIAL_CLS` cancels the pending dial.
 //!
+//! A connection is admitted as a CONNECT is: pending (the pending budget, its deadline, per-source
+//! and cluster caps) until its first request, the first `Proxy` stream whose headers h2 decoded
+//! and tonic routed here; then it takes a connection slot (`Admitted::establish`) that it holds
+//! while it lives, lent to one of its `Proxy` streams at a time ([`OwnSlot`]): a connection holds
+//! as many slots as it has streams dialled, and one while it has none.
+//!
 //! Flow control is HTTP/2's, end to end: a `DATA` packet is taken off the client's stream only
 //! once its bytes were written to the tunnel stream, and bytes are read from the tunnel stream
 //! only while the client's stream has room (a queue of [`OUT_QUEUE`] packets between them), so a
@@ -29,10 +35,10 @@ use proxy_core::relay::io::Prefixed;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use proxy_wire::http2::{Limits, PREFACE};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 use tonic::codegen::Service as _;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -60,6 +66,9 @@ const READ_CHUNK: usize = 16 * 1024;
 const FIRST_READ: usize = 2 * 1024;
 /// `DATA` packets read from the tunnel stream and not yet taken by HTTP/2.
 const OUT_QUEUE: usize = 2;
+/// How long a connection refused while it was being routed may take to read its answer (a
+/// gRPC status on each waiting `Proxy` stream, then GOAWAY) before it is closed.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// First size of a `Proxy` stream's encode and decode buffers: tonic's default (8 KiB each) is
 /// most of what an idle stream holds; they grow for larger packets.
@@ -89,8 +98,9 @@ impl tonic::codec::Codec for Codec {
 /// Connect ids of this process (positive, unique per process as konnectivity's are per server).
 static CONNECT_IDS: AtomicI64 = AtomicI64::new(1);
 
-/// Serve one front-end connection (after TLS, if any) as gRPC: pending until its HTTP/2
-/// preface arrived, then its `Proxy` streams until the client closes it or the process stops.
+/// Serve one front-end connection (after TLS, if any) as gRPC: pending until its first request,
+/// then with a connection slot, its `Proxy` streams until the client closes it or the process
+/// stops.
 pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handshaken) {
     let Handshaken { mut io, peer, cert_cluster, pre } = conn;
     let Pre { admitted, share: pending } = pre;
@@ -109,13 +119,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         Ok(Err(_)) => return reject(Refusal::ClosedEarly),
         Err(r) => return reject(r.into()),
     }
-    // Out of the pending budget (and its cluster's pending work): each `Proxy` stream takes a
-    // connection slot and a place in its cluster's share of streams of its own.
-    drop(pending);
-    if let Err(r) = admitted.leave() {
-        return reject(r.into());
-    }
-    let proxy = Proxy { shared: shared.clone(), fe: fe.clone(), peer: peer.into(), cluster: cluster.into() };
+    let (verdict, way_in) = WayIn::new();
+    let proxy = Proxy { shared: shared.clone(), fe: fe.clone(), peer: peer.into(), cluster: cluster.into(), way_in };
+    let asked = proxy.way_in.clone();
     let svc = ProxyServiceServer::new(proxy);
     let svc = hyper::service::service_fn(move |req| svc.clone().call(req));
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -134,6 +140,58 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
     let failure = io.failure();
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
+    let ended_early = |r: Result<(), hyper::Error>| match failure.get() {
+        Some(bad) => {
+            tracing::debug!(error = %bad, "gRPC front-end connection closed before its first request: malformed HTTP/2");
+            reject(Refusal::Http2Malformed)
+        }
+        None => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "gRPC front-end connection ended before its first request");
+            }
+            reject(Refusal::ClosedEarly)
+        }
+    };
+
+    // Pending until its first request: whatever the client sends before it (a header block it
+    // never finishes, frames that open no stream) is held only within the budget's deadline,
+    // and an eviction ends it. Dropped unanswered, as the budget's verdicts are.
+    let first = tokio::select! {
+        r = conn.as_mut() => return ended_early(r),
+        a = admitted.within(asked.asked.notified()) => a,
+    };
+    if let Err(r) = first {
+        return reject(r.into());
+    }
+    // Routed (the front end or the certificate named the cluster; the request is a `Proxy`
+    // stream): from the pending budget to a connection slot, waiting for one, still evictable,
+    // for what is left of the deadline.
+    drop(pending);
+    let established = tokio::select! {
+        r = conn.as_mut() => return ended_early(r),
+        p = admitted.establish(&shared.limit) => p,
+    };
+    match established {
+        Ok(permit) => {
+            verdict.send_replace(Verdict::Established(Arc::new(OwnSlot {
+                _permit: permit,
+                lent: AtomicBool::new(false),
+            })));
+        }
+        Err(r) => {
+            tracing::debug!(frontend = %fe.name, reason = r.label(), "gRPC front-end connection refused at its first request");
+            reject(r.into());
+            verdict.send_replace(Verdict::Refused(r));
+            if r.aborts() {
+                return;
+            }
+            // Each waiting stream is answered with the refusal's status; GOAWAY; closed.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(ANSWER_GRACE, conn.as_mut()).await;
+            return;
+        }
+    }
+
     let r = tokio::select! {
         r = conn.as_mut() => r,
         _ = shared.shutdown.stop.cancelled() => {
@@ -153,12 +211,83 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
     }
 }
 
+/// Where a connection's way in stands, as its `Proxy` streams see it.
+#[derive(Clone)]
+enum Verdict {
+    /// No request yet, or the first one waits for a slot.
+    Pending,
+    /// Routed, with its slot.
+    Established(Arc<OwnSlot>),
+    /// Refused while it was being routed: every waiting stream is answered with it.
+    Refused(admission::Refusal),
+}
+
+/// What a connection's `Proxy` streams share about its admission.
+struct WayIn {
+    /// A stream's headers were decoded and it was routed here: the connection's first request.
+    asked: Notify,
+    verdict: watch::Receiver<Verdict>,
+}
+
+impl WayIn {
+    fn new() -> (watch::Sender<Verdict>, Arc<Self>) {
+        let (tx, rx) = watch::channel(Verdict::Pending);
+        (tx, Arc::new(Self { asked: Notify::new(), verdict: rx }))
+    }
+
+    /// The connection's slot, once it has one (the first stream asks for it); the refusal's
+    /// status when it was refused or ended first.
+    async fn slot(&self) -> Result<Arc<OwnSlot>, Status> {
+        self.asked.notify_one();
+        let mut rx = self.verdict.clone();
+        let v = rx.wait_for(|v| !matches!(v, Verdict::Pending)).await.map(|v| v.clone());
+        match v {
+            Ok(Verdict::Established(s)) => Ok(s),
+            Ok(Verdict::Refused(r)) => Err(Refusal::from(r).grpc_status()),
+            Ok(Verdict::Pending) | Err(_) => Err(Status::unavailable("the connection closed")),
+        }
+    }
+}
+
+/// A connection's own slot, held while the connection or one of its streams lives and lent to
+/// one `Proxy` stream at a time; other streams take slots of their own. So a connection of an
+/// older kube-apiserver (one dial each) holds one slot, as a CONNECT does, and a connection with
+/// `n` dialled streams holds `n`.
+struct OwnSlot {
+    _permit: ConnPermit,
+    lent: AtomicBool,
+}
+
+impl OwnSlot {
+    fn lend(self: &Arc<Self>) -> Option<Lent> {
+        (!self.lent.swap(true, Ordering::AcqRel)).then(|| Lent(self.clone()))
+    }
+}
+
+/// The connection's slot, lent to a stream until it ends.
+struct Lent(Arc<OwnSlot>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.lent.store(false, Ordering::Release);
+    }
+}
+
+/// A dialled stream's connection slot, given back when the stream ends.
+enum StreamSlot {
+    /// Its connection's own.
+    Lent { _held: Lent },
+    /// One of its own.
+    Own { _held: ConnPermit },
+}
+
 /// The `ProxyService` of one gRPC connection.
 struct Proxy {
     shared: Arc<Shared>,
     fe: Arc<FrontendRt>,
     peer: Arc<str>,
     cluster: Arc<str>,
+    way_in: Arc<WayIn>,
 }
 
 /// The packets of one `Proxy` stream towards the client.
@@ -179,6 +308,7 @@ impl ProxyService for Proxy {
     type ProxyStream = Outbound;
 
     async fn proxy(&self, req: Request<Streaming<Packet>>) -> Result<Response<Outbound>, Status> {
+        let slot = self.way_in.slot().await?;
         let (tx, rx) = mpsc::channel(OUT_QUEUE);
         let ctx = Ctx {
             conn_id: self.shared.ids.next(),
@@ -194,7 +324,7 @@ impl ProxyService for Proxy {
         };
         let shared = self.shared.clone();
         // Tracked as a connection, so a drain waits for it.
-        self.shared.shutdown.tracker.spawn(async move { stream(&shared, ctx, req.into_inner(), tx).await });
+        self.shared.shutdown.tracker.spawn(async move { stream(&shared, ctx, req.into_inner(), tx, slot).await });
         Ok(Response::new(Outbound(rx)))
     }
 }
@@ -203,14 +333,20 @@ impl ProxyService for Proxy {
 struct Open {
     stream: TunnelStream,
     connect_id: i64,
-    _permit: ConnPermit,
+    _slot: StreamSlot,
     /// Its place in the cluster's share of streams.
     _share: Hold,
 }
 
 /// One `Proxy` stream from its `DIAL_REQ` to its end.
-async fn stream(shared: &Shared, mut ctx: Ctx, mut inbound: Streaming<Packet>, tx: mpsc::Sender<Packet>) {
-    let Some(open) = dial(shared, &mut ctx, &mut inbound, &tx).await else { return };
+async fn stream(
+    shared: &Shared,
+    mut ctx: Ctx,
+    mut inbound: Streaming<Packet>,
+    tx: mpsc::Sender<Packet>,
+    own: Arc<OwnSlot>,
+) {
+    let Some(open) = dial(shared, &mut ctx, &mut inbound, &tx, own).await else { return };
     let m = &shared.metrics;
     let _active = Active::new(m.streams_active.with_label_values(&[&ctx.cluster]));
     let r = Relay {
@@ -232,14 +368,15 @@ async fn stream(shared: &Shared, mut ctx: Ctx, mut inbound: Streaming<Packet>, t
     ctx.log(200, reason, r.up.load(Ordering::Relaxed), r.down.load(Ordering::Relaxed));
 }
 
-/// The `DIAL_REQ` of a `Proxy` stream: read it, take a connection slot, dial (cancelled by a
-/// `DIAL_CLS` or the client's end) and answer with `DIAL_RSP`. `None`: the stream ended here
-/// (answered and logged).
+/// The `DIAL_REQ` of a `Proxy` stream: read it, take a connection slot (its connection's own,
+/// `own`, when no other stream holds it), dial (cancelled by a `DIAL_CLS` or the client's end)
+/// and answer with `DIAL_RSP`. `None`: the stream ended here (answered and logged).
 async fn dial(
     shared: &Shared,
     ctx: &mut Ctx,
     inbound: &mut Streaming<Packet>,
     tx: &mpsc::Sender<Packet>,
+    own: Arc<OwnSlot>,
 ) -> Option<Open> {
     let m = &shared.metrics;
     let deadline = shared.config.load().timeouts.handshake.get();
@@ -268,9 +405,15 @@ async fn dial(
         Ok(t) => t,
         Err(e) => return refused(DialRefused::from(e).into()).await,
     };
-    let Some(permit) = shared.limit.try_acquire() else {
-        return refused(admission::Refusal::ConnectionLimit.into()).await;
+    let slot = match own.lend() {
+        Some(lent) => StreamSlot::Lent { _held: lent },
+        None => match shared.limit.try_acquire() {
+            Some(p) => StreamSlot::Own { _held: p },
+            None => return refused(admission::Refusal::ConnectionLimit.into()).await,
+        },
     };
+    // A stream with a slot of its own does not keep its connection's alive.
+    drop(own);
     let dialed = tokio::select! {
         r = super::dial(shared, &ctx.cluster, &target) => r,
         _ = cancelled(inbound) => {
@@ -289,7 +432,7 @@ async fn dial(
                 return None;
             }
             m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, "200"]).inc();
-            Some(Open { stream, connect_id, _permit: permit, _share: share })
+            Some(Open { stream, connect_id, _slot: slot, _share: share })
         }
         Err(e) => refused(e.into()).await,
     }
@@ -468,6 +611,25 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's slot goes to one stream at a time, comes back when that stream ends, and
+    /// is given back to the process once neither the connection nor a stream holds it.
+    #[test]
+    fn the_connections_slot_is_lent_to_one_stream_at_a_time() {
+        use proxy_core::net::accept::{ConnLimit, Slots};
+        let slots = Slots::new(2);
+        let limit = ConnLimit::new(slots.clone(), None);
+        let own =
+            Arc::new(OwnSlot { _permit: limit.try_acquire().expect("a free slot"), lent: AtomicBool::new(false) });
+        let first = own.lend().expect("the connection's slot is free");
+        assert!(own.lend().is_none(), "lent to one stream at a time");
+        drop(first);
+        let second = own.lend().expect("given back when the stream ended");
+        drop(own);
+        assert_eq!(slots.in_use(), 1, "a stream outliving its connection keeps the slot");
+        drop(second);
+        assert_eq!(slots.in_use(), 0);
+    }
 
     #[test]
     fn dial_targets() {

@@ -84,6 +84,22 @@ impl Refusal {
         }
     }
 
+    /// The gRPC status a `Proxy` stream is answered with when its connection is refused before
+    /// it could be served: the code gRPC gives the HTTP status (`503`: `UNAVAILABLE`, as for
+    /// a refusal without an answer: the connection is gone), with this refusal's text.
+    pub(crate) fn grpc_status(&self) -> tonic::Status {
+        use tonic::Code;
+        let code = match self.status() {
+            0 | 429 | 502 | 503 | 504 => Code::Unavailable,
+            400 => Code::Internal,
+            401 | 407 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::Unimplemented,
+            _ => Code::Unknown,
+        };
+        tonic::Status::new(code, self.to_string())
+    }
+
     /// The HTTP/1.x answer (`version`: the request's minor version): the status with this
     /// refusal's text, and the Basic challenge with a 407.
     pub(crate) fn answer(&self, version: u8) -> Vec<u8> {
