@@ -192,8 +192,15 @@ pub(crate) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         }
     }
 
+    let idle = shared.config.load().timeouts.idle.get();
     let r = tokio::select! {
         r = conn.as_mut() => r,
+        () = asked.idle_for(idle) => {
+            // No `Proxy` stream for `timeouts.idle`: the slot goes back, as an idle CONNECT's does.
+            tracing::debug!(frontend = %fe.name, ?idle, "gRPC front-end connection idle: closed");
+            conn.as_mut().graceful_shutdown();
+            tokio::time::timeout(ANSWER_GRACE, conn.as_mut()).await.unwrap_or(Ok(()))
+        }
         _ = shared.shutdown.stop.cancelled() => {
             // GOAWAY: no new streams; the open ones run on until they end or the grace is over.
             conn.as_mut().graceful_shutdown();
@@ -227,12 +234,33 @@ struct WayIn {
     /// A stream's headers were decoded and it was routed here: the connection's first request.
     asked: Notify,
     verdict: watch::Receiver<Verdict>,
+    /// `Proxy` streams of the connection alive now.
+    live: watch::Sender<usize>,
 }
 
 impl WayIn {
     fn new() -> (watch::Sender<Verdict>, Arc<Self>) {
         let (tx, rx) = watch::channel(Verdict::Pending);
-        (tx, Arc::new(Self { asked: Notify::new(), verdict: rx }))
+        (tx, Arc::new(Self { asked: Notify::new(), verdict: rx, live: watch::Sender::new(0) }))
+    }
+
+    /// One more live `Proxy` stream, until the guard is dropped.
+    fn stream_alive(self: &Arc<Self>) -> LiveStream {
+        self.live.send_modify(|n| *n += 1);
+        LiveStream(self.clone())
+    }
+
+    /// Completes once the connection has had no `Proxy` stream for `idle` in a row.
+    async fn idle_for(&self, idle: Duration) {
+        let mut live = self.live.subscribe();
+        loop {
+            // The sender lives as long as `self`: this only waits.
+            let _ = live.wait_for(|n| *n == 0).await;
+            tokio::select! {
+                () = tokio::time::sleep(idle) => return,
+                r = live.changed() => if r.is_err() { return },
+            }
+        }
     }
 
     /// The connection's slot, once it has one (the first stream asks for it); the refusal's
@@ -246,6 +274,15 @@ impl WayIn {
             Ok(Verdict::Refused(r)) => Err(Refusal::from(r).grpc_status()),
             Ok(Verdict::Pending) | Err(_) => Err(Status::unavailable("the connection closed")),
         }
+    }
+}
+
+/// A `Proxy` stream counted alive in its connection's [`WayIn`].
+struct LiveStream(Arc<WayIn>);
+
+impl Drop for LiveStream {
+    fn drop(&mut self) {
+        self.0.live.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -308,6 +345,7 @@ impl ProxyService for Proxy {
     type ProxyStream = Outbound;
 
     async fn proxy(&self, req: Request<Streaming<Packet>>) -> Result<Response<Outbound>, Status> {
+        let alive = self.way_in.stream_alive();
         let slot = self.way_in.slot().await?;
         let (tx, rx) = mpsc::channel(OUT_QUEUE);
         let ctx = Ctx {
@@ -324,7 +362,10 @@ impl ProxyService for Proxy {
         };
         let shared = self.shared.clone();
         // Tracked as a connection, so a drain waits for it.
-        self.shared.shutdown.tracker.spawn(async move { stream(&shared, ctx, req.into_inner(), tx, slot).await });
+        self.shared.shutdown.tracker.spawn(async move {
+            let _alive = alive;
+            stream(&shared, ctx, req.into_inner(), tx, slot).await
+        });
         Ok(Response::new(Outbound(rx)))
     }
 }

@@ -628,3 +628,26 @@ async fn a_connection_holds_a_slot_from_its_first_request_while_it_lives() -> an
     conn.map_err(anyhow::Error::msg)?;
     Ok(())
 }
+
+/// A connection whose `Proxy` streams all ended gives its slot back after `timeouts.idle`, as an
+/// idle CONNECT does: the next client is served while the idle one's client still holds it open.
+#[tokio::test]
+async fn an_idle_connection_gives_its_slot_back_after_timeouts_idle() -> anyhow::Result<()> {
+    let w = World::start_with(
+        "timeouts: { handshake: 30s, handshake_floor: 30s, idle: 1s }\nlimits: { max_connections: 1 }\n",
+    )
+    .await?;
+    let echo = TcpEcho::start().await?;
+    let target = echo.addr().to_string();
+    let idle = w.client(Via::Unix).await?;
+    let mut conn = idle.dial(&target).await?.map_err(anyhow::Error::msg)?;
+    conn.stream.tx.send(close_request(conn.connect_id)).await?;
+    anyhow::ensure!(conn.read_to_close().await?.closed, "no CLOSE_RSP");
+    w.all_streams_ended().await?;
+    // `idle` is kept: only the server's idle timeout can free the one slot.
+    let next = w.client(Via::Unix).await?;
+    let served = tokio::time::timeout(STEP, next.dial(&target)).await.context("no slot came free")??;
+    served.map_err(anyhow::Error::msg)?;
+    drop(idle);
+    Ok(())
+}

@@ -33,7 +33,7 @@ pub(super) fn keepalive(
     mut tuning: Tuning,
 ) -> impl Future<Output = SessionError> + Send + 'static {
     let (interval, timeout) = (settings.ping_every(), settings.keepalive_timeout);
-    let suspect = settings.keepalive_suspect.min(timeout);
+    let suspect = settings.suspect();
     async move {
         let mut due = Instant::now() + interval;
         let mut seen = tuning.received();

@@ -98,7 +98,7 @@ pub(super) fn watch_quiet(
     turns: Arc<Turns>,
     quiet: impl Fn(bool) + Send + 'static,
 ) {
-    let suspect = settings.keepalive_suspect.min(settings.keepalive_timeout);
+    let suspect = settings.suspect();
     let tick = (suspect / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
     let cap = u64::from(settings.connection_window);
     tokio::spawn(async move {
