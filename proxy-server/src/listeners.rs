@@ -87,9 +87,8 @@ fn agents_tls(a: &AgentsTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::Ser
 }
 
 /// Follow the agents' material: the sessions a reloaded revocation list names end.
-fn follow_revocations(shared: &Arc<Shared>, tls: &Tls, t: &ServerTls) {
-    let crl = t.crl.as_ref().map(Into::into);
-    crate::revocation::follow(shared, &tls.material, crl, tls.watching.clone());
+fn follow_revocations(shared: &Arc<Shared>, tls: &Tls) {
+    crate::revocation::follow(shared, &tls.material, tls.watching.clone());
 }
 
 /// What a front end reads from files: its TLS material and its proxy token.
@@ -327,7 +326,7 @@ impl Listeners {
     /// process.
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
         let e = self.entries.lock();
-        follow_revocations(shared, &e.agents.tls.load(), &e.agents.tls_cfg.tls);
+        follow_revocations(shared, &e.agents.tls.load());
         serve_agents(shared, sessions_stop, opened.agents, &e.agents);
         if let (Some(endpoint), Some(q)) = (opened.quic, &e.quic) {
             serve_quic(shared, sessions_stop, endpoint, e.agents.tls.clone(), q);
@@ -409,7 +408,7 @@ impl Listeners {
         if let Some(m) = agents_material {
             let new_agents_tls = AgentsTls::of(new);
             let tls = watched(m, &shared.shutdown.stop);
-            follow_revocations(shared, &tls, &new_agents_tls.tls);
+            follow_revocations(shared, &tls);
             a.tls.store(Arc::new(tls));
             a.tls_cfg = new_agents_tls;
         }

@@ -1,16 +1,19 @@
 //! Certificate revocation lists made by `openssl ca`: a revoked agent's live session (QUIC or
 //! HTTP/2) ends within seconds of the list's change and cannot come back while its neighbour
-//! stays; a revoked front-end client (ours and curl) is refused once the list names it; an agent refuses a
-//! proxy-server whose certificate its list revokes.
+//! stays; a revoked front-end client (ours and curl) is refused once the list names it; an agent
+//! refuses a proxy-server whose certificate its list revokes; a list signed by another key under the CA's name revokes
+//! nothing, and `--check` warns of it.
 
 use anyhow::Context as _;
+use std::path::Path;
 use std::time::Duration;
 use testbed::openssl_ca::OpensslCa;
+use testbed::pki::Ca;
 use testbed::tunnel_kit::{
-    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, echo_line, inproc_agent,
-    inproc_server, server_yaml,
+    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, echo_line, ensure_binaries,
+    inproc_agent, inproc_server, server_yaml,
 };
-use testbed::{TcpEcho, TempDir, metric_value, poll_until};
+use testbed::{TcpEcho, TempDir, bin_path, metric_sum, metric_value, poll_until};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const TICK: Duration = Duration::from_millis(20);
@@ -182,5 +185,117 @@ async fn an_agent_refuses_a_server_whose_certificate_its_list_revokes() -> anyho
         .await?;
     let connected = value(&server.metrics(), "seedgate_agents_connected", &[("cluster", "shoot-a")]);
     anyhow::ensure!(connected == 0.0, "{connected} sessions with a revoked server");
+    Ok(())
+}
+
+/// `yaml` with the agents listener's revocation lists in `crl`.
+fn agents_crl(yaml: &str, pki: &TunnelPki, crl: &Path) -> String {
+    yaml.replacen(
+        &format!("client_ca: {} }}", pki.ca_file.display()),
+        &format!("client_ca: {}, crl: {} }}", pki.ca_file.display(), crl.display()),
+        1,
+    )
+}
+
+/// Successful reloads of the TLS material `use_`.
+fn reloads(m: &str, use_: &str) -> f64 {
+    metric_sum(m, "seedgate_tls_reloads_total", &[("use", use_), ("result", "success")])
+}
+
+/// A list that names a live agent's serial, signed by another key under the name of the agents'
+/// CA: the session stays, new agents of the CA are admitted, and the list is reported as
+/// matching no CA. The CA's own list then ends the session.
+#[tokio::test]
+async fn a_list_signed_by_another_key_under_the_cas_name_revokes_nothing() -> anyhow::Result<()> {
+    let dir = TempDir::new("crl-impostor")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let name = x509_parser::parse_x509_certificate(pki.ca.cert_der.as_ref())?.1.subject().to_string();
+    let impostor = OpensslCa::new(&Ca::new(&pki.ca.name)?, dir.path(), "impostor-ca")?;
+    let crl = dir.path().join("agents-crl.pem");
+    ca.gencrl(&crl)?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "");
+    let (server, saddrs) = inproc_server(&dir, &agents_crl(&yaml, &pki, &crl)).await?;
+    let echo = TcpEcho::start().await?;
+    let agent = |stem: &str| -> anyhow::Result<(String, std::path::PathBuf)> {
+        let (c, k) = pki.ca.client("shoot-a")?.write(dir.path(), stem)?;
+        let mut o = AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]);
+        o.cert = AgentCert::Files(c.clone(), k);
+        o.node_name = stem.to_owned();
+        Ok((agent_yaml(&pki, &o)?, c))
+    };
+    let (first_yaml, first_cert) = agent("node-first")?;
+    let (second_yaml, _) = agent("node-second")?;
+    let _first = inproc_agent(&dir, &first_yaml).await?;
+    let connected = |want: f64| {
+        let server = &server;
+        async move {
+            let have = value(&server.metrics(), "seedgate_agents_connected", &[("cluster", "shoot-a")]);
+            anyhow::ensure!(have == want, "{have} agents connected, want {want}");
+            Ok(())
+        }
+    };
+    poll_until(DEADLINE, TICK, || connected(1.0)).await.with_context(|| server.log())?;
+
+    // The impostor's list names the first agent's serial.
+    let before = reloads(&server.metrics(), "agents");
+    impostor.revoke(&first_cert)?;
+    impostor.gencrl(&crl)?;
+    poll_until(DEADLINE, TICK, || async {
+        let got = reloads(&server.metrics(), "agents");
+        anyhow::ensure!(got > before, "no successful reload yet ({got})");
+        Ok(())
+    })
+    .await?;
+    server.wait_log_line(&["revocation list 1 of 1 matches no CA", &format!("no CA named {name}")], DEADLINE).await?;
+    // A new agent of the CA is admitted, and the first agent's session is still there.
+    let _second = inproc_agent(&dir, &second_yaml).await?;
+    poll_until(DEADLINE, TICK, || connected(2.0)).await.with_context(|| server.log())?;
+    echo_line(&Dialer::Tcp(saddrs.listener("egress")?), echo.addr()).await?;
+    let ended = |m: &str| {
+        value(m, "seedgate_agent_sessions_ended_total", &[("cluster", "shoot-a"), ("reason", "certificate_revoked")])
+    };
+    anyhow::ensure!(ended(&server.metrics()) == 0.0, "a session ended as revoked:\n{}", server.log());
+
+    // The CA's own list revokes it: the session ends.
+    ca.revoke(&first_cert)?;
+    ca.gencrl(&crl)?;
+    poll_until(DEADLINE, TICK, || connected(1.0)).await.with_context(|| server.log())?;
+    anyhow::ensure!(ended(&server.metrics()) == 1.0, "the CA's own list ends the session");
+    Ok(())
+}
+
+/// `--check` warns of a list that no CA of the bundle signed (another key under the CA's name),
+/// naming the key, the file and why; the config is still valid (exit 0). A list the CA signed
+/// draws no warning.
+#[test]
+fn check_warns_of_a_list_that_matches_no_ca() -> anyhow::Result<()> {
+    ensure_binaries()?;
+    let dir = TempDir::new("crl-check")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let own = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let impostor = OpensslCa::new(&Ca::new(&pki.ca.name)?, dir.path(), "impostor-ca")?;
+    let (own_crl, other_crl) = (dir.path().join("own-crl.pem"), dir.path().join("other-crl.pem"));
+    own.gencrl(&own_crl)?;
+    impostor.gencrl(&other_crl)?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[], "");
+    let check = |crl: &Path, stem: &str| -> anyhow::Result<(i32, String, String)> {
+        let cfg = dir.write(&format!("{stem}.yaml"), agents_crl(&yaml, &pki, crl))?;
+        let out =
+            std::process::Command::new(bin_path("proxy-server")?).arg("--config").arg(&cfg).arg("--check").output()?;
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        Ok((out.status.code().unwrap_or(-1), o.into_owned(), e.into_owned()))
+    };
+    let (code, stdout, stderr) = check(&other_crl, "other")?;
+    println!("--check with another key's list: exit {code}\n{stdout}{stderr}");
+    anyhow::ensure!(code == 0 && stdout.contains(": valid"), "exit {code}: {stdout}{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.starts_with("warning: ")).collect();
+    anyhow::ensure!(warnings.len() == 1, "one warning: {stderr}");
+    let w = warnings[0];
+    for part in [": agents.tls.crl: ", &other_crl.display().to_string(), "matches no CA", "it revokes nothing"] {
+        anyhow::ensure!(w.contains(part), "{part:?} missing from {w}");
+    }
+    let (code, stdout, stderr) = check(&own_crl, "own")?;
+    anyhow::ensure!(code == 0 && stdout.contains(": valid") && !stderr.contains("warning"), "{stdout}{stderr}");
     Ok(())
 }
