@@ -129,6 +129,7 @@ impl Service for Server {
             settle: settle::Settle::new(std::time::Instant::now()),
             reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
             agents_revoked: Default::default(),
+            frontend_certs: Default::default(),
         });
         shared.apply_states();
         let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };

@@ -91,6 +91,13 @@ fn follow_revocations(shared: &Arc<Shared>, tls: &Tls) {
     crate::revocation::follow(shared, &tls.material, tls.watching.clone());
 }
 
+/// Follow a TLS front end's material: its live connections that a reloaded list revokes end.
+fn follow_frontend_revocations(shared: &Shared, name: &str, served: &Served) {
+    if let Some(tls) = &served.tls {
+        shared.frontend_certs.follow(name, &tls.material, tls.watching.clone());
+    }
+}
+
 /// What a front end reads from files: its TLS material and its proxy token.
 struct FeFiles {
     tls: Option<Arc<Reloading<rustls::ServerConfig>>>,
@@ -333,6 +340,7 @@ impl Listeners {
         }
         for (name, listening) in opened.frontends {
             if let Some(entry) = e.frontends.get(&name) {
+                follow_frontend_revocations(shared, &name, &entry.served.load());
                 serve_frontend(shared, entry, listening);
             }
         }
@@ -480,13 +488,16 @@ fn commit_frontends(
         match sock {
             None => {
                 let entry = running.get_mut(&name).expect("an unchanged place has a running entry");
-                entry.served.store(Arc::new(served(&shared.shutdown.stop, &f, tls)));
+                let served = served(&shared.shutdown.stop, &f, tls);
+                follow_frontend_revocations(shared, &name, &served);
+                entry.served.store(Arc::new(served));
                 entry.cfg = f;
                 tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
             }
             Some((sock, addr)) => {
                 let (listening, file) = sock.split();
                 let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
+                follow_frontend_revocations(shared, &name, &entry.served.load());
                 serve_frontend(shared, &entry, listening);
                 if let Some(old) = running.insert(name.clone(), entry) {
                     old.stop();

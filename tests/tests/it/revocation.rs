@@ -1,19 +1,21 @@
 //! Certificate revocation lists made by `openssl ca`: a revoked agent's live session (QUIC or
 //! HTTP/2) ends within seconds of the list's change and cannot come back while its neighbour
-//! stays; a revoked front-end client (ours and curl) is refused once the list names it; an agent
-//! refuses a proxy-server whose certificate its list revokes; a list signed by another key under the CA's name revokes
+//! stays; a revoked front-end client (ours and curl) is refused once the list names it, and its
+//! live connection ends while its neighbour's stays; an agent refuses a proxy-server whose
+//! certificate its list revokes; a list signed by another key under the CA's name revokes
 //! nothing, and `--check` warns of it.
 
 use anyhow::Context as _;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use testbed::openssl_ca::OpensslCa;
 use testbed::pki::Ca;
 use testbed::tunnel_kit::{
-    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, echo_line, ensure_binaries,
-    inproc_agent, inproc_server, server_yaml,
+    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect_strict, echo_line,
+    ensure_binaries, inproc_agent, inproc_server, server_yaml,
 };
 use testbed::{TcpEcho, TempDir, bin_path, metric_sum, metric_value, poll_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const TICK: Duration = Duration::from_millis(20);
@@ -262,6 +264,80 @@ async fn a_list_signed_by_another_key_under_the_cas_name_revokes_nothing() -> an
     ca.gencrl(&crl)?;
     poll_until(DEADLINE, TICK, || connected(1.0)).await.with_context(|| server.log())?;
     anyhow::ensure!(ended(&server.metrics()) == 1.0, "the CA's own list ends the session");
+    Ok(())
+}
+
+/// Two CONNECT tunnels through an mTLS front end with `tls.crl`, each with a client certificate
+/// of its own: once the list is rewritten to revoke one, that connection ends within seconds
+/// (counted, logged with its serial, its access event's reason `certificate_revoked`) and the
+/// other carries on.
+#[tokio::test]
+async fn a_front_end_connection_ends_once_the_list_names_its_certificate_and_its_neighbour_stays() -> anyhow::Result<()>
+{
+    let dir = TempDir::new("crl-frontend-live")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let crl = dir.path().join("frontend-crl.pem");
+    ca.gencrl(&crl)?;
+    let (fc, fk) = &pki.frontend_cert;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "").replacen(
+        "    listen: 127.0.0.1:0\n",
+        &format!(
+            "    listen: 127.0.0.1:0\n    tls: {{ cert: {}, key: {}, client_ca: {}, crl: {} }}\n",
+            fc.display(),
+            fk.display(),
+            pki.ca_file.display(),
+            crl.display()
+        ),
+        1,
+    );
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let (agent, _) = inproc_agent(
+        &dir,
+        &agent_yaml(&pki, &AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]))?,
+    )
+    .await?;
+    let echo = TcpEcho::start().await?;
+    let fe = saddrs.listener("egress")?;
+    let client = |stem: &str| -> anyhow::Result<(Dialer, std::path::PathBuf)> {
+        let id = pki.ca.client("kube-apiserver")?;
+        let (cert, _) = id.write(dir.path(), stem)?;
+        let cfg = testbed::pki::client_config(&pki.ca, Some(&id), &["http/1.1"])?;
+        Ok((Dialer::Tls(fe, cfg, FRONTEND_NAME.into()), cert))
+    };
+    let (leaked, leaked_cert) = client("apiserver-leaked")?;
+    let (neighbour, _) = client("apiserver-neighbour")?;
+    poll_until(DEADLINE, TICK, || echo_line(&neighbour, echo.addr())).await.with_context(|| agent.log())?;
+    let mut gone = connect_strict(&leaked, &echo.addr().to_string()).await?;
+    let mut stays = connect_strict(&neighbour, &echo.addr().to_string()).await?;
+    for s in [&mut gone, &mut stays] {
+        s.write_all(b"before\n").await?;
+        let mut b = [0u8; 7];
+        tokio::time::timeout(DEADLINE, s.read_exact(&mut b)).await.context("no echo")??;
+    }
+
+    ca.revoke(&leaked_cert)?;
+    ca.gencrl(&crl)?;
+    let changed = Instant::now();
+    // The echo backend sends nothing unasked: a read that ends is the front end ending it.
+    let mut b = [0u8; 16];
+    let end = tokio::time::timeout(DEADLINE, gone.read(&mut b))
+        .await
+        .with_context(|| format!("the revoked client's connection still open:\n{}", server.log()))?;
+    anyhow::ensure!(!matches!(end, Ok(n) if n > 0), "bytes instead of the end: {end:?}");
+    println!("the revoked client's connection ended {:?} after the list changed ({end:?})", changed.elapsed());
+    // The neighbour carries on, on its live connection and on a new one.
+    stays.write_all(b"after\n").await?;
+    let mut b = [0u8; 6];
+    tokio::time::timeout(DEADLINE, stays.read_exact(&mut b)).await.context("no echo")??;
+    anyhow::ensure!(&b == b"after\n");
+    echo_line(&neighbour, echo.addr()).await?;
+    let serial = OpensslCa::serial(&leaked_cert)?;
+    server.wait_log_line(&["front-end connection ended: its client certificate is revoked", &serial], DEADLINE).await?;
+    server.wait_log_line(&["connection closed", "reason=\"certificate_revoked\""], DEADLINE).await?;
+    let m = server.metrics();
+    let ended = value(&m, "seedgate_connections_total", &[("listener", "egress"), ("result", "certificate_revoked")]);
+    anyhow::ensure!(ended == 1.0, "{ended} connections counted as ended for a revoked certificate");
     Ok(())
 }
 
