@@ -152,9 +152,15 @@ async fn a_front_end_refuses_a_client_once_the_list_names_it() -> anyhow::Result
         // curl reports the TLS alert the front end sent (certificate revoked) or the reset.
         anyhow::ensure!(out.status.code() == Some(35) || out.status.code() == Some(56), "curl: {}, {err}", out.status);
     }
-    let m = server.metrics();
-    let rejects = value(&m, "seedgate_rejects_total", &[("listener", "egress"), ("reason", "tls_handshake_failed")]);
-    anyhow::ensure!(rejects >= 1.0, "the refusal is counted");
+    // Counted once the server's handshake returned, which may be just after the client saw the alert.
+    poll_until(DEADLINE, TICK, || async {
+        let m = server.metrics();
+        let rejects =
+            value(&m, "seedgate_rejects_total", &[("listener", "egress"), ("reason", "tls_handshake_failed")]);
+        anyhow::ensure!(rejects >= 1.0, "the refusal is not counted yet");
+        Ok(())
+    })
+    .await?;
     server
         .wait_log_line(&["front-end TLS handshake failed", "is revoked", "the front end's tls.crl"], DEADLINE)
         .await?;
@@ -249,7 +255,6 @@ async fn a_list_signed_by_another_key_under_the_cas_name_revokes_nothing() -> an
         Ok(())
     })
     .await?;
-    server.wait_log_line(&["revocation list 1 of 1 matches no CA", &format!("no CA named {name}")], DEADLINE).await?;
     // A new agent of the CA is admitted, and the first agent's session is still there.
     let _second = inproc_agent(&dir, &second_yaml).await?;
     poll_until(DEADLINE, TICK, || connected(2.0)).await.with_context(|| server.log())?;
@@ -258,6 +263,7 @@ async fn a_list_signed_by_another_key_under_the_cas_name_revokes_nothing() -> an
         value(m, "seedgate_agent_sessions_ended_total", &[("cluster", "shoot-a"), ("reason", "certificate_revoked")])
     };
     anyhow::ensure!(ended(&server.metrics()) == 0.0, "a session ended as revoked:\n{}", server.log());
+    server.wait_log_line(&["revocation list 1 of 1 matches no CA", &format!("no CA named {name}")], DEADLINE).await?;
 
     // The CA's own list revokes it: the session ends.
     ca.revoke(&first_cert)?;
