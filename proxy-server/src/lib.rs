@@ -10,6 +10,7 @@ mod attempt;
 mod cluster_files;
 mod control;
 mod frontend;
+mod frontend_revocation;
 mod identity;
 mod listeners;
 mod liveness;

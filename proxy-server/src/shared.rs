@@ -41,7 +41,7 @@ pub(crate) struct Shared {
     /// The revocation lists of `agents.tls.crl` in force (empty: none).
     pub(crate) agents_revoked: ArcSwap<proxy_core::tls::Revoked>,
     /// The live TLS front-end connections with a client certificate, ended when revoked.
-    pub(crate) frontend_certs: crate::frontend::revoked::Live,
+    pub(crate) frontend_certs: crate::frontend_revocation::Live,
 }
 
 /// Cluster states from elsewhere than the main config.

@@ -207,7 +207,9 @@ pub(super) async fn relay(shared: &Shared, r: Ready) {
         m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
     }
     let reason = match &done.outcome {
-        Outcome::Error(Side::Client, e) if super::revoked::ended_by(e) => super::revoked::REASON,
+        Outcome::Error(Side::Client, e) if crate::frontend_revocation::ended_by(e) => {
+            crate::frontend_revocation::REASON
+        }
         o => o.label(),
     };
     ctx.log(200, reason, done.bytes.to_upstream + replayed, done.bytes.to_client);

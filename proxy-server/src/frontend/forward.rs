@@ -271,7 +271,7 @@ where
     let reason = tokio::select! {
         r = conn => match r {
             Ok(()) => "closed",
-            Err(e) if super::revoked::ended_by(&e) => super::revoked::REASON,
+            Err(e) if crate::frontend_revocation::ended_by(&e) => crate::frontend_revocation::REASON,
             Err(_) => "http_error",
         },
         _ = shared.shutdown.kill.cancelled() => "shutdown",

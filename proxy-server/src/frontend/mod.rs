@@ -5,7 +5,7 @@
 //! absolute-form forward proxying (Prometheus http targets; [`forward`]), konnectivity's gRPC
 //! ([`grpc`]), or a fixed port forward to one target (`protocol: tcp`; [`port_forward`]). Each refuses what it cannot serve with a [`Refusal`]; proxy credentials are read by
 //! [`proxy_auth`]. A TLS connection whose client certificate a reloaded list revokes is ended
-//! ([`revoked`]).
+//! ([`crate::frontend_revocation`]).
 
 mod admission;
 mod connect;
@@ -15,7 +15,6 @@ mod h2_normalise;
 mod port_forward;
 mod proxy_auth;
 mod refusal;
-pub(crate) mod revoked;
 
 use crate::registry::dial::{DialRefused, DialTimes, Dialed};
 use crate::shared::Shared;
@@ -67,7 +66,7 @@ impl Ctx {
     /// answered 200 or a forward-proxy connection, unless its client certificate was revoked
     /// while it ran; else the reject reason).
     pub(crate) fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
-        let ok = (code == 200 || self.kind == "forward") && reason != revoked::REASON;
+        let ok = (code == 200 || self.kind == "forward") && reason != crate::frontend_revocation::REASON;
         let result = if ok { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
         proxy_core::access_event!(

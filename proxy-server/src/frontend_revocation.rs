@@ -24,7 +24,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::BoxIo;
+/// A front-end connection's stream, as the front ends serve it.
+type BoxIo = Box<dyn proxy_core::relay::io::Resettable>;
 
 /// The reason of the access event (and of `seedgate_connections_total{result}`) of a
 /// connection ended because its client certificate was revoked.
