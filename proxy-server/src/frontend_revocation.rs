@@ -177,7 +177,8 @@ impl Drop for Registered {
 
 /// A front-end connection's stream that fails every read and write with [`CertificateRevoked`]
 /// once its certificate is revoked. Its relay (or server) polls it whenever it waits on the
-/// client, which wakes it when the revocation comes.
+/// client, which wakes it when the revocation comes; a relay that waits on its tunnel stream
+/// both ways (a stalled stream) meets the error at its next read or write of the client.
 pub(crate) struct Revocable<S> {
     io: S,
     ended: Pin<Box<WaitForCancellationFutureOwned>>,
