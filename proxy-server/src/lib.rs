@@ -10,6 +10,7 @@ mod attempt;
 mod cluster_files;
 mod control;
 mod frontend;
+mod frontend_revocation;
 mod identity;
 mod listeners;
 mod liveness;
@@ -129,6 +130,7 @@ impl Service for Server {
             settle: settle::Settle::new(std::time::Instant::now()),
             reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
             agents_revoked: Default::default(),
+            frontend_certs: Default::default(),
         });
         shared.apply_states();
         let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };

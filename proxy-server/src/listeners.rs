@@ -87,9 +87,15 @@ fn agents_tls(a: &AgentsTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::Ser
 }
 
 /// Follow the agents' material: the sessions a reloaded revocation list names end.
-fn follow_revocations(shared: &Arc<Shared>, tls: &Tls, t: &ServerTls) {
-    let crl = t.crl.as_ref().map(Into::into);
-    crate::revocation::follow(shared, &tls.material, crl, tls.watching.clone());
+fn follow_revocations(shared: &Arc<Shared>, tls: &Tls) {
+    crate::revocation::follow(shared, &tls.material, tls.watching.clone());
+}
+
+/// Follow a TLS front end's material: its live connections that a reloaded list revokes end.
+fn follow_frontend_revocations(shared: &Shared, name: &str, served: &Served) {
+    if let Some(tls) = &served.tls {
+        shared.frontend_certs.follow(name, &tls.material, tls.watching.clone());
+    }
 }
 
 /// What a front end reads from files: its TLS material and its proxy token.
@@ -327,13 +333,14 @@ impl Listeners {
     /// process.
     pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
         let e = self.entries.lock();
-        follow_revocations(shared, &e.agents.tls.load(), &e.agents.tls_cfg.tls);
+        follow_revocations(shared, &e.agents.tls.load());
         serve_agents(shared, sessions_stop, opened.agents, &e.agents);
         if let (Some(endpoint), Some(q)) = (opened.quic, &e.quic) {
             serve_quic(shared, sessions_stop, endpoint, e.agents.tls.clone(), q);
         }
         for (name, listening) in opened.frontends {
             if let Some(entry) = e.frontends.get(&name) {
+                follow_frontend_revocations(shared, &name, &entry.served.load());
                 serve_frontend(shared, entry, listening);
             }
         }
@@ -409,7 +416,7 @@ impl Listeners {
         if let Some(m) = agents_material {
             let new_agents_tls = AgentsTls::of(new);
             let tls = watched(m, &shared.shutdown.stop);
-            follow_revocations(shared, &tls, &new_agents_tls.tls);
+            follow_revocations(shared, &tls);
             a.tls.store(Arc::new(tls));
             a.tls_cfg = new_agents_tls;
         }
@@ -481,13 +488,16 @@ fn commit_frontends(
         match sock {
             None => {
                 let entry = running.get_mut(&name).expect("an unchanged place has a running entry");
-                entry.served.store(Arc::new(served(&shared.shutdown.stop, &f, tls)));
+                let served = served(&shared.shutdown.stop, &f, tls);
+                follow_frontend_revocations(shared, &name, &served);
+                entry.served.store(Arc::new(served));
                 entry.cfg = f;
                 tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
             }
             Some((sock, addr)) => {
                 let (listening, file) = sock.split();
                 let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
+                follow_frontend_revocations(shared, &name, &entry.served.load());
                 serve_frontend(shared, &entry, listening);
                 if let Some(old) = running.insert(name.clone(), entry) {
                     old.stop();

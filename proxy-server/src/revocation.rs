@@ -2,50 +2,26 @@
 //!
 //! rustls refuses a revoked certificate at the handshake; a session verified before the list
 //! named it is found here. The agents' TLS material reloads itself when `agents.tls.crl`
-//! changes (within [`proxy_core::watch::Poll::TLS`]); each reload that took effect reads the
-//! lists again and ends every session whose certificate they revoke.
+//! changes (within [`proxy_core::watch::Poll::TLS`]); each reload that took effect hands over
+//! the lists its verifier checks (matched to the CAs by key, [`proxy_core::tls::Revoked`]), and
+//! every session whose certificate they revoke ends.
 
 use crate::session::Session;
 use crate::shared::Shared;
-use proxy_core::tls::Revoked;
 use proxy_core::watch::tls::Reloading;
-use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// Until `stop`: after every reload of `material`, read the lists in `crl` (none: nothing is
-/// revoked) and end the sessions they revoke.
-pub(crate) fn follow(
-    shared: &Arc<Shared>,
-    material: &Reloading<rustls::ServerConfig>,
-    crl: Option<PathBuf>,
-    stop: CancellationToken,
-) {
+/// Until `stop`: after every reload of `material`, take the lists its verifier checks and end
+/// the sessions they revoke.
+pub(crate) fn follow(shared: &Arc<Shared>, material: &Arc<Reloading<rustls::ServerConfig>>, stop: CancellationToken) {
     let mut changes = material.subscribe();
-    let shared = shared.clone();
+    let (shared, material) = (shared.clone(), material.clone());
     tokio::spawn(async move {
         // The lists in force now (a new listener's material: a config reload changed the files).
         loop {
-            let revoked = match &crl {
-                None => Ok(Revoked::default()),
-                Some(path) => {
-                    let path = path.clone();
-                    tokio::task::spawn_blocking(move || Revoked::load(&path))
-                        .await
-                        .unwrap_or_else(|e| Err(proxy_core::tls::TlsError::Config(e.to_string())))
-                }
-            };
-            match revoked {
-                Ok(r) => {
-                    shared.agents_revoked.store(Arc::new(r));
-                    end_revoked(&shared);
-                }
-                // The material took the file a moment ago: a file rewritten since is reported
-                // by the next reload.
-                Err(e) => {
-                    tracing::warn!(error = %e, "agents.tls.crl unreadable after a reload; the lists in force stay")
-                }
-            }
+            shared.agents_revoked.store(material.revoked());
+            end_revoked(&shared);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 r = changes.changed() => if r.is_err() { return },

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) reviewers: crate::tokens::Reviewers,
     /// The revocation lists of `agents.tls.crl` in force (empty: none).
     pub(crate) agents_revoked: ArcSwap<proxy_core::tls::Revoked>,
+    /// The live TLS front-end connections with a client certificate, ended when revoked.
+    pub(crate) frontend_certs: crate::frontend_revocation::Live,
 }
 
 /// Cluster states from elsewhere than the main config.
@@ -184,5 +186,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         settle: Settle::new(std::time::Instant::now()),
         reviewers: crate::tokens::Reviewers::new(&reg, &proxy_core::watch::tls::TlsMetrics::new(&reg), 16),
         agents_revoked: Default::default(),
+        frontend_certs: Default::default(),
     })
 }

@@ -53,7 +53,8 @@ pub(super) async fn prepare(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(proxy_core::tls::common_name);
-                    by_protocol(shared, fe, Handshaken { io: Box::new(s), peer, cert_cluster: cn, pre }).await
+                    let io = shared.frontend_certs.watch(&fe.name, &peer, s);
+                    by_protocol(shared, fe, Handshaken { io, peer, cert_cluster: cn, pre }).await
                 }
                 Err(e) => {
                     // A refused certificate is the operator's to fix; other failures (scanners,

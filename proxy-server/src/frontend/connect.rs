@@ -8,7 +8,7 @@ use crate::shared::Shared;
 use proxy_core::net::accept::ConnPermit;
 use proxy_core::net::guard::Active;
 use proxy_core::net::share::Hold;
-use proxy_core::relay::copy::{Meters, Outcome, Stop, transfer};
+use proxy_core::relay::copy::{Meters, Outcome, Side, Stop, transfer};
 use proxy_core::relay::io::Prefixed;
 use proxy_core::tunnel::TunnelStream;
 use proxy_wire::http_head::{self, HeadReader, RequestHead};
@@ -206,5 +206,11 @@ pub(super) async fn relay(shared: &Shared, r: Ready) {
     if matches!(done.outcome, Outcome::Stopped(Stop::ClusterDrained)) {
         m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
     }
-    ctx.log(200, done.outcome.label(), done.bytes.to_upstream + replayed, done.bytes.to_client);
+    let reason = match &done.outcome {
+        Outcome::Error(Side::Client, e) if crate::frontend_revocation::ended_by(e) => {
+            crate::frontend_revocation::REASON
+        }
+        o => o.label(),
+    };
+    ctx.log(200, reason, done.bytes.to_upstream + replayed, done.bytes.to_client);
 }

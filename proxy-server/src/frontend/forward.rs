@@ -269,7 +269,11 @@ where
     // The connection (and any answer in flight, which logs itself when dropped) is gone
     // once the select is: the totals are complete.
     let reason = tokio::select! {
-        r = conn => if r.is_ok() { "closed" } else { "http_error" },
+        r = conn => match r {
+            Ok(()) => "closed",
+            Err(e) if crate::frontend_revocation::ended_by(&e) => crate::frontend_revocation::REASON,
+            Err(_) => "http_error",
+        },
         _ = shared.shutdown.kill.cancelled() => "shutdown",
     };
     let code = totals.last_code.load(Ordering::Relaxed);

@@ -4,7 +4,8 @@
 //! protocol: HTTP CONNECT (kube-apiserver egress, Prometheus https targets; [`connect`]),
 //! absolute-form forward proxying (Prometheus http targets; [`forward`]), konnectivity's gRPC
 //! ([`grpc`]), or a fixed port forward to one target (`protocol: tcp`; [`port_forward`]). Each refuses what it cannot serve with a [`Refusal`]; proxy credentials are read by
-//! [`proxy_auth`].
+//! [`proxy_auth`]. A TLS connection whose client certificate a reloaded list revokes is ended
+//! ([`crate::frontend_revocation`]).
 
 mod admission;
 mod connect;
@@ -62,9 +63,11 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// The access event of the connection's end, and its count by result (`ok` for a CONNECT
-    /// answered 200 or a forward-proxy connection, else the reject reason).
+    /// answered 200 or a forward-proxy connection, unless its client certificate was revoked
+    /// while it ran; else the reject reason).
     pub(crate) fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
-        let result = if code == 200 || self.kind == "forward" { "ok" } else { reason };
+        let ok = (code == 200 || self.kind == "forward") && reason != crate::frontend_revocation::REASON;
+        let result = if ok { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
         proxy_core::access_event!(
             "connection closed", Moved::new(up, down), self.started, reason;
