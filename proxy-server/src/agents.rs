@@ -1,8 +1,9 @@
 //! The agents' listeners: the TLS 1.3 handshake, the agent's identity (its certificate's CN, or a ServiceAccount token reviewed at the cluster it names), one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
 use crate::identity::{Peer, Refused, Shown};
+use crate::rules::Rules;
 use crate::shared::Shared;
-use crate::tokens::{Asker, ClusterReview};
+use crate::tokens::Asker;
 use proxy_core::net::pending::BudgetRules as _;
 use proxy_core::obs::Untrusted;
 use proxy_core::relay::io::ReadAhead;
@@ -10,7 +11,7 @@ use proxy_core::tunnel::congestion::CongestionStats;
 use proxy_core::tunnel::quic;
 use proxy_core::tunnel::session_socket::SessionSocket;
 use proxy_core::tunnel::{ALPN_V1, Opener, Presented, SeedConnection, TunnelSettings, run_seed_session};
-use seedgate_config::server::{AgentAuth, ClusterMode, valid_cluster_name};
+use seedgate_config::server::{ClusterMode, valid_cluster_name};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -186,33 +187,6 @@ struct Who {
     cert: Option<rustls::pki_types::CertificateDer<'static>>,
     /// The certificate's CN (a valid cluster name).
     cert_cluster: Option<String>,
-}
-
-/// How an agent's sessions are checked, per cluster: its mode and the clusters with reviews.
-pub(crate) struct Rules {
-    states: std::collections::BTreeMap<String, seedgate_config::server::ClusterState>,
-    default: AgentAuth,
-}
-
-impl Rules {
-    /// The rules in force now (config, cluster files, overrides).
-    pub(crate) fn now(shared: &Shared) -> Self {
-        Self { states: shared.effective_states(), default: shared.config.load().agents.auth }
-    }
-
-    pub(crate) fn auth(&self, cluster: &str) -> AgentAuth {
-        self.states.get(cluster).and_then(|s| s.agent_auth).unwrap_or(self.default)
-    }
-
-    fn token_clusters(&self) -> Vec<String> {
-        self.states.iter().filter(|(_, s)| s.token_review.is_some()).map(|(c, _)| c.clone()).collect()
-    }
-
-    /// The cluster's review settings, if it takes tokens.
-    pub(crate) fn review(&self, shared: &Shared, cluster: &str) -> Option<ClusterReview> {
-        let r = self.states.get(cluster)?.token_review.as_ref()?;
-        Some(ClusterReview::of(r, &shared.config.load().agents.token_review))
-    }
 }
 
 /// Decide who the agent is (reading its hello where that decides), review its token where

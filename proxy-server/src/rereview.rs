@@ -186,7 +186,7 @@ pub(crate) struct TokenState {
 /// Whether the cluster's rules of the moment still take the session's token: its review
 /// settings (`None`: its certificate alone admits it now, no review needed), or why not.
 fn rules_now(shared: &Shared, sess: &Session) -> Result<Option<ClusterReview>, Refused> {
-    let rules = crate::agents::Rules::now(shared);
+    let rules = crate::rules::Rules::now(shared);
     let cluster = &sess.cluster;
     let auth = rules.auth(cluster);
     match (sess.identity.cert.is_some(), auth) {
