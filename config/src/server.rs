@@ -205,9 +205,10 @@ with_session_settings! {
         #[serde(default)]
         pub auth: AgentAuth,
         /// How ServiceAccount tokens are reviewed: what a cluster's `token_review` does not set
-        /// itself; absent or `null`: every default.
+        /// itself; absent or `null`: every default. A reload applies to new sessions and to the
+        /// next review of live ones.
         #[serde(default, deserialize_with = "null_is_default")]
-        #[schemars(with = "Option<TokenReviews>")]
+        #[schemars(with = "Option<TokenReviews>", extend("x-reload" = "live"))]
         pub token_review: TokenReviews,
         /// How long a stream open may go without the agent's answer and without a sign that the
         /// agent got it before the dial moves to another session of the cluster, within
@@ -466,16 +467,19 @@ pub struct ClusterState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernated: Option<bool>,
     /// How this cluster's agents prove who they are (see `agents.auth`); `null` (the
-    /// default): `agents.auth`.
+    /// default): `agents.auth`. A reload applies to new sessions, and ends live sessions that
+    /// came in with a token alone if it no longer lets a token alone in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-reload" = "new sessions"))]
     pub agent_auth: Option<AgentAuth>,
     /// The kube-apiserver that reviews this cluster's agents' tokens, and proxy-server's
     /// credentials there. Only this cluster's kube-apiserver is asked about a token that names
     /// this cluster, so a token of another cluster never gets a session here. `null` (the
-    /// default): agents of this cluster cannot authenticate with a token.
+    /// default): agents of this cluster cannot authenticate with a token. A reload applies to
+    /// new sessions and to the next review of live ones; removing it ends the live sessions
+    /// whose token it reviewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "new sessions"))]
+    #[schemars(extend("x-reload" = "live"))]
     pub token_review: Option<TokenReview>,
 }
 

@@ -1,14 +1,17 @@
 //! The agents' listeners: the TLS 1.3 handshake, the agent's identity (its certificate's CN, or a ServiceAccount token reviewed at the cluster it names), one HTTP/2 (TCP) or QUIC (UDP) session per agent.
 
-use crate::identity::{Refused, Shown};
+use crate::identity::{Peer, Refused, Shown};
+use crate::rules::Rules;
 use crate::shared::Shared;
-use crate::tokens::ClusterReview;
+use crate::tokens::Asker;
+use proxy_core::net::pending::BudgetRules as _;
+use proxy_core::obs::Untrusted;
 use proxy_core::relay::io::ReadAhead;
 use proxy_core::tunnel::h2::SessionSocket;
 use proxy_core::tunnel::quic::{self, congestion::CongestionStats};
 use proxy_core::tunnel::session::{Presented, SeedConnection, run_seed_session};
 use proxy_core::tunnel::{ALPN_V1, Opener, TunnelSettings};
-use seedgate_config::server::{AgentAuth, ClusterMode, valid_cluster_name};
+use seedgate_config::server::{ClusterMode, valid_cluster_name};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -174,31 +177,6 @@ struct Who {
     cert_cluster: Option<String>,
 }
 
-/// How an agent's sessions are checked, per cluster: its mode and the clusters with reviews.
-struct Rules {
-    states: std::collections::BTreeMap<String, seedgate_config::server::ClusterState>,
-    default: AgentAuth,
-}
-
-impl Rules {
-    fn now(shared: &Shared) -> Self {
-        Self { states: shared.effective_states(), default: shared.config.load().agents.auth }
-    }
-
-    fn auth(&self, cluster: &str) -> AgentAuth {
-        self.states.get(cluster).and_then(|s| s.agent_auth).unwrap_or(self.default)
-    }
-
-    fn token_clusters(&self) -> Vec<String> {
-        self.states.iter().filter(|(_, s)| s.token_review.is_some()).map(|(c, _)| c.clone()).collect()
-    }
-
-    fn review(&self, shared: &Shared, cluster: &str) -> Option<ClusterReview> {
-        let r = self.states.get(cluster)?.token_review.as_ref()?;
-        Some(ClusterReview::of(r, &shared.config.load().agents.token_review))
-    }
-}
-
 /// Decide who the agent is (reading its hello where that decides), review its token where
 /// needed, then register the session (announcing this replica) or refuse it with the reason.
 async fn admit(
@@ -211,13 +189,25 @@ async fn admit(
     let rules = Rules::now(shared);
     let peer = who.peer;
     let mut presented = started.presented.clone();
+    let presented_rx = started.presented.clone();
+    // A valid client certificate proved the agent's cluster: it may hear more of a refusal (so
+    // may an agent whose token was said yes to, below).
+    let mut told = if who.cert_cluster.is_some() { Peer::Authenticated } else { Peer::Anyone };
     let shown = if crate::identity::needs_hello(who.cert_cluster.as_deref(), |c| rules.auth(c)) {
         let wait = shared.config.load().timeouts.handshake.get();
         match tokio::time::timeout(wait, presented.wait_for(Option::is_some)).await {
             Ok(Ok(p)) => p.clone(),
             _ => {
                 let cluster = who.cert_cluster.as_deref().unwrap_or("-");
-                refuse_session(shared, peer, cluster, &Refused::NoCredentials(wait), &started.opener, session_stop);
+                refuse_session(
+                    shared,
+                    peer,
+                    cluster,
+                    &Refused::NoCredentials(wait),
+                    told,
+                    &started.opener,
+                    session_stop,
+                );
                 return None;
             }
         }
@@ -236,26 +226,32 @@ async fn admit(
                 Refused::ClusterMismatch { cert, .. } => cert,
                 _ => "-",
             };
-            refuse_session(shared, peer, label, &r, &started.opener, session_stop);
+            refuse_session(shared, peer, label, &r, told, &started.opener, session_stop);
             return None;
         }
     };
     if shared.directory.mode(&cluster).mode == ClusterMode::Fenced {
-        refuse_session(shared, peer, &cluster, &Refused::Fenced(cluster.clone()), &started.opener, session_stop);
+        refuse_session(shared, peer, &cluster, &Refused::Fenced(cluster.clone()), told, &started.opener, session_stop);
         return None;
     }
     let mut token = None;
     if review {
         let Some(settings) = rules.review(shared, &cluster) else {
             let r = Refused::NoTokenCluster(format!("cluster {cluster:?} has no token_review here"));
-            refuse_session(shared, peer, &cluster, &r, &started.opener, session_stop);
+            refuse_session(shared, peer, &cluster, &r, told, &started.opener, session_stop);
             return None;
         };
-        match shared.reviewers.review(&cluster, &settings, &p.token).await {
-            Ok(reviewed) => token = Some(crate::rereview::TokenState { presented, reviewed, settings }),
+        // An unauthenticated peer's review: its source's place in the cluster's budget.
+        let source = shared.config.load().pending_budget().source_key(peer.ip());
+        match shared.reviewers.review(&cluster, &settings, &p.token, Asker::New(source)).await {
+            Ok(reviewed) => {
+                told = Peer::Authenticated;
+                token =
+                    Some(crate::rereview::TokenState { presented, token: p.token.clone(), seen: p.renewals, reviewed })
+            }
             Err(error) => {
                 let r = Refused::Token { cluster: cluster.clone(), error };
-                refuse_session(shared, peer, &cluster, &r, &started.opener, session_stop);
+                refuse_session(shared, peer, &cluster, &r, told, &started.opener, session_stop);
                 return None;
             }
         }
@@ -264,7 +260,7 @@ async fn admit(
     if !known && !shared.config.load().agents.accept_unknown_clusters {
         // Bounded label: the name is not one the config knows; logs and /readyz carry it.
         shared.unknown.lock().refused.insert(cluster.clone());
-        refuse_session(shared, peer, "-", &Refused::UnknownCluster(cluster), &started.opener, session_stop);
+        refuse_session(shared, peer, "-", &Refused::UnknownCluster(cluster), told, &started.opener, session_stop);
         return None;
     }
     let identity = crate::session::Identity {
@@ -288,37 +284,71 @@ async fn admit(
                 return None;
             }
             shared.metrics.agent_sessions.with_label_values(&[&cluster, "accepted"]).inc();
-            let account = sess.identity.account.as_deref().unwrap_or("-");
+            let account = Untrusted::new(sess.identity.account.as_deref().unwrap_or("-"));
             tracing::info!(%peer, %cluster, session = sess.id, transport = who.transport, %account, "agent session up");
+            // What the agent says of itself is logged once it is admitted, escaped; a hello that
+            // comes after the admission (a certificate alone decided) when it comes.
+            if sess.hello.get().is_some() {
+                log_hello(&sess);
+            } else {
+                tokio::spawn(log_hello_when_it_comes(presented_rx, sess.clone()));
+            }
             shared.replica.announce_to(&shared.metrics, &sess);
             crate::attempt::watch_suspect(shared.metrics.clone(), &sess);
             Some((sess, token))
         }
         Err(r) => {
-            refuse_session(shared, peer, &cluster, &r, &started.opener, session_stop);
+            refuse_session(shared, peer, &cluster, &r, told, &started.opener, session_stop);
             None
         }
     }
 }
 
-/// Count and log a refusal of an agent (before its session began).
+/// Log an admitted session's hello, escaped: until now the session took dials only by the
+/// `default` strategy.
+fn log_hello(sess: &crate::session::Session) {
+    if let Some(h) = sess.hello.get() {
+        tracing::info!(
+            cluster = %sess.cluster, session = sess.id, node = %Untrusted::new(&h.node), host = %Untrusted::new(&h.host),
+            addresses = %Untrusted::new(&h.addresses.join(",")).max(1024), default_route = h.default_route,
+            version = %Untrusted::new(&h.version), "agent hello"
+        );
+    }
+}
+
+/// [`log_hello`] once the hello of an admitted session comes (within a minute).
+async fn log_hello_when_it_comes(
+    mut presented: tokio::sync::watch::Receiver<Option<Presented>>,
+    sess: Arc<crate::session::Session>,
+) {
+    let wait = std::time::Duration::from_secs(60);
+    if matches!(tokio::time::timeout(wait, presented.wait_for(Option::is_some)).await, Ok(Ok(_))) {
+        log_hello(&sess);
+    }
+}
+
+/// Count and log a refusal of an agent (before its session began): the details at warn, for
+/// the operator (a peer's claim in them escaped).
 fn refused(shared: &Shared, peer: SocketAddr, cluster: &str, r: &Refused) {
     shared.metrics.agent_sessions.with_label_values(&[cluster, r.label()]).inc();
-    tracing::warn!(%peer, %cluster, reason = r.label(), "agent refused: {r}");
+    let reason = Untrusted::new(&r.to_string()).max(1024).to_string();
+    tracing::warn!(%peer, %cluster, reason = r.label(), "agent refused: {reason}");
 }
 
 /// Refuse a running session: counted and logged, the reason sent to the agent on the control
-/// stream, and the session closed once the notice had time to arrive.
+/// stream (as [`Refused::told`] tells `told`), and the session closed once the notice had time
+/// to arrive.
 pub(crate) fn refuse_session(
     shared: &Shared,
     peer: SocketAddr,
     cluster: &str,
     r: &Refused,
+    told: Peer,
     opener: &Arc<dyn Opener>,
     stop: &CancellationToken,
 ) {
     refused(shared, peer, cluster, r);
-    crate::identity::tell_and_close(r, opener, stop);
+    crate::identity::tell_and_close(r, told, opener, stop);
 }
 
 /// The quinn server config of one agent connection: the agents' current TLS material and the

@@ -1,4 +1,4 @@
-//! Who an agent is: its cluster from its client certificate, or the cluster it names proven by a TokenReview there; and every refusal of an agent session, with its label and its reason in one place.
+//! Who an agent is: its cluster from its client certificate, or the cluster it names proven by a TokenReview there; and every refusal of an agent session, with its label, the reason logged and what the agent is told, in one place.
 //!
 //! A token agent names its cluster (a claim); the token is sent to that cluster's
 //! kube-apiserver only, and the session belongs to that cluster only if it says yes. A token of
@@ -7,7 +7,9 @@
 //! must be the same.
 
 use crate::tokens::ReviewError;
+use proxy_core::obs::Untrusted;
 use proxy_core::tunnel::{ControlMsg, Opener};
+use proxy_wire::tunnel::control::HELLO_FIELD_MAX;
 use seedgate_config::server::AgentAuth;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 /// How long a refused session stays open so the refusal reaches the agent.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
-/// Why an agent got no session (or lost it).
+/// Why an agent got no session (or lost it). Its text is for proxy-server's log (a peer's claim
+/// in it is escaped and cut); the agent is told [`Refused::told`].
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Refused {
     #[error("the client certificate has no usable CN (the cluster name)")]
@@ -35,6 +38,8 @@ pub(crate) enum Refused {
     TokenRequired { cluster: String, auth: &'static str },
     #[error("the client certificate names cluster {cert} but the agent names {named} (tunnel.cluster)")]
     ClusterMismatch { cert: String, named: String },
+    #[error("cluster {cluster}'s agent has no token any more (an empty renewal: its tunnel.token_file holds none)")]
+    TokenWithdrawn { cluster: String },
     #[error("no cluster to review the token at: {0}")]
     NoTokenCluster(String),
     #[error("no hello with the agent's credentials within {0:?}")]
@@ -60,6 +65,7 @@ impl Refused {
             Refused::CertificateRequired { .. } => "certificate_required",
             Refused::TokenRequired { .. } => "token_required",
             Refused::ClusterMismatch { .. } => "cluster_mismatch",
+            Refused::TokenWithdrawn { .. } => "token_required",
             Refused::NoTokenCluster(_) => "token_cluster_unknown",
             Refused::NoCredentials(_) => "no_credentials",
             Refused::Token { error, .. } => error.label(),
@@ -69,10 +75,75 @@ impl Refused {
     }
 }
 
-/// Send the agent why its session ends, and close the session once the notice had time to
-/// arrive.
-pub(crate) fn tell_and_close(r: &Refused, opener: &Arc<dyn Opener>, stop: &CancellationToken) {
-    let _ = opener.control(&ControlMsg::Refused { reason: r.to_string() });
+/// Who is told a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// Anyone: nothing proved yet. Told the reason's label and what to set on the agent's
+    /// side, never an address, a TLS error or what a kube-apiserver answered.
+    Anyone,
+    /// An agent that proved its cluster (a valid client certificate, or a token its cluster's
+    /// kube-apiserver said yes to): told, besides, the reason as proxy-server logs it where that
+    /// concerns the agent alone (its cluster, its limit, the verdict on its own token), still
+    /// never how a review failed to be made.
+    Authenticated,
+}
+
+impl Refused {
+    /// What happened, and what to set where the agent's side can fix it, for anyone.
+    fn what(&self) -> &'static str {
+        match self {
+            Refused::BadIdentity => "the client certificate's CN is no cluster name",
+            Refused::Fenced(_) => "the cluster is fenced on this seed: its agents belong to the seed it moved to",
+            Refused::UnknownCluster(_) => "this proxy-server does not serve the cluster",
+            Refused::CertificateRequired { .. } => {
+                "the cluster's agents must present a client certificate: set tunnel.tls.cert and tunnel.tls.key"
+            }
+            Refused::TokenRequired { .. } | Refused::TokenWithdrawn { .. } => {
+                "the cluster's agents must present a ServiceAccount token: set tunnel.token_file to a file that holds one"
+            }
+            Refused::ClusterMismatch { .. } => {
+                "tunnel.cluster names another cluster than the client certificate's CN: set it to the CN, or leave it out"
+            }
+            Refused::NoTokenCluster(_) => {
+                "no cluster by that name takes tokens here: set tunnel.cluster to the agent's cluster"
+            }
+            Refused::NoCredentials(_) => "no hello with the agent's credentials in time",
+            Refused::Token { error, .. } => match error {
+                ReviewError::Unavailable(_) => {
+                    "the cluster's kube-apiserver did not review the token; the agent tries again"
+                }
+                ReviewError::Busy(_) => "too many token reviews of new sessions at once; the agent tries again",
+                ReviewError::NoToken => "no token: set tunnel.token_file to a file that holds one",
+                ReviewError::Refused(_) | ReviewError::Expiry(_) => {
+                    "the cluster's kube-apiserver does not accept the token (expired, revoked, another cluster's, not for proxy-server's audience, or not of an allowed ServiceAccount): check tunnel.token_file and tunnel.cluster"
+                }
+            },
+            Refused::AccountChanged { .. } => "the renewed token names another ServiceAccount than the session's",
+            Refused::SessionLimit { .. } => "the cluster holds its limit of agent sessions on this replica",
+        }
+    }
+
+    /// What the agent is told (see [`Peer`]): the label first, then what happened.
+    pub(crate) fn told(&self, peer: Peer) -> String {
+        let (label, what) = (self.label(), self.what());
+        match (peer, self) {
+            // How a review failed to be made is proxy-server's business, whoever asks.
+            (_, Refused::Token { error: ReviewError::Unavailable(_) | ReviewError::Busy(_), .. })
+            | (Peer::Anyone, _) => {
+                format!("{label}: {what}")
+            }
+            (Peer::Authenticated, Refused::Token { .. }) => {
+                format!("{label}: {what} ({})", Untrusted::new(&self.to_string()).max(1024))
+            }
+            (Peer::Authenticated, _) => format!("{label}: {}", Untrusted::new(&self.to_string()).max(1024)),
+        }
+    }
+}
+
+/// Send the agent (`peer`) why its session ends, and close the session once the notice had
+/// time to arrive.
+pub(crate) fn tell_and_close(r: &Refused, peer: Peer, opener: &Arc<dyn Opener>, stop: &CancellationToken) {
+    let _ = opener.control(&ControlMsg::Refused { reason: r.told(peer) });
     // The notice goes out on the control stream once the agent opened it; then close.
     let stop = stop.clone();
     tokio::spawn(async move {
@@ -109,7 +180,8 @@ pub(crate) fn decide(
 ) -> Result<(String, bool), Refused> {
     if let Some(cert) = shown.cert_cluster {
         if !shown.named.is_empty() && shown.named != cert {
-            return Err(Refused::ClusterMismatch { cert: cert.to_owned(), named: shown.named.to_owned() });
+            let named = Untrusted::new(shown.named).max(HELLO_FIELD_MAX).to_string();
+            return Err(Refused::ClusterMismatch { cert: cert.to_owned(), named });
         }
         let auth = auth_of(cert);
         return match auth {
@@ -129,7 +201,8 @@ pub(crate) fn decide(
             )));
         }
         (named, list) if !list.iter().any(|c| c == named) => {
-            return Err(Refused::NoTokenCluster(format!("cluster {named:?} has no token_review here")));
+            let named = Untrusted::new(named).max(HELLO_FIELD_MAX);
+            return Err(Refused::NoTokenCluster(format!("cluster \"{named}\" has no token_review here")));
         }
         (named, _) => named.to_owned(),
     };
@@ -195,6 +268,76 @@ mod tests {
         }
         // One cluster with reviews: an agent that names none is that cluster's.
         assert_eq!(label(decide(shown(None, "", true), auth, &["tok".to_owned()])), "tok +review");
+    }
+
+    /// What each refusal tells an agent: its label first and, to anyone, nothing internal (no
+    /// address, TLS error or kube-apiserver answer); to an authenticated agent, what concerns it.
+    #[test]
+    fn a_refusal_tells_its_label_and_never_the_internals() {
+        use crate::tokens::Unavailable;
+        use proxy_wire::token_review::Verdict;
+        use seedgate_config::HostPort;
+        let at = HostPort { host: "kas.internal".into(), port: 6443 };
+        let internal = [
+            Refused::Token {
+                cluster: "a".into(),
+                error: Unavailable::Connect(at.clone(), std::io::Error::other("refused")).into(),
+            },
+            Refused::Token {
+                cluster: "a".into(),
+                error: Unavailable::Tls { at: at.clone(), what: "CaUsedAsEndEntity".into() }.into(),
+            },
+            Refused::Token {
+                cluster: "a".into(),
+                error: Unavailable::Status { status: 500, why: "failing".into(), message: "etcd at 10.1.2.3".into() }
+                    .into(),
+            },
+        ];
+        for r in &internal {
+            for peer in [Peer::Anyone, Peer::Authenticated] {
+                let t = r.told(peer);
+                assert!(t.starts_with("token_review_unavailable: "), "{t}");
+                for leak in ["kas.internal", "6443", "refused", "CaUsedAsEndEntity", "500", "10.1.2.3", "etcd"] {
+                    assert!(!t.contains(leak), "{peer:?} told {leak:?}: {t}");
+                }
+            }
+        }
+        let verdict = Refused::Token {
+            cluster: "a".into(),
+            error: Verdict::Unauthenticated("[invalid bearer token, token has expired]".into()).into(),
+        };
+        let anyone = verdict.told(Peer::Anyone);
+        assert!(anyone.starts_with("token_invalid: ") && anyone.contains("tunnel.token_file"), "{anyone}");
+        assert!(!anyone.contains("expired]"), "the kube-apiserver's words to anyone: {anyone}");
+        let agent = verdict.told(Peer::Authenticated);
+        assert!(agent.contains("token has expired"), "its own token's verdict to an authenticated agent: {agent}");
+        let required = Refused::TokenRequired { cluster: "a".into(), auth: "token" }.told(Peer::Anyone);
+        assert!(required.starts_with("token_required: ") && required.contains("tunnel.token_file"), "{required}");
+        let withdrawn = Refused::TokenWithdrawn { cluster: "a".into() };
+        assert_eq!(withdrawn.label(), "token_required");
+        let limit = Refused::SessionLimit { cluster: "a".into(), cap: 7 };
+        assert!(!limit.told(Peer::Anyone).contains('7'), "{}", limit.told(Peer::Anyone));
+        let agent = limit.told(Peer::Authenticated);
+        assert!(
+            agent.starts_with("cluster_session_limit: ")
+                && agent.contains("limit of 7")
+                && agent.contains("max_sessions"),
+            "{agent}"
+        );
+    }
+
+    /// A peer's claim reaches the log escaped and cut.
+    #[test]
+    fn a_claimed_cluster_is_escaped_and_cut_in_the_reason() {
+        let claim = format!("x\nforged line\u{1b}[2J{}", "y".repeat(10_000));
+        let tokens = ["tok".to_owned()];
+        for cert in [None, Some("a")] {
+            let r = decide(shown(cert, &claim, true), auth, &tokens).unwrap_err();
+            let text = r.to_string();
+            assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text:?}");
+            assert!(text.len() < 1024, "{} bytes", text.len());
+            assert!(!r.told(Peer::Anyone).contains("forged"), "the claim is not echoed to anyone");
+        }
     }
 
     #[test]

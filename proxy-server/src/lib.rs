@@ -19,6 +19,7 @@ mod registry;
 mod replica;
 mod rereview;
 mod revocation;
+mod rules;
 mod session;
 mod settle;
 mod shared;

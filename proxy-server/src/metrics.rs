@@ -62,7 +62,7 @@ impl ServerMetrics {
             sessions_ended: counter_vec(
                 reg,
                 "seedgate_agent_sessions_ended_total",
-                "Live agent sessions this replica ended because the agent's identity no longer holds, by cluster and reason: certificate_revoked (a reloaded agents.tls.crl lists its certificate), token_invalid, token_audience, token_account (a review of its expired or renewed token said no).",
+                "Live agent sessions this replica ended because the agent's identity no longer holds, by cluster and reason: certificate_revoked (a reloaded agents.tls.crl lists its certificate), token_invalid, token_audience, token_account (a review of its expired or renewed token said no, or the kube-apiserver refused the request with a 4xx), token_required (the agent sent an empty renewal: it has no token any more), token_review_unavailable (no review answered within agents.token_review.grace past its token's exp), token_cluster_unknown or certificate_required (a reload: its cluster takes its token no more).",
                 &["cluster", "reason"],
             ),
             streams_active: gauge_vec(

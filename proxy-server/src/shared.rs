@@ -127,6 +127,8 @@ impl Shared {
         self.directory.set_shares(ShareConfig::of(&cfg, own));
         self.directory.set_modes(&states);
         self.metrics.publish_clusters(&self.known_clusters(), |c| states.get(c).map(|s| s.state).unwrap_or_default());
+        // Live token sessions check their cluster's rules (a removed token_review ends them).
+        self.reviewers.rules_changed();
     }
 
     /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses

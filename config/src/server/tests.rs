@@ -216,8 +216,9 @@ fn token_agents_and_revocation_lists() {
     assert_eq!(c.agents.auth, AgentAuth::Token);
     assert_eq!(c.clusters["a"].token_review.as_ref().unwrap().authority(), Some(("kas.shoot-a".into(), 6443)));
     assert_eq!(c.agents.token_review.audiences, ["seedgate"]);
+    assert_eq!(c.agents.token_review.grace.get(), std::time::Duration::from_secs(300));
     let y = format!(
-        "{base}, crl: l.pem }}, token_review: {{ audiences: [], service_accounts: [nobody] }} }}\nclusters:\n  a: {{ agent_auth: token }}\n  b: {{ agent_auth: mtls_and_token, token_review: {{ url: 'http://x', ca: c, token_file: t, cert: c, key: k }} }}\n"
+        "{base}, crl: l.pem }}, token_review: {{ audiences: [], service_accounts: [nobody], grace: 25h }} }}\nclusters:\n  a: {{ agent_auth: token }}\n  b: {{ agent_auth: mtls_and_token, token_review: {{ url: 'http://x', ca: c, token_file: t, cert: c, key: k }} }}\n"
     );
     let e = parse(&y, "s.yaml").unwrap_err().to_string();
     for want in [
@@ -225,6 +226,7 @@ fn token_agents_and_revocation_lists() {
         "agents.tls.crl: revocation lists apply to client certificates",
         "agents.token_review.audiences",
         "agents.token_review.service_accounts: \"nobody\"",
+        "agents.token_review.grace: must be at most 24h",
         "clusters.a.agent_auth: the agents listener requires a client certificate",
         "clusters.a.token_review: agent_auth token needs",
         "clusters.b.token_review.url",

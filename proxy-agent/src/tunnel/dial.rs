@@ -231,9 +231,10 @@ impl AgentHandler for Handler {
 
     fn hello(&self) -> AgentHello {
         // From the config in force: a reload of `node_name` or the identifiers shows in the next
-        // session's hello. The instance is this process's; the token is read for this session.
+        // session's hello. The instance is this process's; the token is read for this session
+        // (and becomes the one live sessions hold, so no renewal sends an older one after it).
         let cfg = self.t.cfg.load();
-        let token = super::read_token(&cfg, true);
+        let token = self.t.current_token(true);
         AgentHello { instance: self.t.instance.clone(), token, ..hello(&cfg, |k| std::env::var(k).ok()) }
     }
 

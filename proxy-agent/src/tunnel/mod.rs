@@ -42,9 +42,12 @@ pub(crate) struct Tunnel {
     /// This run of the agent (random, in every session's hello): a seed lets a session of a new
     /// run supersede those of an earlier run of the same node, which may be dead without a word.
     instance: String,
-    /// The ServiceAccount token of `tunnel.token_file` as last read: live sessions send each
-    /// new one to their server.
+    /// The ServiceAccount token of `tunnel.token_file` as last read (empty: it held none):
+    /// live sessions send each new value to their server, an empty one included.
     token: tokio::sync::watch::Sender<Secret>,
+    /// Held while the file is read and `token` set, so that a slower read never replaces a
+    /// newer one: `token` is always what the file held last.
+    reading: Mutex<()>,
 }
 
 /// How often `tunnel.token_file` is read for a renewed token (the kubelet renews a projected
@@ -52,21 +55,21 @@ pub(crate) struct Tunnel {
 const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The token in `tunnel.token_file` (surrounding whitespace trimmed); empty when there is no
-/// such file, or it cannot be read (logged when `warn`: the server then refuses the session,
-/// saying why).
+/// such file, or it holds none, or it cannot be read (logged when `warn`: the server then
+/// refuses the session as `token_required`, saying why).
 pub(crate) fn read_token(cfg: &TunnelCfg, warn: bool) -> Secret {
     let Some(file) = &cfg.token_file else { return Secret::default() };
     match std::fs::read_to_string(file) {
         Ok(t) if !t.trim().is_empty() => Secret::new(t.trim()),
         Ok(_) => {
             if warn {
-                tracing::warn!(%file, "tunnel.token_file is empty: the session goes without a token");
+                tracing::warn!(%file, "tunnel.token_file holds no token: this session goes without one");
             }
             Secret::default()
         }
         Err(e) => {
             if warn {
-                tracing::warn!(%file, error = %e, "tunnel.token_file cannot be read: the session goes without a token");
+                tracing::warn!(%file, error = %e, "tunnel.token_file cannot be read: this session goes without a token");
             }
             Secret::default()
         }
@@ -125,6 +128,7 @@ impl Tunnel {
             names: Mutex::new(Vec::new()),
             run: Mutex::new(None),
             token,
+            reading: Mutex::new(()),
             kill,
             instance: format!("{:016x}", rand::random::<u64>()),
         }))
@@ -221,7 +225,8 @@ impl Tunnel {
     }
 
     /// Read `tunnel.token_file` (the one the config in force names) every [`TOKEN_POLL`], and
-    /// hand a changed token to the live sessions.
+    /// hand a changed token to the live sessions; an emptied or removed file too, which ends
+    /// them (an agent never stays on a token its file no longer holds).
     async fn follow_token(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(TOKEN_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -230,20 +235,34 @@ impl Tunnel {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let cfg = self.cfg.load_full();
-            if cfg.token_file.is_none() {
+            if self.cfg.load().token_file.is_none() {
                 continue;
             }
-            let now = tokio::task::spawn_blocking(move || read_token(&cfg, false)).await.unwrap_or_default();
-            self.token.send_if_modified(|t| {
-                let changed = !now.is_empty() && *t != now;
-                if changed {
-                    tracing::info!("tunnel.token_file: a renewed token; live sessions send it to their server");
-                    *t = now;
-                }
-                changed
-            });
+            let this = self.clone();
+            let _ = tokio::task::spawn_blocking(move || this.current_token(false)).await;
         }
+    }
+
+    /// The token `tunnel.token_file` holds now (read now; `warn`: say so when it holds none),
+    /// which live sessions then send if it changed.
+    pub(crate) fn current_token(&self, warn: bool) -> Secret {
+        let _reading = self.reading.lock();
+        let now = read_token(&self.cfg.load(), warn);
+        self.token.send_if_modified(|t| {
+            if *t == now {
+                return false;
+            }
+            if now.is_empty() {
+                tracing::warn!(
+                    "tunnel.token_file no longer holds a token: live sessions tell their server, which ends them; new ones go without a token until it holds one again"
+                );
+            } else {
+                tracing::info!("tunnel.token_file: a renewed token; live sessions send it to their server");
+            }
+            *t = now.clone();
+            true
+        });
+        now
     }
 
     /// The token renewals live sessions send (`None` without `tunnel.token_file`).

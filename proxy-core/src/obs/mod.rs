@@ -1,6 +1,9 @@
-//! What the process tells its operators: the metrics registry and shared metrics, runtime gauges, the admin listener and log setup.
+//! What the process tells its operators: the metrics registry and shared metrics, runtime gauges, the admin listener, log setup, and how a peer's text is shown in them.
 
 pub mod admin;
 pub mod metrics;
 pub mod runtime_metrics;
 pub mod telemetry;
+pub mod untrusted;
+
+pub use untrusted::Untrusted;

@@ -224,7 +224,8 @@ pub trait AgentHandler: Send + Sync + 'static {
     fn control(&self, msg: ControlMsg);
     fn hello(&self) -> AgentHello;
     /// The agent's token as it is renewed (the hello carries the one of the session's start):
-    /// each new value is sent to the seed on the control stream. `None`: no token.
+    /// each new value is sent to the seed on the control stream, an empty one too (the agent has
+    /// no token any more). `None`: no token.
     fn token_renewals(&self) -> Option<tokio::sync::watch::Receiver<Secret>> {
         None
     }

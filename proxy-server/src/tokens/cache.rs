@@ -1,6 +1,6 @@
-//! Positive TokenReview answers, kept briefly by the hash of the token and the settings they answered: bounded in count, oldest out first, never past their deadline.
+//! TokenReview answers, kept briefly by the hash of the token and the settings they answered (a yes until the token's expiry at the latest, a no as long): bounded in count, oldest out first, never past their deadline.
 
-use super::Reviewed;
+use super::Answer;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ pub(super) fn key(cluster: &str, audiences: &[String], accounts: &[String], toke
 /// At most `capacity` answers; a full cache drops its oldest entry for a new one.
 pub(super) struct Cache {
     capacity: usize,
-    entries: HashMap<Key, (Reviewed, Instant)>,
+    entries: HashMap<Key, (Answer, Instant)>,
     /// Insertion order (a key appears once per insertion; a stale position is skipped).
     order: VecDeque<(Key, Instant)>,
 }
@@ -43,7 +43,7 @@ impl Cache {
         self.capacity
     }
 
-    pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<Reviewed> {
+    pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<Answer> {
         match self.entries.get(key) {
             Some((r, until)) if *until > now => Some(r.clone()),
             Some(_) => {
@@ -54,7 +54,7 @@ impl Cache {
         }
     }
 
-    pub(super) fn put(&mut self, key: Key, r: Reviewed, until: Instant) {
+    pub(super) fn put(&mut self, key: Key, r: Answer, until: Instant) {
         // Bounded: each round removes one position, and there are at most 2 × capacity.
         while self.entries.len() >= self.capacity || self.order.len() >= 2 * self.capacity {
             let Some((old, at)) = self.order.pop_front() else { break };
@@ -70,11 +70,12 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proxy_wire::token_review::Account;
+    use crate::tokens::Reviewed;
+    use proxy_wire::token_review::{Account, Verdict};
     use std::time::Duration;
 
-    fn reviewed(name: &str) -> Reviewed {
-        Reviewed { account: Account { namespace: "ns".into(), name: name.into() }, expires: None }
+    fn reviewed(name: &str) -> Answer {
+        Ok(Reviewed { account: Account { namespace: "ns".into(), name: name.into() }, expires: None })
     }
 
     #[test]
@@ -84,7 +85,7 @@ mod tests {
         let (a, b, d) = (key("c", &[], &[], "a"), key("c", &[], &[], "b"), key("c", &[], &[], "d"));
         c.put(a, reviewed("a"), t0 + Duration::from_secs(10));
         c.put(b, reviewed("b"), t0 + Duration::from_secs(10));
-        assert_eq!(c.get(&a, t0).map(|r| r.account.name), Some("a".into()));
+        assert_eq!(c.get(&a, t0).and_then(|r| r.ok()).map(|r| r.account.name), Some("a".into()));
         assert!(c.get(&a, t0 + Duration::from_secs(10)).is_none(), "expired at its deadline");
         c.put(a, reviewed("a"), t0 + Duration::from_secs(20));
         c.put(d, reviewed("d"), t0 + Duration::from_secs(20));
@@ -95,6 +96,12 @@ mod tests {
             c.put(key("c", &[], &[], &i.to_string()), reviewed("x"), t0 + Duration::from_secs(5));
         }
         assert!(c.entries.len() <= 2 && c.order.len() <= 4, "bounded after many");
+        // A refusal is an answer like a yes.
+        let mut c = Cache::new(2);
+        let refused = key("c", &[], &[], "garbage");
+        c.put(refused, Err(Verdict::Unauthenticated("no".into())), t0 + Duration::from_secs(10));
+        assert_eq!(c.get(&refused, t0), Some(Err(Verdict::Unauthenticated("no".into()))));
+        assert_eq!(c.get(&refused, t0 + Duration::from_secs(10)), None);
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! The HTTP client of one cluster's kube-apiserver for TokenReviews: TLS from its CA (reloaded when the file changes), proxy-server's own credentials, bounded concurrency, a whole-request deadline, and a few kept-alive connections.
+//! The HTTP client of one cluster's kube-apiserver for TokenReviews: TLS from its CA (reloaded when the file changes), proxy-server's own credentials, concurrency bounded apart for new sessions and live ones, a whole-request deadline, and a few kept-alive connections.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use proxy_core::sync::Mutex;
+use proxy_core::tls::Handshake;
 use proxy_core::watch::tls::{Reloading, TlsMetrics};
 use proxy_wire::token_review::{ANSWER_MAX, PATH};
 use seedgate_config::HostPort;
@@ -18,25 +19,57 @@ use tokio::sync::Semaphore;
 /// a connection saves a TLS handshake each.
 const IDLE_MAX: usize = 4;
 
-/// Why no answer came from the kube-apiserver.
+/// The TLS handshake with a cluster's kube-apiserver, as a refused certificate's hint names it
+/// (`<name>` stands for the cluster).
+const REVIEWER: Handshake = Handshake {
+    server: false,
+    peer: "the kube-apiserver",
+    peer_cert: "the kube-apiserver's serving certificate (verified with clusters.<name>.token_review.ca)",
+    peer_ca: "clusters.<name>.token_review.ca",
+    peer_crl: "(no revocation list is checked for TokenReviews)",
+    peer_name: "the host of clusters.<name>.token_review.url",
+    own_cert: "proxy-server's clusters.<name>.token_review.cert",
+    own_ca: "the kube-apiserver's client CA (its --client-ca-file)",
+    own_name: "",
+};
+
+/// Whose reviews a slot is for: new sessions' and live sessions' have places of their own, so a
+/// flood of the one never holds up the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    New,
+    Live,
+}
+
+/// Why no review came from the kube-apiserver. Details for proxy-server's log: the agent is
+/// told only the reason's label.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Unavailable {
     #[error("no review slot free within the timeout ({0} reviews in flight)")]
     Busy(usize),
     #[error("connect {0}: {1}")]
     Connect(HostPort, std::io::Error),
-    #[error("TLS with {0}: {1}")]
-    Tls(HostPort, std::io::Error),
+    /// The TLS handshake failed: what to fix when a certificate was refused (naming the key),
+    /// else the error.
+    #[error("TLS with {at}: {what}")]
+    Tls { at: HostPort, what: String },
     #[error("HTTP: {0}")]
     Http(#[from] hyper::Error),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     #[error("proxy-server's credentials: {0}")]
     Credentials(String),
-    /// An answer that is no review: the kube-apiserver refused proxy-server itself (401, 403:
-    /// its credentials or their RBAC), or failed (5xx).
-    #[error("the kube-apiserver answered {status}: {body}")]
-    Status { status: u16, body: String },
+    /// The client could not be set up (its CA or credentials' files).
+    #[error("{0}")]
+    Setup(String),
+    /// An answer that is no review and says nothing of the token: the kube-apiserver refused
+    /// proxy-server itself (401, 403: its credentials or their RBAC), has no TokenReview API
+    /// there (404, 405), is overloaded (408, 429) or failed (5xx).
+    #[error("the kube-apiserver answered {status} ({why}): {message}")]
+    Status { status: u16, why: String, message: String },
+    /// No answer within `agents.token_review.grace` past the token's `exp` (a live session).
+    #[error("no review answered within agents.token_review.grace ({0:?}) past the token's exp")]
+    PastGrace(Duration),
 }
 
 /// What a client was built from: rebuilt when it changes.
@@ -48,16 +81,20 @@ pub(crate) struct Endpoint {
 
 pub(crate) struct Client {
     pub(crate) endpoint: Endpoint,
+    cluster: String,
     authority: HostPort,
     tls: Arc<Reloading<rustls::ClientConfig>>,
-    slots: Semaphore,
+    /// Slots of new sessions' reviews ([`Lane::New`]) and of live sessions' ([`Lane::Live`]).
+    new_slots: Semaphore,
+    live_slots: Semaphore,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
 impl Client {
-    /// A client of the kube-apiserver `endpoint` names (its CA and credentials' files are read
-    /// now: an error is the review's).
-    pub(crate) fn new(use_: &str, endpoint: Endpoint, metrics: &TlsMetrics) -> Result<Self, String> {
+    /// A client of `cluster`'s kube-apiserver, as `endpoint` names it (its CA and credentials'
+    /// files are read now: an error is the review's).
+    pub(crate) fn new(cluster: &str, endpoint: Endpoint, metrics: &TlsMetrics) -> Result<Self, String> {
+        let use_ = format!("token-review {cluster}");
         let s = &endpoint.settings;
         let (host, port) = s.authority().ok_or_else(|| format!("{}: not https://host[:port]", s.url))?;
         let identity = match (&s.cert, &s.key) {
@@ -65,18 +102,30 @@ impl Client {
             _ => None,
         };
         let tls =
-            proxy_core::watch::tls::client(use_, Path::new(&s.ca), None, identity, &[b"http/1.1"], false, metrics)
+            proxy_core::watch::tls::client(&use_, Path::new(&s.ca), None, identity, &[b"http/1.1"], false, metrics)
                 .map_err(|e| e.to_string())?;
-        let slots = Semaphore::new(endpoint.max_in_flight);
-        Ok(Self { endpoint, authority: HostPort { host, port }, tls, slots, idle: Mutex::new(Vec::new()) })
+        let (new_slots, live_slots) = (Semaphore::new(endpoint.max_in_flight), Semaphore::new(endpoint.max_in_flight));
+        Ok(Self {
+            endpoint,
+            cluster: cluster.to_owned(),
+            authority: HostPort { host, port },
+            tls,
+            new_slots,
+            live_slots,
+            idle: Mutex::new(Vec::new()),
+        })
     }
 
-    /// `POST` a review `body` within `timeout` (waiting for a slot included): the status and
-    /// the answer's body (at most [`ANSWER_MAX`] bytes).
-    pub(crate) async fn post(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), Unavailable> {
+    /// `POST` a review `body` within `timeout` (waiting for a slot of `lane` included): the
+    /// status and the answer's body (at most [`ANSWER_MAX`] bytes), whatever the status.
+    pub(crate) async fn post(&self, lane: Lane, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), Unavailable> {
         let deadline = tokio::time::Instant::now() + timeout;
         let in_flight = self.endpoint.max_in_flight;
-        let _slot = tokio::time::timeout_at(deadline, self.slots.acquire())
+        let slots = match lane {
+            Lane::New => &self.new_slots,
+            Lane::Live => &self.live_slots,
+        };
+        let _slot = tokio::time::timeout_at(deadline, slots.acquire())
             .await
             .map_err(|_| Unavailable::Busy(in_flight))?
             .map_err(|_| Unavailable::Busy(in_flight))?;
@@ -111,7 +160,7 @@ impl Client {
         let body = Limited::new(resp.into_body(), ANSWER_MAX)
             .collect()
             .await
-            .map_err(|e| Unavailable::Status { status, body: format!("answer unreadable: {e}") })?
+            .map_err(|e| Unavailable::Status { status, why: "answer unreadable".to_owned(), message: e.to_string() })?
             .to_bytes();
         // The answer was read whole: the connection may carry the next review.
         let mut idle = self.idle.lock();
@@ -119,10 +168,6 @@ impl Client {
             idle.push(send);
         }
         drop(idle);
-        if !(200..300).contains(&status) {
-            let text: String = String::from_utf8_lossy(&body).chars().take(256).collect();
-            return Err(Unavailable::Status { status, body: text });
-        }
         Ok((status, body))
     }
 
@@ -142,11 +187,14 @@ impl Client {
             .await
             .map_err(|e| Unavailable::Connect(self.authority.clone(), e))?;
         let name = rustls::pki_types::ServerName::try_from(self.authority.host.clone())
-            .map_err(|e| Unavailable::Tls(self.authority.clone(), std::io::Error::other(e)))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.current())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| Unavailable::Tls(self.authority.clone(), e))?;
+            .map_err(|e| Unavailable::Tls { at: self.authority.clone(), what: e.to_string() })?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.current()).connect(name, tcp).await.map_err(|e| {
+            let what = match proxy_core::tls::hint_for(&e, &REVIEWER) {
+                Some(hint) => hint.replace("<name>", &self.cluster),
+                None => e.to_string(),
+            };
+            Unavailable::Tls { at: self.authority.clone(), what }
+        })?;
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
