@@ -1,9 +1,9 @@
 //! The agent end of the reverse tunnel: outbound sessions to every replica behind each configured server name (re-homed make-before-break), and dials within the allowlist.
 
-mod dial;
 mod establish;
 mod machine;
 mod metrics;
+mod session;
 mod slot;
 mod stream;
 

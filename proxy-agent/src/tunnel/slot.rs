@@ -1,10 +1,10 @@
 //! The async driver of one slot (it performs the machine's actions and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
 use super::Tunnel;
-use super::dial::{Dialer, Running};
 use super::establish::EstablishError;
 use super::machine::{Action, Event, Machine, QueryId, SessionId, Settings, Slot};
 use super::metrics::SlotMetrics;
+use super::session::{Launcher, Running};
 use crate::replicas::Replicas;
 use seedgate_config::HostPort;
 use std::future::Future;
@@ -59,11 +59,11 @@ async fn slot_loop(
     let settings = Settings::from(&**t.cfg.load());
     let me = Slot { index: slot, label: label.clone(), configured, replicas: replicas.clone(), metrics };
     let mut machine = Machine::new(Instant::now(), me, settings, Box::new(rand::random::<f64>));
-    let dialer = Arc::new(Dialer { t, label, moves, stop: stop.clone(), tracker });
+    let launcher = Arc::new(Launcher { t, label, moves, stop: stop.clone(), tracker });
     let mut io =
-        Io { dialer, sessions: Vec::new(), in_flight: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
+        Io { launcher, sessions: Vec::new(), in_flight: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
     loop {
-        machine.configure(Settings::from(&**io.dialer.t.cfg.load()));
+        machine.configure(Settings::from(&**io.launcher.t.cfg.load()));
         let event = io.next_event(machine.poll_timeout()).await;
         let stopping = matches!(event, Event::Stop);
         for action in machine.handle(Instant::now(), event) {
@@ -98,7 +98,7 @@ enum Wake {
 
 /// The slot's I/O: its sessions, the dials and resolutions under way, its inputs.
 struct Io {
-    dialer: Arc<Dialer>,
+    launcher: Arc<Launcher>,
     /// The sessions not retired: the live one and the one that may replace it.
     sessions: Vec<Running>,
     /// The dials and resolutions under way.
@@ -152,12 +152,12 @@ impl Io {
     fn perform(&mut self, action: Action) {
         match action {
             Action::Dial { id, target, over, patience } => {
-                let dialer = self.dialer.clone();
+                let launcher = self.launcher.clone();
                 self.in_flight
-                    .push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over, patience).await) }));
+                    .push(Box::pin(async move { Done::Dialed(id, launcher.launch(id, target, over, patience).await) }));
             }
             Action::Resolve { query, name } => {
-                let timeout = self.dialer.t.cfg.load().dial_timeout.get();
+                let timeout = self.launcher.t.cfg.load().dial_timeout.get();
                 self.in_flight.push(Box::pin(async move {
                     let addrs = tokio::time::timeout(timeout, proxy_core::net::resolve(&name)).await;
                     Done::Resolved(query, addrs.ok().and_then(Result::ok))
@@ -165,7 +165,7 @@ impl Io {
             }
             Action::Retire { id, drain, open, why } => {
                 if let Some(i) = self.sessions.iter().position(|s| s.id == id) {
-                    retire(&self.dialer.label, self.sessions.swap_remove(i), drain, open, why);
+                    retire(&self.launcher.label, self.sessions.swap_remove(i), drain, open, why);
                 }
             }
         }
