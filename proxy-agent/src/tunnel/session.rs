@@ -2,7 +2,7 @@
 
 use super::Tunnel;
 use super::establish::{EstablishError, establish, establish_quic, hinted, settings};
-use super::machine::{Carrier, Event, SessionId};
+use super::machine::events::{Carrier, Event, Failure, SessionId};
 use super::stream::serve_stream;
 use proxy_core::tunnel::session::{AgentSession, SessionError, run_agent_session};
 use proxy_core::tunnel::{AgentHandler, AgentHello, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo};
@@ -171,8 +171,8 @@ impl Running {
                 r = &mut self.done => {
                     let error = match r {
                         Ok(Ok(())) => None,
-                        Ok(Err(e)) => Some(hinted(&e)),
-                        Err(e) => Some(format!("the session's task failed: {e}")),
+                        Ok(Err(e)) => Some(Failure::Ended(hinted(&e))),
+                        Err(e) => Some(Failure::Ended(format!("the session's task failed: {e}"))),
                     };
                     return Event::Ended { id: self.id, error };
                 }

@@ -1,8 +1,10 @@
-//! The async driver of one slot (it performs the machine's actions and feeds it what happens) and the loop that adds slots as a name's replicas grow.
+//! The async driver of one slot (it performs the machine's notes and actions, and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
 use super::Tunnel;
 use super::establish::EstablishError;
-use super::machine::{Action, Event, Machine, QueryId, SessionId, Settings, Slot};
+use super::machine::Machine;
+use super::machine::events::{Action, Event, Failure, QueryId, SessionId, Settings, Slot};
+use super::machine::notes::{Log, Note};
 use super::metrics::SlotMetrics;
 use super::session::{Launcher, Running};
 use crate::replicas::Replicas;
@@ -57,7 +59,7 @@ async fn slot_loop(
     let (moves, moves_rx) = mpsc::channel(4);
     let metrics = SlotMetrics::new(&t.metrics.session, &label, &replicas.name);
     let settings = Settings::from(&**t.cfg.load());
-    let me = Slot { index: slot, label: label.clone(), configured, replicas: replicas.clone(), metrics };
+    let me = Slot { index: slot, configured, replicas: replicas.clone() };
     let mut machine = Machine::new(Instant::now(), me, settings, Box::new(rand::random::<f64>));
     let launcher = Arc::new(Launcher { t, label, moves, stop: stop.clone(), tracker });
     let mut io =
@@ -66,13 +68,96 @@ async fn slot_loop(
         machine.configure(Settings::from(&**io.launcher.t.cfg.load()));
         let event = io.next_event(machine.poll_timeout()).await;
         let stopping = matches!(event, Event::Stop);
-        for action in machine.handle(Instant::now(), event) {
+        let step = machine.handle(Instant::now(), event);
+        for note in step.notes {
+            match note {
+                Note::Metric(m) => metrics.record(m),
+                Note::Log(l) => log(&io.launcher.label, l),
+            }
+        }
+        for action in step.actions {
             io.perform(action);
         }
         if stopping {
             // The sessions' stop tokens are the slot's children: they get GOAWAY, and their
             // streams run to their end under the tracker.
             return;
+        }
+    }
+}
+
+/// The machine's account of a failed establishment: nothing answered (the slot probes), or it
+/// failed otherwise (the slot backs off).
+fn failure(e: &EstablishError) -> Failure {
+    if e.silent() { Failure::Unanswered(e.to_string()) } else { Failure::Failed(e.to_string()) }
+}
+
+/// The targets the machine's log lines had when it wrote them itself, kept so that the lines and
+/// the filters that name them (`RUST_LOG=proxy_agent::tunnel::machine=debug`) stay as they were.
+const MACHINE: &str = "proxy_agent::tunnel::machine";
+const ERRANDS: &str = "proxy_agent::tunnel::machine::errands";
+
+/// Write one of the machine's log notes, as the slot `server`.
+fn log(server: &str, note: Log) {
+    match note {
+        Log::Up { target, peer, over } => {
+            tracing::info!(target: MACHINE, %server, %target, %peer, transport = over.as_str(), "tunnel session up")
+        }
+        Log::FallBack { target, error } => {
+            tracing::info!(target: MACHINE, %server, %target, %error, "transport auto: QUIC did not get through; using h2")
+        }
+        Log::Failed { target, error } => {
+            tracing::warn!(target: MACHINE, %server, %target, %error, "tunnel session failed")
+        }
+        Log::StillNoAnswer { target, error, tries } => {
+            tracing::debug!(target: MACHINE, %server, %target, %error, tries, "tunnel session failed: still no answer")
+        }
+        Log::Suspect { target, peer } => {
+            tracing::warn!(target: MACHINE, %server, %target, %peer, "tunnel session suspect: its keepalive went unanswered (the path is quiet); dialing a replacement beside it, its open streams wait for the path")
+        }
+        Log::AnswersAgain { target, peer } => {
+            tracing::info!(target: MACHINE, %server, %target, %peer, "suspect tunnel session answers again")
+        }
+        Log::Duplicate { id } => {
+            tracing::info!(target: MACHINE, %server, %id, "session reached a replica another session holds; closing it and dialing again")
+        }
+        Log::Announced { id, count, draining } => {
+            tracing::info!(target: MACHINE, %server, %id, count, draining, "server replica announced")
+        }
+        Log::Draining { target } => {
+            tracing::info!(target: MACHINE, %server, %target, "replica is draining: keeping its live streams, looking for a replacement")
+        }
+        Log::Closed => tracing::info!(target: MACHINE, %server, "tunnel session closed"),
+        // TLS passed on our side but the seed never spoke the transport's protocol: typically it
+        // refused our certificate (its verdict comes after our handshake).
+        Log::FailedBeforeUp { error } => {
+            tracing::warn!(target: MACHINE, %server, %error, "tunnel session failed before it was up (is this agent's certificate accepted by the server?)")
+        }
+        Log::Ended { error } => tracing::warn!(target: MACHINE, %server, %error, "tunnel session ended"),
+        Log::Unproven { lived } => {
+            tracing::info!(target: MACHINE, %server, ?lived, "tunnel session ended before it proved itself (lived tunnel.reconnect.max or carried a stream): backing off")
+        }
+        Log::AlreadyThere { to } => {
+            tracing::info!(target: ERRANDS, %server, %to, "move notice: already connected there")
+        }
+        Log::Rehoming { from, to } => tracing::info!(target: ERRANDS, %server, %from, %to, "move notice: re-homing"),
+        Log::NameMoved { name, old, new } => {
+            tracing::info!(target: ERRANDS, %server, %name, %old, ?new, "server name resolves elsewhere: re-homing")
+        }
+        Log::Rejected { id } => {
+            tracing::debug!(target: ERRANDS, %server, ?id, "candidate session reached a replica already held or draining, or did not come up")
+        }
+        Log::RehomeFailed { target, error } => {
+            tracing::warn!(target: ERRANDS, %server, %target, %error, "cannot reach the new server; staying on the current session")
+        }
+        Log::NoReplacement { error } => {
+            tracing::debug!(target: ERRANDS, %server, %error, "no replacement session yet; trying again later")
+        }
+        Log::StillOnH2 { target, error } => {
+            tracing::debug!(target: ERRANDS, %server, %target, %error, "transport auto: QUIC still does not get through; staying on h2")
+        }
+        Log::NoRescue { target, error } => {
+            tracing::debug!(target: ERRANDS, %server, %target, %error, "no replacement for the suspect session yet; trying again")
         }
     }
 }
@@ -125,7 +210,7 @@ impl Io {
                 self.sessions.push(session);
                 Event::Dialed { id, result: Ok(peer) }
             }
-            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e) },
+            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(failure(&e)) },
             Wake::Done(Done::Resolved(query, addrs)) => Event::Resolved { query, addrs },
         }
     }
@@ -215,4 +300,24 @@ fn retire(label: &str, old: Running, drain: Option<Duration>, open: bool, why: &
         }
         tracing::info!(server = %label, target = %old.target, %id, "retired tunnel session closed");
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The machine probes a server that answers nothing and backs off from one that refuses:
+    /// which is which comes from how the establishment failed, its message kept.
+    #[test]
+    fn an_establishment_nothing_answered_is_unanswered_and_a_refusal_failed() {
+        let target: HostPort = "192.0.2.1:8132".parse().expect("host:port");
+        let connect = |kind| EstablishError::Connect { target: target.clone(), source: std::io::Error::from(kind) };
+        let addr = SocketAddr::from(([192, 0, 2, 1], 8132));
+        for silent in [connect(std::io::ErrorKind::TimedOut), EstablishError::QuicTimeout { addr }] {
+            assert_eq!(failure(&silent), Failure::Unanswered(silent.to_string()));
+        }
+        for answered in [connect(std::io::ErrorKind::ConnectionRefused), EstablishError::TlsTimeout { addr }] {
+            assert_eq!(failure(&answered), Failure::Failed(answered.to_string()));
+        }
+    }
 }
