@@ -1,12 +1,12 @@
 //! The async driver of one slot (it performs the machine's notes and actions, and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
-use super::Tunnel;
 use super::establish::EstablishError;
 use super::machine::Machine;
 use super::machine::events::{Action, Event, Failure, QueryId, SessionId, Settings, Slot};
 use super::machine::notes::{Log, Note};
 use super::metrics::SlotMetrics;
 use super::session::{Launcher, Running};
+use super::{Name, Tunnel};
 use crate::replicas::Replicas;
 use seedgate_config::HostPort;
 use std::future::Future;
@@ -19,13 +19,46 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// A configured name's loop, as the tunnel starts it when the name is configured and forgets it
+/// when the name goes (the tunnel decides when; the loops and their series are this file's).
+impl Tunnel {
+    /// Start the loop that keeps a session to each replica behind `server`.
+    pub(super) fn add_name(self: &Arc<Self>, server: HostPort, stop: &CancellationToken, tracker: &TaskTracker) {
+        let name = server.to_string();
+        let m = &self.metrics.session;
+        let replicas = Arc::new(Replicas::new(
+            name.clone(),
+            m.server_sessions.with_label_values(&[&name]),
+            m.server_sessions_expected.with_label_values(&[&name]),
+        ));
+        let stop = stop.child_token();
+        self.names.lock().push(Name { configured: server.clone(), replicas: replicas.clone(), stop: stop.clone() });
+        tokio::spawn(name_loop(self.clone(), replicas, server, stop, tracker.clone()));
+    }
+
+    /// A removed name's gauges go (its counters stay: they are history).
+    pub(super) fn forget_metrics(&self, n: &Name) {
+        let m = &self.metrics.session;
+        let name = n.configured.to_string();
+        let _ = m.server_sessions.remove_label_values(&[&name]);
+        let _ = m.server_sessions_expected.remove_label_values(&[&name]);
+        for slot in 0..n.replicas.slots() {
+            let label = slot_label(&name, slot);
+            let _ = m.sessions.remove_label_values(&[&label]);
+            for transport in ["h2", "quic"] {
+                let _ = m.transport.remove_label_values(&[&label, transport]);
+            }
+        }
+    }
+}
+
 /// How a slot is named in logs and metrics: the configured name, then `name#1`, `name#2`, ...
-pub(super) fn slot_label(name: &str, slot: usize) -> String {
+fn slot_label(name: &str, slot: usize) -> String {
     if slot == 0 { name.to_owned() } else { format!("{name}#{slot}") }
 }
 
 /// Keep as many slots for one configured name as its replicas announce (up to the maximum).
-pub(super) async fn name_loop(
+async fn name_loop(
     t: Arc<Tunnel>,
     replicas: Arc<Replicas>,
     configured: HostPort,
