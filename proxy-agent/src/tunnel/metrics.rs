@@ -1,6 +1,7 @@
 //! The tunnel's metrics: per server (sessions, reconnects, moves, replicas, transport) and per stream (dials, bytes, limits).
 
-use super::machine::Carrier;
+use super::machine::events::Carrier;
+use super::machine::notes::Metric;
 use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_core::tunnel::h2::InflightStats;
@@ -178,8 +179,23 @@ impl SlotMetrics {
         Self { m: m.clone(), label: label.to_owned(), name: name.to_owned() }
     }
 
+    /// Perform one of the slot machine's metric notes.
+    pub(super) fn record(&self, metric: Metric) {
+        match metric {
+            Metric::Up(over) => self.up(over),
+            Metric::Down => self.down(),
+            Metric::Reconnect { ok } => self.reconnect(ok),
+            Metric::TransportChange { from, to } => self.transport_change(from, to),
+            Metric::Move => self.moved(),
+            Metric::Suspect => self.suspect(),
+            Metric::Replaced => self.replaced(),
+            Metric::StormAvoided => self.storm_avoided(),
+            Metric::Duplicate => self.duplicate(),
+        }
+    }
+
     /// The slot's session is up over `over`.
-    pub(super) fn up(&self, over: Carrier) {
+    fn up(&self, over: Carrier) {
         self.m.sessions.with_label_values(&[&self.label]).set(1);
         for c in [Carrier::H2, Carrier::Quic] {
             self.m.transport.with_label_values(&[&self.label, c.as_str()]).set(i64::from(c == over));
@@ -187,33 +203,33 @@ impl SlotMetrics {
     }
 
     /// The slot has no session up.
-    pub(super) fn down(&self) {
+    fn down(&self) {
         self.m.sessions.with_label_values(&[&self.label]).set(0);
     }
 
     /// A reconnect attempt ended: its session came up (`ok`), or it failed before that.
-    pub(super) fn reconnect(&self, ok: bool) {
+    fn reconnect(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.m.reconnects.with_label_values(&[&self.label, result]).inc();
     }
 
-    pub(super) fn transport_change(&self, from: Carrier, to: Carrier) {
+    fn transport_change(&self, from: Carrier, to: Carrier) {
         self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).inc();
     }
 
-    pub(super) fn moved(&self) {
+    fn moved(&self) {
         self.m.moves.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn suspect(&self) {
+    fn suspect(&self) {
         self.m.suspect.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn replaced(&self) {
+    fn replaced(&self) {
         self.m.replaced.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn storm_avoided(&self) {
+    fn storm_avoided(&self) {
         self.m.storms_avoided.with_label_values(&[&self.label]).inc();
     }
 
@@ -222,7 +238,7 @@ impl SlotMetrics {
         [&self.m.suspect, &self.m.replaced, &self.m.storms_avoided].map(|c| c.with_label_values(&[&self.label]).get())
     }
 
-    pub(super) fn duplicate(&self) {
+    fn duplicate(&self) {
         self.m.duplicates.with_label_values(&[&self.name]).inc();
     }
 

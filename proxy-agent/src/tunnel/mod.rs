@@ -1,9 +1,9 @@
 //! The agent end of the reverse tunnel: outbound sessions to every replica behind each configured server name (re-homed make-before-break), and dials within the allowlist.
 
-mod dial;
 mod establish;
 mod machine;
 mod metrics;
+mod session;
 mod slot;
 mod stream;
 
@@ -167,35 +167,6 @@ impl Tunnel {
             }
         }
         Ok(())
-    }
-
-    /// Start the loop that keeps a session to each replica behind `server`.
-    fn add_name(self: &Arc<Self>, server: HostPort, stop: &CancellationToken, tracker: &TaskTracker) {
-        let name = server.to_string();
-        let m = &self.metrics.session;
-        let replicas = Arc::new(Replicas::new(
-            name.clone(),
-            m.server_sessions.with_label_values(&[&name]),
-            m.server_sessions_expected.with_label_values(&[&name]),
-        ));
-        let stop = stop.child_token();
-        self.names.lock().push(Name { configured: server.clone(), replicas: replicas.clone(), stop: stop.clone() });
-        tokio::spawn(slot::name_loop(self.clone(), replicas, server, stop, tracker.clone()));
-    }
-
-    /// A removed name's gauges go (its counters stay: they are history).
-    fn forget_metrics(&self, n: &Name) {
-        let m = &self.metrics.session;
-        let name = n.configured.to_string();
-        let _ = m.server_sessions.remove_label_values(&[&name]);
-        let _ = m.server_sessions_expected.remove_label_values(&[&name]);
-        for slot in 0..n.replicas.slots() {
-            let label = slot::slot_label(&name, slot);
-            let _ = m.sessions.remove_label_values(&[&label]);
-            for transport in ["h2", "quic"] {
-                let _ = m.transport.remove_label_values(&[&label, transport]);
-            }
-        }
     }
 
     /// One check per configured server name: ready while a session is up, "degraded" while

@@ -1,13 +1,11 @@
-//! One tunnel session from its dial ([`super::establish`]) to its end, run in its own task, with the handler that reports what it sees (its streams, control messages, the hello it sends).
+//! One running tunnel session, from its establishment ([`super::establish`]) to its end, in its own task, with the handler that reports what it sees (its streams, control messages, the hello it sends) to its slot.
 
 use super::Tunnel;
-use super::establish::{EstablishError, establish, establish_quic, hinted};
-use super::machine::{Carrier, Event, SessionId};
+use super::establish::{EstablishError, establish, establish_quic, hinted, settings};
+use super::machine::events::{Carrier, Event, Failure, SessionId};
 use super::stream::serve_stream;
 use proxy_core::tunnel::session::{AgentSession, SessionError, run_agent_session};
-use proxy_core::tunnel::{
-    AgentHandler, AgentHello, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo, TunnelSettings,
-};
+use proxy_core::tunnel::{AgentHandler, AgentHello, BoxFuture, ControlMsg, Incoming, Secret, ServerInfo};
 use seedgate_config::HostPort;
 use seedgate_config::agent::{Transport, Tunnel as TunnelCfg};
 use std::net::SocketAddr;
@@ -15,16 +13,6 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// The agent's session settings: the keys both ends share, and the agent's own stream limit and
-/// UDP receive offload.
-pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
-    TunnelSettings {
-        max_streams: cfg.max_streams as u32 + 16,
-        receive_offload: cfg.quic_gro,
-        ..TunnelSettings::new(&cfg.session(), cfg.quic_congestion_control)
-    }
-}
 
 /// The node this agent runs on, one name for both of its uses: which earlier session a new one
 /// supersedes (a new run of the same node), and — when it comes from `identifiers.host` or
@@ -72,8 +60,8 @@ fn hello(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> AgentHello {
     }
 }
 
-/// What one slot's sessions share.
-pub(super) struct Dialer {
+/// Starts the sessions of one slot; what they share.
+pub(super) struct Launcher {
     pub t: Arc<Tunnel>,
     pub label: String,
     /// Where every session's handler sends the move notices it gets.
@@ -83,10 +71,10 @@ pub(super) struct Dialer {
     pub tracker: TaskTracker,
 }
 
-impl Dialer {
-    /// Connect to `target` over `over` (each step within `patience`, if given) and run a
-    /// session there, in its own task.
-    pub(super) async fn connect(
+impl Launcher {
+    /// Establish a session to `target` over `over` (each step within `patience`, if given) and
+    /// run it, in its own task.
+    pub(super) async fn launch(
         &self,
         id: SessionId,
         target: HostPort,
@@ -183,8 +171,8 @@ impl Running {
                 r = &mut self.done => {
                     let error = match r {
                         Ok(Ok(())) => None,
-                        Ok(Err(e)) => Some(hinted(&e)),
-                        Err(e) => Some(format!("the session's task failed: {e}")),
+                        Ok(Err(e)) => Some(Failure::Ended(hinted(&e))),
+                        Err(e) => Some(Failure::Ended(format!("the session's task failed: {e}"))),
                     };
                     return Event::Ended { id: self.id, error };
                 }
