@@ -209,7 +209,7 @@ pub(crate) fn node(s: &Session) -> String {
     s.hello.get().map(|h| h.node.clone()).unwrap_or_default()
 }
 
-/// Note a doubt of `s` that [`Liveness::standing`] cleared, if any: counted, and logged — a
+/// Note a doubt of `s` that [`Liveness::standing`](crate::liveness::Liveness::standing) cleared, if any: counted, and logged — a
 /// superseded session that shows life is another live agent with the same node name.
 pub(crate) fn revived(s: &Session, cleared: Option<Standing>, metrics: &ServerMetrics) {
     let Some(was) = cleared else { return };

@@ -27,7 +27,7 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// After binding (and after every reload), write the bound addresses as JSON to FILE
-    /// (atomically): {"admin": "ip:port" or null, "listeners": {"<name>": "ip:port", ...}}.
+    /// (atomically): {"admin": "ip:port" or null, "listeners": {"NAME": "ip:port", ...}}.
     #[arg(long, value_name = "FILE")]
     pub write_addresses: Option<PathBuf>,
 }

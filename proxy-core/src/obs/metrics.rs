@@ -7,7 +7,7 @@ use prometheus::{
 };
 use std::cell::RefCell;
 
-/// Register `c` in `reg`; while [`noting`] runs on this thread, also note what it is. Every
+/// Register `c` in `reg`; while `noting` (test-util) runs on this thread, also note what it is. Every
 /// metric of the binaries is registered through here, so the metrics reference lists them all.
 pub fn register(reg: &Registry, c: Box<dyn Collector>) -> prometheus::Result<()> {
     NOTED.with(|n| {
