@@ -105,7 +105,7 @@ pub struct Revoked {
 impl Revoked {
     /// The lists in `crl` ([`load_crls`]) matched to the CAs in `ca`.
     pub fn load(crl: &Path, ca: &Path) -> Result<Self, TlsError> {
-        let cas = super::load_certs(ca)?;
+        let cas = super::pem::load_certs(ca)?;
         Self::matched(&cas, &load_crls(crl)?).map_err(|e| file_err(crl, "parsing revocation lists", e))
     }
 

@@ -2,43 +2,21 @@
 
 pub mod crl;
 mod error;
+mod pem;
 mod verify;
 
 pub use crl::{Revoked, UnusedList, load_crls};
 pub use error::TlsError;
 use error::file_err;
+pub use pem::{load_certs, load_key, load_roots};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::path::Path;
 use std::sync::Arc;
-
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(path, "reading certificates", e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| file_err(path, "parsing certificates", e))?;
-    if certs.is_empty() {
-        return Err(file_err(path, "reading certificates", "no certificate found"));
-    }
-    Ok(certs)
-}
-
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, "reading private key", e))
-}
-
-pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for c in load_certs(path)? {
-        roots.add(c).map_err(|e| file_err(path, "adding CA certificate", e))?;
-    }
-    Ok(roots)
-}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())

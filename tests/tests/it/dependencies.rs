@@ -67,6 +67,12 @@ const DUPLICATES: &[(&str, &[&str], &str)] = &[
     ("syn", &["2", "3"], "build time only: the proc-macro crates are between syn 2 and 3"),
     ("thiserror", &["1", "2"], "ppp 2.3 (the PROXY-protocol writer) depends on thiserror 1"),
     ("thiserror-impl", &["1", "2"], "follows thiserror's two versions"),
+    (
+        "untrusted",
+        &["0.7", "0.9"],
+        "0.7 under aws-lc-rs's default ring-compatible API, which x509-parser's verify-aws feature (the \
+         revocation lists' signatures) turns on; 0.9 under rustls-webpki",
+    ),
     ("unicode-width", &["0.1", "0.2"], "build time only: miette (under protox) uses 0.1, annotate-snippets 0.2"),
 ];
 
