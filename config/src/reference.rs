@@ -266,7 +266,7 @@ fn bounds(schema: &Value, bytes: bool) -> String {
 fn binary_unit(v: u64) -> Option<String> {
     [("Gi", 30), ("Mi", 20), ("Ki", 10)]
         .into_iter()
-        .find(|(_, shift)| v >= 1 << shift && v % (1 << shift) == 0)
+        .find(|(_, shift)| v >= 1 << shift && v.is_multiple_of(1 << shift))
         .map(|(unit, shift)| format!("{}{unit}", v >> shift))
 }
 

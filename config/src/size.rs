@@ -51,7 +51,7 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     let digits: u128 = format!("{whole}{fraction}").parse().map_err(|_| bad("too large"))?;
     let scale = 10u128.checked_pow(u32::try_from(fraction.len()).unwrap_or(u32::MAX)).ok_or(bad("too precise"))?;
     let bytes = digits.checked_mul(u128::from(multiplier)).ok_or(bad("too large"))?;
-    if bytes % scale != 0 {
+    if !bytes.is_multiple_of(scale) {
         return Err(bad("not a whole number of bytes"));
     }
     u64::try_from(bytes / scale).map_err(|_| bad("too large"))
