@@ -52,8 +52,8 @@ fn documented() -> Vec<(String, Vec<String>)> {
 }
 
 /// Each binary's config with every part whose metrics have labels known at start: a route on
-/// a TCP and on a UDP listener, a front end and a known cluster, revocation lists, the
-/// apiserver proxy and a configured server name.
+/// a TCP and on a UDP listener, a front end of each protocol and a known cluster, revocation
+/// lists, the apiserver proxy and a configured server name.
 fn configs(dir: &TempDir) -> anyhow::Result<[String; 3]> {
     let files = dir.join("files");
     std::fs::create_dir_all(&files)?;
@@ -72,7 +72,12 @@ fn configs(dir: &TempDir) -> anyhow::Result<[String; 3]> {
             &format!("client_ca: {}, crl: {} }}", pki.ca_file.display(), crl.display()),
             1,
         )
-        .replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1);
+        .replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1)
+        .replacen(
+            "frontends:\n",
+            "frontends:\n  - { name: konnectivity, cluster: shoot-a, listen: 127.0.0.1:0, protocol: grpc }\n  - { name: ssh, cluster: shoot-a, listen: 127.0.0.1:0, protocol: tcp, target: \"10.0.0.1:22\" }\n",
+            1,
+        );
     let agent = agent_yaml(&pki, &AgentOpts::new("shoot-a", "127.0.0.1:1", &["10.0.0.0/8"]))?.replacen(
         &format!("ca: {},", pki.ca_file.display()),
         &format!("ca: {}, crl: {},", pki.ca_file.display(), crl.display()),
@@ -81,18 +86,24 @@ fn configs(dir: &TempDir) -> anyhow::Result<[String; 3]> {
     Ok([router, server, agent])
 }
 
-/// Every family the reference lists for a binary is in its first scrapes (over its admin
-/// listener, as Prometheus reads it), but the listed exceptions; and each exception is still
-/// absent, so the list cannot outlive its reason.
-#[tokio::test]
-async fn every_documented_metric_is_exported_before_any_traffic() -> anyhow::Result<()> {
-    let dir = TempDir::new("docs-fresh")?;
-    let [router, server, agent] = configs(&dir)?;
-    assert!(agent.contains("crl: "), "the agent's config names a revocation list:\n{agent}");
+/// One binary's first scrapes: what it exported once every family the reference lists for it
+/// (bar the exceptions) was there, or at the deadline with what it lacked.
+struct Fresh {
+    bin: &'static str,
+    text: String,
+    lacking: Option<String>,
+}
+
+/// Start each binary with [`configs`] and scrape its admin listener as Prometheus does until
+/// it exports every family the reference lists for it (some series come from tasks a binary
+/// spawns as it starts serving), or the deadline passes.
+async fn scrape_fresh(dir: &TempDir) -> anyhow::Result<Vec<Fresh>> {
+    let [router, server, agent] = configs(dir)?;
+    anyhow::ensure!(agent.contains("crl: "), "the agent's config names a revocation list:\n{agent}");
     let documented = documented();
-    let mut missing = Vec::new();
+    let mut out = Vec::new();
     for (bin, yaml) in [("sni-router", router), ("proxy-server", server), ("proxy-agent", agent)] {
-        let (p, addrs) = InProc::serve(&dir, bin, &yaml).await?;
+        let (p, addrs) = InProc::serve(dir, bin, &yaml).await?;
         let want: BTreeSet<String> = documented
             .iter()
             .filter(|(name, bins)| {
@@ -101,28 +112,45 @@ async fn every_documented_metric_is_exported_before_any_traffic() -> anyhow::Res
             .map(|(name, _)| name.clone())
             .collect();
         let admin = addrs.admin()?;
-        // Polled: some series come from tasks the binary spawns as it starts serving.
-        let seen = poll_until(DEADLINE, TICK, || async {
-            let have = families(&testbed::tunnel_kit::metrics(admin).await?);
-            let lacking: Vec<&String> = want.difference(&have).collect();
+        let polled = poll_until(DEADLINE, TICK, || async {
+            let text = testbed::tunnel_kit::metrics(admin).await?;
+            let lacking: Vec<String> = want.difference(&families(&text)).cloned().collect();
             anyhow::ensure!(lacking.is_empty(), "{bin} exports none of {lacking:?}");
-            Ok(have)
+            Ok(text)
         })
         .await;
-        let have = match seen {
-            Ok(have) => have,
-            Err(e) => {
-                missing.push(format!("{e:#}"));
-                families(&testbed::tunnel_kit::metrics(admin).await?)
-            }
+        let fresh = match polled {
+            Ok(text) => Fresh { bin, text, lacking: None },
+            Err(e) => Fresh { bin, text: testbed::tunnel_kit::metrics(admin).await?, lacking: Some(format!("{e:#}")) },
         };
-        for (b, name, why) in ABSENT_AT_START.iter().filter(|(b, _, _)| *b == bin) {
+        out.push(fresh);
+        drop(p);
+    }
+    Ok(out)
+}
+
+/// Every line of each fresh binary's first full scrape.
+pub(super) async fn fresh_scrapes(dir: &TempDir) -> anyhow::Result<Vec<String>> {
+    let all = scrape_fresh(dir).await?;
+    Ok(all.iter().flat_map(|f| f.text.lines().map(str::to_owned)).collect())
+}
+
+/// Every family the reference lists for a binary is in its first scrapes (over its admin
+/// listener, as Prometheus reads it), but the listed exceptions; and each exception is still
+/// absent, so the list cannot outlive its reason.
+#[tokio::test]
+async fn every_documented_metric_is_exported_before_any_traffic() -> anyhow::Result<()> {
+    let dir = TempDir::new("docs-fresh")?;
+    let mut missing = Vec::new();
+    for f in scrape_fresh(&dir).await? {
+        missing.extend(f.lacking);
+        let have = families(&f.text);
+        for (b, name, why) in ABSENT_AT_START.iter().filter(|(b, _, _)| *b == f.bin) {
             assert!(
                 !have.contains(*name),
                 "{b} now exports {name} from its start: drop it from ABSENT_AT_START ({why})"
             );
         }
-        drop(p);
     }
     assert!(missing.is_empty(), "families absent before any traffic:\n  {}", missing.join("\n  "));
     Ok(())

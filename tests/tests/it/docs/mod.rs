@@ -337,3 +337,4 @@ fn the_restart_column_is_what_a_reload_refuses() {
 }
 
 mod fresh;
+mod quoted;
