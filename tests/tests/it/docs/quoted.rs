@@ -431,8 +431,11 @@ fn the_matcher_reads_quotes_and_format_strings() {
     assert_eq!(found[1], ("then info a b, and logs the reason: ".to_owned(), "c d".to_owned()));
 }
 
+/// A label of a quoted selector, with the value it names, if any.
+type Selected = (String, Option<String>);
+
 /// A metric as the documentation quotes it: name, and the labels (with values) of a selector.
-fn quoted_metrics(text: &str) -> Vec<(String, Vec<(String, Option<String>)>)> {
+fn quoted_metrics(text: &str) -> Vec<(String, Vec<Selected>)> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find("seedgate_") {
