@@ -558,6 +558,7 @@ fn serve_quic(
 /// against the front-end limit, not part of the front-end drain.
 fn serve_agents(shared: &Arc<Shared>, sessions_stop: &CancellationToken, l: TcpListener, entry: &AgentsEntry) {
     let errors = shared.metrics.conn.accept_errors.clone();
+    proxy_core::obs::metrics::at_zero(&errors, &[&["agents"], &proxy_core::net::accept::ACCEPT_ERROR_LABELS]);
     let (sh, t, sessions) = (shared.clone(), entry.tls.clone(), sessions_stop.clone());
     tracing::info!(addr = %entry.addr, "agents listener up");
     tokio::spawn(accept_loop(
@@ -606,6 +607,7 @@ fn serve_frontend(shared: &Arc<Shared>, entry: &FrontendEntry, listening: Listen
     // A slot is taken once the request head is read; until then the connection is in the
     // pending budget.
     let limit = WhileFree(shared.limit.clone());
+    shared.metrics.frontend_at_zero(&entry.cfg, &frontend::Refusal::labels());
     let errors = shared.metrics.conn.accept_errors.clone();
     let name: Arc<str> = Arc::from(entry.cfg.name.as_str());
     let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
