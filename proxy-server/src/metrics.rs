@@ -11,7 +11,7 @@ use seedgate_config::server::{ClusterMode, Frontend, FrontendProtocol, ProxyStra
 use std::collections::BTreeMap;
 
 /// The results of `seedgate_agent_sessions_total` a known cluster's agents are counted with.
-const SESSION_RESULTS: [&str; 13] = [
+const SESSION_RESULTS: [&str; 14] = [
     "accepted",
     "cluster_fenced",
     "cluster_session_limit",
@@ -25,6 +25,7 @@ const SESSION_RESULTS: [&str; 13] = [
     "token_account",
     "token_review_malformed",
     "token_review_unavailable",
+    "token_review_busy",
 ];
 
 /// The results counted under the cluster `-`: refusals before the agent's cluster is known, or
@@ -33,7 +34,17 @@ const UNNAMED_RESULTS: [&str; 6] =
     ["tls_handshake_failed", "bad_alpn", "handshake_timeout", "bad_identity", "no_credentials", "unknown_cluster"];
 
 /// Why a live session ended (`seedgate_agent_sessions_ended_total`).
-const ENDED: [&str; 4] = ["certificate_revoked", "token_invalid", "token_audience", "token_account"];
+const ENDED: [&str; 9] = [
+    "certificate_revoked",
+    "certificate_required",
+    "token_cluster_unknown",
+    "token_required",
+    "token_invalid",
+    "token_audience",
+    "token_account",
+    "token_review_malformed",
+    "token_review_unavailable",
+];
 
 /// Why a session is doubted (and revived).
 const DOUBTS: [&str; 2] = ["superseded", "silent"];
@@ -246,6 +257,9 @@ impl ServerMetrics {
         self.conn.listener_at_zero(name, refusals);
         if let Some(cluster) = f.cluster.as_deref() {
             at_zero(&self.conn.connections, &[&[name], &[cluster], &["ok"]]);
+            if f.tls.as_ref().is_some_and(|t| t.crl.is_some()) {
+                at_zero(&self.conn.connections, &[&[name], &[cluster], &["certificate_revoked"]]);
+            }
         }
         let kinds: &[&str] = match f.protocol {
             FrontendProtocol::HttpConnect => &["connect", "forward"],
@@ -282,8 +296,8 @@ impl ServerMetrics {
     }
 
     /// A known cluster's series at 0 (they stay when it goes: its counters are history). Its
-    /// TokenReview metrics are the reviewers' (`tokens`), which count a cluster at its first
-    /// review.
+    /// TokenReview metrics are the reviewers' (`tokens`), zeroed there for the clusters that
+    /// have a `token_review`.
     fn cluster_at_zero(&self, cluster: &str) {
         let c: &[&str] = &[cluster];
         at_zero(&self.agent_sessions, &[c, &SESSION_RESULTS]);

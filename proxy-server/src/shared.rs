@@ -127,6 +127,9 @@ impl Shared {
         self.directory.set_shares(ShareConfig::of(&cfg, own));
         self.directory.set_modes(&states);
         self.metrics.publish_clusters(&self.known_clusters(), |c| states.get(c).map(|s| s.state).unwrap_or_default());
+        for (name, _) in states.iter().filter(|(_, s)| s.token_review.is_some()) {
+            self.reviewers.at_zero(name);
+        }
         // Live token sessions check their cluster's rules (a removed token_review ends them).
         self.reviewers.rules_changed();
     }

@@ -19,13 +19,6 @@ const ABSENT_AT_START: &[(&str, &str, &str)] = &[
     ("proxy-server", "seedgate_upstream_connect_duration_seconds", "as above"),
     ("proxy-server", "seedgate_upstream_connect_failures_total", "as above"),
     ("proxy-server", "seedgate_connection_closes_total", "as above"),
-    (
-        "proxy-server",
-        "seedgate_token_reviews_total",
-        "counted by the TokenReview clients (proxy-server/src/tokens), which give a cluster its series at its \
-         first review",
-    ),
-    ("proxy-server", "seedgate_token_review_duration_seconds", "as above"),
 ];
 
 /// How long the binaries get to start the tasks that make their first series (an agent's
@@ -66,6 +59,8 @@ fn configs(dir: &TempDir) -> anyhow::Result<[String; 3]> {
     let crl = dir.path().join("crl.pem");
     ca.gencrl(&crl)?;
     let fe = [Fe::new("egress", "shoot-a", FeKind::Plain)];
+    let credentials = dir.path().join("review-credentials");
+    std::fs::write(&credentials, "proxy-server's token\n")?;
     let server = server_yaml(&pki, "127.0.0.1:0", &fe, &format!("clusters_dir: {}\n", files.display()))
         .replacen(
             &format!("client_ca: {} }}", pki.ca_file.display()),
@@ -75,8 +70,20 @@ fn configs(dir: &TempDir) -> anyhow::Result<[String; 3]> {
         .replacen("agents:\n", "agents:\n  quic: { listen: 127.0.0.1:0 }\n", 1)
         .replacen(
             "frontends:\n",
-            "frontends:\n  - { name: konnectivity, cluster: shoot-a, listen: 127.0.0.1:0, protocol: grpc }\n  - { name: ssh, cluster: shoot-a, listen: 127.0.0.1:0, protocol: tcp, target: \"10.0.0.1:22\" }\n",
+            &format!(
+                "frontends:\n  - {{ name: konnectivity, cluster: shoot-a, listen: 127.0.0.1:0, protocol: grpc }}\n  - {{ name: ssh, cluster: shoot-a, listen: 127.0.0.1:0, protocol: tcp, target: \"10.0.0.1:22\" }}\n  - {{ name: mtls, cluster: shoot-a, listen: 127.0.0.1:0, tls: {{ cert: {}, key: {}, client_ca: {}, crl: {} }} }}\n",
+                pki.frontend_cert.0.display(),
+                pki.frontend_cert.1.display(),
+                pki.ca_file.display(),
+                crl.display()
+            ),
             1,
+        )
+        // A cluster whose agents come with tokens: its review series.
+        + &format!(
+            "clusters:\n  shoot-t: {{ agent_auth: mtls_and_token, token_review: {{ url: \"https://127.0.0.1:1\", ca: {}, token_file: {} }} }}\n",
+            pki.ca_file.display(),
+            credentials.display()
         );
     let agent = agent_yaml(&pki, &AgentOpts::new("shoot-a", "127.0.0.1:1", &["10.0.0.0/8"]))?.replacen(
         &format!("ca: {},", pki.ca_file.display()),
