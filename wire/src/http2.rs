@@ -89,6 +89,20 @@ pub enum Http2Error {
     Hpack(#[from] HpackError),
 }
 
+/// The work a normaliser has done, in the units its bound is stated in (see the module).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Bytes the client sent (everything fed).
+    pub received: u64,
+    /// Header blocks decoded.
+    pub blocks: u64,
+    /// List bytes (name, value and 32 per field, as `SETTINGS_MAX_HEADER_LIST_SIZE` counts them)
+    /// of the decoded fields the normaliser looked at, kept or dropped.
+    pub decoded: u64,
+    /// Octets of `:authority` values parsed to judge them.
+    pub judged: u64,
+}
+
 /// A header block being gathered.
 #[derive(Debug)]
 struct Block {
@@ -136,6 +150,7 @@ pub struct RequestNormaliser {
     sent: usize,
     block: Option<Block>,
     dropped: u64,
+    work: Work,
     failed: Option<Http2Error>,
 }
 
@@ -151,6 +166,7 @@ impl RequestNormaliser {
             sent: 0,
             block: None,
             dropped: 0,
+            work: Work::default(),
             failed: None,
         }
     }
@@ -163,6 +179,7 @@ impl RequestNormaliser {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        self.work.received += input.len() as u64;
         let r = self.feed_inner(input);
         if let Err(e) = &r {
             self.failed = Some(e.clone());
@@ -267,6 +284,11 @@ impl RequestNormaliser {
         self.dropped
     }
 
+    /// The work done so far.
+    pub fn work(&self) -> Work {
+        self.work
+    }
+
     /// The bytes at the start of `buf` (not empty), with the state moved past them.
     fn step(&mut self, buf: &[u8]) -> Result<Step, Http2Error> {
         match self.state {
@@ -364,11 +386,16 @@ impl RequestNormaliser {
         let limit = self.limits.max_header_list_size;
         let mut block = Vec::with_capacity(b.fragment.len() * 2);
         let (mut size, mut full, mut dropped) = (0usize, false, 0u64);
+        let (mut decoded, mut judged) = (0u64, 0u64);
         self.decoder.decode(&b.fragment, |f| {
             if full {
                 return;
             }
-            if f.name == b":authority" && http::uri::Authority::try_from(f.value).is_err() {
+            decoded += f.size() as u64;
+            if f.name == b":authority" && {
+                judged += f.value.len() as u64;
+                http::uri::Authority::try_from(f.value).is_err()
+            } {
                 dropped += 1;
                 return;
             }
@@ -385,6 +412,9 @@ impl RequestNormaliser {
             full = true;
         })?;
         self.dropped += dropped;
+        self.work.blocks += 1;
+        self.work.decoded += decoded;
+        self.work.judged += judged;
         let max = self.limits.max_frame_size.max(1);
         let mut chunks = block.chunks(max).peekable();
         let mut kind = HEADERS;
