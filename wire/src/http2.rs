@@ -26,7 +26,8 @@
 pub mod hpack;
 pub mod huffman;
 
-use hpack::{Decoder, Field, HpackError};
+use hpack::{Decoder, HpackError};
+use std::ops::ControlFlow;
 
 /// What every HTTP/2 connection starts with (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -159,7 +160,7 @@ impl RequestNormaliser {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            decoder: Decoder::new(limits.header_table_size),
+            decoder: Decoder::with_judge(limits.header_table_size, fits),
             state: State::Preface(0),
             held: Vec::new(),
             out: Vec::new(),
@@ -384,37 +385,32 @@ impl RequestNormaliser {
     /// A complete header block, decoded and appended to the output as frames of its own.
     fn rewrite(&mut self, b: &Block) -> Result<(), Http2Error> {
         let limit = self.limits.max_header_list_size;
-        let mut block = Vec::with_capacity(b.fragment.len() * 2);
-        let (mut size, mut full, mut dropped) = (0usize, false, 0u64);
-        let (mut decoded, mut judged) = (0u64, 0u64);
-        self.decoder.decode(&b.fragment, |f| {
-            if full {
-                return;
-            }
+        // What goes out is at most the list limit and the filler's name and encoding.
+        let mut block = Vec::with_capacity(b.fragment.len().saturating_mul(2).min(limit + 64));
+        // The list's size as the client sent it, and of what is kept.
+        let (mut listed, mut kept, mut dropped, mut decoded) = (0usize, 0usize, 0u64, 0u64);
+        self.decoder.decode(&b.fragment, |f, fits| {
             decoded += f.size() as u64;
-            if f.name == b":authority" && {
-                judged += f.value.len() as u64;
-                http::uri::Authority::try_from(f.value).is_err()
-            } {
+            listed = listed.saturating_add(f.size());
+            if listed >= limit {
+                // This field reaches the server's limit, counting every field the client sent,
+                // kept or left out: the server must refuse the stream. A filler brings what it
+                // counts to the limit; nothing after it is looked at.
+                encode_filler(&mut block, limit - kept);
+                return ControlFlow::Break(());
+            }
+            if !fits {
                 dropped += 1;
-                return;
+                return ControlFlow::Continue(());
             }
-            if size + f.size() < limit {
-                size += f.size();
-                hpack::encode_literal(&mut block, &f);
-                return;
-            }
-            // This field reaches the server's limit: the server will refuse the stream and
-            // look at nothing more. Its value is cut so the list reaches the limit exactly.
-            let keep = (limit - size).saturating_sub(f.name.len() + 32).min(f.value.len());
-            let value = f.value.get(..keep).unwrap_or_default();
-            hpack::encode_literal(&mut block, &Field { value, ..f });
-            full = true;
+            kept += f.size();
+            hpack::encode_literal(&mut block, &f);
+            ControlFlow::Continue(())
         })?;
         self.dropped += dropped;
         self.work.blocks += 1;
         self.work.decoded += decoded;
-        self.work.judged += judged;
+        self.work.judged = self.decoder.judged();
         let max = self.limits.max_frame_size.max(1);
         let mut chunks = block.chunks(max).peekable();
         let mut kind = HEADERS;
@@ -433,6 +429,29 @@ impl RequestNormaliser {
             (kind, flags) = (CONTINUATION, 0);
         }
     }
+}
+
+/// Whether a field goes on to the server: any but an `:authority` that `http::uri::Authority`
+/// (the parser h2 checks it with) refuses. Judged once per field the client sends as a literal.
+fn fits(name: &[u8], value: &[u8]) -> bool {
+    name != b":authority" || http::uri::Authority::try_from(value).is_ok()
+}
+
+/// The name of the field that stands for the one that reaches the list limit: a regular field,
+/// so that whatever field it replaces (a pseudo-header, an `:authority` left out) the server
+/// counts it without judging it, and refuses the stream with `431` (h2 keeps no field of a list
+/// at its limit).
+pub const FILLER: &[u8] = b"x-list-limit";
+
+/// Append a filler field whose size (RFC 7541 §4.1) is `room`, or the smallest a filler has
+/// when `room` is smaller.
+fn encode_filler(out: &mut Vec<u8>, room: usize) {
+    let len = room.saturating_sub(FILLER.len() + 32);
+    out.push(0x00);
+    hpack::encode_integer(out, 0x00, 7, FILLER.len());
+    out.extend_from_slice(FILLER);
+    hpack::encode_integer(out, 0x00, 7, len);
+    out.resize(out.len() + len, b'-');
 }
 
 /// The payload length of the frame whose header `head` is.
