@@ -237,8 +237,9 @@ impl Assembler {
         // balance between defragmentation overhead and over-allocation.
         let threshold = 32768.max(buffered * 3 / 2);
         // Small gapped frames hold over-allocation below the threshold, so bound the count too.
-        // seedgate: this assembler's bound (`COMPACT_THRESHOLD` is that of `MAX_CHUNKS`).
-        if over_allocation > threshold || self.data.len() > 2 * self.max_chunks {
+        // seedgate: `COMPACT_THRESHOLD` scaled to this assembler's bound.
+        let compact_threshold = COMPACT_THRESHOLD / MAX_CHUNKS * self.max_chunks;
+        if over_allocation > threshold || self.data.len() > compact_threshold {
             self.defragment();
             // ngtcp2 uses a threshold of 4000 -- try to be a little more conservative?
             if self.data.len() > self.max_chunks {
