@@ -14,14 +14,39 @@
 //!   `http::uri::Authority` refuses (the parser `h2` uses) is left out (a request without one is
 //!   valid HTTP/2); padding and the deprecated priority fields are dropped; the block is framed
 //!   again within the server's frame size;
-//! - a header list that reaches the server's `SETTINGS_MAX_HEADER_LIST_SIZE` is passed on only
-//!   as far as the field that reaches it, cut to reach it exactly, so the server refuses that
-//!   one stream as it would have refused the whole list (the HPACK context is still decoded to
-//!   its end, so the connection goes on);
+//! - a header list that reaches the server's `SETTINGS_MAX_HEADER_LIST_SIZE`, counting every
+//!   field the client sent (name, value and 32 octets each, as the setting counts them; an
+//!   `:authority` left out counts too), is passed on as far as the field before the one that
+//!   reaches it, then a filler field ([`FILLER`]) that brings what the server counts to the
+//!   limit, so the server refuses that one stream (h2: `431`, then `RST_STREAM`) as it would
+//!   have refused the whole list; the rest of the block only keeps the HPACK context in step,
+//!   so the connection goes on;
 //! - what no server should get is a connection error ([`Http2Error`]): a `PUSH_PROMISE` from a
 //!   client, a header block broken across other frames, a malformed header frame or block, a
 //!   compressed block above four times the list limit or spread over more than
 //!   [`MAX_BLOCK_FRAMES`] frames.
+//!
+//! # The work is bounded by what the client sends
+//!
+//! HPACK lets one octet name a table entry of up to the table's size (4 KiB), so decoding a
+//! block costs more than its length only through what it refers to. The bound, for a header
+//! block of `B` octets with the server's list limit `L` and table size `T` (counted by
+//! [`Work`]; the fuzz target checks it on every input):
+//!
+//! - decoding: each octet of the block is read once; a reference is looked up, never copied
+//!   (a literal that names an entry shares its name); Huffman decoding makes at most 8 octets
+//!   of 5. Work linear in `B`.
+//! - judging an `:authority`: once per field that arrives as a literal, its verdict kept with
+//!   the table entry; a reference is never judged again. At most `8/5 B` octets judged.
+//! - fields handed on ([`Work::decoded`], each octet copied once into the block passed on, then
+//!   read once by the server): those under the list limit, and the one that reaches it (at most
+//!   a table entry, or a literal of the block); nothing after it. At most `L + T + 32 + 8/5 B`.
+//!
+//! So a connection's decoded list bytes are at most `blocks * (L + T + 32) + 8/5 * received`:
+//! a 64 KiB block of references costs what a 16 KiB list of literals does, less than its own
+//! length. A block of a few octets that reaches the limit costs a list of `L` octets, which the
+//! server is handed and refuses: per byte received, what a flood of the smallest ordinary
+//! requests costs it (the architecture page has the figures).
 
 pub mod hpack;
 pub mod huffman;
@@ -100,7 +125,8 @@ pub struct Work {
     /// List bytes (name, value and 32 per field, as `SETTINGS_MAX_HEADER_LIST_SIZE` counts them)
     /// of the decoded fields the normaliser looked at, kept or dropped.
     pub decoded: u64,
-    /// Octets of `:authority` values parsed to judge them.
+    /// Value octets handed to the judge of what goes on (an `:authority`'s are parsed; any
+    /// other field is judged by its name): each field once, when it arrives as a literal.
     pub judged: u64,
 }
 

@@ -402,6 +402,29 @@ fn write_http2_seeds() {
         ),
         ("push_promise.bin", with_preface(&[frame(0x5, END_HEADERS, 1, &[0, 0, 0, 2, 0x82])])),
         ("interrupted_block.bin", with_preface(&[frame(HEADERS, 0, 1, &b[..5]), frame(0x8, 0, 0, &[0, 0, 1, 0])])),
+        // The attack on the normaliser's work: a refused `:authority` as large as the table
+        // takes, then blocks of one-octet references to it (eight reach the list limit twice
+        // over; two stay under it), one of them continued.
+        ("referenced_bad_authority.bin", {
+            let (request, _) = bad_authority_request();
+            with_preface(&[
+                frame(HEADERS, END_HEADERS | END_STREAM, 1, &request),
+                frame(HEADERS, END_HEADERS, 3, &[0xbe; 8]),
+                frame(HEADERS, 0, 5, &[0xbe]),
+                frame(CONTINUATION, END_HEADERS, 5, &[0xbe]),
+            ])
+        }),
+        // The same at the small limits (a 256-octet table, a 300-octet list).
+        ("referenced_bad_authority_small.bin", {
+            let mut request = vec![0x83, 0x86, 0x84, 0x41, 0x7f, 200 - 127];
+            request.extend(std::iter::repeat_n(b'a', 199));
+            request.push(b'/');
+            with_preface(&[
+                frame(HEADERS, END_HEADERS | END_STREAM, 1, &request),
+                frame(HEADERS, END_HEADERS, 3, &[0xbe; 4]),
+                frame(HEADERS, END_HEADERS, 5, &[0x82, 0xbe]),
+            ])
+        }),
     ];
     for (name, bytes) in seeds {
         std::fs::write(corpus().join(name), bytes).unwrap();
