@@ -412,7 +412,7 @@ impl RequestNormaliser {
     fn rewrite(&mut self, b: &Block) -> Result<(), Http2Error> {
         let limit = self.limits.max_header_list_size;
         // What goes out is at most the list limit and the filler's name and encoding.
-        let mut block = Vec::with_capacity(b.fragment.len().saturating_mul(2).min(limit + 64));
+        let mut block = Vec::with_capacity(b.fragment.len().saturating_mul(2).min(limit.saturating_add(64)));
         // The list's size as the client sent it, and of what is kept.
         let (mut listed, mut kept, mut dropped, mut decoded) = (0usize, 0usize, 0u64, 0u64);
         self.decoder.decode(&b.fragment, |f, fits| {
