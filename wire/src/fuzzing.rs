@@ -662,7 +662,7 @@ fn check_credentials(value: &[u8]) {
 }
 
 mod http2;
-pub use http2::{H2Event, SMALL_H2_LIMITS, check_http2_requests, h2_sent, normalise};
+pub use http2::{H2Event, SMALL_H2_LIMITS, check_http2_requests, h2_sent, h2_work_bound, normalise, normalise_counted};
 
 #[cfg(test)]
 mod tests {
