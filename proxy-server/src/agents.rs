@@ -11,7 +11,7 @@ use proxy_core::tunnel::h2::SessionSocket;
 use proxy_core::tunnel::quic::{self, congestion::CongestionStats};
 use proxy_core::tunnel::session::{Presented, SeedConnection, run_seed_session};
 use proxy_core::tunnel::{ALPN_V1, Opener, TunnelSettings};
-use seedgate_config::server::{ClusterMode, valid_cluster_name};
+use seedgate_config::server::valid_cluster_name;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -117,9 +117,9 @@ pub(crate) async fn serve_agent<C: SeedConnection>(
         },
     };
     if let Some(c) = &cert_cluster
-        && shared.directory.mode(c).mode == ClusterMode::Fenced
+        && let Err(r) = shared.directory.admits(c)
     {
-        refused(&shared, peer, c, &Refused::Fenced(c.clone()));
+        refused(&shared, peer, c, &r.into());
         return conn.refuse("refused");
     }
     let settings = settings(&shared.config.load());
@@ -184,7 +184,7 @@ async fn admit(
     who: &Who,
     started: tokio::sync::oneshot::Receiver<Started>,
     session_stop: &CancellationToken,
-) -> Option<(Arc<crate::session::Session>, Option<crate::rereview::TokenState>)> {
+) -> Option<(Arc<crate::registry::Session>, Option<crate::rereview::TokenState>)> {
     let started = started.await.ok()?;
     let rules = Rules::now(shared);
     let peer = who.peer;
@@ -230,8 +230,8 @@ async fn admit(
             return None;
         }
     };
-    if shared.directory.mode(&cluster).mode == ClusterMode::Fenced {
-        refuse_session(shared, peer, &cluster, &Refused::Fenced(cluster.clone()), told, &started.opener, session_stop);
+    if let Err(r) = shared.directory.admits(&cluster) {
+        refuse_session(shared, peer, &cluster, &r.into(), told, &started.opener, session_stop);
         return None;
     }
     let mut token = None;
@@ -263,7 +263,7 @@ async fn admit(
         refuse_session(shared, peer, "-", &Refused::UnknownCluster(cluster), told, &started.opener, session_stop);
         return None;
     }
-    let identity = crate::session::Identity {
+    let identity = crate::registry::Identity {
         cert: who.cert.clone(),
         account: token.as_ref().map(|t| t.reviewed.account.to_string()),
     };
@@ -294,11 +294,11 @@ async fn admit(
                 tokio::spawn(log_hello_when_it_comes(presented_rx, sess.clone()));
             }
             shared.replica.announce_to(&shared.metrics, &sess);
-            crate::attempt::watch_suspect(shared.metrics.clone(), &sess);
+            sess.watch_suspect(shared.metrics.clone());
             Some((sess, token))
         }
         Err(r) => {
-            refuse_session(shared, peer, &cluster, &r, told, &started.opener, session_stop);
+            refuse_session(shared, peer, &cluster, &r.into(), told, &started.opener, session_stop);
             None
         }
     }
@@ -306,7 +306,7 @@ async fn admit(
 
 /// Log an admitted session's hello, escaped: until now the session took dials only by the
 /// `default` strategy.
-fn log_hello(sess: &crate::session::Session) {
+fn log_hello(sess: &crate::registry::Session) {
     if let Some(h) = sess.hello.get() {
         tracing::info!(
             cluster = %sess.cluster, session = sess.id, node = %Untrusted::new(&h.node), host = %Untrusted::new(&h.host),
@@ -319,7 +319,7 @@ fn log_hello(sess: &crate::session::Session) {
 /// [`log_hello`] once the hello of an admitted session comes (within a minute).
 async fn log_hello_when_it_comes(
     mut presented: tokio::sync::watch::Receiver<Option<Presented>>,
-    sess: Arc<crate::session::Session>,
+    sess: Arc<crate::registry::Session>,
 ) {
     let wait = std::time::Duration::from_secs(60);
     if matches!(tokio::time::timeout(wait, presented.wait_for(Option::is_some)).await, Ok(Ok(_))) {

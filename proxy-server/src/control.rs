@@ -1,24 +1,19 @@
 //! The admin endpoints particular to proxy-server: readiness and the per-cluster lines, and setting a cluster's state (migration).
 
+use crate::registry::{ClusterView, Session, Standing};
 use crate::shared::Shared;
 use proxy_core::obs::admin::{Check, ControlRequest};
 use seedgate_config::server::{ClusterMode, ClusterState};
 
 /// Readiness of the replica, and one line of information per cluster. The only agent-related
-/// condition is the start-up wait ([`crate::settle`]); afterwards no cluster's agents, or lack of
+/// condition is the start-up wait ([`SessionDirectory::settled`](crate::registry::SessionDirectory::settled)); afterwards no cluster's agents, or lack of
 /// them, makes the replica unready: a cluster without agents fails its own dials (`503`), and its
 /// line, `seedgate_agents_connected` and `seedgate_cluster_agents_expected` show it. Agents of
 /// clusters nothing in the config knows are listed too.
 pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
     let known = shared.known_clusters();
-    let waiting: Vec<String> = known
-        .iter()
-        .filter(|(c, expected)| **expected && shared.directory.sessions(c).is_empty())
-        .map(|(c, _)| c.clone())
-        .collect();
-    let expected = known.values().filter(|e| **e).count();
     let limit = shared.config.load().agents.settle_time.get();
-    let mut checks = vec![shared.settle.check(std::time::Instant::now(), limit, expected, &waiting)];
+    let mut checks = vec![shared.directory.settled(std::time::Instant::now(), limit, &known)];
     checks.extend(known.iter().map(|(c, expected)| cluster_line(shared, c, *expected)));
     let mut unknown: Vec<String> =
         shared.directory.connected().into_iter().filter(|c| !known.contains_key(c)).collect();
@@ -43,10 +38,7 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
 
 /// `cluster-<name>`: its state, its agents here and, without any, what that means for its dials.
 fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
-    let dir = &shared.directory;
-    let mode = dir.mode(c);
-    dir.file_hellos(c);
-    let sessions = dir.sessions(c);
+    let ClusterView { mode, sessions } = shared.directory.cluster(c);
     let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
     let state = format!("{:?}", mode.mode).to_lowercase();
     let detail = match mode.mode {
@@ -65,11 +57,11 @@ fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
 }
 
 /// A session as readiness lists it: its peer, its node and how dials trust it, if not fully.
-fn session_detail(shared: &Shared, s: &crate::session::Session) -> String {
-    let node = crate::attempt::node(s);
-    let standing = match crate::attempt::standing(s, &shared.metrics) {
-        _ if crate::attempt::suspect(s) => "suspect: keepalive unanswered, takes no new dials",
-        crate::liveness::Standing::Healthy => "",
+fn session_detail(shared: &Shared, s: &Session) -> String {
+    let node = s.node();
+    let standing = match s.standing(&shared.metrics) {
+        _ if s.suspect() => "suspect: keepalive unanswered, takes no new dials",
+        Standing::Healthy => "",
         doubted => doubted.label(),
     };
     let notes: Vec<&str> = [node.as_str(), standing].into_iter().filter(|n| !n.is_empty()).collect();

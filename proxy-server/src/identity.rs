@@ -54,6 +54,15 @@ pub(crate) enum Refused {
     SessionLimit { cluster: String, cap: usize },
 }
 
+impl From<crate::registry::Refusal> for Refused {
+    fn from(r: crate::registry::Refusal) -> Self {
+        match r {
+            crate::registry::Refusal::Fenced(cluster) => Refused::Fenced(cluster),
+            crate::registry::Refusal::SessionLimit { cluster, cap } => Refused::SessionLimit { cluster, cap },
+        }
+    }
+}
+
 impl Refused {
     /// The `result` label of `seedgate_agent_sessions_total` (and `reason` of
     /// `seedgate_agent_sessions_ended_total`).

@@ -6,24 +6,19 @@
 //! front-end connections drain for the grace period, then the agent sessions close.
 
 mod agents;
-mod attempt;
 mod cluster_files;
 mod control;
 mod frontend;
 mod frontend_revocation;
 mod identity;
 mod listeners;
-mod liveness;
 mod metrics;
 mod registry;
 mod replica;
 mod rereview;
 mod revocation;
 mod rules;
-mod session;
-mod settle;
 mod shared;
-mod strategy;
 mod tokens;
 mod unix_socket;
 
@@ -128,7 +123,6 @@ impl Service for Server {
             states: Mutex::new(shared::StateSources::new(files)),
             unknown: Mutex::default(),
             replica: replica::Replica::new(&cfg),
-            settle: settle::Settle::new(std::time::Instant::now()),
             reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
             agents_revoked: Default::default(),
             frontend_certs: Default::default(),
@@ -185,7 +179,7 @@ impl Service for Server {
     fn ready(&self) -> Vec<Check> {
         let mut checks = control::ready(&self.shared);
         checks.push(self.shared.pending.readiness());
-        checks.push(self.shared.directory.shares.readiness(self.shared.config.load().limits.tenant_share));
+        checks.push(self.shared.directory.shares_check(self.shared.config.load().limits.tenant_share));
         checks.push(self.shared.replica.check(&self.shared.config.load()));
         if let Some(dir) = &self.shared.config.load().clusters_dir {
             let (n, clusters, refused) = self.shared.states.lock().files.summary();

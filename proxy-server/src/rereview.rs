@@ -5,7 +5,7 @@
 //! asks for reviews, and ends the session.
 
 use crate::identity::{Peer, Refused};
-use crate::session::Session;
+use crate::registry::Session;
 use crate::shared::Shared;
 use crate::tokens::{Asker, ClusterReview, ReviewError, Reviewed, Unavailable};
 use proxy_core::tunnel::Secret;

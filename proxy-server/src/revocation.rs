@@ -6,7 +6,7 @@
 //! the lists its verifier checks (matched to the CAs by key, [`proxy_core::tls::Revoked`]), and
 //! every session whose certificate they revoke ends.
 
-use crate::session::Session;
+use crate::registry::Session;
 use crate::shared::Shared;
 use proxy_core::watch::tls::Reloading;
 use std::sync::Arc;

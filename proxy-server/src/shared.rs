@@ -4,7 +4,6 @@ use crate::cluster_files::ClusterFiles;
 use crate::metrics::ServerMetrics;
 use crate::registry::{SessionDirectory, ShareConfig};
 use crate::replica;
-use crate::settle::Settle;
 use arc_swap::ArcSwap;
 use proxy_core::app::shutdown::Shutdown;
 use proxy_core::net::accept::ConnLimit;
@@ -34,8 +33,6 @@ pub(crate) struct Shared {
     pub(crate) unknown: Mutex<UnknownClusters>,
     /// This replica's identity and the count it announces to agents.
     pub(crate) replica: replica::Replica,
-    /// The start-up wait for agents (readiness).
-    pub(crate) settle: Settle,
     /// The TokenReview clients of the clusters and their cache.
     pub(crate) reviewers: crate::tokens::Reviewers,
     /// The revocation lists of `agents.tls.crl` in force (empty: none).
@@ -185,7 +182,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         states: Mutex::new(StateSources::new(ClusterFiles::new(None))),
         unknown: Mutex::default(),
         replica: replica::Replica::new(&cfg),
-        settle: Settle::new(std::time::Instant::now()),
         reviewers: crate::tokens::Reviewers::new(&reg, &proxy_core::watch::tls::TlsMetrics::new(&reg), 16),
         agents_revoked: Default::default(),
         frontend_certs: Default::default(),

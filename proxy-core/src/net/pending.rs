@@ -496,10 +496,7 @@ impl Pending {
         match adm {
             Ok(a) => {
                 if !a.evicted.is_empty() {
-                    self.metrics
-                        .rejects
-                        .with_label_values(&[Ended::Evicted.label()])
-                        .inc_by(a.evicted.len() as u64);
+                    self.metrics.rejects.with_label_values(&[Ended::Evicted.label()]).inc_by(a.evicted.len() as u64);
                 }
                 for t in a.evicted {
                     t.cancel();

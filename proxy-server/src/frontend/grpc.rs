@@ -21,7 +21,7 @@
 use super::admission::{Handshaken, Pre};
 use super::h2_normalise::Normalised;
 use super::{Ctx, FrontendRt, Refusal, rejected};
-use crate::registry::DialRefused;
+use crate::registry::DialRefusal;
 use crate::shared::Shared;
 use bytes::BytesMut;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -444,7 +444,7 @@ async fn dial(
     };
     let target = match dial_target(&req.protocol, &req.address) {
         Ok(t) => t,
-        Err(e) => return refused(DialRefused::from(e).into()).await,
+        Err(e) => return refused(DialRefusal::from(e).into()).await,
     };
     let slot = match own.lend() {
         Some(lent) => StreamSlot::Lent { _held: lent },

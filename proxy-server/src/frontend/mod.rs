@@ -16,7 +16,7 @@ mod port_forward;
 mod proxy_auth;
 mod refusal;
 
-use crate::registry::dial::{DialRefused, DialTimes, Dialed};
+use crate::registry::{DialRefusal, DialTimes, Dialed};
 use crate::shared::Shared;
 use admission::Handshaken;
 use proxy_core::net::guard::Active;
@@ -145,7 +145,7 @@ pub(crate) fn rejected<T>(shared: &Shared, fe: &FrontendRt, r: &Refusal) -> Opti
 
 /// Dial `target` through an agent of `cluster` with the configured timeouts and proxy
 /// strategies (the dial path: [`crate::registry::dial`]).
-pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialRefused> {
+pub(crate) async fn dial(shared: &Shared, cluster: &str, target: &str) -> Result<Dialed, DialRefusal> {
     let cfg = shared.config.load();
     let times = DialTimes { dial: cfg.timeouts.dial.get(), open: cfg.agents.open_timeout.get() };
     shared.directory.dial(cluster, target, times, &cfg.agents.proxy_strategies).await

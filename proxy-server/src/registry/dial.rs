@@ -5,18 +5,19 @@
 //! counts what came of the dial; [`SessionDirectory::dial_agent`]
 //! tries up to [`DIAL_ATTEMPTS`] sessions within the dial deadline, each chosen by
 //! [`SessionDirectory::next_session`]: the first proxy strategy that names a usable session
-//! ([`crate::strategy`]), the sessions' standing ([`crate::liveness`], asked here and nowhere
+//! ([`super::strategy`]), the sessions' standing ([`Session::standing`], asked here and nowhere
 //! else on this path), then the least busy of two. One attempt on one session is
-//! [`crate::attempt`].
+//! [`super::attempt`].
 
+use super::attempt::{self, Attempt};
+use super::liveness::{self, Standing};
+use super::refusal::DialRefusal;
+use super::session::Session;
+use super::strategy;
 use super::{Clusters, SessionDirectory};
-use crate::attempt::{self, Attempt};
-use crate::liveness::{self, Standing};
-use crate::session::Session;
-use crate::strategy;
 use proxy_core::net::share::{Cap, Hold, Kind};
 use proxy_core::tunnel::{DialError, TunnelStream};
-use seedgate_config::server::{ClusterMode, ProxyStrategy};
+use seedgate_config::server::ProxyStrategy;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,38 +27,6 @@ const DIAL_ATTEMPTS: usize = 3;
 
 /// The sessions a strategy named for a dial, each with its standing, and the strategy.
 type Candidates = (ProxyStrategy, Vec<(Arc<Session>, Standing)>);
-
-/// Why a dial was not made or failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DialRefused {
-    #[error(transparent)]
-    Dial(#[from] DialError),
-    /// The cluster holds its share of streams or pending dials: refused before any dial.
-    #[error("over capacity: cluster {cluster} holds its share of {} ({cap})", share_name(*.kind))]
-    Share { cluster: String, kind: Kind, cap: usize },
-}
-
-/// What a cluster's share of `kind` counts, as a refusal names it.
-fn share_name(kind: Kind) -> &'static str {
-    if kind == Kind::Established { "streams" } else { "pending dials" }
-}
-
-impl DialRefused {
-    pub(crate) fn code(&self) -> &'static str {
-        match self {
-            DialRefused::Dial(e) => e.code(),
-            DialRefused::Share { kind: Kind::Established, .. } => "cluster_stream_limit",
-            DialRefused::Share { .. } => "cluster_pending_limit",
-        }
-    }
-
-    pub(crate) fn http_status(&self) -> u16 {
-        match self {
-            DialRefused::Dial(e) => e.http_status(),
-            DialRefused::Share { .. } => 503,
-        }
-    }
-}
 
 /// The deadlines of one dial.
 #[derive(Debug, Clone, Copy)]
@@ -92,11 +61,11 @@ impl SessionDirectory {
         target: &str,
         times: DialTimes,
         strategies: &[ProxyStrategy],
-    ) -> Result<Dialed, DialRefused> {
+    ) -> Result<Dialed, DialRefusal> {
         let started = Instant::now();
         let r = async {
             let mode = self.mode(cluster);
-            if mode.mode == ClusterMode::Fenced {
+            if mode.fenced() {
                 let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
                 return Err(DialError::Moved(msg).into());
             }
@@ -114,15 +83,15 @@ impl SessionDirectory {
                 m.dial_seconds.with_label_values(&[cluster]).observe(started.elapsed().as_secs_f64());
                 m.streams_opened.with_label_values(&[cluster]).inc();
             }
-            Err(DialRefused::Dial(e)) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
-            Err(DialRefused::Share { .. }) => {}
+            Err(DialRefusal::Dial(e)) => m.dial_failures.with_label_values(&[cluster, e.code()]).inc(),
+            Err(DialRefusal::Share { .. }) => {}
         }
         r
     }
 
     /// Take a place in `cluster`'s share of streams and of pending dials (in that order), or say
     /// why not. The caps and the other clusters are looked at once, under one lock, for both.
-    fn take_shares(&self, cluster: &str) -> Result<(Hold, Hold), DialRefused> {
+    fn take_shares(&self, cluster: &str) -> Result<(Hold, Hold), DialRefusal> {
         let (caps, alone) = {
             let c = self.clusters.read();
             let caps = [c.cap(cluster, Kind::Established), c.cap(cluster, Kind::Pending)];
@@ -134,7 +103,7 @@ impl SessionDirectory {
         let take = |kind: Kind, cap: Cap| {
             let cap = if alone && matches!(cap, Cap::Share { .. }) { Cap::Fixed(usize::MAX) } else { cap };
             let in_use = self.shares.total(kind);
-            tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefused::Share {
+            tenant.try_take_at(kind, cap, in_use).ok_or_else(|| DialRefusal::Share {
                 cluster: cluster.to_owned(),
                 kind,
                 cap: cap.at(in_use),
@@ -160,7 +129,7 @@ impl SessionDirectory {
         let mut tried: Vec<u64> = Vec::new();
         let sessions = self.sessions(cluster);
         let open = sessions.iter().filter(|s| !s.opener.is_closed());
-        let (open, mut suspect) = open.fold((0, 0), |(n, q), s| (n + 1, q + usize::from(attempt::suspect(s))));
+        let (open, mut suspect) = open.fold((0, 0), |(n, q), s| (n + 1, q + usize::from(s.suspect())));
         let mut last = if sessions.is_empty() {
             DialError::NoAgent(format!("no agent of cluster {cluster} is connected"))
         } else if open > 0 && open == suspect {
@@ -188,7 +157,7 @@ impl SessionDirectory {
                     if suspect > 0 {
                         self.metrics.dials_around_suspect.with_label_values(&[cluster]).inc();
                     }
-                    return Ok((stream, strategy, attempt::node(&s)));
+                    return Ok((stream, strategy, s.node()));
                 }
                 // Nothing reached the target: another agent may take it.
                 Attempt::Answered(Err(e @ (DialError::Transport(_) | DialError::Draining(_)))) => {
@@ -245,12 +214,11 @@ impl SessionDirectory {
     ) -> Option<Candidates> {
         self.file_hellos(cluster);
         // A suspect session (its keepalive unanswered) takes no new dial: its path is quiet.
-        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id) && !attempt::suspect(s);
+        let usable = |s: &Session| !s.opener.is_closed() && !tried.contains(&s.id) && !s.suspect();
         let clusters = self.clusters.read();
         let e = clusters.by_name.get(cluster)?;
         let asked = std::cell::RefCell::new(HashMap::new());
-        let standing =
-            |s: &Session| *asked.borrow_mut().entry(s.id).or_insert_with(|| attempt::standing(s, &self.metrics));
+        let standing = |s: &Session| *asked.borrow_mut().entry(s.id).or_insert_with(|| s.standing(&self.metrics));
         let healthy = |s: &Session| usable(s) && standing(s) == Standing::Healthy;
         let (strategy, named) = strategy::candidates(&e.index, &e.sessions, strategies, target, healthy)
             .or_else(|| strategy::candidates(&e.index, &e.sessions, strategies, target, usable))?;

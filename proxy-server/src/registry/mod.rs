@@ -1,32 +1,44 @@
-//! The cluster directory: one entry per cluster — its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams — under one lock.
+//! The registry: the cluster directory — one entry per cluster: its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams, under one lock — the dial path through it, each session's standing, and the start-up wait.
 //!
-//! Front ends dial through [`dial`] (the dial path, top to bottom); agents' sessions come and
-//! go through [`SessionDirectory::add`] and [`SessionDirectory::remove`]; reloads, cluster files
-//! and the admin endpoint set modes and limits.
+//! Front ends dial through [`dial`] (the dial path, top to bottom: [`strategy`] names the
+//! sessions a dial may take, [`attempt`] tries one); agents' sessions come and go through
+//! [`SessionDirectory::add`] and [`SessionDirectory::remove`], refused with a [`Refusal`] (a
+//! fenced cluster is decided by [`Mode::fenced`], and nowhere else); a session's standing for
+//! new dials is the [`Session`]'s own; reloads, cluster files and the admin endpoint set modes
+//! and limits. The registry knows nothing of who an agent is beyond what it was filed with.
 //!
 //! Lock order: `Replica`'s announcement lock, then the directory, then a session's
 //! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
 //! written once (`OnceLock`) and need no lock.
 
+mod attempt;
 pub(crate) mod dial;
+mod liveness;
+mod refusal;
+mod session;
+mod settle;
+mod strategy;
 
-use crate::liveness;
+pub(crate) use dial::{DialTimes, Dialed};
+pub(crate) use liveness::Standing;
+pub(crate) use refusal::{DialRefusal, Refusal};
+pub(crate) use session::{Identity, Session};
+
 use crate::metrics::ServerMetrics;
-use crate::session::Session;
-use crate::strategy::NodeIndex;
 use proxy_core::net::pending::TenantShare;
 use proxy_core::net::share::{Cap, Kind, Naming, Shares};
+use proxy_core::obs::admin::Check;
 use proxy_core::sync::RwLock;
 use proxy_core::tunnel::{AgentHello, ControlMsg, Opener};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
+use settle::Settle;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use strategy::NodeIndex;
 use tokio_util::sync::CancellationToken;
-
-pub(crate) use dial::DialRefused;
 
 /// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
 const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
@@ -52,6 +64,12 @@ impl Mode {
             since: Instant::now(),
             strategies: c.and_then(|c| c.proxy_strategies.clone()),
         }
+    }
+
+    /// Fenced here: the cluster's agents get no session and its dials none (it moved to
+    /// another seed). The one place that decides it.
+    pub(crate) fn fenced(&self) -> bool {
+        self.mode == ClusterMode::Fenced
     }
 
     fn same_as(&self, other: &Mode) -> bool {
@@ -190,6 +208,8 @@ pub(crate) struct SessionDirectory {
     kill: CancellationToken,
     next_id: AtomicU64,
     metrics: ServerMetrics,
+    /// The start-up wait for agents (readiness).
+    settle: Settle,
 }
 
 impl SessionDirectory {
@@ -210,6 +230,7 @@ impl SessionDirectory {
             next_id: AtomicU64::new(1),
             metrics,
             shares: Shares::new(reg, CLUSTER_SHARES),
+            settle: Settle::new(Instant::now()),
         }
     }
 
@@ -310,6 +331,13 @@ impl SessionDirectory {
         }
     }
 
+    /// Whether an agent of `cluster` may have a session here, asked before its session is
+    /// filed (its certificate, or the identity decided, named the cluster): refused when the
+    /// cluster is fenced. [`add`](Self::add) asks again under the lock.
+    pub(crate) fn admits(&self, cluster: &str) -> Result<(), Refusal> {
+        fenced(cluster, &self.mode(cluster))
+    }
+
     /// Register a new agent session. Refused (with the reason) when the cluster is fenced, or
     /// holds its limit of sessions (a new session never ends an older one: who an agent says it
     /// is in its hello is a claim, which must not displace a proven agent's session).
@@ -320,18 +348,16 @@ impl SessionDirectory {
         opener: Arc<dyn Opener>,
         hello: Arc<OnceLock<AgentHello>>,
         stop: CancellationToken,
-        identity: crate::session::Identity,
-    ) -> Result<Arc<Session>, crate::identity::Refused> {
+        identity: Identity,
+    ) -> Result<Arc<Session>, Refusal> {
         let (s, mode) = {
             let mut c = self.clusters.write();
             let cap = c.session_cap(cluster);
             let e = c.entry(cluster, &self.kill);
             let mode = e.mode();
-            if mode.mode == ClusterMode::Fenced {
-                return Err(crate::identity::Refused::Fenced(cluster.to_owned()));
-            }
+            fenced(cluster, &mode)?;
             if e.sessions.len() >= cap {
-                return Err(crate::identity::Refused::SessionLimit { cluster: cluster.to_owned(), cap });
+                return Err(Refusal::SessionLimit { cluster: cluster.to_owned(), cap });
             }
             let s = Arc::new(Session {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -419,23 +445,47 @@ impl SessionDirectory {
     }
 
     /// `new`'s agent said who it is (`hello`): the sessions of an earlier run of the same agent
-    /// (registered before it, same node, another instance) are superseded. They are gone in all
-    /// likelihood (a restart, a node that lost power) but not known to be until their keepalive
-    /// times out: until then dials try them last, and nothing on them is cut.
+    /// are superseded ([`Session::superseded_by`]).
     fn supersede(&self, sessions: &[Arc<Session>], new: &Session, hello: &AgentHello) {
-        for old in sessions.iter().filter(|o| o.id < new.id) {
-            if !old.hello.get().is_some_and(|was| liveness::supersedes(hello, was)) {
-                continue;
-            }
-            if old.liveness.doubt(liveness::Standing::Superseded, old.opener.heard()) {
-                self.metrics.sessions_doubted.with_label_values(&[&new.cluster, "superseded"]).inc();
-                tracing::info!(
-                    cluster = %new.cluster, node = %hello.node, old = old.id, new = new.id, old_peer = %old.peer, peer = %new.peer,
-                    "agent restarted (a new run of its node connected): its earlier session is superseded, tried last until it ends"
-                );
-            }
+        for old in sessions {
+            old.superseded_by(new, hello, &self.metrics);
         }
     }
+
+    /// `cluster` as readiness and the admin pages show it: its mode and its sessions, the hellos
+    /// that came since the last look filed first.
+    pub(crate) fn cluster(&self, cluster: &str) -> ClusterView {
+        self.file_hellos(cluster);
+        ClusterView { mode: self.mode(cluster), sessions: self.sessions(cluster) }
+    }
+
+    /// The start-up wait's check (`agents-settled`) at `now`: `known` are the clusters the
+    /// operator named, each with whether its agents are expected here; `limit` the settle time.
+    pub(crate) fn settled(&self, now: Instant, limit: Duration, known: &BTreeMap<String, bool>) -> Check {
+        let waiting: Vec<String> = known
+            .iter()
+            .filter(|(c, expected)| **expected && self.sessions(c).is_empty())
+            .map(|(c, _)| c.clone())
+            .collect();
+        let expected = known.values().filter(|e| **e).count();
+        self.settle.check(now, limit, expected, &waiting)
+    }
+
+    /// The `/readyz?verbose` line of the clusters' shares (`fraction`: `limits.tenant_share`).
+    pub(crate) fn shares_check(&self, fraction: f64) -> Check {
+        self.shares.readiness(fraction)
+    }
+}
+
+/// A cluster's mode and sessions at one look ([`SessionDirectory::cluster`]).
+pub(crate) struct ClusterView {
+    pub mode: Mode,
+    pub sessions: Vec<Arc<Session>>,
+}
+
+/// An agent session of `cluster`, in `mode`, is refused when the cluster is fenced.
+fn fenced(cluster: &str, mode: &Mode) -> Result<(), Refusal> {
+    if mode.fenced() { Err(Refusal::Fenced(cluster.to_owned())) } else { Ok(()) }
 }
 
 #[cfg(test)]

@@ -1,27 +1,13 @@
-//! One dial attempt on one agent session, under the open timeout, and what it and the session's keepalive learn of its liveness (marks, counts and logs).
+//! One dial attempt on one agent session, under the open timeout: answered, or given up on a session that stays silent (marked so: [`Session::doubt_silent`]) or turns suspect.
 
-use crate::liveness::Standing;
+use super::session::Session;
 use crate::metrics::ServerMetrics;
-use crate::session::Session;
 use proxy_core::tunnel::{DialError, Echoes, Quiet, TunnelStream};
 use std::future::Future;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-/// How `s` stands for new dials now (a doubt it outlived is cleared and noted).
-pub(crate) fn standing(s: &Session, metrics: &ServerMetrics) -> Standing {
-    let (standing, cleared) = s.liveness.standing(|| s.opener.heard());
-    revived(s, cleared, metrics);
-    standing
-}
-
-/// `s`'s keepalive went unanswered for the suspect time: it takes no new dials.
-pub(crate) fn suspect(s: &Session) -> bool {
-    s.opener.quiet().is_some_and(Quiet::is_silent)
-}
 
 /// Why a dial was refused when its open stalled on the only session that could take it.
 pub(crate) fn stalled(cluster: &str, waited: Duration) -> DialError {
@@ -136,7 +122,7 @@ pub(crate) async fn attempt(
                 () = went_quiet(&mut quiet) => given_up(s, others),
             };
         }
-        doubt(s, heard, open_timeout, metrics);
+        s.doubt_silent(heard, open_timeout, metrics);
         if others() {
             return Attempt::Silent;
         }
@@ -185,80 +171,12 @@ async fn in_order<F: Future<Output = Result<TunnelStream, DialError>>>(
             s.opener.probe();
             continue;
         }
-        doubt(s, heard, open_timeout, metrics);
+        s.doubt_silent(heard, open_timeout, metrics);
         return if others() { Attempt::Silent } else { Attempt::Answered(Err(stalled(&s.cluster, limit))) };
-    }
-}
-
-/// `s` left an open unanswered, with no sign the agent got it, for `open_timeout`: it is tried
-/// last until it shows life (counted and logged once per doubt).
-fn doubt(s: &Session, heard: Option<u64>, open_timeout: Duration, metrics: &ServerMetrics) {
-    if s.liveness.doubt(Standing::Suspect, heard) {
-        metrics.sessions_doubted.with_label_values(&[&s.cluster, "silent"]).inc();
-        tracing::warn!(cluster = %s.cluster, session = s.id, peer = %s.peer, node = %node(s), ?open_timeout, "agent session silent: no answer to a stream open and no sign that the agent got it; tried last until it shows life");
     }
 }
 
 /// The session turned suspect during an attempt: another session takes the dial, or none can.
 fn given_up(s: &Session, others: impl Fn() -> bool) -> Attempt {
     if others() { Attempt::TurnedSuspect } else { Attempt::Answered(Err(all_suspect(&s.cluster))) }
-}
-
-/// The node `s`'s agent named (empty before its hello, or when it named none).
-pub(crate) fn node(s: &Session) -> String {
-    s.hello.get().map(|h| h.node.clone()).unwrap_or_default()
-}
-
-/// Note a doubt of `s` that [`Liveness::standing`](crate::liveness::Liveness::standing) cleared, if any: counted, and logged — a
-/// superseded session that shows life is another live agent with the same node name.
-pub(crate) fn revived(s: &Session, cleared: Option<Standing>, metrics: &ServerMetrics) {
-    let Some(was) = cleared else { return };
-    let reason = if was == Standing::Superseded { "superseded" } else { "silent" };
-    metrics.sessions_revived.with_label_values(&[&s.cluster, reason]).inc();
-    let node = node(s);
-    match was {
-        Standing::Superseded => tracing::warn!(
-            cluster = %s.cluster, session = s.id, peer = %s.peer, %node,
-            "a session superseded by a new run of its node is alive: two agents claim node {node:?} (give each its own tunnel.identifiers.host or tunnel.node_name); both take dials"
-        ),
-        _ => {
-            tracing::info!(cluster = %s.cluster, session = s.id, peer = %s.peer, %node, "suspect agent session showed life again")
-        }
-    }
-}
-
-/// Count and log `session`'s keepalive turning suspect and back, until the session is gone.
-/// Holds it weakly: the watch ends when the session (and its transport) is dropped.
-pub(crate) fn watch_suspect(metrics: ServerMetrics, session: &Arc<Session>) {
-    let Some(mut quiet) = session.opener.quiet().map(proxy_core::tunnel::Quiet::watch) else { return };
-    let (weak, cluster, id, peer) =
-        (Arc::downgrade(session), session.cluster.clone(), session.id, session.peer.clone());
-    let gauge = metrics.sessions_suspect.with_label_values(&[&cluster]);
-    tokio::spawn(async move {
-        let mut since: Option<tokio::time::Instant> = None;
-        while quiet.changed().await.is_ok() {
-            let silent = *quiet.borrow_and_update();
-            let Some(s) = weak.upgrade() else { break };
-            match (silent, since) {
-                (true, None) => {
-                    since = Some(tokio::time::Instant::now());
-                    gauge.inc();
-                    metrics.sessions_suspect_total.with_label_values(&[&cluster]).inc();
-                    let streams = s.opener.active_streams();
-                    tracing::warn!(%cluster, session = id, %peer, node = %node(&s), streams, "agent session suspect: its keepalive went unanswered (the path is quiet); no new dials go to it, its open streams wait for the path");
-                }
-                (false, Some(at)) => {
-                    since = None;
-                    gauge.dec();
-                    let streams = s.opener.active_streams();
-                    metrics.streams_survived.with_label_values(&[&cluster]).inc_by(streams as u64);
-                    tracing::info!(%cluster, session = id, %peer, quiet = ?at.elapsed(), streams, "suspect agent session answers again: it takes dials, its open streams rode out the outage");
-                }
-                _ => {}
-            }
-        }
-        if since.is_some() {
-            gauge.dec();
-        }
-    });
 }
