@@ -5,25 +5,21 @@
 //! ServiceAccount tokens), the front ends and the per-cluster state. At shutdown the
 //! front-end connections drain for the grace period, then the agent sessions close.
 
+mod admin;
 mod agents;
 mod cluster_files;
-mod control;
 mod frontend;
 mod frontend_revocation;
-mod identity;
 mod listeners;
 mod metrics;
 mod registry;
-mod replica;
-mod rereview;
-mod revocation;
-mod rules;
 mod shared;
-mod tokens;
 mod unix_socket;
 
 use shared::Shared;
 
+use admin::Admin;
+use agents::Agents;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
 use listeners::Listeners;
@@ -40,6 +36,7 @@ use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster_files::DefinedTwice;
@@ -61,9 +58,12 @@ pub enum ReloadRefused {
 
 type States = BTreeMap<String, ClusterState>;
 
-/// proxy-server as a [`Service`] of the shared lifecycle.
+/// proxy-server as a [`Service`] of the shared lifecycle: the wings it composes.
 pub struct Server {
     shared: Arc<Shared>,
+    agents: Arc<Agents>,
+    admin: Admin,
+    agent_listeners: agents::Listeners,
     listeners: Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
@@ -71,6 +71,7 @@ pub struct Server {
 
 /// What [`Server`]'s `bind` opened for its `start`: the sockets, and the watch of `clusters_dir`.
 pub struct Opened {
+    agents: agents::Opened,
     listeners: listeners::Opened,
     watch: Option<DirWatch<States>>,
 }
@@ -99,6 +100,7 @@ impl Service for Server {
 
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
         let tls_metrics = TlsMetrics::new(&ctx.registry);
+        let (agent_listeners, agents_opened) = agents::Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
         let (listeners, opened) = Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
@@ -121,30 +123,20 @@ impl Service for Server {
             shutdown: ctx.shutdown,
             ids: ConnIds::default(),
             states: Mutex::new(shared::StateSources::new(files)),
-            unknown: Mutex::default(),
-            replica: replica::Replica::new(&cfg),
-            reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
-            agents_revoked: Default::default(),
+            rules: watch::Sender::new(()),
             frontend_certs: Default::default(),
         });
+        let agents = Arc::new(Agents::new(shared.clone(), &ctx.registry, &tls_metrics));
         shared.apply_states();
-        let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
-        Ok((this, Opened { listeners: opened, watch }))
+        let admin = Admin { shared: shared.clone(), agents: agents.clone() };
+        let this = Self { shared, agents, admin, agent_listeners, listeners, sessions_stop: CancellationToken::new() };
+        Ok((this, Opened { agents: agents_opened, listeners: opened, watch }))
     }
 
     fn start(self: &Arc<Self>, opened: Opened) {
-        self.listeners.start(&self.shared, &self.sessions_stop, opened.listeners);
-        let shared = &self.shared;
-        shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
-        tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
-        tokio::spawn(shared.clone().follow_peers());
-        // SIGTERM: tell the agents before the drain, so they find another replica while their
-        // live streams here finish.
-        let (s, stop) = (shared.clone(), shared.shutdown.stop.clone());
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            s.replica.draining(&s.metrics, &s.directory);
-        });
+        self.agent_listeners.start(&self.agents, &self.sessions_stop, opened.agents);
+        self.listeners.start(&self.shared, opened.listeners);
+        self.agents.announce();
         if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
             watch.follow(self.shared.shutdown.stop.clone(), "cluster files", move |up| {
@@ -163,44 +155,35 @@ impl Service for Server {
         if let Some(e) = self.shared.states.lock().files.conflict_with(&new.clusters) {
             return Err(e.into());
         }
-        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
+        // Everything that can fail first (new TLS material, new sockets), then the swap.
+        let agents = self.agent_listeners.stage(&new).await.map_err(ListenersRefused::from)?;
+        let frontends = self.listeners.stage(&new).await?;
+        self.agent_listeners.commit(&self.agents, &self.sessions_stop, &new, agents);
+        self.listeners.commit(&self.shared, &new, frontends);
         self.shared.pending.set_limits(new.pending_budget());
-        self.shared.reviewers.resize(new.agents.token_review.cache_size);
-        self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
+        self.agents.reconfigure(&new);
         self.shared.config.store(new);
         self.shared.apply_states();
         Ok(())
     }
 
     fn listeners(&self) -> BTreeMap<String, String> {
-        self.listeners.addresses()
+        let mut out = BTreeMap::new();
+        self.listeners.addresses(&mut out);
+        self.agent_listeners.addresses(&mut out);
+        out
     }
 
     fn ready(&self) -> Vec<Check> {
-        let mut checks = control::ready(&self.shared);
-        checks.push(self.shared.pending.readiness());
-        checks.push(self.shared.directory.shares_check(self.shared.config.load().limits.tenant_share));
-        checks.push(self.shared.replica.check(&self.shared.config.load()));
-        if let Some(dir) = &self.shared.config.load().clusters_dir {
-            let (n, clusters, refused) = self.shared.states.lock().files.summary();
-            let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
-            checks.push(Check::info("cluster-files", detail));
-        }
-        checks
+        self.admin.ready()
     }
 
     fn show_config(&self, running: &ServerConfig) -> serde_json::Value {
-        let mut v = serde_json::to_value(running).unwrap_or_default();
-        let sources = self.shared.states.lock();
-        v["cluster_overrides"] = serde_json::to_value(&sources.overrides).unwrap_or_default();
-        if running.clusters_dir.is_some() {
-            v["cluster_files"] = sources.files.show();
-        }
-        v
+        self.admin.show_config(running)
     }
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
-        control::control(&self.shared, req)
+        self.admin.control(req)
     }
 
     async fn stopped(&self) {

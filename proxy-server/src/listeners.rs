@@ -1,31 +1,28 @@
-//! proxy-server's sockets — the agents' listener (mTLS) and the front ends (TCP with or without TLS, Unix sockets) — and how a reload changes them.
+//! The front ends' sockets (TCP with or without TLS, Unix sockets) and how a reload changes them.
 //!
 //! A reload binds what needs a new socket first (if a bind fails, nothing changes), then swaps
 //! in what new connections use: a front end whose socket stays keeps it and takes its new
 //! cluster and TLS files at once; a moved one starts on its new socket and stops accepting on
-//! the old; a removed one stops accepting. Live connections of a moved or removed front end and
-//! agent sessions on a moved agents listener are never cut: they end by themselves (or at the
-//! end of the shutdown grace).
+//! the old; a removed one stops accepting. Live connections of a moved or removed front end are
+//! never cut: they end by themselves (or at the end of the shutdown grace).
 
 use crate::frontend::{self, FrontendRt};
-use crate::shared::Shared;
+use crate::shared::{Shared, Tls, client_files};
 use crate::unix_socket::{self, Access, SocketFile};
 use arc_swap::ArcSwap;
-use proxy_core::app::{StartError, listen_tcp, resolve_listen};
-use proxy_core::net::accept::{ConnLimit, Slots, UNLIMITED, WhileFree, accept_error_label, accept_loop};
+use proxy_core::app::{StartError, listen_tcp};
+use proxy_core::net::accept::{WhileFree, accept_error_label, accept_loop};
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::{ALPN_V1, quic};
 use proxy_core::watch::{
     self,
-    tls::{ClientFiles, Reloading, TlsMetrics},
+    tls::{Reloading, TlsMetrics},
 };
-use seedgate_config::server::{Frontend, FrontendProtocol, ServerTls};
+use seedgate_config::server::{Frontend, FrontendProtocol};
 use seedgate_config::{HostPort, ServerConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener};
-use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 /// Why a reload's sockets or TLS files could not be taken up (then nothing changed).
 #[derive(Debug, thiserror::Error)]
@@ -36,59 +33,6 @@ pub enum ApplyError {
     /// A kept Unix socket's new mode or group.
     #[error("front end {frontend}: {error}")]
     SocketAccess { frontend: String, error: unix_socket::SocketError },
-}
-
-/// TLS material reloaded from its files while the guard lives.
-struct Tls {
-    material: Arc<Reloading<rustls::ServerConfig>>,
-    /// Cancelled with the guard: ends what follows the material (revoked sessions).
-    watching: CancellationToken,
-    _guard: DropGuard,
-}
-
-impl Tls {
-    fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(self.material.current())
-    }
-}
-
-fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationToken) -> Tls {
-    let watching = stop.child_token();
-    material.watch(watching.clone());
-    Tls { material, watching: watching.clone(), _guard: watching.drop_guard() }
-}
-
-/// How a server's TLS files verify client certificates (`None`: none asked).
-fn client_files(t: &ServerTls, optional: bool) -> Option<ClientFiles> {
-    let ca = t.client_ca.as_ref()?;
-    Some(ClientFiles { ca: ca.into(), crl: t.crl.as_ref().map(Into::into), optional })
-}
-
-/// What the agents' listener's TLS is made of: the files, and whether an agent may come
-/// without a certificate (with a token alone).
-#[derive(Clone, PartialEq)]
-struct AgentsTls {
-    tls: ServerTls,
-    optional: bool,
-}
-
-impl AgentsTls {
-    fn of(cfg: &ServerConfig) -> Self {
-        let optional = cfg.agents.auth.certificate_optional()
-            || cfg.clusters.values().any(|c| c.agent_auth.is_some_and(|a| a.certificate_optional()));
-        Self { tls: cfg.agents.tls.clone(), optional }
-    }
-}
-
-fn agents_tls(a: &AgentsTls, m: &TlsMetrics) -> Result<Arc<Reloading<rustls::ServerConfig>>, StartError> {
-    let t = &a.tls;
-    let client = client_files(t, a.optional);
-    Ok(watch::tls::server("agents", t.cert.as_ref(), t.key.as_ref(), client, &[ALPN_V1], true, m)?)
-}
-
-/// Follow the agents' material: the sessions a reloaded revocation list names end.
-fn follow_revocations(shared: &Arc<Shared>, tls: &Tls) {
-    crate::revocation::follow(shared, &tls.material, tls.watching.clone());
 }
 
 /// Follow a TLS front end's material: its live connections that a reloaded list revokes end.
@@ -223,25 +167,8 @@ impl FrontendEntry {
     }
 }
 
-/// The agents' listener.
-struct AgentsEntry {
-    listen: HostPort,
-    addr: String,
-    tls_cfg: AgentsTls,
-    tls: Arc<ArcSwap<Tls>>,
-    stop: CancellationToken,
-}
-
-/// The agents' QUIC listener.
-struct QuicEntry {
-    listen: HostPort,
-    addr: String,
-    /// Stops accepting; sessions made on it continue until `sessions_stop`.
-    stop: CancellationToken,
-}
-
-/// Every socket of the server: what each serves, from [`Listeners::bind`] on (so the addresses
-/// are known before serving); the accept loops run from [`Listeners::start`].
+/// The front ends' sockets: what each serves, from [`Listeners::bind`] on (so the addresses are
+/// known before serving); the accept loops run from [`Listeners::start`].
 pub(crate) struct Listeners {
     metrics: TlsMetrics,
     entries: Mutex<Entries>,
@@ -249,26 +176,17 @@ pub(crate) struct Listeners {
 
 /// What each socket serves.
 struct Entries {
-    agents: AgentsEntry,
-    quic: Option<QuicEntry>,
     frontends: BTreeMap<String, FrontendEntry>,
 }
 
 /// The sockets [`Listeners::bind`] opened, served by [`Listeners::start`].
 pub(crate) struct Opened {
-    agents: TcpListener,
-    quic: Option<quinn::Endpoint>,
     /// By front-end name.
     frontends: Vec<(String, Listening)>,
 }
 
-/// What a reload needs that could fail, taken before anything changes: new TLS material, new
-/// sockets, changed front ends.
-struct Staged {
-    agents_material: Option<Arc<Reloading<rustls::ServerConfig>>>,
-    agents_sock: Option<(TcpListener, std::net::SocketAddr)>,
-    /// A new or moved QUIC listener: its endpoint, its place and its address.
-    quic_sock: Option<(quinn::Endpoint, HostPort, String)>,
+/// What a reload needs that could fail, taken before anything changes: the changed front ends.
+pub(crate) struct Staged {
     frontends: Vec<ChangedFrontend>,
 }
 
@@ -281,29 +199,13 @@ struct ChangedFrontend {
 }
 
 impl Listeners {
-    /// Bind every socket of `cfg` and read its TLS files (a bad file fails the start). `stop`
-    /// (the process's) ends what each entry runs.
+    /// Bind every front end of `cfg` and read its TLS files (a bad file fails the start).
+    /// `stop` (the process's) ends what each entry runs.
     pub(crate) async fn bind(
         cfg: &ServerConfig,
         metrics: &TlsMetrics,
         stop: &CancellationToken,
     ) -> Result<(Self, Opened), StartError> {
-        let agents_cfg = AgentsTls::of(cfg);
-        let material = agents_tls(&agents_cfg, metrics)?;
-        let (agents_sock, addr) = listen_tcp("agents listener", &cfg.agents.listen).await?;
-        let agents = AgentsEntry {
-            listen: cfg.agents.listen.clone(),
-            addr: addr.to_string(),
-            tls_cfg: agents_cfg,
-            tls: Arc::new(ArcSwap::from_pointee(watched(material.clone(), stop))),
-            stop: stop.child_token(),
-        };
-        let (mut quic, mut quic_sock) = (None, None);
-        if let Some(q) = &cfg.agents.quic {
-            let (endpoint, addr) = listen_quic(&q.listen, &material, cfg).await?;
-            quic = Some(QuicEntry { listen: q.listen.clone(), addr: addr.to_string(), stop: stop.child_token() });
-            quic_sock = Some(endpoint);
-        }
         let (mut frontends, mut fe_socks) = (BTreeMap::new(), Vec::new());
         for f in &cfg.frontends {
             // TLS files are read before the socket is bound, so a bad file fails the start.
@@ -314,30 +216,20 @@ impl Listeners {
             frontends.insert(name.clone(), frontend_entry(stop, f.clone(), addr, files, file));
             fe_socks.push((name, listening));
         }
-        let this = Self { metrics: metrics.clone(), entries: Mutex::new(Entries { agents, quic, frontends }) };
-        Ok((this, Opened { agents: agents_sock, quic: quic_sock, frontends: fe_socks }))
+        let this = Self { metrics: metrics.clone(), entries: Mutex::new(Entries { frontends }) };
+        Ok((this, Opened { frontends: fe_socks }))
     }
 
-    pub(crate) fn addresses(&self) -> BTreeMap<String, String> {
+    /// Each front end's address, by name.
+    pub(crate) fn addresses(&self, out: &mut BTreeMap<String, String>) {
         let e = self.entries.lock();
-        let mut out: BTreeMap<String, String> = e.frontends.iter().map(|(n, f)| (n.clone(), f.addr.clone())).collect();
-        out.insert("agents".into(), e.agents.addr.clone());
-        if let Some(q) = &e.quic {
-            out.insert("agents-quic".into(), q.addr.clone());
-        }
-        out
+        out.extend(e.frontends.iter().map(|(n, f)| (n.clone(), f.addr.clone())));
     }
 
-    /// Start the accept loops on what [`Listeners::bind`] opened. Agent sessions end with
-    /// `sessions_stop` (after the front ends drained); front-end connections drain with the
-    /// process.
-    pub(crate) fn start(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, opened: Opened) {
+    /// Start the accept loops on what [`Listeners::bind`] opened. Front-end connections drain
+    /// with the process.
+    pub(crate) fn start(&self, shared: &Arc<Shared>, opened: Opened) {
         let e = self.entries.lock();
-        follow_revocations(shared, &e.agents.tls.load());
-        serve_agents(shared, sessions_stop, opened.agents, &e.agents);
-        if let (Some(endpoint), Some(q)) = (opened.quic, &e.quic) {
-            serve_quic(shared, sessions_stop, endpoint, e.agents.tls.clone(), q);
-        }
         for (name, listening) in opened.frontends {
             if let Some(entry) = e.frontends.get(&name) {
                 follow_frontend_revocations(shared, &name, &entry.served.load());
@@ -346,45 +238,12 @@ impl Listeners {
         }
     }
 
-    /// Apply a new config's sockets and TLS files, or change nothing: first everything that can
-    /// fail ([`Listeners::stage`]), then the swap ([`Listeners::commit`]).
-    pub(crate) async fn apply(
-        &self,
-        shared: &Arc<Shared>,
-        sessions_stop: &CancellationToken,
-        new: &ServerConfig,
-    ) -> Result<(), ApplyError> {
-        let staged = self.stage(new).await?;
-        self.commit(shared, sessions_stop, new, staged);
-        Ok(())
-    }
-
     /// Read the TLS files and bind the sockets `new` needs, changing nothing that serves. The
     /// lock is not held while binding.
-    async fn stage(&self, new: &ServerConfig) -> Result<Staged, ApplyError> {
-        let (agents_now, quic_now, material_now, frontends_now) = {
+    pub(crate) async fn stage(&self, new: &ServerConfig) -> Result<Staged, ApplyError> {
+        let frontends_now: BTreeMap<String, Frontend> = {
             let e = self.entries.lock();
-            let fes: BTreeMap<String, Frontend> = e.frontends.iter().map(|(n, f)| (n.clone(), f.cfg.clone())).collect();
-            let agents = (e.agents.listen.clone(), e.agents.tls_cfg.clone());
-            (agents, e.quic.as_ref().map(|q| q.listen.clone()), e.agents.tls.load().material.clone(), fes)
-        };
-        let (agents_listen, agents_tls_cfg) = agents_now;
-        let new_agents_tls = AgentsTls::of(new);
-        let agents_material =
-            if new_agents_tls != agents_tls_cfg { Some(agents_tls(&new_agents_tls, &self.metrics)?) } else { None };
-        let agents_sock = match new.agents.listen != agents_listen {
-            true => Some(listen_tcp("agents listener", &new.agents.listen).await?),
-            false => None,
-        };
-        // The QUIC listener: bound anew when added or moved (with the TLS material it will
-        // serve: the new one if the agents' files changed too).
-        let quic_sock = match (&new.agents.quic, &quic_now) {
-            (Some(q), now) if now.as_ref() != Some(&q.listen) => {
-                let material = agents_material.as_ref().unwrap_or(&material_now);
-                let (endpoint, addr) = listen_quic(&q.listen, material, new).await?;
-                Some((endpoint, q.listen.clone(), addr.to_string()))
-            }
-            _ => None,
+            e.frontends.iter().map(|(n, f)| (n.clone(), f.cfg.clone())).collect()
         };
         let mut frontends = Vec::new();
         for f in &new.frontends {
@@ -404,55 +263,12 @@ impl Listeners {
             };
             frontends.push(ChangedFrontend { cfg: f.clone(), files: tls, sock });
         }
-        Ok(Staged { agents_material, agents_sock, quic_sock, frontends })
+        Ok(Staged { frontends })
     }
 
-    /// Swap in what `staged` prepared: what new connections and sessions use from now.
-    fn commit(&self, shared: &Arc<Shared>, sessions_stop: &CancellationToken, new: &ServerConfig, staged: Staged) {
-        let Staged { agents_material, agents_sock, quic_sock, frontends } = staged;
-        let mut e = self.entries.lock();
-        let e = &mut *e;
-        let a = &mut e.agents;
-        if let Some(m) = agents_material {
-            let new_agents_tls = AgentsTls::of(new);
-            let tls = watched(m, &shared.shutdown.stop);
-            follow_revocations(shared, &tls);
-            a.tls.store(Arc::new(tls));
-            a.tls_cfg = new_agents_tls;
-        }
-        if let Some((l, addr)) = agents_sock {
-            // The same TLS material (shared with the QUIC listener, which stays).
-            let moved = AgentsEntry {
-                listen: new.agents.listen.clone(),
-                addr: addr.to_string(),
-                tls_cfg: a.tls_cfg.clone(),
-                tls: a.tls.clone(),
-                stop: shared.shutdown.stop.child_token(),
-            };
-            serve_agents(shared, sessions_stop, l, &moved);
-            let old = std::mem::replace(a, moved);
-            old.stop.cancel();
-            tracing::info!(old = %old.addr, new = %a.addr, "agents listener moved; sessions on the old one continue");
-        }
-        let old = match quic_sock {
-            Some((endpoint, listen, addr)) => {
-                let entry = QuicEntry { listen, addr, stop: shared.shutdown.stop.child_token() };
-                serve_quic(shared, sessions_stop, endpoint, a.tls.clone(), &entry);
-                e.quic.replace(entry)
-            }
-            None if new.agents.quic.is_none() => e.quic.take(),
-            None => None,
-        };
-        if let Some(old) = old {
-            old.stop.cancel();
-            match &e.quic {
-                Some(q) => {
-                    tracing::info!(old = %old.addr, new = %q.addr, "agents QUIC listener moved; sessions on the old one continue")
-                }
-                None => tracing::info!(addr = %old.addr, "agents QUIC listener removed; its sessions continue"),
-            }
-        }
-        commit_frontends(shared, &mut e.frontends, new, frontends);
+    /// Swap in what `staged` prepared: what new connections use from now.
+    pub(crate) fn commit(&self, shared: &Arc<Shared>, new: &ServerConfig, staged: Staged) {
+        commit_frontends(shared, &mut self.entries.lock().frontends, new, staged.frontends);
     }
 
     /// A kept socket's new mode or group, set on its file.
@@ -517,65 +333,6 @@ fn commit_frontends(
     });
 }
 
-/// Bind the agents' QUIC listener (UDP) with the agents' TLS material.
-async fn listen_quic(
-    hp: &HostPort,
-    material: &Reloading<rustls::ServerConfig>,
-    cfg: &ServerConfig,
-) -> Result<(quinn::Endpoint, std::net::SocketAddr), StartError> {
-    let what = "agents QUIC listener";
-    let addr = resolve_listen(what, hp).await?;
-    let bind_err = |source| StartError::Bind { what: what.to_owned(), addr: hp.to_string(), source };
-    // No stats: every connection is accepted with a config of its own (`accept_quic`), which has them.
-    let server_config = crate::agents::quic_server_config(material.current(), cfg, None)
-        .map_err(|e| bind_err(std::io::Error::other(e)))?;
-    let settings = crate::agents::settings(cfg);
-    // The key file outlives the process and the id names this replica: a replica restarted in
-    // place resets its predecessor's sessions (see `StableKeys`). Unreadable now: keys of this
-    // run only, and such sessions end at their keepalive timeout.
-    let stable = std::fs::read(&cfg.agents.tls.key)
-        .ok()
-        .map(|secret| quic::StableKeys::derive(&secret, &crate::replica::server_id(cfg)));
-    let server = quic::Server { config: server_config, stable };
-    let endpoint = quic::endpoint(addr, &settings, Some(server), what, "agents.connection_window").map_err(bind_err)?;
-    let local = endpoint.local_addr().map_err(bind_err)?;
-    Ok((endpoint, local))
-}
-
-/// Serve the agents' QUIC listener until shutdown or until the entry's `stop`.
-fn serve_quic(
-    shared: &Arc<Shared>,
-    sessions_stop: &CancellationToken,
-    endpoint: quinn::Endpoint,
-    tls: Arc<ArcSwap<Tls>>,
-    entry: &QuicEntry,
-) {
-    tracing::info!(addr = %entry.addr, "agents QUIC listener up");
-    tokio::spawn(serve_agents_quic(shared.clone(), sessions_stop.clone(), endpoint, tls, entry.stop.clone()));
-}
-
-/// Serve the agents' listener until shutdown or until the entry's `stop`. Agents: not counted
-/// against the front-end limit, not part of the front-end drain.
-fn serve_agents(shared: &Arc<Shared>, sessions_stop: &CancellationToken, l: TcpListener, entry: &AgentsEntry) {
-    let errors = shared.metrics.conn.accept_errors.clone();
-    let (sh, t, sessions) = (shared.clone(), entry.tls.clone(), sessions_stop.clone());
-    tracing::info!(addr = %entry.addr, "agents listener up");
-    tokio::spawn(accept_loop(
-        l,
-        ConnLimit::new(Slots::new(UNLIMITED), None),
-        entry.stop.clone(),
-        tokio_util::task::TaskTracker::new(),
-        move |e| errors.with_label_values(&["agents", accept_error_label(e)]).inc(),
-        move |tcp, peer, permit| {
-            let fut = crate::agents::accept_tls(sh.clone(), t.load().acceptor(), tcp, peer, sessions.clone());
-            async move {
-                fut.await;
-                drop(permit);
-            }
-        },
-    ));
-}
-
 /// What a front end's new connections use, with its TLS material watched until `stop`.
 fn served(stop: &CancellationToken, f: &Frontend, files: FeFiles) -> Served {
     let rt = Arc::new(FrontendRt {
@@ -585,7 +342,7 @@ fn served(stop: &CancellationToken, f: &Frontend, files: FeFiles) -> Served {
         grpc: f.protocol == FrontendProtocol::Grpc,
         target: f.target.as_ref().filter(|_| f.protocol == FrontendProtocol::Tcp).map(|t| Arc::from(t.to_string())),
     });
-    Served { rt, tls: files.tls.map(|m| watched(m, stop)) }
+    Served { rt, tls: files.tls.map(|m| Tls::watched(m, stop)) }
 }
 
 /// A front end not yet serving: what it will serve, and the token that stops it (a child of
@@ -628,40 +385,4 @@ fn serve_frontend(shared: &Arc<Shared>, entry: &FrontendEntry, listening: Listen
             }));
         }
     }
-}
-
-/// Accept agents' QUIC connections until `stop`; each gets a server config built from the
-/// agents' TLS material as it is now (reloaded files included) and the current settings.
-async fn serve_agents_quic(
-    shared: Arc<Shared>,
-    sessions_stop: CancellationToken,
-    endpoint: quinn::Endpoint,
-    tls: Arc<ArcSwap<Tls>>,
-    stop: CancellationToken,
-) {
-    loop {
-        let incoming = tokio::select! {
-            _ = stop.cancelled() => break,
-            i = endpoint.accept() => match i {
-                Some(i) => i,
-                None => break,
-            },
-        };
-        let cfg = shared.config.load_full();
-        match crate::agents::quic_server_config(
-            tls.load().material.current(),
-            &cfg,
-            Some(&shared.metrics.quic_congestion),
-        ) {
-            Ok(sc) => {
-                tokio::spawn(crate::agents::accept_quic(shared.clone(), incoming, Arc::new(sc), sessions_stop.clone()));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "agents QUIC listener: TLS material unusable for QUIC");
-                incoming.refuse();
-            }
-        }
-    }
-    // New connections are refused from now on; sessions continue until `sessions_stop`.
-    endpoint.set_server_config(None);
 }

@@ -53,7 +53,6 @@ const FILE_CIRCLES: &[&[&str]] = &[
         "proxy-server/src/frontend/mod.rs",
         "proxy-server/src/frontend/port_forward.rs",
     ],
-    &["proxy-server/src/tokens/cache.rs", "proxy-server/src/tokens/mod.rs"],
 ];
 
 /// Node → node edges, each with where it was first seen (`file:line`).
