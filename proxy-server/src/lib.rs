@@ -9,12 +9,9 @@ mod admin;
 mod agents;
 mod cluster_files;
 mod frontend;
-mod frontend_revocation;
-mod listeners;
 mod metrics;
 mod registry;
 mod shared;
-mod unix_socket;
 
 use shared::Shared;
 
@@ -22,10 +19,9 @@ use admin::Admin;
 use agents::Agents;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
-use listeners::Listeners;
+use frontend::Frontends;
 use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
-use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
 use proxy_core::sync::Mutex;
@@ -40,10 +36,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster_files::DefinedTwice;
-pub use listeners::ApplyError as ListenersRefused;
+pub use frontend::ApplyError as ListenersRefused;
+pub use frontend::SocketError;
 pub use metrics::ServerMetrics;
 pub use proxy_core::app::Options;
-pub use unix_socket::SocketError;
 
 /// Why proxy-server refuses a reloaded config (then nothing changed).
 #[derive(Debug, thiserror::Error)]
@@ -62,9 +58,10 @@ type States = BTreeMap<String, ClusterState>;
 pub struct Server {
     shared: Arc<Shared>,
     agents: Arc<Agents>,
+    frontends: Arc<Frontends>,
     admin: Admin,
     agent_listeners: agents::Listeners,
-    listeners: Listeners,
+    frontend_listeners: frontend::Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
 }
@@ -72,7 +69,7 @@ pub struct Server {
 /// What [`Server`]'s `bind` opened for its `start`: the sockets, and the watch of `clusters_dir`.
 pub struct Opened {
     agents: agents::Opened,
-    listeners: listeners::Opened,
+    frontends: frontend::Opened,
     watch: Option<DirWatch<States>>,
 }
 
@@ -101,7 +98,8 @@ impl Service for Server {
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
         let tls_metrics = TlsMetrics::new(&ctx.registry);
         let (agent_listeners, agents_opened) = agents::Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
-        let (listeners, opened) = Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
+        let (frontend_listeners, frontends_opened) =
+            frontend::Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
             None => (ClusterFiles::new(None), None),
@@ -116,26 +114,26 @@ impl Service for Server {
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
             directory: SessionDirectory::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
-            pending: Pending::new(cfg.pending_budget(), PendingMetrics::new(&ctx.registry)),
-            limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
             metrics,
             shutdown: ctx.shutdown,
-            ids: ConnIds::default(),
             states: Mutex::new(shared::StateSources::new(files)),
             rules: watch::Sender::new(()),
-            frontend_certs: Default::default(),
         });
         let agents = Arc::new(Agents::new(shared.clone(), &ctx.registry, &tls_metrics));
+        let pending = Pending::new(cfg.pending_budget(), PendingMetrics::new(&ctx.registry));
+        let limit = ConnLimit::new(ctx.connections.clone(), None);
+        let frontends = Arc::new(Frontends::new(shared.clone(), pending, limit));
         shared.apply_states();
-        let admin = Admin { shared: shared.clone(), agents: agents.clone() };
-        let this = Self { shared, agents, admin, agent_listeners, listeners, sessions_stop: CancellationToken::new() };
-        Ok((this, Opened { agents: agents_opened, listeners: opened, watch }))
+        let admin = Admin { shared: shared.clone(), agents: agents.clone(), frontends: frontends.clone() };
+        let sessions_stop = CancellationToken::new();
+        let this = Self { shared, agents, frontends, admin, agent_listeners, frontend_listeners, sessions_stop };
+        Ok((this, Opened { agents: agents_opened, frontends: frontends_opened, watch }))
     }
 
     fn start(self: &Arc<Self>, opened: Opened) {
         self.agent_listeners.start(&self.agents, &self.sessions_stop, opened.agents);
-        self.listeners.start(&self.shared, opened.listeners);
+        self.frontend_listeners.start(&self.frontends, opened.frontends);
         self.agents.announce();
         if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
@@ -157,10 +155,10 @@ impl Service for Server {
         }
         // Everything that can fail first (new TLS material, new sockets), then the swap.
         let agents = self.agent_listeners.stage(&new).await.map_err(ListenersRefused::from)?;
-        let frontends = self.listeners.stage(&new).await?;
+        let frontends = self.frontend_listeners.stage(&new).await?;
         self.agent_listeners.commit(&self.agents, &self.sessions_stop, &new, agents);
-        self.listeners.commit(&self.shared, &new, frontends);
-        self.shared.pending.set_limits(new.pending_budget());
+        self.frontend_listeners.commit(&self.frontends, &new, frontends);
+        self.frontends.pending.set_limits(new.pending_budget());
         self.agents.reconfigure(&new);
         self.shared.config.store(new);
         self.shared.apply_states();
@@ -169,7 +167,7 @@ impl Service for Server {
 
     fn listeners(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        self.listeners.addresses(&mut out);
+        self.frontend_listeners.addresses(&mut out);
         self.agent_listeners.addresses(&mut out);
         out
     }
@@ -188,7 +186,7 @@ impl Service for Server {
 
     async fn stopped(&self) {
         self.sessions_stop.cancel();
-        self.listeners.remove_socket_files();
+        self.frontend_listeners.remove_socket_files();
     }
 }
 

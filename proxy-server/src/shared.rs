@@ -5,9 +5,6 @@ use crate::metrics::ServerMetrics;
 use crate::registry::{SessionDirectory, ShareConfig};
 use arc_swap::ArcSwap;
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::net::accept::ConnLimit;
-use proxy_core::net::ids::ConnIds;
-use proxy_core::net::pending::Pending;
 use proxy_core::sync::Mutex;
 use proxy_core::watch::tls::{ClientFiles, Reloading};
 use seedgate_config::ServerConfig;
@@ -23,19 +20,11 @@ pub(crate) struct Shared {
     pub(crate) metrics: ServerMetrics,
     pub(crate) directory: SessionDirectory,
     pub(crate) shutdown: Shutdown,
-    pub(crate) ids: ConnIds,
-    /// The front ends' established connections (`limits.max_connections`), taken once the
-    /// request head is read.
-    pub(crate) limit: ConnLimit,
-    /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
-    pub(crate) pending: Arc<Pending>,
     /// Where cluster states come from besides the main config.
     pub(crate) states: Mutex<StateSources>,
     /// Bumped when the rules of clusters may have changed (a reload, a cluster file, an
     /// override): live token sessions check theirs.
     pub(crate) rules: watch::Sender<()>,
-    /// The live TLS front-end connections with a client certificate, ended when revoked.
-    pub(crate) frontend_certs: crate::frontend_revocation::Live,
 }
 
 /// Cluster states from elsewhere than the main config.
@@ -160,15 +149,11 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let reg = proxy_core::prometheus::Registry::new();
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
-        pending: Pending::new(cfg.pending_budget(), proxy_core::net::pending::PendingMetrics::unregistered()),
         directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, Default::default()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),
-        ids: ConnIds::default(),
-        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
         states: Mutex::new(StateSources::new(ClusterFiles::new(None))),
         rules: watch::Sender::new(()),
-        frontend_certs: Default::default(),
     })
 }

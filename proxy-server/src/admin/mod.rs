@@ -1,6 +1,7 @@
 //! proxy-server's admin hooks: readiness (the start-up wait, one line per cluster, the budgets, the replica, the cluster files), `/control/clusters/<name>` (setting a cluster's state: migration) and the running config shown; each asks the wings (the registry's methods), not their parts.
 
 use crate::agents::Agents;
+use crate::frontend::Frontends;
 use crate::registry::{ClusterView, Session, Standing};
 use crate::shared::Shared;
 use proxy_core::obs::admin::{Check, ControlRequest};
@@ -12,6 +13,7 @@ use std::sync::Arc;
 pub(crate) struct Admin {
     pub(crate) shared: Arc<Shared>,
     pub(crate) agents: Arc<Agents>,
+    pub(crate) frontends: Arc<Frontends>,
 }
 
 impl Admin {
@@ -20,7 +22,7 @@ impl Admin {
         let shared = &self.shared;
         let cfg = shared.config.load();
         let mut checks = ready(shared, &self.agents);
-        checks.push(shared.pending.readiness());
+        checks.push(self.frontends.pending.readiness());
         checks.push(shared.directory.shares_check(cfg.limits.tenant_share));
         checks.push(self.agents.replica.check(&cfg));
         if let Some(dir) = &cfg.clusters_dir {

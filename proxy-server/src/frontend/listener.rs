@@ -6,9 +6,11 @@
 //! the old; a removed one stops accepting. Live connections of a moved or removed front end are
 //! never cut: they end by themselves (or at the end of the shutdown grace).
 
-use crate::frontend::{self, FrontendRt};
-use crate::shared::{Shared, Tls, client_files};
-use crate::unix_socket::{self, Access, SocketFile};
+use super::conn::Accepted;
+use super::pipeline::connection;
+use super::unix_socket::{self, Access, SocketFile};
+use super::wing::{FrontendRt, Frontends};
+use crate::shared::{Tls, client_files};
 use arc_swap::ArcSwap;
 use proxy_core::app::{StartError, listen_tcp};
 use proxy_core::net::accept::{WhileFree, accept_error_label, accept_loop};
@@ -36,9 +38,9 @@ pub enum ApplyError {
 }
 
 /// Follow a TLS front end's material: its live connections that a reloaded list revokes end.
-fn follow_frontend_revocations(shared: &Shared, name: &str, served: &Served) {
+fn follow_frontend_revocations(fes: &Frontends, name: &str, served: &Served) {
     if let Some(tls) = &served.tls {
-        shared.frontend_certs.follow(name, &tls.material, tls.watching.clone());
+        fes.certs.follow(name, &tls.material, tls.watching.clone());
     }
 }
 
@@ -228,12 +230,12 @@ impl Listeners {
 
     /// Start the accept loops on what [`Listeners::bind`] opened. Front-end connections drain
     /// with the process.
-    pub(crate) fn start(&self, shared: &Arc<Shared>, opened: Opened) {
+    pub(crate) fn start(&self, fes: &Arc<Frontends>, opened: Opened) {
         let e = self.entries.lock();
         for (name, listening) in opened.frontends {
             if let Some(entry) = e.frontends.get(&name) {
-                follow_frontend_revocations(shared, &name, &entry.served.load());
-                serve_frontend(shared, entry, listening);
+                follow_frontend_revocations(fes, &name, &entry.served.load());
+                serve_frontend(fes, entry, listening);
             }
         }
     }
@@ -267,8 +269,8 @@ impl Listeners {
     }
 
     /// Swap in what `staged` prepared: what new connections use from now.
-    pub(crate) fn commit(&self, shared: &Arc<Shared>, new: &ServerConfig, staged: Staged) {
-        commit_frontends(shared, &mut self.entries.lock().frontends, new, staged.frontends);
+    pub(crate) fn commit(&self, fes: &Arc<Frontends>, new: &ServerConfig, staged: Staged) {
+        commit_frontends(fes, &mut self.entries.lock().frontends, new, staged.frontends);
     }
 
     /// A kept socket's new mode or group, set on its file.
@@ -294,7 +296,7 @@ impl Listeners {
 /// starts serving (the old one stops accepting), a removed one stops accepting. Live
 /// connections continue in every case.
 fn commit_frontends(
-    shared: &Arc<Shared>,
+    fes: &Arc<Frontends>,
     running: &mut BTreeMap<String, FrontendEntry>,
     new: &ServerConfig,
     changed: Vec<ChangedFrontend>,
@@ -304,17 +306,17 @@ fn commit_frontends(
         match sock {
             None => {
                 let entry = running.get_mut(&name).expect("an unchanged place has a running entry");
-                let served = served(&shared.shutdown.stop, &f, tls);
-                follow_frontend_revocations(shared, &name, &served);
+                let served = served(&fes.shared.shutdown.stop, &f, tls);
+                follow_frontend_revocations(fes, &name, &served);
                 entry.served.store(Arc::new(served));
                 entry.cfg = f;
                 tracing::info!(frontend = %name, "front end changed; new connections use the new settings");
             }
             Some((sock, addr)) => {
                 let (listening, file) = sock.split();
-                let entry = frontend_entry(&shared.shutdown.stop, f, addr, tls, file);
-                follow_frontend_revocations(shared, &name, &entry.served.load());
-                serve_frontend(shared, &entry, listening);
+                let entry = frontend_entry(&fes.shared.shutdown.stop, f, addr, tls, file);
+                follow_frontend_revocations(fes, &name, &entry.served.load());
+                serve_frontend(fes, &entry, listening);
                 if let Some(old) = running.insert(name.clone(), entry) {
                     old.stop();
                     tracing::info!(frontend = %name, old = %old.addr, "front end moved; its live connections continue");
@@ -359,29 +361,29 @@ fn frontend_entry(
 }
 
 /// Serve a front end until shutdown or until its entry's `stop`.
-fn serve_frontend(shared: &Arc<Shared>, entry: &FrontendEntry, listening: Listening) {
+fn serve_frontend(fes: &Arc<Frontends>, entry: &FrontendEntry, listening: Listening) {
     // A slot is taken once the request head is read; until then the connection is in the
     // pending budget.
-    let limit = WhileFree(shared.limit.clone());
-    let errors = shared.metrics.conn.accept_errors.clone();
+    let limit = WhileFree(fes.limit.clone());
+    let errors = fes.shared.metrics.conn.accept_errors.clone();
     let name: Arc<str> = Arc::from(entry.cfg.name.as_str());
     let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();
-    let (tracker, stop) = (shared.shutdown.tracker.clone(), entry.stop.clone());
-    let (sh, sv) = (shared.clone(), entry.served.clone());
+    let (tracker, stop) = (fes.shared.shutdown.tracker.clone(), entry.stop.clone());
+    let (sh, sv) = (fes.clone(), entry.served.clone());
     tracing::info!(frontend = %entry.cfg.name, addr = %entry.addr, tls = entry.cfg.tls.is_some(), "front end listening");
     match listening {
         Listening::Tcp(l) => {
             tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |tcp, peer, ()| {
                 let s = sv.load();
-                let conn = frontend::Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
-                frontend::connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
+                let conn = Accepted::Tcp(tcp, s.tls.as_ref().map(Tls::acceptor));
+                connection(sh.clone(), s.rt.clone(), conn, peer.to_string(), Some(peer.ip()))
             }));
         }
         Listening::Unix(l) => {
             let peer = entry.addr.clone();
             tokio::spawn(accept_loop(l, limit, stop, tracker, on_err, move |s, _addr, ()| {
                 let rt = sv.load().rt.clone();
-                frontend::connection(sh.clone(), rt, frontend::Accepted::Unix(s), peer.clone(), None)
+                connection(sh.clone(), rt, Accepted::Unix(s), peer.clone(), None)
             }));
         }
     }
