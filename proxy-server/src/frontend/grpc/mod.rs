@@ -27,6 +27,7 @@ mod way_in;
 use super::conn::{BoxIo, Exit, Handshaken, Pre};
 use super::h2_normalise::Normalised;
 use super::refusal::Refusal;
+use super::revocation::Noted;
 use super::wing::{FrontendRt, Frontends};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
@@ -74,7 +75,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Routed {
 }
 
 /// One gRPC front-end connection as hyper serves it.
-type Conn = http2::Connection<TokioIo<Normalised<Prefixed<BoxIo>>>, Routed, TokioExecutor>;
+type Conn = http2::Connection<TokioIo<Normalised<Prefixed<Noted<BoxIo>>>>, Routed, TokioExecutor>;
 
 /// The malformed HTTP/2 the normaliser found on a connection, once it found one.
 type Failure = Arc<OnceLock<Http2Error>>;
@@ -96,9 +97,12 @@ pub(super) async fn serve(fes: &Arc<Frontends>, fe: &Arc<FrontendRt>, conn: Hand
         Ok(Err(_)) => return Exit::Early(Refusal::ClosedEarly),
         Err(r) => return Exit::Early(r.into()),
     }
+    // A revoked client certificate fails the connection's reads and writes; hyper resets its
+    // streams for it, which read the cause from the note.
+    let (io, revoked) = Noted::new(io);
     let (verdict, way_in) = WayIn::new();
-    let proxy = Proxy { fes: fes.clone(), fe: fe.clone(), peer: peer.into(), cluster: cluster.into(), way_in };
-    let way_in = proxy.way_in.clone();
+    let (peer, cluster) = (peer.into(), cluster.into());
+    let proxy = Proxy { fes: fes.clone(), fe: fe.clone(), peer, cluster, way_in: way_in.clone(), revoked };
     // Real gRPC clients send an `:authority` hyper's HTTP/2 refuses (on a Unix socket, the
     // socket's path); the normaliser leaves such a one out (see h2_normalise).
     let io = Normalised::new(Prefixed::new(preface.to_vec(), io), H2_LIMITS);

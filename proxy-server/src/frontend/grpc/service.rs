@@ -5,6 +5,7 @@ use super::relay::Relay;
 use super::way_in::{OwnSlot, StreamSlot, WayIn};
 use crate::frontend::conn::Ctx;
 use crate::frontend::refusal::Refusal;
+use crate::frontend::revocation::{self, RevokedNote};
 use crate::frontend::wing::{FrontendRt, Frontends};
 use crate::registry::DialRefusal;
 use proxy_core::net::admission;
@@ -30,6 +31,8 @@ pub(super) struct Proxy {
     pub(super) peer: Arc<str>,
     pub(super) cluster: Arc<str>,
     pub(super) way_in: Arc<WayIn>,
+    /// Set when the connection failed because its client certificate was revoked.
+    pub(super) revoked: RevokedNote,
 }
 
 /// The packets of one `Proxy` stream towards the client.
@@ -54,11 +57,11 @@ impl ProxyService for Proxy {
         let slot = self.way_in.slot().await?;
         let (tx, rx) = mpsc::channel(OUT_QUEUE);
         let ctx = Ctx::new(&self.fes, self.fe.clone(), self.peer.to_string(), self.cluster.to_string(), "grpc");
-        let fes = self.fes.clone();
+        let (fes, revoked) = (self.fes.clone(), self.revoked.clone());
         // Tracked as a connection, so a drain waits for it.
         self.fes.shared.shutdown.tracker.spawn(async move {
             let _alive = alive;
-            stream(&fes, ctx, req.into_inner(), tx, slot).await
+            stream(&fes, ctx, req.into_inner(), tx, slot, &revoked).await
         });
         Ok(Response::new(Outbound(rx)))
     }
@@ -73,13 +76,16 @@ struct Open {
     _share: Hold,
 }
 
-/// One `Proxy` stream from its `DIAL_REQ` to its end: dial, relay, log.
+/// One `Proxy` stream from its `DIAL_REQ` to its end: dial, relay, log. A stream reset
+/// because its connection's client certificate was revoked (`revoked`) ends for that reason, as
+/// a CONNECT does.
 async fn stream(
     fes: &Frontends,
     mut ctx: Ctx,
     mut inbound: Streaming<Packet>,
     tx: mpsc::Sender<Packet>,
     own: Arc<OwnSlot>,
+    revoked: &RevokedNote,
 ) {
     let Some(open) = dial(fes, &mut ctx, &mut inbound, &tx, own).await else { return };
     let shared = &fes.shared;
@@ -95,6 +101,7 @@ async fn stream(
     if reason == "cluster_drained" {
         m.stream_drains.with_label_values(&[&ctx.cluster]).inc();
     }
+    let reason = if reason == "client_reset" && revoked.revoked() { revocation::REASON } else { reason };
     let (up, down) = r.moved();
     ctx.log(200, reason, up, down);
 }
