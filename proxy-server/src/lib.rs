@@ -1,9 +1,12 @@
 //! proxy-server: the seed end of the reverse tunnel. Agents dial in; front ends (CONNECT, forward proxy) dial out through them.
 //!
-//! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate adds
-//! the agents' listener and sessions (with their identities: certificates, revocation lists,
-//! ServiceAccount tokens), the front ends and the per-cluster state. At shutdown the
-//! front-end connections drain for the grace period, then the agent sessions close.
+//! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate
+//! composes three wings: [`agents`] (the agents' listeners, who an agent is and whether its
+//! session may live: certificates, revocation lists, ServiceAccount tokens), [`frontend`] (the
+//! front ends' listeners, a connection's life from accept to relay) and [`registry`] (the
+//! cluster directory, the dial path, each session's standing), with what they share
+//! ([`shared`], [`metrics`], [`cluster_files`]) and the admin hooks ([`admin`]). At shutdown
+//! the front-end connections drain for the grace period, then the agent sessions close.
 
 mod admin;
 mod agents;
@@ -181,7 +184,7 @@ impl Service for Server {
     }
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
-        self.admin.control(req)
+        self.admin.endpoint(req)
     }
 
     async fn stopped(&self) {

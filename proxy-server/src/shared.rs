@@ -15,6 +15,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+/// What every wing shares (see the module documentation); each wing holds its own state beside
+/// it (`Agents`, `Frontends`).
 pub(crate) struct Shared {
     pub(crate) config: ArcSwap<ServerConfig>,
     pub(crate) metrics: ServerMetrics,

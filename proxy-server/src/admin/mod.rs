@@ -33,9 +33,10 @@ impl Admin {
         checks
     }
 
-    /// `PUT|POST|DELETE /control/clusters/<name>`.
-    pub(crate) fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
-        control(&self.shared, req)
+    /// The admin endpoints under `/control/`: `PUT|POST|DELETE /control/clusters/<name>` (`None`
+    /// for any other path).
+    pub(crate) fn endpoint(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+        set_cluster_state(&self.shared, req)
     }
 
     /// The running config as `/config` shows it, with the admin overrides and, with
@@ -118,7 +119,7 @@ fn session_detail(shared: &Shared, s: &Session) -> String {
 }
 
 /// `PUT|POST|DELETE /control/clusters/<name>`: set or clear an admin override of a cluster's state.
-fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+fn set_cluster_state(shared: &Shared, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
     use http::{Method, StatusCode};
     let name = req.path.strip_prefix("/control/clusters/")?;
     if !seedgate_config::server::valid_cluster_name(name) {

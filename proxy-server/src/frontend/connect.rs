@@ -1,6 +1,6 @@
 //! The CONNECT front end, a protocol step of the pipeline: the request head (read under the admission's deadline), the connection slot, proxy credentials, the dial and the 200, up to a connection ready to relay; an absolute-form request hands the connection to [`super::forward`].
 
-use super::conn::{BoxIo, Ctx, Exit, Handshaken, Pre, Ready, Reply};
+use super::wing::{BoxIo, Ctx, Exit, Handshaken, Pre, Ready, Reply};
 use super::forward::forward;
 use super::proxy_auth::proxy_auth_cluster;
 use super::refusal::Refusal;

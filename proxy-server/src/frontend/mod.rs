@@ -10,7 +10,6 @@
 //! whose client certificate a reloaded list revokes is ended ([`revocation`]). [`listener`]
 //! binds and reloads the sockets, [`unix_socket`] the socket files on disk.
 
-mod conn;
 mod connect;
 mod forward;
 mod grpc;

@@ -5,7 +5,7 @@
 //! early (counted), or refused with its context (counted, answered as its protocol answers,
 //! logged). Nothing a protocol does calls back up here.
 
-use super::conn::{Accepted, Exit, Handshaken, Late, Pre, Ready, Reply};
+use super::wing::{Accepted, Exit, Handshaken, Late, Pre, Ready, Reply};
 use super::refusal::Refusal;
 use super::wing::{FrontendRt, Frontends};
 use super::{connect, grpc, port_forward, revocation};

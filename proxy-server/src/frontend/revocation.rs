@@ -2,7 +2,7 @@
 //!
 //! rustls refuses a revoked certificate at the handshake; a connection verified before the
 //! list named it is found here. A TLS front end's material reloads itself when its `tls.crl`
-//! changes (within [`proxy_core::watch::Poll::TLS`]) and [`follow`] then takes the lists its
+//! changes (within [`proxy_core::watch::Poll::TLS`]) and [`Live::follow`] then takes the lists its
 //! verifier checks (matched to the CAs by key, [`proxy_core::tls::Revoked`]). Every connection
 //! of that front end whose certificate they revoke is ended: its stream ([`Revocable`]) fails
 //! every read and write from then on, so whatever serves it (the CONNECT relay, the

@@ -2,7 +2,7 @@
 
 use super::*;
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::{BoxFuture, DialError, Echoes, TunnelStream};
+use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Echoes, TunnelStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// How the agent behind a fake session answers a stream open.

@@ -1,39 +1,38 @@
 //! The registry: the cluster directory — one entry per cluster: its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams, under one lock — the dial path through it, each session's standing, and the start-up wait.
 //!
-//! Front ends dial through [`dial`] (the dial path, top to bottom: [`strategy`] names the
-//! sessions a dial may take, [`attempt`] tries one); agents' sessions come and go through
+//! Front ends dial through [`dial`] (the dial path, top to bottom, each attempt included;
+//! [`strategy`] names the sessions a dial may take); agents' sessions come and go through
 //! [`SessionDirectory::add`] and [`SessionDirectory::remove`], refused with a [`Refusal`] (a
 //! fenced cluster is decided by [`Mode::fenced`], and nowhere else); a session's standing for
 //! new dials is the [`Session`]'s own; reloads, cluster files and the admin endpoint set modes
-//! and limits. The registry knows nothing of who an agent is beyond what it was filed with.
+//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). The registry
+//! knows nothing of who an agent is beyond what it was filed with.
 //!
 //! Lock order: `Replica`'s announcement lock, then the directory, then a session's
 //! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
 //! written once (`OnceLock`) and need no lock.
 
-mod attempt;
 pub(crate) mod dial;
-mod liveness;
+mod modes;
 mod refusal;
 mod session;
 mod settle;
 mod strategy;
 
 pub(crate) use dial::{DialTimes, Dialed};
-pub(crate) use liveness::Standing;
 pub(crate) use refusal::{DialRefusal, Refusal};
-pub(crate) use session::{Identity, Session};
+pub(crate) use session::{Identity, Session, Standing};
 
 use crate::metrics::ServerMetrics;
 use proxy_core::net::pending::TenantShare;
 use proxy_core::net::share::{Cap, Kind, Naming, Shares};
 use proxy_core::obs::admin::Check;
 use proxy_core::sync::RwLock;
-use proxy_core::tunnel::{AgentHello, ControlMsg, Opener};
+use proxy_core::tunnel::{AgentHello, Opener};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
 use settle::Settle;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -190,14 +189,6 @@ impl Clusters {
     }
 }
 
-/// A cluster whose mode changed, as the change is told to its agents and logged once the
-/// directory is unlocked.
-struct Changed {
-    cluster: String,
-    mode: Mode,
-    sessions: Vec<Arc<Session>>,
-}
-
 /// The cluster entries (see the module documentation), the clusters' shares of the process
 /// limits, and what a dial finds its agent in.
 pub(crate) struct SessionDirectory {
@@ -254,81 +245,6 @@ impl SessionDirectory {
 
     pub(crate) fn mode(&self, cluster: &str) -> Mode {
         self.clusters.read().by_name.get(cluster).map_or_else(|| Mode::from_cfg(None), Entry::mode)
-    }
-
-    /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
-    /// mode changed.
-    pub(crate) fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
-        let changes = {
-            let mut c = self.clusters.write();
-            let configured = c.by_name.iter().filter(|(_, e)| e.mode.is_some()).map(|(n, _)| n.clone());
-            let names: BTreeSet<String> = configured.chain(states.keys().cloned()).collect();
-            let mut changes = Vec::new();
-            for name in names {
-                let new = Mode::from_cfg(states.get(&name));
-                let e = c.entry(&name, &self.kill);
-                match e.mode.take() {
-                    // The same state (no notices, deadlines keep counting); strategies as now.
-                    Some(old) if old.same_as(&new) => e.mode = Some(Mode { strategies: new.strategies, ..old }),
-                    old => {
-                        let changed = old.is_some() || new.mode != ClusterMode::Active;
-                        e.mode = states.contains_key(&name).then_some(new);
-                        if changed {
-                            changes.push(self.mode_changed(&name, e));
-                        }
-                    }
-                }
-            }
-            changes
-        };
-        changes.into_iter().map(|c| self.tell(c)).collect()
-    }
-
-    /// `cluster`'s mode changed (under the lock): its state gauge, its live streams by the new
-    /// mode, and who is to be told.
-    fn mode_changed(&self, cluster: &str, e: &mut Entry) -> Changed {
-        let mode = e.mode();
-        self.metrics.set_cluster_state(cluster, mode.mode);
-        e.generation += 1;
-        match (mode.mode, mode.drain_deadline) {
-            (ClusterMode::Fenced, _) => e.end_streams(&self.kill),
-            (ClusterMode::Draining, Some(d)) => self.end_streams_at(cluster, e.generation, mode.since + d),
-            _ => {}
-        }
-        Changed { cluster: cluster.to_owned(), mode, sessions: e.sessions.clone() }
-    }
-
-    /// Tell a cluster's agents about its new mode (the directory unlocked).
-    fn tell(&self, c: Changed) -> String {
-        let Changed { cluster, mode, sessions } = c;
-        tracing::info!(%cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
-        match mode.mode {
-            ClusterMode::Active => {}
-            ClusterMode::Draining => {
-                for s in &sessions {
-                    self.send_move(s, &mode);
-                }
-            }
-            ClusterMode::Fenced => {
-                // Fenced: this seed must not act for the cluster any more.
-                for s in &sessions {
-                    s.stop.cancel();
-                }
-            }
-        }
-        cluster
-    }
-
-    fn send_move(&self, s: &Session, mode: &Mode) {
-        let msg = ControlMsg::Move {
-            to: mode.move_to.clone(),
-            drain_deadline_ms: mode.drain_deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
-        };
-        if let Err(e) = s.opener.control(&msg) {
-            tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot send the move notice");
-        } else {
-            self.metrics.move_notices.with_label_values(&[&s.cluster]).inc();
-        }
     }
 
     /// Whether an agent of `cluster` may have a session here, asked before its session is
@@ -405,21 +321,6 @@ impl SessionDirectory {
 
     pub(crate) fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {
         self.clusters.read().by_name.get(cluster).map(|e| e.sessions.clone()).unwrap_or_default()
-    }
-
-    /// At `at` (the drain deadline), end the cluster's live streams, unless its mode changed again.
-    fn end_streams_at(&self, cluster: &str, generation: u64, at: Instant) {
-        let (clusters, kill, cluster) = (self.clusters.clone(), self.kill.clone(), cluster.to_owned());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep_until(at.into()) => {}
-                _ = kill.cancelled() => return,
-            }
-            let mut c = clusters.write();
-            if let Some(e) = c.by_name.get_mut(&cluster).filter(|e| e.generation == generation) {
-                e.end_streams(&kill);
-            }
-        });
     }
 
     /// The token that ends a stream admitted now: cancelled at once when the cluster is fenced,

@@ -1,13 +1,32 @@
-//! One connected agent session: its identity, its stream opener, its hello, and its standing for new dials (suspect, superseded, silent) as methods that mark, count and log it.
+//! One connected agent session: its identity, its stream opener, its hello, and its standing for new dials — whether a dial trusts it: one superseded by its restarted agent, or one gone silent, is tried last until it shows life again — as methods that mark, count and log it.
 //!
 //! Its standing is the session's own: the dial path asks [`Session::standing`] and
 //! [`Session::suspect`], an attempt that went unanswered marks it [`Session::doubt_silent`], a new
 //! run of its agent marks it [`Session::superseded_by`], and readiness shows it; the marks
 //! themselves are [`Liveness`].
+//!
+//! A session can die without a word: a QUIC agent killed by SIGKILL (UDP brings no reset), a
+//! node that loses power (no TCP RST either). Its keepalive ends it only after
+//! `agents.keepalive.timeout`; until then two things keep dials off it. An agent says in its
+//! hello which run of it this is (its instance): a later session of the same cluster and node
+//! with another instance supersedes the earlier ones at once. And a stream open that a session
+//! does not answer within `agents.open_timeout`, with no other sign of life either (HTTP/2: no
+//! PING answer; QUIC: no acknowledgement), is retried on another session of the cluster within
+//! the dial deadline, the silent session marked suspect. Neither doubt closes anything (a
+//! stream still flowing keeps flowing); either ends when the session shows life again: then it
+//! was only slow, or — superseded — another live agent claims the same node name.
+//!
+//! Before any dial notices, the session's own keepalive does: a PING (QUIC: anything that asks
+//! for an acknowledgement) unanswered for `agents.keepalive.suspect_after` makes it suspect
+//! (counted and logged as it turns so). A suspect session takes no new dial at all — a dial
+//! goes to another session of the cluster, or is refused with `no_agent` and the reason — while
+//! its open streams wait for the path until `agents.keepalive.timeout`; its next sign of life
+//! clears it.
 
-use super::liveness::{Liveness, Standing, supersedes};
 use crate::metrics::ServerMetrics;
+use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{AgentHello, Opener, Quiet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -134,5 +153,157 @@ impl Session {
                 gauge.dec();
             }
         });
+    }
+}
+
+/// How a session stands for new dials, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Standing {
+    Healthy,
+    /// It did not answer a stream open in time and gave no other sign of life.
+    Suspect,
+    /// A new run of its agent connected.
+    Superseded,
+}
+
+impl Standing {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Standing::Healthy => "healthy",
+            Standing::Suspect => "suspect",
+            Standing::Superseded => "superseded",
+        }
+    }
+}
+
+/// A session's doubt, with the signs of life it had given when doubted: any later sign clears
+/// it.
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    mark: Mutex<Option<(Standing, u64)>>,
+    /// `mark` is set: a dial reads this alone for the (usual) healthy session.
+    doubted: AtomicBool,
+}
+
+impl Liveness {
+    /// The standing now, given the session's signs of life so far (`heard`; `None`: its
+    /// transport cannot tell). A doubt the session has outlived is cleared and returned second.
+    pub(crate) fn standing(&self, heard: impl FnOnce() -> Option<u64>) -> (Standing, Option<Standing>) {
+        if !self.doubted.load(Ordering::Acquire) {
+            return (Standing::Healthy, None);
+        }
+        let mut mark = self.mark.lock();
+        let Some((standing, at)) = *mark else { return (Standing::Healthy, None) };
+        if heard().is_some_and(|now| now != at) {
+            *mark = None;
+            self.doubted.store(false, Ordering::Release);
+            return (Standing::Healthy, Some(standing));
+        }
+        (standing, None)
+    }
+
+    /// Doubt the session as `why` (suspect or superseded) with `heard` its signs of life so
+    /// far; superseded stays superseded. False when it was doubted so already, or cannot be
+    /// (a transport that cannot tell would never be cleared).
+    pub(crate) fn doubt(&self, why: Standing, heard: Option<u64>) -> bool {
+        let Some(heard) = heard else { return false };
+        let mut mark = self.mark.lock();
+        match *mark {
+            Some((now, _)) if now >= why => false,
+            _ => {
+                *mark = Some((why, heard));
+                self.doubted.store(true, Ordering::Release);
+                true
+            }
+        }
+    }
+}
+
+/// The candidates a dial chooses among: those of the best standing present.
+pub(crate) fn preferred(standings: &[Standing]) -> Vec<usize> {
+    let Some(best) = standings.iter().min() else { return Vec::new() };
+    standings.iter().enumerate().filter(|(_, s)| *s == best).map(|(i, _)| i).collect()
+}
+
+/// Whether a session whose agent said `new` supersedes one whose agent said `old` (of the same
+/// cluster: both certificates name it): the same node, both instances known, and different.
+/// Without a node name or an instance nothing is superseded. Nor is a session whose agent
+/// claims a host (`dest_host`'s name for it) by one that does not claim the same: that is
+/// another node whatever its node name says, and the dials `dest_host` sends to the old one's
+/// host must not lose it to a supersession they know nothing of.
+pub(crate) fn supersedes(new: &AgentHello, old: &AgentHello) -> bool {
+    !new.node.is_empty()
+        && new.node == old.node
+        && !new.instance.is_empty()
+        && !old.instance.is_empty()
+        && new.instance != old.instance
+        && (old.host.is_empty() || same_host(&new.host, &old.host))
+}
+
+/// Two host names as `dest_host` compares them (case and a trailing dot aside).
+fn same_host(a: &str, b: &str) -> bool {
+    a.trim_end_matches('.').eq_ignore_ascii_case(b.trim_end_matches('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(node: &str, instance: &str) -> AgentHello {
+        AgentHello { node: node.into(), version: "1".into(), instance: instance.into(), ..AgentHello::default() }
+    }
+
+    fn on_host(node: &str, instance: &str, host: &str) -> AgentHello {
+        AgentHello { host: host.into(), ..hello(node, instance) }
+    }
+
+    /// Agents that share a node name (e.g. the host name of network namespaces on one machine)
+    /// but claim different hosts are different nodes: `dest_host` keeps each one's dials.
+    #[test]
+    fn a_session_claiming_a_host_is_superseded_only_by_one_claiming_the_same() {
+        assert!(supersedes(&on_host("vm", "b", "node-1"), &on_host("vm", "a", "NODE-1.")));
+        assert!(!supersedes(&on_host("vm", "b", "node-2"), &on_host("vm", "a", "node-1")), "another host");
+        assert!(!supersedes(&on_host("vm", "b", ""), &on_host("vm", "a", "node-1")), "the new run claims none");
+        assert!(supersedes(&on_host("vm", "b", "node-1"), &hello("vm", "a")), "the old one claimed none");
+    }
+
+    #[test]
+    fn a_new_run_of_the_same_node_supersedes_and_nothing_else_does() {
+        assert!(supersedes(&hello("n1", "b"), &hello("n1", "a")));
+        assert!(!supersedes(&hello("n1", "a"), &hello("n1", "a")), "the same run: another replica's slot");
+        assert!(!supersedes(&hello("n2", "b"), &hello("n1", "a")), "another node");
+        assert!(!supersedes(&hello("", "b"), &hello("", "a")), "no node name: nothing to go by");
+        assert!(!supersedes(&hello("n1", "b"), &hello("n1", "")), "an older agent says no instance");
+        assert!(!supersedes(&hello("n1", ""), &hello("n1", "a")));
+    }
+
+    #[test]
+    fn dials_prefer_the_best_standing_present() {
+        use Standing::*;
+        assert_eq!(preferred(&[]), Vec::<usize>::new());
+        assert_eq!(preferred(&[Suspect, Healthy, Superseded, Healthy]), vec![1, 3]);
+        assert_eq!(preferred(&[Superseded, Suspect, Suspect]), vec![1, 2], "suspect before superseded");
+        assert_eq!(preferred(&[Superseded]), vec![0], "a doubted session is still better than none");
+    }
+
+    #[test]
+    fn a_doubt_lasts_until_the_session_shows_life() {
+        let l = Liveness::default();
+        assert_eq!(l.standing(|| Some(5)), (Standing::Healthy, None));
+        assert!(l.doubt(Standing::Suspect, Some(5)));
+        assert!(!l.doubt(Standing::Suspect, Some(5)), "counted once");
+        assert_eq!(l.standing(|| Some(5)), (Standing::Suspect, None), "nothing heard since");
+        assert_eq!(l.standing(|| Some(6)), (Standing::Healthy, Some(Standing::Suspect)), "a sign of life clears it");
+        assert_eq!(l.standing(|| Some(6)), (Standing::Healthy, None), "cleared once");
+
+        assert!(l.doubt(Standing::Suspect, Some(6)));
+        assert!(l.doubt(Standing::Superseded, Some(6)), "superseded is the stronger doubt");
+        assert!(!l.doubt(Standing::Suspect, Some(6)), "and stays");
+        assert_eq!(l.standing(|| Some(6)).0, Standing::Superseded);
+        assert_eq!(l.standing(|| Some(9)), (Standing::Healthy, Some(Standing::Superseded)));
+
+        let blind = Liveness::default();
+        assert!(!blind.doubt(Standing::Suspect, None), "a transport that cannot tell is never doubted");
+        assert_eq!(blind.standing(|| None), (Standing::Healthy, None));
     }
 }

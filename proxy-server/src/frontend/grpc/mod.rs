@@ -24,7 +24,7 @@ mod relay;
 mod service;
 mod way_in;
 
-use super::conn::{BoxIo, Exit, Handshaken, Pre};
+use super::wing::{BoxIo, Exit, Handshaken, Pre};
 use super::h2_normalise::Normalised;
 use super::refusal::Refusal;
 use super::revocation::Noted;
