@@ -88,6 +88,8 @@ pub enum ValueError {
     CidrPort { text: String, fault: CidrPortFault },
     #[error("invalid file mode {0:?}: write octal permission bits as a string, e.g. \"0660\"")]
     FileMode(String),
+    #[error("invalid size {text:?} ({why}); {forms}", forms = crate::size::FORMS)]
+    Size { text: String, why: &'static str },
 }
 
 /// What is wrong in a `CIDR[:port]`.

@@ -12,6 +12,7 @@ pub mod router;
 pub mod schema;
 pub mod server;
 mod session;
+mod size;
 mod yaml;
 
 pub use agent::AgentConfig;
@@ -24,4 +25,5 @@ pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;
 pub use server::ServerConfig;
 pub use session::{Keepalive, MAX_STREAM_WINDOW, STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, SessionSettings};
+pub use size::parse_size;
 pub use yaml::locate;

@@ -122,12 +122,12 @@ limits_with_pending_budget! {
         /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
         /// their 5-byte headers included. The default takes one maximal record (5-byte header plus
         /// 16 KiB). Larger: TLS alert `decode_error`.
-        #[serde(default = "client_hello_max_default")]
-        #[schemars(range(min = 512, max = 262144))]
+        #[serde(default = "client_hello_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<512, 262144>")]
         pub client_hello_max: usize,
         /// Largest HTTP CONNECT request head, in bytes. Larger: `431`.
-        #[serde(default = "connect_head_max_default")]
-        #[schemars(range(min = 256, max = 65536))]
+        #[serde(default = "connect_head_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<256, 65536>")]
         pub connect_head_max: usize,
         /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
         #[serde(default = "proxy_depth_default")]
@@ -144,8 +144,8 @@ limits_with_pending_budget! {
         /// SO_RCVBUF / SO_SNDBUF asked for each UDP listener socket, in bytes (each flow's upstream
         /// socket asks for a sixteenth of it, at least 64 KiB); the kernel may grant less
         /// (`net.core.rmem_max`), which is logged.
-        #[serde(default = "udp_socket_buffer_default")]
-        #[schemars(range(min = 65536, max = 268435456))]
+        #[serde(default = "udp_socket_buffer_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<65536, 268435456>")]
         pub udp_socket_buffer: usize,
         /// The default share of each route, as a fraction of `max_connections` (its routed
         /// connections) and of `max_pending` (its connections waiting for an upstream connect), for
@@ -439,10 +439,13 @@ fn validate_limits(cfg: &RouterConfig, p: &mut Problems) {
     }
     validate_pending_budget(&cfg.pending_budget(), p);
     if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
-        p.push("limits.client_hello_max", "must be between 512 and 262144 bytes (TLS records, headers included)");
+        p.push(
+            "limits.client_hello_max",
+            "must be between 512 and 262144 bytes (256Ki; TLS records, headers included)",
+        );
     }
     if l.connect_head_max < 256 || l.connect_head_max > 64 * 1024 {
-        p.push("limits.connect_head_max", "must be between 256 and 65536 bytes");
+        p.push("limits.connect_head_max", "must be between 256 and 65536 bytes (64Ki)");
     }
     if l.proxy_protocol_depth == 0 || l.proxy_protocol_depth > 4 {
         p.push("limits.proxy_protocol_depth", "must be between 1 and 4");
@@ -451,7 +454,7 @@ fn validate_limits(cfg: &RouterConfig, p: &mut Problems) {
         p.push("limits.udp_flows", "must be between 1 and 1000000");
     }
     if l.udp_socket_buffer < 64 * 1024 || l.udp_socket_buffer > 256 * 1024 * 1024 {
-        p.push("limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes");
+        p.push("limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes (64Ki and 256Mi)");
     }
     crate::common::validate_share(l.tenant_share, "limits.tenant_share", p);
 }

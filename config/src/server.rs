@@ -121,8 +121,8 @@ limits_with_pending_budget! {
         /// exempt.
         pub pending_per_source = 0,
         /// Largest CONNECT / proxy request head, in bytes. Larger: `431`.
-        #[serde(default = "head_max_default")]
-        #[schemars(range(min = 256, max = 65536))]
+        #[serde(default = "head_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<256, 65536>")]
         pub request_head_max: usize,
         /// The default share of each cluster, as a fraction of `max_connections` (its tunnel
         /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
@@ -592,7 +592,7 @@ fn validate_limits(cfg: &ServerConfig, p: &mut Problems) {
     }
     validate_pending_budget(&cfg.pending_budget(), p);
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
-        p.push("limits.request_head_max", "must be between 256 and 65536 bytes");
+        p.push("limits.request_head_max", "must be between 256 and 65536 bytes (64Ki)");
     }
     crate::common::validate_share(cfg.limits.tenant_share, "limits.tenant_share", p);
 }

@@ -99,13 +99,13 @@ macro_rules! with_session_settings {
             /// unless `h2_adaptive_window` is off); `1048576` over QUIC, where every stream gets more when
             /// `max_stream_window` and `connection_window` allow (quinn re-opens a stream's window in
             /// smaller steps). At most `connection_window`.
-            #[serde(default, skip_serializing_if = "Option::is_none")]
-            #[schemars(range(min = 65535, max = 2147483647))]
+            #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "crate::size::de_opt")]
+            #[schemars(schema_with = "crate::schema::size_or_null::<65535, 2147483647>")]
             pub stream_window: Option<u32>,
             /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
             /// Default `67108864`.
-            #[serde(default = "crate::session::connection_window_default")]
-            #[schemars(range(min = 65535, max = 2147483647))]
+            #[serde(default = "crate::session::connection_window_default", deserialize_with = "crate::size::de")]
+            #[schemars(schema_with = "crate::schema::size::<65535, 2147483647>")]
             pub connection_window: u32,
             /// The most one stream's window grows to on a path that needs it (a long round trip at a
             /// high rate). Over HTTP/2 with `h2_adaptive_window` each session estimates its path's
@@ -117,8 +117,8 @@ macro_rules! with_session_settings {
             /// follows the path (three congestion windows, at least 4 MiB, at most `connection_window`),
             /// which bulk streams take in turn.
             /// `stream_window` or less: no growth. Default `16777216`.
-            #[serde(default = "crate::session::max_stream_window_default")]
-            #[schemars(range(min = 65535, max = 2147483647))]
+            #[serde(default = "crate::session::max_stream_window_default", deserialize_with = "crate::size::de")]
+            #[schemars(schema_with = "crate::schema::size::<65535, 2147483647>")]
             pub max_stream_window: u32,
             /// HTTP/2 sessions grow their stream windows with the path, up to `max_stream_window`: each
             /// end estimates the bandwidth-delay product of what it receives from its PINGs. One stream
@@ -136,7 +136,8 @@ macro_rules! with_session_settings {
             /// megabytes of socket buffer. Not set on a path whose TCP handshake took under a
             /// millisecond (loopback, one host or zone), where the kernel sends what it holds at once
             /// and the limit would only cost wake-ups. Default `131072`.
-            #[serde(default = "crate::session::tcp_notsent_lowat_default")]
+            #[serde(default = "crate::session::tcp_notsent_lowat_default", deserialize_with = "crate::size::de")]
+            #[schemars(schema_with = "crate::schema::size::<0, 4294967295>")]
             pub tcp_notsent_lowat: u32,
             /// HTTP/2 sessions: bound the bytes the session's TCP socket holds unacknowledged to what the
             /// path carries plus a short queue (an eighth of the path's minimum round trip, 2-10 ms),
@@ -210,6 +211,9 @@ impl SessionSettings {
     }
 }
 
+/// What a window outside HTTP/2's and QUIC's range is told.
+const WINDOW_RANGE: &str = "must be between 65535 and 2147483647 bytes (64Ki - 1 and 2Gi - 1)";
+
 /// The session settings' rules, as problems of the keys under `section` (`tunnel`, `agents`).
 pub(crate) fn validate(s: &SessionSettings, section: &str, p: &mut Problems) {
     let ka = &s.keepalive;
@@ -221,13 +225,16 @@ pub(crate) fn validate(s: &SessionSettings, section: &str, p: &mut Problems) {
     if let Some(w) = s.stream_window
         && !(MIN_WINDOW..=MAX_WINDOW).contains(&w)
     {
-        p.push(format!("{section}.stream_window"), "must be between 65535 and 2147483647");
+        p.push(format!("{section}.stream_window"), WINDOW_RANGE);
     }
     if s.connection_window < s.stream_window.unwrap_or(MIN_WINDOW) || s.connection_window > MAX_WINDOW {
-        p.push(format!("{section}.connection_window"), "must be at least stream_window and at most 2147483647");
+        p.push(
+            format!("{section}.connection_window"),
+            "must be at least stream_window and at most 2147483647 bytes (2Gi - 1)",
+        );
     }
     if !(MIN_WINDOW..=MAX_WINDOW).contains(&s.max_stream_window) {
-        p.push(format!("{section}.max_stream_window"), "must be between 65535 and 2147483647");
+        p.push(format!("{section}.max_stream_window"), WINDOW_RANGE);
     }
 }
 

@@ -14,8 +14,8 @@ use proxy_core::prometheus::IntGauge;
 use proxy_core::relay::access::Bytes;
 use proxy_core::relay::copy::{Meters, Stop, transfer_tcp};
 use proxy_wire::client_hello::{self, HelloError, HelloParser, Status};
-use proxy_wire::http_head::{self, Detect3, HeadReader, RequestHead};
-use proxy_wire::proxy_protocol::{self, Command, Detect, V2Options};
+use proxy_wire::http_head::{self, Detect3, HeadError, HeadReader, RequestHead};
+use proxy_wire::proxy_protocol::{self, Command, Detect, ProxyError, V2Options};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use socket2::SockRef;
@@ -45,7 +45,10 @@ pub(crate) enum Proto {
 }
 
 impl Proto {
-    fn label(self) -> &'static str {
+    /// The protocols of routed connections, at their [`Proto::index`].
+    pub(crate) const ROUTED: [Proto; 3] = [Proto::Tls, Proto::Connect, Proto::Raw];
+
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Proto::Tls => "tls",
             Proto::Connect => "connect",
@@ -55,7 +58,7 @@ impl Proto {
     }
 
     /// The place of a routed connection's protocol among the listener's handshake histograms.
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             Proto::Tls => 0,
             Proto::Connect => 1,
@@ -79,8 +82,67 @@ struct Reject {
     answer: Answer,
 }
 
+/// Why a TCP listener refuses a connection before it has a route (counted under the route
+/// `-`); the reasons of the PROXY header's and the request head's readers are added by
+/// [`unrouted_reasons`].
+const UNROUTED: [&str; 18] = [
+    "pending_per_source",
+    "pending_evicted",
+    "handshake_timeout",
+    "client_closed_early",
+    "client_read_error",
+    "pp_local_health_check",
+    "pp_untrusted_source",
+    "pp_too_large",
+    "pp_missing",
+    "unknown_protocol",
+    "client_hello_too_large",
+    "not_tls",
+    "client_hello_malformed",
+    "unknown_sni",
+    "no_sni",
+    "not_connect",
+    "connect_no_route",
+    "connection_limit",
+];
+
+/// Why a TCP listener refuses a connection once it has a route (counted under the route); the
+/// upstream connect's failures are added by [`routed_reasons`].
+const ROUTED: [&str; 8] = [
+    "source_not_allowed",
+    "route_connection_limit",
+    "route_pending_limit",
+    "connection_limit",
+    "pending_evicted",
+    "handover_timeout",
+    "client_write_error",
+    "upstream_write_error",
+];
+
+/// Every reason a connection is refused for before it has a route: each has its series in
+/// `seedgate_rejects_total` and `seedgate_connections_total{route="-"}` from the start.
+pub(crate) fn unrouted_reasons() -> Vec<&'static str> {
+    let mut all = UNROUTED.to_vec();
+    all.extend(ProxyError::REASONS);
+    all.extend(HeadError::REASONS);
+    all
+}
+
+/// Every reason a routed connection is refused for (its route's series from the start).
+pub(crate) fn routed_reasons() -> Vec<&'static str> {
+    let mut all = ROUTED.to_vec();
+    all.extend(ConnectFailure::ALL.map(ConnectFailure::label));
+    all
+}
+
 impl Reject {
     fn new(reason: &'static str, answer: Answer) -> Self {
+        // A reason missing from the lists would have no series before its first refusal; any
+        // test that refuses for it says so.
+        debug_assert!(
+            unrouted_reasons().contains(&reason) || routed_reasons().contains(&reason),
+            "{reason} is not among the reasons conn.rs lists"
+        );
         Self { reason, answer }
     }
 

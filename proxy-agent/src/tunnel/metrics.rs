@@ -2,10 +2,11 @@
 
 use super::machine::events::Carrier;
 use super::machine::notes::Metric;
-use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::obs::metrics::{at_zero, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use proxy_core::tunnel::h2::InflightStats;
 use proxy_core::tunnel::quic::congestion::CongestionStats;
+use proxy_wire::tunnel::DialError;
 
 #[derive(Clone)]
 pub(crate) struct TunnelMetrics {
@@ -17,9 +18,10 @@ pub(crate) struct TunnelMetrics {
 
 impl TunnelMetrics {
     pub(crate) fn new(reg: &Registry) -> Self {
+        let stream = StreamMetrics::new(reg);
         Self {
-            session: SessionMetrics::new(reg),
-            stream: StreamMetrics::new(reg),
+            session: SessionMetrics::new(reg, &stream.streams_opened),
+            stream,
             inflight: InflightStats::new(reg),
             quic_congestion: CongestionStats::new(reg),
         }
@@ -40,12 +42,15 @@ pub(crate) struct SessionMetrics {
     pub suspect: IntCounterVec,
     pub replaced: IntCounterVec,
     pub storms_avoided: IntCounterVec,
+    /// [`StreamMetrics::streams_opened`], whose series a slot has from the start too.
+    streams_opened: IntCounterVec,
 }
 
 impl SessionMetrics {
-    fn new(reg: &Registry) -> Self {
+    fn new(reg: &Registry, streams_opened: &IntCounterVec) -> Self {
         let server = &["server"];
         Self {
+            streams_opened: streams_opened.clone(),
             sessions: gauge_vec(
                 reg,
                 "seedgate_tunnel_sessions_connected",
@@ -129,7 +134,7 @@ pub(crate) struct StreamMetrics {
 
 impl StreamMetrics {
     fn new(reg: &Registry) -> Self {
-        Self {
+        let m = Self {
             streams_active: gauge(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now."),
             streams_opened: counter_vec(
                 reg,
@@ -161,8 +166,29 @@ impl StreamMetrics {
                 "Streams refused because a limit was reached, by limit.",
                 &["limit"],
             ),
-        }
+        };
+        // Every label value these take is known: each series is exported from the start.
+        at_zero(&m.bytes, &[&["to_shoot", "to_seed"]]);
+        at_zero(&m.dial_seconds, &[&["ok", "failed"]]);
+        at_zero(&m.dial_failures, &[&DialError::AGENT_CODES]);
+        at_zero(&m.limit_hits, &[&["max_streams"]]);
+        m
     }
+}
+
+/// A slot's series at 0 from its start (the transport gauges too: no session is up).
+fn zero_slot(m: &SessionMetrics, label: &str, name: &str) {
+    let transports = [Carrier::H2, Carrier::Quic].map(Carrier::as_str);
+    at_zero(&m.transport, &[&[label], &transports]);
+    at_zero(&m.reconnects, &[&[label], &["ok", "failed"]]);
+    for (from, to) in [(Carrier::Quic, Carrier::H2), (Carrier::H2, Carrier::Quic)] {
+        at_zero(&m.transport_changes, &[&[label], &[from.as_str()], &[to.as_str()]]);
+    }
+    for c in [&m.moves, &m.suspect, &m.replaced, &m.storms_avoided, &m.streams_opened] {
+        at_zero(c, &[&[label]]);
+    }
+    let _ = m.sessions.with_label_values(&[label]);
+    let _ = m.duplicates.with_label_values(&[name]);
 }
 
 /// One slot's series (labelled by the slot's label; duplicates by the configured name). Each
@@ -176,6 +202,7 @@ pub(super) struct SlotMetrics {
 
 impl SlotMetrics {
     pub(super) fn new(m: &SessionMetrics, label: &str, name: &str) -> Self {
+        zero_slot(m, label, name);
         Self { m: m.clone(), label: label.to_owned(), name: name.to_owned() }
     }
 

@@ -32,6 +32,9 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every refusal.
+    pub const ALL: [Refusal; 4] = [Self::PerSource, Self::Evicted, Self::HandshakeTimeout, Self::ConnectionLimit];
+
     /// The reason label (`seedgate_rejects_total{reason}`, the access event's `reason`).
     pub fn label(self) -> &'static str {
         match self {

@@ -119,20 +119,23 @@ impl Outcome {
         }
     }
 
+    /// Every outcome's label, at its [`Outcome::index`].
+    pub const LABELS: [&'static str; Self::COUNT] = [
+        "closed",
+        "idle_timeout",
+        "client_reset",
+        "upstream_reset",
+        "client_error",
+        "upstream_error",
+        "shutdown",
+        "route_drained",
+        "cluster_drained",
+        "session_drained",
+    ];
+
     /// Short label for logs and metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Closed => "closed",
-            Outcome::Idle => "idle_timeout",
-            Outcome::Reset(Side::Client) => "client_reset",
-            Outcome::Reset(Side::Upstream) => "upstream_reset",
-            Outcome::Error(Side::Client, _) => "client_error",
-            Outcome::Error(Side::Upstream, _) => "upstream_error",
-            Outcome::Stopped(Stop::Shutdown) => "shutdown",
-            Outcome::Stopped(Stop::RouteDrained) => "route_drained",
-            Outcome::Stopped(Stop::ClusterDrained) => "cluster_drained",
-            Outcome::Stopped(Stop::SessionDrained) => "session_drained",
-        }
+        Self::LABELS[self.index()]
     }
 }
 

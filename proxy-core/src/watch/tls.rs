@@ -127,6 +127,11 @@ impl<T: Send + Sync + 'static> Reloading<T> {
             metrics: metrics.clone(),
             rebuilt: tokio::sync::watch::Sender::new(0),
         });
+        // Each file's reloads are exported from the start: a refused change is a 0 turned 1.
+        for f in &this.files {
+            let file = f.display().to_string();
+            crate::obs::metrics::at_zero(&this.metrics.reloads, &[&[&this.use_], &[&file], &["success", "failure"]]);
+        }
         this.record_expiry();
         this.report_unused();
         Ok(this)

@@ -279,6 +279,7 @@ fn serve_quic(
 /// against the front-end limit, not part of the front-end drain.
 fn serve_tcp(agents: &Arc<Agents>, sessions_stop: &CancellationToken, l: TcpListener, entry: &TcpEntry) {
     let errors = agents.shared.metrics.conn.accept_errors.clone();
+    proxy_core::obs::metrics::at_zero(&errors, &[&["agents"], &proxy_core::net::accept::ACCEPT_ERROR_LABELS]);
     let (a, t, sessions) = (agents.clone(), entry.tls.clone(), sessions_stop.clone());
     tracing::info!(addr = %entry.addr, "agents listener up");
     tokio::spawn(accept_loop(

@@ -62,6 +62,8 @@ impl Agents {
         shared.metrics.replica_count.set(i64::from(replica.info().count));
         tracing::info!(id = %replica.info().id, count = replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
         tokio::spawn(self.clone().follow_peers());
+        self.reviews_at_zero();
+        tokio::spawn(self.clone().follow_rules());
         // SIGTERM: tell the agents before the drain, so they find another replica while their
         // live streams here finish.
         let (a, stop) = (self.clone(), shared.shutdown.stop.clone());
@@ -103,6 +105,27 @@ impl Agents {
     /// The clusters nothing in the config knows whose agents were refused.
     pub(crate) fn unknown_refused(&self) -> BTreeSet<String> {
         self.unknown.lock().refused.clone()
+    }
+
+    /// The review metrics of every cluster with a `token_review` at 0, so that alerts tell
+    /// "none yet" from "missing".
+    fn reviews_at_zero(&self) {
+        for (name, _) in self.shared.effective_states().iter().filter(|(_, s)| s.token_review.is_some()) {
+            self.reviewers.at_zero(name);
+        }
+    }
+
+    /// Until shutdown: the review metrics at 0 for the clusters a change of the states gives a
+    /// `token_review`.
+    async fn follow_rules(self: Arc<Self>) {
+        let mut rules = self.shared.rules_changed();
+        loop {
+            tokio::select! {
+                () = self.shared.shutdown.stop.cancelled() => return,
+                changed = rules.changed() => if changed.is_err() { return },
+            }
+            self.reviews_at_zero();
+        }
     }
 
     /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses

@@ -365,6 +365,7 @@ fn serve_frontend(fes: &Arc<Frontends>, entry: &FrontendEntry, listening: Listen
     // A slot is taken once the request head is read; until then the connection is in the
     // pending budget.
     let limit = WhileFree(fes.limit.clone());
+    fes.shared.metrics.frontend_at_zero(&entry.cfg, &super::refusal::Refusal::labels());
     let errors = fes.shared.metrics.conn.accept_errors.clone();
     let name: Arc<str> = Arc::from(entry.cfg.name.as_str());
     let on_err = move |e: &std::io::Error| errors.with_label_values(&[&name, accept_error_label(e)]).inc();

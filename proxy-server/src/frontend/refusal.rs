@@ -4,6 +4,7 @@ use super::proxy_auth::{PROXY_CHALLENGE, ProxyAuth};
 use crate::registry::DialRefusal;
 use proxy_core::net::admission;
 use proxy_wire::http_head::{self, HeadError};
+use proxy_wire::tunnel::DialError;
 
 /// A refusal of a front end. Its [`label`](Refusal::label) is the reason counted in
 /// `seedgate_rejects_total` and written in the access event; its [`status`](Refusal::status)
@@ -48,9 +49,43 @@ pub(crate) enum Refusal {
     NotADialRequest,
 }
 
+/// The labels of the variants without an error of their own (see [`Refusal::labels`]).
+const OWN_LABELS: [&str; 10] = [
+    "tls_handshake_failed",
+    "no_cluster_identity",
+    "client_closed_early",
+    "proxy_auth_missing",
+    "proxy_auth_invalid",
+    "not_a_proxy_request",
+    "not_absolute_uri",
+    "target_error",
+    "not_http2",
+    "http2_malformed",
+];
+
 impl Refusal {
+    /// Every reason label a refusal may have: a front end's series of each are exported from
+    /// its start.
+    pub(crate) fn labels() -> Vec<&'static str> {
+        let mut all = OWN_LABELS.to_vec();
+        all.push("not_a_dial_request");
+        all.extend(admission::Refusal::ALL.map(admission::Refusal::label));
+        all.extend(HeadError::REASONS);
+        all.extend(DialError::CODES);
+        all.extend(["cluster_stream_limit", "cluster_pending_limit"]);
+        all
+    }
+
     /// The reason label (bounded: one per variant, or the typed error's own).
     pub(crate) fn label(&self) -> &'static str {
+        let label = self.own_label();
+        // A label missing from `labels` would have no series before its first refusal; any
+        // test that refuses for it says so.
+        debug_assert!(Self::labels().contains(&label), "{label} is not among Refusal::labels");
+        label
+    }
+
+    fn own_label(&self) -> &'static str {
         match self {
             Refusal::Admission(r) => r.label(),
             Refusal::TlsHandshake => "tls_handshake_failed",

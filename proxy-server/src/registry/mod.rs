@@ -215,12 +215,15 @@ impl SessionDirectory {
             let e = by_name.entry(name.clone()).or_insert_with(|| Entry::new(&kill));
             e.mode = Some(Mode::from_cfg(Some(state)));
         }
+        let shares = Shares::new(reg, CLUSTER_SHARES);
+        // A known cluster's shares have their series from when it is known (`publish_clusters`).
+        let _ = metrics.cluster_shares.set(shares.series());
         Self {
             clusters: Arc::new(RwLock::new(Clusters { by_name, share: ShareDefaults::default() })),
             kill,
             next_id: AtomicU64::new(1),
             metrics,
-            shares: Shares::new(reg, CLUSTER_SHARES),
+            shares,
             settle: Settle::new(Instant::now()),
         }
     }

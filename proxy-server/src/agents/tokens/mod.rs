@@ -11,7 +11,7 @@ use budget::Budgets;
 use cache::Cache;
 use client::{Client, Endpoint};
 use proxy_core::net::pending::SourceKey;
-use proxy_core::obs::metrics::{counter_vec, seconds_histogram};
+use proxy_core::obs::metrics::{at_zero, counter_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, Registry};
 use proxy_core::sync::Mutex;
 use proxy_core::tunnel::Secret;
@@ -166,6 +166,27 @@ impl Reviewers {
             tls_metrics: tls_metrics.clone(),
             metrics,
         }
+    }
+
+    /// The review metrics of `cluster` (one with a `token_review`) at 0 before its first
+    /// review, so that alerts tell "none yet" from "missing".
+    pub(crate) fn at_zero(&self, cluster: &str) {
+        let c: &[&str] = &[cluster];
+        let results = [
+            "authenticated",
+            "cached",
+            "cached_refused",
+            "token_invalid",
+            "token_audience",
+            "token_account",
+            "token_review_malformed",
+            "token_review_unavailable",
+            "token_required",
+        ];
+        at_zero(&self.metrics.reviews, &[c, &results]);
+        at_zero(&self.metrics.seconds, &[c]);
+        at_zero(&self.metrics.budget_refused, &[c, &["per_source", "in_all"]]);
+        at_zero(&self.metrics.renewals, &[c, &["review", "deferred", "superseded", "unchanged", "empty"]]);
     }
 
     /// Review `token` at `cluster`'s kube-apiserver for `asker` (an answer of the last

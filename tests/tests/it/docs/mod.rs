@@ -335,3 +335,6 @@ fn the_restart_column_is_what_a_reload_refuses() {
         }
     }
 }
+
+mod fresh;
+mod quoted;
