@@ -1,7 +1,7 @@
 //! The front ends' wing: where kube-apiserver's egress and Prometheus enter the tunnel — their listeners, and a connection's life from accept to relay as one pipeline.
 //!
 //! Open first: [`pipeline`] (admit → handshake → protocol → relay → log, one exit). What a
-//! connection carries from step to step is [`conn`]; what every connection uses, [`wing`]. The
+//! connection carries from step to step, and what every connection uses, is in [`wing`]. The
 //! protocols: HTTP CONNECT (kube-apiserver egress, Prometheus https targets; [`connect`]),
 //! absolute-form forward proxying (Prometheus http targets; [`forward`]), konnectivity's gRPC
 //! ([`grpc`], its HTTP/2 requests normalised by [`h2_normalise`]), or a fixed port forward to one

@@ -5,9 +5,8 @@
 //! early (counted), or refused with its context (counted, answered as its protocol answers,
 //! logged). Nothing a protocol does calls back up here.
 
-use super::wing::{Accepted, Exit, Handshaken, Late, Pre, Ready, Reply};
 use super::refusal::Refusal;
-use super::wing::{FrontendRt, Frontends};
+use super::wing::{Accepted, Exit, FrontendRt, Frontends, Handshaken, Late, Pre, Ready, Reply};
 use super::{connect, grpc, port_forward, revocation};
 use proxy_core::net::guard::Active;
 use proxy_core::net::share::Kind;
