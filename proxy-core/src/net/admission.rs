@@ -69,11 +69,9 @@ impl Refusal {
     }
 }
 
-impl From<pending::Refused> for Refusal {
-    fn from(r: pending::Refused) -> Self {
-        match r {
-            pending::Refused::PerSource(_) => Refusal::PerSource,
-        }
+impl From<pending::SourceAtCap> for Refusal {
+    fn from(_: pending::SourceAtCap) -> Self {
+        Refusal::PerSource
     }
 }
 

@@ -1,7 +1,7 @@
 //! Why a front end turned a connection, a forwarded request or a gRPC `Proxy` stream away: each refusal's reason label, HTTP status and message in one place.
 
 use super::proxy_auth::{PROXY_CHALLENGE, ProxyAuth};
-use crate::registry::DialRefused;
+use crate::registry::DialRefusal;
 use proxy_core::net::admission;
 use proxy_wire::http_head::{self, HeadError};
 use proxy_wire::tunnel::DialError;
@@ -34,7 +34,7 @@ pub(crate) enum Refusal {
     NotAbsoluteUri(String),
     /// The dial: the cluster's share, or what the agent (or the tunnel) answered.
     #[error(transparent)]
-    Dial(#[from] DialRefused),
+    Dial(#[from] DialRefusal),
     /// A forwarded request's target failed to answer.
     #[error("target {target}: {error}")]
     Target { target: String, error: String },

@@ -1,18 +1,19 @@
 //! Certificate revocation lists made by `openssl ca`: a revoked agent's live session (QUIC or
 //! HTTP/2) ends within seconds of the list's change and cannot come back while its neighbour
 //! stays; a revoked front-end client (ours and curl) is refused once the list names it, and its
-//! live connection ends while its neighbour's stays; an agent refuses a proxy-server whose
+//! live connection (CONNECT or gRPC) ends while its neighbour's stays; an agent refuses a proxy-server whose
 //! certificate its list revokes; a list signed by another key under the CA's name revokes
 //! nothing, and `--check` warns of it.
 
 use anyhow::Context as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use testbed::konnectivity::{Client, Packet, Payload};
 use testbed::openssl_ca::OpensslCa;
 use testbed::pki::Ca;
 use testbed::tunnel_kit::{
     AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, TunnelPki, agent_yaml, connect_strict, echo_line,
-    ensure_binaries, inproc_agent, inproc_server, server_yaml,
+    ensure_binaries, inproc_agent, inproc_server, server_yaml, wait_agents,
 };
 use testbed::{TcpEcho, TempDir, bin_path, metric_sum, metric_value, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -344,6 +345,79 @@ async fn a_front_end_connection_ends_once_the_list_names_its_certificate_and_its
     let m = server.metrics();
     let ended = value(&m, "seedgate_connections_total", &[("listener", "egress"), ("result", "certificate_revoked")]);
     anyhow::ensure!(ended == 1.0, "{ended} connections counted as ended for a revoked certificate");
+    Ok(())
+}
+
+/// Two gRPC clients (kube-apiserver's `proxyProtocol: GRPC`) of an mTLS `protocol: grpc` front
+/// end with `tls.crl`, each with a client certificate of its own and a `Proxy` stream to an echo
+/// backend: once the list is rewritten to revoke one, that connection's stream ends within
+/// seconds and is logged and counted with the reason `certificate_revoked`, as a CONNECT is; the
+/// other's stream carries on.
+#[tokio::test]
+async fn a_grpc_front_end_connection_ends_once_the_list_names_its_certificate_its_streams_as_revoked()
+-> anyhow::Result<()> {
+    let dir = TempDir::new("crl-grpc-live")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let ca = OpensslCa::new(&pki.ca, dir.path(), "openssl-ca")?;
+    let crl = dir.path().join("frontend-crl.pem");
+    ca.gencrl(&crl)?;
+    let (fc, fk) = &pki.frontend_cert;
+    let fes = [Fe::new("konnectivity", "shoot-a", FeKind::Plain)];
+    let yaml = crate::grpc::grpc_server_yaml(&pki, &fes, "").replacen(
+        "    listen: 127.0.0.1:0\n",
+        &format!(
+            "    listen: 127.0.0.1:0\n    tls: {{ cert: {}, key: {}, client_ca: {}, crl: {} }}\n",
+            fc.display(),
+            fk.display(),
+            pki.ca_file.display(),
+            crl.display()
+        ),
+        1,
+    );
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let (agent, _) = inproc_agent(
+        &dir,
+        &agent_yaml(&pki, &AgentOpts::new("shoot-a", saddrs.listener("agents")?, &["127.0.0.0/8"]))?,
+    )
+    .await?;
+    wait_agents(saddrs.admin()?, "shoot-a", 1.0).await.with_context(|| agent.log())?;
+    let echo_server = TcpEcho::start().await?;
+    let echo = echo_server.addr().to_string();
+    let fe = saddrs.listener("konnectivity")?;
+    let client = |stem: &str| -> anyhow::Result<(Dialer, std::path::PathBuf)> {
+        let id = pki.ca.client("kube-apiserver")?;
+        let (cert, _) = id.write(dir.path(), stem)?;
+        let cfg = testbed::pki::client_config(&pki.ca, Some(&id), &["h2"])?;
+        Ok((Dialer::Tls(fe, cfg, FRONTEND_NAME.into()), cert))
+    };
+    let (leaked, leaked_cert) = client("apiserver-leaked")?;
+    let (neighbour, _) = client("apiserver-neighbour")?;
+    let (leaked, neighbour) = (Client::connect(leaked).await?, Client::connect(neighbour).await?);
+    let mut gone = leaked.dial(&echo).await?.map_err(anyhow::Error::msg)?;
+    let mut stays = neighbour.dial(&echo).await?.map_err(anyhow::Error::msg)?;
+    for conn in [&mut gone, &mut stays] {
+        conn.send(b"before".to_vec()).await?;
+        anyhow::ensure!(conn.read_exact(6).await? == b"before");
+    }
+
+    ca.revoke(&leaked_cert)?;
+    ca.gencrl(&crl)?;
+    // The echo backend sends nothing unasked: the stream's end (or its error) is the front end
+    // ending the connection.
+    let end = tokio::time::timeout(DEADLINE, gone.stream.rx.message())
+        .await
+        .with_context(|| format!("the revoked client's stream still open:\n{}", server.log()))?;
+    anyhow::ensure!(!matches!(&end, Ok(Some(Packet { payload: Some(Payload::Data(_)), .. }))), "data: {end:?}");
+    stays.send(b"after".to_vec()).await?;
+    anyhow::ensure!(stays.read_exact(5).await? == b"after", "the neighbour's stream no longer echoes");
+    let serial = OpensslCa::serial(&leaked_cert)?;
+    server.wait_log_line(&["front-end connection ended: its client certificate is revoked", &serial], DEADLINE).await?;
+    let revoked = ["connection closed", "kind=\"grpc\"", "reason=\"certificate_revoked\""];
+    server.wait_log_line(&revoked, DEADLINE).await?;
+    let m = server.metrics();
+    let labels = [("listener", "konnectivity"), ("result", "certificate_revoked")];
+    let ended = value(&m, "seedgate_connections_total", &labels);
+    anyhow::ensure!(ended == 1.0, "{ended} gRPC streams counted as ended for a revoked certificate");
     Ok(())
 }
 

@@ -6,22 +6,22 @@
 //! the lists its verifier checks (matched to the CAs by key, [`proxy_core::tls::Revoked`]), and
 //! every session whose certificate they revoke ends.
 
-use crate::session::Session;
-use crate::shared::Shared;
+use super::wing::Agents;
+use crate::registry::Session;
 use proxy_core::watch::tls::Reloading;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// Until `stop`: after every reload of `material`, take the lists its verifier checks and end
 /// the sessions they revoke.
-pub(crate) fn follow(shared: &Arc<Shared>, material: &Arc<Reloading<rustls::ServerConfig>>, stop: CancellationToken) {
+pub(crate) fn follow(agents: &Arc<Agents>, material: &Arc<Reloading<rustls::ServerConfig>>, stop: CancellationToken) {
     let mut changes = material.subscribe();
-    let (shared, material) = (shared.clone(), material.clone());
+    let (agents, material) = (agents.clone(), material.clone());
     tokio::spawn(async move {
         // The lists in force now (a new listener's material: a config reload changed the files).
         loop {
-            shared.agents_revoked.store(material.revoked());
-            end_revoked(&shared);
+            agents.revoked.store(material.revoked());
+            end_revoked(&agents);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 r = changes.changed() => if r.is_err() { return },
@@ -31,21 +31,21 @@ pub(crate) fn follow(shared: &Arc<Shared>, material: &Arc<Reloading<rustls::Serv
 }
 
 /// End every registered session whose certificate the lists in force revoke.
-fn end_revoked(shared: &Shared) {
-    let revoked = shared.agents_revoked.load();
+fn end_revoked(agents: &Agents) {
+    let revoked = agents.revoked.load();
     if revoked.is_empty() {
         return;
     }
-    for s in shared.directory.all_sessions() {
+    for s in agents.shared.directory.all_sessions() {
         if let Some(serial) = s.identity.cert.as_ref().and_then(|c| revoked.of(c)) {
-            ended(shared, &s, &serial);
+            ended(agents, &s, &serial);
         }
     }
 }
 
 /// Count, log and end a session whose certificate (serial `serial`) is revoked.
-pub(crate) fn ended(shared: &Shared, s: &Session, serial: &str) {
-    shared.metrics.sessions_ended.with_label_values(&[&s.cluster, "certificate_revoked"]).inc();
+pub(crate) fn ended(agents: &Agents, s: &Session, serial: &str) {
+    agents.shared.metrics.sessions_ended.with_label_values(&[&s.cluster, "certificate_revoked"]).inc();
     tracing::warn!(cluster = %s.cluster, session = s.id, peer = %s.peer, %serial, "agent session ended: its client certificate is revoked");
     s.stop.cancel();
 }

@@ -1,6 +1,5 @@
 //! TokenReview answers, kept briefly by the hash of the token and the settings they answered (a yes until the token's expiry at the latest, a no as long): bounded in count, oldest out first, never past their deadline.
 
-use super::Answer;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
@@ -26,15 +25,16 @@ pub(super) fn key(cluster: &str, audiences: &[String], accounts: &[String], toke
     out
 }
 
-/// At most `capacity` answers; a full cache drops its oldest entry for a new one.
-pub(super) struct Cache {
+/// At most `capacity` answers (`A`: a kube-apiserver's answer as the reviewers keep it); a full
+/// cache drops its oldest entry for a new one.
+pub(super) struct Cache<A> {
     capacity: usize,
-    entries: HashMap<Key, (Answer, Instant)>,
+    entries: HashMap<Key, (A, Instant)>,
     /// Insertion order (a key appears once per insertion; a stale position is skipped).
     order: VecDeque<(Key, Instant)>,
 }
 
-impl Cache {
+impl<A: Clone> Cache<A> {
     pub(super) fn new(capacity: usize) -> Self {
         Self { capacity: capacity.max(1), entries: HashMap::new(), order: VecDeque::new() }
     }
@@ -43,7 +43,7 @@ impl Cache {
         self.capacity
     }
 
-    pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<Answer> {
+    pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<A> {
         match self.entries.get(key) {
             Some((r, until)) if *until > now => Some(r.clone()),
             Some(_) => {
@@ -54,7 +54,7 @@ impl Cache {
         }
     }
 
-    pub(super) fn put(&mut self, key: Key, r: Answer, until: Instant) {
+    pub(super) fn put(&mut self, key: Key, r: A, until: Instant) {
         // Bounded: each round removes one position, and there are at most 2 × capacity.
         while self.entries.len() >= self.capacity || self.order.len() >= 2 * self.capacity {
             let Some((old, at)) = self.order.pop_front() else { break };
@@ -70,7 +70,7 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::Reviewed;
+    use crate::agents::tokens::{Answer, Reviewed};
     use proxy_wire::token_review::{Account, Verdict};
     use std::time::Duration;
 
@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn answers_are_kept_until_their_deadline_and_the_oldest_make_room() {
         let t0 = Instant::now();
-        let mut c = Cache::new(2);
+        let mut c: Cache<Answer> = Cache::new(2);
         let (a, b, d) = (key("c", &[], &[], "a"), key("c", &[], &[], "b"), key("c", &[], &[], "d"));
         c.put(a, reviewed("a"), t0 + Duration::from_secs(10));
         c.put(b, reviewed("b"), t0 + Duration::from_secs(10));
@@ -97,7 +97,7 @@ mod tests {
         }
         assert!(c.entries.len() <= 2 && c.order.len() <= 4, "bounded after many");
         // A refusal is an answer like a yes.
-        let mut c = Cache::new(2);
+        let mut c: Cache<Answer> = Cache::new(2);
         let refused = key("c", &[], &[], "garbage");
         c.put(refused, Err(Verdict::Unauthenticated("no".into())), t0 + Duration::from_secs(10));
         assert_eq!(c.get(&refused, t0), Some(Err(Verdict::Unauthenticated("no".into()))));

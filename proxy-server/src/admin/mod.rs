@@ -1,28 +1,70 @@
-//! The admin endpoints particular to proxy-server: readiness and the per-cluster lines, and setting a cluster's state (migration).
+//! proxy-server's admin hooks: readiness (the start-up wait, one line per cluster, the budgets, the replica, the cluster files), `/control/clusters/<name>` (setting a cluster's state: migration) and the running config shown; each asks the wings (the registry's methods), not their parts.
 
+use crate::agents::Agents;
+use crate::frontend::Frontends;
+use crate::registry::{ClusterView, Session, Standing};
 use crate::shared::Shared;
 use proxy_core::obs::admin::{Check, ControlRequest};
+use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterMode, ClusterState};
+use std::sync::Arc;
+
+/// What the admin hooks read and change: the wings.
+pub(crate) struct Admin {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) agents: Arc<Agents>,
+    pub(crate) frontends: Arc<Frontends>,
+}
+
+impl Admin {
+    /// `/readyz` (`?verbose` shows every line).
+    pub(crate) fn ready(&self) -> Vec<Check> {
+        let shared = &self.shared;
+        let cfg = shared.config.load();
+        let mut checks = ready(shared, &self.agents);
+        checks.push(self.frontends.pending.readiness());
+        checks.push(shared.directory.shares_check(cfg.limits.tenant_share));
+        checks.push(self.agents.replica.check(&cfg));
+        if let Some(dir) = &cfg.clusters_dir {
+            let (n, clusters, refused) = shared.states.lock().files.summary();
+            let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
+            checks.push(Check::info("cluster-files", detail));
+        }
+        checks
+    }
+
+    /// The admin endpoints under `/control/`: `PUT|POST|DELETE /control/clusters/<name>` (`None`
+    /// for any other path).
+    pub(crate) fn endpoint(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+        set_cluster_state(&self.shared, req)
+    }
+
+    /// The running config as `/config` shows it, with the admin overrides and, with
+    /// `clusters_dir`, what its files hold.
+    pub(crate) fn show_config(&self, running: &ServerConfig) -> serde_json::Value {
+        let mut v = serde_json::to_value(running).unwrap_or_default();
+        let sources = self.shared.states.lock();
+        v["cluster_overrides"] = serde_json::to_value(&sources.overrides).unwrap_or_default();
+        if running.clusters_dir.is_some() {
+            v["cluster_files"] = sources.files.show();
+        }
+        v
+    }
+}
 
 /// Readiness of the replica, and one line of information per cluster. The only agent-related
-/// condition is the start-up wait ([`crate::settle`]); afterwards no cluster's agents, or lack of
+/// condition is the start-up wait ([`SessionDirectory::settled`](crate::registry::SessionDirectory::settled)); afterwards no cluster's agents, or lack of
 /// them, makes the replica unready: a cluster without agents fails its own dials (`503`), and its
 /// line, `seedgate_agents_connected` and `seedgate_cluster_agents_expected` show it. Agents of
 /// clusters nothing in the config knows are listed too.
-pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
+fn ready(shared: &Shared, agents: &Agents) -> Vec<Check> {
     let known = shared.known_clusters();
-    let waiting: Vec<String> = known
-        .iter()
-        .filter(|(c, expected)| **expected && shared.directory.sessions(c).is_empty())
-        .map(|(c, _)| c.clone())
-        .collect();
-    let expected = known.values().filter(|e| **e).count();
     let limit = shared.config.load().agents.settle_time.get();
-    let mut checks = vec![shared.settle.check(std::time::Instant::now(), limit, expected, &waiting)];
+    let mut checks = vec![shared.directory.settled(std::time::Instant::now(), limit, &known)];
     checks.extend(known.iter().map(|(c, expected)| cluster_line(shared, c, *expected)));
     let mut unknown: Vec<String> =
         shared.directory.connected().into_iter().filter(|c| !known.contains_key(c)).collect();
-    let refused = shared.unknown.lock().refused.clone();
+    let refused = agents.unknown_refused();
     unknown.extend(refused.into_iter().filter(|c| !known.contains_key(c)));
     unknown.sort();
     unknown.dedup();
@@ -43,10 +85,7 @@ pub(crate) fn ready(shared: &Shared) -> Vec<Check> {
 
 /// `cluster-<name>`: its state, its agents here and, without any, what that means for its dials.
 fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
-    let dir = &shared.directory;
-    let mode = dir.mode(c);
-    dir.file_hellos(c);
-    let sessions = dir.sessions(c);
+    let ClusterView { mode, sessions } = shared.directory.cluster(c);
     let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
     let state = format!("{:?}", mode.mode).to_lowercase();
     let detail = match mode.mode {
@@ -65,11 +104,11 @@ fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
 }
 
 /// A session as readiness lists it: its peer, its node and how dials trust it, if not fully.
-fn session_detail(shared: &Shared, s: &crate::session::Session) -> String {
-    let node = crate::attempt::node(s);
-    let standing = match crate::attempt::standing(s, &shared.metrics) {
-        _ if crate::attempt::suspect(s) => "suspect: keepalive unanswered, takes no new dials",
-        crate::liveness::Standing::Healthy => "",
+fn session_detail(shared: &Shared, s: &Session) -> String {
+    let node = s.node();
+    let standing = match s.standing(&shared.metrics) {
+        _ if s.suspect() => "suspect: keepalive unanswered, takes no new dials",
+        Standing::Healthy => "",
         doubted => doubted.label(),
     };
     let notes: Vec<&str> = [node.as_str(), standing].into_iter().filter(|n| !n.is_empty()).collect();
@@ -80,7 +119,7 @@ fn session_detail(shared: &Shared, s: &crate::session::Session) -> String {
 }
 
 /// `PUT|POST|DELETE /control/clusters/<name>`: set or clear an admin override of a cluster's state.
-pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
+fn set_cluster_state(shared: &Shared, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
     use http::{Method, StatusCode};
     let name = req.path.strip_prefix("/control/clusters/")?;
     if !seedgate_config::server::valid_cluster_name(name) {
@@ -109,21 +148,4 @@ pub(crate) fn control(shared: &Shared, req: ControlRequest<'_>) -> Option<(http:
     shared.apply_states();
     let mode = shared.directory.mode(name);
     Some((StatusCode::OK, format!("cluster {name}: {:?}\n", mode.mode).to_lowercase()))
-}
-
-/// Whether a front end or a cluster state names `cluster`; if not, warn (once per name).
-pub(crate) fn knows_cluster(shared: &Shared, cluster: &str, peer: std::net::SocketAddr) -> bool {
-    if shared.known_clusters().contains_key(cluster) {
-        return true;
-    }
-    if shared.unknown.lock().warned.insert(cluster.to_owned()) {
-        tracing::warn!(
-            %cluster,
-            %peer,
-            accept = shared.config.load().agents.accept_unknown_clusters,
-            "agent of cluster {cluster:?}, which no front end or clusters entry knows: probably a typo in the \
-             certificate's CN (agents.accept_unknown_clusters: false refuses such agents)"
-        );
-    }
-    false
 }

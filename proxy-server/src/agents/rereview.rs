@@ -4,10 +4,11 @@
 //! tokio glue: it sleeps until what [`Renewals`] says, reads renewals off the control stream,
 //! asks for reviews, and ends the session.
 
-use crate::identity::{Peer, Refused};
-use crate::session::Session;
-use crate::shared::Shared;
-use crate::tokens::{Asker, ClusterReview, ReviewError, Reviewed, Unavailable};
+use super::identity::Rules;
+use super::refusal::{Peer, Refusal, tell_and_close};
+use super::tokens::{Asker, ClusterReview, ReviewError, Reviewed, Unavailable};
+use super::wing::Agents;
+use crate::registry::Session;
 use proxy_core::tunnel::Secret;
 use proxy_core::tunnel::session::Presented;
 use seedgate_config::server::AgentAuth;
@@ -186,47 +187,47 @@ pub(crate) struct TokenState {
 
 /// Whether the cluster's rules of the moment still take the session's token: its review
 /// settings (`None`: its certificate alone admits it now, no review needed), or why not.
-fn rules_now(shared: &Shared, sess: &Session) -> Result<Option<ClusterReview>, Refused> {
-    let rules = crate::rules::Rules::now(shared);
+fn rules_now(agents: &Agents, sess: &Session) -> Result<Option<ClusterReview>, Refusal> {
+    let rules = Rules::now(&agents.shared);
     let cluster = &sess.cluster;
     let auth = rules.auth(cluster);
     match (sess.identity.cert.is_some(), auth) {
         (true, AgentAuth::Mtls | AgentAuth::MtlsOrToken) => return Ok(None),
         (false, a) if !a.certificate_optional() => {
-            return Err(Refused::CertificateRequired { cluster: cluster.clone(), auth: a.as_str() });
+            return Err(Refusal::CertificateRequired { cluster: cluster.clone(), auth: a.as_str() });
         }
         _ => {}
     }
-    match rules.review(shared, cluster) {
+    match rules.review(&agents.shared, cluster) {
         Some(r) => Ok(Some(r)),
-        None => Err(Refused::NoTokenCluster(format!("cluster {cluster:?} has no token_review here any more"))),
+        None => Err(Refusal::NoTokenCluster(format!("cluster {cluster:?} has no token_review here any more"))),
     }
 }
 
 /// Keep the session's token under review (see the module documentation) until the session
 /// must end: then it is refused (the agent is told why) and this returns. Runs as long as the
 /// session (its caller drops it with the session).
-pub(crate) async fn keep(shared: &Shared, sess: &Session, t: TokenState, stop: &CancellationToken) {
-    let refused = watch(shared, sess, t).await;
-    shared.metrics.sessions_ended.with_label_values(&[&sess.cluster, refused.label()]).inc();
+pub(crate) async fn keep(agents: &Agents, sess: &Session, t: TokenState, stop: &CancellationToken) {
+    let refused = watch(agents, sess, t).await;
+    agents.shared.metrics.sessions_ended.with_label_values(&[&sess.cluster, refused.label()]).inc();
     let reason = proxy_core::obs::Untrusted::new(&refused.to_string()).max(1024).to_string();
     tracing::warn!(cluster = %sess.cluster, session = sess.id, peer = %sess.peer, reason = refused.label(), "agent session ended: {reason}");
-    crate::identity::tell_and_close(&refused, Peer::Authenticated, &sess.opener, stop);
+    tell_and_close(&refused, Peer::Authenticated, &sess.opener, stop);
 }
 
 /// Follow the session until it must end; why it must.
-async fn watch(shared: &Shared, sess: &Session, t: TokenState) -> Refused {
+async fn watch(agents: &Agents, sess: &Session, t: TokenState) -> Refusal {
     let cluster = &sess.cluster;
     let TokenState { mut presented, token, seen, reviewed } = t;
     let mut policy = Renewals::new(Instant::now(), token, reviewed.expires_in(SystemTime::now()), seen);
     let account = reviewed.account;
-    let mut rules = shared.reviewers.rules();
+    let mut rules = agents.shared.rules_changed();
     let mut stream_open = true;
     loop {
-        let grace = shared.config.load().agents.token_review.grace.get();
+        let grace = agents.shared.config.load().agents.token_review.grace.get();
         let token = match policy.next(Instant::now(), grace) {
             Next::End => {
-                return Refused::Token { cluster: cluster.clone(), error: Unavailable::PastGrace(grace).into() };
+                return Refusal::Token { cluster: cluster.clone(), error: Unavailable::PastGrace(grace).into() };
             }
             Next::Review(token) => token,
             Next::Sleep(until) => {
@@ -236,16 +237,16 @@ async fn watch(shared: &Shared, sess: &Session, t: TokenState) -> Refused {
                         Ok(()) => {
                             let p = presented.borrow_and_update().clone().unwrap_or_default();
                             for (r, n) in policy.renewed(Instant::now(), p.token, p.renewals) {
-                                shared.reviewers.count_renewals(cluster, r.label(), n);
+                                agents.reviewers.count_renewals(cluster, r.label(), n);
                                 if r == Renewal::Empty {
-                                    return Refused::TokenWithdrawn { cluster: cluster.clone() };
+                                    return Refusal::TokenWithdrawn { cluster: cluster.clone() };
                                 }
                             }
                         }
                         // The control stream is gone: only the deadlines are left.
                         Err(_) => stream_open = false,
                     },
-                    _ = rules.changed() => match rules_now(shared, sess) {
+                    _ = rules.changed() => match rules_now(agents, sess) {
                         Err(r) => return r,
                         Ok(None) => return std::future::pending().await,
                         Ok(Some(_)) => {}
@@ -255,23 +256,23 @@ async fn watch(shared: &Shared, sess: &Session, t: TokenState) -> Refused {
             }
         };
         // The cluster's rules of the moment: a reload applies from this review on.
-        let settings = match rules_now(shared, sess) {
+        let settings = match rules_now(agents, sess) {
             Err(r) => return r,
             Ok(None) => return std::future::pending().await,
             Ok(Some(s)) => s,
         };
         // Bounded by the review's own timeout.
-        match shared.reviewers.review(cluster, &settings, &token, Asker::Live).await {
+        match agents.reviewers.review(cluster, &settings, &token, Asker::Live).await {
             Ok(r) if r.account == account => {
                 policy.answered(Instant::now(), token, r.expires_in(SystemTime::now()));
             }
-            Ok(r) => return Refused::AccountChanged { was: account.to_string(), now: r.account.to_string() },
+            Ok(r) => return Refusal::AccountChanged { was: account.to_string(), now: r.account.to_string() },
             Err(ReviewError::Unavailable(e)) => {
                 let error = proxy_core::obs::Untrusted::new(&e.to_string()).max(1024).to_string();
                 tracing::warn!(%cluster, session = sess.id, %error, "token review again: the kube-apiserver did not answer; the session stays within agents.token_review.grace past its token's exp");
                 policy.unanswered();
             }
-            Err(error) => return Refused::Token { cluster: cluster.clone(), error },
+            Err(error) => return Refusal::Token { cluster: cluster.clone(), error },
         }
     }
 }

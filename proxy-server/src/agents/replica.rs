@@ -64,7 +64,7 @@ impl Replica {
     }
 
     /// Tell a session just registered who we are.
-    pub(crate) fn announce_to(&self, metrics: &ServerMetrics, s: &crate::session::Session) {
+    pub(crate) fn announce_to(&self, metrics: &ServerMetrics, s: &crate::registry::Session) {
         let info = self.info.lock();
         send(metrics, s, &info);
     }
@@ -110,7 +110,7 @@ impl Replica {
     }
 }
 
-fn send(metrics: &ServerMetrics, s: &crate::session::Session, info: &ServerInfo) {
+fn send(metrics: &ServerMetrics, s: &crate::registry::Session, info: &ServerInfo) {
     match s.opener.control(&ControlMsg::Server(info.clone())) {
         Ok(()) => metrics.announcements.inc(),
         Err(e) => tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot announce this replica"),

@@ -1,32 +1,43 @@
-//! The cluster directory: one entry per cluster — its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams — under one lock.
+//! The registry: the cluster directory — one entry per cluster: its mode (active, draining, fenced), its limits, its agent sessions and the token that ends its streams, under one lock — the dial path through it, each session's standing, and the start-up wait.
 //!
-//! Front ends dial through [`dial`] (the dial path, top to bottom); agents' sessions come and
-//! go through [`SessionDirectory::add`] and [`SessionDirectory::remove`]; reloads, cluster files
-//! and the admin endpoint set modes and limits.
+//! Front ends dial through [`dial`] (the dial path, top to bottom, each attempt included;
+//! [`strategy`] names the sessions a dial may take); agents' sessions come and go through
+//! [`SessionDirectory::add`] and [`SessionDirectory::remove`], refused with a [`Refusal`] (a
+//! fenced cluster is decided by [`Mode::fenced`], and nowhere else); a session's standing for
+//! new dials is the [`Session`]'s own; reloads, cluster files and the admin endpoint set modes
+//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). The registry
+//! knows nothing of who an agent is beyond what it was filed with.
 //!
 //! Lock order: `Replica`'s announcement lock, then the directory, then a session's
 //! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
 //! written once (`OnceLock`) and need no lock.
 
 pub(crate) mod dial;
+mod modes;
+mod refusal;
+mod session;
+mod settle;
+mod strategy;
 
-use crate::liveness;
+pub(crate) use dial::{DialTimes, Dialed};
+pub(crate) use refusal::{DialRefusal, Refusal};
+pub(crate) use session::{Identity, Session, Standing};
+
 use crate::metrics::ServerMetrics;
-use crate::session::Session;
-use crate::strategy::NodeIndex;
 use proxy_core::net::pending::TenantShare;
 use proxy_core::net::share::{Cap, Kind, Naming, Shares};
+use proxy_core::obs::admin::Check;
 use proxy_core::sync::RwLock;
-use proxy_core::tunnel::{AgentHello, ControlMsg, Opener};
+use proxy_core::tunnel::{AgentHello, Opener};
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use settle::Settle;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use strategy::NodeIndex;
 use tokio_util::sync::CancellationToken;
-
-pub(crate) use dial::DialRefused;
 
 /// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
 const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
@@ -52,6 +63,12 @@ impl Mode {
             since: Instant::now(),
             strategies: c.and_then(|c| c.proxy_strategies.clone()),
         }
+    }
+
+    /// Fenced here: the cluster's agents get no session and its dials none (it moved to
+    /// another seed). The one place that decides it.
+    pub(crate) fn fenced(&self) -> bool {
+        self.mode == ClusterMode::Fenced
     }
 
     fn same_as(&self, other: &Mode) -> bool {
@@ -172,14 +189,6 @@ impl Clusters {
     }
 }
 
-/// A cluster whose mode changed, as the change is told to its agents and logged once the
-/// directory is unlocked.
-struct Changed {
-    cluster: String,
-    mode: Mode,
-    sessions: Vec<Arc<Session>>,
-}
-
 /// The cluster entries (see the module documentation), the clusters' shares of the process
 /// limits, and what a dial finds its agent in.
 pub(crate) struct SessionDirectory {
@@ -190,6 +199,8 @@ pub(crate) struct SessionDirectory {
     kill: CancellationToken,
     next_id: AtomicU64,
     metrics: ServerMetrics,
+    /// The start-up wait for agents (readiness).
+    settle: Settle,
 }
 
 impl SessionDirectory {
@@ -213,6 +224,7 @@ impl SessionDirectory {
             next_id: AtomicU64::new(1),
             metrics,
             shares,
+            settle: Settle::new(Instant::now()),
         }
     }
 
@@ -238,79 +250,11 @@ impl SessionDirectory {
         self.clusters.read().by_name.get(cluster).map_or_else(|| Mode::from_cfg(None), Entry::mode)
     }
 
-    /// Apply cluster states (from config or the admin endpoint). Returns the clusters whose
-    /// mode changed.
-    pub(crate) fn set_modes(&self, states: &BTreeMap<String, ClusterState>) -> Vec<String> {
-        let changes = {
-            let mut c = self.clusters.write();
-            let configured = c.by_name.iter().filter(|(_, e)| e.mode.is_some()).map(|(n, _)| n.clone());
-            let names: BTreeSet<String> = configured.chain(states.keys().cloned()).collect();
-            let mut changes = Vec::new();
-            for name in names {
-                let new = Mode::from_cfg(states.get(&name));
-                let e = c.entry(&name, &self.kill);
-                match e.mode.take() {
-                    // The same state (no notices, deadlines keep counting); strategies as now.
-                    Some(old) if old.same_as(&new) => e.mode = Some(Mode { strategies: new.strategies, ..old }),
-                    old => {
-                        let changed = old.is_some() || new.mode != ClusterMode::Active;
-                        e.mode = states.contains_key(&name).then_some(new);
-                        if changed {
-                            changes.push(self.mode_changed(&name, e));
-                        }
-                    }
-                }
-            }
-            changes
-        };
-        changes.into_iter().map(|c| self.tell(c)).collect()
-    }
-
-    /// `cluster`'s mode changed (under the lock): its state gauge, its live streams by the new
-    /// mode, and who is to be told.
-    fn mode_changed(&self, cluster: &str, e: &mut Entry) -> Changed {
-        let mode = e.mode();
-        self.metrics.set_cluster_state(cluster, mode.mode);
-        e.generation += 1;
-        match (mode.mode, mode.drain_deadline) {
-            (ClusterMode::Fenced, _) => e.end_streams(&self.kill),
-            (ClusterMode::Draining, Some(d)) => self.end_streams_at(cluster, e.generation, mode.since + d),
-            _ => {}
-        }
-        Changed { cluster: cluster.to_owned(), mode, sessions: e.sessions.clone() }
-    }
-
-    /// Tell a cluster's agents about its new mode (the directory unlocked).
-    fn tell(&self, c: Changed) -> String {
-        let Changed { cluster, mode, sessions } = c;
-        tracing::info!(%cluster, mode = ?mode.mode, move_to = ?mode.move_to, "cluster state changed");
-        match mode.mode {
-            ClusterMode::Active => {}
-            ClusterMode::Draining => {
-                for s in &sessions {
-                    self.send_move(s, &mode);
-                }
-            }
-            ClusterMode::Fenced => {
-                // Fenced: this seed must not act for the cluster any more.
-                for s in &sessions {
-                    s.stop.cancel();
-                }
-            }
-        }
-        cluster
-    }
-
-    fn send_move(&self, s: &Session, mode: &Mode) {
-        let msg = ControlMsg::Move {
-            to: mode.move_to.clone(),
-            drain_deadline_ms: mode.drain_deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
-        };
-        if let Err(e) = s.opener.control(&msg) {
-            tracing::warn!(cluster = %s.cluster, session = s.id, error = %e, "cannot send the move notice");
-        } else {
-            self.metrics.move_notices.with_label_values(&[&s.cluster]).inc();
-        }
+    /// Whether an agent of `cluster` may have a session here, asked before its session is
+    /// filed (its certificate, or the identity decided, named the cluster): refused when the
+    /// cluster is fenced. [`add`](Self::add) asks again under the lock.
+    pub(crate) fn admits(&self, cluster: &str) -> Result<(), Refusal> {
+        fenced(cluster, &self.mode(cluster))
     }
 
     /// Register a new agent session. Refused (with the reason) when the cluster is fenced, or
@@ -323,18 +267,16 @@ impl SessionDirectory {
         opener: Arc<dyn Opener>,
         hello: Arc<OnceLock<AgentHello>>,
         stop: CancellationToken,
-        identity: crate::session::Identity,
-    ) -> Result<Arc<Session>, crate::identity::Refused> {
+        identity: Identity,
+    ) -> Result<Arc<Session>, Refusal> {
         let (s, mode) = {
             let mut c = self.clusters.write();
             let cap = c.session_cap(cluster);
             let e = c.entry(cluster, &self.kill);
             let mode = e.mode();
-            if mode.mode == ClusterMode::Fenced {
-                return Err(crate::identity::Refused::Fenced(cluster.to_owned()));
-            }
+            fenced(cluster, &mode)?;
             if e.sessions.len() >= cap {
-                return Err(crate::identity::Refused::SessionLimit { cluster: cluster.to_owned(), cap });
+                return Err(Refusal::SessionLimit { cluster: cluster.to_owned(), cap });
             }
             let s = Arc::new(Session {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -384,21 +326,6 @@ impl SessionDirectory {
         self.clusters.read().by_name.get(cluster).map(|e| e.sessions.clone()).unwrap_or_default()
     }
 
-    /// At `at` (the drain deadline), end the cluster's live streams, unless its mode changed again.
-    fn end_streams_at(&self, cluster: &str, generation: u64, at: Instant) {
-        let (clusters, kill, cluster) = (self.clusters.clone(), self.kill.clone(), cluster.to_owned());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep_until(at.into()) => {}
-                _ = kill.cancelled() => return,
-            }
-            let mut c = clusters.write();
-            if let Some(e) = c.by_name.get_mut(&cluster).filter(|e| e.generation == generation) {
-                e.end_streams(&kill);
-            }
-        });
-    }
-
     /// The token that ends a stream admitted now: cancelled at once when the cluster is fenced,
     /// at the drain deadline when it drains with one, at the end of the shutdown grace; never
     /// while the cluster stays active or drains without a deadline.
@@ -422,23 +349,47 @@ impl SessionDirectory {
     }
 
     /// `new`'s agent said who it is (`hello`): the sessions of an earlier run of the same agent
-    /// (registered before it, same node, another instance) are superseded. They are gone in all
-    /// likelihood (a restart, a node that lost power) but not known to be until their keepalive
-    /// times out: until then dials try them last, and nothing on them is cut.
+    /// are superseded ([`Session::superseded_by`]).
     fn supersede(&self, sessions: &[Arc<Session>], new: &Session, hello: &AgentHello) {
-        for old in sessions.iter().filter(|o| o.id < new.id) {
-            if !old.hello.get().is_some_and(|was| liveness::supersedes(hello, was)) {
-                continue;
-            }
-            if old.liveness.doubt(liveness::Standing::Superseded, old.opener.heard()) {
-                self.metrics.sessions_doubted.with_label_values(&[&new.cluster, "superseded"]).inc();
-                tracing::info!(
-                    cluster = %new.cluster, node = %hello.node, old = old.id, new = new.id, old_peer = %old.peer, peer = %new.peer,
-                    "agent restarted (a new run of its node connected): its earlier session is superseded, tried last until it ends"
-                );
-            }
+        for old in sessions {
+            old.superseded_by(new, hello, &self.metrics);
         }
     }
+
+    /// `cluster` as readiness and the admin pages show it: its mode and its sessions, the hellos
+    /// that came since the last look filed first.
+    pub(crate) fn cluster(&self, cluster: &str) -> ClusterView {
+        self.file_hellos(cluster);
+        ClusterView { mode: self.mode(cluster), sessions: self.sessions(cluster) }
+    }
+
+    /// The start-up wait's check (`agents-settled`) at `now`: `known` are the clusters the
+    /// operator named, each with whether its agents are expected here; `limit` the settle time.
+    pub(crate) fn settled(&self, now: Instant, limit: Duration, known: &BTreeMap<String, bool>) -> Check {
+        let waiting: Vec<String> = known
+            .iter()
+            .filter(|(c, expected)| **expected && self.sessions(c).is_empty())
+            .map(|(c, _)| c.clone())
+            .collect();
+        let expected = known.values().filter(|e| **e).count();
+        self.settle.check(now, limit, expected, &waiting)
+    }
+
+    /// The `/readyz?verbose` line of the clusters' shares (`fraction`: `limits.tenant_share`).
+    pub(crate) fn shares_check(&self, fraction: f64) -> Check {
+        self.shares.readiness(fraction)
+    }
+}
+
+/// A cluster's mode and sessions at one look ([`SessionDirectory::cluster`]).
+pub(crate) struct ClusterView {
+    pub mode: Mode,
+    pub sessions: Vec<Arc<Session>>,
+}
+
+/// An agent session of `cluster`, in `mode`, is refused when the cluster is fenced.
+fn fenced(cluster: &str, mode: &Mode) -> Result<(), Refusal> {
+    if mode.fenced() { Err(Refusal::Fenced(cluster.to_owned())) } else { Ok(()) }
 }
 
 #[cfg(test)]

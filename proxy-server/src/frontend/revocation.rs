@@ -2,12 +2,14 @@
 //!
 //! rustls refuses a revoked certificate at the handshake; a connection verified before the
 //! list named it is found here. A TLS front end's material reloads itself when its `tls.crl`
-//! changes (within [`proxy_core::watch::Poll::TLS`]) and [`follow`] then takes the lists its
+//! changes (within [`proxy_core::watch::Poll::TLS`]) and [`Live::follow`] then takes the lists its
 //! verifier checks (matched to the CAs by key, [`proxy_core::tls::Revoked`]). Every connection
 //! of that front end whose certificate they revoke is ended: its stream ([`Revocable`]) fails
 //! every read and write from then on, so whatever serves it (the CONNECT relay, the
 //! forward-proxy or gRPC server) ends as it would on a broken client; a connection registered
-//! after a change is checked against the lists in force at once.
+//! after a change is checked against the lists in force at once. The CONNECT relay and the
+//! forward-proxy server see the error ([`ended_by`]); the gRPC server loses it in the streams it
+//! resets, so its connection's stream notes it ([`Noted`]) for them.
 
 use proxy_core::sync::Mutex;
 use proxy_core::tls::Revoked;
@@ -18,6 +20,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -247,6 +250,83 @@ impl<S: proxy_core::relay::io::Resettable> proxy_core::relay::io::Resettable for
     }
 }
 
+/// A connection's stream that notes when one of its reads or writes failed because its client
+/// certificate was revoked ([`ended_by`]): what serves it over HTTP/2 loses that error in the
+/// streams it resets, and asks [`Noted::revoked`] instead.
+pub(crate) struct Noted<S> {
+    io: S,
+    revoked: Arc<AtomicBool>,
+}
+
+/// Whether a [`Noted`] stream failed because its client certificate was revoked.
+#[derive(Clone, Default)]
+pub(crate) struct RevokedNote(Arc<AtomicBool>);
+
+impl RevokedNote {
+    pub(crate) fn revoked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl<S> Noted<S> {
+    /// `io`, and the note its failures leave.
+    pub(crate) fn new(io: S) -> (Self, RevokedNote) {
+        let note = RevokedNote::default();
+        (Self { io, revoked: note.0.clone() }, note)
+    }
+
+    fn note<T>(&self, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &r
+            && ended_by(e)
+        {
+            self.revoked.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Noted<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.note(r)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Noted<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.note(r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.note(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_flush(cx);
+        this.note(r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.note(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +341,50 @@ mod tests {
         assert!(ended_by(&Wrapper(io)));
         assert!(!ended_by(&io::Error::new(io::ErrorKind::PermissionDenied, "other")));
         assert!(!ended_by(&Wrapper(io::Error::other("reset"))));
+    }
+
+    /// A stream whose reads or writes fail for its revoked certificate leaves the note; other
+    /// failures do not.
+    #[tokio::test]
+    async fn a_noted_stream_notes_a_revocation_and_nothing_else() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut other, note) = Noted::new(failing(io::Error::other("reset")));
+        assert!(other.read(&mut [0u8; 4]).await.is_err() && other.write(b"x").await.is_err());
+        assert!(!note.revoked(), "another failure is not a revocation");
+        let (mut revoked, note) =
+            Noted::new(failing(io::Error::new(io::ErrorKind::PermissionDenied, CertificateRevoked)));
+        assert!(revoked.write(b"x").await.is_err());
+        assert!(note.revoked(), "a revoked certificate's failure is noted");
+    }
+
+    /// A stream whose every read and write fails as `e` does (its kind, and whether it is a
+    /// revoked certificate's).
+    fn failing(e: io::Error) -> impl AsyncRead + AsyncWrite + Unpin {
+        struct Failing(io::ErrorKind, bool);
+        impl Failing {
+            fn error(&self) -> io::Error {
+                match self.1 {
+                    true => io::Error::new(self.0, CertificateRevoked),
+                    false => io::Error::new(self.0, "failing"),
+                }
+            }
+        }
+        impl AsyncRead for Failing {
+            fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, _: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Err(self.error()))
+            }
+        }
+        impl AsyncWrite for Failing {
+            fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+                Poll::Ready(Err(self.error()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Err(self.error()))
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Err(self.error()))
+            }
+        }
+        Failing(e.kind(), ended_by(&e))
     }
 }

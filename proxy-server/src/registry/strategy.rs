@@ -6,7 +6,7 @@
 //! agent offering a default route), `default` (any agent). A host no connected agent claims
 //! falls through to the next strategy. The least loaded of the candidates is the caller's pick.
 
-use crate::session::Session;
+use super::session::Session;
 use proxy_core::tunnel::AgentHello;
 use seedgate_config::server::ProxyStrategy;
 use std::collections::HashMap;

@@ -125,13 +125,10 @@ struct TokenMetrics {
 /// sessions' reviews.
 pub(crate) struct Reviewers {
     clients: Mutex<HashMap<String, Arc<Client>>>,
-    cache: Mutex<Cache>,
+    cache: Mutex<Cache<Answer>>,
     budgets: Arc<Mutex<Budgets>>,
     tls_metrics: TlsMetrics,
     metrics: TokenMetrics,
-    /// Bumped when the rules of clusters may have changed (a reload, a cluster file, an
-    /// override): live token sessions check theirs.
-    rules: tokio::sync::watch::Sender<()>,
 }
 
 impl Reviewers {
@@ -168,7 +165,6 @@ impl Reviewers {
             budgets: Arc::new(Mutex::new(Budgets::default())),
             tls_metrics: tls_metrics.clone(),
             metrics,
-            rules: tokio::sync::watch::Sender::new(()),
         }
     }
 
@@ -324,15 +320,5 @@ impl Reviewers {
     /// Count `n` renewals of a live session of `cluster` as `result`.
     pub(crate) fn count_renewals(&self, cluster: &str, result: &str, n: u64) {
         self.metrics.renewals.with_label_values(&[cluster, result]).inc_by(n);
-    }
-
-    /// The rules of clusters may have changed: live token sessions check theirs.
-    pub(crate) fn rules_changed(&self) {
-        self.rules.send_replace(());
-    }
-
-    /// Wakes when the rules of clusters may have changed.
-    pub(crate) fn rules(&self) -> tokio::sync::watch::Receiver<()> {
-        self.rules.subscribe()
     }
 }
