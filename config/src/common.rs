@@ -72,6 +72,10 @@ impl Dur {
     }
 }
 
+/// The forms a size may take (`size.rs` reads them), as a refused one's message names them.
+const SIZE_FORMS: &str = "write a byte count (16777216) or a number with a unit: Ki, Mi, Gi \
+     (powers of 1024; KiB, MiB, GiB too) or k, M, G (powers of 1000), e.g. 16Mi or 1.5Gi";
+
 /// A value written as a string (duration, address, CIDR, file mode) that does not parse. Its
 /// text is the config problem's message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -88,7 +92,7 @@ pub enum ValueError {
     CidrPort { text: String, fault: CidrPortFault },
     #[error("invalid file mode {0:?}: write octal permission bits as a string, e.g. \"0660\"")]
     FileMode(String),
-    #[error("invalid size {text:?} ({why}); {forms}", forms = crate::size::FORMS)]
+    #[error("invalid size {text:?} ({why}); {forms}", forms = SIZE_FORMS)]
     Size { text: String, why: &'static str },
 }
 

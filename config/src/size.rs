@@ -28,10 +28,6 @@ const UNITS: [(&str, u64); 13] = [
     ("T", 1_000_000_000_000),
 ];
 
-/// The forms a size may take, as a refused one's message names them.
-pub(crate) const FORMS: &str = "write a byte count (16777216) or a number with a unit: Ki, Mi, Gi \
-     (powers of 1024; KiB, MiB, GiB too) or k, M, G (powers of 1000), e.g. 16Mi or 1.5Gi";
-
 /// Parse a size written as a string: digits, an optional fraction, an optional unit; the
 /// result must be a whole number of bytes.
 pub fn parse_size(text: &str) -> Result<u64, ValueError> {

@@ -1,21 +1,21 @@
 //! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
 
 use crate::listener::ListenerRt;
+use crate::refusal::{Answer, Proto, Reject, closed_early, read_failed};
 use crate::shared::Shared;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
 use bytes::BufMut as _;
 use proxy_core::net::ConnectFailure;
 use proxy_core::net::accept::ConnPermit;
-use proxy_core::net::admission;
 use proxy_core::net::ids::ConnId;
 use proxy_core::net::share::{Cap, Hold, Kind};
 use proxy_core::prometheus::IntGauge;
 use proxy_core::relay::access::Bytes;
 use proxy_core::relay::copy::{Meters, Stop, transfer_tcp};
 use proxy_wire::client_hello::{self, HelloError, HelloParser, Status};
-use proxy_wire::http_head::{self, Detect3, HeadError, HeadReader, RequestHead};
-use proxy_wire::proxy_protocol::{self, Command, Detect, ProxyError, V2Options};
+use proxy_wire::http_head::{self, Detect3, HeadReader, RequestHead};
+use proxy_wire::proxy_protocol::{self, Command, Detect, V2Options};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::{ConnectUnmatched, ProxyProtocolMode, SendProxy};
 use socket2::SockRef;
@@ -33,131 +33,6 @@ const READ_CHUNK: usize = 4096;
 /// How long a rejected client gets to read our answer before the socket closes.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Proto {
-    Tls,
-    Connect,
-    /// Routed by PROXY destination without reading the payload.
-    Raw,
-    /// Not known yet (rejected before detection).
-    Unknown,
-}
-
-impl Proto {
-    /// The protocols of routed connections, at their [`Proto::index`].
-    pub(crate) const ROUTED: [Proto; 3] = [Proto::Tls, Proto::Connect, Proto::Raw];
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Proto::Tls => "tls",
-            Proto::Connect => "connect",
-            Proto::Raw => "proxy_destination",
-            Proto::Unknown => "-",
-        }
-    }
-
-    /// The place of a routed connection's protocol among the listener's handshake histograms.
-    pub(crate) fn index(self) -> usize {
-        match self {
-            Proto::Tls => 0,
-            Proto::Connect => 1,
-            Proto::Raw | Proto::Unknown => 2,
-        }
-    }
-}
-
-/// What the client is told when it is turned away.
-enum Answer {
-    /// Close at once, without lingering: the budget of pending connections is the point.
-    Abort,
-    Close,
-    Alert(u8),
-    Http(u16, String),
-    Redirect(String),
-}
-
-struct Reject {
-    reason: &'static str,
-    answer: Answer,
-}
-
-/// Why a TCP listener refuses a connection before it has a route (counted under the route
-/// `-`); the reasons of the PROXY header's and the request head's readers are added by
-/// [`unrouted_reasons`].
-const UNROUTED: [&str; 18] = [
-    "pending_per_source",
-    "pending_evicted",
-    "handshake_timeout",
-    "client_closed_early",
-    "client_read_error",
-    "pp_local_health_check",
-    "pp_untrusted_source",
-    "pp_too_large",
-    "pp_missing",
-    "unknown_protocol",
-    "client_hello_too_large",
-    "not_tls",
-    "client_hello_malformed",
-    "unknown_sni",
-    "no_sni",
-    "not_connect",
-    "connect_no_route",
-    "connection_limit",
-];
-
-/// Why a TCP listener refuses a connection once it has a route (counted under the route); the
-/// upstream connect's failures are added by [`routed_reasons`].
-const ROUTED: [&str; 8] = [
-    "source_not_allowed",
-    "route_connection_limit",
-    "route_pending_limit",
-    "connection_limit",
-    "pending_evicted",
-    "handover_timeout",
-    "client_write_error",
-    "upstream_write_error",
-];
-
-/// Every reason a connection is refused for before it has a route: each has its series in
-/// `seedgate_rejects_total` and `seedgate_connections_total{route="-"}` from the start.
-pub(crate) fn unrouted_reasons() -> Vec<&'static str> {
-    let mut all = UNROUTED.to_vec();
-    all.extend(ProxyError::REASONS);
-    all.extend(HeadError::REASONS);
-    all
-}
-
-/// Every reason a routed connection is refused for (its route's series from the start).
-pub(crate) fn routed_reasons() -> Vec<&'static str> {
-    let mut all = ROUTED.to_vec();
-    all.extend(ConnectFailure::ALL.map(ConnectFailure::label));
-    all
-}
-
-impl Reject {
-    fn new(reason: &'static str, answer: Answer) -> Self {
-        // A reason missing from the lists would have no series before its first refusal; any
-        // test that refuses for it says so.
-        debug_assert!(
-            unrouted_reasons().contains(&reason) || routed_reasons().contains(&reason),
-            "{reason} is not among the reasons conn.rs lists"
-        );
-        Self { reason, answer }
-    }
-
-    /// The pre-routing phase's verdict, answered as the connection's protocol allows: closed at
-    /// once (the budget's), or the refusal's TLS alert or HTTP status, else a plain close.
-    fn admission(r: admission::Refusal, proto: Proto) -> Self {
-        let answer = match proto {
-            _ if r.aborts() => Answer::Abort,
-            Proto::Tls => r.tls_alert().map_or(Answer::Close, Answer::Alert),
-            Proto::Connect => r.http_status().map_or(Answer::Close, |s| Answer::Http(s, r.to_string())),
-            Proto::Raw | Proto::Unknown => Answer::Close,
-        };
-        Self::new(r.label(), answer)
-    }
-}
 
 /// Everything learnt before the upstream is chosen.
 struct Pre {
@@ -215,14 +90,6 @@ async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> std::io::Resu
     // had been an eighth of a connection's instructions.
     let n = s.read_buf(&mut (&mut *buf).limit(want)).await?;
     Ok(n > 0)
-}
-
-fn closed_early() -> Reject {
-    Reject::new("client_closed_early", Answer::Close)
-}
-
-fn read_failed(_: std::io::Error) -> Reject {
-    Reject::new("client_read_error", Answer::Close)
 }
 
 /// Read PROXY header(s) if the listener takes them. Returns (real client, inner destination).

@@ -1,6 +1,6 @@
 //! One running listener: its routing table (built from its config and file routes), its limits and its accept-loop switch; what the accept loops, connection tasks and reloads share.
 
-use crate::conn::Proto;
+use crate::refusal::Proto;
 use crate::shared::Metrics;
 use crate::shared::Shared;
 use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
@@ -56,11 +56,13 @@ impl ListenerRt {
             Default::default();
         match l.protocol {
             ListenerProtocol::Tcp => {
-                m.conn
-                    .listener_at_zero(name, &[crate::conn::unrouted_reasons(), crate::conn::routed_reasons()].concat());
+                m.conn.listener_at_zero(
+                    name,
+                    &[crate::refusal::unrouted_reasons(), crate::refusal::routed_reasons()].concat(),
+                );
                 proxy_core::obs::metrics::at_zero(
                     &m.conn.connections,
-                    &[&[name], &["-"], &crate::conn::unrouted_reasons()],
+                    &[&[name], &["-"], &crate::refusal::unrouted_reasons()],
                 );
                 for p in Proto::ROUTED {
                     let _ = handshake[p.index()].set(m.conn.handshake_seconds.with_label_values(&[name, p.label()]));
@@ -125,7 +127,7 @@ pub(crate) fn route_meters(m: &Metrics, listener: &ListenerCfg, route: &str) -> 
     let name = listener.name.as_str();
     match listener.protocol {
         ListenerProtocol::Tcp => {
-            m.conn.route_at_zero(name, route, &crate::conn::routed_reasons());
+            m.conn.route_at_zero(name, route, &crate::refusal::routed_reasons());
             m.route_shares.at_zero(&[name, route]);
         }
         ListenerProtocol::Udp => m.udp.route_at_zero(name, route),

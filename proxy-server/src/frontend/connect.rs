@@ -1,9 +1,9 @@
 //! The CONNECT front end, a protocol step of the pipeline: the request head (read under the admission's deadline), the connection slot, proxy credentials, the dial and the 200, up to a connection ready to relay; an absolute-form request hands the connection to [`super::forward`].
 
-use super::wing::{BoxIo, Ctx, Exit, Handshaken, Pre, Ready, Reply};
 use super::forward::forward;
 use super::proxy_auth::proxy_auth_cluster;
 use super::refusal::Refusal;
+use super::wing::{BoxIo, Ctx, Exit, Handshaken, Pre, Ready, Reply};
 use super::wing::{FrontendRt, Frontends};
 use proxy_core::net::accept::ConnPermit;
 use proxy_core::relay::io::Prefixed;

@@ -1,10 +1,10 @@
 //! The forward-proxy front end: absolute-form `http://` requests (Prometheus' http targets), each through a tunnel stream of its own with its bytes counted, its own access event and count, and the connection's end logged once more.
 
-use super::wing::Ctx;
 use super::proxy_auth::PROXY_CHALLENGE;
 use super::proxy_auth::{ProxyAuth, proxy_auth_cluster};
 use super::refusal::Refusal;
 use super::revocation;
+use super::wing::Ctx;
 use super::wing::Frontends;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

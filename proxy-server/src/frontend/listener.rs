@@ -6,9 +6,9 @@
 //! the old; a removed one stops accepting. Live connections of a moved or removed front end are
 //! never cut: they end by themselves (or at the end of the shutdown grace).
 
-use super::wing::Accepted;
 use super::pipeline::connection;
 use super::unix_socket::{self, Access, SocketFile};
+use super::wing::Accepted;
 use super::wing::{FrontendRt, Frontends};
 use crate::shared::{Tls, client_files};
 use arc_swap::ArcSwap;

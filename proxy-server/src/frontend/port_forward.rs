@@ -7,8 +7,8 @@
 //! status a CONNECT would have been answered with). A client whose dial fails sees its
 //! connection closed: the protocol has no other way to say it.
 
-use super::wing::{Ctx, Exit, Handshaken, Pre, Ready, Reply};
 use super::refusal::Refusal;
+use super::wing::{Ctx, Exit, Handshaken, Pre, Ready, Reply};
 use super::wing::{FrontendRt, Frontends};
 use std::sync::Arc;
 

@@ -24,10 +24,10 @@ mod relay;
 mod service;
 mod way_in;
 
-use super::wing::{BoxIo, Exit, Handshaken, Pre};
 use super::h2_normalise::Normalised;
 use super::refusal::Refusal;
 use super::revocation::Noted;
+use super::wing::{BoxIo, Exit, Handshaken, Pre};
 use super::wing::{FrontendRt, Frontends};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;

@@ -3,9 +3,9 @@
 use super::pb::{DialResponse, Packet, PacketType, Payload, ProxyService};
 use super::relay::Relay;
 use super::way_in::{OwnSlot, StreamSlot, WayIn};
-use crate::frontend::wing::Ctx;
 use crate::frontend::refusal::Refusal;
 use crate::frontend::revocation::{self, RevokedNote};
+use crate::frontend::wing::Ctx;
 use crate::frontend::wing::{FrontendRt, Frontends};
 use crate::registry::DialRefusal;
 use proxy_core::net::admission;
