@@ -158,7 +158,7 @@ pub(crate) fn de<'de, D: Deserializer<'de>, T: Bytes>(d: D) -> Result<T, D::Erro
     })
 }
 
-/// [`de`] for an optional size key: `null` (or `key:` with nothing) is `None`.
+/// [`de()`] for an optional size key: `null` (or `key:` with nothing) is `None`.
 pub(crate) fn de_opt<'de, D: Deserializer<'de>, T: Bytes>(d: D) -> Result<Option<T>, D::Error> {
     if !crate::yaml::collecting() {
         return match Option::<Input>::deserialize(d)? {

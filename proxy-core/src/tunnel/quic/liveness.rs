@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// trip of a WAN path, and cheap (a copy of the connection's counters under its lock).
 const SEND_WINDOW_EVERY: Duration = Duration::from_millis(50);
 
-/// How long a stream may hold its turn at the send window ([`SendTurns`]) without getting a write
+/// How long a stream may hold its turn at the send window ([`SendTurns`](super::send_turns::SendTurns)) without getting a write
 /// in: room frees with every acknowledgement, so a head that waits two round trips (at least
 /// 100 ms) is held by its own stream's flow control.
 fn turn_patience(rtt: Duration) -> Duration {
@@ -91,7 +91,7 @@ const PROBE_PACE: Duration = Duration::from_millis(200);
 /// own retransmissions back off exponentially during an outage, so without this the first
 /// acknowledgement after the path heals could come seconds later; with it, within a round trip
 /// and a pace. The same task keeps the connection's send window at [`send_window`] of its
-/// congestion window and passes on a turn at it ([`SendTurns`]) held past [`turn_patience`].
+/// congestion window and passes on a turn at it ([`SendTurns`](super::send_turns::SendTurns)) held past [`turn_patience`].
 pub(super) fn watch_quiet(
     conn: Connection,
     settings: &TunnelSettings,
