@@ -83,6 +83,9 @@ impl Cx {
 
     pub(super) fn live_ended(&mut self, now: Instant, c: Box<Connected>, error: Option<Failure>) -> Phase {
         let was_up = c.live.up;
+        // Readiness says why, where the log said it once: a refused certificate is the case an
+        // operator looks for there.
+        let lost = error.as_ref().map_or_else(|| "not connected".to_owned(), |e| format!("not connected: {e}"));
         match error {
             None => self.log(Log::Closed),
             // TLS passed on our side but the seed never spoke the transport's protocol:
@@ -90,7 +93,7 @@ impl Cx {
             Some(error) if !was_up => self.log(Log::FailedBeforeUp { error }),
             Some(error) => self.log(Log::Ended { error }),
         }
-        self.lost("not connected");
+        self.lost(&lost);
         if !was_up && c.live.reconnect {
             self.count(Metric::Reconnect { ok: false });
         }

@@ -661,7 +661,8 @@ fn a_session_failing_before_it_was_up_is_a_failed_reconnect_after_it_is_not() {
     assert_eq!(b.feed(Event::Dialed { id, result: Ok(addr(1)) }), vec![]);
     assert_eq!(b.feed(Event::Ended { id, error: ended("certificate unknown") }), vec![]);
     assert_eq!((b.metrics.reconnects("ok"), b.metrics.reconnects("failed")), (0, 1));
-    assert!(b.detail().contains("not connected"), "{}", b.detail());
+    // Readiness names the cause, not only the state.
+    assert!(b.detail().contains("not connected: ") && b.detail().contains("certificate unknown"), "{}", b.detail());
     // Up, then it ends: an ok reconnect, and its end is no failure.
     let id = b.connect(addr(1), None);
     assert_eq!(b.metrics.gauges().0, 1);
