@@ -117,6 +117,15 @@ impl RequestHead {
     }
 }
 
+/// `host:port` as a CONNECT's authority must be, for a target named elsewhere (a gRPC
+/// `DIAL_REQ`'s address): a host name or IP literal (IPv6 in brackets) and a port 1–65535.
+pub fn host_and_port(s: &str) -> Result<(String, u16), &'static str> {
+    match split_host_port(s)? {
+        (host, Some(port)) => Ok((host, port)),
+        (_, None) => Err("no port"),
+    }
+}
+
 /// `host[:port]` with the host checks shared by CONNECT and absolute-form.
 fn split_host_port(s: &str) -> Result<(String, Option<u16>), &'static str> {
     if s.contains('@') {

@@ -11,6 +11,7 @@ use crate::registry::DialRefusal;
 use proxy_core::net::admission;
 use proxy_core::net::guard::Active;
 use proxy_core::net::share::Hold;
+use proxy_core::obs::Untrusted;
 use proxy_core::relay::copy::Stop;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use std::sync::Arc;
@@ -124,7 +125,7 @@ async fn dial(
         Ok(_) => return refuse(fes, ctx, &Refusal::ClosedEarly),
         Err(_) => return refuse(fes, ctx, &admission::Refusal::HandshakeTimeout.into()),
     };
-    ctx.target = req.address.clone();
+    ctx.target = Untrusted::new(&req.address).max(TARGET_SHOWN).to_string();
     let answer = |error: String, connect_id: i64| Packet {
         r#type: PacketType::DialRsp.into(),
         payload: Some(Payload::DialResponse(DialResponse {
@@ -188,14 +189,25 @@ async fn cancelled(inbound: &mut Streaming<Packet>) {
     }
 }
 
+/// Characters of a `DIAL_REQ`'s address shown in the access log and a refusal (a host name is
+/// at most 253, and a port 6 more).
+const TARGET_SHOWN: usize = 262;
+
 /// `host:port` for the tunnel from a `DIAL_REQ`'s protocol and address.
 fn dial_target(protocol: &str, address: &str) -> Result<String, DialError> {
     if !protocol.is_empty() && protocol != "tcp" {
-        return Err(DialError::BadTarget(format!("protocol {protocol:?} is not supported; only tcp")));
+        return Err(DialError::BadTarget(format!(
+            "protocol {} is not supported; only tcp",
+            Untrusted::new(protocol).max(32)
+        )));
     }
-    match address.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0) => Ok(address.to_owned()),
-        _ => Err(DialError::BadTarget(format!("{address:?} is not host:port"))),
+    // The host is checked as a CONNECT's is: the address is the client's text, and it is logged
+    // and sent on to the shoot.
+    match proxy_wire::http_head::host_and_port(address) {
+        Ok(_) => Ok(address.to_owned()),
+        Err(why) => {
+            Err(DialError::BadTarget(format!("{} is not host:port ({why})", Untrusted::new(address).max(TARGET_SHOWN))))
+        }
     }
 }
 
@@ -219,8 +231,21 @@ mod tests {
         assert_eq!(dial_target("tcp", "10.0.0.1:10250").ok().as_deref(), Some("10.0.0.1:10250"));
         assert_eq!(dial_target("", "[fd00::1]:443").ok().as_deref(), Some("[fd00::1]:443"));
         assert!(matches!(dial_target("udp", "a:1"), Err(DialError::BadTarget(_))));
-        for bad in ["a", "a:", ":1", "a:0", "a:65536", "a:x"] {
+        for bad in ["a", "a:", ":1", "a:0", "a:65536", "a:x", "a b:1", "a/b:1", "u@a:1"] {
             assert!(dial_target("tcp", bad).is_err(), "{bad}");
         }
+    }
+
+    /// A client's address cannot forge a log line or fill one: refused, and shown escaped and cut.
+    #[test]
+    fn an_address_with_control_characters_or_no_end_is_refused_and_shown_escaped_and_cut() {
+        let forged = "a:1\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[31m:80";
+        let Err(DialError::BadTarget(why)) = dial_target("tcp", forged) else { panic!("{forged} was taken") };
+        assert!(!why.chars().any(char::is_control), "{why}");
+        let huge = format!("{}:80", "a".repeat(1 << 20));
+        let Err(DialError::BadTarget(why)) = dial_target("tcp", &huge) else { panic!("a 1 MiB host was taken") };
+        assert!(why.len() < 400, "{} bytes", why.len());
+        let Err(DialError::BadTarget(why)) = dial_target(&"x\n".repeat(1000), "a:1") else { panic!("protocol taken") };
+        assert!(!why.chars().any(char::is_control) && why.len() < 200, "{why}");
     }
 }
