@@ -10,6 +10,7 @@ use proxy_core::net::ConnectFailure;
 use proxy_core::net::accept::ConnPermit;
 use proxy_core::net::ids::ConnId;
 use proxy_core::net::share::{Cap, Hold, Kind};
+use proxy_core::obs::Untrusted;
 use proxy_core::prometheus::IntGauge;
 use proxy_core::relay::access::Bytes;
 use proxy_core::relay::copy::{Meters, Stop, transfer_tcp};
@@ -670,15 +671,20 @@ struct Joined<'a>(&'a [String]);
 
 impl std::fmt::Display for Joined<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client chose these bytes before any route: shown escaped, so none can end the
+        // log line or colour a terminal.
         match self.0 {
             [] => f.write_str("-"),
             [first, rest @ ..] => {
-                f.write_str(first)?;
-                rest.iter().try_for_each(|p| write!(f, ",{p}"))
+                write!(f, "{}", Untrusted::new(first).max(ALPN_SHOWN))?;
+                rest.iter().try_for_each(|p| write!(f, ",{}", Untrusted::new(p).max(ALPN_SHOWN)))
             }
         }
     }
 }
+
+/// Characters of one offered protocol shown in the access log (a protocol is at most 255 octets).
+const ALPN_SHOWN: usize = 255;
 
 fn access_log(listener: &str, pre: &Pre, route: Option<&str>, bytes: Bytes, reason: &str) {
     proxy_core::access_event!(

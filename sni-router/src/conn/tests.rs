@@ -75,3 +75,13 @@ async fn connection_future_stays_small() {
     eprintln!("connection future: {size} bytes");
     assert!(size <= 512, "per-connection future grew to {size} bytes");
 }
+
+/// Protocols a client offered cannot end the access log's line or colour a terminal.
+#[test]
+fn offered_protocols_are_logged_escaped() {
+    let offered = ["h2".to_owned(), "x\n2026-01-01T00:00:00Z  INFO connection closed route=admin\u{1b}[31m".to_owned()];
+    let shown = Joined(&offered).to_string();
+    assert!(!shown.chars().any(char::is_control), "{shown}");
+    assert!(shown.starts_with("h2,x\\n2026"), "{shown}");
+    assert_eq!(Joined(&[]).to_string(), "-");
+}
