@@ -196,8 +196,20 @@ pub fn parse(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
 }
 
 fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
-    use ppp::v1::{Addresses, Header};
+    let Some(line) = v1_line(buf)? else { return Ok(None) };
+    // ppp gap: the spec says a receiver must ignore whatever follows "UNKNOWN" up to the
+    // CRLF, but ppp fails on five or more extra fields. Handle UNKNOWN here.
+    if let Some(rest) = line.strip_prefix(b"PROXY UNKNOWN".as_slice())
+        && matches!(rest.first(), Some(b' ' | b'\r'))
+    {
+        return Ok(Some(v1_header(Transport::Unspec, None, line.len())));
+    }
+    let (transport, addrs) = v1_addresses(line)?;
+    Ok(Some(v1_header(transport, addrs, line.len())))
+}
 
+/// The v1 line up to its CRLF, `None` while it may still be arriving.
+fn v1_line(buf: &[u8]) -> Result<Option<&[u8]>, ProxyError> {
     let window = buf.get(..V1_MAX_LEN).unwrap_or(buf);
     let printable = |b: &u8| (0x20..0x7f).contains(b);
     // Find the end of the line ourselves so "incomplete" vs "broken" is decided here, not by
@@ -210,34 +222,22 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         return Err(ProxyError::V1Malformed("non-printable byte"));
     }
     // The CR and the byte after it, once that has arrived.
-    let line = match cr.and_then(|i| Some((i, *window.get(i + 1)?))) {
-        Some((i, b'\n')) => window.get(..i + 2).unwrap_or(window),
-        Some(_) => return Err(ProxyError::V1Malformed("CR not followed by LF")),
+    match cr.and_then(|i| Some((i, *window.get(i + 1)?))) {
+        Some((i, b'\n')) => Ok(Some(window.get(..i + 2).unwrap_or(window))),
+        Some(_) => Err(ProxyError::V1Malformed("CR not followed by LF")),
         // No CR yet, or CR is the last byte seen. A CR at index 106 still needs its LF at
         // 107: the line would be 108 bytes.
-        None if window.len() >= V1_MAX_LEN => return Err(ProxyError::V1TooLong),
-        None => return Ok(None),
-    };
-    let line_len = line.len();
-    // ppp gap: the spec says a receiver must ignore whatever follows "UNKNOWN" up to the
-    // CRLF, but ppp fails on five or more extra fields. Handle UNKNOWN here.
-    if let Some(rest) = line.strip_prefix(b"PROXY UNKNOWN".as_slice())
-        && matches!(rest.first(), Some(b' ' | b'\r'))
-    {
-        return Ok(Some(ProxyHeader {
-            version: 1,
-            command: Command::Proxy,
-            transport: Transport::Unspec,
-            source: None,
-            destination: None,
-            authority: None,
-            unique_id: None,
-            tlvs: Vec::new(),
-            len: line_len,
-        }));
+        None if window.len() >= V1_MAX_LEN => Err(ProxyError::V1TooLong),
+        None => Ok(None),
     }
-    let header = Header::try_from(line).map_err(map_v1_error)?;
+}
 
+/// A complete v1 line's transport and (source, destination), read by ppp and held to the
+/// spec's grammar where ppp is looser.
+fn v1_addresses(line: &[u8]) -> Result<(Transport, Option<(SocketAddr, SocketAddr)>), ProxyError> {
+    use ppp::v1::{Addresses, Header};
+
+    let header = Header::try_from(line).map_err(map_v1_error)?;
     let (transport, addrs) = match header.addresses {
         Addresses::Tcp4(a) => (
             Transport::Tcp4,
@@ -264,8 +264,12 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
             return Err(ProxyError::V1Malformed("port is not a decimal number"));
         }
     }
+    Ok((transport, addrs))
+}
 
-    Ok(Some(ProxyHeader {
+/// A v1 header: always PROXY, never TLVs.
+fn v1_header(transport: Transport, addrs: Option<(SocketAddr, SocketAddr)>, len: usize) -> ProxyHeader {
+    ProxyHeader {
         version: 1,
         command: Command::Proxy,
         transport,
@@ -274,8 +278,8 @@ fn parse_v1(buf: &[u8]) -> Result<Option<ProxyHeader>, ProxyError> {
         authority: None,
         unique_id: None,
         tlvs: Vec::new(),
-        len: line_len,
-    }))
+        len,
+    }
 }
 
 fn map_v1_error(e: ppp::v1::BinaryParseError) -> ProxyError {
