@@ -1,7 +1,7 @@
 //! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
 
-use crate::listener::ListenerRt;
 use crate::refusal::{Answer, Proto, Reject, closed_early, read_failed};
+use crate::running::ListenerRt;
 use crate::shared::Shared;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};

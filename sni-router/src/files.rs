@@ -1,7 +1,7 @@
 //! Routes from the files of `routes_dir` (one per shoot): each changed file is validated on its own, cross-checked against the rest, and rebuilds only the listeners it touches.
 
-use crate::listener::Extra;
 use crate::listeners::Listeners;
+use crate::running::Extra;
 use crate::shared::Shared;
 use crate::table::FileChange;
 use proxy_core::watch::dir::{FileMetrics, Update};

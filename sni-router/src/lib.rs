@@ -7,10 +7,10 @@
 mod conn;
 mod files;
 mod flow_budget;
-mod listener;
 mod listeners;
 mod migration;
 mod refusal;
+mod running;
 mod shared;
 mod table;
 mod udp;

@@ -1,6 +1,6 @@
 //! The router's listeners: binding, their routing tables, and how a reload changes them without touching live connections.
 
-use crate::listener::{Extra, ListenerRt, build_table, route_meters};
+use crate::running::{Extra, ListenerRt, build_table, route_meters};
 use crate::shared::Shared;
 use crate::table::{FastMap, FileChange, Route, Table, fast_map, new_route};
 use proxy_core::app::{StartError, accept_loops, listen_tcp_shards};

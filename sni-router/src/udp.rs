@@ -19,8 +19,8 @@
 //! table: reading an Initial (key derivation, AES-GCM) happens outside it.
 
 use crate::flow_budget::FlowSlot;
-use crate::listener::ListenerRt;
 use crate::migration::{Candidates, Verdict};
+use crate::running::ListenerRt;
 use crate::shared::Shared;
 use crate::table::Route;
 use crate::upstream::{Upstream, attempt_order};

@@ -40,7 +40,7 @@ fn padded_hello(sni: &str, hs_len: usize) -> Vec<u8> {
 async fn route_hello(hello: &[u8]) -> Result<Arc<str>, &'static str> {
     let yaml = "listeners:\n  - name: gw\n    listen: 127.0.0.1:0\n    routes:\n      - name: big\n        sni: [big.example]\n        upstreams: [127.0.0.1:1]\n";
     let shared = Arc::new(crate::shared::test_shared_with(yaml));
-    let rt = crate::listener::test_listener(&shared);
+    let rt = crate::running::test_listener(&shared);
     let cfg = shared.config.load_full();
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
@@ -67,7 +67,7 @@ async fn connection_future_stays_small() {
     let shared = std::sync::Arc::new(crate::shared::test_shared());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-    let rt = crate::listener::test_listener(&shared);
+    let rt = crate::running::test_listener(&shared);
     let f = super::serve(shared.clone(), rt, c, "127.0.0.1:1".parse().unwrap());
     // Every byte here is held by each open connection for its whole life: keep the relay
     // state lean (the pre-relay phases are boxed and freed before the relay).

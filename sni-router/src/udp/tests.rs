@@ -104,7 +104,7 @@ async fn a_silent_clients_flow_stops_counting_for_balancing_and_counts_again_whe
         b.local_addr().expect("b")
     );
     let shared = Arc::new(crate::shared::test_shared_with(&yaml));
-    let rt = crate::listener::test_listener(&shared);
+    let rt = crate::running::test_listener(&shared);
     let ups = rt.table.load().by_sni("r.example").expect("the route").upstreams.clone();
     let l = UdpListener::new(&shared, rt, bind_udp(local, 64 * 1024, "test").expect("bind"));
     let peer = client.local_addr().expect("client");
@@ -139,7 +139,7 @@ async fn a_flood_of_initials_is_bounded_by_the_flow_limit() {
     let shared = Arc::new(crate::shared::test_shared_with(
         "limits: { udp_flows: 5 }\nlisteners:\n  - name: q\n    listen: 127.0.0.1:0\n    protocol: udp\n",
     ));
-    let rt = crate::listener::test_listener(&shared);
+    let rt = crate::running::test_listener(&shared);
     let sock = bind_udp("127.0.0.1:0".parse().expect("addr"), 64 * 1024, "test").expect("bind");
     let l = UdpListener::new(&shared, rt, sock);
     // Genuine Initials (a PING each: no ClientHello yet, so every one would wait).
