@@ -88,12 +88,12 @@ async fn start(token: Option<&str>) -> Admin {
         seen: Mutex::new(Vec::new()),
     });
     let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
-    let state = AdminState {
+    let state = AdminState::new(
         registry,
-        hooks: hooks.clone(),
-        token: Arc::new(proxy_core::sync::RwLock::new(token.map(Arc::from))),
-        draining: draining.clone(),
-    };
+        hooks.clone(),
+        Arc::new(proxy_core::sync::RwLock::new(token.map(Arc::from))),
+        draining.clone(),
+    );
     let task = tokio::spawn(serve(listener, state, stop.clone()));
     Admin { addr, hooks, draining, stop, task }
 }
