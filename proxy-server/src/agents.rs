@@ -290,6 +290,7 @@ async fn admit(
         started.hello,
         session_stop.clone(),
         identity,
+        who.transport,
     );
     match added {
         Ok(sess) => {

@@ -21,6 +21,7 @@ mod revocation;
 mod session;
 mod settle;
 mod shared;
+mod status;
 mod strategy;
 mod tokens;
 mod unix_socket;
@@ -35,6 +36,7 @@ use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
+use proxy_core::obs::status::{StatusPage, StatusQuery};
 use proxy_core::sync::Mutex;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
@@ -204,6 +206,10 @@ impl Service for Server {
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
         control::control(&self.shared, req)
+    }
+
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        Some(status::status(&self.shared, &self.listeners.addresses(), query))
     }
 
     async fn stopped(&self) {

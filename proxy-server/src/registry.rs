@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use dial::DialRefused;
+use dial::Dials;
 
 /// How clusters are named as tenants: `seedgate_cluster_streams{cluster}` and friends.
 const CLUSTER_SHARES: Naming = Naming { tenant: "cluster", labels: &["cluster"], established: "streams" };
@@ -76,6 +77,8 @@ struct Entry {
     end: CancellationToken,
     /// Bumped by every mode change, so a drain timer of an earlier mode does nothing.
     generation: u64,
+    /// Its dials of the last minutes, by result (the status page's).
+    dials: Arc<Dials>,
 }
 
 impl Entry {
@@ -87,6 +90,7 @@ impl Entry {
             index: NodeIndex::default(),
             end: kill.child_token(),
             generation: 0,
+            dials: Arc::default(),
         }
     }
 
@@ -170,6 +174,15 @@ impl Clusters {
     fn cap(&self, cluster: &str, kind: Kind) -> Cap {
         self.share.cap(self.by_name.get(cluster).and_then(|e| e.limits), kind)
     }
+}
+
+/// One cluster as the status page shows it, read under the directory's lock.
+pub(crate) struct ClusterView {
+    pub name: String,
+    /// Its mode as configured; `None`: not configured, so active.
+    pub mode: Option<Mode>,
+    pub sessions: Vec<Arc<Session>>,
+    pub dials: Arc<Dials>,
 }
 
 /// A cluster whose mode changed, as the change is told to its agents and logged once the
@@ -321,6 +334,7 @@ impl SessionDirectory {
         hello: Arc<OnceLock<AgentHello>>,
         stop: CancellationToken,
         identity: crate::session::Identity,
+        transport: &'static str,
     ) -> Result<Arc<Session>, crate::identity::Refused> {
         let (s, mode) = {
             let mut c = self.clusters.write();
@@ -342,6 +356,9 @@ impl SessionDirectory {
                 stop,
                 liveness: Default::default(),
                 identity,
+                transport,
+                since: Instant::now(),
+                tally: Arc::default(),
             });
             e.sessions.push(s.clone());
             e.index.add(s.clone());
@@ -375,6 +392,27 @@ impl SessionDirectory {
     /// Every agent session of every cluster.
     pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {
         self.clusters.read().by_name.values().flat_map(|e| e.sessions.iter().cloned()).collect()
+    }
+
+    /// Every cluster entry, for the status page (its sessions' hellos filed first).
+    pub(crate) fn views(&self) -> Vec<ClusterView> {
+        let unread: Vec<String> = {
+            let c = self.clusters.read();
+            c.by_name.iter().filter(|(_, e)| e.index.has_unread()).map(|(n, _)| n.clone()).collect()
+        };
+        for cluster in unread {
+            self.file_hellos(&cluster);
+        }
+        let c = self.clusters.read();
+        c.by_name
+            .iter()
+            .map(|(name, e)| ClusterView {
+                name: name.clone(),
+                mode: e.mode.clone(),
+                sessions: e.sessions.clone(),
+                dials: e.dials.clone(),
+            })
+            .collect()
     }
 
     pub(crate) fn sessions(&self, cluster: &str) -> Vec<Arc<Session>> {

@@ -79,6 +79,7 @@ pub(super) async fn serve(shared: Arc<Shared>, fe: Arc<FrontendRt>, conn: Handsh
         agent: String::new(),
         started,
         results: m.conn.connections.clone(),
+        session: None,
     };
 
     // Read the request head under what is left of the handshake deadline.

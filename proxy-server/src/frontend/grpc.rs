@@ -191,6 +191,7 @@ impl ProxyService for Proxy {
             agent: String::new(),
             started: Instant::now(),
             results: self.shared.metrics.conn.connections.clone(),
+            session: None,
         };
         let shared = self.shared.clone();
         // Tracked as a connection, so a drain waits for it.

@@ -58,12 +58,17 @@ pub(crate) struct Ctx {
     pub(crate) started: Instant,
     /// `seedgate_connections_total`, counted once per connection when it is logged.
     pub(crate) results: IntCounterVec,
+    /// The figures of the agent session a dial reached (its bytes are added when logged).
+    pub(crate) session: Option<Arc<crate::session::Tally>>,
 }
 
 impl Ctx {
     /// The access event of the connection's end, and its count by result (`ok` for a CONNECT
     /// answered 200 or a forward-proxy connection, else the reject reason).
     pub(crate) fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
+        if let Some(t) = &self.session {
+            t.ended(up, down);
+        }
         let result = if code == 200 || self.kind == "forward" { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
         proxy_core::access_event!(
@@ -85,6 +90,7 @@ impl Ctx {
     pub(crate) fn dialed(&mut self, d: Dialed) -> (TunnelStream, Hold) {
         self.strategy = d.strategy.as_str();
         self.agent = d.node;
+        self.session = Some(d.tally);
         (d.stream, d.share)
     }
 }

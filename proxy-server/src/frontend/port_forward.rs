@@ -36,6 +36,7 @@ pub(super) async fn serve(
         agent: String::new(),
         started: Instant::now(),
         results: shared.metrics.conn.connections.clone(),
+        session: None,
     };
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
         return refuse(&shared, &ctx, &mut io, &Refusal::NoClusterIdentity).await;

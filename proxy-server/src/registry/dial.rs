@@ -12,9 +12,10 @@
 use super::{Clusters, SessionDirectory};
 use crate::attempt::{self, Attempt};
 use crate::liveness::{self, Standing};
-use crate::session::Session;
+use crate::session::{Session, Tally};
 use crate::strategy;
 use proxy_core::net::share::{Cap, Hold, Kind};
+use proxy_core::obs::minutes::PerMinute;
 use proxy_core::tunnel::{DialError, TunnelStream};
 use seedgate_config::server::{ClusterMode, ProxyStrategy};
 use std::collections::HashMap;
@@ -26,6 +27,33 @@ const DIAL_ATTEMPTS: usize = 3;
 
 /// The sessions a strategy named for a dial, each with its standing, and the strategy.
 type Candidates = (ProxyStrategy, Vec<(Arc<Session>, Standing)>);
+
+/// What a dial came to, as a cluster counts its dials per minute for the status page: `ok`, or
+/// the refusal's code ([`DialRefused::code`]).
+pub(crate) const DIAL_RESULTS: [&str; 14] = [
+    "ok",
+    "not_allowed",
+    "refused",
+    "unreachable",
+    "resolve_failed",
+    "dial_timeout",
+    "stream_limit",
+    "draining",
+    "no_agent",
+    "cluster_moved",
+    "bad_target",
+    "tunnel_error",
+    "cluster_stream_limit",
+    "cluster_pending_limit",
+];
+
+/// A cluster's dials of the last minutes, by [`DIAL_RESULTS`].
+pub(crate) type Dials = PerMinute<{ DIAL_RESULTS.len() }>;
+
+/// The place of `code` in [`DIAL_RESULTS`] (a code it does not know counts as `tunnel_error`).
+fn result_index(code: &str) -> usize {
+    DIAL_RESULTS.iter().position(|c| *c == code).unwrap_or(11)
+}
 
 /// Why a dial was not made or failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +105,8 @@ pub(crate) struct Dialed {
     pub strategy: ProxyStrategy,
     /// The node the agent announced (empty when it named none).
     pub node: String,
+    /// The session's figures (its streams' bytes are added there when they end).
+    pub tally: Arc<Tally>,
 }
 
 impl SessionDirectory {
@@ -94,8 +124,8 @@ impl SessionDirectory {
         strategies: &[ProxyStrategy],
     ) -> Result<Dialed, DialRefused> {
         let started = Instant::now();
+        let (mode, dials) = self.mode_and_dials(cluster);
         let r = async {
-            let mode = self.mode(cluster);
             if mode.mode == ClusterMode::Fenced {
                 let msg = format!("cluster {cluster} moved to another seed; this seed no longer serves it");
                 return Err(DialError::Moved(msg).into());
@@ -104,10 +134,11 @@ impl SessionDirectory {
             let (share, dialing) = self.take_shares(cluster)?;
             let chosen = self.dial_agent(cluster, target, times, strategies).await;
             drop(dialing);
-            let (stream, strategy, node) = chosen?;
-            Ok(Dialed { stream, share, strategy, node })
+            let (stream, strategy, node, tally) = chosen?;
+            Ok(Dialed { stream, share, strategy, node, tally })
         }
         .await;
+        dials.add(result_index(r.as_ref().map_or_else(DialRefused::code, |_| "ok")), 1);
         let m = &self.metrics;
         match &r {
             Ok(_) => {
@@ -118,6 +149,17 @@ impl SessionDirectory {
             Err(DialRefused::Share { .. }) => {}
         }
         r
+    }
+
+    /// `cluster`'s mode and its count of dials (its entry made if it had none: a front end's
+    /// cluster without any agent counts its refused dials too).
+    fn mode_and_dials(&self, cluster: &str) -> (super::Mode, Arc<Dials>) {
+        if let Some(e) = self.clusters.read().by_name.get(cluster) {
+            return (e.mode(), e.dials.clone());
+        }
+        let mut c = self.clusters.write();
+        let e = c.entry(cluster, &self.kill);
+        (e.mode(), e.dials.clone())
     }
 
     /// Take a place in `cluster`'s share of streams and of pending dials (in that order), or say
@@ -155,7 +197,7 @@ impl SessionDirectory {
         target: &str,
         times: DialTimes,
         strategies: &[ProxyStrategy],
-    ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
+    ) -> Result<(TunnelStream, ProxyStrategy, String, Arc<Tally>), DialError> {
         let deadline = tokio::time::Instant::now() + times.dial;
         let mut tried: Vec<u64> = Vec::new();
         let sessions = self.sessions(cluster);
@@ -188,19 +230,24 @@ impl SessionDirectory {
                     if suspect > 0 {
                         self.metrics.dials_around_suspect.with_label_values(&[cluster]).inc();
                     }
-                    return Ok((stream, strategy, attempt::node(&s)));
+                    return Ok((stream, strategy, attempt::node(&s), s.tally.clone()));
                 }
                 // Nothing reached the target: another agent may take it.
                 Attempt::Answered(Err(e @ (DialError::Transport(_) | DialError::Draining(_)))) => {
                     let reason = if matches!(e, DialError::Transport(_)) { "transport" } else { "draining" };
                     retry = Some((reason, s.id));
+                    s.tally.failed(format!("{}: {e}", e.code()));
                     last = e;
                 }
-                Attempt::Answered(Err(e)) => return Err(e),
+                Attempt::Answered(Err(e)) => {
+                    s.tally.failed(format!("{}: {e}", e.code()));
+                    return Err(e);
+                }
                 Attempt::Silent => {
                     patience = patience.moved_on();
                     retry = Some(("silent", s.id));
                     last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
+                    s.tally.failed(format!("silent: {last}"));
                 }
                 // Sent into a path that then went quiet: served late by another session rather
                 // than refused (the agent may still get the abandoned open once the path heals).

@@ -143,7 +143,7 @@ fn add(d: &SessionDirectory, fake: &Arc<Fake>, hello: Option<(&str, &str)>) -> A
         ..AgentHello::default()
     });
     let hello = Arc::new(hello.map(std::sync::OnceLock::from).unwrap_or_default());
-    d.add("a", "peer".into(), opener, hello, CancellationToken::new(), Default::default()).expect("not fenced")
+    d.add("a", "peer".into(), opener, hello, CancellationToken::new(), Default::default(), "h2").expect("not fenced")
 }
 
 const TIMES: DialTimes = DialTimes { dial: Duration::from_secs(10), open: Duration::from_secs(2) };

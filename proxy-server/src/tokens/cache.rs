@@ -43,6 +43,11 @@ impl Cache {
         self.capacity
     }
 
+    /// Answers held (some may have passed their deadline, not yet dropped).
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<Reviewed> {
         match self.entries.get(key) {
             Some((r, until)) if *until > now => Some(r.clone()),

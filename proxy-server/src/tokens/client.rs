@@ -71,6 +71,11 @@ impl Client {
         Ok(Self { endpoint, authority: HostPort { host, port }, tls, slots, idle: Mutex::new(Vec::new()) })
     }
 
+    /// Reviews holding one of the endpoint's slots now (being sent, or awaiting their answer).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.endpoint.max_in_flight.saturating_sub(self.slots.available_permits())
+    }
+
     /// `POST` a review `body` within `timeout` (waiting for a slot included): the status and
     /// the answer's body (at most [`ANSWER_MAX`] bytes).
     pub(crate) async fn post(&self, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), Unavailable> {
