@@ -36,6 +36,7 @@ mod route_files;
 mod runtime_changes;
 mod session_caps;
 mod sni_router;
+mod status_page;
 mod tenant_shares;
 mod token_agents;
 mod tunnel;
