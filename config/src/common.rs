@@ -341,7 +341,7 @@ pub struct AdminConfig {
     /// which is what a browser sends after the login prompt a `401` brings up. Without
     /// `token_file` they then answer 403. Default `false`: anyone who reaches the admin listener
     /// may read them, as `/metrics` and `/readyz`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub status_requires_token: bool,
 }
 
