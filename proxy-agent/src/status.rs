@@ -277,5 +277,5 @@ pub(crate) fn status(shared: &Shared, query: &StatusQuery) -> StatusPage {
         }
     };
     let doc = AgentStatus { header, agent, totals, servers, dials };
-    StatusPage { json: serde_json::to_value(&doc).unwrap_or_default(), page: &PAGE }
+    StatusPage::new(doc, &PAGE)
 }

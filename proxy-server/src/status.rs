@@ -12,7 +12,7 @@ use crate::session::Session;
 use crate::shared::Shared;
 use proxy_core::obs::minutes::MINUTES;
 use proxy_core::obs::status::{
-    Field, Format, Header, Page, Paging, StatusPage, StatusQuery, Table, col, readings, sum_by,
+    Field, Format, Header, Page, Paging, StatusPage, StatusQuery, Table, col, group_by, readings, sum_by,
 };
 use seedgate_config::server::ClusterMode;
 use serde::Serialize;
@@ -73,7 +73,7 @@ pub(crate) struct Cluster {
     pub move_to: Vec<String>,
     /// Its agent sessions on this replica.
     pub sessions_here: usize,
-    /// Its tunnel streams open now, and dials in flight.
+    /// Its tunnel streams open now (on its sessions here), and dials in flight.
     pub streams: usize,
     pub pending: usize,
     /// Its cap of streams at its last dial (its share of `limits.max_connections`; 0 before any).
@@ -378,8 +378,8 @@ pub(crate) fn status(shared: &Shared, addresses: &BTreeMap<String, String>, quer
         .collect();
     let (rows, page) = query.page(matched, all.len());
 
-    let bytes = readings(&shared.metrics.tunnel_bytes);
-    let agent_sessions = readings(&shared.metrics.agent_sessions);
+    let bytes = group_by(&readings(&shared.metrics.tunnel_bytes), "cluster", "direction");
+    let mut agent_sessions = group_by(&readings(&shared.metrics.agent_sessions), "cluster", "result");
     let clusters = rows
         .into_iter()
         .map(|k| {
@@ -404,7 +404,8 @@ pub(crate) fn status(shared: &Shared, addresses: &BTreeMap<String, String>, quer
             };
             let (dials, dials_failed) = k.view.map(|v| dials(&v.dials)).unwrap_or_default();
             let share = shares.get(k.name);
-            let by_dir = sum_by(&bytes, Some(("cluster", k.name)), "direction");
+            let by_dir = bytes.get(k.name);
+            let bytes_of = |d: &str| by_dir.and_then(|b| b.get(d)).copied().unwrap_or(0);
             Cluster {
                 name: k.name.to_owned(),
                 state: match mode {
@@ -418,15 +419,15 @@ pub(crate) fn status(shared: &Shared, addresses: &BTreeMap<String, String>, quer
                 known: k.known,
                 move_to,
                 sessions_here: sessions.len(),
-                streams: share.map_or(0, |s| s.established),
+                streams: sessions.iter().map(|s| s.streams).sum(),
                 pending: share.map_or(0, |s| s.pending),
                 streams_cap: share.map_or(0, |s| s.established_cap),
                 share_refused: share.map_or(0, |s| s.refused),
                 dials,
                 dials_failed,
-                bytes_to_shoot: by_dir.get("to_shoot").copied().unwrap_or(0),
-                bytes_to_seed: by_dir.get("to_seed").copied().unwrap_or(0),
-                agent_sessions: sum_by(&agent_sessions, Some(("cluster", k.name)), "result"),
+                bytes_to_shoot: bytes_of("to_shoot"),
+                bytes_to_seed: bytes_of("to_seed"),
+                agent_sessions: agent_sessions.remove(k.name).unwrap_or_default(),
                 sessions,
             }
         })
@@ -477,5 +478,155 @@ pub(crate) fn status(shared: &Shared, addresses: &BTreeMap<String, String>, quer
         frontends,
         token_reviews,
     };
-    StatusPage { json: serde_json::to_value(&doc).unwrap_or_default(), page: &PAGE }
+    StatusPage::new(doc, &PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy_core::obs::admin::{AdminHooks, AdminState, Check};
+    use proxy_core::tunnel::{AgentHello, BoxFuture, ControlMsg, DialError, Opener, TunnelStream};
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    /// An agent session whose agent refuses every dial at once.
+    struct Refusing;
+
+    impl Opener for Refusing {
+        fn open(&self, target: &str, _: Duration) -> BoxFuture<'_, Result<TunnelStream, DialError>> {
+            let e = DialError::Refused(format!("{target}: connection refused"));
+            Box::pin(async move { Err(e) })
+        }
+        fn control(&self, _: &ControlMsg) -> Result<(), DialError> {
+            Ok(())
+        }
+        fn active_streams(&self) -> usize {
+            3
+        }
+        fn is_closed(&self) -> bool {
+            false
+        }
+    }
+
+    /// A replica of `clusters` clusters of `per` sessions each, every cluster with a refused dial.
+    async fn fleet(clusters: usize, per: usize) -> Arc<Shared> {
+        let shared = crate::shared::test_shared();
+        for c in 0..clusters {
+            let cluster = format!("shoot--project-{c:04}");
+            for s in 0..per {
+                let hello = AgentHello {
+                    node: format!("ip-10-250-{}-{s}.eu-west-1.compute.internal", c % 250),
+                    instance: format!("{:016x}", c * 100 + s),
+                    version: "1.0.0".into(),
+                    ..AgentHello::default()
+                };
+                let opener: Arc<dyn Opener> = Arc::new(Refusing);
+                let peer = format!("10.{}.{}.{s}:{}", c / 250, c % 250, 40000 + s);
+                let added = shared.directory.add(
+                    &cluster,
+                    peer,
+                    opener,
+                    Arc::new(OnceLock::from(hello)),
+                    CancellationToken::new(),
+                    Default::default(),
+                    "h2",
+                );
+                assert!(added.is_ok());
+            }
+            let _ = crate::frontend::dial(&shared, &cluster, "10.250.0.5:10250").await;
+        }
+        shared
+    }
+
+    /// The median of `f`'s times over `n` runs, and its last result.
+    fn median<T>(n: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+        let mut times = Vec::with_capacity(n);
+        let mut last = None;
+        for _ in 0..n {
+            let t = Instant::now();
+            last = Some(f());
+            times.push(t.elapsed());
+        }
+        times.sort();
+        (times[n / 2], last.expect("n > 0"))
+    }
+
+    struct Hooks(Arc<Shared>);
+
+    impl AdminHooks for Hooks {
+        fn ready(&self) -> Vec<Check> {
+            Vec::new()
+        }
+        fn config(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+            Some(status(&self.0, &BTreeMap::new(), query))
+        }
+    }
+
+    /// Not a test: the measurement of the status of a seed with 1,000 shoots and 10,000 agent
+    /// sessions (what `/status` and `/` cost to make, and how large they are). Run it in a
+    /// release build:
+    ///
+    /// `cargo test --release -p proxy-server --lib status::tests::a_thousand_clusters -- --ignored --nocapture`
+    ///
+    /// With `SEEDGATE_STATUS_SERVE=<seconds>` it then serves that replica's admin listener (the
+    /// address printed, and written to `SEEDGATE_STATUS_ADDR_FILE` if set) for a browser to load.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement, not a test: run it with --ignored --nocapture"]
+    async fn a_thousand_clusters_of_ten_sessions() {
+        let built = Instant::now();
+        let shared = fleet(1000, 10).await;
+        eprintln!("filled 1000 clusters x 10 sessions in {:?}", built.elapsed());
+        for q in ["", "limit=1000", "cluster=shoot--project-0500", "q=ip-10-250-7-"] {
+            let query = StatusQuery::parse(Some(q));
+            let (made, page) = median(21, || status(&shared, &BTreeMap::new(), &query));
+            let (json_t, json) = median(21, || page.doc.to_json());
+            let (html_t, html) = median(11, || proxy_core::obs::status::render(page.page, &page.doc.to_tree(), &query));
+            let tree = page.doc.to_tree();
+            let whole = made + json_t;
+            eprintln!(
+                "?{q:<30} clusters {:>4}, sessions {:>5}: document made {made:?}, JSON {json_t:?} ({} KiB; /status in all {whole:?}), tree and HTML {html_t:?} ({} KiB; / in all {:?})",
+                tree["clusters"].as_array().map_or(0, Vec::len),
+                tree["clusters"]
+                    .as_array()
+                    .map_or(0, |c| c.iter().map(|c| c["sessions"].as_array().map_or(0, Vec::len)).sum::<usize>()),
+                json.len() / 1024,
+                html.len() / 1024,
+                made + html_t,
+            );
+        }
+        // One cluster's document, its sessions cut to one (the admin reference's example).
+        let mut one =
+            status(&shared, &BTreeMap::new(), &StatusQuery::parse(Some("cluster=shoot--project-0007"))).doc.to_tree();
+        if let Some(s) = one["clusters"][0]["sessions"].as_array_mut() {
+            // The session the cluster's dial went to (its last error), alone.
+            s.sort_by_key(|s| s["last_error"].is_null());
+            s.truncate(1);
+        }
+        eprintln!("{}", serde_json::to_string_pretty(&one).expect("json"));
+        let Some(secs) = std::env::var("SEEDGATE_STATUS_SERVE").ok().and_then(|s| s.parse::<u64>().ok()) else {
+            return;
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        if let Ok(f) = std::env::var("SEEDGATE_STATUS_ADDR_FILE") {
+            std::fs::write(f, addr.to_string()).expect("address file");
+        }
+        eprintln!("serving http://{addr}/ for {secs}s");
+        let token = Arc::new(proxy_core::sync::RwLock::new(None));
+        let state = AdminState::new(
+            proxy_core::prometheus::Registry::new(),
+            Arc::new(Hooks(shared)),
+            token,
+            CancellationToken::new(),
+        );
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(proxy_core::obs::admin::serve(listener, state, stop.clone()));
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        stop.cancel();
+        let _ = served.await;
+    }
 }

@@ -196,7 +196,7 @@ fn route_status(
     l: &ListenerRt,
     r: &Route,
     shares: &HashMap<(String, String), proxy_core::net::share::TenantFigures>,
-    failures: &[proxy_core::obs::status::Reading],
+    failures: &HashMap<(String, String), BTreeMap<String, u64>>,
     now: Instant,
 ) -> RouteStatus {
     let upstreams: Vec<UpstreamStatus> = r
@@ -210,10 +210,8 @@ fn route_status(
         n if n < upstreams.len() => "degraded",
         _ => "down",
     };
-    let share = shares.get(&(l.name.to_string(), r.name.to_string()));
-    let mut fails: Vec<proxy_core::obs::status::Reading> =
-        failures.iter().filter(|f| f.label("listener") == &*l.name && f.label("route") == &*r.name).cloned().collect();
-    fails.retain(|f| f.value > 0.0);
+    let key = (l.name.to_string(), r.name.to_string());
+    let share = shares.get(&key);
     RouteStatus {
         listener: l.name.to_string(),
         name: r.name.to_string(),
@@ -232,7 +230,7 @@ fn route_status(
         routed: r.minutes.series(ROUTED),
         upstream_errors: r.minutes.series(UPSTREAM_FAILED),
         routed_total: r.meters.ok.get(),
-        upstream_failures: sum_by(&fails, None, "reason"),
+        upstream_failures: failures.get(&key).cloned().unwrap_or_default(),
         share_refused: share.map_or(0, |s| s.refused),
         since_change_s: now.saturating_duration_since(r.since).as_secs(),
     }
@@ -244,7 +242,11 @@ pub(crate) fn status(shared: &Shared, listeners: &[Arc<ListenerRt>], query: &Sta
     let now = Instant::now();
     let m = &shared.metrics;
     let (active, rejects) = (readings(&m.conn.active), readings(&m.conn.rejects));
-    let failures = readings(&m.conn.connect_failures);
+    let mut failures: HashMap<(String, String), BTreeMap<String, u64>> = HashMap::new();
+    for f in readings(&m.conn.connect_failures).iter().filter(|f| f.value > 0.0) {
+        let key = (f.label("listener").to_owned(), f.label("route").to_owned());
+        *failures.entry(key).or_default().entry(f.label("reason").to_owned()).or_insert(0) += f.value as u64;
+    }
     let shares: HashMap<(String, String), proxy_core::net::share::TenantFigures> = shared
         .shares
         .figures()
@@ -324,5 +326,5 @@ pub(crate) fn status(shared: &Shared, listeners: &[Arc<ListenerRt>], query: &Sta
         })
         .collect();
     let doc = RouterStatus { header, totals, listeners: out_listeners, page, routes, udp };
-    StatusPage { json: serde_json::to_value(&doc).unwrap_or_default(), page: &PAGE }
+    StatusPage::new(doc, &PAGE)
 }

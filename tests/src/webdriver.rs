@@ -147,6 +147,12 @@ impl Browser {
         self.call("POST", &self.at("/execute/sync"), Some(json!({"script": script, "args": []}))).await
     }
 
+    /// Run `script`, which ends by calling `done(value)` (the last of its `arguments`); that value.
+    pub async fn eval_async(&self, script: &str) -> anyhow::Result<Value> {
+        let script = format!("const done = arguments[arguments.length - 1];\n{script}");
+        self.call("POST", &self.at("/execute/async"), Some(json!({"script": script, "args": []}))).await
+    }
+
     /// The first element `css` selects (its WebDriver reference).
     pub async fn find(&self, css: &str) -> anyhow::Result<Value> {
         let v = self.call("POST", &self.at("/element"), Some(json!({"using": "css selector", "value": css}))).await?;

@@ -259,8 +259,8 @@ async fn serve_status(
     let made = tokio::task::spawn_blocking(move || {
         let page = hooks.status(&query)?;
         Some(match html {
-            true => status::render(page.page, &page.json, &query),
-            false => serde_json::to_string(&page.json).unwrap_or_default() + "\n",
+            true => status::render(page.page, &page.doc.to_tree(), &query),
+            false => page.doc.to_json() + "\n",
         })
     })
     .await;

@@ -84,7 +84,7 @@ impl AdminHooks for Hooks {
         // The filter comes back as a row: what a peer sends, to be escaped.
         let asked = query.get("q").unwrap_or_default();
         let json = serde_json::json!({"version": 1, "name": "toy", "rows": [{"name": asked, "state": "up"}]});
-        Some(StatusPage { json, page: &PAGE })
+        Some(StatusPage::new(json, &PAGE))
     }
 }
 

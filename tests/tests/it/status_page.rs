@@ -384,3 +384,44 @@ async fn each_page_in_chromium_shows_the_topology_and_a_session_turning_suspect_
     b.close().await?;
     Ok(())
 }
+
+/// Not a test: how long Chromium takes to show a large status page, at `SEEDGATE_STATUS_URL`
+/// (e.g. the replica of 1,000 clusters and 10,000 sessions that
+/// `proxy-server`'s `status::tests::a_thousand_clusters_of_ten_sessions` serves): the page's load
+/// (the server-rendered tables) and then, five times, the script's refresh (from the end of the
+/// `/status` answer to the re-rendered tables).
+#[tokio::test]
+#[ignore = "a measurement, not a test: run it with --ignored --nocapture and SEEDGATE_STATUS_URL"]
+async fn render_time_of_a_large_page() -> anyhow::Result<()> {
+    let url = std::env::var("SEEDGATE_STATUS_URL").context("set SEEDGATE_STATUS_URL")?;
+    let b = Browser::start(1360, 900).await?;
+    let started = std::time::Instant::now();
+    b.goto(&url).await?;
+    let loaded = started.elapsed();
+    let nav = b
+        .eval(
+            "const n = performance.getEntriesByType('navigation')[0]; \
+             const p = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint'); \
+             return {response_ms: n.responseEnd - n.startTime, interactive_ms: n.domInteractive - n.startTime, \
+                     loaded_ms: n.loadEventEnd - n.startTime, paint_ms: p ? p.startTime : null, bytes: n.transferSize, \
+                     rows: document.querySelectorAll('tbody').length}",
+        )
+        .await?;
+    eprintln!("{url}: goto returned after {loaded:?}; navigation {nav}");
+    for i in 0..5 {
+        let refresh = b
+            .eval_async(
+                "const at = document.getElementById('updated'); \
+                 const o = new MutationObserver(() => { o.disconnect(); \
+                   const now = performance.now(); \
+                   const r = performance.getEntriesByType('resource').filter(e => e.name.includes('/status?') || e.name.endsWith('/status')).pop(); \
+                   done({render_ms: r ? now - r.responseEnd : null, fetch_ms: r ? r.responseEnd - r.startTime : null, bytes: r ? r.transferSize : null}); }); \
+                 o.observe(at, {childList: true, characterData: true, subtree: true});",
+            )
+            .await?;
+        eprintln!("refresh {i}: {refresh}");
+    }
+    let errors = console_errors(&b).await?;
+    anyhow::ensure!(errors.is_empty(), "console errors: {errors:?}");
+    b.close().await
+}

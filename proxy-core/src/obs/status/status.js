@@ -98,6 +98,31 @@
     det.addEventListener('toggle', () => (det.open ? opened.add(id) : opened.delete(id)));
   };
 
+  // The inner table of a row's <details>, made when it is first open: a page of a thousand
+  // clusters re-renders its thousand rows every refresh, not their ten thousand sessions.
+  const fill = (det, t, inner) => {
+    if (det.dataset.filled === '1') return;
+    det.dataset.filled = '1';
+    if (!inner.length) return;
+    const it = el('table', 'inner');
+    it.dataset.key = t.key;
+    it.appendChild(head(t));
+    for (const x of inner) it.appendChild(row(t, x));
+    det.appendChild(it);
+    sortTable(it);
+  };
+
+  // What the filter box matches a row by: its cells' text and its inner rows' (made or not).
+  const searchText = (t, r, own) => {
+    const parts = [own];
+    if (t.nested) {
+      for (const x of lookup(r, t.nested.key) || []) {
+        for (const c of t.nested.columns) parts.push(cell(c.format, lookup(x, c.key))[0]);
+      }
+    }
+    return parts.join(' ').toLowerCase();
+  };
+
   const row = (t, r) => {
     const body = el('tbody');
     const key = text(lookup(r, t.row_key));
@@ -121,19 +146,21 @@
       const det = el('details');
       det.dataset.row = key;
       const id = t.key + '/' + key;
-      det.open = opened.has(id);
-      remember(det, id);
       det.appendChild(el('summary', null, inner.length + ' ' + t.nested.title));
-      if (inner.length) {
-        const it = el('table', 'inner');
-        it.dataset.key = t.nested.key;
-        it.appendChild(head(t.nested));
-        for (const x of inner) it.appendChild(row(t.nested, x));
-        det.appendChild(it);
-      }
+      det.open = opened.has(id);
+      if (det.open) fill(det, t.nested, inner);
+      det.addEventListener('toggle', () => {
+        if (det.open) {
+          opened.add(id);
+          fill(det, t.nested, inner);
+        } else {
+          opened.delete(id);
+        }
+      });
       td.appendChild(det);
       ntr.appendChild(td);
       body.appendChild(ntr);
+      body.dataset.search = searchText(t, r, tr.textContent);
     }
     return body;
   };
@@ -174,7 +201,8 @@
     document.querySelectorAll('main > section.table > table').forEach((table) => {
       for (const b of table.tBodies) {
         if (b.classList.contains('empty')) continue;
-        b.hidden = q !== '' && !b.textContent.toLowerCase().includes(q);
+        const text = b.dataset.search != null ? b.dataset.search : b.textContent.toLowerCase();
+        b.hidden = q !== '' && !text.includes(q);
       }
     });
   };
