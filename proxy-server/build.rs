@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // DATA's payload as `Bytes`: decoded without a copy into a `Vec` of its own.
         .bytes(".Data.data")
         // prost's codec with small first buffers (an idle Proxy stream holds them).
-        .codec_path("crate::frontend::grpc::Codec")
+        .codec_path("crate::frontend::grpc::pb::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

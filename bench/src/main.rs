@@ -1,6 +1,7 @@
 //! bench: the command line; the scenarios' subcommands come from their table
 //! ([`scenarios::SCENARIOS`]), the other subcommands are listed here.
 
+mod charts;
 mod fleet_agents;
 mod host;
 mod load;
@@ -43,7 +44,12 @@ enum Cmd {
     /// Print the Markdown of a results file (--json, default bench/results/latest.json) and
     /// rewrite its chart (--svg), without running anything.
     #[command(display_order = 1001)]
-    Report,
+    Report {
+        /// Also draw the README's small charts (gateway.svg, tunnel.svg, wan.svg, faults.svg)
+        /// into this directory: those whose figures the results hold (e.g. docs/images).
+        #[arg(long)]
+        charts: Option<PathBuf>,
+    },
     /// (internal) Serve many proxy-agent instances in this process for the fleet scenario.
     #[command(hide = true)]
     FleetAgents(fleet_agents::Args),
@@ -95,7 +101,7 @@ fn main() -> ExitCode {
     };
     let (what, r) = match cmd {
         Cmd::Demo(a) => return demo::main(a),
-        Cmd::Report => return scenarios::report_main(opts),
+        Cmd::Report { charts } => return scenarios::report_main(opts, charts.as_deref()),
         Cmd::Memcpy => {
             memcpy::main();
             return ExitCode::SUCCESS;
@@ -147,7 +153,8 @@ mod tests {
     fn the_other_subcommands_parse_as_before() {
         for (line, want) in [
             ("demo --profile debug --keep", "Demo"),
-            ("report --json /tmp/x.json", "Report"),
+            ("report --json /tmp/x.json", "Report { charts: None }"),
+            ("report --charts docs/images", "Report { charts: Some(\"docs/images\") }"),
             ("memcpy", "Memcpy"),
             ("serve-echo --addr-file /tmp/a", "ServeEcho"),
             ("fleet-agents --help", ""),

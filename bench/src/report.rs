@@ -1,4 +1,5 @@
-//! Results: the samples each scenario records, and their Markdown table, JSON file and SVG chart.
+//! Results: the samples each scenario records, and their Markdown table, JSON file and SVG chart
+//! (the README's small charts are drawn in [`crate::charts`]).
 
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -132,6 +133,64 @@ pub(crate) struct Results {
     pub tables: Vec<(String, String)>,
     #[serde(default)]
     pub runs: Vec<ScenarioRun>,
+    /// What happened over time (absent in results written before the bench kept any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timelines: Vec<Timeline>,
+}
+
+/// One system through one event over time (e.g. a fault on the path): when the path was down,
+/// each request made meanwhile and what came of it, and the moments that mark the recovery.
+/// Times are seconds from the event's start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Timeline {
+    pub scenario: String,
+    /// The event (a fault's name).
+    pub name: String,
+    pub system: String,
+    pub kind: Kind,
+    /// When the path was down: (from, to).
+    pub down: Vec<(f64, f64)>,
+    pub requests: Vec<Request>,
+    pub marks: Vec<Mark>,
+}
+
+/// One request of a [`Timeline`]: when it was made, how long it waited for its answer, and what
+/// the answer was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Request {
+    pub at: f64,
+    pub waited: f64,
+    pub outcome: Answer,
+}
+
+/// What came of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Answer {
+    Served,
+    /// Refused with a reason.
+    Refused,
+    /// No answer within the client's patience, or the connection failed.
+    Unanswered,
+}
+
+/// A moment of a [`Timeline`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Mark {
+    pub at: f64,
+    pub what: Moment,
+}
+
+/// What a [`Mark`] marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Moment {
+    /// The path came back.
+    Healed,
+    /// A stream opened before the event carried bytes again.
+    StreamResumed,
+    /// The first request served after the heal.
+    FirstServed,
 }
 
 /// A handle to a metric inside [`Results`].
@@ -280,11 +339,13 @@ impl Results {
         self.remarks.extend(older.remarks.into_iter().filter(|(s, _)| keep(s)));
         self.tables.extend(older.tables.into_iter().filter(|(s, _)| keep(s)));
         self.runs.extend(older.runs.into_iter().filter(|r| keep(&r.scenario)));
+        self.timelines.extend(older.timelines.into_iter().filter(|t| keep(&t.scenario)));
         let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
         self.metrics.sort_by_key(|m| rank(&m.scenario));
         self.remarks.sort_by_key(|(s, _)| rank(s));
         self.tables.sort_by_key(|(s, _)| rank(s));
         self.runs.sort_by_key(|r| rank(&r.scenario));
+        self.timelines.sort_by_key(|t| rank(&t.scenario));
     }
 
     fn scenarios(&self) -> Vec<String> {
@@ -480,7 +541,7 @@ pub(crate) fn markdown(res: &Results, header: &str) -> String {
 }
 
 /// Why a row has no median: skipped (not run) or failed (every repeat errored).
-fn unavailable(r: &Row) -> String {
+pub(crate) fn unavailable(r: &Row) -> String {
     match (&r.skipped, r.notes.first()) {
         (Some(s), _) => format!("skipped: {s}"),
         (None, Some(n)) => format!("failed: {}", n.trim_start_matches("error: ")),
@@ -488,7 +549,8 @@ fn unavailable(r: &Row) -> String {
     }
 }
 
-fn esc(s: &str) -> String {
+/// `s` as XML text or attribute value.
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 

@@ -24,6 +24,9 @@ mod soak;
 mod tunnel;
 mod wan;
 
+pub(crate) use faults::SC as FAULTS;
+pub(crate) use wan::{ONE_STREAM as WAN_ONE_STREAM, Profile as WanProfile};
+
 use crate::host::{self, Machine, Pinning};
 use crate::load::RateResult;
 use crate::report::{self, Kind, MetricId, Results, Target, Targets, Verdict};
@@ -764,8 +767,9 @@ fn result_paths(opts: &Opts, ws: &std::path::Path) -> (PathBuf, PathBuf) {
 }
 
 /// `bench report`: print the Markdown of a results file and rewrite its chart, without running
-/// anything (e.g. after merging scenarios run one at a time).
-pub(crate) fn report_main(opts: Opts) -> ExitCode {
+/// anything (e.g. after merging scenarios run one at a time); with `charts`, draw the small
+/// charts there too.
+pub(crate) fn report_main(opts: Opts, charts: Option<&Path>) -> ExitCode {
     let r = (|| -> anyhow::Result<()> {
         let ws = workspace();
         let (json_path, svg_path) = result_paths(&opts, &ws);
@@ -801,6 +805,9 @@ pub(crate) fn report_main(opts: Opts) -> ExitCode {
         );
         write_file(&svg_path, &report::svg(&res, &title))?;
         eprintln!("bench: wrote {}", svg_path.display());
+        if let Some(dir) = charts {
+            write_charts(&res, dir)?;
+        }
         Ok(())
     })();
     match r {
@@ -810,6 +817,26 @@ pub(crate) fn report_main(opts: Opts) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The small charts into `dir`; a chart the results cannot draw is removed there (so that the
+/// directory shows what the results hold, not an older run's picture) and said why.
+fn write_charts(res: &Results, dir: &Path) -> anyhow::Result<()> {
+    for (name, chart) in crate::charts::all(res) {
+        let path = dir.join(name);
+        match chart {
+            Ok(svg) => {
+                write_file(&path, &svg)?;
+                eprintln!("bench: wrote {}", path.display());
+            }
+            Err(why) => match std::fs::remove_file(&path) {
+                Ok(()) => eprintln!("bench: removed {}: {why}", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => eprintln!("bench: no {name}: {why}"),
+                Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+            },
+        }
+    }
+    Ok(())
 }
 
 fn write_file(p: &Path, text: &str) -> anyhow::Result<()> {

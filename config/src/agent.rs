@@ -1,10 +1,11 @@
 //! The proxy-agent config: admin listener, timeouts, limits, the node-local apiserver proxy and the reverse tunnel.
 
 use crate::common::{
-    AdminConfig, CidrPort, CongestionControl, Dur, HostPort, Keepalive, Located, config_file, default_fn,
-    null_is_default, valid_header_name,
+    AdminConfig, CidrPort, CongestionControl, Dur, HostPort, Located, config_file, default_fn, null_is_default,
+    valid_header_name,
 };
 use crate::error::{ConfigError, Problems};
+use crate::session::with_session_settings;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -20,11 +21,6 @@ default_fn! {
     dial_timeout_default: Dur = Dur::secs(5);
     tunnel_idle_default: Dur = Dur::secs(3600);
     max_streams_default: usize = 16_384;
-    connection_window_default: u32 = 64 * 1024 * 1024;
-    max_stream_window_default: u32 = crate::common::MAX_STREAM_WINDOW;
-    tcp_notsent_lowat_default: u32 = 128 * 1024;
-    tcp_inflight_bound_default: bool = true;
-    h2_adaptive_window_default: bool = true;
     reconnect_initial_default: Dur = Dur::millis(250);
     reconnect_max_default: Dur = Dur::secs(30);
     rehome_drain_default: Dur = Dur::secs(30);
@@ -123,173 +119,113 @@ impl Default for Reconnect {
     }
 }
 
-/// The agent end of the reverse tunnel: it dials out to every server and keeps a session to each.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"), transform = crate::common::Require("allow"))]
-pub struct Tunnel {
-    /// proxy-server tunnel addresses (`host:port`); names are resolved again on every connect.
-    /// The agent keeps sessions to every replica behind each. A reload gives an added server its
-    /// sessions at once; a removed one's sessions get GOAWAY (no new streams; live ones run to
-    /// their end); the others are untouched.
-    #[schemars(length(min = 1), extend("x-reload" = "live"))]
-    pub servers: Vec<HostPort>,
-    /// The agent's client certificate and the servers' CA. Required.
-    pub tls: TunnelTls,
-    /// A ServiceAccount token (a projected volume's file, with the audience proxy-server
-    /// requires) the agent presents on every session, instead of or besides its client
-    /// certificate; proxy-server checks it with a TokenReview at the cluster's kube-apiserver.
-    /// Read again for every new session and whenever it changes (the kubelet rotates it), and
-    /// sent on the live sessions then, so they outlive the first token. Never logged. `null`
-    /// (the default): no token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "new sessions"))]
-    pub token_file: Option<String>,
-    /// The cluster this agent belongs to, as proxy-server names it: with a token, proxy-server
-    /// asks that cluster's kube-apiserver (and only it) whether the token is valid; with a
-    /// certificate, it must equal the certificate's CN. `null` (the default): proxy-server
-    /// takes its only cluster with token reviews (or the certificate's CN).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "new sessions"))]
-    pub cluster: Option<String>,
-    /// Destinations the seed may dial, as CIDRs with optional port (`10.250.0.0/16`,
-    /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
-    /// address, for one, is unreachable unless listed. A name is resolved and every address
-    /// dialled must be listed.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(length(min = 1), extend("x-reload" = "new streams"))]
-    pub allow: Vec<CidrPort>,
-    /// Resolving and connecting to a destination. Default `5s`.
-    #[serde(default = "dial_timeout_default")]
-    #[schemars(extend("x-reload" = "new streams"))]
-    pub dial_timeout: Dur,
-    /// A stream with no byte either way for this long is closed. Default `1h`.
-    #[serde(default = "tunnel_idle_default")]
-    #[schemars(extend("x-reload" = "new streams"))]
-    pub idle_timeout: Dur,
-    /// PING interval, and when an unanswered PING makes a session suspect and dead; absent or
-    /// `null`: the defaults.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Keepalive>")]
-    pub keepalive: Keepalive,
-    /// Exponential back-off with jitter between session attempts; absent or `null`: the
-    /// defaults.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Reconnect>")]
-    pub reconnect: Reconnect,
-    /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
-    /// Default `16384`.
-    #[serde(default = "max_streams_default")]
-    #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
-    pub max_streams: usize,
-    /// Bytes one stream may have in flight unread at first (per-stream flow-control window).
-    /// Default: `524288` over HTTP/2 (grown up to `max_stream_window` on a path that needs more
-    /// unless `h2_adaptive_window` is off); `1048576` over QUIC, where every stream gets more when
-    /// `max_stream_window` and `connection_window` allow (quinn re-opens a stream's window in
-    /// smaller steps). At most `connection_window`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub stream_window: Option<u32>,
-    /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
-    /// Default `67108864`.
-    #[serde(default = "connection_window_default")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub connection_window: u32,
-    /// The most one stream's window grows to on a path that needs it (a long round trip at a
-    /// high rate). Over HTTP/2 with `h2_adaptive_window` each session estimates its path's
-    /// bandwidth-delay product from its PINGs and raises every stream's window to twice that,
-    /// from `stream_window` up to this, within a quarter of `connection_window` (four stalled
-    /// readers are needed to stall a session). Over QUIC every stream gets this window within a
-    /// quarter of `connection_window` (16 MiB by default: 300 Mbit/s at 300 ms); a receiver holds
-    /// bytes only as they arrive unread, and what a sender holds of all its streams together
-    /// follows the path (three congestion windows, at least 4 MiB, at most `connection_window`),
-    /// which bulk streams take in turn.
-    /// `stream_window` or less: no growth. Default `16777216`.
-    #[serde(default = "max_stream_window_default")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub max_stream_window: u32,
-    /// HTTP/2 sessions grow their stream windows with the path, up to `max_stream_window`: each
-    /// end estimates the bandwidth-delay product of what it receives from its PINGs. One stream
-    /// then moves at the link's rate across a long round trip (at 150 ms and 100 Mbit/s: 95
-    /// Mbit/s instead of 20). The megabytes in flight this allows share the session's one TCP
-    /// connection with every other stream; `tcp_inflight_bound` keeps them from overflowing the
-    /// path's bottleneck queue, so a round trip behind a bulk stream stays near the path's. Paths
-    /// under a millisecond never grow. Default `true`.
-    #[serde(default = "h2_adaptive_window_default")]
-    pub h2_adaptive_window: bool,
-    /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
-    /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
-    /// not yet handed to the kernel it schedules itself, so a stream that sends little (a
-    /// keystroke, a request) waits behind at most this much of bulk streams' bytes, not behind
-    /// megabytes of socket buffer. Not set on a path whose TCP handshake took under a
-    /// millisecond (loopback, one host or zone), where the kernel sends what it holds at once
-    /// and the limit would only cost wake-ups. Default `131072`.
-    #[serde(default = "tcp_notsent_lowat_default")]
-    pub tcp_notsent_lowat: u32,
-    /// HTTP/2 sessions: bound the bytes the session's TCP socket holds unacknowledged to what the
-    /// path carries plus a short queue (an eighth of the path's minimum round trip, 2-10 ms),
-    /// following the socket's smoothed round trip against its minimum. The kernel's congestion
-    /// control fills the path's bottleneck queue and overflows it; inside one TCP connection a
-    /// lost packet stalls every stream of the session behind its retransmission, and the queue
-    /// delays every stream by its length. Where the socket's congestion control is BBR, a
-    /// bounded session also starts it afresh every 5 s of sending: the bound keeps the queue
-    /// short already, and BBR's ProbeRTT (four packets for 200 ms and a round trip, every 10 s)
-    /// would stall every stream of the session. A path under a millisecond (loopback, a LAN)
-    /// never gets a bound. Off: the kernel alone decides (choose it where the session shares a
-    /// bottleneck with loss-based bulk traffic that keeps the queue full: the bound would yield
-    /// to it). Default `true`.
-    #[serde(default = "tcp_inflight_bound_default")]
-    pub tcp_inflight_bound: bool,
-    /// The node this agent runs on: a session of a new run of the same node supersedes the
-    /// earlier run's (dials try those last until they end), and the server shows it (readiness,
-    /// logs). Default: `identifiers.host`, else `$NODE_NAME`, else the host name; agents that
-    /// share a host name (network namespaces of one machine) are told apart by
-    /// `identifiers.host`, so one key names the node for both supersession and `dest_host`.
-    #[serde(default)]
-    pub node_name: Option<String>,
-    /// When a server name starts resolving elsewhere, the agent opens a session to the new
-    /// address; the old session stays open for this long (its server may still open streams on
-    /// it, and they finish), then gets GOAWAY and is closed. (A move notice from the server
-    /// carries its own deadline.) Default `30s`.
-    #[serde(default = "rehome_drain_default")]
-    pub rehome_drain: Dur,
-    /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default), `quic`
-    /// (QUIC over UDP, to the same `servers` addresses: the server's `agents.quic.listen`), or
-    /// `auto` (QUIC first; h2 to the same address when no QUIC handshake completes within
-    /// `quic_timeout`; while on h2, QUIC is probed again every `quic_probe_interval` and the
-    /// slot moves to it make-before-break).
-    #[serde(default)]
-    pub transport: Transport,
-    /// `auto` only: how long a QUIC handshake may take before the agent falls back to h2.
-    /// Default `3s`.
-    #[serde(default = "quic_timeout_default")]
-    pub quic_timeout: Dur,
-    /// `auto` only: while a session runs over h2, how often QUIC is tried again (with jitter:
-    /// ¾ to all of it). Default `60s`. A reload applies it from the next probe.
-    #[serde(default = "quic_probe_interval_default")]
-    pub quic_probe_interval: Dur,
-    /// QUIC sessions: let the kernel coalesce up to 64 received packets per read (UDP GRO), and
-    /// accept packets of up to 6,500 bytes from the seed. Default `true`. quinn keeps room for 32
-    /// such reads per session, of which what bursts fill stays resident (at most 2 MiB: a read
-    /// brings at most 64 KiB); `false` turns GRO off, accepts Ethernet-sized packets only, and
-    /// the room is 47 KiB per session, at the cost of less than half the bulk throughput from
-    /// the seed into the shoot. For nodes where the agent's memory counts more than large
-    /// uploads to the shoot.
-    #[serde(default = "quic_gro_default")]
-    pub quic_gro: bool,
-    /// QUIC sessions: the congestion controller of what the agent sends to the seed (the seed's
-    /// `agents.quic.congestion_control` sets the other direction): `loss_tolerant` (the
-    /// default), `cubic`, `bbr` or `new_reno`. The loss-based ones (`cubic`, `new_reno`) cut
-    /// their rate at every lost packet: on a path with random loss a stream keeps a few per cent
-    /// of the link. quinn's BBR (experimental upstream) stalled a stream across a 150 ms path.
-    #[serde(default)]
-    pub quic_congestion_control: CongestionControl,
-    /// What the agent tells proxy-server about its node, so that a dial to this node's name or
-    /// addresses comes to this agent (`agents.proxy_strategies: [dest_host, ...]`). Default: all
-    /// from the downward API's environment (`NODE_NAME`, `HOST_IPS`, `HOST_IP`).
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Identifiers>")]
-    pub identifiers: Identifiers,
+with_session_settings! {
+    /// The agent end of the reverse tunnel: it dials out to every server and keeps a session to each.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend("x-reload" = "new sessions"), transform = crate::common::Require("allow"))]
+    pub struct Tunnel {
+        /// proxy-server tunnel addresses (`host:port`); names are resolved again on every connect.
+        /// The agent keeps sessions to every replica behind each. A reload gives an added server its
+        /// sessions at once; a removed one's sessions get GOAWAY (no new streams; live ones run to
+        /// their end); the others are untouched.
+        #[schemars(length(min = 1), extend("x-reload" = "live"))]
+        pub servers: Vec<HostPort>,
+        /// The agent's client certificate and the servers' CA. Required.
+        pub tls: TunnelTls,
+        /// A ServiceAccount token (a projected volume's file, with the audience proxy-server
+        /// requires) the agent presents on every session, instead of or besides its client
+        /// certificate; proxy-server checks it with a TokenReview at the cluster's kube-apiserver.
+        /// Read again for every new session and whenever it changes (the kubelet rotates it), and
+        /// sent on the live sessions then, so they outlive the first token. Never logged. `null`
+        /// (the default): no token.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(extend("x-reload" = "new sessions"))]
+        pub token_file: Option<String>,
+        /// The cluster this agent belongs to, as proxy-server names it: with a token, proxy-server
+        /// asks that cluster's kube-apiserver (and only it) whether the token is valid; with a
+        /// certificate, it must equal the certificate's CN. `null` (the default): proxy-server
+        /// takes its only cluster with token reviews (or the certificate's CN).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(extend("x-reload" = "new sessions"))]
+        pub cluster: Option<String>,
+        /// Destinations the seed may dial, as CIDRs with optional port (`10.250.0.0/16`,
+        /// `100.64.0.10/32:53`). Everything else is refused (default deny): the cloud metadata
+        /// address, for one, is unreachable unless listed. A name is resolved and every address
+        /// dialled must be listed.
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(length(min = 1), extend("x-reload" = "new streams"))]
+        pub allow: Vec<CidrPort>,
+        /// Resolving and connecting to a destination. Default `5s`.
+        #[serde(default = "dial_timeout_default")]
+        #[schemars(extend("x-reload" = "new streams"))]
+        pub dial_timeout: Dur,
+        /// A stream with no byte either way for this long is closed. Default `1h`.
+        #[serde(default = "tunnel_idle_default")]
+        #[schemars(extend("x-reload" = "new streams"))]
+        pub idle_timeout: Dur,
+        /// Exponential back-off with jitter between session attempts; absent or `null`: the
+        /// defaults.
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(with = "Option<Reconnect>")]
+        pub reconnect: Reconnect,
+        /// Streams open at once across all sessions; more are refused with `stream_limit` (503).
+        /// Default `16384`.
+        #[serde(default = "max_streams_default")]
+        #[schemars(range(min = 1, max = 1048576), extend("x-reload" = "new streams"))]
+        pub max_streams: usize,
+        ..SessionSettings,
+        /// The node this agent runs on: a session of a new run of the same node supersedes the
+        /// earlier run's (dials try those last until they end), and the server shows it (readiness,
+        /// logs). Default: `identifiers.host`, else `$NODE_NAME`, else the host name; agents that
+        /// share a host name (network namespaces of one machine) are told apart by
+        /// `identifiers.host`, so one key names the node for both supersession and `dest_host`.
+        #[serde(default)]
+        pub node_name: Option<String>,
+        /// When a server name starts resolving elsewhere, the agent opens a session to the new
+        /// address; the old session stays open for this long (its server may still open streams on
+        /// it, and they finish), then gets GOAWAY and is closed. (A move notice from the server
+        /// carries its own deadline.) Default `30s`.
+        #[serde(default = "rehome_drain_default")]
+        pub rehome_drain: Dur,
+        /// How sessions reach the servers: `h2` (HTTP/2 over TLS over TCP, the default), `quic`
+        /// (QUIC over UDP, to the same `servers` addresses: the server's `agents.quic.listen`), or
+        /// `auto` (QUIC first; h2 to the same address when no QUIC handshake completes within
+        /// `quic_timeout`; while on h2, QUIC is probed again every `quic_probe_interval` and the
+        /// slot moves to it make-before-break).
+        #[serde(default)]
+        pub transport: Transport,
+        /// `auto` only: how long a QUIC handshake may take before the agent falls back to h2.
+        /// Default `3s`.
+        #[serde(default = "quic_timeout_default")]
+        pub quic_timeout: Dur,
+        /// `auto` only: while a session runs over h2, how often QUIC is tried again (with jitter:
+        /// ¾ to all of it). Default `60s`. A reload applies it from the next probe.
+        #[serde(default = "quic_probe_interval_default")]
+        pub quic_probe_interval: Dur,
+        /// QUIC sessions: let the kernel coalesce up to 64 received packets per read (UDP GRO), and
+        /// accept packets of up to 6,500 bytes from the seed. Default `true`. quinn keeps room for 32
+        /// such reads per session, of which what bursts fill stays resident (at most 2 MiB: a read
+        /// brings at most 64 KiB); `false` turns GRO off, accepts Ethernet-sized packets only, and
+        /// the room is 47 KiB per session, at the cost of less than half the bulk throughput from
+        /// the seed into the shoot. For nodes where the agent's memory counts more than large
+        /// uploads to the shoot.
+        #[serde(default = "quic_gro_default")]
+        pub quic_gro: bool,
+        /// QUIC sessions: the congestion controller of what the agent sends to the seed (the seed's
+        /// `agents.quic.congestion_control` sets the other direction): `loss_tolerant` (the
+        /// default), `cubic`, `bbr` or `new_reno`. The loss-based ones (`cubic`, `new_reno`) cut
+        /// their rate at every lost packet: on a path with random loss a stream keeps a few per cent
+        /// of the link. quinn's BBR (experimental upstream) stalled a stream across a 150 ms path.
+        #[serde(default)]
+        pub quic_congestion_control: CongestionControl,
+        /// What the agent tells proxy-server about its node, so that a dial to this node's name or
+        /// addresses comes to this agent (`agents.proxy_strategies: [dest_host, ...]`). Default: all
+        /// from the downward API's environment (`NODE_NAME`, `HOST_IPS`, `HOST_IP`).
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(with = "Option<Identifiers>")]
+        pub identifiers: Identifiers,
+    }
 }
 
 /// The agent's identifiers, announced in its hello (a change shows in the next session's hello).
@@ -494,59 +430,42 @@ fn valid_header_value(v: &str) -> bool {
 }
 
 fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
-    let at = t.at();
     let f = "tunnel";
     match (&t.tls.cert, &t.tls.key, &t.token_file) {
         (Some(_), Some(_), _) | (None, None, Some(_)) => {}
-        (Some(_), None, _) => p.push(at, format!("{f}.tls.key"), "give the key of tls.cert"),
-        (None, Some(_), _) => p.push(at, format!("{f}.tls.cert"), "give the certificate of tls.key"),
-        (None, None, None) => p.push(
-            at,
-            format!("{f}.tls.cert"),
+        (Some(_), None, _) => p.push(format!("{f}.tls.key"), "give the key of tls.cert"),
+        (None, Some(_), _) => p.push(format!("{f}.tls.cert"), "give the certificate of tls.key"),
+        (None, None, None) => p.push(format!("{f}.tls.cert"),
             "the agent needs an identity: a client certificate (tls.cert and tls.key), a ServiceAccount token (token_file), or both",
         ),
     }
     if let Some(c) = &t.cluster
         && !crate::server::valid_cluster_name(c)
     {
-        p.push(at, format!("{f}.cluster"), format!("{c:?} is not a valid cluster name"));
+        p.push(format!("{f}.cluster"), format!("{c:?} is not a valid cluster name"));
     }
     if t.servers.is_empty() {
-        p.push(at, format!("{f}.servers"), "at least one proxy-server address is required");
+        p.push(format!("{f}.servers"), "at least one proxy-server address is required");
     }
     let mut seen = HashSet::new();
     for (i, s) in t.servers.iter().enumerate() {
         if !seen.insert(s.clone()) {
-            p.push(at, format!("{f}.servers[{i}]"), format!("{s} is listed twice"));
+            p.push(format!("{f}.servers[{i}]"), format!("{s} is listed twice"));
         }
     }
     if t.allow.is_empty() {
         p.push(
-            at,
             format!("{f}.allow"),
             "empty: every dial would be refused; list the node, pod and service CIDRs the seed may reach",
         );
     }
     if t.max_streams == 0 || t.max_streams > 1 << 20 {
-        p.push(at, format!("{f}.max_streams"), "must be between 1 and 1048576");
+        p.push(format!("{f}.max_streams"), "must be between 1 and 1048576");
     }
-    if let Some(w) = t.stream_window
-        && !(65_535..=(1 << 31) - 1).contains(&w)
-    {
-        p.push(at, format!("{f}.stream_window"), "must be between 65535 and 2147483647");
-    }
-    if t.connection_window < t.stream_window.unwrap_or(65_535) || t.connection_window > (1 << 31) - 1 {
-        p.push(at, format!("{f}.connection_window"), "must be at least stream_window and at most 2147483647");
-    }
-    if !(65_535..=(1 << 31) - 1).contains(&t.max_stream_window) {
-        p.push(at, format!("{f}.max_stream_window"), "must be between 65535 and 2147483647");
-    }
+    crate::session::validate(&t.session(), f, p);
     for (name, d) in [
         ("dial_timeout", t.dial_timeout),
         ("idle_timeout", t.idle_timeout),
-        ("keepalive.interval", t.keepalive.interval),
-        ("keepalive.timeout", t.keepalive.timeout),
-        ("keepalive.suspect_after", t.keepalive.suspect_after),
         ("reconnect.initial", t.reconnect.initial),
         ("reconnect.max", t.reconnect.max),
         ("rehome_drain", t.rehome_drain),
@@ -554,22 +473,22 @@ fn validate_tunnel(t: &Located<Tunnel>, p: &mut Problems) {
         ("quic_probe_interval", t.quic_probe_interval),
     ] {
         if d.get().is_zero() {
-            p.push(at, format!("{f}.{name}"), "must be positive");
+            p.push(format!("{f}.{name}"), "must be positive");
         }
     }
     if t.reconnect.max < t.reconnect.initial {
-        p.push(at, format!("{f}.reconnect.max"), "must not be below reconnect.initial");
+        p.push(format!("{f}.reconnect.max"), "must not be below reconnect.initial");
     }
     if let Some(h) = &t.identifiers.host
         && (h.is_empty() || h.len() > 253 || h.contains(|c: char| c.is_whitespace() || c.is_control() || c == ':'))
     {
-        p.push(at, format!("{f}.identifiers.host"), format!("{h:?} is not a node name"));
+        p.push(format!("{f}.identifiers.host"), format!("{h:?} is not a node name"));
     }
 }
 
 pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
+        p.push("limits.max_connections", "must be at least 1");
     }
     crate::common::validate_positive(
         &[
@@ -583,34 +502,28 @@ pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
         validate_tunnel(t, p);
     }
     let Some(ap) = &cfg.apiserver_proxy else { return };
-    let at = ap.at();
     let f = "apiserver_proxy";
     if ap.listen.is_empty() {
-        p.push(at, format!("{f}.listen"), "at least one listen address is required");
+        p.push(format!("{f}.listen"), "at least one listen address is required");
     }
     let mut seen = HashSet::new();
     for (i, l) in ap.listen.iter().enumerate() {
         // A host name is allowed: it is resolved (once, at bind) like every listen address.
         if l.port != 0 && !seen.insert(l.value.clone()) {
-            p.push(l.at(), format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
+            p.push(format!("{f}.listen[{i}]"), format!("{} is listed twice", l.value));
         }
     }
     match (ap.mode, &ap.destination) {
-        (Mode::HttpConnect, None) => p.push(
-            at,
-            format!("{f}.destination"),
+        (Mode::HttpConnect, None) => p.push(format!("{f}.destination"),
             "required in http-connect mode (e.g. \"outbound|443||kube-apiserver.<namespace>.svc.cluster.local\")",
         ),
-        (_, Some(d)) if !valid_header_value(d) => p.push(
-            at,
-            format!("{f}.destination"),
+        (_, Some(d)) if !valid_header_value(d) => p.push(format!("{f}.destination"),
             format!("{d:?} is not a valid header value: non-empty, at most {MAX_DESTINATION_LEN} bytes, visible ASCII and inner spaces only"),
         ),
         _ => {}
     }
     if !valid_header_name(&ap.destination_header) {
         p.push(
-            at,
             format!("{f}.destination_header"),
             format!("{:?} is not a valid HTTP header name", ap.destination_header),
         );
@@ -618,13 +531,12 @@ pub(crate) fn validate(cfg: &AgentConfig, p: &mut Problems) {
         .contains(&ap.destination_header.to_ascii_lowercase().as_str())
     {
         p.push(
-            at,
             format!("{f}.destination_header"),
             format!("{:?} is a header the CONNECT request itself uses; choose another name", ap.destination_header),
         );
     }
     if ap.retries == 0 || ap.retries > MAX_RETRIES {
-        p.push(at, format!("{f}.retries"), format!("must be between 1 and {MAX_RETRIES} (total connect attempts)"));
+        p.push(format!("{f}.retries"), format!("must be between 1 and {MAX_RETRIES} (total connect attempts)"));
     }
 }
 

@@ -72,6 +72,10 @@ impl Dur {
     }
 }
 
+/// The forms a size may take (`size.rs` reads them), as a refused one's message names them.
+const SIZE_FORMS: &str = "write a byte count (16777216) or a number with a unit: Ki, Mi, Gi \
+     (powers of 1024; KiB, MiB, GiB too) or k, M, G (powers of 1000), e.g. 16Mi or 1.5Gi";
+
 /// A value written as a string (duration, address, CIDR, file mode) that does not parse. Its
 /// text is the config problem's message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -88,6 +92,8 @@ pub enum ValueError {
     CidrPort { text: String, fault: CidrPortFault },
     #[error("invalid file mode {0:?}: write octal permission bits as a string, e.g. \"0660\"")]
     FileMode(String),
+    #[error("invalid size {text:?} ({why}); {forms}", forms = SIZE_FORMS)]
+    Size { text: String, why: &'static str },
 }
 
 /// What is wrong in a `CIDR[:port]`.
@@ -355,67 +361,11 @@ impl AdminConfig {
     }
 }
 
-/// Tunnel keepalive, the same on both ends: a session whose PING goes unanswered for a few
-/// seconds is suspect (no new streams; the agent opens a replacement beside it), and dead only
-/// after the longer timeout (its open streams wait for the path until then, as TCP would).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"))]
-pub struct Keepalive {
-    /// PING every this long, and at least three times per `suspect_after` (so a few seconds of
-    /// silence are noticed). A quiet path is probed at least that often too (the retransmission
-    /// back-off stops there: over QUIC always, over HTTP/2 on Linux 6.15 and later, and not below
-    /// the kernel's 1 s), so a session resumes within about that long of the path's return. The
-    /// agent re-resolves its servers' names this often. Default `5s`.
-    #[serde(default = "ka_interval_default")]
-    pub interval: Dur,
-    /// No PING answer for this long: the session is dead (its streams end; an agent
-    /// reconnects). Sized like TCP's own patience with a silent path, so that an outage of
-    /// tens of seconds costs no open stream; the socket's limits follow it (`TCP_USER_TIMEOUT`
-    /// over h2, the idle timeout over QUIC). Default `60s`.
-    #[serde(default = "ka_timeout_default")]
-    pub timeout: Dur,
-    /// No PING answer for this long (QUIC: nothing heard while a PING or data waits for its
-    /// acknowledgement): the session is suspect. It takes no new streams (a dial goes to another
-    /// session, or is refused with `no_agent` and the reason), the agent dials a replacement
-    /// beside it, and its open streams go on waiting for the path; any sign of life clears it.
-    /// At most `timeout` (a shorter `timeout` lowers it; equal to it, a session is never suspect
-    /// before it is dead). Default `3s`.
-    #[serde(default = "ka_suspect_default")]
-    pub suspect_after: Dur,
-}
-
-fn ka_interval_default() -> Dur {
-    Dur::secs(5)
-}
-
-fn ka_timeout_default() -> Dur {
-    Dur::secs(60)
-}
-
-fn ka_suspect_default() -> Dur {
-    Dur::secs(3)
-}
-
-impl Keepalive {
-    /// How long a PING may go unanswered before the session is suspect: `suspect_after`, at
-    /// most `timeout`.
-    pub fn suspect(&self) -> std::time::Duration {
-        self.suspect_after.get().min(self.timeout.get())
-    }
-}
-
-impl Default for Keepalive {
-    fn default() -> Self {
-        Self { interval: ka_interval_default(), timeout: ka_timeout_default(), suspect_after: ka_suspect_default() }
-    }
-}
-
 /// Durations that must be above zero (the timeouts), each named by its key.
 pub(crate) fn validate_positive(keys: &[(&str, Dur)], p: &mut crate::error::Problems) {
     for (name, d) in keys {
         if d.get().is_zero() {
-            p.push((0, 0), *name, "must be positive");
+            p.push(*name, "must be positive");
         }
     }
 }
@@ -423,20 +373,15 @@ pub(crate) fn validate_positive(keys: &[(&str, Dur)], p: &mut crate::error::Prob
 /// `limits.tenant_share`: a fraction of the process limits, above 0 and at most 1.
 pub(crate) fn validate_share(share: f64, field: &str, p: &mut crate::error::Problems) {
     if !(share > 0.0 && share <= 1.0) {
-        p.push((0, 0), field, "must be a fraction above 0 and at most 1 (0.25: a quarter of each process limit)");
+        p.push(field, "must be a fraction above 0 and at most 1 (0.25: a quarter of each process limit)");
     }
 }
 
 /// One tenant's own limits (a route's or a cluster's `limits`): each set one at least 1.
-pub(crate) fn validate_tenant_limits(
-    keys: &[(&str, Option<usize>)],
-    field: &str,
-    at: (u64, u64),
-    p: &mut crate::error::Problems,
-) {
+pub(crate) fn validate_tenant_limits(keys: &[(&str, Option<usize>)], field: &str, p: &mut crate::error::Problems) {
     for (key, v) in keys {
         if *v == Some(0) {
-            p.push(at, format!("{field}.{key}"), "must be at least 1 (leave it out for the default share)");
+            p.push(format!("{field}.{key}"), "must be at least 1 (leave it out for the default share)");
         }
     }
 }
@@ -576,13 +521,13 @@ pub(crate) use pending_budget_of;
 /// The pending budget's checks, as problems of `limits.*`.
 pub(crate) fn validate_pending_budget(b: &PendingBudget, p: &mut crate::error::Problems) {
     if b.max_pending == 0 {
-        p.push((0, 0), "limits.max_pending", "must be at least 1");
+        p.push("limits.max_pending", "must be at least 1");
     }
     if b.prefix_v4 > 32 {
-        p.push((0, 0), "limits.source_prefix_v4", "must be between 0 and 32");
+        p.push("limits.source_prefix_v4", "must be between 0 and 32");
     }
     if b.prefix_v6 > 128 {
-        p.push((0, 0), "limits.source_prefix_v6", "must be between 0 and 128");
+        p.push("limits.source_prefix_v6", "must be between 0 and 128");
     }
 }
 
@@ -759,21 +704,6 @@ impl schemars::transform::Transform for Require {
     }
 }
 
-/// A tunnel stream's flow-control window when `stream_window` is not given, over HTTP/2. h2
-/// re-opens a stream's window once about a third of it was read. On loopback 512 KiB moved one
-/// stream 8-15 % faster than 256 KiB (half the window updates), and 768 KiB or 1 MiB slower
-/// (more bytes in flight per stream than the caches hold).
-pub const STREAM_WINDOW_H2: u32 = 512 * 1024;
-/// The same over QUIC. quinn re-opens a stream's window each time its reader has taken an
-/// eighth of it: at 256 KiB that is a window update (a packet each way) per 32 KiB, and one
-/// QUIC stream moved a fifth less than at 1 MiB (an update per 128 KiB).
-pub const STREAM_WINDOW_QUIC: u32 = 1024 * 1024;
-
-/// The most a tunnel stream's window grows to when `max_stream_window` is not given: 16 MiB
-/// carries one stream at 100 Mbit/s across a round trip of over a second, and at 400 Mbit/s
-/// across 300 ms.
-pub const MAX_STREAM_WINDOW: u32 = 16 * 1024 * 1024;
-
 /// The congestion controller of a QUIC session's sending side (each end paces what it sends by
 /// its own). The default is seedgate's `loss_tolerant`: across an emulated 100 Mbit/s link with
 /// 0.5 % and 1 % random loss at 50 ms it kept one stream at 70-80 Mbit/s, where quinn's Cubic
@@ -814,14 +744,5 @@ impl CongestionControl {
             Self::NewReno => "new_reno",
             Self::LossTolerant => "loss_tolerant",
         }
-    }
-}
-
-/// The per-stream windows in effect, `(HTTP/2, QUIC)`: `stream_window` when given (for both
-/// transports), else each transport's default, never above `connection_window`.
-pub fn stream_windows(stream_window: Option<u32>, connection_window: u32) -> (u32, u32) {
-    match stream_window {
-        Some(w) => (w, w),
-        None => (STREAM_WINDOW_H2.min(connection_window), STREAM_WINDOW_QUIC.min(connection_window)),
     }
 }

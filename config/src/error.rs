@@ -64,10 +64,20 @@ impl ConfigError {
     }
 }
 
-/// Collects validation problems for one file.
+/// Collects validation problems for one file. A problem found after the parse names its key
+/// path only: the file's text places it ([`Problems::placed`]), the same way as a value that did
+/// not parse, so no rule has to carry positions around.
 pub(crate) struct Problems {
     file: String,
-    list: Vec<Problem>,
+    list: Vec<Found>,
+}
+
+/// A problem as a rule found it.
+struct Found {
+    /// `None` until placed.
+    at: Option<(u64, u64)>,
+    field: String,
+    message: String,
 }
 
 impl Problems {
@@ -75,21 +85,45 @@ impl Problems {
         Self { file: file.to_owned(), list: Vec::new() }
     }
 
-    pub(crate) fn push(&mut self, at: (u64, u64), field: impl Into<String>, message: impl Into<String>) {
-        self.list.push(Problem {
-            file: self.file.clone(),
-            line: at.0,
-            column: at.1,
-            field: field.into(),
-            message: message.into(),
-        });
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 
-    pub(crate) fn into_list(self) -> Vec<Problem> {
+    /// A problem of the key `field` (a key path such as `listeners[0].routes[2].sni`).
+    pub(crate) fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.list.push(Found { at: None, field: field.into(), message: message.into() });
+    }
+
+    /// A problem at a position known without the file's text (a value kept with its position,
+    /// checked against other files after the parse).
+    pub(crate) fn push_at(&mut self, at: (u64, u64), field: impl Into<String>, message: impl Into<String>) {
+        self.list.push(Found { at: Some(at), field: field.into(), message: message.into() });
+    }
+
+    /// The problems, each unplaced one placed by `place` (its position, and a note to add to its
+    /// message).
+    pub(crate) fn placed(self, mut place: impl FnMut(&str) -> ((u64, u64), String)) -> Vec<Problem> {
+        let file = self.file;
         self.list
+            .into_iter()
+            .map(|Found { at, field, message }| {
+                let ((line, column), message) = match at {
+                    Some(at) => (at, message),
+                    None => {
+                        let (at, note) = place(&field);
+                        (at, message + &note)
+                    }
+                };
+                Problem { file: file.clone(), line, column, field, message }
+            })
+            .collect()
     }
 
+    /// The problems of a check made without the file's text: every one pushed with its position.
     pub(crate) fn finish<T>(self, value: T) -> Result<T, ConfigError> {
-        if self.list.is_empty() { Ok(value) } else { Err(ConfigError { problems: self.list }) }
+        if self.list.is_empty() {
+            return Ok(value);
+        }
+        Err(ConfigError { problems: self.placed(|_| ((0, 0), String::new())) })
     }
 }

@@ -11,16 +11,19 @@ pub mod reference;
 pub mod router;
 pub mod schema;
 pub mod server;
+mod session;
+mod size;
 mod yaml;
 
 pub use agent::AgentConfig;
 pub use binary::{BinaryConfig, load};
 pub use common::{
-    AdminConfig, CidrPort, CidrPortFault, CongestionControl, Dur, FileMode, HostPort, IpCidr, Keepalive, Located,
-    MAX_STREAM_WINDOW, PendingBudget, STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, TlsFiles, TlsRole, ValueError, canonical,
-    stream_windows, valid_header_name,
+    AdminConfig, CidrPort, CidrPortFault, CongestionControl, Dur, FileMode, HostPort, IpCidr, Located, PendingBudget,
+    TlsFiles, TlsRole, ValueError, canonical, valid_header_name,
 };
 pub use error::{ConfigError, Problem};
 pub use router::RouterConfig;
 pub use server::ServerConfig;
+pub use session::{Keepalive, MAX_STREAM_WINDOW, STREAM_WINDOW_H2, STREAM_WINDOW_QUIC, SessionSettings};
+pub use size::parse_size;
 pub use yaml::locate;

@@ -142,7 +142,11 @@ impl Writer {
                 .or_else(|| s.reload.clone());
             let key = unwrap(prop);
             let before = children.len();
-            let ty = self.type_of(root, &key, &path, reload.as_deref(), &mut children);
+            let mut ty = self.type_of(root, &key, &path, reload.as_deref(), &mut children);
+            if ty.starts_with('[') {
+                // A value type's own bounds at this key (a size key's range) stand beside it.
+                ty = format!("{ty}{}", bounds(prop, true));
+            }
             if let Some(child) = children.get_mut(before) {
                 child.required = strings(&prop["required"]).into_iter().map(str::to_owned).collect();
             }
@@ -218,12 +222,7 @@ impl Writer {
             return format!("map: name to {inner}");
         }
         let base = ty.iter().find(|t| **t != "null").copied().unwrap_or("any");
-        match (schema.get("minimum").and_then(Value::as_u64), schema.get("maximum").and_then(Value::as_u64)) {
-            (Some(lo), Some(hi)) => format!("{base}, {lo} to {hi}"),
-            (Some(lo), None) if lo > 0 => format!("{base}, at least {lo}"),
-            (_, Some(hi)) => format!("{base}, at most {hi}"),
-            _ => base.to_owned(),
-        }
+        format!("{base}{}", bounds(schema, false))
     }
 
     /// The value types read from strings, with what they accept.
@@ -245,6 +244,30 @@ impl Writer {
             let _ = writeln!(self.out, "| {title} | {} | {} |", cell(text), examples.join(", "));
         }
     }
+}
+
+/// `, LO to HI`, `, at least LO`, `, at most HI` or nothing, from the schema's `minimum` and
+/// `maximum`; in `bytes`, `LO` and `HI` also as a size with a binary unit where one is exact.
+fn bounds(schema: &Value, bytes: bool) -> String {
+    let n = |k: &str| schema.get(k).and_then(Value::as_u64);
+    let show = |v: u64| match binary_unit(v) {
+        Some(unit) if bytes => format!("{v} ({unit})"),
+        _ => v.to_string(),
+    };
+    match (n("minimum"), n("maximum")) {
+        (Some(lo), Some(hi)) => format!(", {} to {}", show(lo), show(hi)),
+        (Some(lo), None) if lo > 0 => format!(", at least {}", show(lo)),
+        (_, Some(hi)) => format!(", at most {}", show(hi)),
+        _ => String::new(),
+    }
+}
+
+/// `v` as `NKi`, `NMi` or `NGi` when it is a whole number of one (the largest such unit).
+fn binary_unit(v: u64) -> Option<String> {
+    [("Gi", 30), ("Mi", 20), ("Ki", 10)]
+        .into_iter()
+        .find(|(_, shift)| v >= 1 << shift && v.is_multiple_of(1 << shift))
+        .map(|(unit, shift)| format!("{}{unit}", v >> shift))
 }
 
 /// The key's schema without what only wraps it: `allOf` with one member (draft-07 keeps a

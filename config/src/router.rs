@@ -123,12 +123,12 @@ limits_with_pending_budget! {
         /// Largest ClientHello the router buffers, in bytes on the wire: all the records carrying it,
         /// their 5-byte headers included. The default takes one maximal record (5-byte header plus
         /// 16 KiB). Larger: TLS alert `decode_error`.
-        #[serde(default = "client_hello_max_default")]
-        #[schemars(range(min = 512, max = 262144))]
+        #[serde(default = "client_hello_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<512, 262144>")]
         pub client_hello_max: usize,
         /// Largest HTTP CONNECT request head, in bytes. Larger: `431`.
-        #[serde(default = "connect_head_max_default")]
-        #[schemars(range(min = 256, max = 65536))]
+        #[serde(default = "connect_head_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<256, 65536>")]
         pub connect_head_max: usize,
         /// How many stacked PROXY headers one connection may carry (load balancer + node proxy).
         #[serde(default = "proxy_depth_default")]
@@ -145,8 +145,8 @@ limits_with_pending_budget! {
         /// SO_RCVBUF / SO_SNDBUF asked for each UDP listener socket, in bytes (each flow's upstream
         /// socket asks for a sixteenth of it, at least 64 KiB); the kernel may grant less
         /// (`net.core.rmem_max`), which is logged.
-        #[serde(default = "udp_socket_buffer_default")]
-        #[schemars(range(min = 65536, max = 268435456))]
+        #[serde(default = "udp_socket_buffer_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<65536, 268435456>")]
         pub udp_socket_buffer: usize,
         /// The default share of each route, as a fraction of `max_connections` (its routed
         /// connections) and of `max_pending` (its connections waiting for an upstream connect), for
@@ -405,7 +405,7 @@ pub fn normalize_sni_pattern(s: &str) -> Option<String> {
 
 pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
     if cfg.listeners.is_empty() {
-        p.push((0, 0), "listeners", "at least one listener is required");
+        p.push("listeners", "at least one listener is required");
     }
     validate_limits(cfg, p);
     let mut listener_names = HashSet::new();
@@ -413,11 +413,11 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
     for (li, l) in cfg.listeners.iter().enumerate() {
         let lf = format!("listeners[{li}]");
         if !listener_names.insert(l.name.value.clone()) {
-            p.push(l.name.at(), format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
+            p.push(format!("{lf}.name"), format!("duplicate listener name {:?}", *l.name));
         }
         // Port 0 (the kernel picks one) never collides; TCP and UDP on one port do not either.
         if l.listen.port != 0 && !addrs.insert((l.protocol, l.listen.clone())) {
-            p.push(l.name.at(), format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
+            p.push(format!("{lf}.listen"), format!("{} is used by another listener", l.listen));
         }
         validate_listener(l, &lf, p);
     }
@@ -436,27 +436,26 @@ pub(crate) fn validate(cfg: &RouterConfig, p: &mut Problems) {
 fn validate_limits(cfg: &RouterConfig, p: &mut Problems) {
     let l = &cfg.limits;
     if l.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
+        p.push("limits.max_connections", "must be at least 1");
     }
     validate_pending_budget(&cfg.pending_budget(), p);
     if l.client_hello_max < 512 || l.client_hello_max > 256 * 1024 {
         p.push(
-            (0, 0),
             "limits.client_hello_max",
-            "must be between 512 and 262144 bytes (TLS records, headers included)",
+            "must be between 512 and 262144 bytes (256Ki; TLS records, headers included)",
         );
     }
     if l.connect_head_max < 256 || l.connect_head_max > 64 * 1024 {
-        p.push((0, 0), "limits.connect_head_max", "must be between 256 and 65536 bytes");
+        p.push("limits.connect_head_max", "must be between 256 and 65536 bytes (64Ki)");
     }
     if l.proxy_protocol_depth == 0 || l.proxy_protocol_depth > 4 {
-        p.push((0, 0), "limits.proxy_protocol_depth", "must be between 1 and 4");
+        p.push("limits.proxy_protocol_depth", "must be between 1 and 4");
     }
     if l.udp_flows == 0 || l.udp_flows > 1_000_000 {
-        p.push((0, 0), "limits.udp_flows", "must be between 1 and 1000000");
+        p.push("limits.udp_flows", "must be between 1 and 1000000");
     }
     if l.udp_socket_buffer < 64 * 1024 || l.udp_socket_buffer > 256 * 1024 * 1024 {
-        p.push((0, 0), "limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes");
+        p.push("limits.udp_socket_buffer", "must be between 65536 and 268435456 bytes (64Ki and 256Mi)");
     }
     crate::common::validate_share(l.tenant_share, "limits.tenant_share", p);
 }
@@ -492,33 +491,27 @@ struct Seen {
 /// One listener (`lf` is its field path), its routes included.
 fn validate_listener(l: &Listener, lf: &str, p: &mut Problems) {
     if !valid_name(&l.name) {
-        p.push(l.name.at(), format!("{lf}.name"), "must be a non-empty word without spaces");
+        p.push(format!("{lf}.name"), "must be a non-empty word without spaces");
     }
     if l.proxy_protocol != ProxyProtocolMode::Off && l.trusted_proxies.is_empty() {
         p.push(
-            l.name.at(),
             format!("{lf}.trusted_proxies"),
             "proxy_protocol is on but no peer is trusted to send it; list the load balancers' CIDRs",
         );
     }
     if l.max_connections == Some(0) {
-        p.push(l.name.at(), format!("{lf}.max_connections"), "must be at least 1");
+        p.push(format!("{lf}.max_connections"), "must be at least 1");
     }
     if l.protocol == ListenerProtocol::Udp {
-        let at = l.name.at();
         if l.proxy_protocol != ProxyProtocolMode::Off || !l.trusted_proxies.is_empty() {
-            p.push(at, format!("{lf}.proxy_protocol"), "a udp listener takes no PROXY protocol; set it off");
+            p.push(format!("{lf}.proxy_protocol"), "a udp listener takes no PROXY protocol; set it off");
         }
         if l.max_connections.is_some() {
-            p.push(
-                at,
-                format!("{lf}.max_connections"),
-                "a udp listener has flows, not connections: see limits.udp_flows",
-            );
+            p.push(format!("{lf}.max_connections"), "a udp listener has flows, not connections: see limits.udp_flows");
         }
         for (ri, r) in l.routes.iter().enumerate() {
             for (key, why) in udp_route_problems(r) {
-                p.push(r.name.at(), format!("{lf}.routes[{ri}].{key}"), why);
+                p.push(format!("{lf}.routes[{ri}].{key}"), why);
             }
         }
     }
@@ -526,79 +519,78 @@ fn validate_listener(l: &Listener, lf: &str, p: &mut Problems) {
     for (ri, r) in l.routes.iter().enumerate() {
         let is_default = l.default_route.as_deref() == Some(r.name.as_str());
         let rf = format!("{lf}.routes[{ri}]");
-        if let Some(k) = &r.listener {
-            p.push(k.at(), format!("{rf}.listener"), "only routes in the files of routes_dir name their listener");
+        if r.listener.is_some() {
+            p.push(format!("{rf}.listener"), "only routes in the files of routes_dir name their listener");
         }
         validate_route(r, &rf, &l.name, is_default, &mut seen, p);
     }
     if let Some(d) = &l.default_route
         && !l.routes.iter().any(|r| r.name.as_str() == d)
     {
-        p.push(l.name.at(), format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
+        p.push(format!("{lf}.default_route"), format!("no route named {d:?} in this listener"));
     }
 }
 
 /// One route (`rf` is its field path) of listener `listener`.
 fn validate_route(r: &Route, rf: &str, listener: &str, is_default: bool, seen: &mut Seen, p: &mut Problems) {
-    let at = r.name.at();
     if !valid_name(&r.name) {
-        p.push(at, format!("{rf}.name"), "must be a non-empty word without spaces");
+        p.push(format!("{rf}.name"), "must be a non-empty word without spaces");
     }
     if !seen.routes.insert(r.name.value.clone()) {
-        p.push(at, format!("{rf}.name"), format!("duplicate route name {:?} in listener {listener:?}", *r.name));
+        p.push(format!("{rf}.name"), format!("duplicate route name {:?} in listener {listener:?}", *r.name));
     }
     if r.upstreams.is_empty() {
-        p.push(at, format!("{rf}.upstreams"), "at least one upstream is required");
+        p.push(format!("{rf}.upstreams"), "at least one upstream is required");
     }
     if r.sni.is_empty() && r.destination.is_empty() && r.connect.is_none() && !is_default {
-        p.push(at, rf, "the route matches nothing: give sni, destination or connect (or make it the default_route)");
+        p.push(rf, "the route matches nothing: give sni, destination or connect (or make it the default_route)");
     }
     for (i, s) in r.sni.iter().enumerate() {
         match normalize_sni_pattern(s) {
-            None => p.push(at, format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern")),
+            None => p.push(format!("{rf}.sni[{i}]"), format!("{s:?} is not a host name or *.suffix pattern")),
             Some(n) if !seen.snis.insert(n.clone()) => {
-                p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by another route of this listener"))
+                p.push(format!("{rf}.sni[{i}]"), format!("{n:?} is routed by another route of this listener"))
             }
             Some(_) => {}
         }
     }
     for (i, d) in r.destination.iter().enumerate() {
         if !seen.dests.insert(*d) {
-            p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by another route of this listener"));
+            p.push(format!("{rf}.destination[{i}]"), format!("{d} is routed by another route of this listener"));
         }
     }
     if let Some(c) = &r.connect {
-        validate_connect(c, &format!("{rf}.connect"), at, p);
+        validate_connect(c, &format!("{rf}.connect"), p);
     }
     if let Some(d) = r.drain_deadline
         && d.get().is_zero()
     {
-        p.push(at, format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
+        p.push(format!("{rf}.drain_deadline"), "must be positive (or null for no deadline)");
     }
     if let Some(l) = &r.limits {
         let keys = [("max_connections", l.max_connections), ("max_pending", l.max_pending)];
-        crate::common::validate_tenant_limits(&keys, &format!("{rf}.limits"), at, p);
+        crate::common::validate_tenant_limits(&keys, &format!("{rf}.limits"), p);
     }
 }
 
-fn validate_connect(c: &ConnectMatch, cf: &str, at: (u64, u64), p: &mut Problems) {
+fn validate_connect(c: &ConnectMatch, cf: &str, p: &mut Problems) {
     match &c.header {
         Some(h) if !valid_header_name(h) => {
-            p.push(at, format!("{cf}.header"), format!("{h:?} is not a valid HTTP header name"))
+            p.push(format!("{cf}.header"), format!("{h:?} is not a valid HTTP header name"))
         }
-        Some(_) if c.values.is_empty() && c.regex.is_none() => p.push(at, cf, "a header match needs values or regex"),
-        None if !c.values.is_empty() || c.regex.is_some() => p.push(at, cf, "values/regex need a header name"),
-        None if c.authority.is_empty() => p.push(at, cf, "give a header (with values or regex) or authority"),
+        Some(_) if c.values.is_empty() && c.regex.is_none() => p.push(cf, "a header match needs values or regex"),
+        None if !c.values.is_empty() || c.regex.is_some() => p.push(cf, "values/regex need a header name"),
+        None if c.authority.is_empty() => p.push(cf, "give a header (with values or regex) or authority"),
         _ => {}
     }
     if let Some(re) = &c.regex
         && let Err(e) = regex::Regex::new(&format!("^(?:{re})$"))
     {
-        p.push(at, format!("{cf}.regex"), format!("invalid regex: {e}"));
+        p.push(format!("{cf}.regex"), format!("invalid regex: {e}"));
     }
     for (i, a) in c.authority.iter().enumerate() {
         if a.parse::<HostPort>().is_err() {
-            p.push(at, format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
+            p.push(format!("{cf}.authority[{i}]"), format!("{a:?} is not host:port"));
         }
     }
 }
@@ -627,7 +619,7 @@ pub fn parse_route_file(text: &str, file: &str) -> Result<Vec<Route>, ConfigErro
         for (ri, r) in f.routes.iter().enumerate() {
             let rf = format!("routes[{ri}]");
             let Some(listener) = &r.listener else {
-                p.push(r.name.at(), format!("{rf}.listener"), "name the listener this route belongs to");
+                p.push(format!("{rf}.listener"), "name the listener this route belongs to");
                 continue;
             };
             let seen = seen.entry(listener.value.clone()).or_default();
@@ -689,17 +681,17 @@ impl Claims {
             let (rf, at) = (format!("routes[{ri}]"), r.name.at());
             let Some(l) = &r.listener else { continue };
             let Some(lc) = self.listeners.get(l.as_str()) else {
-                p.push(l.at(), format!("{rf}.listener"), format!("no listener named {:?}", l.value));
+                p.push_at(l.at(), format!("{rf}.listener"), format!("no listener named {:?}", l.value));
                 continue;
             };
             if lc.udp {
                 for (key, why) in udp_route_problems(r) {
-                    p.push(at, format!("{rf}.{key}"), format!("listener {:?} is udp: {why}", **l));
+                    p.push_at(at, format!("{rf}.{key}"), format!("listener {:?} is udp: {why}", **l));
                 }
             }
             let other = |o: Option<&Arc<str>>| o.filter(|o| &***o != file).cloned();
             if let Some(o) = other(lc.names.get(r.name.as_str())) {
-                p.push(
+                p.push_at(
                     at,
                     format!("{rf}.name"),
                     format!("route {:?} of listener {:?} is already in {o}", *r.name, **l),
@@ -708,12 +700,12 @@ impl Claims {
             for (i, s) in r.sni.iter().enumerate() {
                 let Some(n) = normalize_sni_pattern(s) else { continue };
                 if let Some(o) = other(lc.snis.get(&n)) {
-                    p.push(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by a route in {o}"));
+                    p.push_at(at, format!("{rf}.sni[{i}]"), format!("{n:?} is routed by a route in {o}"));
                 }
             }
             for (i, d) in r.destination.iter().enumerate() {
                 if let Some(o) = other(lc.dests.get(d)) {
-                    p.push(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by a route in {o}"));
+                    p.push_at(at, format!("{rf}.destination[{i}]"), format!("{d} is routed by a route in {o}"));
                 }
             }
         }

@@ -161,6 +161,9 @@ pub const CIDR_PORT_PATTERN: &str =
     concat!(r"^\s*(\[", cidr6!(), r"\](:", port!(), ")?|", cidr4!(), "(:", port!(), ")?|", cidr6!(), r")\s*$");
 /// Octal permission bits up to `0777`, optionally with `0o`.
 pub const FILE_MODE_PATTERN: &str = r"^\s*(0o)?0*[0-7]{1,3}\s*$";
+/// A size written as a string: digits with an optional fraction, then an optional unit (see
+/// [`crate::parse_size`]).
+pub const SIZE_PATTERN: &str = r"^\s*[0-9]+(\.[0-9]+)?(KiB|MiB|GiB|TiB|Ki|Mi|Gi|Ti|k|K|M|G|T)?\s*$";
 
 /// The value types read from strings: their schema is a string with a pattern, under a name of
 /// their own in `definitions`, titled as the reference shows the type.
@@ -199,6 +202,41 @@ string_schema! {
     FileMode: "FileMode", "file mode", FILE_MODE_PATTERN,
         "Permission bits of a file in octal, as a string (quote it in YAML).",
         ["0660", "0o600"];
+}
+
+/// The schema of a size key (its field keeps its integer type; `crate::size` reads it): an
+/// integer or a string with a unit. A key's own range (`#[schemars(range(...))]` beside it)
+/// bounds the integer form; the string form's value is the validator's to check.
+pub(crate) struct Size;
+
+impl JsonSchema for Size {
+    fn schema_name() -> Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "title": "size",
+            "description": "A number of bytes: an integer, or a string of a number and a unit as Kubernetes writes \
+                quantities: `Ki`, `Mi`, `Gi` (powers of 1024; `KiB`, `MiB`, `GiB` too) or `k`, `M`, `G` (powers of \
+                1000). A fraction is allowed where the result is whole bytes (`1.5Mi`).",
+            "type": ["integer", "string"],
+            "minimum": 0,
+            "pattern": SIZE_PATTERN,
+            "examples": [16777216, "16Mi", "512Ki", "64M", "1.5Gi"],
+        })
+    }
+}
+
+/// The schema of a size key bounded to `MIN..=MAX` (the bounds check its integer form):
+/// `#[schemars(schema_with = "crate::schema::size::<MIN, MAX>")]`.
+pub(crate) fn size<const MIN: u64, const MAX: u64>(generator: &mut SchemaGenerator) -> Schema {
+    // draft-07 ignores the siblings of a `$ref`: the bounds stand beside an `allOf` holding it.
+    json_schema!({ "allOf": [generator.subschema_for::<Size>()], "minimum": MIN, "maximum": MAX })
+}
+
+/// [`size`] for an optional key (`null`: not set).
+pub(crate) fn size_or_null<const MIN: u64, const MAX: u64>(generator: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "anyOf": [generator.subschema_for::<Size>(), { "type": "null" }], "minimum": MIN, "maximum": MAX })
 }
 
 /// A located value is its value (the position is the parser's own bookkeeping).

@@ -1,11 +1,12 @@
 //! The proxy-server config: the agents' tunnel listener, the CONNECT/forward-proxy front ends, and per-cluster state.
 
 use crate::common::{
-    AdminConfig, CongestionControl, Dur, FileMode, HostPort, Keepalive, Located, config_file, default_fn,
+    AdminConfig, CongestionControl, Dur, FileMode, HostPort, Located, config_file, default_fn,
     limits_with_pending_budget, null_is_default, pending_budget_of, timeouts_with_pending_budget,
     validate_pending_budget,
 };
 use crate::error::{ConfigError, Problems};
+use crate::session::with_session_settings;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -24,11 +25,6 @@ default_fn! {
     idle_default: Dur = Dur::secs(3600);
     max_connections_default: usize = 10_000;
     head_max_default: usize = 8 * 1024;
-    connection_window_default: u32 = 64 * 1024 * 1024;
-    max_stream_window_default: u32 = crate::common::MAX_STREAM_WINDOW;
-    tcp_notsent_lowat_default: u32 = 128 * 1024;
-    tcp_inflight_bound_default: bool = true;
-    h2_adaptive_window_default: bool = true;
     accept_unknown_default: bool = true;
     tenant_share_default: f64 = 0.25;
     open_timeout_default: Dur = Dur::secs(2);
@@ -126,8 +122,8 @@ limits_with_pending_budget! {
         /// exempt.
         pub pending_per_source = 0,
         /// Largest CONNECT / proxy request head, in bytes. Larger: `431`.
-        #[serde(default = "head_max_default")]
-        #[schemars(range(min = 256, max = 65536))]
+        #[serde(default = "head_max_default", deserialize_with = "crate::size::de")]
+        #[schemars(schema_with = "crate::schema::size::<256, 65536>")]
         pub request_head_max: usize,
         /// The default share of each cluster, as a fraction of `max_connections` (its tunnel
         /// streams) and of `max_pending` (its front-end connections in their handshake and its dials
@@ -180,174 +176,116 @@ pub struct ServerTls {
     pub crl: Option<String>,
 }
 
-/// The agents' tunnel listener: TLS 1.3 (ALPN `seedgate-tunnel/1`) with client certificates,
-/// ServiceAccount tokens or both, HTTP/2 or QUIC inside.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(extend(
-    "x-reload" = "new sessions",
-    // Unless every agent comes with a token alone, the listener needs the agents' CA.
-    "if" = { "properties": { "auth": { "const": "token" } }, "required": ["auth"] },
-    "else" = { "properties": { "tls": { "required": ["client_ca"], "properties": { "client_ca": { "type": "string" } } } } }
-))]
-pub struct Agents {
-    /// TCP `host:port`. A reload moves it; sessions made on the old socket continue.
-    #[schemars(extend("x-reload" = "live"))]
-    pub listen: HostPort,
-    /// The listener's certificate and the CA of the agents' client certificates: an agent's
-    /// certificate from `client_ca` names its cluster by its CN. `client_ca` is required unless
-    /// every agent authenticates with a token alone (`auth: token`).
-    pub tls: ServerTls,
-    /// How agents prove who they are, for clusters without their own
-    /// `clusters.<name>.agent_auth`: `mtls` (the default: a client certificate from
-    /// `tls.client_ca`, whose CN names the cluster), `token` (a ServiceAccount token, checked by
-    /// a TokenReview at the cluster's kube-apiserver, `clusters.<name>.token_review`),
-    /// `mtls_and_token` (both, of the same cluster) or `mtls_or_token` (either, while a fleet
-    /// moves from one to the other). Where an agent may come with a token alone (`token` or
-    /// `mtls_or_token`, here or for a cluster of this file), the TLS handshake asks for a client
-    /// certificate without requiring one. Applies to new sessions.
-    #[serde(default)]
-    pub auth: AgentAuth,
-    /// How ServiceAccount tokens are reviewed: what a cluster's `token_review` does not set
-    /// itself; absent or `null`: every default.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<TokenReviews>")]
-    pub token_review: TokenReviews,
-    /// PING interval, and when an unanswered PING makes a session suspect and dead; absent or
-    /// `null`: the defaults.
-    #[serde(default, deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Keepalive>")]
-    pub keepalive: Keepalive,
-    /// How long a stream open may go without the agent's answer and without a sign that the
-    /// agent got it before the dial moves to another session of the cluster, within
-    /// `timeouts.dial`. Over QUIC the sign is any packet from the agent. Over HTTP/2 it is the
-    /// answer to a PING sent after the open (one TCP connection delivers in order), asked for
-    /// every quarter of this while the dial waits, and the agent must go on answering: a dial
-    /// whose session answered no PING sent within this time is stalled (a path that lost what
-    /// was sent and retransmits on TCP's back-off), and is refused with `503` and the reason
-    /// when no other session could take it; the next session a dial moves to has a quarter of
-    /// this to show it got the open. The silent session is then suspect: tried last until it
-    /// shows life again. A live agent that is only slow to reach its target keeps the whole
-    /// `timeouts.dial`. Keep it above twice the path's round trip under load. Default `2s`.
-    #[serde(default = "open_timeout_default")]
-    #[schemars(extend("x-reload" = "new connections"))]
-    pub open_timeout: Dur,
-    /// Bytes one stream may have in flight unread at first (per-stream flow-control window).
-    /// Default: `524288` over HTTP/2 (grown up to `max_stream_window` on a path that needs more
-    /// unless `h2_adaptive_window` is off); `1048576` over QUIC, where every stream gets more when
-    /// `max_stream_window` and `connection_window` allow (quinn re-opens a stream's window in
-    /// smaller steps). At most `connection_window`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub stream_window: Option<u32>,
-    /// Bytes all streams of one session may have in flight unread; at least `stream_window`.
-    #[serde(default = "connection_window_default")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub connection_window: u32,
-    /// The most one stream's window grows to on a path that needs it (a long round trip at a
-    /// high rate). Over HTTP/2 with `h2_adaptive_window` each session estimates its path's
-    /// bandwidth-delay product from its PINGs and raises every stream's window to twice that,
-    /// from `stream_window` up to this, within a quarter of `connection_window` (four stalled
-    /// readers are needed to stall a session). Over QUIC every stream gets this window within a
-    /// quarter of `connection_window` (16 MiB by default: 300 Mbit/s at 300 ms); a receiver holds
-    /// bytes only as they arrive unread, and what a sender holds of all its streams together
-    /// follows the path (three congestion windows, at least 4 MiB, at most `connection_window`),
-    /// which bulk streams take in turn.
-    /// `stream_window` or less: no growth. Default `16777216`.
-    #[serde(default = "max_stream_window_default")]
-    #[schemars(range(min = 65535, max = 2147483647))]
-    pub max_stream_window: u32,
-    /// HTTP/2 sessions grow their stream windows with the path, up to `max_stream_window`: each
-    /// end estimates the bandwidth-delay product of what it receives from its PINGs. One stream
-    /// then moves at the link's rate across a long round trip (at 150 ms and 100 Mbit/s: 95
-    /// Mbit/s instead of 20). The megabytes in flight this allows share the session's one TCP
-    /// connection with every other stream; `tcp_inflight_bound` keeps them from overflowing the
-    /// path's bottleneck queue, so a round trip behind a bulk stream stays near the path's. Paths
-    /// under a millisecond never grow. Default `true`.
-    #[serde(default = "h2_adaptive_window_default")]
-    pub h2_adaptive_window: bool,
-    /// HTTP/2 sessions: the most bytes the kernel may hold unsent on the session's TCP socket
-    /// (`TCP_NOTSENT_LOWAT`); `0`: no limit beyond the socket's buffer. What the session has
-    /// not yet handed to the kernel it schedules itself, so a stream that sends little (a
-    /// keystroke, a request) waits behind at most this much of bulk streams' bytes, not behind
-    /// megabytes of socket buffer. Not set on a path whose TCP handshake took under a
-    /// millisecond (loopback, one host or zone), where the kernel sends what it holds at once
-    /// and the limit would only cost wake-ups. Default `131072`.
-    #[serde(default = "tcp_notsent_lowat_default")]
-    pub tcp_notsent_lowat: u32,
-    /// HTTP/2 sessions: bound the bytes the session's TCP socket holds unacknowledged to what the
-    /// path carries plus a short queue (an eighth of the path's minimum round trip, 2-10 ms),
-    /// following the socket's smoothed round trip against its minimum. The kernel's congestion
-    /// control fills the path's bottleneck queue and overflows it; inside one TCP connection a
-    /// lost packet stalls every stream of the session behind its retransmission, and the queue
-    /// delays every stream by its length. Where the socket's congestion control is BBR, a
-    /// bounded session also starts it afresh every 5 s of sending: the bound keeps the queue
-    /// short already, and BBR's ProbeRTT (four packets for 200 ms and a round trip, every 10 s)
-    /// would stall every stream of the session. A path under a millisecond (loopback, a LAN)
-    /// never gets a bound. Off: the kernel alone decides (choose it where the session shares a
-    /// bottleneck with loss-based bulk traffic that keeps the queue full: the bound would yield
-    /// to it). Default `true`.
-    #[serde(default = "tcp_inflight_bound_default")]
-    pub tcp_inflight_bound: bool,
-    /// An agent whose certificate names a cluster that no front end and no `clusters` entry
-    /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
-    /// warning once per cluster name; `false` refuses it, telling the agent why.
-    #[serde(default = "accept_unknown_default")]
-    pub accept_unknown_clusters: bool,
-    /// This replica's identity, announced to every agent so that an agent holding sessions to
-    /// several replicas behind one name can tell them apart. Default: `$POD_NAME`, else the host
-    /// name. Replicas must have distinct ids.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^\S+$"), extend("x-reload" = "live"))]
-    pub server_id: Option<String>,
-    /// How many replicas of this proxy-server run behind the agents' server name: each agent
-    /// keeps a session to that many distinct replicas. Default `1`. Give this or `peers`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 64), extend("x-reload" = "live"))]
-    pub server_count: Option<u32>,
-    /// A name that resolves to one address per replica (a Kubernetes headless Service,
-    /// `host:port`; the port is not dialled): the replica count is the number of addresses, read
-    /// again every `peers_interval` (a failed lookup keeps the last count). Instead of a static
-    /// `server_count`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub peers: Option<HostPort>,
-    /// How often `peers` is resolved again; at least `1s`.
-    #[serde(default = "peers_interval_default")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub peers_interval: Dur,
-    /// After a start, the longest this replica stays unready while it waits for agents: it turns
-    /// ready once every cluster it knows (front ends, `clusters`, cluster files) that is `active`
-    /// and not `hibernated` has an agent connected here, or when this much time has passed,
-    /// whichever comes first. From then on its readiness never depends on agents: a cluster
-    /// without agents answers its own dials with `503` and leaves every other cluster's alone.
-    /// `0s`: ready at once. Default `30s`.
-    #[serde(default = "settle_time_default")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub settle_time: Dur,
-    /// The tunnel's QUIC transport: a UDP listener beside the TCP one, with the same TLS
-    /// material (`tls`), identity and rules. Default `null`: TCP only. A reload adds, moves or
-    /// removes it (the new socket is bound first); sessions made on an old socket continue and
-    /// keep its port until they end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "live"))]
-    pub quic: Option<AgentsQuic>,
-    /// How a dial picks the agent of its cluster, tried in order until one names a connected
-    /// agent: `dest_host` (the agent whose identifiers include the destination's host),
-    /// `default_route` (an agent that offers a default route), `default` (any agent). Among
-    /// equals the least loaded. Default `[default]`. A cluster may override it
-    /// (`clusters.<name>.proxy_strategies`).
-    #[serde(default = "proxy_strategies_default", deserialize_with = "null_is_default")]
-    #[schemars(with = "Option<Vec<ProxyStrategy>>", extend("x-reload" = "new connections"))]
-    pub proxy_strategies: Vec<ProxyStrategy>,
-    /// Agent sessions one cluster may hold on this replica, for clusters without their own
-    /// `clusters.<name>.limits.max_sessions`: one per node of the cluster (each agent holds one
-    /// session per replica) and some room for restarts. At the limit a new session is refused
-    /// (`cluster_session_limit`, the agent is told why and tries again later); live sessions are
-    /// never ended for it. Default `4096`.
-    #[serde(default = "max_sessions_default")]
-    #[schemars(range(min = 1, max = 1048576))]
-    pub max_sessions_per_cluster: usize,
+with_session_settings! {
+    /// The agents' tunnel listener: TLS 1.3 (ALPN `seedgate-tunnel/1`) with client certificates,
+    /// ServiceAccount tokens or both, HTTP/2 or QUIC inside.
+    #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[schemars(extend(
+        "x-reload" = "new sessions",
+        // Unless every agent comes with a token alone, the listener needs the agents' CA.
+        "if" = { "properties": { "auth": { "const": "token" } }, "required": ["auth"] },
+        "else" = { "properties": { "tls": { "required": ["client_ca"], "properties": { "client_ca": { "type": "string" } } } } }
+    ))]
+    pub struct Agents {
+        /// TCP `host:port`. A reload moves it; sessions made on the old socket continue.
+        #[schemars(extend("x-reload" = "live"))]
+        pub listen: HostPort,
+        /// The listener's certificate and the CA of the agents' client certificates: an agent's
+        /// certificate from `client_ca` names its cluster by its CN. `client_ca` is required unless
+        /// every agent authenticates with a token alone (`auth: token`).
+        pub tls: ServerTls,
+        /// How agents prove who they are, for clusters without their own
+        /// `clusters.<name>.agent_auth`: `mtls` (the default: a client certificate from
+        /// `tls.client_ca`, whose CN names the cluster), `token` (a ServiceAccount token, checked by
+        /// a TokenReview at the cluster's kube-apiserver, `clusters.<name>.token_review`),
+        /// `mtls_and_token` (both, of the same cluster) or `mtls_or_token` (either, while a fleet
+        /// moves from one to the other). Where an agent may come with a token alone (`token` or
+        /// `mtls_or_token`, here or for a cluster of this file), the TLS handshake asks for a client
+        /// certificate without requiring one. Applies to new sessions.
+        #[serde(default)]
+        pub auth: AgentAuth,
+        /// How ServiceAccount tokens are reviewed: what a cluster's `token_review` does not set
+        /// itself; absent or `null`: every default. A reload applies to new sessions and to the
+        /// next review of live ones.
+        #[serde(default, deserialize_with = "null_is_default")]
+        #[schemars(with = "Option<TokenReviews>", extend("x-reload" = "live"))]
+        pub token_review: TokenReviews,
+        /// How long a stream open may go without the agent's answer and without a sign that the
+        /// agent got it before the dial moves to another session of the cluster, within
+        /// `timeouts.dial`. Over QUIC the sign is any packet from the agent. Over HTTP/2 it is the
+        /// answer to a PING sent after the open (one TCP connection delivers in order), asked for
+        /// every quarter of this while the dial waits, and the agent must go on answering: a dial
+        /// whose session answered no PING sent within this time is stalled (a path that lost what
+        /// was sent and retransmits on TCP's back-off), and is refused with `503` and the reason
+        /// when no other session could take it; the next session a dial moves to has a quarter of
+        /// this to show it got the open. The silent session is then suspect: tried last until it
+        /// shows life again. A live agent that is only slow to reach its target keeps the whole
+        /// `timeouts.dial`. Keep it above twice the path's round trip under load. Default `2s`.
+        #[serde(default = "open_timeout_default")]
+        #[schemars(extend("x-reload" = "new connections"))]
+        pub open_timeout: Dur,
+        ..SessionSettings,
+        /// An agent whose certificate names a cluster that no front end and no `clusters` entry
+        /// knows (often a typo in the CN): `true` (the default) accepts its session and logs a
+        /// warning once per cluster name; `false` refuses it, telling the agent why.
+        #[serde(default = "accept_unknown_default")]
+        pub accept_unknown_clusters: bool,
+        /// This replica's identity, announced to every agent so that an agent holding sessions to
+        /// several replicas behind one name can tell them apart. Default: `$POD_NAME`, else the host
+        /// name. Replicas must have distinct ids.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(length(min = 1, max = 253), regex(pattern = r"^\S+$"), extend("x-reload" = "live"))]
+        pub server_id: Option<String>,
+        /// How many replicas of this proxy-server run behind the agents' server name: each agent
+        /// keeps a session to that many distinct replicas. Default `1`. Give this or `peers`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 1, max = 64), extend("x-reload" = "live"))]
+        pub server_count: Option<u32>,
+        /// A name that resolves to one address per replica (a Kubernetes headless Service,
+        /// `host:port`; the port is not dialled): the replica count is the number of addresses, read
+        /// again every `peers_interval` (a failed lookup keeps the last count). Instead of a static
+        /// `server_count`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(extend("x-reload" = "live"))]
+        pub peers: Option<HostPort>,
+        /// How often `peers` is resolved again; at least `1s`.
+        #[serde(default = "peers_interval_default")]
+        #[schemars(extend("x-reload" = "live"))]
+        pub peers_interval: Dur,
+        /// After a start, the longest this replica stays unready while it waits for agents: it turns
+        /// ready once every cluster it knows (front ends, `clusters`, cluster files) that is `active`
+        /// and not `hibernated` has an agent connected here, or when this much time has passed,
+        /// whichever comes first. From then on its readiness never depends on agents: a cluster
+        /// without agents answers its own dials with `503` and leaves every other cluster's alone.
+        /// `0s`: ready at once. Default `30s`.
+        #[serde(default = "settle_time_default")]
+        #[schemars(extend("x-reload" = "live"))]
+        pub settle_time: Dur,
+        /// The tunnel's QUIC transport: a UDP listener beside the TCP one, with the same TLS
+        /// material (`tls`), identity and rules. Default `null`: TCP only. A reload adds, moves or
+        /// removes it (the new socket is bound first); sessions made on an old socket continue and
+        /// keep its port until they end.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(extend("x-reload" = "live"))]
+        pub quic: Option<AgentsQuic>,
+        /// How a dial picks the agent of its cluster, tried in order until one names a connected
+        /// agent: `dest_host` (the agent whose identifiers include the destination's host),
+        /// `default_route` (an agent that offers a default route), `default` (any agent). Among
+        /// equals the least loaded. Default `[default]`. A cluster may override it
+        /// (`clusters.<name>.proxy_strategies`).
+        #[serde(default = "proxy_strategies_default", deserialize_with = "null_is_default")]
+        #[schemars(with = "Option<Vec<ProxyStrategy>>", extend("x-reload" = "new connections"))]
+        pub proxy_strategies: Vec<ProxyStrategy>,
+        /// Agent sessions one cluster may hold on this replica, for clusters without their own
+        /// `clusters.<name>.limits.max_sessions`: one per node of the cluster (each agent holds one
+        /// session per replica) and some room for restarts. At the limit a new session is refused
+        /// (`cluster_session_limit`, the agent is told why and tries again later); live sessions are
+        /// never ended for it. Default `4096`.
+        #[serde(default = "max_sessions_default")]
+        #[schemars(range(min = 1, max = 1048576))]
+        pub max_sessions_per_cluster: usize,
+    }
 }
 
 /// The agents' QUIC listener.
@@ -530,16 +468,19 @@ pub struct ClusterState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernated: Option<bool>,
     /// How this cluster's agents prove who they are (see `agents.auth`); `null` (the
-    /// default): `agents.auth`.
+    /// default): `agents.auth`. A reload applies to new sessions, and ends live sessions that
+    /// came in with a token alone if it no longer lets a token alone in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-reload" = "new sessions"))]
     pub agent_auth: Option<AgentAuth>,
     /// The kube-apiserver that reviews this cluster's agents' tokens, and proxy-server's
     /// credentials there. Only this cluster's kube-apiserver is asked about a token that names
     /// this cluster, so a token of another cluster never gets a session here. `null` (the
-    /// default): agents of this cluster cannot authenticate with a token.
+    /// default): agents of this cluster cannot authenticate with a token. A reload applies to
+    /// new sessions and to the next review of live ones; removing it ends the live sessions
+    /// whose token it reviewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-reload" = "new sessions"))]
+    #[schemars(extend("x-reload" = "live"))]
     pub token_review: Option<TokenReview>,
 }
 
@@ -615,7 +556,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
     let mut names = HashSet::new();
     for (i, f) in cfg.frontends.iter().enumerate() {
         if !names.insert(f.name.value.clone()) {
-            p.push(f.name.at(), format!("frontends[{i}].name"), format!("duplicate front end name {:?}", *f.name));
+            p.push(format!("frontends[{i}].name"), format!("duplicate front end name {:?}", *f.name));
         }
         validate_frontend(&format!("frontends[{i}]"), f, p);
     }
@@ -626,9 +567,7 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
             && a.certificate_optional()
             && !cfg.agents.auth.certificate_optional()
         {
-            p.push(
-                (0, 0),
-                format!("clusters.{name}.agent_auth"),
+            p.push(format!("clusters.{name}.agent_auth"),
                 format!(
                     "the agents listener requires a client certificate (agents.auth: {}): set agents.auth to mtls_or_token to let agents come with a token alone",
                     cfg.agents.auth.as_str()
@@ -650,11 +589,11 @@ pub(crate) fn validate(cfg: &ServerConfig, p: &mut Problems) {
 
 fn validate_limits(cfg: &ServerConfig, p: &mut Problems) {
     if cfg.limits.max_connections == 0 {
-        p.push((0, 0), "limits.max_connections", "must be at least 1");
+        p.push("limits.max_connections", "must be at least 1");
     }
     validate_pending_budget(&cfg.pending_budget(), p);
     if cfg.limits.request_head_max < 256 || cfg.limits.request_head_max > 64 * 1024 {
-        p.push((0, 0), "limits.request_head_max", "must be between 256 and 65536 bytes");
+        p.push("limits.request_head_max", "must be between 256 and 65536 bytes (64Ki)");
     }
     crate::common::validate_share(cfg.limits.tenant_share, "limits.tenant_share", p);
 }
@@ -665,106 +604,86 @@ fn validate_agents(cfg: &ServerConfig, p: &mut Problems) {
         || cfg.clusters.values().any(|c| c.agent_auth.is_some_and(AgentAuth::uses_certificates));
     if agents.tls.client_ca.is_none() && certificates {
         p.push(
-            (0, 0),
             "agents.tls.client_ca",
             "agents authenticate with client certificates: give the CA that issued them (or agents.auth: token)",
         );
     }
     validate_crl("agents.tls", &agents.tls, p);
     validate_reviews(&agents.token_review, p);
-    let ka = &agents.keepalive;
-    if ka.interval.get().is_zero() || ka.timeout.get().is_zero() || ka.suspect_after.get().is_zero() {
-        p.push((0, 0), "agents.keepalive", "interval, timeout and suspect_after must be positive");
-    }
-    if let Some(w) = agents.stream_window
-        && !(65_535..=(1 << 31) - 1).contains(&w)
-    {
-        p.push((0, 0), "agents.stream_window", "must be between 65535 and 2147483647");
-    }
-    if agents.connection_window < agents.stream_window.unwrap_or(65_535) || agents.connection_window > (1 << 31) - 1 {
-        p.push((0, 0), "agents.connection_window", "must be at least stream_window and at most 2147483647");
-    }
-    if !(65_535..=(1 << 31) - 1).contains(&agents.max_stream_window) {
-        p.push((0, 0), "agents.max_stream_window", "must be between 65535 and 2147483647");
-    }
+    crate::session::validate(&agents.session(), "agents", p);
     if let Some(n) = agents.server_count
         && !(1..=MAX_SERVER_COUNT).contains(&n)
     {
-        p.push((0, 0), "agents.server_count", format!("must be between 1 and {MAX_SERVER_COUNT}"));
+        p.push("agents.server_count", format!("must be between 1 and {MAX_SERVER_COUNT}"));
     }
     if agents.server_count.is_some() && agents.peers.is_some() {
-        p.push((0, 0), "agents.peers", "give agents.server_count or agents.peers, not both");
+        p.push("agents.peers", "give agents.server_count or agents.peers, not both");
     }
     if let Some(id) = &agents.server_id
         && (id.is_empty() || id.len() > 253 || id.chars().any(|c| c.is_control() || c.is_whitespace()))
     {
-        p.push((0, 0), "agents.server_id", "must be 1 to 253 characters without spaces");
+        p.push("agents.server_id", "must be 1 to 253 characters without spaces");
     }
     if !(1..=1 << 20).contains(&agents.max_sessions_per_cluster) {
-        p.push((0, 0), "agents.max_sessions_per_cluster", "must be between 1 and 1048576");
+        p.push("agents.max_sessions_per_cluster", "must be between 1 and 1048576");
     }
     if agents.peers_interval.get() < Duration::from_secs(1) {
-        p.push((0, 0), "agents.peers_interval", "must be at least 1s");
+        p.push("agents.peers_interval", "must be at least 1s");
     }
 }
 
 /// One front end, `ff` its path in the config (`frontends[i]`).
 fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
-    let at = f.name.at();
     match (&f.listen, &f.unix) {
-        (Some(_), Some(_)) => p.push(at, ff, "give either listen or unix, not both"),
-        (None, None) => p.push(at, ff, "give listen (TCP) or unix (socket path)"),
-        (None, Some(_)) if f.tls.is_some() => p.push(at, format!("{ff}.tls"), "a unix socket front end takes no TLS"),
+        (Some(_), Some(_)) => p.push(ff, "give either listen or unix, not both"),
+        (None, None) => p.push(ff, "give listen (TCP) or unix (socket path)"),
+        (None, Some(_)) if f.tls.is_some() => p.push(format!("{ff}.tls"), "a unix socket front end takes no TLS"),
         _ => {}
     }
     if f.unix.is_none() {
         for (key, set) in [("unix_mode", f.unix_mode.is_some()), ("unix_group", f.unix_group.is_some())] {
             if set {
-                p.push(at, format!("{ff}.{key}"), "only a unix socket front end (unix: PATH) has this");
+                p.push(format!("{ff}.{key}"), "only a unix socket front end (unix: PATH) has this");
             }
         }
     }
     if let Some(g) = &f.unix_group
         && (g.is_empty() || g.contains([':', '\n']) || g.contains(char::is_whitespace))
     {
-        p.push(at, format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
+        p.push(format!("{ff}.unix_group"), format!("{g:?} is neither a group name nor a gid"));
     }
     let by_auth = f.cluster_from == ClusterFrom::ProxyAuthorization;
     if by_auth && f.cluster.is_some() {
-        p.push(at, format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
+        p.push(format!("{ff}.cluster_from"), "give cluster or cluster_from: proxy_authorization, not both");
     }
     if by_auth && f.protocol == FrontendProtocol::Grpc {
         p.push(
-            at,
             format!("{ff}.cluster_from"),
             "a grpc front end has no proxy credentials: give cluster, or tls.client_ca",
         )
     }
     if by_auth && f.protocol == FrontendProtocol::Tcp {
-        p.push(
-            at,
-            format!("{ff}.cluster_from"),
+        p.push(format!("{ff}.cluster_from"),
             "a port forward (protocol: tcp) reads no request and so no proxy credentials: give cluster, or tls.client_ca",
         )
     }
     match (f.protocol, &f.target) {
         (FrontendProtocol::Tcp, None) => {
-            p.push(at, format!("{ff}.target"), "a port forward (protocol: tcp) needs its target host:port")
+            p.push(format!("{ff}.target"), "a port forward (protocol: tcp) needs its target host:port")
         }
         (FrontendProtocol::Tcp, Some(t)) if t.port == 0 => {
-            p.push(at, format!("{ff}.target"), "the target needs a port other than 0")
+            p.push(format!("{ff}.target"), "the target needs a port other than 0")
         }
         (FrontendProtocol::Tcp, Some(_)) => {}
-        (_, Some(_)) => p.push(at, format!("{ff}.target"), "only a port forward (protocol: tcp) has a target"),
+        (_, Some(_)) => p.push(format!("{ff}.target"), "only a port forward (protocol: tcp) has a target"),
         (_, None) => {}
     }
     match (by_auth, &f.proxy_token_file) {
         (true, None) => p.push(
-            at,
             format!("{ff}.proxy_token_file"),
             "cluster_from: proxy_authorization needs the token that proxy credentials must carry",
         ),
-        (false, Some(_)) => p.push(at, format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization"),
+        (false, Some(_)) => p.push(format!("{ff}.proxy_token_file"), "only with cluster_from: proxy_authorization"),
         _ => {}
     }
     if let Some(t) = &f.tls {
@@ -772,10 +691,10 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
     }
     match &f.cluster {
         Some(c) if !valid_cluster_name(c) => {
-            p.push(at, format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
+            p.push(format!("{ff}.cluster"), format!("{c:?} is not a valid cluster name"))
         }
         None if !by_auth && f.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) => {
-            p.push(at, format!("{ff}.cluster"), "without a cluster, the client certificate names it: set tls.client_ca")
+            p.push(format!("{ff}.cluster"), "without a cluster, the client certificate names it: set tls.client_ca")
         }
         _ => {}
     }
@@ -784,17 +703,17 @@ fn validate_frontend(ff: &str, f: &Frontend, p: &mut Problems) {
 fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
     let cf = format!("clusters.{name}");
     if !valid_cluster_name(name) {
-        p.push((0, 0), cf.clone(), "not a valid cluster name");
+        p.push(cf.clone(), "not a valid cluster name");
     }
     if c.state != ClusterMode::Draining && !c.move_to.is_empty() {
-        p.push((0, 0), format!("{cf}.move_to"), "move_to only applies to state draining");
+        p.push(format!("{cf}.move_to"), "move_to only applies to state draining");
     }
     if c.drain_deadline.is_some_and(|d| d.get().is_zero()) {
-        p.push((0, 0), format!("{cf}.drain_deadline"), "must be positive");
+        p.push(format!("{cf}.drain_deadline"), "must be positive");
     }
     if let Some(l) = &c.limits {
         let keys = [("max_streams", l.max_streams), ("max_pending", l.max_pending), ("max_sessions", l.max_sessions)];
-        crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), (0, 0), p);
+        crate::common::validate_tenant_limits(&keys, &format!("{cf}.limits"), p);
     }
     if let Some(s) = &c.proxy_strategies {
         validate_strategies(&format!("{cf}.proxy_strategies"), s, p);
@@ -804,7 +723,6 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
         && c.token_review.is_none()
     {
         p.push(
-            (0, 0),
             format!("{cf}.token_review"),
             format!("agent_auth {} needs the kube-apiserver that reviews the agents' tokens", a.as_str()),
         );
@@ -816,7 +734,7 @@ fn validate_cluster(name: &str, c: &ClusterState, p: &mut Problems) {
 
 fn validate_crl(section: &str, t: &ServerTls, p: &mut Problems) {
     if t.crl.is_some() && t.client_ca.is_none() {
-        p.push((0, 0), format!("{section}.crl"), "revocation lists apply to client certificates: give client_ca");
+        p.push(format!("{section}.crl"), "revocation lists apply to client certificates: give client_ca");
     }
 }
 

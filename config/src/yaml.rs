@@ -62,6 +62,10 @@ struct Paths {
     at: HashMap<(u64, u64), String>,
     /// Where a mapping or sequence starts (a missing key is reported there).
     containers: HashMap<(u64, u64), String>,
+    /// Where each key path's key starts.
+    keys: HashMap<String, (u64, u64)>,
+    /// Where each key path's value starts, when it is a scalar (or an alias).
+    scalars: HashMap<String, (u64, u64)>,
     /// Where a second document with content starts (empty ones, e.g. a trailing `---`, do not
     /// count).
     second_document: Option<(u64, u64)>,
@@ -116,16 +120,21 @@ impl Paths {
                 }
                 Event::Scalar(v, ..) => {
                     if let Some(Frame::Map { path, key: key @ None }) = stack.last_mut() {
-                        out.at.insert(at, join(path, &v));
+                        let p = join(path, &v);
+                        out.keys.entry(p.clone()).or_insert(at);
+                        out.at.insert(at, p);
                         *key = Some(v.into_owned());
                     } else {
                         let p = value_path(&stack);
+                        out.scalars.entry(p.clone()).or_insert(at);
                         out.at.entry(at).or_insert(p);
                         advance(&mut stack);
                     }
                 }
                 Event::Alias(..) => {
-                    out.at.entry(at).or_insert_with(|| value_path(&stack));
+                    let p = value_path(&stack);
+                    out.scalars.entry(p.clone()).or_insert(at);
+                    out.at.entry(at).or_insert(p);
                     advance(&mut stack);
                 }
                 Event::MappingStart(..) | Event::SequenceStart(..) => {
@@ -149,6 +158,38 @@ impl Paths {
 
     fn field(&self, at: (u64, u64)) -> String {
         self.at.get(&at).cloned().unwrap_or_default()
+    }
+
+    /// The position of every key path: its value when that is a scalar (what a value problem
+    /// points at too), else its key (a section), else where it starts (a list element).
+    fn by_path(&self) -> HashMap<&str, (u64, u64)> {
+        let containers = self.containers.iter().map(|(at, p)| (p.as_str(), *at));
+        let keys = self.keys.iter().map(|(p, at)| (p.as_str(), *at));
+        // Later entries win.
+        containers.chain(keys).chain(self.scalars.iter().map(|(p, at)| (p.as_str(), *at))).collect()
+    }
+}
+
+/// Where a problem of the key path `field` is shown, and what its message then adds: the key's
+/// own position; for a key not in the file (a default), its nearest enclosing key that is, or
+/// the document start, saying so.
+fn place(by_path: &HashMap<&str, (u64, u64)>, field: &str) -> ((u64, u64), String) {
+    let mut path = field;
+    loop {
+        if let Some(at) = by_path.get(path) {
+            let note = match path {
+                _ if path == field => String::new(),
+                "" => " (not in the file: shown at the document start)".to_owned(),
+                section => format!(" (not in the file: shown at {section})"),
+            };
+            return (*at, note);
+        }
+        match path.rfind(['.', '[']) {
+            Some(end) => path = &path[..end],
+            None if !path.is_empty() => path = "",
+            // An empty document: its first line.
+            None => return ((1, 1), " (not in the file: shown at the document start)".to_owned()),
+        }
     }
 }
 
@@ -260,7 +301,13 @@ pub(crate) fn parse_partial<T: serde::de::DeserializeOwned>(
     // A placeholder standing in for a bad value could trip a rule about its key: keep only
     // the validation problems about other keys.
     let reported: Vec<String> = problems.iter().map(|p| p.field.clone()).filter(|f| !f.is_empty()).collect();
-    problems.extend(v.into_list().into_iter().filter(|p| !reported.iter().any(|r| related(r, &p.field))));
+    if v.is_empty() {
+        return (Some(cfg), problems);
+    }
+    let paths = paths.unwrap_or_else(|| Paths::of(text));
+    let by_path = paths.by_path();
+    let found = v.placed(|field| place(&by_path, field));
+    problems.extend(found.into_iter().filter(|p| !reported.iter().any(|r| related(r, &p.field))));
     (Some(cfg), problems)
 }
 
@@ -289,24 +336,16 @@ fn yaml_problem(file: &str, e: &serde_saphyr::Error) -> Problem {
     Problem { file: file.to_owned(), line, column, field: String::new(), message }
 }
 
-/// Key paths of `fields` located in `text` (where the key's value starts), for problems found
-/// after parsing (e.g. a certificate file that cannot be read). Unknown paths get no position.
+/// Key paths of `fields` located in `text` as validation problems are (where the key's value
+/// starts), for problems found after parsing (e.g. a certificate file that cannot be read).
 pub fn locate(text: &str, file: &str, fields: Vec<(String, String)>) -> ConfigError {
     let paths = Paths::of(text);
-    let mut by_path: HashMap<&str, (u64, u64)> = HashMap::new();
-    for (at, p) in &paths.at {
-        let e = by_path.entry(p.as_str()).or_insert(*at);
-        // The key itself is also recorded under its path; the value (later) is what is meant.
-        *e = (*e).max(*at);
+    let by_path = paths.by_path();
+    let mut p = Problems::new(file);
+    for (field, message) in fields {
+        p.push(field, message);
     }
-    let problems = fields
-        .into_iter()
-        .map(|(field, message)| {
-            let (line, column) = by_path.get(field.as_str()).copied().unwrap_or((0, 0));
-            Problem { file: file.to_owned(), line, column, field, message }
-        })
-        .collect();
-    ConfigError { problems }
+    ConfigError { problems: p.placed(|field| place(&by_path, field)) }
 }
 
 #[cfg(test)]
@@ -326,6 +365,25 @@ mod tests {
         assert_eq!(Paths::of("a: 1\n---\nb: 2\n").second_document.map(|a| a.0), Some(2));
         let trailing = Paths::of("a: 1\n---\n");
         assert_eq!((trailing.second_document, trailing.empty_document.map(|a| a.0)), (None, Some(2)));
+    }
+
+    #[test]
+    fn a_key_is_placed_at_its_value_its_section_or_the_document_start() {
+        let p = Paths::of("# a comment\na:\n  b: 1\n  c: { d: [x] }\nl:\n  - k: 2\n");
+        let by_path = p.by_path();
+        let at = |field: &str| place(&by_path, field);
+        assert_eq!(at("a.b"), ((3, 6), String::new()), "a scalar: its value");
+        assert_eq!(at("a"), ((2, 1), String::new()), "a block section: its key");
+        assert_eq!(at("a.c"), ((4, 3), String::new()), "a flow section: its key");
+        assert_eq!(at("a.c.d[0]"), ((4, 12), String::new()));
+        assert_eq!(at("l[0]"), ((6, 5), String::new()), "a list element: where it starts");
+        assert_eq!(at("a.e"), ((2, 1), " (not in the file: shown at a)".to_owned()));
+        assert_eq!(at("a.c.e.f"), ((4, 3), " (not in the file: shown at a.c)".to_owned()));
+        assert_eq!(at("l[1].k"), ((5, 1), " (not in the file: shown at l)".to_owned()));
+        assert_eq!(at("z.y"), ((2, 1), " (not in the file: shown at the document start)".to_owned()));
+        let empty = Paths::of("");
+        let at = place(&empty.by_path(), "listeners");
+        assert_eq!(at, ((1, 1), " (not in the file: shown at the document start)".to_owned()));
     }
 
     #[test]

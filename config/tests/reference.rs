@@ -5,6 +5,7 @@
 use seedgate_config::reference;
 use seedgate_config::schema::{
     CIDR_PATTERN, CIDR_PORT_PATTERN, ConfigFile, DURATION_PATTERN, FILE_MODE_PATTERN, HOST_PORT_PATTERN, RELOAD,
+    SIZE_PATTERN,
 };
 use seedgate_config::{CidrPort, Dur, FileMode, HostPort, IpCidr};
 use serde_json::{Value, json};
@@ -360,4 +361,30 @@ fn value_type_patterns_are_the_parsers() {
         &["0660", "660", "0o600", "0777", "0", "", "0888", "01777", "rw-rw----", "0x1ff"],
         "file mode",
     );
+}
+
+/// A size key takes a count or a string with a unit in the schema as in the parser, and the
+/// schema's pattern refuses what the parser refuses.
+#[test]
+fn sizes_with_units_are_taken_by_both() {
+    for s in ["16777216", "16Mi", "16MiB", "64M", "128k", "128K", "1.5Gi", " 8Ki ", "2T", "0"] {
+        assert!(matches(SIZE_PATTERN, s) && seedgate_config::parse_size(s).is_ok(), "{s:?}");
+    }
+    for s in ["16MB", "16 Mi", "16mi", "Mi", "1.Mi", "-1", "1e6", ""] {
+        assert!(!matches(SIZE_PATTERN, s) && seedgate_config::parse_size(s).is_err(), "{s:?}");
+    }
+    for (f, at, x) in [
+        (ConfigFile::Router, "/limits/udp_socket_buffer", "8Mi"),
+        (ConfigFile::Router, "/limits/client_hello_max", "32Ki"),
+        (ConfigFile::Server, "/limits/request_head_max", "16Ki"),
+        (ConfigFile::Server, "/agents/max_stream_window", "32Mi"),
+        (ConfigFile::Agent, "/tunnel/tcp_notsent_lowat", "256Ki"),
+        (ConfigFile::Agent, "/tunnel/stream_window", "1M"),
+    ] {
+        let mut v = base(f);
+        set(&mut v, at, json!(x));
+        agree(f, &v, true, &format!("{at}: {x}"));
+        set(&mut v, at, json!(format!("{x}B")));
+        agree(f, &v, x.ends_with("i"), &format!("{at}: {x}B"));
+    }
 }

@@ -34,9 +34,32 @@ pub(crate) struct Listener {
     metrics: ConnMetrics,
 }
 
+/// Every reason an apiserver-proxy connection is refused for (the gateway's answers other than
+/// `200` aside: `gateway_status_<code>`, which comes with the first such answer).
+const REFUSALS: [&str; 9] = [
+    "client_gone",
+    "not_configured",
+    "shutdown",
+    "gateway_unreachable",
+    "handshake_timeout",
+    "gateway_closed",
+    "gateway_bad_response",
+    "gateway_response_too_large",
+    "gateway_io_error",
+];
+
+/// How an apiserver-proxy relay may end (its only stop is the shutdown).
+const OUTCOMES: [&str; 7] =
+    ["closed", "idle_timeout", "client_reset", "upstream_reset", "client_error", "upstream_error", "shutdown"];
+
 impl Listener {
     pub(crate) fn new(name: String, shared: Arc<Shared>) -> Self {
         let m = shared.metrics.clone();
+        // Every series these connections count in is exported from the start.
+        m.listener_at_zero(&name, &REFUSALS);
+        m.route_at_zero(&name, ROUTE, &REFUSALS);
+        let modes = [Mode::ProxyProtocolV2, Mode::HttpConnect].map(Mode::label);
+        m.relays_at_zero(&name, &modes, &OUTCOMES);
         Self {
             active: m.active.with_label_values(&[&name]),
             to_gateway: m.bytes.with_label_values(&[&name, ROUTE, "to_upstream"]),

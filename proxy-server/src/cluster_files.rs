@@ -17,7 +17,7 @@ pub(crate) enum Taken {
 
 /// Why a cluster file was refused.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Refused {
+pub(crate) enum Refusal {
     #[error(transparent)]
     Invalid(#[from] seedgate_config::ConfigError),
     /// Every cluster of the file defined elsewhere too, one per line.
@@ -75,7 +75,7 @@ impl ClusterFiles {
     pub(crate) fn absorb(&mut self, up: Update<States>, main: &States) -> bool {
         let mut changed = false;
         for (file, parsed) in up.loaded {
-            let states = match parsed.map_err(Refused::from).and_then(|s| self.fits(&file, s, main)) {
+            let states = match parsed.map_err(Refusal::from).and_then(|s| self.fits(&file, s, main)) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!(%file, error = %e, "cluster file refused; its earlier states (if any) stay in force");
@@ -108,7 +108,7 @@ impl ClusterFiles {
         changed
     }
 
-    fn fits(&self, file: &str, states: States, main: &States) -> Result<States, Refused> {
+    fn fits(&self, file: &str, states: States, main: &States) -> Result<States, Refusal> {
         let mut taken = Vec::new();
         for c in states.keys() {
             let (file, cluster) = (file.to_owned(), c.clone());
@@ -118,7 +118,7 @@ impl ClusterFiles {
                 taken.push(Taken::ByFile { file, cluster, other: other.clone() });
             }
         }
-        if taken.is_empty() { Ok(states) } else { Err(Refused::Taken(taken)) }
+        if taken.is_empty() { Ok(states) } else { Err(Refusal::Taken(taken)) }
     }
 
     fn drop_file(&mut self, file: &str) -> bool {

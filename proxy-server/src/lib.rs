@@ -1,39 +1,30 @@
 //! proxy-server: the seed end of the reverse tunnel. Agents dial in; front ends (CONNECT, forward proxy) dial out through them.
 //!
-//! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate adds
-//! the agents' listener and sessions (with their identities: certificates, revocation lists,
-//! ServiceAccount tokens), the front ends and the per-cluster state. At shutdown the
-//! front-end connections drain for the grace period, then the agent sessions close.
+//! The process lifecycle (bind, serve, reload, drain) is [`proxy_core::app`]; this crate
+//! composes three wings: [`agents`] (the agents' listeners, who an agent is and whether its
+//! session may live: certificates, revocation lists, ServiceAccount tokens), [`frontend`] (the
+//! front ends' listeners, a connection's life from accept to relay) and [`registry`] (the
+//! cluster directory, the dial path, each session's standing), with what they share
+//! ([`shared`], [`metrics`], [`cluster_files`]) and the admin hooks ([`admin`]). At shutdown
+//! the front-end connections drain for the grace period, then the agent sessions close.
 
+mod admin;
 mod agents;
-mod attempt;
 mod cluster_files;
-mod control;
 mod frontend;
-mod identity;
-mod listeners;
-mod liveness;
 mod metrics;
 mod registry;
-mod replica;
-mod rereview;
-mod revocation;
-mod session;
-mod settle;
 mod shared;
-mod status;
-mod strategy;
-mod tokens;
-mod unix_socket;
 
 use shared::Shared;
 
+use admin::Admin;
+use agents::Agents;
 use arc_swap::ArcSwap;
 use cluster_files::ClusterFiles;
-use listeners::Listeners;
+use frontend::Frontends;
 use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
-use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
 use proxy_core::obs::status::{StatusPage, StatusQuery};
@@ -45,13 +36,14 @@ use seedgate_config::ServerConfig;
 use seedgate_config::server::ClusterState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster_files::DefinedTwice;
-pub use listeners::ApplyError as ListenersRefused;
+pub use frontend::ApplyError as ListenersRefused;
+pub use frontend::SocketError;
 pub use metrics::ServerMetrics;
 pub use proxy_core::app::Options;
-pub use unix_socket::SocketError;
 
 /// Why proxy-server refuses a reloaded config (then nothing changed).
 #[derive(Debug, thiserror::Error)]
@@ -66,17 +58,22 @@ pub enum ReloadRefused {
 
 type States = BTreeMap<String, ClusterState>;
 
-/// proxy-server as a [`Service`] of the shared lifecycle.
+/// proxy-server as a [`Service`] of the shared lifecycle: the wings it composes.
 pub struct Server {
     shared: Arc<Shared>,
-    listeners: Listeners,
+    agents: Arc<Agents>,
+    frontends: Arc<Frontends>,
+    admin: Admin,
+    agent_listeners: agents::Listeners,
+    frontend_listeners: frontend::Listeners,
     /// Ends the agent sessions, after the front ends drained.
     sessions_stop: CancellationToken,
 }
 
 /// What [`Server`]'s `bind` opened for its `start`: the sockets, and the watch of `clusters_dir`.
 pub struct Opened {
-    listeners: listeners::Opened,
+    agents: agents::Opened,
+    frontends: frontend::Opened,
     watch: Option<DirWatch<States>>,
 }
 
@@ -104,7 +101,9 @@ impl Service for Server {
 
     async fn bind(cfg: Arc<ServerConfig>, ctx: Ctx) -> Result<(Self, Opened), StartError> {
         let tls_metrics = TlsMetrics::new(&ctx.registry);
-        let (listeners, opened) = Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
+        let (agent_listeners, agents_opened) = agents::Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
+        let (frontend_listeners, frontends_opened) =
+            frontend::Listeners::bind(&cfg, &tls_metrics, &ctx.shutdown.stop).await?;
         let metrics = ServerMetrics::new(&ctx.registry);
         let (files, watch) = match &cfg.clusters_dir {
             None => (ClusterFiles::new(None), None),
@@ -119,37 +118,27 @@ impl Service for Server {
         states.extend(files.states().map(|(k, v)| (k.clone(), v.clone())));
         let shared = Arc::new(Shared {
             directory: SessionDirectory::new(metrics.clone(), &ctx.registry, &states, ctx.shutdown.kill.clone()),
-            pending: Pending::new(cfg.pending_budget(), PendingMetrics::new(&ctx.registry)),
-            limit: ConnLimit::new(ctx.connections.clone(), None),
             config: ArcSwap::new(cfg.clone()),
             metrics,
             shutdown: ctx.shutdown,
-            ids: ConnIds::default(),
             states: Mutex::new(shared::StateSources::new(files)),
-            unknown: Mutex::default(),
-            replica: replica::Replica::new(&cfg),
-            settle: settle::Settle::new(std::time::Instant::now()),
-            reviewers: tokens::Reviewers::new(&ctx.registry, &tls_metrics, cfg.agents.token_review.cache_size),
-            agents_revoked: Default::default(),
+            rules: watch::Sender::new(()),
         });
+        let agents = Arc::new(Agents::new(shared.clone(), &ctx.registry, &tls_metrics));
+        let pending = Pending::new(cfg.pending_budget(), PendingMetrics::new(&ctx.registry));
+        let limit = ConnLimit::new(ctx.connections.clone(), None);
+        let frontends = Arc::new(Frontends::new(shared.clone(), pending, limit));
         shared.apply_states();
-        let this = Self { shared, listeners, sessions_stop: CancellationToken::new() };
-        Ok((this, Opened { listeners: opened, watch }))
+        let admin = Admin { shared: shared.clone(), agents: agents.clone(), frontends: frontends.clone() };
+        let sessions_stop = CancellationToken::new();
+        let this = Self { shared, agents, frontends, admin, agent_listeners, frontend_listeners, sessions_stop };
+        Ok((this, Opened { agents: agents_opened, frontends: frontends_opened, watch }))
     }
 
     fn start(self: &Arc<Self>, opened: Opened) {
-        self.listeners.start(&self.shared, &self.sessions_stop, opened.listeners);
-        let shared = &self.shared;
-        shared.metrics.replica_count.set(i64::from(shared.replica.info().count));
-        tracing::info!(id = %shared.replica.info().id, count = shared.replica.info().count, peers = ?shared.config.load().agents.peers, "replica identity");
-        tokio::spawn(shared.clone().follow_peers());
-        // SIGTERM: tell the agents before the drain, so they find another replica while their
-        // live streams here finish.
-        let (s, stop) = (shared.clone(), shared.shutdown.stop.clone());
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            s.replica.draining(&s.metrics, &s.directory);
-        });
+        self.agent_listeners.start(&self.agents, &self.sessions_stop, opened.agents);
+        self.frontend_listeners.start(&self.frontends, opened.frontends);
+        self.agents.announce();
         if let Some(watch) = opened.watch {
             let shared = self.shared.clone();
             watch.follow(self.shared.shutdown.stop.clone(), "cluster files", move |up| {
@@ -168,53 +157,46 @@ impl Service for Server {
         if let Some(e) = self.shared.states.lock().files.conflict_with(&new.clusters) {
             return Err(e.into());
         }
-        self.listeners.apply(&self.shared, &self.sessions_stop, &new).await?;
-        self.shared.pending.set_limits(new.pending_budget());
-        self.shared.reviewers.resize(new.agents.token_review.cache_size);
-        self.shared.replica.reconfigure(&self.shared.metrics, &self.shared.directory, &new);
+        // Everything that can fail first (new TLS material, new sockets), then the swap.
+        let agents = self.agent_listeners.stage(&new).await.map_err(ListenersRefused::from)?;
+        let frontends = self.frontend_listeners.stage(&new).await?;
+        self.agent_listeners.commit(&self.agents, &self.sessions_stop, &new, agents);
+        self.frontend_listeners.commit(&self.frontends, &new, frontends);
+        self.frontends.pending.set_limits(new.pending_budget());
+        self.agents.reconfigure(&new);
         self.shared.config.store(new);
         self.shared.apply_states();
         Ok(())
     }
 
     fn listeners(&self) -> BTreeMap<String, String> {
-        self.listeners.addresses()
+        let mut out = BTreeMap::new();
+        self.frontend_listeners.addresses(&mut out);
+        self.agent_listeners.addresses(&mut out);
+        out
     }
 
     fn ready(&self) -> Vec<Check> {
-        let mut checks = control::ready(&self.shared);
-        checks.push(self.shared.pending.readiness());
-        checks.push(self.shared.directory.shares.readiness(self.shared.config.load().limits.tenant_share));
-        checks.push(self.shared.replica.check(&self.shared.config.load()));
-        if let Some(dir) = &self.shared.config.load().clusters_dir {
-            let (n, clusters, refused) = self.shared.states.lock().files.summary();
-            let detail = format!("{dir}: {n} files, {clusters} clusters ({refused} files refused)");
-            checks.push(Check::info("cluster-files", detail));
-        }
-        checks
+        self.admin.ready()
     }
 
     fn show_config(&self, running: &ServerConfig) -> serde_json::Value {
-        let mut v = serde_json::to_value(running).unwrap_or_default();
-        let sources = self.shared.states.lock();
-        v["cluster_overrides"] = serde_json::to_value(&sources.overrides).unwrap_or_default();
-        if running.clusters_dir.is_some() {
-            v["cluster_files"] = sources.files.show();
-        }
-        v
+        self.admin.show_config(running)
     }
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
-        control::control(&self.shared, req)
+        self.admin.endpoint(req)
     }
 
     fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
-        Some(status::status(&self.shared, &self.listeners.addresses(), query))
+        let mut addresses = BTreeMap::new();
+        self.frontend_listeners.addresses(&mut addresses);
+        Some(self.admin.status(&addresses, query))
     }
 
     async fn stopped(&self) {
         self.sessions_stop.cancel();
-        self.listeners.remove_socket_files();
+        self.frontend_listeners.remove_socket_files();
     }
 }
 

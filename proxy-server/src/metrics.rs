@@ -1,12 +1,62 @@
 //! proxy-server metrics: agents per cluster, tunnel streams, dials, bytes, front-end requests.
 
-use proxy_core::obs::metrics::{ConnMetrics, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
+use proxy_core::net::share::TenantSeries;
+use proxy_core::obs::metrics::{ConnMetrics, at_zero, counter, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::core::Collector as _;
 use proxy_core::prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
-use proxy_core::tunnel::congestion::CongestionStats;
-use proxy_core::tunnel::session_socket::InflightStats;
-use seedgate_config::server::ClusterMode;
+use proxy_core::tunnel::h2::InflightStats;
+use proxy_core::tunnel::quic::congestion::CongestionStats;
+use proxy_wire::tunnel::DialError;
+use seedgate_config::server::{ClusterMode, Frontend, FrontendProtocol, ProxyStrategy};
 use std::collections::BTreeMap;
+
+/// The results of `seedgate_agent_sessions_total` a known cluster's agents are counted with.
+const SESSION_RESULTS: [&str; 14] = [
+    "accepted",
+    "cluster_fenced",
+    "cluster_session_limit",
+    "certificate_required",
+    "token_required",
+    "cluster_mismatch",
+    "no_credentials",
+    "token_cluster_unknown",
+    "token_invalid",
+    "token_audience",
+    "token_account",
+    "token_review_malformed",
+    "token_review_unavailable",
+    "token_review_busy",
+];
+
+/// The results counted under the cluster `-`: refusals before the agent's cluster is known, or
+/// of a cluster no front end or `clusters` entry knows (its name is not a label).
+const UNNAMED_RESULTS: [&str; 6] =
+    ["tls_handshake_failed", "bad_alpn", "handshake_timeout", "bad_identity", "no_credentials", "unknown_cluster"];
+
+/// Why a live session ended (`seedgate_agent_sessions_ended_total`).
+const ENDED: [&str; 9] = [
+    "certificate_revoked",
+    "certificate_required",
+    "token_cluster_unknown",
+    "token_required",
+    "token_invalid",
+    "token_audience",
+    "token_account",
+    "token_review_malformed",
+    "token_review_unavailable",
+];
+
+/// Why a session is doubted (and revived).
+const DOUBTS: [&str; 2] = ["superseded", "silent"];
+
+/// Why a dial moved to another session.
+const RETRIES: [&str; 4] = ["silent", "suspect", "transport", "draining"];
+
+/// A cluster's shares refused dials for (besides the dial error codes).
+const SHARE_REFUSALS: [&str; 2] = ["cluster_stream_limit", "cluster_pending_limit"];
+
+/// The statuses a front end answers with (499: a gRPC client gone before its answer).
+const STATUSES: [&str; 9] = ["200", "400", "403", "407", "431", "499", "502", "503", "504"];
 
 /// Each cluster state and its `state` label.
 const MODES: [(ClusterMode, &str); 3] =
@@ -41,11 +91,13 @@ pub struct ServerMetrics {
     pub announcements: IntCounter,
     pub inflight: InflightStats,
     pub quic_congestion: CongestionStats,
+    /// The clusters' shares' series, set by the session directory that owns the shares.
+    pub cluster_shares: std::sync::Arc<std::sync::OnceLock<TenantSeries>>,
 }
 
 impl ServerMetrics {
     pub fn new(reg: &Registry) -> Self {
-        Self {
+        let m = Self {
             conn: ConnMetrics::new(reg),
             agents: gauge_vec(
                 reg,
@@ -62,7 +114,7 @@ impl ServerMetrics {
             sessions_ended: counter_vec(
                 reg,
                 "seedgate_agent_sessions_ended_total",
-                "Live agent sessions this replica ended because the agent's identity no longer holds, by cluster and reason: certificate_revoked (a reloaded agents.tls.crl lists its certificate), token_invalid, token_audience, token_account (a review of its expired or renewed token said no).",
+                "Live agent sessions this replica ended because the agent's identity no longer holds, by cluster and reason: certificate_revoked (a reloaded agents.tls.crl lists its certificate), token_invalid, token_audience, token_account (a review of its expired or renewed token said no, or the kube-apiserver refused the request with a 4xx), token_required (the agent sent an empty renewal: it has no token any more), token_review_unavailable (no review answered within agents.token_review.grace past its token's exp), token_cluster_unknown or certificate_required (a reload: its cluster takes its token no more).",
                 &["cluster", "reason"],
             ),
             streams_active: gauge_vec(
@@ -190,7 +242,31 @@ impl ServerMetrics {
             ),
             inflight: InflightStats::new(reg),
             quic_congestion: CongestionStats::new(reg),
+            cluster_shares: std::sync::Arc::default(),
+        };
+        at_zero(&m.agent_sessions, &[&["-"], &UNNAMED_RESULTS]);
+        m
+    }
+
+    /// A front end's series at 0 from its start: its connections and their refusals (by each
+    /// of `refusals`), accept errors, and its requests by kind and status. Its connections'
+    /// results are counted by cluster, which may come with each connection: those of a front
+    /// end with a `cluster:` only.
+    pub fn frontend_at_zero(&self, f: &Frontend, refusals: &[&str]) {
+        let name = f.name.as_str();
+        self.conn.listener_at_zero(name, refusals);
+        if let Some(cluster) = f.cluster.as_deref() {
+            at_zero(&self.conn.connections, &[&[name], &[cluster], &["ok"]]);
+            if f.tls.as_ref().is_some_and(|t| t.crl.is_some()) {
+                at_zero(&self.conn.connections, &[&[name], &[cluster], &["certificate_revoked"]]);
+            }
         }
+        let kinds: &[&str] = match f.protocol {
+            FrontendProtocol::HttpConnect => &["connect", "forward"],
+            FrontendProtocol::Grpc => &["grpc"],
+            FrontendProtocol::Tcp => &["tcp"],
+        };
+        at_zero(&self.requests, &[&[name], kinds, &STATUSES]);
     }
 
     /// Every known cluster's state and agent expectation, and its `seedgate_agents_connected`
@@ -215,6 +291,40 @@ impl ServerMetrics {
             self.agents_expected.with_label_values(&[cluster]).set(i64::from(*expected));
             // Creates the series at 0 if absent; the count itself is set under the directory's lock.
             let _ = self.agents.with_label_values(&[cluster]);
+            self.cluster_at_zero(cluster);
+        }
+    }
+
+    /// A known cluster's series at 0 (they stay when it goes: its counters are history). Its
+    /// TokenReview metrics are the reviewers' (`tokens`), zeroed there for the clusters that
+    /// have a `token_review`.
+    fn cluster_at_zero(&self, cluster: &str) {
+        let c: &[&str] = &[cluster];
+        at_zero(&self.agent_sessions, &[c, &SESSION_RESULTS]);
+        at_zero(&self.sessions_ended, &[c, &ENDED]);
+        at_zero(&self.sessions_doubted, &[c, &DOUBTS]);
+        at_zero(&self.sessions_revived, &[c, &DOUBTS]);
+        at_zero(&self.dial_retries, &[c, &RETRIES]);
+        at_zero(&self.dial_failures, &[c, &DialError::CODES]);
+        at_zero(&self.dial_failures, &[c, &SHARE_REFUSALS]);
+        let strategies = [ProxyStrategy::DestHost, ProxyStrategy::DefaultRoute, ProxyStrategy::Default];
+        at_zero(&self.dial_strategy, &[c, &strategies.map(ProxyStrategy::as_str)]);
+        at_zero(&self.tunnel_bytes, &[c, &["to_shoot", "to_seed"]]);
+        at_zero(&self.dial_seconds, &[c]);
+        for counter in [
+            &self.move_notices,
+            &self.sessions_suspect_total,
+            &self.dials_around_suspect,
+            &self.streams_opened,
+            &self.stream_drains,
+            &self.streams_survived,
+        ] {
+            at_zero(counter, &[c]);
+        }
+        at_zero(&self.sessions_suspect, &[c]);
+        at_zero(&self.streams_active, &[c]);
+        if let Some(shares) = self.cluster_shares.get() {
+            shares.at_zero(c);
         }
     }
 

@@ -1,45 +1,32 @@
-//! What proxy-server's listeners, sessions, front ends, admin hooks and reloader share.
+//! What proxy-server's wings (agents, front ends, registry), admin hooks and reloader share: the config in force, the metrics, the session directory, the shutdown, the cluster states from every source, and the TLS material their listeners reload from files.
 
 use crate::cluster_files::ClusterFiles;
 use crate::metrics::ServerMetrics;
 use crate::registry::{SessionDirectory, ShareConfig};
-use crate::replica;
-use crate::settle::Settle;
 use arc_swap::ArcSwap;
 use proxy_core::app::shutdown::Shutdown;
-use proxy_core::net::accept::ConnLimit;
-use proxy_core::net::ids::ConnIds;
-use proxy_core::net::pending::Pending;
 use proxy_core::sync::Mutex;
+use proxy_core::watch::tls::{ClientFiles, Reloading};
 use seedgate_config::ServerConfig;
-use seedgate_config::server::{ClusterMode, ClusterState};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use seedgate_config::server::{ClusterMode, ClusterState, ServerTls};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+/// What every wing shares (see the module documentation); each wing holds its own state beside
+/// it (`Agents`, `Frontends`).
 pub(crate) struct Shared {
     pub(crate) config: ArcSwap<ServerConfig>,
     pub(crate) metrics: ServerMetrics,
     pub(crate) directory: SessionDirectory,
     pub(crate) shutdown: Shutdown,
-    pub(crate) ids: ConnIds,
-    /// The front ends' established connections (`limits.max_connections`), taken once the
-    /// request head is read.
-    pub(crate) limit: ConnLimit,
-    /// Front-end connections in the TLS handshake or request head (`limits.max_pending` ...).
-    pub(crate) pending: Arc<Pending>,
     /// Where cluster states come from besides the main config.
     pub(crate) states: Mutex<StateSources>,
-    /// Agents' clusters that nothing in the config knows.
-    pub(crate) unknown: Mutex<UnknownClusters>,
-    /// This replica's identity and the count it announces to agents.
-    pub(crate) replica: replica::Replica,
-    /// The start-up wait for agents (readiness).
-    pub(crate) settle: Settle,
-    /// The TokenReview clients of the clusters and their cache.
-    pub(crate) reviewers: crate::tokens::Reviewers,
-    /// The revocation lists of `agents.tls.crl` in force (empty: none).
-    pub(crate) agents_revoked: ArcSwap<proxy_core::tls::Revoked>,
+    /// Bumped when the rules of clusters may have changed (a reload, a cluster file, an
+    /// override): live token sessions check theirs.
+    pub(crate) rules: watch::Sender<()>,
 }
 
 /// Cluster states from elsewhere than the main config.
@@ -54,15 +41,6 @@ impl StateSources {
     pub(crate) fn new(files: ClusterFiles) -> Self {
         Self { files, overrides: BTreeMap::new() }
     }
-}
-
-/// Clusters named by agents' certificates that no front end or cluster state names.
-#[derive(Default)]
-pub(crate) struct UnknownClusters {
-    /// Warned about already (once each).
-    pub(crate) warned: HashSet<String>,
-    /// Whose agents were refused (`agents.accept_unknown_clusters: false`).
-    pub(crate) refused: BTreeSet<String>,
 }
 
 impl Shared {
@@ -125,40 +103,42 @@ impl Shared {
         self.directory.set_shares(ShareConfig::of(&cfg, own));
         self.directory.set_modes(&states);
         self.metrics.publish_clusters(&self.known_clusters(), |c| states.get(c).map(|s| s.state).unwrap_or_default());
+        // Live token sessions check their cluster's rules (a removed token_review ends them).
+        self.rules.send_replace(());
     }
 
-    /// Resolve `agents.peers` now and every `peers_interval`, announcing the number of addresses
-    /// as the count. A failed lookup keeps the last count (a DNS hiccup must not shrink it).
-    pub(crate) async fn follow_peers(self: Arc<Self>) {
-        let shared = self;
-        let stop = shared.shutdown.stop.clone();
-        loop {
-            let cfg = shared.config.load_full();
-            let wait = cfg.agents.peers_interval.get();
-            if let Some(peers) = &cfg.agents.peers {
-                let lookup = tokio::time::timeout(Duration::from_secs(5), proxy_core::net::resolve(peers)).await;
-                match lookup {
-                    Ok(Ok(addrs)) if !addrs.is_empty() => {
-                        let mut ips: Vec<_> = addrs.iter().map(|a| a.ip()).collect();
-                        ips.sort();
-                        ips.dedup();
-                        let n = (ips.len() as u32).min(seedgate_config::server::MAX_SERVER_COUNT);
-                        shared.metrics.peers.set(i64::from(n));
-                        shared.replica.update(&shared.metrics, &shared.directory, |i| i.count = n);
-                    }
-                    Ok(Ok(_)) => tracing::warn!(%peers, "agents.peers resolves to no address; keeping the last count"),
-                    Ok(Err(e)) => {
-                        tracing::warn!(%peers, error = %e, "cannot resolve agents.peers; keeping the last count")
-                    }
-                    Err(_) => tracing::warn!(%peers, "resolving agents.peers timed out; keeping the last count"),
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
+    /// Wakes when the rules of clusters may have changed ([`Shared::apply_states`]).
+    pub(crate) fn rules_changed(&self) -> watch::Receiver<()> {
+        self.rules.subscribe()
     }
+}
+
+/// TLS material reloaded from its files while the guard lives: a listener's, the agents' or a
+/// front end's.
+pub(crate) struct Tls {
+    pub(crate) material: Arc<Reloading<rustls::ServerConfig>>,
+    /// Cancelled with the guard: ends what follows the material (revoked sessions or connections).
+    pub(crate) watching: CancellationToken,
+    _guard: DropGuard,
+}
+
+impl Tls {
+    /// Watch `material`'s files until `stop` (or the guard is dropped).
+    pub(crate) fn watched(material: Arc<Reloading<rustls::ServerConfig>>, stop: &CancellationToken) -> Self {
+        let watching = stop.child_token();
+        material.watch(watching.clone());
+        Self { material, watching: watching.clone(), _guard: watching.drop_guard() }
+    }
+
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.material.current())
+    }
+}
+
+/// How a server's TLS files verify client certificates (`None`: none asked).
+pub(crate) fn client_files(t: &ServerTls, optional: bool) -> Option<ClientFiles> {
+    let ca = t.client_ca.as_ref()?;
+    Some(ClientFiles { ca: ca.into(), crl: t.crl.as_ref().map(Into::into), optional })
 }
 
 #[cfg(test)]
@@ -171,18 +151,11 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let reg = proxy_core::prometheus::Registry::new();
     let metrics = ServerMetrics::new(&reg);
     Arc::new(Shared {
-        pending: Pending::new(cfg.pending_budget(), proxy_core::net::pending::PendingMetrics::unregistered()),
         directory: SessionDirectory::new(metrics.clone(), &reg, &cfg.clusters, Default::default()),
         config: ArcSwap::from_pointee(cfg.clone()),
         metrics,
         shutdown: Shutdown::new(),
-        ids: ConnIds::default(),
-        limit: ConnLimit::new(proxy_core::net::accept::Slots::new(10), None),
         states: Mutex::new(StateSources::new(ClusterFiles::new(None))),
-        unknown: Mutex::default(),
-        replica: replica::Replica::new(&cfg),
-        settle: Settle::new(std::time::Instant::now()),
-        reviewers: crate::tokens::Reviewers::new(&reg, &proxy_core::watch::tls::TlsMetrics::new(&reg), 16),
-        agents_revoked: Default::default(),
+        rules: watch::Sender::new(()),
     })
 }

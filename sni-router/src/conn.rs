@@ -1,13 +1,13 @@
 //! One client connection: PROXY header(s), protocol detection, routing, upstream connect, replay, relay, access log.
 
 use crate::listener::ListenerRt;
+use crate::refusal::{Answer, Proto, Reject, closed_early, read_failed};
 use crate::shared::Shared;
 use crate::table::{ConnectQuery, Route, Table};
 use crate::upstream::{self, Connected};
 use bytes::BufMut as _;
 use proxy_core::net::ConnectFailure;
 use proxy_core::net::accept::ConnPermit;
-use proxy_core::net::admission;
 use proxy_core::net::ids::ConnId;
 use proxy_core::net::share::{Cap, Hold, Kind};
 use proxy_core::prometheus::IntGauge;
@@ -33,69 +33,6 @@ const READ_CHUNK: usize = 4096;
 /// How long a rejected client gets to read our answer before the socket closes.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Proto {
-    Tls,
-    Connect,
-    /// Routed by PROXY destination without reading the payload.
-    Raw,
-    /// Not known yet (rejected before detection).
-    Unknown,
-}
-
-impl Proto {
-    fn label(self) -> &'static str {
-        match self {
-            Proto::Tls => "tls",
-            Proto::Connect => "connect",
-            Proto::Raw => "proxy_destination",
-            Proto::Unknown => "-",
-        }
-    }
-
-    /// The place of a routed connection's protocol among the listener's handshake histograms.
-    fn index(self) -> usize {
-        match self {
-            Proto::Tls => 0,
-            Proto::Connect => 1,
-            Proto::Raw | Proto::Unknown => 2,
-        }
-    }
-}
-
-/// What the client is told when it is turned away.
-enum Answer {
-    /// Close at once, without lingering: the budget of pending connections is the point.
-    Abort,
-    Close,
-    Alert(u8),
-    Http(u16, String),
-    Redirect(String),
-}
-
-struct Reject {
-    reason: &'static str,
-    answer: Answer,
-}
-
-impl Reject {
-    fn new(reason: &'static str, answer: Answer) -> Self {
-        Self { reason, answer }
-    }
-
-    /// The pre-routing phase's verdict, answered as the connection's protocol allows: closed at
-    /// once (the budget's), or the refusal's TLS alert or HTTP status, else a plain close.
-    fn admission(r: admission::Refusal, proto: Proto) -> Self {
-        let answer = match proto {
-            _ if r.aborts() => Answer::Abort,
-            Proto::Tls => r.tls_alert().map_or(Answer::Close, Answer::Alert),
-            Proto::Connect => r.http_status().map_or(Answer::Close, |s| Answer::Http(s, r.to_string())),
-            Proto::Raw | Proto::Unknown => Answer::Close,
-        };
-        Self::new(r.label(), answer)
-    }
-}
 
 /// Everything learnt before the upstream is chosen.
 struct Pre {
@@ -153,14 +90,6 @@ async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) -> std::io::Resu
     // had been an eighth of a connection's instructions.
     let n = s.read_buf(&mut (&mut *buf).limit(want)).await?;
     Ok(n > 0)
-}
-
-fn closed_early() -> Reject {
-    Reject::new("client_closed_early", Answer::Close)
-}
-
-fn read_failed(_: std::io::Error) -> Reject {
-    Reject::new("client_read_error", Answer::Close)
 }
 
 /// Read PROXY header(s) if the listener takes them. Returns (real client, inner destination).

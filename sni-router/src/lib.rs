@@ -10,6 +10,7 @@ mod flow_budget;
 mod listener;
 mod listeners;
 mod migration;
+mod refusal;
 mod shared;
 mod status;
 mod table;

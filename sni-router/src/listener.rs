@@ -1,5 +1,6 @@
 //! One running listener: its routing table (built from its config and file routes), its limits and its accept-loop switch; what the accept loops, connection tasks and reloads share.
 
+use crate::refusal::Proto;
 use crate::shared::Metrics;
 use crate::shared::Shared;
 use crate::table::{FastMap, Route, RouteMeters, Table, fast_map, new_route};
@@ -48,6 +49,30 @@ impl ListenerRt {
     ) -> Arc<Self> {
         let extra = extra.get(l.name.as_str()).map(Vec::as_slice).unwrap_or_default();
         let table = build_table(&shared.metrics, &shared.shutdown.kill, l, extra, old);
+        let m = &shared.metrics;
+        let name = l.name.as_str();
+        // Every series the listener's connections count in is exported from its start.
+        let (handshake, closes): ([OnceLock<Histogram>; 3], [OnceLock<IntCounter>; Outcome::COUNT]) =
+            Default::default();
+        match l.protocol {
+            ListenerProtocol::Tcp => {
+                m.conn.listener_at_zero(
+                    name,
+                    &[crate::refusal::unrouted_reasons(), crate::refusal::routed_reasons()].concat(),
+                );
+                proxy_core::obs::metrics::at_zero(
+                    &m.conn.connections,
+                    &[&[name], &["-"], &crate::refusal::unrouted_reasons()],
+                );
+                for p in Proto::ROUTED {
+                    let _ = handshake[p.index()].set(m.conn.handshake_seconds.with_label_values(&[name, p.label()]));
+                }
+                for (i, label) in Outcome::LABELS.iter().enumerate().filter(|(_, l)| RELAY_ENDS.contains(l)) {
+                    let _ = closes[i].set(m.conn.closes.with_label_values(&[name, label]));
+                }
+            }
+            ListenerProtocol::Udp => m.udp.listener_at_zero(name),
+        }
         Arc::new(Self {
             name: Arc::from(l.name.as_str()),
             table: ArcSwap::from_pointee(table),
@@ -57,8 +82,8 @@ impl ListenerRt {
             limit: ConnLimit::new(shared.connections.clone(), l.max_connections),
             stop: shared.shutdown.stop.child_token(),
             active: shared.metrics.conn.active.with_label_values(&[l.name.as_str()]),
-            handshake: Default::default(),
-            closes: Default::default(),
+            handshake,
+            closes,
         })
     }
 
@@ -93,7 +118,29 @@ impl ListenerRt {
     }
 }
 
-pub(crate) fn route_meters(m: &Metrics, listener: &str, route: &str) -> RouteMeters {
+/// How a relay of sni-router may end (no cluster or session drains here).
+const RELAY_ENDS: [&str; 8] = [
+    "closed",
+    "idle_timeout",
+    "client_reset",
+    "upstream_reset",
+    "client_error",
+    "upstream_error",
+    "shutdown",
+    "route_drained",
+];
+
+/// A new route's meters; every series it counts in is exported from when it is configured.
+pub(crate) fn route_meters(m: &Metrics, listener: &ListenerCfg, route: &str) -> RouteMeters {
+    let name = listener.name.as_str();
+    match listener.protocol {
+        ListenerProtocol::Tcp => {
+            m.conn.route_at_zero(name, route, &crate::refusal::routed_reasons());
+            m.route_shares.at_zero(&[name, route]);
+        }
+        ListenerProtocol::Udp => m.udp.route_at_zero(name, route),
+    }
+    let listener = name;
     RouteMeters {
         ok: m.conn.connections.with_label_values(&[listener, route, "ok"]),
         to_upstream: m.conn.bytes.with_label_values(&[listener, route, "to_upstream"]),
@@ -120,7 +167,7 @@ pub(crate) fn build_table(
         |rc: &Arc<RouteCfg>| {
             old_routes.get(rc.name.as_str()).filter(|r| Arc::ptr_eq(&r.cfg, rc) || r.cfg == *rc).map(|r| (*r).clone())
         },
-        |rc: &Arc<RouteCfg>| new_route(rc, route_meters(m, &cfg.name, &rc.name), kill),
+        |rc: &Arc<RouteCfg>| new_route(rc, route_meters(m, cfg, &rc.name), kill),
     )
 }
 

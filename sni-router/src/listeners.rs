@@ -190,7 +190,7 @@ impl Listeners {
         let Some(rt) = self.running.lock().get(name).cloned() else { return };
         let old = rt.table.load_full();
         let (m, kill) = (&shared.metrics, &shared.shutdown.kill);
-        let table = match old.patch(change, |rc| new_route(rc, route_meters(m, &old.cfg.name, &rc.name), kill)) {
+        let table = match old.patch(change, |rc| new_route(rc, route_meters(m, &old.cfg, &rc.name), kill)) {
             Some((table, retired)) => {
                 for r in retired {
                     let deadline = table.route_named(&r.name).map_or(r.cfg.drain_deadline, |n| n.cfg.drain_deadline);

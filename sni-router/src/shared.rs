@@ -7,7 +7,7 @@ use proxy_core::app::shutdown::Shutdown;
 use proxy_core::net::accept::Slots;
 use proxy_core::net::ids::ConnIds;
 use proxy_core::net::pending::{Pending, PendingMetrics};
-use proxy_core::net::share::{Naming, Shares};
+use proxy_core::net::share::{Naming, Shares, TenantSeries};
 use proxy_core::obs::metrics::{self, ConnMetrics};
 use proxy_core::prometheus::IntGaugeVec;
 use seedgate_config::RouterConfig;
@@ -17,6 +17,8 @@ pub(crate) struct Metrics {
     pub(crate) conn: ConnMetrics,
     pub(crate) routes: IntGaugeVec,
     pub(crate) udp: UdpMetrics,
+    /// The routes' shares' series, which a route has from when it is configured.
+    pub(crate) route_shares: TenantSeries,
 }
 
 /// State every connection task can reach.
@@ -39,6 +41,7 @@ const ROUTE_SHARES: Naming = Naming { tenant: "route", labels: &["listener", "ro
 
 pub(crate) fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
     let reg = &ctx.registry;
+    let shares = Shares::new(reg, ROUTE_SHARES);
     Shared {
         pending: Pending::new(cfg.pending_budget(), PendingMetrics::new(reg)),
         config: ArcSwap::new(cfg),
@@ -46,9 +49,10 @@ pub(crate) fn new_shared(cfg: Arc<RouterConfig>, ctx: &Ctx) -> Shared {
             conn: ConnMetrics::new(reg),
             routes: metrics::gauge_vec(reg, "seedgate_routes", "Routes loaded, by listener.", &["listener"]),
             udp: UdpMetrics::new(reg),
+            route_shares: shares.series(),
         },
         udp_flows: Arc::default(),
-        shares: Shares::new(reg, ROUTE_SHARES),
+        shares,
         shutdown: ctx.shutdown.clone(),
         ids: ConnIds::default(),
         connections: ctx.connections.clone(),

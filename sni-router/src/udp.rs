@@ -325,10 +325,18 @@ impl UdpListener {
     }
 
     fn drop_datagrams(&self, reason: &str, n: usize) {
+        // A reason missing from the list would have no series before its first drop.
+        debug_assert!(crate::flow_budget::drop_reasons().contains(&reason), "{reason} is not listed");
         self.shared.metrics.udp.dropped.with_label_values(&[&self.rt.name, reason]).inc_by(n as u64);
     }
 
     fn flow_result(&self, route: &str, result: &str) {
+        debug_assert!(
+            [crate::flow_budget::unrouted_results().as_slice(), crate::flow_budget::routed_results()]
+                .concat()
+                .contains(&result),
+            "{result} is not listed"
+        );
         self.shared.metrics.udp.flows.with_label_values(&[&self.rt.name, route, result]).inc();
     }
 

@@ -8,6 +8,7 @@
 //! - [`admin`]: a minimal HTTP/1.1 client for admin endpoints, and Prometheus text parsing.
 //! - [`tls_client`]: TLS requests that report what the client saw (certificate, ALPN, alert).
 //! - [`quic`]: a quinn echo server, quinn clients, a stand-in NAT that rebinds and reads connection IDs.
+//! - [`raw_agent`]: an agent written by hand over QUIC: any control lines, sent as given.
 //! - [`migration`]: control-plane migration worlds (two seeds, replicas, agents, etcd) and their loads.
 //! - [`netns`]: network namespaces and veth pairs for multi-host topologies (root only).
 //! - [`link`]: a WAN link emulated between two namespaces (delay, rate, bottleneck, loss, black hole).
@@ -38,6 +39,7 @@ pub mod pki;
 pub mod poll;
 pub mod proc;
 pub mod quic;
+pub mod raw_agent;
 pub mod secret_volume;
 pub mod tls_client;
 pub mod tmp;

@@ -124,6 +124,26 @@ impl Ca {
     }
 }
 
+/// A self-signed CA certificate (CN `name`) whose subject alternative names are `names`, with
+/// its key, as a server identity: the mistake of serving with the CA itself, which a verifier
+/// trusting that CA refuses as a CA used as an end entity.
+pub fn ca_as_server(name: &str, names: &[&str]) -> anyhow::Result<Issued> {
+    let mut p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    validity(&mut p);
+    let key = KeyPair::generate()?;
+    let cert = p.self_signed(&key)?;
+    Ok(Issued {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        cert_der: cert.der().clone(),
+        key_der: PrivatePkcs8KeyDer::from(key.serialize_der()),
+    })
+}
+
 impl Issued {
     /// Write `<dir>/<stem>.crt` and `<dir>/<stem>.key` (PEM) and return their paths.
     pub fn write(&self, dir: &Path, stem: &str) -> anyhow::Result<(PathBuf, PathBuf)> {

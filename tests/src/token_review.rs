@@ -1,4 +1,4 @@
-//! A stand-in kube-apiserver for TokenReviews (`authentication.k8s.io/v1`, hyper over TLS): the ServiceAccount tokens it issued, each with its account, audiences and expiry, answered as a real one answers; and the ways a real one fails (refusing proxy-server's credentials, slow, down).
+//! A stand-in kube-apiserver for TokenReviews (`authentication.k8s.io/v1`, hyper over TLS): the ServiceAccount tokens it issued, each with its account, audiences and expiry, answered as a real one answers (a `400` "token is required" for an empty token); and the ways a real one fails (refusing proxy-server's credentials, slow, down, any status).
 //!
 //! Tokens are JWT-shaped (`header.payload.signature`, base64url) with an `exp` claim, as projected
 //! ServiceAccount tokens are: proxy-server reads `exp` (without trusting it) to know when to
@@ -40,8 +40,13 @@ struct State {
     down: bool,
     /// The bearer token proxy-server must present (its own credentials).
     bearer: String,
-    /// How the reviews were answered, in order: `authenticated`, the error, `401`, `down`.
+    /// How the reviews were answered, in order: `authenticated`, the error, `400`, `401`, `down`,
+    /// or a forced status.
     answers: Vec<String>,
+    /// The token of each review asked, in order (`spec.token`).
+    asked: Vec<String>,
+    /// Every review is answered with this status and body (a `Status` object), whatever it asks.
+    forced: Option<(u16, String)>,
 }
 
 /// A kube-apiserver that reviews tokens, on 127.0.0.1 with a server certificate of `ca`.
@@ -66,13 +71,27 @@ impl TokenReviewer {
     /// file (`<stem>-ca.crt`) and proxy-server's credentials (`<stem>-credentials`).
     pub async fn start(ca: &Ca, dir: &Path, stem: &str) -> anyhow::Result<Self> {
         let id = ca.server(&["127.0.0.1"])?;
-        let cfg = pki::server_config(&id, None, &["http/1.1"])?;
+        let ca_file = ca.write(dir, &format!("{stem}-ca"))?;
+        Self::start_with(&id, ca_file, dir, stem).await
+    }
+
+    /// [`TokenReviewer::start`] with a serving certificate that is a CA certificate (a
+    /// self-signed CA with 127.0.0.1 among its names), which `<stem>-ca.crt` holds too: what an
+    /// operator gets by pointing a kube-apiserver at its CA's own certificate.
+    pub async fn start_ca_as_leaf(dir: &Path, stem: &str) -> anyhow::Result<Self> {
+        let id = pki::ca_as_server(&format!("{stem}-ca"), &["127.0.0.1"])?;
+        let ca_file = dir.join(format!("{stem}-ca.crt"));
+        std::fs::write(&ca_file, &id.cert_pem).context("writing the CA")?;
+        Self::start_with(&id, ca_file, dir, stem).await
+    }
+
+    async fn start_with(id: &pki::Issued, ca_file: PathBuf, dir: &Path, stem: &str) -> anyhow::Result<Self> {
+        let cfg = pki::server_config(id, None, &["http/1.1"])?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let bearer = format!("proxy-server-credentials-{stem}-{}", addr.port());
         let credentials_file = dir.join(format!("{stem}-credentials"));
         std::fs::write(&credentials_file, format!("{bearer}\n")).context("writing the credentials")?;
-        let ca_file = ca.write(dir, &format!("{stem}-ca"))?;
         let state = Arc::new(Mutex::new(State { bearer, ..State::default() }));
         let reviews = Arc::new(AtomicU64::new(0));
         let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
@@ -95,9 +114,16 @@ impl TokenReviewer {
     /// A token of ServiceAccount `account` (`<namespace>/<name>`) for `audiences`, valid for
     /// `ttl`.
     pub fn issue(&self, account: &str, audiences: &[&str], ttl: Duration) -> String {
-        let (ns, name) = account.split_once('/').unwrap_or(("default", account));
         let expires = SystemTime::now() + ttl;
         let exp = expires.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        self.issue_with_exp(account, audiences, expires, &exp.to_string())
+    }
+
+    /// A token valid until `expires` for this stand-in whose JWT `exp` claim is the JSON text
+    /// `exp` (a number out of any range, a float, a string): what a kube-apiserver that signs
+    /// whatever it is given would authenticate.
+    pub fn issue_with_exp(&self, account: &str, audiences: &[&str], expires: SystemTime, exp: &str) -> String {
+        let (ns, name) = account.split_once('/').unwrap_or(("default", account));
         let n = self.serial.fetch_add(1, Ordering::Relaxed);
         let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
         let aud: Vec<String> = audiences.iter().map(|a| format!("{a:?}")).collect();
@@ -128,6 +154,18 @@ impl TokenReviewer {
     /// Close every new connection at once without an answer (a kube-apiserver that is down).
     pub fn set_down(&self, down: bool) {
         self.state.lock().down = down;
+    }
+
+    /// Answer every review with `status` and a `Status` object whose message is `message`
+    /// (`None`: review again): a kube-apiserver refusing proxy-server (401, 403), overloaded
+    /// (429), failing (5xx), or refusing the request (400, 422).
+    pub fn set_status(&self, status: Option<(u16, &str)>) {
+        self.state.lock().forced = status.map(|(s, m)| (s, m.to_owned()));
+    }
+
+    /// The token of every review asked so far, in order.
+    pub fn asked(&self) -> Vec<String> {
+        self.state.lock().asked.clone()
     }
 
     /// Reviews answered (or refused for bad credentials).
@@ -183,8 +221,7 @@ async fn answer(
     let mut st = state.lock();
     if bearer.as_deref() != Some(&format!("Bearer {}", st.bearer)) {
         st.answers.push("401".into());
-        let status = serde_json::json!({"kind":"Status","apiVersion":"v1","status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401});
-        return Ok(json(StatusCode::UNAUTHORIZED, status));
+        return Ok(json(StatusCode::UNAUTHORIZED, kube_status(401, "Unauthorized")));
     }
     if !path_ok {
         st.answers.push("404".into());
@@ -192,6 +229,18 @@ async fn answer(
     }
     let review: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let token = review["spec"]["token"].as_str().unwrap_or_default();
+    st.asked.push(token.to_owned());
+    if let Some((code, message)) = st.forced.clone() {
+        st.answers.push(code.to_string());
+        let status = kube_status(code, &message);
+        return Ok(json(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), status));
+    }
+    // As the kube-apiserver's TokenReview storage: an empty token is a bad request.
+    if token.is_empty() {
+        st.answers.push("400".into());
+        let status = kube_status(400, "token is required for TokenReview in authentication");
+        return Ok(json(StatusCode::BAD_REQUEST, status));
+    }
     let wanted: Vec<String> = review["spec"]["audiences"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
@@ -235,4 +284,17 @@ async fn answer(
     });
     out["spec"] = serde_json::json!({"token": "", "audiences": wanted});
     Ok(json(StatusCode::CREATED, out))
+}
+
+/// A kube-apiserver's `Status` object for an answer with `code`.
+fn kube_status(code: u16, message: &str) -> serde_json::Value {
+    let reason = match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        _ => "InternalError",
+    };
+    serde_json::json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":message,"reason":reason,"code":code})
 }

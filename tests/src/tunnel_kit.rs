@@ -260,7 +260,7 @@ pub async fn wait_agents(server_admin: SocketAddr, cluster: &str, n: f64) -> any
     .await
 }
 
-/// Open file descriptors of a process (entries of /proc/<pid>/fd).
+/// Open file descriptors of a process (entries of `/proc/<pid>/fd`).
 pub fn fd_count(pid: u32) -> anyhow::Result<usize> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd")).with_context(|| format!("/proc/{pid}/fd"))?.count())
 }

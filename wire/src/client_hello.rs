@@ -63,6 +63,9 @@ pub enum HelloError {
 }
 
 impl HelloError {
+    /// Every [`HelloError::reason`].
+    pub const REASONS: [&'static str; 3] = ["not_tls", "too_large", "malformed"];
+
     /// Short snake_case label, stable for use as a metric dimension.
     pub fn reason(&self) -> &'static str {
         match self {

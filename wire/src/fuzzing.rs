@@ -524,6 +524,9 @@ pub fn check_control_input(data: &[u8]) {
         roundtrip::<ControlMsg>(line);
         roundtrip::<AgentHello>(line);
         roundtrip::<AgentMsg>(line);
+        if let Ok(h) = serde_json::from_slice::<AgentHello>(line) {
+            check_hello_bounds(&h);
+        }
     }
     let read = |cuts: &[usize]| {
         let mut r = ControlReader::new(CONTROL_LINE_MAX);
@@ -548,6 +551,23 @@ pub fn check_control_input(data: &[u8]) {
     for cuts in splits(data) {
         assert_eq!(read(&cuts), whole, "control messages fed at {cuts:?} differ");
     }
+}
+
+/// What the seed keeps of a hello is within the limits, a prefix of what was sent, and stable.
+fn check_hello_bounds(h: &AgentHello) {
+    let b = h.clone().bounded();
+    let fields = [
+        (&h.node, &b.node),
+        (&h.version, &b.version),
+        (&h.instance, &b.instance),
+        (&h.host, &b.host),
+        (&h.cluster, &b.cluster),
+    ];
+    for (sent, kept) in fields.into_iter().chain(h.addresses.iter().zip(&b.addresses)) {
+        assert!(kept.len() <= control::HELLO_FIELD_MAX && sent.starts_with(kept.as_str()), "{sent:?} kept as {kept:?}");
+    }
+    assert!(b.addresses.len() <= control::HELLO_ADDRESSES_MAX);
+    assert_eq!(b.clone().bounded(), b, "bounding again changed the hello");
 }
 
 fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(line: &[u8]) {
@@ -642,7 +662,7 @@ fn check_credentials(value: &[u8]) {
 }
 
 mod http2;
-pub use http2::{H2Event, SMALL_H2_LIMITS, check_http2_requests, h2_sent, normalise};
+pub use http2::{H2Event, SMALL_H2_LIMITS, check_http2_requests, h2_sent, h2_work_bound, normalise, normalise_counted};
 
 #[cfg(test)]
 mod tests {

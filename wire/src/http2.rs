@@ -14,19 +14,45 @@
 //!   `http::uri::Authority` refuses (the parser `h2` uses) is left out (a request without one is
 //!   valid HTTP/2); padding and the deprecated priority fields are dropped; the block is framed
 //!   again within the server's frame size;
-//! - a header list that reaches the server's `SETTINGS_MAX_HEADER_LIST_SIZE` is passed on only
-//!   as far as the field that reaches it, cut to reach it exactly, so the server refuses that
-//!   one stream as it would have refused the whole list (the HPACK context is still decoded to
-//!   its end, so the connection goes on);
+//! - a header list that reaches the server's `SETTINGS_MAX_HEADER_LIST_SIZE`, counting every
+//!   field the client sent (name, value and 32 octets each, as the setting counts them; an
+//!   `:authority` left out counts too), is passed on as far as the field before the one that
+//!   reaches it, then a filler field ([`FILLER`]) that brings what the server counts to the
+//!   limit, so the server refuses that one stream (h2: `431`, then `RST_STREAM`) as it would
+//!   have refused the whole list; the rest of the block only keeps the HPACK context in step,
+//!   so the connection goes on;
 //! - what no server should get is a connection error ([`Http2Error`]): a `PUSH_PROMISE` from a
 //!   client, a header block broken across other frames, a malformed header frame or block, a
 //!   compressed block above four times the list limit or spread over more than
 //!   [`MAX_BLOCK_FRAMES`] frames.
+//!
+//! # The work is bounded by what the client sends
+//!
+//! HPACK lets one octet name a table entry of up to the table's size (4 KiB), so decoding a
+//! block costs more than its length only through what it refers to. The bound, for a header
+//! block of `B` octets with the server's list limit `L` and table size `T` (counted by
+//! [`Work`]; the fuzz target checks it on every input):
+//!
+//! - decoding: each octet of the block is read once; a reference is looked up, never copied
+//!   (a literal that names an entry shares its name); Huffman decoding makes at most 8 octets
+//!   of 5. Work linear in `B`.
+//! - judging an `:authority`: once per field that arrives as a literal, its verdict kept with
+//!   the table entry; a reference is never judged again. At most `8/5 B` octets judged.
+//! - fields handed on ([`Work::decoded`], each octet copied once into the block passed on, then
+//!   read once by the server): those under the list limit, and the one that reaches it (at most
+//!   a table entry, or a literal of the block); nothing after it. At most `L + T + 32 + 8/5 B`.
+//!
+//! So a connection's decoded list bytes are at most `blocks * (L + T + 32) + 8/5 * received`:
+//! a 64 KiB block of references costs what a 16 KiB list of literals does, less than its own
+//! length. A block of a few octets that reaches the limit costs a list of `L` octets, which the
+//! server is handed and refuses: per byte received, what a flood of the smallest ordinary
+//! requests costs it (the architecture page has the figures).
 
 pub mod hpack;
 pub mod huffman;
 
-use hpack::{Decoder, Field, HpackError};
+use hpack::{Decoder, HpackError};
+use std::ops::ControlFlow;
 
 /// What every HTTP/2 connection starts with (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -89,6 +115,21 @@ pub enum Http2Error {
     Hpack(#[from] HpackError),
 }
 
+/// The work a normaliser has done, in the units its bound is stated in (see the module).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Bytes the client sent (everything fed).
+    pub received: u64,
+    /// Header blocks decoded.
+    pub blocks: u64,
+    /// List bytes (name, value and 32 per field, as `SETTINGS_MAX_HEADER_LIST_SIZE` counts them)
+    /// of the decoded fields the normaliser looked at, kept or dropped.
+    pub decoded: u64,
+    /// Value octets handed to the judge of what goes on (an `:authority`'s are parsed; any
+    /// other field is judged by its name): each field once, when it arrives as a literal.
+    pub judged: u64,
+}
+
 /// A header block being gathered.
 #[derive(Debug)]
 struct Block {
@@ -136,6 +177,7 @@ pub struct RequestNormaliser {
     sent: usize,
     block: Option<Block>,
     dropped: u64,
+    work: Work,
     failed: Option<Http2Error>,
 }
 
@@ -144,13 +186,14 @@ impl RequestNormaliser {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            decoder: Decoder::new(limits.header_table_size),
+            decoder: Decoder::with_judge(limits.header_table_size, fits),
             state: State::Preface(0),
             held: Vec::new(),
             out: Vec::new(),
             sent: 0,
             block: None,
             dropped: 0,
+            work: Work::default(),
             failed: None,
         }
     }
@@ -163,6 +206,7 @@ impl RequestNormaliser {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        self.work.received += input.len() as u64;
         let r = self.feed_inner(input);
         if let Err(e) = &r {
             self.failed = Some(e.clone());
@@ -267,6 +311,11 @@ impl RequestNormaliser {
         self.dropped
     }
 
+    /// The work done so far.
+    pub fn work(&self) -> Work {
+        self.work
+    }
+
     /// The bytes at the start of `buf` (not empty), with the state moved past them.
     fn step(&mut self, buf: &[u8]) -> Result<Step, Http2Error> {
         match self.state {
@@ -362,29 +411,32 @@ impl RequestNormaliser {
     /// A complete header block, decoded and appended to the output as frames of its own.
     fn rewrite(&mut self, b: &Block) -> Result<(), Http2Error> {
         let limit = self.limits.max_header_list_size;
-        let mut block = Vec::with_capacity(b.fragment.len() * 2);
-        let (mut size, mut full, mut dropped) = (0usize, false, 0u64);
-        self.decoder.decode(&b.fragment, |f| {
-            if full {
-                return;
+        // What goes out is at most the list limit and the filler's name and encoding.
+        let mut block = Vec::with_capacity(b.fragment.len().saturating_mul(2).min(limit.saturating_add(64)));
+        // The list's size as the client sent it, and of what is kept.
+        let (mut listed, mut kept, mut dropped, mut decoded) = (0usize, 0usize, 0u64, 0u64);
+        self.decoder.decode(&b.fragment, |f, fits| {
+            decoded += f.size() as u64;
+            listed = listed.saturating_add(f.size());
+            if listed >= limit {
+                // This field reaches the server's limit, counting every field the client sent,
+                // kept or left out: the server must refuse the stream. A filler brings what it
+                // counts to the limit; nothing after it is looked at.
+                encode_filler(&mut block, limit - kept);
+                return ControlFlow::Break(());
             }
-            if f.name == b":authority" && http::uri::Authority::try_from(f.value).is_err() {
+            if !fits {
                 dropped += 1;
-                return;
+                return ControlFlow::Continue(());
             }
-            if size + f.size() < limit {
-                size += f.size();
-                hpack::encode_literal(&mut block, &f);
-                return;
-            }
-            // This field reaches the server's limit: the server will refuse the stream and
-            // look at nothing more. Its value is cut so the list reaches the limit exactly.
-            let keep = (limit - size).saturating_sub(f.name.len() + 32).min(f.value.len());
-            let value = f.value.get(..keep).unwrap_or_default();
-            hpack::encode_literal(&mut block, &Field { value, ..f });
-            full = true;
+            kept += f.size();
+            hpack::encode_literal(&mut block, &f);
+            ControlFlow::Continue(())
         })?;
         self.dropped += dropped;
+        self.work.blocks += 1;
+        self.work.decoded += decoded;
+        self.work.judged = self.decoder.judged();
         let max = self.limits.max_frame_size.max(1);
         let mut chunks = block.chunks(max).peekable();
         let mut kind = HEADERS;
@@ -403,6 +455,29 @@ impl RequestNormaliser {
             (kind, flags) = (CONTINUATION, 0);
         }
     }
+}
+
+/// Whether a field goes on to the server: any but an `:authority` that `http::uri::Authority`
+/// (the parser h2 checks it with) refuses. Judged once per field the client sends as a literal.
+fn fits(name: &[u8], value: &[u8]) -> bool {
+    name != b":authority" || http::uri::Authority::try_from(value).is_ok()
+}
+
+/// The name of the field that stands for the one that reaches the list limit: a regular field,
+/// so that whatever field it replaces (a pseudo-header, an `:authority` left out) the server
+/// counts it without judging it, and refuses the stream with `431` (h2 keeps no field of a list
+/// at its limit).
+pub const FILLER: &[u8] = b"x-list-limit";
+
+/// Append a filler field whose size (RFC 7541 §4.1) is `room`, or the smallest a filler has
+/// when `room` is smaller.
+fn encode_filler(out: &mut Vec<u8>, room: usize) {
+    let len = room.saturating_sub(FILLER.len() + 32);
+    out.push(0x00);
+    hpack::encode_integer(out, 0x00, 7, FILLER.len());
+    out.extend_from_slice(FILLER);
+    hpack::encode_integer(out, 0x00, 7, len);
+    out.resize(out.len() + len, b'-');
 }
 
 /// The payload length of the frame whose header `head` is.

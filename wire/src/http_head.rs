@@ -42,6 +42,17 @@ pub enum HeadError {
 }
 
 impl HeadError {
+    /// Every [`HeadError::reason`].
+    pub const REASONS: [&'static str; 7] = [
+        "head_too_large",
+        "head_too_many_headers",
+        "head_malformed",
+        "head_bad_version",
+        "head_not_connect",
+        "head_bad_authority",
+        "head_bad_target",
+    ];
+
     /// Short, stable snake_case label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {

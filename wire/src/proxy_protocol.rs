@@ -96,6 +96,23 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// Every [`ProxyError::reason`].
+    pub const REASONS: [&'static str; 13] = [
+        "pp_bad_signature",
+        "pp_v1_too_long",
+        "pp_v1_malformed",
+        "pp_bad_version",
+        "pp_bad_command",
+        "pp_bad_family",
+        "pp_v2_bad_length",
+        "pp_v2_too_long",
+        "pp_tlv_overrun",
+        "pp_tlv_bad_value",
+        "pp_tlv_duplicate",
+        "pp_crc_mismatch",
+        "pp_unique_id_too_long",
+    ];
+
     /// Short, stable snake_case label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -71,6 +71,21 @@ pub enum InitialError {
 }
 
 impl InitialError {
+    /// Every [`InitialError::reason`] but those of [`InitialError::Hello`] (see
+    /// [`HelloError::REASONS`]).
+    pub const REASONS: [&'static str; 10] = [
+        "not_quic",
+        "short_header",
+        "not_initial",
+        "unknown_version",
+        "short_datagram",
+        "other_connection",
+        "malformed",
+        "decrypt",
+        "bad_frame",
+        "too_large",
+    ];
+
     /// Short snake_case label, stable for use as a metric dimension.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -1,9 +1,10 @@
-//! Kubernetes ServiceAccount tokens as proxy-server checks them: the TokenReview request and the verdict on its answer (`authentication.k8s.io/v1`), and a token's expiry read without trusting it.
+//! Kubernetes ServiceAccount tokens as proxy-server checks them: the TokenReview request, what the answer's HTTP status and body say (`authentication.k8s.io/v1`), and a token's expiry read without trusting it.
 //!
 //! The answer comes from the cluster's kube-apiserver; the token comes from an agent and is
 //! untrusted. Nothing here believes a token's own claims about who holds it: only the
 //! kube-apiserver's review says that. [`expiry`] reads the token's `exp` claim for one use, to
-//! know when to review it again.
+//! know when to review it again; an `exp` that is no time (out of range, negative, not a
+//! number) refuses the token.
 
 #![deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,6 +19,11 @@ pub const PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
 pub const ANSWER_MAX: usize = 64 * 1024;
 /// The prefix of a ServiceAccount's user name: `system:serviceaccount:<namespace>:<name>`.
 const SA_PREFIX: &str = "system:serviceaccount:";
+/// Longest text kept from a kube-apiserver's answer (an error, a user name, a message).
+const TEXT_MAX: usize = 256;
+/// The latest `exp` taken (9999-12-31T23:59:59Z): a later one is no time a kube-apiserver
+/// issues a token for, and would not fit a clock.
+pub const EXP_MAX: u64 = 253_402_300_799;
 
 #[derive(Serialize)]
 struct Request<'a> {
@@ -108,6 +114,11 @@ pub enum Verdict {
     /// Not a TokenReview answer at all.
     #[error("not a TokenReview answer: {0}")]
     Malformed(String),
+    /// The kube-apiserver refused the review request, which holds only the token and the
+    /// audiences: a `4xx` other than those about proxy-server itself ([`Answered::TokenRefused`]),
+    /// e.g. `400` "token is required" for an empty token.
+    #[error("the kube-apiserver refused to review the token ({status}): {message}")]
+    Rejected { status: u16, message: String },
 }
 
 impl Verdict {
@@ -118,6 +129,7 @@ impl Verdict {
             Verdict::Audience { .. } => "token_audience",
             Verdict::Account(_) => "token_account",
             Verdict::Malformed(_) => "token_review_malformed",
+            Verdict::Rejected { .. } => "token_invalid",
         }
     }
 }
@@ -132,7 +144,7 @@ pub fn verdict(body: &[u8], audiences: &[String], allowed: &[String]) -> Result<
     }
     let s = a.status;
     if !s.authenticated {
-        return Err(Verdict::Unauthenticated(s.error.chars().take(256).collect()));
+        return Err(Verdict::Unauthenticated(s.error.chars().take(TEXT_MAX).collect()));
     }
     // Asked with audiences, an authenticator that checked them answers the ones the token has
     // among them; none means it did not check, which is no answer to rely on.
@@ -148,28 +160,101 @@ pub fn verdict(body: &[u8], audiences: &[String], allowed: &[String]) -> Result<
         .map(|(ns, name)| Account { namespace: ns.to_owned(), name: name.to_owned() });
     match account {
         Some(acc) if allowed.iter().any(|p| acc.matches(p)) => Ok(acc),
-        _ => Err(Verdict::Account(s.user.username.chars().take(256).collect())),
+        _ => Err(Verdict::Account(s.user.username.chars().take(TEXT_MAX).collect())),
+    }
+}
+
+/// What the HTTP status of an answer to a review says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// `2xx`: a review; its body has the verdict ([`verdict`]).
+    Review,
+    /// A `4xx` about the request, which holds only the token and the audiences (`400`, `413`,
+    /// `422`, ...): the token is refused ([`Verdict::Rejected`]).
+    TokenRefused,
+    /// `401` or `403`: the kube-apiserver refuses proxy-server itself, its credentials or their
+    /// RBAC (`create` on `tokenreviews`). No word on the token.
+    Credentials,
+    /// `404` or `405`: no TokenReview API at that URL (it names something else).
+    NotFound,
+    /// `408`, `429`, `5xx`, or what no kube-apiserver answers (`1xx`, `3xx`): overloaded or
+    /// failing. No word on the token; try again later.
+    Unavailable,
+}
+
+/// What an answer with HTTP `status` says (see [`Answered`]).
+pub fn answered(status: u16) -> Answered {
+    match status {
+        200..=299 => Answered::Review,
+        401 | 403 => Answered::Credentials,
+        404 | 405 => Answered::NotFound,
+        408 | 429 => Answered::Unavailable,
+        400..=499 => Answered::TokenRefused,
+        _ => Answered::Unavailable,
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct KubeStatus {
+    #[serde(default)]
+    message: String,
+}
+
+/// The `message` of a kube-apiserver's `Status` answer (cut to 256 characters), else the start
+/// of the body as text: for logs and refusals, never trusted.
+pub fn status_message(body: &[u8]) -> String {
+    match serde_json::from_slice::<KubeStatus>(body) {
+        Ok(s) if !s.message.is_empty() => s.message.chars().take(TEXT_MAX).collect(),
+        _ => String::from_utf8_lossy(body.get(..body.len().min(TEXT_MAX * 4)).unwrap_or_default())
+            .chars()
+            .take(TEXT_MAX)
+            .collect(),
     }
 }
 
 #[derive(Deserialize)]
 struct Claims {
-    exp: Option<serde_json::Number>,
+    exp: Option<serde_json::Value>,
 }
 
-/// The `exp` claim (Unix seconds) of a JWT, read without verifying its signature: only to know
-/// when to review it again. `None` for anything that is not a JWT with a numeric `exp`.
-pub fn expiry(token: &str) -> Option<u64> {
+/// A token whose `exp` claim is there but is no time: not a number of Unix seconds from 0 to
+/// [`EXP_MAX`]. Its text (JSON, cut) says what it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the token's exp claim {0} is not a time (Unix seconds from 0 to {EXP_MAX})")]
+pub struct BadExpiry(pub String);
+
+/// The `exp` claim (Unix seconds, a fraction dropped) of a JWT, read without verifying its
+/// signature: only to know when to review it again. `Ok(None)` for a token that is not a JWT
+/// with a JSON payload, or has no `exp`; [`BadExpiry`] for an `exp` that is no time in range.
+pub fn expiry(token: &str) -> Result<Option<u64>, BadExpiry> {
     let mut parts = token.split('.');
-    let (_header, payload, _sig) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || payload.len() > 16 * 1024 {
-        return None;
+    let (Some(_header), Some(payload), Some(_sig), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Ok(None);
+    };
+    if payload.len() > 16 * 1024 {
+        return Ok(None);
     }
     let payload = payload.trim_end_matches('=');
-    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    let claims: Claims = serde_json::from_slice(&json).ok()?;
-    let exp = claims.exp?;
-    exp.as_u64().or_else(|| exp.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload) else { return Ok(None) };
+    let Ok(claims) = serde_json::from_slice::<Claims>(&json) else { return Ok(None) };
+    let bad = |v: &serde_json::Value| BadExpiry(v.to_string().chars().take(40).collect());
+    match claims.exp {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => {
+            let secs = match (n.as_u64(), n.as_f64()) {
+                (Some(u), _) => Some(u),
+                // Checked before the cast: `as` would saturate an out-of-range float to a bound.
+                (None, Some(f)) if f.is_finite() && (0.0..=EXP_MAX as f64).contains(&f) => Some(f as u64),
+                _ => None,
+            };
+            match secs {
+                Some(s) if s <= EXP_MAX => Ok(Some(s)),
+                _ => Err(bad(&serde_json::Value::Number(n))),
+            }
+        }
+        Some(other) => Err(bad(&other)),
+    }
 }
 
 #[cfg(test)]
@@ -247,20 +332,83 @@ mod tests {
 
     #[test]
     fn expiry_is_read_from_any_jwt_and_nothing_else() {
-        assert_eq!(expiry(&jwt(r#"{"aud":["seedgate"],"exp":1700000000,"iat":1}"#)), Some(1_700_000_000));
-        assert_eq!(expiry(&jwt(r#"{"exp":1700000000.5}"#)), Some(1_700_000_000));
-        assert_eq!(expiry(&jwt(r#"{"sub":"x"}"#)), None, "a legacy token without exp");
-        assert_eq!(expiry(&jwt(r#"{"exp":"soon"}"#)), None);
-        assert_eq!(expiry(&jwt(r#"{"exp":-5}"#)), None);
-        assert_eq!(expiry("a.b"), None);
-        assert_eq!(expiry("a.!!!.c"), None);
-        assert_eq!(expiry("a.b.c.d"), None);
-        assert_eq!(expiry(""), None);
+        assert_eq!(expiry(&jwt(r#"{"aud":["seedgate"],"exp":1700000000,"iat":1}"#)), Ok(Some(1_700_000_000)));
+        assert_eq!(expiry(&jwt(r#"{"exp":1700000000.5}"#)), Ok(Some(1_700_000_000)));
+        assert_eq!(expiry(&jwt(r#"{"exp":0}"#)), Ok(Some(0)));
+        assert_eq!(expiry(&jwt(&format!(r#"{{"exp":{EXP_MAX}}}"#))), Ok(Some(EXP_MAX)));
+        assert_eq!(expiry(&jwt(r#"{"sub":"x"}"#)), Ok(None), "a legacy token without exp");
+        assert_eq!(expiry(&jwt(r#"{"exp":null}"#)), Ok(None));
+        assert_eq!(expiry("a.b"), Ok(None));
+        assert_eq!(expiry("a.!!!.c"), Ok(None));
+        assert_eq!(expiry("a.b.c.d"), Ok(None));
+        assert_eq!(expiry(""), Ok(None));
+        assert_eq!(expiry(&jwt("not json")), Ok(None));
         // Cut anywhere before its signature: never a panic, never a value from half a token.
         let t = jwt(r#"{"exp":1700000000}"#);
         for i in 0..=t.rfind('.').unwrap() {
             let cut = t.get(..i).unwrap_or_default();
-            assert_eq!(expiry(cut), None, "{cut}");
+            assert_eq!(expiry(cut), Ok(None), "{cut}");
         }
+    }
+
+    /// An `exp` that is there and no time refuses the token: never a panic, never a clamp.
+    #[test]
+    fn an_exp_out_of_range_is_an_error() {
+        for exp in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "1e30",
+            "-1e30",
+            "253402300800",
+            "253402300800.5",
+            "-5",
+            "-0.5",
+            "\"soon\"",
+            "true",
+            "[1]",
+            "{}",
+        ] {
+            let got = expiry(&jwt(&format!(r#"{{"exp":{exp}}}"#)));
+            assert!(matches!(&got, Err(BadExpiry(text)) if text.len() <= 40), "exp {exp}: {got:?}");
+        }
+        let e = expiry(&jwt(r#"{"exp":1e30}"#)).unwrap_err();
+        assert_eq!(e.to_string(), "the token's exp claim 1e+30 is not a time (Unix seconds from 0 to 253402300799)");
+    }
+
+    #[test]
+    fn a_status_says_whose_fault_it_is() {
+        let rows = [
+            (200, Answered::Review),
+            (201, Answered::Review),
+            (400, Answered::TokenRefused),
+            (413, Answered::TokenRefused),
+            (422, Answered::TokenRefused),
+            (401, Answered::Credentials),
+            (403, Answered::Credentials),
+            (404, Answered::NotFound),
+            (405, Answered::NotFound),
+            (408, Answered::Unavailable),
+            (429, Answered::Unavailable),
+            (500, Answered::Unavailable),
+            (503, Answered::Unavailable),
+            (302, Answered::Unavailable),
+            (100, Answered::Unavailable),
+        ];
+        for (status, want) in rows {
+            assert_eq!(answered(status), want, "{status}");
+        }
+        assert_eq!(Verdict::Rejected { status: 400, message: String::new() }.label(), "token_invalid");
+    }
+
+    #[test]
+    fn a_status_message_is_read_and_cut() {
+        let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"token is required for TokenReview in authentication","reason":"BadRequest","code":400}"#;
+        assert_eq!(status_message(body), "token is required for TokenReview in authentication");
+        assert_eq!(status_message(b"<html>oops</html>"), "<html>oops</html>");
+        assert_eq!(status_message(&[b'x'; 5000]).len(), 256);
+        let long = format!(r#"{{"message":"{}"}}"#, "y".repeat(1000));
+        assert_eq!(status_message(long.as_bytes()).len(), 256);
+        assert_eq!(status_message(&[0xff, 0xfe]), "\u{fffd}\u{fffd}");
     }
 }

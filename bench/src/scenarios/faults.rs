@@ -18,14 +18,16 @@
 //! ends). The smoke run: a 4 s black hole and the two paths with 4 s of black, each transport.
 
 use super::{Ctx, record};
-use crate::report::{self, Better, FigureId, Kind, MetricId, Read, Results, at, fmt_num};
+use crate::report::{
+    self, Answer, Better, FigureId, Kind, Mark, MetricId, Moment, Read, Request, Results, Timeline, at, fmt_num,
+};
 use std::time::Duration;
 use testbed::faults::{Dialled, Outcome, Rig, RigOpts, dial, roundtrip};
 use testbed::link::{Dir, LinkOpts, Shape, Wan};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
-pub(super) const SC: &str = "faults";
+pub(crate) const SC: &str = "faults";
 /// The subnets of the two paths (10.94.0.0/30, 10.93.0.0/30), in the scenario's namespaces.
 const NET: u8 = 94;
 const NET2: u8 = 93;
@@ -139,6 +141,10 @@ struct Seen {
     dials: Vec<(Duration, Dialled)>,
     /// From the heal to the first served dial (`None`: none within [`AFTER`]).
     heal: Option<Duration>,
+    /// From the fault's start to the heal.
+    healed: Duration,
+    /// When the path was down (from the fault's start): one span, or one per down phase.
+    down: Vec<(Duration, Duration)>,
 }
 
 /// The figure's value from what was seen (`None`: not a figure of this fault or system).
@@ -175,6 +181,36 @@ fn slow_dials(seen: &Seen) -> Option<String> {
         })
         .collect();
     (!slow.is_empty()).then(|| slow.join("; "))
+}
+
+/// What `sys` went through during `fault`, over time: the chart of a fault draws it.
+fn timeline(fault: Fault, sys: &str, seen: &Seen) -> Timeline {
+    let s = |d: Duration| d.as_secs_f64();
+    let requests = (seen.dials.iter())
+        .map(|(at, d)| Request {
+            at: s(*at),
+            waited: s(d.waited()),
+            outcome: match d.outcome {
+                Outcome::Served => Answer::Served,
+                Outcome::Refused(..) => Answer::Refused,
+                Outcome::NoAnswer | Outcome::Failed(_) => Answer::Unanswered,
+            },
+        })
+        .collect();
+    let after_heal = [
+        (Some(Duration::ZERO), Moment::Healed),
+        (seen.resumed, Moment::StreamResumed),
+        (seen.heal, Moment::FirstServed),
+    ];
+    Timeline {
+        scenario: SC.to_owned(),
+        name: fault.name(),
+        system: sys.to_owned(),
+        kind: Kind::Seedgate,
+        down: seen.down.iter().map(|&(a, b)| (s(a), s(b))).collect(),
+        requests,
+        marks: (after_heal.into_iter()).filter_map(|(t, what)| Some(Mark { at: s(seen.healed + t?), what })).collect(),
+    }
 }
 
 /// Figure `f` of `fault`.
@@ -229,6 +265,9 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
                 let m = metric(res, fault, F_WAITED);
                 res.note_split(m, sys, Kind::Seedgate, &slow);
             }
+            if let Ok(seen) = &seen {
+                res.timelines.push(timeline(fault, sys, seen));
+            }
             if let Ok(Seen { direct: Some(resumed), .. }) = &seen {
                 let m = metric(res, fault, F_STREAM);
                 record(res, m, DIRECT, Kind::Direct, Ok(f64::from(u8::from(resumed.is_some()))));
@@ -243,6 +282,33 @@ pub(super) async fn run(ctx: &Ctx, res: &mut Results) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// When the path was down: the phases so far, and when the one under way began.
+#[derive(Debug, Default)]
+struct DownSpans {
+    spans: Vec<(Duration, Duration)>,
+    since: Option<Duration>,
+}
+
+impl DownSpans {
+    /// The path is `down` (or up) from `at` on.
+    fn set(&mut self, down: bool, at: Duration) {
+        match (down, self.since) {
+            (true, None) => self.since = Some(at),
+            (false, Some(from)) => {
+                self.spans.push((from, at));
+                self.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// The phases, the one under way ending at the heal, `at`.
+    fn end(mut self, at: Duration) -> Vec<(Duration, Duration)> {
+        self.set(false, at);
+        self.spans
+    }
 }
 
 /// A plain TCP connection across the link to the echo target, one round trip done.
@@ -277,6 +343,7 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
     let n = Duration::from_secs(fault.secs()).as_millis() / every.as_millis();
     let started = Instant::now();
     let mut dials = Vec::new();
+    let mut spans = DownSpans::default();
     for i in 0..n as u32 {
         let down = match fault {
             // Down for the first second, up for the next, and so on.
@@ -284,6 +351,7 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
             _ => true,
         };
         link.black_hole(dirs, down);
+        spans.set(down, started.elapsed());
         let front = rig.fronts[i as usize % rig.fronts.len()].clone();
         dials.push((started.elapsed(), tokio::spawn(dial(front, rig.echo.addr(), CLIENT_WAIT))));
         tokio::time::sleep_until(started + every * (i + 1)).await;
@@ -292,6 +360,7 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
     // From the heal, at once and side by side: dials until one is served, a round trip on the
     // open stream, and one on the direct connection.
     let healed = Instant::now();
+    let down = spans.end(healed - started);
     let first_served = async {
         while healed.elapsed() <= AFTER {
             let d = dial(rig.fronts[0].clone(), rig.echo.addr(), CLIENT_WAIT).await;
@@ -321,7 +390,7 @@ async fn observe(ctx: &Ctx, fault: Fault, quic: bool) -> anyhow::Result<Seen> {
     for (at, t) in dials {
         done.push((at, t.await?));
     }
-    Ok(Seen { resumed, direct, dials: done, heal })
+    Ok(Seen { resumed, direct, dials: done, heal, healed: healed - started, down })
 }
 
 /// The targets: per fault recorded, over h2 and QUIC.
@@ -370,5 +439,59 @@ pub(super) fn targets(t: &mut report::Targets<'_>) {
                 |v| v <= 1.0,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_down_phases_are_the_spans_between_a_dial_that_took_the_path_down_and_one_that_brought_it_up() {
+        let s = Duration::from_secs_f64;
+        let mut spans = DownSpans::default();
+        for (down, at) in [(true, 0.0), (true, 0.25), (false, 1.0), (false, 1.5), (true, 2.0), (true, 2.75)] {
+            spans.set(down, s(at));
+        }
+        assert_eq!(spans.end(s(3.1)), [(s(0.0), s(1.0)), (s(2.0), s(3.1))]);
+        assert_eq!(DownSpans::default().end(s(5.0)), [], "never down");
+    }
+
+    #[test]
+    fn a_timeline_has_every_dial_with_its_wait_and_the_moments_after_the_heal() {
+        let s = Duration::from_secs_f64;
+        let dial = |outcome, took, answered: Option<f64>| Dialled { outcome, took: s(took), answered: answered.map(s) };
+        let seen = Seen {
+            resumed: None,
+            direct: None,
+            dials: vec![
+                // Served: its wait is the CONNECT's answer, not the echo after it.
+                (s(0.0), dial(Outcome::Served, 0.9, Some(0.1))),
+                (s(0.25), dial(Outcome::Refused(503, "suspect".into()), 2.0, None)),
+                (s(0.5), dial(Outcome::NoAnswer, 4.0, None)),
+                (s(0.75), dial(Outcome::Failed("reset".into()), 0.01, None)),
+            ],
+            heal: Some(s(0.5)),
+            healed: s(4.0),
+            down: vec![(s(0.0), s(1.0)), (s(2.0), s(4.0))],
+        };
+        let t = timeline(Fault::Flap(4), H2, &seen);
+        assert_eq!(
+            (t.scenario.as_str(), t.name.as_str(), t.system.as_str()),
+            (SC, "flapping 4 s (1 s down, 1 s up)", H2)
+        );
+        assert_eq!(t.down, [(0.0, 1.0), (2.0, 4.0)]);
+        let got: Vec<(f64, f64, Answer)> = t.requests.iter().map(|r| (r.at, r.waited, r.outcome)).collect();
+        assert_eq!(
+            got,
+            [
+                (0.0, 0.1, Answer::Served),
+                (0.25, 2.0, Answer::Refused),
+                (0.5, 4.0, Answer::Unanswered),
+                (0.75, 0.01, Answer::Unanswered)
+            ]
+        );
+        // The open stream never came back: no mark for it.
+        assert_eq!(t.marks, [Mark { at: 4.0, what: Moment::Healed }, Mark { at: 4.5, what: Moment::FirstServed }]);
     }
 }

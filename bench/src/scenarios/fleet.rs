@@ -20,7 +20,7 @@
 //!   instance's time from the kill until it has lost its session to r1 and holds all three again
 //!   is taken on the agents' side (each instance's readiness, swept every 10 ms); the CPU the new
 //!   r1 used until then and the CPU sni-router used from the kill until then come from
-//!   /proc/<pid>/stat.
+//!   `/proc/<pid>/stat`.
 //!
 //! No anchor plays this role (konnectivity is not installed): the figures are seedgate's only,
 //! reported, never asserted.

@@ -17,9 +17,8 @@
 use super::{Ctx, record};
 use crate::report::{Better, Kind, Results};
 use anyhow::Context as _;
-use proxy_core::tunnel::{
-    AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, Incoming, Secret, TunnelSettings,
-};
+use proxy_core::tunnel::session::AgentSession;
+use proxy_core::tunnel::{AgentHandler, AgentHello, BoxFuture, ControlMsg, Incoming, Secret, TunnelSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +106,7 @@ async fn one_session(
     let st = stop.clone();
     let session = tokio::spawn(async move {
         let session = AgentSession { settings: &settings, handler, stop: st, tracker: TaskTracker::new() };
-        proxy_core::tunnel::run_agent_session(Box::new(conn), session).await
+        proxy_core::tunnel::session::run_agent_session(Box::new(conn), session).await
     });
     let waited = tokio::time::timeout(STEP, admitted.notified()).await;
     let took = started.elapsed();

@@ -58,11 +58,11 @@ const DIRECT_CUBIC: &str = "direct TCP (cubic)";
 
 /// One path: round-trip time, rate, random loss (each direction).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Profile {
-    rtt_ms: u32,
-    mbit: f64,
+pub(crate) struct Profile {
+    pub rtt_ms: u32,
+    pub mbit: f64,
     /// Per cent of packets lost, each direction.
-    loss_pct: f64,
+    pub loss_pct: f64,
 }
 
 impl Profile {
@@ -75,7 +75,7 @@ impl Profile {
     }
 
     /// The profile a metric name starts with (`<profile>: <figure>`).
-    fn parse(metric: &str) -> Option<Self> {
+    pub(crate) fn parse(metric: &str) -> Option<Self> {
         let (p, _) = metric.split_once(": ")?;
         let mut parts = p.split(", ");
         let rtt_ms = parts.next()?.strip_suffix(" ms")?.parse().ok()?;
@@ -255,6 +255,8 @@ struct Rows {
 const F_IDLE: &str = "1-byte round trip, idle, p50";
 const F_UP: &str = "one stream up";
 const F_DOWN: &str = "one stream down";
+/// One stream up and one stream down, per profile (the WAN chart draws them).
+pub(crate) const ONE_STREAM: [FigureId; 2] = [FigureId::new(SC, F_UP), FigureId::new(SC, F_DOWN)];
 const F_AGG16: &str = "16 streams down, aggregate";
 const F_SLOW16: &str = "16 streams down, slowest stream";
 const F_AGG64: &str = "64 streams down, aggregate";

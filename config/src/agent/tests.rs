@@ -123,7 +123,7 @@ fn stream_windows_default_per_transport_and_a_given_one_holds_for_both() {
     let windows = |extra: &str| {
         let c = parse(&format!("{base}{extra}"), "f.yaml").unwrap();
         let t = c.tunnel.unwrap();
-        crate::common::stream_windows(t.stream_window, t.connection_window)
+        t.session().stream_windows()
     };
     assert_eq!(windows(""), (512 * 1024, 1024 * 1024), "h2 and QUIC defaults");
     assert_eq!(windows("  stream_window: 65535\n"), (65_535, 65_535));
@@ -207,11 +207,12 @@ fn semantic_errors_are_all_reported_with_lines_and_fields() {
     let has = |s: &str| e.iter().any(|p| p.contains(s));
     assert!(!has("api.local"), "a host name is a valid listen address: {e:#?}");
     assert!(has("f.yaml:7:7: apiserver_proxy.listen[2]: 10.1.2.3:443 is listed twice"), "{e:#?}");
-    assert!(has("f.yaml:4:3: apiserver_proxy.destination: required in http-connect"), "{e:#?}");
-    assert!(has("apiserver_proxy.destination_header: \"Bad Header\""), "{e:#?}");
-    assert!(has("apiserver_proxy.retries: must be between 1 and 16"), "{e:#?}");
-    assert!(has("limits.max_connections"), "{e:#?}");
-    assert!(has("timeouts.handshake: must be positive"), "{e:#?}");
+    assert!(has("f.yaml:3:1: apiserver_proxy.destination: required in http-connect"), "{e:#?}");
+    assert!(has("(not in the file: shown at apiserver_proxy)"), "a default is shown at its section: {e:#?}");
+    assert!(has("f.yaml:10:23: apiserver_proxy.destination_header: \"Bad Header\""), "{e:#?}");
+    assert!(has("f.yaml:11:12: apiserver_proxy.retries: must be between 1 and 16"), "{e:#?}");
+    assert!(has("f.yaml:1:28: limits.max_connections"), "{e:#?}");
+    assert!(has("f.yaml:2:24: timeouts.handshake: must be positive"), "{e:#?}");
     assert_eq!(e.len(), 6, "{e:#?}");
 }
 

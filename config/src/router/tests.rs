@@ -87,11 +87,14 @@ fn unknown_field_names_line_and_field() {
 fn semantic_errors_are_all_reported_with_lines() {
     let y = "listeners:\n  - name: a\n    listen: 127.0.0.1:1\n    default_route: nope\n    routes:\n      - name: r\n        sni: [a.example, 'bad name']\n        upstreams: []\n      - name: r\n        sni: [A.example.]\n        upstreams: [x:1]\n";
     let e = problems(y);
-    assert!(e.iter().any(|p| p.contains("f.yaml:6:15: listeners[0].routes[0].upstreams")), "{e:#?}");
-    assert!(e.iter().any(|p| p.contains("routes[0].sni[1]")), "{e:#?}");
+    assert!(e.iter().any(|p| p.contains("f.yaml:8:9: listeners[0].routes[0].upstreams")), "{e:#?}");
+    assert!(e.iter().any(|p| p.contains("f.yaml:7:26: listeners[0].routes[0].sni[1]")), "{e:#?}");
     assert!(e.iter().any(|p| p.contains("f.yaml:9:15: listeners[0].routes[1].name: duplicate")), "{e:#?}");
-    assert!(e.iter().any(|p| p.contains("routes[1].sni[0]") && p.contains("another route")), "{e:#?}");
-    assert!(e.iter().any(|p| p.contains("default_route")), "{e:#?}");
+    assert!(
+        e.iter().any(|p| p.contains("f.yaml:10:15: listeners[0].routes[1].sni[0]") && p.contains("another route")),
+        "{e:#?}"
+    );
+    assert!(e.iter().any(|p| p.contains("f.yaml:4:20: listeners[0].default_route: no route")), "{e:#?}");
 }
 
 #[test]
@@ -149,7 +152,7 @@ fn route_files_are_validated_alone_then_cross_checked() {
 fn route_file_problems() {
     let e =
         parse_route_file("routes:\n  - name: a\n    sni: [a.example]\n    upstreams: [x:1]\n", "f.yaml").unwrap_err();
-    assert!(e.to_string().contains("f.yaml:2:11: routes[0].listener: name the listener"), "{e}");
+    assert!(e.to_string().contains("f.yaml:2:5: routes[0].listener: name the listener this route belongs to (not in the file: shown at routes[0])"), "{e}");
     let y = "routes:\n  - listener: gw\n    name: a\n    sni: [a.example]\n    upstreams: [x:1]\n  - listener: gw\n    name: a\n    sni: [a.example]\n    upstreams: []\n";
     let e = parse_route_file(y, "f.yaml").unwrap_err().to_string();
     assert!(e.contains("f.yaml:7:11: routes[1].name: duplicate route name"), "{e}");
@@ -196,7 +199,7 @@ fn udp_listeners_refuse_what_quic_cannot_carry() {
     for key in [
         "listeners[0].proxy_protocol: a udp listener takes no PROXY protocol",
         "listeners[0].max_connections: a udp listener has flows",
-        "f.yaml:9:15: listeners[0].routes[0].destination: a udp listener routes by SNI only",
+        "f.yaml:10:9: listeners[0].routes[0].destination: a udp listener routes by SNI only",
         "listeners[0].routes[1].connect: a udp listener routes by SNI only",
         "listeners[0].routes[2].send_proxy_protocol",
     ] {

@@ -55,13 +55,15 @@ default_fn! {
     review_cache_size_default: usize = 4096;
     review_timeout_default: Dur = Dur::secs(5);
     review_in_flight_default: usize = 8;
+    review_grace_default: Dur = Dur::secs(300);
 }
 
 /// How ServiceAccount tokens are reviewed (`agents.token_review`): the defaults of every
-/// cluster's `token_review`, and the review cache.
+/// cluster's `token_review`, the review cache, and how long a live session may go without an
+/// answer. A reload applies to new sessions and to the next review of live ones.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"))]
+#[schemars(extend("x-reload" = "live"))]
 pub struct TokenReviews {
     /// The audiences a token must have one of (the review's `spec.audiences`; the agent's
     /// projected volume names one of them). Default `[seedgate]`.
@@ -71,24 +73,39 @@ pub struct TokenReviews {
     /// for every account of a namespace. Default `[kube-system/proxy-agent]`.
     #[serde(default = "review_accounts_default")]
     pub service_accounts: Vec<String>,
-    /// How long a positive review of a token is reused for new sessions with the same token
-    /// (never past the token's expiry). `0s`: every session is reviewed. Default `10s`.
+    /// How long a review's answer is reused for the same token and question: a yes for new
+    /// sessions with that token (never past the token's expiry), a no (not authenticated, another
+    /// audience or account, a refused request) for any session presenting it. `0s`: every token
+    /// is asked about. Default `10s`.
     #[serde(default = "review_cache_ttl_default")]
     pub cache_ttl: Dur,
-    /// Most positive reviews kept; the oldest make room. Default `4096`.
+    /// Most review answers kept (yes and no); the oldest make room. Default `4096`.
     #[serde(default = "review_cache_size_default")]
     #[schemars(range(min = 1, max = 1048576))]
     pub cache_size: usize,
     /// A whole review: connect, TLS handshake, answer. Past it the kube-apiserver counts as not
-    /// answering: a new session is refused (`token_review_unavailable`), a live one is left
-    /// alone and reviewed again later. Default `5s`.
+    /// answering: a new session is refused (`token_review_unavailable`), a live one is reviewed
+    /// again 10s later, within `grace`. Default `5s`.
     #[serde(default = "review_timeout_default")]
     pub timeout: Dur,
-    /// Reviews in flight at once to one cluster's kube-apiserver; more wait for a place (within
-    /// `timeout`). Default `8`.
+    /// Reviews in flight at once to one cluster's kube-apiserver for new sessions, and as many
+    /// again for live sessions' reviews (a renewed or expiring token), which new sessions never
+    /// hold up. New sessions' reviews held at once (in flight, or waiting for a place within
+    /// `timeout`) are at most twice this per cluster, and one source address holds at most an
+    /// eighth of those once they are all taken (up to half while the rest is free); a session
+    /// over either is refused at once as `token_review_busy`. Default `8`.
     #[serde(default = "review_in_flight_default")]
     #[schemars(range(min = 1, max = 1024))]
     pub max_in_flight: usize,
+    /// How long past its token's `exp` a live session stays while no review answers (the
+    /// kube-apiserver down, overloaded, or refusing proxy-server's own credentials: `401`,
+    /// `403`, `429`, `5xx`, no connection); then it ends (`token_review_unavailable`), once the
+    /// review under way then, if any, has found no answer within `timeout`. Long enough to ride
+    /// out a kube-apiserver's restart, short enough that a stolen token is not kept alive by an
+    /// outage. `0s`: a session ends at its token's `exp` unless the review then (of a renewed
+    /// token, or of its own) says yes. At most `24h`. Default `5m`.
+    #[serde(default = "review_grace_default")]
+    pub grace: Dur,
 }
 
 impl Default for TokenReviews {
@@ -100,14 +117,17 @@ impl Default for TokenReviews {
             cache_size: review_cache_size_default(),
             timeout: review_timeout_default(),
             max_in_flight: review_in_flight_default(),
+            grace: review_grace_default(),
         }
     }
 }
 
-/// Where and how a cluster's agents' tokens are reviewed (`clusters.<name>.token_review`).
+/// Where and how a cluster's agents' tokens are reviewed (`clusters.<name>.token_review`). A
+/// reload applies to new sessions and to the next review of live ones; removing it ends the
+/// cluster's sessions that came in with a token alone.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("x-reload" = "new sessions"))]
+#[schemars(extend("x-reload" = "live"))]
 pub struct TokenReview {
     /// The cluster's kube-apiserver: `https://host[:port]` (port default 443). Reviews are
     /// `POST /apis/authentication.k8s.io/v1/tokenreviews` there.
@@ -171,18 +191,14 @@ fn validate_lists(key: &str, audiences: Option<&[String]>, accounts: Option<&[St
     if let Some(a) = audiences
         && (a.is_empty() || a.iter().any(|a| a.is_empty()))
     {
-        p.push((0, 0), format!("{key}.audiences"), "give at least one audience, none empty");
+        p.push(format!("{key}.audiences"), "give at least one audience, none empty");
     }
     if let Some(a) = accounts {
         if a.is_empty() {
-            p.push((0, 0), format!("{key}.service_accounts"), "give at least one <namespace>/<name>");
+            p.push(format!("{key}.service_accounts"), "give at least one <namespace>/<name>");
         }
         for s in a.iter().filter(|s| !valid_account_pattern(s)) {
-            p.push(
-                (0, 0),
-                format!("{key}.service_accounts"),
-                format!("{s:?} is not <namespace>/<name> or <namespace>/*"),
-            );
+            p.push(format!("{key}.service_accounts"), format!("{s:?} is not <namespace>/<name> or <namespace>/*"));
         }
     }
 }
@@ -191,29 +207,30 @@ pub(super) fn validate_reviews(r: &TokenReviews, p: &mut Problems) {
     let key = "agents.token_review";
     validate_lists(key, Some(&r.audiences), Some(&r.service_accounts), p);
     if r.timeout.get().is_zero() {
-        p.push((0, 0), format!("{key}.timeout"), "must be positive");
+        p.push(format!("{key}.timeout"), "must be positive");
     }
     if !(1..=1 << 20).contains(&r.cache_size) {
-        p.push((0, 0), format!("{key}.cache_size"), "must be between 1 and 1048576");
+        p.push(format!("{key}.cache_size"), "must be between 1 and 1048576");
     }
     if !(1..=1024).contains(&r.max_in_flight) {
-        p.push((0, 0), format!("{key}.max_in_flight"), "must be between 1 and 1024");
+        p.push(format!("{key}.max_in_flight"), "must be between 1 and 1024");
+    }
+    if r.grace.get() > std::time::Duration::from_secs(24 * 3600) {
+        p.push(format!("{key}.grace"), "must be at most 24h");
     }
 }
 
 pub(super) fn validate_review(key: &str, t: &TokenReview, p: &mut Problems) {
     if t.authority().is_none() {
-        p.push((0, 0), format!("{key}.url"), format!("{:?} is not https://host[:port]", t.url));
+        p.push(format!("{key}.url"), format!("{:?} is not https://host[:port]", t.url));
     }
     match (&t.token_file, &t.cert, &t.key) {
         (Some(_), None, None) | (None, Some(_), Some(_)) => {}
-        (None, None, None) => p.push(
-            (0, 0),
-            key.to_owned(),
-            "give proxy-server's credentials at the kube-apiserver: token_file, or cert and key",
-        ),
-        (Some(_), _, _) => p.push((0, 0), format!("{key}.token_file"), "give token_file or cert and key, not both"),
-        (None, _, _) => p.push((0, 0), format!("{key}.cert"), "give cert and key together"),
+        (None, None, None) => {
+            p.push(key.to_owned(), "give proxy-server's credentials at the kube-apiserver: token_file, or cert and key")
+        }
+        (Some(_), _, _) => p.push(format!("{key}.token_file"), "give token_file or cert and key, not both"),
+        (None, _, _) => p.push(format!("{key}.cert"), "give cert and key together"),
     }
     validate_lists(key, t.audiences.as_deref(), t.service_accounts.as_deref(), p);
 }

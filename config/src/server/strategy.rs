@@ -32,9 +32,9 @@ pub(super) fn proxy_strategies_default() -> Vec<ProxyStrategy> {
 
 pub(super) fn validate_strategies(key: &str, s: &[ProxyStrategy], p: &mut Problems) {
     if s.is_empty() {
-        p.push((0, 0), key, "give at least one of dest_host, default_route, default");
+        p.push(key, "give at least one of dest_host, default_route, default");
     }
     if s.iter().enumerate().any(|(i, x)| s[..i].contains(x)) {
-        p.push((0, 0), key, "a strategy is listed twice");
+        p.push(key, "a strategy is listed twice");
     }
 }

@@ -5,7 +5,7 @@ fn cluster_files() {
     let c = parse_cluster_file("clusters:\n  shoot-a: { state: fenced }\n", "a.yaml").unwrap();
     assert_eq!(c["shoot-a"].state, ClusterMode::Fenced);
     let e = parse_cluster_file("clusters:\n  a: { state: active, move_to: [x:1] }\n", "a.yaml").unwrap_err();
-    assert!(e.to_string().contains("a.yaml: clusters.a.move_to: move_to only applies"), "{e}");
+    assert!(e.to_string().contains("a.yaml:2:23: clusters.a.move_to: move_to only applies"), "{e}");
     assert!(parse_cluster_file("clusterz: {}\n", "a.yaml").is_err());
 }
 
@@ -216,8 +216,9 @@ fn token_agents_and_revocation_lists() {
     assert_eq!(c.agents.auth, AgentAuth::Token);
     assert_eq!(c.clusters["a"].token_review.as_ref().unwrap().authority(), Some(("kas.shoot-a".into(), 6443)));
     assert_eq!(c.agents.token_review.audiences, ["seedgate"]);
+    assert_eq!(c.agents.token_review.grace.get(), std::time::Duration::from_secs(300));
     let y = format!(
-        "{base}, crl: l.pem }}, token_review: {{ audiences: [], service_accounts: [nobody] }} }}\nclusters:\n  a: {{ agent_auth: token }}\n  b: {{ agent_auth: mtls_and_token, token_review: {{ url: 'http://x', ca: c, token_file: t, cert: c, key: k }} }}\n"
+        "{base}, crl: l.pem }}, token_review: {{ audiences: [], service_accounts: [nobody], grace: 25h }} }}\nclusters:\n  a: {{ agent_auth: token }}\n  b: {{ agent_auth: mtls_and_token, token_review: {{ url: 'http://x', ca: c, token_file: t, cert: c, key: k }} }}\n"
     );
     let e = parse(&y, "s.yaml").unwrap_err().to_string();
     for want in [
@@ -225,6 +226,7 @@ fn token_agents_and_revocation_lists() {
         "agents.tls.crl: revocation lists apply to client certificates",
         "agents.token_review.audiences",
         "agents.token_review.service_accounts: \"nobody\"",
+        "agents.token_review.grace: must be at most 24h",
         "clusters.a.agent_auth: the agents listener requires a client certificate",
         "clusters.a.token_review: agent_auth token needs",
         "clusters.b.token_review.url",
@@ -275,6 +277,29 @@ mod every_problem {
         assert!(e.iter().any(|p| p.contains("frontends[0].listen: invalid address")), "{e:#?}");
         assert!(e.iter().any(|p| p.contains("limits.max_connections: must be at least 1")), "{e:#?}");
         assert_eq!(e.len(), 3, "{e:#?}");
+    }
+
+    /// Problems found after the parse (bounds, rules between keys) point at the key they name,
+    /// in every section; one about a key left out (its default) points at the nearest section
+    /// that is in the file and says so.
+    #[test]
+    fn problems_found_after_the_parse_point_at_their_keys() {
+        let y = "limits:\n  max_connections: 0\n  tenant_share: 2\nagents:\n  listen: 127.0.0.1:1\n  tls: { cert: c, key: k, client_ca: ca }\n  keepalive:\n    timeout: 0s\n  stream_window: 65534\n  token_review: { cache_size: 0 }\n  peers_interval: 10ms\nclusters:\n  shoot-a:\n    state: active\n    move_to: [seed-b:8132]\n    agent_auth: mtls_and_token\n";
+        let e = problems(y);
+        for want in [
+            "s.yaml:2:20: limits.max_connections: must be at least 1",
+            "s.yaml:3:17: limits.tenant_share: must be a fraction",
+            "s.yaml:8:14: agents.keepalive.timeout: must be positive",
+            "s.yaml:9:18: agents.stream_window: must be between",
+            "s.yaml:10:31: agents.token_review.cache_size: must be between",
+            "s.yaml:11:19: agents.peers_interval: must be at least 1s",
+            "s.yaml:15:5: clusters.shoot-a.move_to: move_to only applies to state draining",
+            "s.yaml:13:3: clusters.shoot-a.token_review: agent_auth mtls_and_token needs the kube-apiserver that reviews \
+             the agents' tokens (not in the file: shown at clusters.shoot-a)",
+        ] {
+            assert!(e.iter().any(|p| p.starts_with(want)), "{want}: {e:#?}");
+        }
+        assert_eq!(e.len(), 8, "{e:#?}");
     }
 
     #[test]

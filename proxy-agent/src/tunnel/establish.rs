@@ -1,14 +1,24 @@
-//! Establishing one tunnel session: TCP and TLS for h2, or QUIC (addresses tried in turn), each within the dial timeout, and why it failed, typed.
+//! Establishing one tunnel session: TCP and TLS for h2, or QUIC (addresses tried in turn), each within the dial timeout, and why it failed, typed; and the settings the session runs with.
 
 use super::Tunnel;
-use super::dial::settings;
-use proxy_core::tunnel::quic;
-use proxy_core::tunnel::{ALPN_V1, AgentConnection};
+use proxy_core::tunnel::session::AgentConnection;
+use proxy_core::tunnel::{ALPN_V1, TunnelSettings, h2, quic};
 use seedgate_config::HostPort;
+use seedgate_config::agent::Tunnel as TunnelCfg;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_rustls::TlsConnector;
+
+/// The agent's session settings: the keys both ends share, and the agent's own stream limit and
+/// UDP receive offload.
+pub(super) fn settings(cfg: &TunnelCfg) -> TunnelSettings {
+    TunnelSettings {
+        max_streams: cfg.max_streams as u32 + 16,
+        receive_offload: cfg.quic_gro,
+        ..TunnelSettings::new(&cfg.session(), cfg.quic_congestion_control)
+    }
+}
 
 /// Why a tunnel session could not be established (the slot logs it and tries again).
 #[derive(Debug, thiserror::Error)]
@@ -101,13 +111,9 @@ pub(super) async fn establish(
     let (tcp, addr) = connect_staggered(target, timeout)
         .await
         .map_err(|source| EstablishError::Connect { target: target.clone(), source })?;
-    let probe_every = super::dial::settings(&cfg).ping_every();
+    let probe_every = settings(&cfg).ping_every();
     proxy_core::net::tune_session_socket(&tcp, cfg.keepalive.timeout.get(), probe_every, cfg.tcp_notsent_lowat);
-    let tcp = proxy_core::tunnel::session_socket::SessionSocket::new(
-        tcp,
-        cfg.tcp_inflight_bound,
-        Some(t.metrics.inflight.clone()),
-    );
+    let tcp = h2::SessionSocket::new(tcp, cfg.tcp_inflight_bound, Some(t.metrics.inflight.clone()));
     let name = cfg.tls.server_name.clone().unwrap_or_else(|| target.host.clone());
     let sni = rustls::pki_types::ServerName::try_from(name.clone())
         .map_err(|source| EstablishError::ServerName { name, source })?;

@@ -1,10 +1,12 @@
 //! The tunnel's metrics: per server (sessions, reconnects, moves, replicas, transport) and per stream (dials, bytes, limits).
 
-use super::machine::Carrier;
-use proxy_core::obs::metrics::{counter_vec, gauge, gauge_vec, seconds_histogram};
+use super::machine::events::Carrier;
+use super::machine::notes::Metric;
+use proxy_core::obs::metrics::{at_zero, counter_vec, gauge, gauge_vec, seconds_histogram};
 use proxy_core::prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
-use proxy_core::tunnel::congestion::CongestionStats;
-use proxy_core::tunnel::session_socket::InflightStats;
+use proxy_core::tunnel::h2::InflightStats;
+use proxy_core::tunnel::quic::congestion::CongestionStats;
+use proxy_wire::tunnel::DialError;
 
 #[derive(Clone)]
 pub(crate) struct TunnelMetrics {
@@ -16,9 +18,10 @@ pub(crate) struct TunnelMetrics {
 
 impl TunnelMetrics {
     pub(crate) fn new(reg: &Registry) -> Self {
+        let stream = StreamMetrics::new(reg);
         Self {
-            session: SessionMetrics::new(reg),
-            stream: StreamMetrics::new(reg),
+            session: SessionMetrics::new(reg, &stream.streams_opened),
+            stream,
             inflight: InflightStats::new(reg),
             quic_congestion: CongestionStats::new(reg),
         }
@@ -39,12 +42,15 @@ pub(crate) struct SessionMetrics {
     pub suspect: IntCounterVec,
     pub replaced: IntCounterVec,
     pub storms_avoided: IntCounterVec,
+    /// [`StreamMetrics::streams_opened`], whose series a slot has from the start too.
+    streams_opened: IntCounterVec,
 }
 
 impl SessionMetrics {
-    fn new(reg: &Registry) -> Self {
+    fn new(reg: &Registry, streams_opened: &IntCounterVec) -> Self {
         let server = &["server"];
         Self {
+            streams_opened: streams_opened.clone(),
             sessions: gauge_vec(
                 reg,
                 "seedgate_tunnel_sessions_connected",
@@ -128,7 +134,7 @@ pub(crate) struct StreamMetrics {
 
 impl StreamMetrics {
     fn new(reg: &Registry) -> Self {
-        Self {
+        let m = Self {
             streams_active: gauge(reg, "seedgate_tunnel_streams_active", "Tunnel streams open now."),
             streams_opened: counter_vec(
                 reg,
@@ -160,8 +166,29 @@ impl StreamMetrics {
                 "Streams refused because a limit was reached, by limit.",
                 &["limit"],
             ),
-        }
+        };
+        // Every label value these take is known: each series is exported from the start.
+        at_zero(&m.bytes, &[&["to_shoot", "to_seed"]]);
+        at_zero(&m.dial_seconds, &[&["ok", "failed"]]);
+        at_zero(&m.dial_failures, &[&DialError::AGENT_CODES]);
+        at_zero(&m.limit_hits, &[&["max_streams"]]);
+        m
     }
+}
+
+/// A slot's series at 0 from its start (the transport gauges too: no session is up).
+fn zero_slot(m: &SessionMetrics, label: &str, name: &str) {
+    let transports = [Carrier::H2, Carrier::Quic].map(Carrier::as_str);
+    at_zero(&m.transport, &[&[label], &transports]);
+    at_zero(&m.reconnects, &[&[label], &["ok", "failed"]]);
+    for (from, to) in [(Carrier::Quic, Carrier::H2), (Carrier::H2, Carrier::Quic)] {
+        at_zero(&m.transport_changes, &[&[label], &[from.as_str()], &[to.as_str()]]);
+    }
+    for c in [&m.moves, &m.suspect, &m.replaced, &m.storms_avoided, &m.streams_opened] {
+        at_zero(c, &[&[label]]);
+    }
+    let _ = m.sessions.with_label_values(&[label]);
+    let _ = m.duplicates.with_label_values(&[name]);
 }
 
 /// One slot's series (labelled by the slot's label; duplicates by the configured name). Each
@@ -175,11 +202,27 @@ pub(super) struct SlotMetrics {
 
 impl SlotMetrics {
     pub(super) fn new(m: &SessionMetrics, label: &str, name: &str) -> Self {
+        zero_slot(m, label, name);
         Self { m: m.clone(), label: label.to_owned(), name: name.to_owned() }
     }
 
+    /// Perform one of the slot machine's metric notes.
+    pub(super) fn record(&self, metric: Metric) {
+        match metric {
+            Metric::Up(over) => self.up(over),
+            Metric::Down => self.down(),
+            Metric::Reconnect { ok } => self.reconnect(ok),
+            Metric::TransportChange { from, to } => self.transport_change(from, to),
+            Metric::Move => self.moved(),
+            Metric::Suspect => self.suspect(),
+            Metric::Replaced => self.replaced(),
+            Metric::StormAvoided => self.storm_avoided(),
+            Metric::Duplicate => self.duplicate(),
+        }
+    }
+
     /// The slot's session is up over `over`.
-    pub(super) fn up(&self, over: Carrier) {
+    fn up(&self, over: Carrier) {
         self.m.sessions.with_label_values(&[&self.label]).set(1);
         for c in [Carrier::H2, Carrier::Quic] {
             self.m.transport.with_label_values(&[&self.label, c.as_str()]).set(i64::from(c == over));
@@ -187,33 +230,33 @@ impl SlotMetrics {
     }
 
     /// The slot has no session up.
-    pub(super) fn down(&self) {
+    fn down(&self) {
         self.m.sessions.with_label_values(&[&self.label]).set(0);
     }
 
     /// A reconnect attempt ended: its session came up (`ok`), or it failed before that.
-    pub(super) fn reconnect(&self, ok: bool) {
+    fn reconnect(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.m.reconnects.with_label_values(&[&self.label, result]).inc();
     }
 
-    pub(super) fn transport_change(&self, from: Carrier, to: Carrier) {
+    fn transport_change(&self, from: Carrier, to: Carrier) {
         self.m.transport_changes.with_label_values(&[&self.label, from.as_str(), to.as_str()]).inc();
     }
 
-    pub(super) fn moved(&self) {
+    fn moved(&self) {
         self.m.moves.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn suspect(&self) {
+    fn suspect(&self) {
         self.m.suspect.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn replaced(&self) {
+    fn replaced(&self) {
         self.m.replaced.with_label_values(&[&self.label]).inc();
     }
 
-    pub(super) fn storm_avoided(&self) {
+    fn storm_avoided(&self) {
         self.m.storms_avoided.with_label_values(&[&self.label]).inc();
     }
 
@@ -222,7 +265,7 @@ impl SlotMetrics {
         [&self.m.suspect, &self.m.replaced, &self.m.storms_avoided].map(|c| c.with_label_values(&[&self.label]).get())
     }
 
-    pub(super) fn duplicate(&self) {
+    fn duplicate(&self) {
         self.m.duplicates.with_label_values(&[&self.name]).inc();
     }
 

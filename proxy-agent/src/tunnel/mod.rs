@@ -1,13 +1,13 @@
 //! The agent end of the reverse tunnel: outbound sessions to every replica behind each configured server name (re-homed make-before-break), and dials within the allowlist.
 
-mod dial;
 mod establish;
 mod machine;
 mod metrics;
+mod session;
 mod slot;
 mod stream;
 
-pub(crate) use dial::node_name;
+pub(crate) use session::node_name;
 pub(crate) use slot::slot_label;
 
 use crate::replicas::Replicas;
@@ -46,9 +46,12 @@ pub(crate) struct Tunnel {
     /// This run of the agent (random, in every session's hello): a seed lets a session of a new
     /// run supersede those of an earlier run of the same node, which may be dead without a word.
     instance: String,
-    /// The ServiceAccount token of `tunnel.token_file` as last read: live sessions send each
-    /// new one to their server.
+    /// The ServiceAccount token of `tunnel.token_file` as last read (empty: it held none):
+    /// live sessions send each new value to their server, an empty one included.
     token: tokio::sync::watch::Sender<Secret>,
+    /// Held while the file is read and `token` set, so that a slower read never replaces a
+    /// newer one: `token` is always what the file held last.
+    reading: Mutex<()>,
     /// The dials of the last minutes, by [`DIAL_RESULTS`] (the status page's).
     pub dials: PerMinute<{ DIAL_RESULTS.len() }>,
 }
@@ -69,21 +72,21 @@ pub(crate) fn count_dial(t: &Tunnel, code: &str) {
 const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The token in `tunnel.token_file` (surrounding whitespace trimmed); empty when there is no
-/// such file, or it cannot be read (logged when `warn`: the server then refuses the session,
-/// saying why).
+/// such file, or it holds none, or it cannot be read (logged when `warn`: the server then
+/// refuses the session as `token_required`, saying why).
 pub(crate) fn read_token(cfg: &TunnelCfg, warn: bool) -> Secret {
     let Some(file) = &cfg.token_file else { return Secret::default() };
     match std::fs::read_to_string(file) {
         Ok(t) if !t.trim().is_empty() => Secret::new(t.trim()),
         Ok(_) => {
             if warn {
-                tracing::warn!(%file, "tunnel.token_file is empty: the session goes without a token");
+                tracing::warn!(%file, "tunnel.token_file holds no token: this session goes without one");
             }
             Secret::default()
         }
         Err(e) => {
             if warn {
-                tracing::warn!(%file, error = %e, "tunnel.token_file cannot be read: the session goes without a token");
+                tracing::warn!(%file, error = %e, "tunnel.token_file cannot be read: this session goes without a token");
             }
             Secret::default()
         }
@@ -142,6 +145,7 @@ impl Tunnel {
             names: Mutex::new(Vec::new()),
             run: Mutex::new(None),
             token,
+            reading: Mutex::new(()),
             kill,
             instance: format!("{:016x}", rand::random::<u64>()),
             dials: PerMinute::default(),
@@ -183,35 +187,6 @@ impl Tunnel {
         Ok(())
     }
 
-    /// Start the loop that keeps a session to each replica behind `server`.
-    fn add_name(self: &Arc<Self>, server: HostPort, stop: &CancellationToken, tracker: &TaskTracker) {
-        let name = server.to_string();
-        let m = &self.metrics.session;
-        let replicas = Arc::new(Replicas::new(
-            name.clone(),
-            m.server_sessions.with_label_values(&[&name]),
-            m.server_sessions_expected.with_label_values(&[&name]),
-        ));
-        let stop = stop.child_token();
-        self.names.lock().push(Name { configured: server.clone(), replicas: replicas.clone(), stop: stop.clone() });
-        tokio::spawn(slot::name_loop(self.clone(), replicas, server, stop, tracker.clone()));
-    }
-
-    /// A removed name's gauges go (its counters stay: they are history).
-    fn forget_metrics(&self, n: &Name) {
-        let m = &self.metrics.session;
-        let name = n.configured.to_string();
-        let _ = m.server_sessions.remove_label_values(&[&name]);
-        let _ = m.server_sessions_expected.remove_label_values(&[&name]);
-        for slot in 0..n.replicas.slots() {
-            let label = slot::slot_label(&name, slot);
-            let _ = m.sessions.remove_label_values(&[&label]);
-            for transport in ["h2", "quic"] {
-                let _ = m.transport.remove_label_values(&[&label, transport]);
-            }
-        }
-    }
-
     /// One check per configured server name: ready while a session is up, "degraded" while
     /// fewer replicas than announced are reached.
     pub(crate) fn ready_checks(&self) -> Vec<proxy_core::obs::admin::Check> {
@@ -239,7 +214,8 @@ impl Tunnel {
     }
 
     /// Read `tunnel.token_file` (the one the config in force names) every [`TOKEN_POLL`], and
-    /// hand a changed token to the live sessions.
+    /// hand a changed token to the live sessions; an emptied or removed file too, which ends
+    /// them (an agent never stays on a token its file no longer holds).
     async fn follow_token(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(TOKEN_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -248,19 +224,11 @@ impl Tunnel {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let cfg = self.cfg.load_full();
-            if cfg.token_file.is_none() {
+            if self.cfg.load().token_file.is_none() {
                 continue;
             }
-            let now = tokio::task::spawn_blocking(move || read_token(&cfg, false)).await.unwrap_or_default();
-            self.token.send_if_modified(|t| {
-                let changed = !now.is_empty() && *t != now;
-                if changed {
-                    tracing::info!("tunnel.token_file: a renewed token; live sessions send it to their server");
-                    *t = now;
-                }
-                changed
-            });
+            let this = self.clone();
+            let _ = tokio::task::spawn_blocking(move || this.current_token(false)).await;
         }
     }
 
@@ -278,6 +246,28 @@ impl Tunnel {
     /// Streams open across every session now.
     pub(crate) fn streams(&self) -> usize {
         self.active.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The token `tunnel.token_file` holds now (read now; `warn`: say so when it holds none),
+    /// which live sessions then send if it changed.
+    pub(crate) fn current_token(&self, warn: bool) -> Secret {
+        let _reading = self.reading.lock();
+        let now = read_token(&self.cfg.load(), warn);
+        self.token.send_if_modified(|t| {
+            if *t == now {
+                return false;
+            }
+            if now.is_empty() {
+                tracing::warn!(
+                    "tunnel.token_file no longer holds a token: live sessions tell their server, which ends them; new ones go without a token until it holds one again"
+                );
+            } else {
+                tracing::info!("tunnel.token_file: a renewed token; live sessions send it to their server");
+            }
+            *t = now.clone();
+            true
+        });
+        now
     }
 
     /// The token renewals live sessions send (`None` without `tunnel.token_file`).

@@ -1,10 +1,12 @@
-//! The async driver of one slot (it performs the machine's actions and feeds it what happens) and the loop that adds slots as a name's replicas grow.
+//! The async driver of one slot (it performs the machine's notes and actions, and feeds it what happens) and the loop that adds slots as a name's replicas grow.
 
-use super::Tunnel;
-use super::dial::{Dialer, Running};
 use super::establish::EstablishError;
-use super::machine::{Action, Event, Machine, QueryId, SessionId, Settings, Slot};
+use super::machine::Machine;
+use super::machine::events::{Action, Event, Failure, QueryId, SessionId, Settings, Slot};
+use super::machine::notes::{Log, Note};
 use super::metrics::SlotMetrics;
+use super::session::{Launcher, Running};
+use super::{Name, Tunnel};
 use crate::replicas::Replicas;
 use seedgate_config::HostPort;
 use std::future::Future;
@@ -17,13 +19,46 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// A configured name's loop, as the tunnel starts it when the name is configured and forgets it
+/// when the name goes (the tunnel decides when; the loops and their series are this file's).
+impl Tunnel {
+    /// Start the loop that keeps a session to each replica behind `server`.
+    pub(super) fn add_name(self: &Arc<Self>, server: HostPort, stop: &CancellationToken, tracker: &TaskTracker) {
+        let name = server.to_string();
+        let m = &self.metrics.session;
+        let replicas = Arc::new(Replicas::new(
+            name.clone(),
+            m.server_sessions.with_label_values(&[&name]),
+            m.server_sessions_expected.with_label_values(&[&name]),
+        ));
+        let stop = stop.child_token();
+        self.names.lock().push(Name { configured: server.clone(), replicas: replicas.clone(), stop: stop.clone() });
+        tokio::spawn(name_loop(self.clone(), replicas, server, stop, tracker.clone()));
+    }
+
+    /// A removed name's gauges go (its counters stay: they are history).
+    pub(super) fn forget_metrics(&self, n: &Name) {
+        let m = &self.metrics.session;
+        let name = n.configured.to_string();
+        let _ = m.server_sessions.remove_label_values(&[&name]);
+        let _ = m.server_sessions_expected.remove_label_values(&[&name]);
+        for slot in 0..n.replicas.slots() {
+            let label = slot_label(&name, slot);
+            let _ = m.sessions.remove_label_values(&[&label]);
+            for transport in ["h2", "quic"] {
+                let _ = m.transport.remove_label_values(&[&label, transport]);
+            }
+        }
+    }
+}
+
 /// How a slot is named in logs and metrics: the configured name, then `name#1`, `name#2`, ...
 pub(crate) fn slot_label(name: &str, slot: usize) -> String {
     if slot == 0 { name.to_owned() } else { format!("{name}#{slot}") }
 }
 
 /// Keep as many slots for one configured name as its replicas announce (up to the maximum).
-pub(super) async fn name_loop(
+async fn name_loop(
     t: Arc<Tunnel>,
     replicas: Arc<Replicas>,
     configured: HostPort,
@@ -57,16 +92,23 @@ async fn slot_loop(
     let (moves, moves_rx) = mpsc::channel(4);
     let metrics = SlotMetrics::new(&t.metrics.session, &label, &replicas.name);
     let settings = Settings::from(&**t.cfg.load());
-    let me = Slot { index: slot, label: label.clone(), configured, replicas: replicas.clone(), metrics };
+    let me = Slot { index: slot, configured, replicas: replicas.clone() };
     let mut machine = Machine::new(Instant::now(), me, settings, Box::new(rand::random::<f64>));
-    let dialer = Arc::new(Dialer { t, label, moves, stop: stop.clone(), tracker });
+    let launcher = Arc::new(Launcher { t, label, moves, stop: stop.clone(), tracker });
     let mut io =
-        Io { dialer, sessions: Vec::new(), in_flight: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
+        Io { launcher, sessions: Vec::new(), in_flight: Vec::new(), moves_rx, wanted: replicas.subscribe(), stop };
     loop {
-        machine.configure(Settings::from(&**io.dialer.t.cfg.load()));
+        machine.configure(Settings::from(&**io.launcher.t.cfg.load()));
         let event = io.next_event(machine.poll_timeout()).await;
         let stopping = matches!(event, Event::Stop);
-        for action in machine.handle(Instant::now(), event) {
+        let step = machine.handle(Instant::now(), event);
+        for note in step.notes {
+            match note {
+                Note::Metric(m) => metrics.record(m),
+                Note::Log(l) => log(&io.launcher.label, l),
+            }
+        }
+        for action in step.actions {
             io.perform(action);
         }
         let (phase, retry_at) = machine.phase();
@@ -75,6 +117,82 @@ async fn slot_loop(
             // The sessions' stop tokens are the slot's children: they get GOAWAY, and their
             // streams run to their end under the tracker.
             return;
+        }
+    }
+}
+
+/// The machine's account of a failed establishment: nothing answered (the slot probes), or it
+/// failed otherwise (the slot backs off).
+fn failure(e: &EstablishError) -> Failure {
+    if e.silent() { Failure::Unanswered(e.to_string()) } else { Failure::Failed(e.to_string()) }
+}
+
+/// The targets the machine's log lines had when it wrote them itself, kept so that the lines and
+/// the filters that name them (`RUST_LOG=proxy_agent::tunnel::machine=debug`) stay as they were.
+const MACHINE: &str = "proxy_agent::tunnel::machine";
+const ERRANDS: &str = "proxy_agent::tunnel::machine::errands";
+
+/// Write one of the machine's log notes, as the slot `server`.
+fn log(server: &str, note: Log) {
+    match note {
+        Log::Up { target, peer, over } => {
+            tracing::info!(target: MACHINE, %server, %target, %peer, transport = over.as_str(), "tunnel session up")
+        }
+        Log::FallBack { target, error } => {
+            tracing::info!(target: MACHINE, %server, %target, %error, "transport auto: QUIC did not get through; using h2")
+        }
+        Log::Failed { target, error } => {
+            tracing::warn!(target: MACHINE, %server, %target, %error, "tunnel session failed")
+        }
+        Log::StillNoAnswer { target, error, tries } => {
+            tracing::debug!(target: MACHINE, %server, %target, %error, tries, "tunnel session failed: still no answer")
+        }
+        Log::Suspect { target, peer } => {
+            tracing::warn!(target: MACHINE, %server, %target, %peer, "tunnel session suspect: its keepalive went unanswered (the path is quiet); dialing a replacement beside it, its open streams wait for the path")
+        }
+        Log::AnswersAgain { target, peer } => {
+            tracing::info!(target: MACHINE, %server, %target, %peer, "suspect tunnel session answers again")
+        }
+        Log::Duplicate { id } => {
+            tracing::info!(target: MACHINE, %server, %id, "session reached a replica another session holds; closing it and dialing again")
+        }
+        Log::Announced { id, count, draining } => {
+            tracing::info!(target: MACHINE, %server, %id, count, draining, "server replica announced")
+        }
+        Log::Draining { target } => {
+            tracing::info!(target: MACHINE, %server, %target, "replica is draining: keeping its live streams, looking for a replacement")
+        }
+        Log::Closed => tracing::info!(target: MACHINE, %server, "tunnel session closed"),
+        // TLS passed on our side but the seed never spoke the transport's protocol: typically it
+        // refused our certificate (its verdict comes after our handshake).
+        Log::FailedBeforeUp { error } => {
+            tracing::warn!(target: MACHINE, %server, %error, "tunnel session failed before it was up (is this agent's certificate accepted by the server?)")
+        }
+        Log::Ended { error } => tracing::warn!(target: MACHINE, %server, %error, "tunnel session ended"),
+        Log::Unproven { lived } => {
+            tracing::info!(target: MACHINE, %server, ?lived, "tunnel session ended before it proved itself (lived tunnel.reconnect.max or carried a stream): backing off")
+        }
+        Log::AlreadyThere { to } => {
+            tracing::info!(target: ERRANDS, %server, %to, "move notice: already connected there")
+        }
+        Log::Rehoming { from, to } => tracing::info!(target: ERRANDS, %server, %from, %to, "move notice: re-homing"),
+        Log::NameMoved { name, old, new } => {
+            tracing::info!(target: ERRANDS, %server, %name, %old, ?new, "server name resolves elsewhere: re-homing")
+        }
+        Log::Rejected { id } => {
+            tracing::debug!(target: ERRANDS, %server, ?id, "candidate session reached a replica already held or draining, or did not come up")
+        }
+        Log::RehomeFailed { target, error } => {
+            tracing::warn!(target: ERRANDS, %server, %target, %error, "cannot reach the new server; staying on the current session")
+        }
+        Log::NoReplacement { error } => {
+            tracing::debug!(target: ERRANDS, %server, %error, "no replacement session yet; trying again later")
+        }
+        Log::StillOnH2 { target, error } => {
+            tracing::debug!(target: ERRANDS, %server, %target, %error, "transport auto: QUIC still does not get through; staying on h2")
+        }
+        Log::NoRescue { target, error } => {
+            tracing::debug!(target: ERRANDS, %server, %target, %error, "no replacement for the suspect session yet; trying again")
         }
     }
 }
@@ -100,7 +218,7 @@ enum Wake {
 
 /// The slot's I/O: its sessions, the dials and resolutions under way, its inputs.
 struct Io {
-    dialer: Arc<Dialer>,
+    launcher: Arc<Launcher>,
     /// The sessions not retired: the live one and the one that may replace it.
     sessions: Vec<Running>,
     /// The dials and resolutions under way.
@@ -127,7 +245,7 @@ impl Io {
                 self.sessions.push(session);
                 Event::Dialed { id, result: Ok(peer) }
             }
-            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(e) },
+            Wake::Done(Done::Dialed(id, Err(e))) => Event::Dialed { id, result: Err(failure(&e)) },
             Wake::Done(Done::Resolved(query, addrs)) => Event::Resolved { query, addrs },
         }
     }
@@ -154,12 +272,12 @@ impl Io {
     fn perform(&mut self, action: Action) {
         match action {
             Action::Dial { id, target, over, patience } => {
-                let dialer = self.dialer.clone();
+                let launcher = self.launcher.clone();
                 self.in_flight
-                    .push(Box::pin(async move { Done::Dialed(id, dialer.connect(id, target, over, patience).await) }));
+                    .push(Box::pin(async move { Done::Dialed(id, launcher.launch(id, target, over, patience).await) }));
             }
             Action::Resolve { query, name } => {
-                let timeout = self.dialer.t.cfg.load().dial_timeout.get();
+                let timeout = self.launcher.t.cfg.load().dial_timeout.get();
                 self.in_flight.push(Box::pin(async move {
                     let addrs = tokio::time::timeout(timeout, proxy_core::net::resolve(&name)).await;
                     Done::Resolved(query, addrs.ok().and_then(Result::ok))
@@ -167,7 +285,7 @@ impl Io {
             }
             Action::Retire { id, drain, open, why } => {
                 if let Some(i) = self.sessions.iter().position(|s| s.id == id) {
-                    retire(&self.dialer.label, self.sessions.swap_remove(i), drain, open, why);
+                    retire(&self.launcher.label, self.sessions.swap_remove(i), drain, open, why);
                 }
             }
         }
@@ -217,4 +335,24 @@ fn retire(label: &str, old: Running, drain: Option<Duration>, open: bool, why: &
         }
         tracing::info!(server = %label, target = %old.target, %id, "retired tunnel session closed");
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The machine probes a server that answers nothing and backs off from one that refuses:
+    /// which is which comes from how the establishment failed, its message kept.
+    #[test]
+    fn an_establishment_nothing_answered_is_unanswered_and_a_refusal_failed() {
+        let target: HostPort = "192.0.2.1:8132".parse().expect("host:port");
+        let connect = |kind| EstablishError::Connect { target: target.clone(), source: std::io::Error::from(kind) };
+        let addr = SocketAddr::from(([192, 0, 2, 1], 8132));
+        for silent in [connect(std::io::ErrorKind::TimedOut), EstablishError::QuicTimeout { addr }] {
+            assert_eq!(failure(&silent), Failure::Unanswered(silent.to_string()));
+        }
+        for answered in [connect(std::io::ErrorKind::ConnectionRefused), EstablishError::TlsTimeout { addr }] {
+            assert_eq!(failure(&answered), Failure::Failed(answered.to_string()));
+        }
+    }
 }

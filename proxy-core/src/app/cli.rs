@@ -1,8 +1,8 @@
-//! Command-line flags every binary takes, and the `--check` behaviour (print problems, exit 2).
+//! Command-line flags every binary takes, and the `--check` behaviour (print problems, exit 2; print warnings, exit 0 when there is no problem).
 
 use crate::obs::telemetry::LogFormat;
 use crate::tls::{Part, check_files};
-use seedgate_config::{BinaryConfig, ConfigError};
+use seedgate_config::{BinaryConfig, ConfigError, Problem};
 use std::path::{Path, PathBuf};
 
 /// Flags common to sni-router, proxy-server and proxy-agent.
@@ -27,7 +27,7 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// After binding (and after every reload), write the bound addresses as JSON to FILE
-    /// (atomically): {"admin": "ip:port" or null, "listeners": {"<name>": "ip:port", ...}}.
+    /// (atomically): {"admin": "ip:port" or null, "listeners": {"NAME": "ip:port", ...}}.
     #[arg(long, value_name = "FILE")]
     pub write_addresses: Option<PathBuf>,
 }
@@ -51,13 +51,21 @@ impl CommonArgs {
 pub const EXIT_INVALID_CONFIG: i32 = 2;
 
 /// Load the config for `--check` or start-up; on error print every problem and exit 2.
-/// Start-up and `--check` run the same checks, so they print the same messages.
+/// Start-up and `--check` run the same checks, so they print the same messages. `--check`
+/// prints warnings too (`warning: ` and a problem's form) and still exits 0; at start-up the
+/// TLS material logs them when it loads.
 pub fn load_or_exit<T: BinaryConfig>(args: &CommonArgs) -> T {
-    let loaded =
-        if args.skip_file_checks { seedgate_config::load(&args.config, T::parse) } else { load_checked(&args.config) };
+    let loaded = if args.skip_file_checks {
+        seedgate_config::load(&args.config, T::parse).map(|c| (c, Vec::new()))
+    } else {
+        load_checked(&args.config)
+    };
     match loaded {
-        Ok(cfg) => {
+        Ok((cfg, warnings)) => {
             if args.check {
+                for w in &warnings {
+                    eprintln!("warning: {w}");
+                }
                 println!("{}: valid", args.config.display());
                 std::process::exit(0);
             }
@@ -73,25 +81,38 @@ pub fn load_or_exit<T: BinaryConfig>(args: &CommonArgs) -> T {
 }
 
 /// Parse and validate the config at `path`, then load every file it names (certificates, keys,
-/// CAs, the admin token) the way the binary will. Sockets are not bound: a port held by the
-/// process being replaced is no error here.
-pub fn load_checked<T: BinaryConfig>(path: &Path) -> Result<T, ConfigError> {
+/// CAs, the admin token) the way the binary will: the config and the warnings about its files,
+/// or every problem. Sockets are not bound: a port held by the process being replaced is no
+/// error here.
+pub fn load_checked<T: BinaryConfig>(path: &Path) -> Result<(T, Vec<Problem>), ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::internal(&file, &format!("cannot read: {e}")))?;
     let (cfg, mut problems) = T::parse_partial(&text, &file);
     // The files are checked even when the config has other problems, so one run shows all.
+    let mut warnings = Vec::new();
     if let Some(c) = &cfg {
-        problems.extend(seedgate_config::locate(&text, &file, file_problems(c)).problems);
+        let (p, w) = files_checked(c);
+        problems.extend(seedgate_config::locate(&text, &file, p).problems);
+        warnings = seedgate_config::locate(&text, &file, w).problems;
     }
     match cfg {
-        Some(cfg) if problems.is_empty() => Ok(cfg),
+        Some(cfg) if problems.is_empty() => Ok((cfg, warnings)),
         _ => Err(ConfigError { problems }),
     }
 }
 
 /// `(key path, message)` for every file of `cfg` that cannot be used.
 pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+    files_checked(cfg).0
+}
+
+/// A config key's path and what is said of its file.
+type KeyMessage = (String, String);
+
+/// The problems, and what is allowed but rarely meant (a revocation list that no CA of its
+/// bundle signed: it revokes nothing), each as `(key path, message)`.
+fn files_checked<T: BinaryConfig>(cfg: &T) -> (Vec<KeyMessage>, Vec<KeyMessage>) {
+    let (mut out, mut warnings) = (Vec::new(), Vec::new());
     if let Err(e) = crate::obs::admin::load_token(cfg.admin().token_file.as_deref()) {
         let f = cfg.admin().token_file.as_deref().unwrap_or_default();
         // An empty token file's error already names the file.
@@ -107,15 +128,15 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
     for t in cfg.tls_files() {
         let file = |k: &Option<(String, String)>| k.as_ref().map(|(_, f)| Path::new(f).to_owned());
         let identity = t.identity.as_ref().map(|((_, c), (_, k))| (Path::new(c), Path::new(k)));
-        for (part, e) in check_files(identity, file(&t.ca).as_deref(), file(&t.crl).as_deref()) {
-            let key = match (part, &t.identity) {
-                (Part::Cert, Some((c, _))) => c.0.clone(),
-                (Part::Key, Some((_, k))) => k.0.clone(),
-                (Part::Crl, _) => t.crl.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
-                _ => t.ca.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
-            };
-            out.push((key, e.to_string()));
-        }
+        let key = |part: Part| match (part, &t.identity) {
+            (Part::Cert, Some((c, _))) => c.0.clone(),
+            (Part::Key, Some((_, k))) => k.0.clone(),
+            (Part::Crl, _) => t.crl.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
+            _ => t.ca.as_ref().map(|(k, _)| k.clone()).unwrap_or_default(),
+        };
+        let checked = check_files(identity, file(&t.ca).as_deref(), file(&t.crl).as_deref());
+        out.extend(checked.problems.into_iter().map(|(part, e)| (key(part), e.to_string())));
+        warnings.extend(checked.warnings.into_iter().map(|(part, w)| (key(part), w)));
     }
     // Only what would make the bind refuse for certain: a stale or live socket may be gone by
     // then, and nothing is connected to or bound here.
@@ -127,5 +148,5 @@ pub fn file_problems<T: BinaryConfig>(cfg: &T) -> Vec<(String, String)> {
             out.push((key, format!("{path} exists and is not a socket; it would not be replaced")));
         }
     }
-    out
+    (out, warnings)
 }

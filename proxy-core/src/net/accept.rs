@@ -407,6 +407,9 @@ pub async fn accept_loop<A, L, F, Fut>(
     }
 }
 
+/// Every label [`accept_error_label`] gives.
+pub const ACCEPT_ERROR_LABELS: [&str; 3] = ["fd_exhausted", "no_memory", "other"];
+
 /// Label for an accept error in metrics.
 pub fn accept_error_label(e: &io::Error) -> &'static str {
     match e.raw_os_error() {

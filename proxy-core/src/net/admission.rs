@@ -32,6 +32,9 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every refusal.
+    pub const ALL: [Refusal; 4] = [Self::PerSource, Self::Evicted, Self::HandshakeTimeout, Self::ConnectionLimit];
+
     /// The reason label (`seedgate_rejects_total{reason}`, the access event's `reason`).
     pub fn label(self) -> &'static str {
         match self {
@@ -66,11 +69,9 @@ impl Refusal {
     }
 }
 
-impl From<pending::Refused> for Refusal {
-    fn from(r: pending::Refused) -> Self {
-        match r {
-            pending::Refused::PerSource(_) => Refusal::PerSource,
-        }
+impl From<pending::SourceAtCap> for Refusal {
+    fn from(_: pending::SourceAtCap) -> Self {
+        Refusal::PerSource
     }
 }
 

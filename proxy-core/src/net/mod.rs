@@ -10,6 +10,7 @@ pub mod pending;
 pub mod share;
 pub mod sockopt;
 
+use crate::obs::metrics;
 use seedgate_config::HostPort;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -192,6 +193,37 @@ fn set_notsent_lowat(sock: &SockRef<'_>, lowat: u32) {
     }
 }
 
+/// The connection metrics' series a listener or route has from the start (here, beside the
+/// labels they take).
+impl metrics::ConnMetrics {
+    /// A listener's series at 0: connections open, accept errors by reason, and refusals by
+    /// each of `refusals` (every reason it may refuse a connection for).
+    pub fn listener_at_zero(&self, listener: &str, refusals: &[&str]) {
+        let _ = self.active.with_label_values(&[listener]);
+        metrics::at_zero(&self.accept_errors, &[&[listener], &accept::ACCEPT_ERROR_LABELS]);
+        metrics::at_zero(&self.rejects, &[&[listener], refusals]);
+    }
+
+    /// A listener's relay series at 0: the time to its routing decision for each of
+    /// `protocols`, and how its relays end, by each of `outcomes`.
+    pub fn relays_at_zero(&self, listener: &str, protocols: &[&str], outcomes: &[&str]) {
+        metrics::at_zero(&self.handshake_seconds, &[&[listener], protocols]);
+        metrics::at_zero(&self.closes, &[&[listener], outcomes]);
+    }
+
+    /// A route's series at 0: its connections relayed (`ok`) and refused once routed (each of
+    /// `refusals`), bytes both ways, upstream connects and their failures by reason. (A
+    /// connection refused before it has a route counts under the route `-`.)
+    pub fn route_at_zero(&self, listener: &str, route: &str, refusals: &[&str]) {
+        metrics::at_zero(&self.connections, &[&[listener], &[route], &["ok"]]);
+        metrics::at_zero(&self.connections, &[&[listener], &[route], refusals]);
+        metrics::at_zero(&self.bytes, &[&[listener], &[route], &metrics::BYTE_DIRECTIONS]);
+        let _ = self.connect_seconds.with_label_values(&[listener, route]);
+        let failures = ConnectFailure::ALL.map(ConnectFailure::label);
+        metrics::at_zero(&self.connect_failures, &[&[listener], &[route], &failures]);
+    }
+}
+
 /// Why an upstream connect failed, as a metric label and an HTTP status class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectFailure {
@@ -203,6 +235,9 @@ pub enum ConnectFailure {
 }
 
 impl ConnectFailure {
+    /// Every failure, in the order of their labels.
+    pub const ALL: [ConnectFailure; 5] = [Self::Timeout, Self::Refused, Self::Unreachable, Self::Resolve, Self::Other];
+
     pub fn classify(e: &io::Error) -> Self {
         match e.kind() {
             io::ErrorKind::TimedOut => Self::Timeout,

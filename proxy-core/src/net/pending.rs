@@ -114,12 +114,11 @@ impl SourceKey {
     }
 }
 
-/// Why a connection was not admitted.
+/// The budget's verdict on a connection it does not admit: its source already holds its share
+/// of the budget (the admission refuses it as [`PerSource`](super::admission::Refusal::PerSource)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    #[error("too many pending connections from {0:?}")]
-    PerSource(SourceKey),
-}
+#[error("too many pending connections from {0:?}")]
+pub struct SourceAtCap(pub SourceKey);
 
 /// Identifies one admitted entry (admission order: a smaller id is older).
 pub type EntryId = u64;
@@ -199,7 +198,7 @@ impl<T> Budget<T> {
     /// Admit a connection from `ip`. `exempt`: not subject to the per-source cap (e.g. a
     /// trusted load balancer whose address all its clients share); it still takes a place in
     /// the budget and can be evicted.
-    pub fn admit(&mut self, ip: IpAddr, exempt: bool, handle: T) -> Result<Admission<T>, Refused> {
+    pub fn admit(&mut self, ip: IpAddr, exempt: bool, handle: T) -> Result<Admission<T>, SourceAtCap> {
         self.admit_as(ip, exempt, None, handle)
     }
 
@@ -216,12 +215,12 @@ impl<T> Budget<T> {
         exempt: bool,
         tenant: Option<&TenantShare>,
         handle: T,
-    ) -> Result<Admission<T>, Refused> {
+    ) -> Result<Admission<T>, SourceAtCap> {
         let key = (!exempt).then(|| self.limits.source_key(ip));
         if let Some(k) = key
             && self.per_source.get(&k).copied().unwrap_or(0) >= self.limits.per_source_at(self.entries.len())
         {
-            return Err(Refused::PerSource(k));
+            return Err(SourceAtCap(k));
         }
         let max = self.limits.max_pending.max(1);
         // The pressure the new entry meets is what was pending when it came (evictions make
@@ -291,9 +290,10 @@ impl<T> Budget<T> {
     }
 }
 
-/// Why a pending connection was refused or ended, as the metric label says it.
+/// Why the budget ended a pending connection (refused at accept, evicted, or past its
+/// deadline), as `seedgate_pending_rejects_total{reason}` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
+pub enum Ended {
     /// Its source already held its share of the budget (`per_source` when full, more below).
     PerSource,
     /// The budget was full and it was the oldest.
@@ -302,12 +302,12 @@ pub enum RejectReason {
     Deadline,
 }
 
-impl RejectReason {
+impl Ended {
     pub fn label(self) -> &'static str {
         match self {
-            RejectReason::PerSource => "per_source",
-            RejectReason::Evicted => "evicted",
-            RejectReason::Deadline => "deadline",
+            Ended::PerSource => "per_source",
+            Ended::Evicted => "evicted",
+            Ended::Deadline => "deadline",
         }
     }
 }
@@ -328,7 +328,7 @@ impl PendingMetrics {
             &["reason"],
         );
         // Every reason is exported from the start, so a rate() has a series before the first hit.
-        for r in [RejectReason::PerSource, RejectReason::Evicted, RejectReason::Deadline] {
+        for r in [Ended::PerSource, Ended::Evicted, Ended::Deadline] {
             rejects.with_label_values(&[r.label()]);
         }
         Self {
@@ -397,7 +397,7 @@ impl Admitted {
         }
         let still = self.pending.release(self.id);
         if still {
-            self.pending.metrics.rejects.with_label_values(&[RejectReason::Deadline.label()]).inc();
+            self.pending.metrics.rejects.with_label_values(&[Ended::Deadline.label()]).inc();
         }
         still
     }
@@ -441,8 +441,8 @@ impl Pending {
     }
 
     /// Counts by reason so far (per_source, evicted, deadline), for readiness details.
-    pub fn rejects(&self) -> [(RejectReason, u64); 3] {
-        [RejectReason::PerSource, RejectReason::Evicted, RejectReason::Deadline]
+    pub fn rejects(&self) -> [(Ended, u64); 3] {
+        [Ended::PerSource, Ended::Evicted, Ended::Deadline]
             .map(|r| (r, self.metrics.rejects.with_label_values(&[r.label()]).get()))
     }
 
@@ -473,7 +473,7 @@ impl Pending {
 
     /// Admit a connection whose TCP peer is `ip` (see [`Budget::admit`]); evicted entries are
     /// cancelled and counted here.
-    pub fn admit(self: &Arc<Self>, ip: IpAddr, exempt: bool) -> Result<Admitted, Refused> {
+    pub fn admit(self: &Arc<Self>, ip: IpAddr, exempt: bool) -> Result<Admitted, SourceAtCap> {
         self.admit_as(ip, exempt, None)
     }
 
@@ -484,7 +484,7 @@ impl Pending {
         ip: IpAddr,
         exempt: bool,
         tenant: Option<&TenantShare>,
-    ) -> Result<Admitted, Refused> {
+    ) -> Result<Admitted, SourceAtCap> {
         let token = CancellationToken::new();
         let adm = {
             let mut b = self.lock();
@@ -496,10 +496,7 @@ impl Pending {
         match adm {
             Ok(a) => {
                 if !a.evicted.is_empty() {
-                    self.metrics
-                        .rejects
-                        .with_label_values(&[RejectReason::Evicted.label()])
-                        .inc_by(a.evicted.len() as u64);
+                    self.metrics.rejects.with_label_values(&[Ended::Evicted.label()]).inc_by(a.evicted.len() as u64);
                 }
                 for t in a.evicted {
                     t.cancel();
@@ -515,7 +512,7 @@ impl Pending {
                 })
             }
             Err(e) => {
-                self.metrics.rejects.with_label_values(&[RejectReason::PerSource.label()]).inc();
+                self.metrics.rejects.with_label_values(&[Ended::PerSource.label()]).inc();
                 Err(e)
             }
         }
@@ -556,7 +553,7 @@ mod tests {
         let mut b = Budget::new(limits(4, 2));
         let a1 = b.admit(ip("10.0.0.1"), false, 1).expect("first");
         b.admit(ip("10.0.0.1"), false, 2).expect("second");
-        assert!(matches!(b.admit(ip("10.0.0.1"), false, 3), Err(Refused::PerSource(_))));
+        assert!(matches!(b.admit(ip("10.0.0.1"), false, 3), Err(SourceAtCap(_))));
         // Another source is not affected; an exempt connection is not counted.
         b.admit(ip("10.0.0.2"), false, 4).expect("other source");
         b.admit(ip("10.0.0.1"), true, 5).expect("exempt");
@@ -693,7 +690,7 @@ mod tests {
         for i in 200..1000 {
             b.admit(ip("192.0.2.1"), false, i).expect("up to half the budget");
         }
-        assert!(matches!(b.admit(ip("192.0.2.1"), false, 0), Err(Refused::PerSource(_))), "half the budget");
+        assert!(matches!(b.admit(ip("192.0.2.1"), false, 0), Err(SourceAtCap(_))), "half the budget");
         // Other sources fill it; the first source's oldest entries are evicted for them.
         for i in 0..1000 {
             let other = IpAddr::V4(std::net::Ipv4Addr::from(0xc633_6400 + i));
@@ -703,7 +700,7 @@ mod tests {
         for i in 0..64 {
             b.admit(ip("203.0.113.1"), false, i).expect("its share of a full budget");
         }
-        assert!(matches!(b.admit(ip("203.0.113.1"), false, 64), Err(Refused::PerSource(_))), "64 when full");
+        assert!(matches!(b.admit(ip("203.0.113.1"), false, 64), Err(SourceAtCap(_))), "64 when full");
         assert_eq!(b.held_by_source(ip("203.0.113.1")), 64);
         assert_eq!(b.held_by_source(ip("192.0.2.1")), 1000 - 64, "the oldest were evicted for the newest");
     }
@@ -747,9 +744,9 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(p.metrics.pending.get(), 1);
         let counts = p.rejects();
-        assert_eq!(counts[1], (RejectReason::Evicted, 1));
+        assert_eq!(counts[1], (Ended::Evicted, 1));
         assert!(c.deadline_missed(), "c was still pending");
-        assert_eq!(p.rejects()[2], (RejectReason::Deadline, 1));
+        assert_eq!(p.rejects()[2], (Ended::Deadline, 1));
     }
 
     /// A connection evicted while it was missing its deadline, or while it was being routed, is

@@ -182,6 +182,27 @@ impl Tenant {
     }
 }
 
+/// Tenants' series at 0 before their first unit (see [`Shares::series`]): a configured route
+/// or a known cluster shows what it holds, 0, and its refusals by limit, none, from the start.
+#[derive(Clone)]
+pub struct TenantSeries(Arc<ShareMetrics>);
+
+impl TenantSeries {
+    /// The series of the tenant with these label values, at 0 where they are new.
+    pub fn at_zero(&self, labels: &[&str]) {
+        let m = &self.0;
+        for held in &m.held {
+            let _ = held.with_label_values(labels);
+        }
+        let mut with_limit = labels.to_vec();
+        for kind in m.kind_labels {
+            with_limit.push(kind);
+            let _ = m.rejects.with_label_values(&with_limit);
+            with_limit.pop();
+        }
+    }
+}
+
 struct ShareMetrics {
     /// By the tenant's labels: established, pending.
     held: [IntGaugeVec; 2],
@@ -266,6 +287,11 @@ impl Shares {
 
     fn lock(&self) -> crate::sync::MutexGuard<'_, HashMap<Vec<String>, Weak<Tenant>>> {
         self.tenants.lock()
+    }
+
+    /// What gives a configured tenant its series from the start.
+    pub fn series(&self) -> TenantSeries {
+        TenantSeries(self.metrics.clone())
     }
 
     /// The tenant with these label values: the live one if any (so a route rebuilt by a reload

@@ -1,13 +1,13 @@
 //! The metrics registry and the connection metrics every binary shares (prefix `seedgate_`).
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder, exponential_buckets,
 };
 use std::cell::RefCell;
 
-/// Register `c` in `reg`; while [`noting`] runs on this thread, also note what it is. Every
+/// Register `c` in `reg`; while `noting` (test-util) runs on this thread, also note what it is. Every
 /// metric of the binaries is registered through here, so the metrics reference lists them all.
 pub fn register(reg: &Registry, c: Box<dyn Collector>) -> prometheus::Result<()> {
     NOTED.with(|n| {
@@ -97,12 +97,38 @@ pub fn seconds_histogram(reg: &Registry, name: &str, help: &str, labels: &[&str]
     h
 }
 
+/// Create the series of `vec` for every combination of `labels` (one list of values per label,
+/// in the vector's label order), at 0 where they are new. A family whose label values are known
+/// (a closed set of reasons, the configured listeners, routes or clusters) is so exported before
+/// its first event: a dashboard or an alert then reads 0, not "no data". Never for open-ended
+/// values (client addresses, targets).
+pub fn at_zero<T: MetricVecBuilder>(vec: &MetricVec<T>, labels: &[&[&str]]) {
+    fn each<'a, T: MetricVecBuilder>(vec: &MetricVec<T>, rest: &[&[&'a str]], chosen: &mut Vec<&'a str>) {
+        match rest.split_first() {
+            None => {
+                let _ = vec.with_label_values(chosen);
+            }
+            Some((values, rest)) => {
+                for v in *values {
+                    chosen.push(v);
+                    each(vec, rest, chosen);
+                    chosen.pop();
+                }
+            }
+        }
+    }
+    each(vec, labels, &mut Vec::with_capacity(labels.len()));
+}
+
 /// Render the registry in the Prometheus text format.
 pub fn render(reg: &Registry) -> String {
     let mut out = Vec::new();
     let _ = TextEncoder::new().encode(&reg.gather(), &mut out);
     String::from_utf8(out).unwrap_or_default()
 }
+
+/// The direction labels of `seedgate_proxied_bytes_total`.
+pub const BYTE_DIRECTIONS: [&str; 2] = ["to_upstream", "to_client"];
 
 /// Metrics of connection handling, shared by every listener of a binary.
 #[derive(Clone)]
@@ -188,13 +214,15 @@ pub struct ReloadMetrics {
 
 impl ReloadMetrics {
     pub fn new(reg: &Registry) -> Self {
+        let reloads = counter_vec(
+            reg,
+            "seedgate_config_reloads_total",
+            "Config reload attempts, by result (success, failure).",
+            &["result"],
+        );
+        at_zero(&reloads, &[&["success", "failure"]]);
         Self {
-            reloads: counter_vec(
-                reg,
-                "seedgate_config_reloads_total",
-                "Config reload attempts, by result (success, failure).",
-                &["result"],
-            ),
+            reloads,
             last_success: gauge(
                 reg,
                 "seedgate_config_last_reload_success_timestamp_seconds",

@@ -4,7 +4,7 @@
 //! or, on the agent, the seed's tunnel stream) and the **upstream** (the side we went to: a
 //! backend, the tunnel, the dialled target). Every access event names the two counts
 //! `bytes_to_upstream` (what the client sent, passed on) and `bytes_to_client` (the other way),
-//! then `duration_ms` and `reason`, after the fields of its own hop; [`access_event!`] writes
+//! then `duration_ms` and `reason`, after the fields of its own hop; [`access_event!`](crate::access_event!) writes
 //! them, so no binary names them differently.
 
 #[doc(hidden)]

@@ -5,6 +5,7 @@
 //! TCP sockets, [`SplicePump`], which moves bytes through a pooled pipe with splice(2) so they never
 //! enter user space. An idle connection holds no buffer and no pipe, only its sockets and state.
 
+use crate::relay::buf::{BUF_SIZE, give_buf, take_buf};
 use crate::relay::io::Resettable;
 use crate::relay::splice::{Pipe, splice};
 use bytes::{Buf, Bytes, BytesMut};
@@ -22,34 +23,13 @@ use tokio::io::{Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-/// Size of a relay buffer taken from the pool for one read. 64 KiB rather than 16: into a tunnel
-/// stream one read becomes one 64 KiB HTTP/2 DATA frame (or QUIC chunk), so every layer below
-/// (h2, TLS records written in one call, the socket) runs a quarter as often per byte; the tunnel's
-/// CPU per GB fell by a fifth. An idle relay still holds no buffer.
-pub const BUF_SIZE: usize = 64 * 1024;
-/// Buffers kept per thread for reuse (1 MiB); more are freed.
-const BUF_POOL_MAX: usize = 16;
 /// Pipes kept per thread for reuse; more are closed.
 const PIPE_POOL_MAX: usize = 64;
 /// Bytes moved by one splice call (the pipe is grown to this size when possible).
 const PIPE_SIZE: usize = 256 * 1024;
 
 thread_local! {
-    static BUFS: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
     static PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
-}
-
-pub(crate) fn take_buf() -> Box<[u8]> {
-    BUFS.with(|p| p.borrow_mut().pop()).unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
-}
-
-pub(crate) fn give_buf(b: Box<[u8]>) {
-    BUFS.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < BUF_POOL_MAX {
-            p.push(b);
-        }
-    });
 }
 
 fn take_pipe() -> io::Result<Pipe> {
@@ -139,20 +119,23 @@ impl Outcome {
         }
     }
 
+    /// Every outcome's label, at its [`Outcome::index`].
+    pub const LABELS: [&'static str; Self::COUNT] = [
+        "closed",
+        "idle_timeout",
+        "client_reset",
+        "upstream_reset",
+        "client_error",
+        "upstream_error",
+        "shutdown",
+        "route_drained",
+        "cluster_drained",
+        "session_drained",
+    ];
+
     /// Short label for logs and metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Closed => "closed",
-            Outcome::Idle => "idle_timeout",
-            Outcome::Reset(Side::Client) => "client_reset",
-            Outcome::Reset(Side::Upstream) => "upstream_reset",
-            Outcome::Error(Side::Client, _) => "client_error",
-            Outcome::Error(Side::Upstream, _) => "upstream_error",
-            Outcome::Stopped(Stop::Shutdown) => "shutdown",
-            Outcome::Stopped(Stop::RouteDrained) => "route_drained",
-            Outcome::Stopped(Stop::ClusterDrained) => "cluster_drained",
-            Outcome::Stopped(Stop::SessionDrained) => "session_drained",
-        }
+        Self::LABELS[self.index()]
     }
 }
 

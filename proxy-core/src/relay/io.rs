@@ -34,7 +34,7 @@ pub trait Resettable: AsyncRead + AsyncWrite + Unpin + Send {
     /// The next chunk received, by value; an empty chunk at the end of the stream. The default
     /// reads up to one relay buffer's worth into a chunk of its own.
     fn poll_read_owned(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
-        let mut chunk = bytes::BytesMut::with_capacity(crate::relay::copy::BUF_SIZE);
+        let mut chunk = bytes::BytesMut::with_capacity(crate::relay::buf::BUF_SIZE);
         ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *self), cx, &mut chunk))?;
         Poll::Ready(Ok(chunk.freeze()))
     }
@@ -224,10 +224,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.buf.is_none() {
-            if out.remaining() >= crate::relay::copy::BUF_SIZE {
+            if out.remaining() >= crate::relay::buf::BUF_SIZE {
                 return Pin::new(&mut this.inner).poll_read(cx, out);
             }
-            let mut b = crate::relay::copy::take_buf();
+            let mut b = crate::relay::buf::take_buf();
             let mut rb = ReadBuf::new(&mut b);
             let r = Pin::new(&mut this.inner).poll_read(cx, &mut rb);
             let n = rb.filled().len();
@@ -235,7 +235,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
                 Poll::Ready(Ok(())) if n > 0 => (this.buf, this.pos, this.len) = (Some(b), 0, n),
                 // End of stream, an error or nothing yet: the buffer goes back at once.
                 r => {
-                    crate::relay::copy::give_buf(b);
+                    crate::relay::buf::give_buf(b);
                     return r;
                 }
             }
@@ -248,7 +248,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         if this.pos == this.len
             && let Some(b) = this.buf.take()
         {
-            crate::relay::copy::give_buf(b);
+            crate::relay::buf::give_buf(b);
         }
         Poll::Ready(Ok(()))
     }
@@ -306,7 +306,7 @@ mod tests {
         assert!(r.buf.is_none(), "no buffer held once drained");
         // Two data reads and the end, each offered a whole buffer (not the caller's 4 KiB), plus
         // the two pauses.
-        assert_eq!(r.inner.offered, vec![crate::relay::copy::BUF_SIZE; 5]);
+        assert_eq!(r.inner.offered, vec![crate::relay::buf::BUF_SIZE; 5]);
     }
 
     #[tokio::test]
@@ -321,9 +321,9 @@ mod tests {
         assert!(r.buf.is_none());
         let e = r.read(&mut b).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
-        let mut big = vec![0u8; crate::relay::copy::BUF_SIZE];
+        let mut big = vec![0u8; crate::relay::buf::BUF_SIZE];
         assert_eq!(r.read(&mut big).await.unwrap(), 0, "the end, read straight into the caller's room");
-        assert_eq!(r.inner.offered.last(), Some(&crate::relay::copy::BUF_SIZE));
+        assert_eq!(r.inner.offered.last(), Some(&crate::relay::buf::BUF_SIZE));
     }
 
     #[tokio::test]

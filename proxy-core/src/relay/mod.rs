@@ -18,6 +18,7 @@
 //! orderly write shutdown: TCP FIN, TLS close_notify then FIN, END_STREAM on a tunnel stream.
 
 pub mod access;
+pub mod buf;
 pub mod copy;
 pub mod io;
 mod splice;

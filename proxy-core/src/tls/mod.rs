@@ -1,50 +1,22 @@
 //! TLS setup from PEM files: server configs (optionally requiring client certificates), client configs, revocation lists, peer identity.
 
 pub mod crl;
+mod error;
+mod pem;
+mod verify;
 
-pub use crl::{Revoked, load_crls};
+pub use crl::{Revoked, UnusedList, load_crls};
+pub use error::TlsError;
+use error::file_err;
+pub use pem::{load_certs, load_key, load_roots};
 use rustls::client::WebPkiServerVerifier;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::client::danger::ServerCertVerifier;
+use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::path::Path;
 use std::sync::Arc;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("{path}: {what}: {detail}")]
-    File { path: String, what: &'static str, detail: String },
-    #[error("TLS configuration: {0}")]
-    Config(String),
-}
-
-pub(crate) fn file_err(path: &Path, what: &'static str, e: impl std::fmt::Display) -> TlsError {
-    TlsError::File { path: path.display().to_string(), what, detail: e.to_string() }
-}
-
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(path, "reading certificates", e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| file_err(path, "parsing certificates", e))?;
-    if certs.is_empty() {
-        return Err(file_err(path, "reading certificates", "no certificate found"));
-    }
-    Ok(certs)
-}
-
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, "reading private key", e))
-}
-
-pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for c in load_certs(path)? {
-        roots.add(c).map_err(|e| file_err(path, "adding CA certificate", e))?;
-    }
-    Ok(roots)
-}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
@@ -72,31 +44,48 @@ pub enum Part {
     Crl,
 }
 
+/// What is wrong with one identity's files ([`check_files`]): problems refuse the config,
+/// warnings do not.
+#[derive(Debug, Default)]
+pub struct FileCheck {
+    pub problems: Vec<(Part, TlsError)>,
+    /// Lists that match no CA of the bundle: they revoke nothing, which is allowed (a bundle
+    /// that left a CA behind) but rarely meant.
+    pub warnings: Vec<(Part, String)>,
+}
+
 /// Every problem with one identity's files, loaded exactly as [`server_config`] and
 /// [`client_config`] load them: a file missing or unreadable, no usable PEM in it, a CA that
 /// cannot be a trust anchor, a revocation list that cannot be read, a key that does not belong
-/// to the certificate. Binds nothing. An agent with a token and no certificate has neither
-/// `cert` nor `key`.
-pub fn check_files(identity: Option<(&Path, &Path)>, ca: Option<&Path>, crl: Option<&Path>) -> Vec<(Part, TlsError)> {
-    let mut out = Vec::new();
-    if let Some(ca) = ca
-        && let Err(e) = load_roots(ca)
-    {
-        out.push((Part::Ca, e));
-    }
-    if let Some(crl) = crl
-        && let Err(e) = Revoked::load(crl)
-    {
-        out.push((Part::Crl, e));
+/// to the certificate; and, as warnings, the revocation lists that no CA of the bundle signed.
+/// Binds nothing. An agent with a token and no certificate has neither `cert` nor `key`.
+pub fn check_files(identity: Option<(&Path, &Path)>, ca: Option<&Path>, crl: Option<&Path>) -> FileCheck {
+    let mut out = FileCheck::default();
+    let roots = ca.map(|ca| load_roots(ca).map_err(|e| out.problems.push((Part::Ca, e))).is_ok());
+    match (crl, ca, roots) {
+        (Some(crl), Some(ca), Some(true)) => match Revoked::load(crl, ca) {
+            Ok(r) => {
+                let unused = r.unused().iter();
+                out.warnings.extend(unused.map(|u| (Part::Crl, format!("{}: {}", crl.display(), u.message(ca)))));
+            }
+            Err(e) => out.problems.push((Part::Crl, e)),
+        },
+        // The lists alone (their CAs are reported above): can they be read?
+        (Some(crl), ..) => {
+            if let Err(e) = load_crls(crl) {
+                out.problems.push((Part::Crl, e));
+            }
+        }
+        (None, ..) => {}
     }
     let Some((cert, key)) = identity else { return out };
-    let certs = load_certs(cert).map_err(|e| out.push((Part::Cert, e))).ok();
-    let k = load_key(key).map_err(|e| out.push((Part::Key, e))).ok();
+    let certs = load_certs(cert).map_err(|e| out.problems.push((Part::Cert, e))).ok();
+    let k = load_key(key).map_err(|e| out.problems.push((Part::Key, e))).ok();
     if let (Some(certs), Some(k)) = (certs, k)
         && let Err(e) = rustls::sign::CertifiedKey::from_der(certs, k, &provider())
     {
         let part = if matches!(e, rustls::Error::InconsistentKeys(_)) { Part::Key } else { Part::Cert };
-        out.push((part, identity_error(cert, key, e)));
+        out.problems.push((part, identity_error(cert, key, e)));
     }
     out
 }
@@ -106,7 +95,8 @@ pub fn check_files(identity: Option<(&Path, &Path)>, ca: Option<&Path>, crl: Opt
 pub struct ClientAuth<'a> {
     /// The CA(s) a client certificate must chain to.
     pub ca: &'a Path,
-    /// Revocation lists: a client certificate whose serial a list of its issuer names is refused.
+    /// Revocation lists: a client certificate whose serial a list signed by its issuer's key
+    /// names is refused.
     pub crl: Option<&'a Path>,
     /// A client may come without a certificate (it proves who it is otherwise: a token); one it
     /// presents is verified all the same.
@@ -119,7 +109,24 @@ fn versions(tls13_only: bool) -> &'static [&'static rustls::SupportedProtocolVer
     if tls13_only { &TLS13_ONLY } else { rustls::DEFAULT_VERSIONS }
 }
 
-/// A TLS server config. With `client`, clients present a certificate issued by its CA (which
+/// The roots in `ca` and the lists in `crl` matched to them (none without `crl`).
+fn roots_and_lists(ca: &Path, crl: Option<&Path>) -> Result<(RootCertStore, Arc<Revoked>), TlsError> {
+    let cas = load_certs(ca)?;
+    let mut roots = RootCertStore::empty();
+    for c in &cas {
+        roots.add(c.clone()).map_err(|e| file_err(ca, "adding CA certificate", e))?;
+    }
+    let revoked = match crl {
+        None => Revoked::default(),
+        Some(crl) => {
+            Revoked::matched(&cas, &load_crls(crl)?).map_err(|e| file_err(crl, "parsing revocation lists", e))?
+        }
+    };
+    Ok((roots, Arc::new(revoked)))
+}
+
+/// A TLS server config, and the revocation lists its client verifier checks (empty without
+/// `client` or its `crl`). With `client`, clients present a certificate issued by its CA (which
 /// its lists may revoke). `tls13_only` for the tunnel, whose contract is TLS 1.3.
 pub fn server_config(
     cert: &Path,
@@ -127,53 +134,57 @@ pub fn server_config(
     client: Option<ClientAuth<'_>>,
     alpn: &[&[u8]],
     tls13_only: bool,
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<(Arc<ServerConfig>, Arc<Revoked>), TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(versions(tls13_only))
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match client {
+    let (builder, revoked) = match client {
         Some(a) => {
-            let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(a.ca)?), provider());
-            if let Some(crl) = a.crl {
-                // Only the leaf, as `Revoked::of` checks live sessions; a certificate whose issuer
-                // publishes no list here is not checked (a bundle of several CAs, one with a list).
-                v = v.with_crls(load_crls(crl)?).only_check_end_entity_revocation().allow_unknown_revocation_status();
-            }
+            let (roots, revoked) = roots_and_lists(a.ca, a.crl)?;
+            let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
             if a.optional {
                 v = v.allow_unauthenticated();
             }
-            builder.with_client_cert_verifier(v.build().map_err(|e| TlsError::Config(e.to_string()))?)
+            let chain: Arc<dyn ClientCertVerifier> = v.build().map_err(|e| TlsError::Config(e.to_string()))?;
+            let v = match a.crl {
+                // Only the leaf, looked up by the key that issued it (`verify`).
+                Some(_) => Arc::new(verify::Checked { chain, revoked: revoked.clone() }),
+                None => chain,
+            };
+            (builder.with_client_cert_verifier(v), revoked)
         }
-        None => builder.with_no_client_auth(),
+        None => (builder.with_no_client_auth(), Arc::default()),
     };
     let mut cfg =
         builder.with_single_cert(load_certs(cert)?, load_key(key)?).map_err(|e| identity_error(cert, key, e))?;
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), revoked))
 }
 
 /// A TLS client config trusting `ca` (less the certificates the lists in `crl` revoke),
-/// presenting `cert`/`key` when given.
+/// presenting `cert`/`key` when given; and the lists it checks servers' certificates against.
 pub fn client_config(
     ca: &Path,
     crl: Option<&Path>,
     client_cert: Option<(&Path, &Path)>,
     alpn: &[&[u8]],
     tls13_only: bool,
-) -> Result<Arc<ClientConfig>, TlsError> {
+) -> Result<(Arc<ClientConfig>, Arc<Revoked>), TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions(tls13_only))
         .map_err(|e| TlsError::Config(e.to_string()))?;
+    let (roots, revoked) = roots_and_lists(ca, crl)?;
     let builder = match crl {
-        None => builder.with_root_certificates(load_roots(ca)?),
-        Some(crl) => {
-            let v = WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider())
-                .with_crls(load_crls(crl)?)
-                .only_check_end_entity_revocation()
-                .allow_unknown_revocation_status()
-                .build()
-                .map_err(|e| TlsError::Config(e.to_string()))?;
-            builder.with_webpki_verifier(v)
+        None => builder.with_root_certificates(roots),
+        Some(_) => {
+            let chain: Arc<dyn ServerCertVerifier> =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+                    .build()
+                    .map_err(|e| TlsError::Config(e.to_string()))?;
+            // The webpki verifier with a revocation check after it: nothing is verified less.
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verify::Checked { chain, revoked: revoked.clone() }))
         }
     };
     let mut cfg = match client_cert {
@@ -183,7 +194,7 @@ pub fn client_config(
         None => builder.with_no_client_auth(),
     };
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), revoked))
 }
 
 /// The subject common name of a DER certificate (the identity a tunnel agent presents).

@@ -8,6 +8,12 @@
 //! own messages and codes (control lines, dial errors, QUIC's stream framing) are sans-IO, in
 //! `proxy_wire::tunnel`.
 //!
+//! The seam's types live here and the session and both transports use them, so this module names
+//! none of its children (a file that re-exported theirs would depend on files that depend on it):
+//! a session of either transport starts from [`session`] (`run_seed_session`, `run_agent_session`,
+//! the connections they take), each transport's own API is under [`h2`] and [`quic`], and what
+//! both read of a session's path is in [`path`].
+//!
 //! Wire protocol, version 1 (ALPN `seedgate-tunnel/1`), over HTTP/2:
 //! - stream open: `CONNECT` with `:authority` = `host:port` of the target in the shoot;
 //! - answer: `:status 200` once the agent's dial succeeded; otherwise a status from
@@ -22,15 +28,10 @@
 //!
 //! Over QUIC: see [`quic`].
 
-pub mod congestion;
 pub mod h2;
-pub mod inflight;
+pub mod path;
 pub mod quic;
-pub mod send_turns;
 pub mod session;
-pub mod session_socket;
-mod stream;
-pub mod window;
 
 use crate::net::guard::Active;
 use crate::relay::io::Resettable;
@@ -44,11 +45,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use proxy_wire::tunnel::{ALPN_V1, AgentHello, AgentMsg, ControlMsg, DialError, Secret, ServerInfo};
-pub use session::{
-    AgentConnection, AgentSession, Ended, Presented, SeedConnection, SeedSession, SessionError, run_agent_session,
-    run_seed_session,
-};
-pub use stream::H2Stream;
 
 pub const ERROR_HEADER: &str = "seedgate-error";
 pub const REASON_HEADER: &str = "seedgate-reason";
@@ -228,7 +224,8 @@ pub trait AgentHandler: Send + Sync + 'static {
     fn control(&self, msg: ControlMsg);
     fn hello(&self) -> AgentHello;
     /// The agent's token as it is renewed (the hello carries the one of the session's start):
-    /// each new value is sent to the seed on the control stream. `None`: no token.
+    /// each new value is sent to the seed on the control stream, an empty one too (the agent has
+    /// no token any more). `None`: no token.
     fn token_renewals(&self) -> Option<tokio::sync::watch::Receiver<Secret>> {
         None
     }
@@ -250,19 +247,19 @@ pub struct TunnelSettings {
     /// Per-session receive window: bounds the memory of all streams together.
     pub connection_window: u32,
     /// The most a stream's window grows to on a path that needs it (HTTP/2: the session's
-    /// estimate of its bandwidth-delay product, [`window`]; QUIC: every stream's window), within
+    /// estimate of its bandwidth-delay product, [`h2::window`]; QUIC: every stream's window), within
     /// a quarter of `connection_window` and never below the stream window.
     pub max_stream_window: u32,
     /// HTTP/2: the session's stream window follows its path up to `max_stream_window`; off, it
     /// stays `stream_window`. (What keeps the bytes a grown window lets into flight from
-    /// overflowing the path is the session socket's in-flight bound, [`inflight`].)
+    /// overflowing the path is the session socket's in-flight bound, [`h2::inflight`].)
     pub h2_adaptive_window: bool,
     pub max_frame_size: u32,
     /// Most streams open at once on one session (set by the agent).
     pub max_streams: u32,
     pub keepalive_interval: Duration,
-    /// A PING (QUIC: anything ack-eliciting) unanswered this long: the session is suspect
-    /// ([`Quiet`]); it goes on.
+    /// A PING (QUIC: anything ack-eliciting) unanswered this long, at most the timeout
+    /// ([`TunnelSettings::suspect`]): the session is suspect ([`Quiet`]); it goes on.
     pub keepalive_suspect: Duration,
     /// ... this long: the session is dead.
     pub keepalive_timeout: Duration,
@@ -274,32 +271,46 @@ pub struct TunnelSettings {
 }
 
 impl TunnelSettings {
+    /// One end's settings from the session keys both ends share (the agent's `tunnel`,
+    /// proxy-server's `agents`) and the congestion controller of what this end sends (a key of
+    /// each end's own). The rest is the same for both ends unless an end sets it from keys of
+    /// its own (the agent: its stream limit and UDP receive offload).
+    pub fn new(session: &seedgate_config::SessionSettings, congestion: seedgate_config::CongestionControl) -> Self {
+        let (stream_window, stream_window_quic) = session.stream_windows();
+        Self {
+            stream_window,
+            stream_window_quic,
+            connection_window: session.connection_window,
+            max_stream_window: session.max_stream_window,
+            h2_adaptive_window: session.h2_adaptive_window,
+            max_frame_size: 64 * 1024,
+            max_streams: 16 * 1024,
+            keepalive_interval: session.keepalive.interval.get(),
+            keepalive_suspect: session.keepalive.suspect_after.get(),
+            keepalive_timeout: session.keepalive.timeout.get(),
+            receive_offload: true,
+            congestion,
+        }
+    }
+
+    /// How long a PING may go unanswered before the session is suspect: `keepalive_suspect`, at
+    /// most `keepalive_timeout` (equal to it, a session is never suspect before it is dead).
+    pub fn suspect(&self) -> Duration {
+        self.keepalive_suspect.min(self.keepalive_timeout)
+    }
+
     /// How often a keepalive PING goes out: every keepalive interval, and at least three times
     /// per suspect time, so that a few seconds of silence are noticed whether or not anything
     /// else is sent (a PING is some 40 bytes on the wire).
     pub fn ping_every(&self) -> Duration {
-        self.keepalive_interval
-            .min(self.keepalive_suspect.min(self.keepalive_timeout) / 3)
-            .max(Duration::from_millis(10))
+        self.keepalive_interval.min(self.suspect() / 3).max(Duration::from_millis(10))
     }
 }
 
+/// The settings of a config that leaves every session key out.
 impl Default for TunnelSettings {
     fn default() -> Self {
-        Self {
-            stream_window: seedgate_config::STREAM_WINDOW_H2,
-            stream_window_quic: seedgate_config::STREAM_WINDOW_QUIC,
-            connection_window: 64 * 1024 * 1024,
-            max_stream_window: seedgate_config::MAX_STREAM_WINDOW,
-            h2_adaptive_window: true,
-            max_frame_size: 64 * 1024,
-            max_streams: 16 * 1024,
-            keepalive_interval: Duration::from_secs(5),
-            keepalive_suspect: Duration::from_secs(3),
-            keepalive_timeout: Duration::from_secs(60),
-            receive_offload: true,
-            congestion: seedgate_config::CongestionControl::default(),
-        }
+        Self::new(&seedgate_config::SessionSettings::default(), seedgate_config::CongestionControl::default())
     }
 }
 
@@ -325,5 +336,30 @@ mod tests {
             "the suspect time is at most the timeout"
         );
         assert_eq!(s(5_000, 0, 60_000).ping_every(), Duration::from_millis(10), "never a busy loop");
+        assert_eq!(s(5_000, 9_000, 3_000).suspect(), Duration::from_secs(3), "suspect at most at the timeout");
+        assert_eq!(s(5_000, 2_000, 3_000).suspect(), Duration::from_secs(2));
+    }
+
+    /// An end's settings are its session keys as given, with the transports' own stream windows
+    /// where `stream_window` is left out.
+    #[test]
+    fn an_end_s_settings_are_its_session_keys() {
+        use seedgate_config::{CongestionControl, Dur, Keepalive, SessionSettings};
+        let keepalive = Keepalive { interval: Dur::millis(500), suspect_after: Dur::secs(9), timeout: Dur::secs(2) };
+        let session = SessionSettings {
+            keepalive,
+            connection_window: 768 * 1024,
+            max_stream_window: 4 << 20,
+            h2_adaptive_window: false,
+            ..SessionSettings::default()
+        };
+        let t = TunnelSettings::new(&session, CongestionControl::Bbr);
+        assert_eq!((t.stream_window, t.stream_window_quic), (512 * 1024, 768 * 1024), "at most the session's");
+        assert_eq!((t.connection_window, t.max_stream_window, t.h2_adaptive_window), (768 * 1024, 4 << 20, false));
+        assert_eq!(t.keepalive_interval, Duration::from_millis(500));
+        assert_eq!((t.suspect(), t.keepalive_timeout), (Duration::from_secs(2), Duration::from_secs(2)));
+        assert_eq!(t.congestion, CongestionControl::Bbr);
+        let t = TunnelSettings::new(&SessionSettings { stream_window: Some(65_535), ..session }, t.congestion);
+        assert_eq!((t.stream_window, t.stream_window_quic), (65_535, 65_535), "a given window holds for both");
     }
 }

@@ -15,6 +15,7 @@ use super::{
     AgentHandler, AgentHello, AgentMsg, BoxFuture, ControlMsg, DialError, Incoming, Opener, Secret, TunnelSettings,
 };
 use crate::net::guard::Active;
+use crate::obs::Untrusted;
 use crate::relay::io::Resettable;
 use bytes::Bytes;
 use proxy_wire::tunnel::control::{ControlReader, Line, encode_line};
@@ -181,8 +182,11 @@ pub struct SeedSession<O: ?Sized> {
 pub struct Presented {
     /// The cluster it names: a claim (empty: none).
     pub cluster: String,
-    /// Its latest ServiceAccount token (empty: none).
+    /// Its latest ServiceAccount token: the hello's, then each renewal's (empty: none, or none
+    /// any more).
     pub token: Secret,
+    /// Renewals received since the hello (the same token again, or an empty one, included).
+    pub renewals: u64,
 }
 
 /// How a seed session ended: what its `on_ready` made of it (`None`: it never came up) and why
@@ -323,16 +327,22 @@ async fn seed_control<T: SeedTransport>(
     };
     let reader = async move {
         let mut lines = Lines::new(recv);
-        if let Some(Line::Msg(mut h)) = lines.next::<AgentHello>().await {
-            // Until now the session took dials only by the `default` strategy.
-            tracing::info!(
-                node = %h.node, host = %h.host, addresses = ?h.addresses, default_route = h.default_route,
-                version = %h.version, cluster = %h.cluster, token = !h.token.is_empty(), "agent hello"
+        if let Some(Line::Msg(h)) = lines.next::<AgentHello>().await {
+            // Kept within its limits. Until admitted the peer is anyone: what it says is logged
+            // (escaped) at debug only; the binary logs it with the session once admitted.
+            let mut h = h.bounded();
+            tracing::debug!(
+                node = %Untrusted::new(&h.node), host = %Untrusted::new(&h.host),
+                addresses = h.addresses.len(), default_route = h.default_route,
+                version = %Untrusted::new(&h.version), cluster = %Untrusted::new(&h.cluster),
+                token = !h.token.is_empty(), "agent hello"
             );
-            // The token goes to whoever checks it, not into the hello the session keeps.
+            // The token goes to whoever checks it, not into the hello the session keeps. The hello
+            // is set first: whoever sees the credentials arrive finds it there.
             let token = std::mem::take(&mut h.token);
-            presented.send_replace(Some(Presented { cluster: h.cluster.clone(), token }));
+            let cluster = h.cluster.clone();
             let _ = hello.set(h);
+            presented.send_replace(Some(Presented { cluster, token, renewals: 0 }));
         }
         while let Some(line) = lines.next::<AgentMsg>().await {
             match line {
@@ -341,14 +351,19 @@ async fn seed_control<T: SeedTransport>(
                     opener.set_draining();
                 }
                 Line::Msg(AgentMsg::Token { token }) => {
-                    tracing::debug!("agent renewed its token");
+                    tracing::debug!(empty = token.is_empty(), "agent renewed its token");
+                    // Every renewal counts, the same token again and an empty one included:
+                    // the session's owner decides what each is worth.
                     presented.send_modify(|p| {
                         if let Some(p) = p {
                             p.token = token;
+                            p.renewals += 1;
                         }
                     });
                 }
-                Line::Unknown(e) => tracing::warn!(error = %e, "unknown message from the agent ignored"),
+                Line::Unknown(e) => {
+                    tracing::debug!(error = %Untrusted::new(&e.to_string()), "unknown message from the agent ignored")
+                }
             }
         }
     };
@@ -510,13 +525,15 @@ async fn agent_control<S: ControlSend, R: ControlRecv>(
         }
     };
     let writer = async {
-        // A token renewed since the hello read its file goes out at once.
+        // A token renewed since the hello read its file goes out at once; so does the news
+        // that there is none any more (an empty renewal): the agent never leaves a session on
+        // a token its file no longer holds.
         let mut last = sent;
         loop {
             let token = match &mut renewals {
                 Some(r) => {
                     let now = r.borrow_and_update().clone();
-                    if now != last && !now.is_empty() {
+                    if now != last {
                         last = now.clone();
                         Some(now)
                     } else {

@@ -434,13 +434,15 @@ pub struct FileMetrics {
 impl FileMetrics {
     /// `kind` names the files in the metric names: `seedgate_<kind>_file_reloads_total`, `seedgate_<kind>_files`.
     pub fn new(reg: &Registry, kind: &str) -> Self {
+        let reloads = metrics::counter_vec(
+            reg,
+            &format!("seedgate_{kind}_file_reloads_total"),
+            &format!("Files of the {kind} directory read, by result (success, failure, removed)."),
+            &["result"],
+        );
+        metrics::at_zero(&reloads, &[&["success", "failure", "removed"]]);
         Self {
-            reloads: metrics::counter_vec(
-                reg,
-                &format!("seedgate_{kind}_file_reloads_total"),
-                &format!("Files of the {kind} directory read, by result (success, failure, removed)."),
-                &["result"],
-            ),
+            reloads,
             files: metrics::gauge(
                 reg,
                 &format!("seedgate_{kind}_files"),

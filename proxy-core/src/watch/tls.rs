@@ -7,11 +7,13 @@
 //! half-written, or a key that does not match its certificate, fails the rebuild: it is logged
 //! and counted and the running material stays. Each rebuilt config has a fresh session cache,
 //! so after a change of the trusted CAs no peer can resume a session verified against the old
-//! set.
+//! set. With revocation lists, the lists matched to the CAs ([`crate::tls::Revoked`]) are
+//! swapped in with the config whose verifier checks them, for those who look again at sessions
+//! verified before ([`Reloading::revoked`]); a list that matches no CA is logged at each load.
 
 use super::{Poll, Seen};
 use crate::sync::Mutex;
-use crate::tls::TlsError;
+use crate::tls::{Revoked, TlsError};
 use arc_swap::ArcSwap;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
 use std::path::{Path, PathBuf};
@@ -72,7 +74,14 @@ fn expiries(path: &Path) -> Vec<(String, f64)> {
 /// The subject recorded for a revocation list's series (no certificate's CN has a NUL).
 const CRL_MARK: &str = "\0crl";
 
-type Build<T> = Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>;
+type Build<T> = Box<dyn Fn() -> Result<(T, Arc<Revoked>), TlsError> + Send + Sync>;
+
+/// The files of a verifier with revocation lists: the lists and the CAs they are matched to.
+#[derive(Debug, Clone)]
+pub struct ListFiles {
+    pub crl: PathBuf,
+    pub ca: PathBuf,
+}
 
 /// A rustls config (server or client) rebuilt from its files when they change.
 pub struct Reloading<T> {
@@ -80,6 +89,9 @@ pub struct Reloading<T> {
     use_: String,
     files: Vec<PathBuf>,
     current: ArcSwap<T>,
+    /// The lists `current`'s verifier checks peers' certificates against (empty without lists).
+    revoked: ArcSwap<Revoked>,
+    lists: Option<ListFiles>,
     seen: Mutex<Vec<Seen>>,
     /// The (file, subject) label pairs of the expiry metric now set ([`CRL_MARK`]: the
     /// revocation lists' metric), to remove them on change.
@@ -93,32 +105,54 @@ pub struct Reloading<T> {
 
 impl<T: Send + Sync + 'static> Reloading<T> {
     /// Build once from `files` (an error here is a start error); `build` reads them again on
-    /// every change.
+    /// every change. `lists`: which of them are revocation lists and their CAs.
     pub fn new(
         use_: impl Into<String>,
         files: Vec<PathBuf>,
+        lists: Option<ListFiles>,
         metrics: &TlsMetrics,
-        build: impl Fn() -> Result<T, TlsError> + Send + Sync + 'static,
+        build: impl Fn() -> Result<(T, Arc<Revoked>), TlsError> + Send + Sync + 'static,
     ) -> Result<Arc<Self>, TlsError> {
         let seen = files.iter().map(|f| Seen::now(f)).collect();
-        let first = build()?;
+        let (first, revoked) = build()?;
         let this = Arc::new(Self {
             use_: use_.into(),
             files,
             current: ArcSwap::from_pointee(first),
+            revoked: ArcSwap::new(revoked),
+            lists,
             seen: Mutex::new(seen),
             recorded: Mutex::new(Vec::new()),
             build: Box::new(build),
             metrics: metrics.clone(),
             rebuilt: tokio::sync::watch::Sender::new(0),
         });
+        // Each file's reloads are exported from the start: a refused change is a 0 turned 1.
+        for f in &this.files {
+            let file = f.display().to_string();
+            crate::obs::metrics::at_zero(&this.metrics.reloads, &[&[&this.use_], &[&file], &["success", "failure"]]);
+        }
         this.record_expiry();
+        this.report_unused();
         Ok(this)
     }
 
     /// The material for a new handshake.
     pub fn current(&self) -> Arc<T> {
         self.current.load_full()
+    }
+
+    /// The revocation lists [`Reloading::current`]'s verifier checks, matched to its CAs.
+    pub fn revoked(&self) -> Arc<Revoked> {
+        self.revoked.load_full()
+    }
+
+    /// Log the lists that match no CA (they revoke nothing): once per load.
+    fn report_unused(&self) {
+        let Some(l) = &self.lists else { return };
+        for u in self.revoked.load().unused() {
+            tracing::warn!(tls = %self.use_, file = %l.crl.display(), "{}", u.message(&l.ca));
+        }
     }
 
     pub fn files(&self) -> &[PathBuf] {
@@ -134,14 +168,14 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         let mut recorded = self.recorded.lock();
         for f in &self.files {
             let file = f.display().to_string();
-            let certs = expiries(f);
-            if certs.is_empty()
-                && let Some(next) = crate::tls::Revoked::load(f).ok().and_then(|r| r.next_update())
-            {
-                self.metrics.crl_next_update.with_label_values(&[&self.use_, &file]).set(next as f64);
-                recorded.push((file.clone(), CRL_MARK.to_owned()));
+            if self.lists.as_ref().is_some_and(|l| &l.crl == f) {
+                if let Some(next) = self.revoked.load().next_update() {
+                    self.metrics.crl_next_update.with_label_values(&[&self.use_, &file]).set(next as f64);
+                    recorded.push((file.clone(), CRL_MARK.to_owned()));
+                }
+                continue;
             }
-            for (subject, at) in certs {
+            for (subject, at) in expiries(f) {
                 self.metrics.expiry.with_label_values(&[&self.use_, &file, &subject]).set(at);
                 recorded.push((file.clone(), subject));
             }
@@ -176,10 +210,12 @@ impl<T: Send + Sync + 'static> Reloading<T> {
             self.metrics.reloads.with_label_values(&[&self.use_, f, label]).inc();
         }
         Some(match result {
-            Ok(new) => {
+            Ok((new, revoked)) => {
                 self.forget_expiry();
                 self.current.store(Arc::new(new));
+                self.revoked.store(revoked);
                 self.record_expiry();
+                self.report_unused();
                 self.rebuilt.send_modify(|n| *n += 1);
                 tracing::info!(tls = %self.use_, files = ?changed, "TLS material reloaded; new handshakes use it");
                 Ok(())
@@ -237,13 +273,15 @@ pub fn server(
         files.push(cl.ca.clone());
         files.extend(cl.crl.clone());
     }
-    Reloading::new(use_, files, metrics, move || {
+    let lists = client.as_ref().and_then(|cl| Some(ListFiles { crl: cl.crl.clone()?, ca: cl.ca.clone() }));
+    Reloading::new(use_, files, lists, metrics, move || {
         let auth = client.as_ref().map(|cl| crate::tls::ClientAuth {
             ca: &cl.ca,
             crl: cl.crl.as_deref(),
             optional: cl.optional,
         });
-        crate::tls::server_config(&c, &k, auth, alpn, tls13_only).map(Arc::unwrap_or_clone)
+        let (cfg, revoked) = crate::tls::server_config(&c, &k, auth, alpn, tls13_only)?;
+        Ok((Arc::unwrap_or_clone(cfg), revoked))
     })
 }
 
@@ -266,8 +304,10 @@ pub fn client(
     }
     files.push(ca.clone());
     files.extend(crl.clone());
-    Reloading::new(use_, files, metrics, move || {
+    let lists = crl.clone().map(|crl| ListFiles { crl, ca: ca.clone() });
+    Reloading::new(use_, files, lists, metrics, move || {
         let id = identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-        crate::tls::client_config(&ca, crl.as_deref(), id, alpn, tls13_only).map(Arc::unwrap_or_clone)
+        let (cfg, revoked) = crate::tls::client_config(&ca, crl.as_deref(), id, alpn, tls13_only)?;
+        Ok((Arc::unwrap_or_clone(cfg), revoked))
     })
 }

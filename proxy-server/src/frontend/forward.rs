@@ -2,8 +2,10 @@
 
 use super::proxy_auth::PROXY_CHALLENGE;
 use super::proxy_auth::{ProxyAuth, proxy_auth_cluster};
-use super::{Ctx, Refusal, dial};
-use crate::shared::Shared;
+use super::refusal::Refusal;
+use super::revocation;
+use super::wing::Ctx;
+use super::wing::Frontends;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -228,19 +230,19 @@ impl Drop for Logged {
 
 /// Serve absolute-form requests on a front-end connection: each goes through its own tunnel
 /// stream and gets its own access event and count; the connection's end is logged once more.
-pub(super) async fn forward<S>(shared: Arc<Shared>, ctx: &Ctx, io: S)
+pub(super) async fn forward<S>(fes: Arc<Frontends>, ctx: &Ctx, io: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (frontend, client, cluster): (Arc<str>, Arc<str>, Arc<str>) =
         (ctx.fe.name.clone(), Arc::from(ctx.peer.as_str()), Arc::from(ctx.cluster.as_str()));
     let conn_id = ctx.conn_id;
-    let sh = shared.clone();
+    let sh = fes.clone();
     let token = ctx.fe.proxy_token.clone();
     let forwarded = Arc::new(Forwarded::default());
     let totals = forwarded.clone();
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let shared = sh.clone();
+        let fes = sh.clone();
         let log = RequestLog {
             conn_id,
             frontend: frontend.clone(),
@@ -260,17 +262,21 @@ where
             let v = req.headers().get(http::header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
             proxy_auth_cluster(v, t)
         });
-        async move { Ok::<_, std::convert::Infallible>(request(&shared, req, log, by_auth).await) }
+        async move { Ok::<_, std::convert::Infallible>(request(&fes, req, log, by_auth).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(shared.config.load().timeouts.handshake.get())
+        .header_read_timeout(fes.shared.config.load().timeouts.handshake.get())
         .serve_connection(TokioIo::new(io), svc);
     // The connection (and any answer in flight, which logs itself when dropped) is gone
     // once the select is: the totals are complete.
     let reason = tokio::select! {
-        r = conn => if r.is_ok() { "closed" } else { "http_error" },
-        _ = shared.shutdown.kill.cancelled() => "shutdown",
+        r = conn => match r {
+            Ok(()) => "closed",
+            Err(e) if revocation::ended_by(&e) => revocation::REASON,
+            Err(_) => "http_error",
+        },
+        _ = fes.shared.shutdown.kill.cancelled() => "shutdown",
     };
     let code = totals.last_code.load(Ordering::Relaxed);
     ctx.log(code, reason, totals.to_upstream.load(Ordering::Relaxed), totals.to_client.load(Ordering::Relaxed));
@@ -280,12 +286,12 @@ where
 /// credentials), the dial, the exchange with the target; an answer of our own (no target
 /// reached) is counted as a reject and logged now, the target's logs itself when its body ends.
 async fn request(
-    shared: &Shared,
+    fes: &Frontends,
     mut req: Request<Incoming>,
     mut log: RequestLog,
     by_auth: Option<Result<String, ProxyAuth>>,
 ) -> Response<Body> {
-    let m = &shared.metrics;
+    let m = &fes.shared.metrics;
     match by_auth {
         Some(Ok(c)) => log.cluster = Arc::from(c),
         Some(Err(e)) => return log.refuse(m, &Refusal::ProxyAuth(e)),
@@ -296,7 +302,7 @@ async fn request(
         return log.refuse(m, &Refusal::NotAbsoluteUri(uri.to_string()));
     };
     let target = format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(80));
-    let dialed = match dial(shared, &log.cluster, &target).await {
+    let dialed = match fes.dial(&log.cluster, &target).await {
         Ok(d) => d,
         Err(e) => return log.refuse(m, &e.into()),
     };

@@ -236,4 +236,140 @@ mod tests {
         assert!(e.to_string().contains("PUSH_PROMISE"), "{e}");
         assert_eq!(failure.get(), Some(&Http2Error::PushPromise));
     }
+
+    /// A client's frames for the attack on the normaliser: a request that puts a 4 KiB
+    /// `:authority` that is no URI authority in the HPACK table, then `attacks` requests whose
+    /// 64 KiB header blocks are one-octet references to it, then a plain request.
+    fn reference_attack(attacks: u32) -> Vec<u8> {
+        let mut client = PREFACE.to_vec();
+        frame_header(&mut client, 0, 0x4, 0, 0);
+        // POST, http and / by static index; the authority (4,054 octets: a 4,096-octet entry)
+        // with incremental indexing.
+        let mut first = vec![0x83, 0x86, 0x84, 0x41, 0x7f, 0x80 | (3927 & 0x7f) as u8, (3927 >> 7) as u8];
+        first.extend(std::iter::repeat_n(b'a', 4053));
+        first.push(b'/');
+        frame_header(&mut client, first.len(), 0x1, 0x5, 1);
+        client.extend_from_slice(&first);
+        let refs = [0xbe; 16_384];
+        for i in 0..attacks {
+            for (kind, flags) in [(0x1, 0), (0x9, 0), (0x9, 0), (0x9, 0x4)] {
+                frame_header(&mut client, refs.len(), kind, flags, 3 + 2 * i);
+                client.extend_from_slice(&refs);
+            }
+        }
+        // GET / by static index, a plain authority.
+        let mut last = vec![0x82, 0x86, 0x84];
+        hpack::encode_literal(
+            &mut last,
+            &hpack::Field { name: b":authority", value: b"localhost", never_indexed: false },
+        );
+        frame_header(&mut client, last.len(), 0x1, 0x5, 5 + 2 * attacks);
+        client.extend_from_slice(&last);
+        client
+    }
+
+    /// The attack on the normaliser against hyper's HTTP/2 server (the front end's settings):
+    /// each block of references is refused as a list over the limit (`431`, then the stream
+    /// reset), the requests around them are served on the same connection, the authority was
+    /// judged once in all, and the list bytes the normaliser decoded are fewer than the bytes
+    /// the client sent.
+    #[tokio::test]
+    async fn references_to_a_refused_authority_get_431_and_the_connection_serves_on() {
+        use http_body_util::Empty;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+
+        let limits = Limits::default();
+        let attacks = 2;
+        let (mut client, front) = tokio::io::duplex(1 << 20);
+        let (server_io, back) = tokio::io::duplex(1 << 20);
+        let (from_client, mut to_client) = tokio::io::split(front);
+        let (mut from_server, mut to_server) = tokio::io::split(back);
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .max_frame_size(limits.max_frame_size as u32)
+            .header_table_size(limits.header_table_size as u32)
+            .max_header_list_size(limits.max_header_list_size as u32);
+        let svc = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(Empty::<bytes::Bytes>::new()))
+        });
+        let server = tokio::spawn(builder.serve_connection(TokioIo::new(server_io), svc));
+        // The normaliser between the client and the server, as the front end puts it.
+        let reads = tokio::spawn(async move {
+            let mut n = Normalised::new(from_client, limits);
+            tokio::io::copy(&mut n, &mut to_server).await.unwrap();
+            to_server.shutdown().await.unwrap();
+            n.core.work()
+        });
+        let writes = tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+
+        let sent = reference_attack(attacks);
+        client.write_all(&sent).await.unwrap();
+        let mut written = sent.len();
+        // What the server answers each stream: its status, or the reset's error code.
+        let mut decoder = hpack::Decoder::new(4096);
+        let mut answers = std::collections::BTreeMap::<u32, Vec<String>>::new();
+        let mut buf = Vec::new();
+        let want_streams = attacks as usize + 2;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        // Bounded: until every stream is answered (and the refused ones reset), or the deadline.
+        while answers.len() < want_streams || answers.values().any(|a| a.len() < 2 && a[0] == "431") {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, client.read(&mut chunk)).await.expect("answers in time").unwrap();
+            assert!(n > 0, "the server closed the connection: {answers:?}");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 9 {
+                let len = usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let frame: Vec<u8> = buf.drain(..9 + len).collect();
+                let (kind, flags, stream) = (frame[3], frame[4], u32::from_be_bytes(frame[5..9].try_into().unwrap()));
+                let payload = &frame[9..];
+                match kind {
+                    0x1 => {
+                        assert_ne!(flags & 0x4, 0, "an answer's header block in one frame");
+                        let mut status = String::new();
+                        decoder
+                            .decode(payload, |f, _| {
+                                if f.name == b":status" {
+                                    status = String::from_utf8_lossy(f.value).into_owned();
+                                }
+                                std::ops::ControlFlow::Continue(())
+                            })
+                            .unwrap();
+                        answers.entry(stream).or_default().push(status);
+                    }
+                    0x3 => answers.entry(stream).or_default().push(format!("reset {:?}", payload)),
+                    0x4 if flags & 0x1 == 0 => {
+                        let mut ack = Vec::new();
+                        frame_header(&mut ack, 0, 0x4, 0x1, 0);
+                        client.write_all(&ack).await.unwrap();
+                        written += ack.len();
+                    }
+                    0x7 => panic!("GOAWAY {payload:?}: {answers:?}"),
+                    _ => {}
+                }
+            }
+        }
+        let last = 5 + 2 * attacks;
+        assert_eq!(answers.remove(&1), Some(vec!["200".to_string()]));
+        assert_eq!(answers.remove(&last), Some(vec!["200".to_string()]));
+        for i in 0..attacks {
+            // 431, then RST_STREAM (PROTOCOL_ERROR: h2's reset after its 431).
+            let a = answers.remove(&(3 + 2 * i)).unwrap();
+            assert_eq!(a, ["431".to_string(), "reset [0, 0, 0, 1]".to_string()], "stream {}", 3 + 2 * i);
+        }
+        client.shutdown().await.unwrap();
+        let work = reads.await.unwrap();
+        assert_eq!(work.received, written as u64);
+        // The bad authority once, and the last request's.
+        assert_eq!(work.judged, 4054 + b"localhost".len() as u64);
+        // The first request (43, 43, 38 and the 4,096-octet authority), four references per
+        // block of them (four reach the list limit), the last request (42, 43, 38, 51).
+        assert_eq!(work.decoded, 4220 + u64::from(attacks) * 4 * 4096 + 174, "{work:?}");
+        assert!(work.decoded < work.received, "{work:?}");
+        drop(client);
+        let _ = server.await;
+        let _ = writes.await;
+    }
 }

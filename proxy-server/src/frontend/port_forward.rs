@@ -7,64 +7,37 @@
 //! status a CONNECT would have been answered with). A client whose dial fails sees its
 //! connection closed: the protocol has no other way to say it.
 
-use super::admission::{Handshaken, Pre};
-use super::connect::Ready;
-use super::{BoxIo, Ctx, FrontendRt, Refusal, dial};
-use crate::shared::Shared;
+use super::refusal::Refusal;
+use super::wing::{Ctx, Exit, Handshaken, Pre, Ready, Reply};
+use super::wing::{FrontendRt, Frontends};
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::io::AsyncWriteExt as _;
 
-/// Dial the front end's target for one accepted connection: `Some` when it is ready to relay;
-/// every refusal is counted and logged here.
+/// Dial the front end's target for one accepted connection, up to a connection ready to relay;
+/// a refusal leaves closed unanswered ([`Reply::Close`]).
 pub(super) async fn serve(
-    shared: Arc<Shared>,
-    fe: Arc<FrontendRt>,
-    target: Arc<str>,
+    fes: &Arc<Frontends>,
+    fe: &Arc<FrontendRt>,
+    target: &Arc<str>,
     conn: Handshaken,
-) -> Option<Ready> {
-    let Handshaken { mut io, peer, cert_cluster, pre } = conn;
+) -> Result<Ready, Exit> {
+    let Handshaken { io, peer, cert_cluster, pre } = conn;
     let Pre { admitted, share: pending } = pre;
-    let mut ctx = Ctx {
-        conn_id: shared.ids.next(),
-        fe: fe.clone(),
-        peer,
-        cluster: "-".into(),
-        kind: "tcp",
-        target: target.to_string(),
-        strategy: "-",
-        agent: String::new(),
-        started: Instant::now(),
-        results: shared.metrics.conn.connections.clone(),
-        session: None,
-    };
+    let mut ctx = Ctx::new(fes, fe.clone(), peer, "-".into(), "tcp");
+    ctx.target = target.to_string();
     let Some(cluster) = fe.cluster.clone().or(cert_cluster) else {
-        return refuse(&shared, &ctx, &mut io, &Refusal::NoClusterIdentity).await;
+        return Err(Exit::late(ctx, io, Reply::Close, Refusal::NoClusterIdentity));
     };
     ctx.cluster = cluster.clone();
     // Nothing more to read before the dial: from the pending budget to an established slot.
     drop(pending);
-    let permit = match admitted.establish(&shared.limit).await {
+    let permit = match admitted.establish(&fes.limit).await {
         Ok(p) => p,
-        Err(r) => return refuse(&shared, &ctx, &mut io, &r.into()).await,
+        Err(r) => return Err(Exit::late(ctx, io, Reply::Close, r.into())),
     };
-    let (stream, share) = match dial(&shared, &cluster, &target).await {
+    let (stream, share) = match fes.dial(&cluster, target).await {
         Ok(d) => ctx.dialed(d),
-        Err(e) => return refuse(&shared, &ctx, &mut io, &e.into()).await,
+        Err(e) => return Err(Exit::late(ctx, io, Reply::Close, e.into())),
     };
-    shared.metrics.requests.with_label_values(&[&fe.name, "tcp", "200"]).inc();
-    Some(Ready::new(io, stream, Vec::new(), ctx, permit, share))
-}
-
-/// Refuse a port-forward connection: counted by reason and by the status a CONNECT would have
-/// been answered with (the request a port forward stands for), logged, and closed unanswered.
-async fn refuse<T>(shared: &Shared, ctx: &Ctx, io: &mut BoxIo, r: &Refusal) -> Option<T> {
-    let (m, status) = (&shared.metrics, r.status());
-    m.conn.rejects.with_label_values(&[&ctx.fe.name, r.label()]).inc();
-    if status != 0 {
-        m.requests.with_label_values(&[&ctx.fe.name, ctx.kind, &status.to_string()]).inc();
-        let _ = io.shutdown().await;
-    }
-    ctx.log(status, r.label(), 0, 0);
-    None
+    fes.shared.metrics.requests.with_label_values(&[&fe.name, "tcp", "200"]).inc();
+    Ok(Ready::new(io, stream, Vec::new(), ctx, permit, share))
 }

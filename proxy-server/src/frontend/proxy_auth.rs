@@ -30,7 +30,7 @@ pub(super) fn proxy_auth_cluster(value: Option<&[u8]>, token: &str) -> Result<St
 mod tests {
     #[test]
     fn proxy_credentials_name_the_cluster_with_the_right_token() {
-        use super::super::Refusal;
+        use super::super::refusal::Refusal;
         use super::proxy_auth_cluster;
         let label = |r: Result<String, super::ProxyAuth>| r.map_err(|e| Refusal::ProxyAuth(e).label());
         for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!=", "YQ=="] {

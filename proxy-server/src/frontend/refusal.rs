@@ -1,9 +1,10 @@
 //! Why a front end turned a connection, a forwarded request or a gRPC `Proxy` stream away: each refusal's reason label, HTTP status and message in one place.
 
 use super::proxy_auth::{PROXY_CHALLENGE, ProxyAuth};
-use crate::registry::DialRefused;
+use crate::registry::DialRefusal;
 use proxy_core::net::admission;
 use proxy_wire::http_head::{self, HeadError};
+use proxy_wire::tunnel::DialError;
 
 /// A refusal of a front end. Its [`label`](Refusal::label) is the reason counted in
 /// `seedgate_rejects_total` and written in the access event; its [`status`](Refusal::status)
@@ -33,7 +34,7 @@ pub(crate) enum Refusal {
     NotAbsoluteUri(String),
     /// The dial: the cluster's share, or what the agent (or the tunnel) answered.
     #[error(transparent)]
-    Dial(#[from] DialRefused),
+    Dial(#[from] DialRefusal),
     /// A forwarded request's target failed to answer.
     #[error("target {target}: {error}")]
     Target { target: String, error: String },
@@ -48,9 +49,43 @@ pub(crate) enum Refusal {
     NotADialRequest,
 }
 
+/// The labels of the variants without an error of their own (see [`Refusal::labels`]).
+const OWN_LABELS: [&str; 10] = [
+    "tls_handshake_failed",
+    "no_cluster_identity",
+    "client_closed_early",
+    "proxy_auth_missing",
+    "proxy_auth_invalid",
+    "not_a_proxy_request",
+    "not_absolute_uri",
+    "target_error",
+    "not_http2",
+    "http2_malformed",
+];
+
 impl Refusal {
+    /// Every reason label a refusal may have: a front end's series of each are exported from
+    /// its start.
+    pub(crate) fn labels() -> Vec<&'static str> {
+        let mut all = OWN_LABELS.to_vec();
+        all.push("not_a_dial_request");
+        all.extend(admission::Refusal::ALL.map(admission::Refusal::label));
+        all.extend(HeadError::REASONS);
+        all.extend(DialError::CODES);
+        all.extend(["cluster_stream_limit", "cluster_pending_limit"]);
+        all
+    }
+
     /// The reason label (bounded: one per variant, or the typed error's own).
     pub(crate) fn label(&self) -> &'static str {
+        let label = self.own_label();
+        // A label missing from `labels` would have no series before its first refusal; any
+        // test that refuses for it says so.
+        debug_assert!(Self::labels().contains(&label), "{label} is not among Refusal::labels");
+        label
+    }
+
+    fn own_label(&self) -> &'static str {
         match self {
             Refusal::Admission(r) => r.label(),
             Refusal::TlsHandshake => "tls_handshake_failed",
@@ -82,6 +117,22 @@ impl Refusal {
             Refusal::Dial(e) => e.http_status(),
             Refusal::Target { .. } => 502,
         }
+    }
+
+    /// The gRPC status a `Proxy` stream is answered with when its connection is refused before
+    /// it could be served: the code gRPC gives the HTTP status (`503`: `UNAVAILABLE`, as for
+    /// a refusal without an answer: the connection is gone), with this refusal's text.
+    pub(crate) fn grpc_status(&self) -> tonic::Status {
+        use tonic::Code;
+        let code = match self.status() {
+            0 | 429 | 502 | 503 | 504 => Code::Unavailable,
+            400 => Code::Internal,
+            401 | 407 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::Unimplemented,
+            _ => Code::Unknown,
+        };
+        tonic::Status::new(code, self.to_string())
     }
 
     /// The HTTP/1.x answer (`version`: the request's minor version): the status with this

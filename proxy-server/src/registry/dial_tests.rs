@@ -1,11 +1,8 @@
 //! Dials against sessions that answer, stay silent, are slow but alive, or were superseded, on a virtual clock.
 
-use super::dial::{DialTimes, Dialed};
 use super::*;
-use crate::attempt;
-use crate::liveness::Standing;
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::{BoxFuture, DialError, Echoes, TunnelStream};
+use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Echoes, Opener, TunnelStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// How the agent behind a fake session answers a stream open.
@@ -143,12 +140,20 @@ fn add(d: &SessionDirectory, fake: &Arc<Fake>, hello: Option<(&str, &str)>) -> A
         ..AgentHello::default()
     });
     let hello = Arc::new(hello.map(std::sync::OnceLock::from).unwrap_or_default());
-    d.add("a", "peer".into(), opener, hello, CancellationToken::new(), Default::default(), "h2").expect("not fenced")
+    let filed = Filed {
+        peer: "peer".into(),
+        transport: "h2",
+        opener,
+        hello,
+        stop: CancellationToken::new(),
+        identity: Default::default(),
+    };
+    d.add("a", filed).expect("not fenced")
 }
 
 const TIMES: DialTimes = DialTimes { dial: Duration::from_secs(10), open: Duration::from_secs(2) };
 
-async fn dial(d: &SessionDirectory) -> Result<Dialed, DialRefused> {
+async fn dial(d: &SessionDirectory) -> Result<Dialed, DialRefusal> {
     d.dial("a", "10.0.0.1:443", TIMES, &[ProxyStrategy::Default]).await
 }
 
@@ -166,7 +171,7 @@ async fn a_silent_session_is_suspected_and_the_dial_moves_to_another() {
     assert!(dial(&d).await.is_ok());
     assert_eq!((silent.opens(), live.opens()), (1, 1));
     assert_eq!(started.elapsed(), TIMES.open, "moved on after agents.open_timeout, not the dial timeout");
-    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Suspect);
+    assert_eq!(s.standing(&d.metrics), Standing::Suspect);
     assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 1);
     assert_eq!(count(&d.metrics.dial_retries, &["a", "silent"]), 1);
 
@@ -177,7 +182,7 @@ async fn a_silent_session_is_suspected_and_the_dial_moves_to_another() {
     assert_eq!((silent.opens(), live.opens()), (1, 21));
     // Anything heard from it ends the doubt.
     silent.heard.fetch_add(1, Ordering::Relaxed);
-    assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
+    assert_eq!(s.standing(&d.metrics), Standing::Healthy);
     assert_eq!(count(&d.metrics.sessions_revived, &["a", "silent"]), 1);
 }
 
@@ -246,7 +251,7 @@ async fn a_live_agent_slow_to_reach_its_target_gets_the_whole_dial_timeout() {
         assert!(dial(&d).await.is_ok());
         assert_eq!(started.elapsed(), Duration::from_secs(7));
         assert_eq!((slow.opens(), other.opens()), (1, 0), "it answered the probe: not abandoned");
-        assert_eq!(attempt::standing(&s, &d.metrics), Standing::Healthy);
+        assert_eq!(s.standing(&d.metrics), Standing::Healthy);
         assert_eq!(count(&d.metrics.sessions_doubted, &["a", "silent"]), 0);
         // Alone too.
         let d = directory();
@@ -364,9 +369,9 @@ async fn a_new_run_of_a_node_supersedes_its_earlier_sessions() {
     let other_s = add(&d, &other_node, Some(("n2", "run-7")));
     let new_s = add(&d, &new, Some(("n1", "run-2")));
     d.file_hellos("a");
-    assert_eq!(attempt::standing(&old_s, &d.metrics), Standing::Superseded);
-    assert_eq!(attempt::standing(&other_s, &d.metrics), Standing::Healthy, "another node is not touched");
-    assert_eq!(attempt::standing(&new_s, &d.metrics), Standing::Healthy, "the earlier run never supersedes the later");
+    assert_eq!(old_s.standing(&d.metrics), Standing::Superseded);
+    assert_eq!(other_s.standing(&d.metrics), Standing::Healthy, "another node is not touched");
+    assert_eq!(new_s.standing(&d.metrics), Standing::Healthy, "the earlier run never supersedes the later");
     assert_eq!(count(&d.metrics.sessions_doubted, &["a", "superseded"]), 1);
 
     for _ in 0..20 {
@@ -380,7 +385,7 @@ async fn a_new_run_of_a_node_supersedes_its_earlier_sessions() {
     // A second live agent with the same node name: the superseded session shows life and is
     // trusted again.
     old.heard.fetch_add(1, Ordering::Relaxed);
-    assert_eq!(attempt::standing(&old_s, &d.metrics), Standing::Healthy);
+    assert_eq!(old_s.standing(&d.metrics), Standing::Healthy);
     assert_eq!(count(&d.metrics.sessions_revived, &["a", "superseded"]), 1);
 }
 

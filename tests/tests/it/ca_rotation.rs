@@ -1,7 +1,8 @@
 //! A CA rotation the way Gardener does it — prepare (old + new CA trusted), reissue (every
 //! certificate from the new CA), complete (new CA only) — with the files swapped in secret-volume
 //! style and no signal, no restart: proxy-server on the seed, proxy-agent in its own network
-//! namespace (root only).
+//! namespace (root only). And a rotation that keeps the CA's name, with the old CA's revocation
+//! list still configured (in process).
 
 use anyhow::Context as _;
 use rustls::pki_types::ServerName;
@@ -9,11 +10,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::netns::{Netns, require_root, veth};
+use testbed::openssl_ca::OpensslCa;
 use testbed::pki::{Ca, Issued, provider};
 use testbed::proc::Running;
 use testbed::secret_volume::SecretVolume;
-use testbed::tunnel_kit::{Dialer, FRONTEND_NAME, SERVER_NAME, connect_strict, wait_agents};
-use testbed::{Proc, TempDir, bin_path, http_get, metric_sum, poll_until};
+use testbed::tunnel_kit::{
+    AgentCert, AgentOpts, Dialer, FRONTEND_NAME, Fe, FeKind, SERVER_NAME, TunnelPki, agent_yaml, connect_strict,
+    inproc_agent, inproc_server, server_yaml, wait_agents,
+};
+use testbed::{Proc, TempDir, bin_path, http_get, metric_sum, metric_value, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -212,5 +217,82 @@ async fn ca_rotation_without_restart() -> anyhow::Result<()> {
     wait_agents(sadmin, "shoot-a", 1.0).await.with_context(logs)?;
     let mut after = connect_strict(&new_client, &echo.to_string()).await.context("a stream over the new session")?;
     echo_once(&mut after, b"over the new session").await?;
+    Ok(())
+}
+
+/// A rotation that keeps the CA's name (a new key under the same subject), with the old CA's
+/// revocation list still in `agents.tls.crl`: with both CAs trusted, and then the new one alone,
+/// every agent of the new CA is admitted, and the old CA's list still refuses the agent it
+/// revokes (and no other agent of the old CA).
+#[tokio::test]
+async fn a_ca_replaced_under_its_own_name_is_not_judged_by_the_old_cas_list() -> anyhow::Result<()> {
+    let dir = TempDir::new("ca-same-name")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let (old, new) = (Ca::new("agents-ca")?, Ca::new("agents-ca")?);
+    let old_ca = OpensslCa::new(&old, dir.path(), "old-ca")?;
+    let revoked = old.client("shoot-a")?.write(dir.path(), "old-revoked")?;
+    let kept = old.client("shoot-a")?.write(dir.path(), "old-kept")?;
+    old_ca.revoke(&revoked.0)?;
+    let crl = dir.path().join("agents-crl.pem");
+    old_ca.gencrl(&crl)?;
+    // Prepare: the old and the new CA in the bundle (in this order, as the rotation appends).
+    let ca_file = dir.write("agents-ca.crt", bundle(&[&old, &new]))?;
+    let yaml = server_yaml(&pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], "").replacen(
+        &format!("client_ca: {} }}", pki.ca_file.display()),
+        &format!("client_ca: {}, crl: {} }}", ca_file.display(), crl.display()),
+        1,
+    );
+    let (server, saddrs) = inproc_server(&dir, &yaml).await?;
+    let agents = saddrs.listener("agents")?;
+    let mut running = Vec::new();
+    let start = |stem: &str, cert: (std::path::PathBuf, std::path::PathBuf)| {
+        let mut o = AgentOpts::new("shoot-a", agents, &["127.0.0.0/8"]);
+        o.cert = AgentCert::Files(cert.0, cert.1);
+        o.node_name = stem.to_owned();
+        agent_yaml(&pki, &o)
+    };
+    const NEW_AGENTS: usize = 3;
+    for i in 0..NEW_AGENTS {
+        let yaml = start(&format!("new-{i}"), new.client("shoot-a")?.write(dir.path(), &format!("new-{i}"))?)?;
+        running.push(inproc_agent(&dir, &yaml).await?.0);
+    }
+    running.push(inproc_agent(&dir, &start("old-kept", kept)?).await?.0);
+    let (revoked_agent, _) = inproc_agent(&dir, &start("old-revoked", revoked)?).await?;
+    let connected = || metric_value(&server.metrics(), "seedgate_agents_connected", &[("cluster", "shoot-a")]);
+    let want = (NEW_AGENTS + 1) as f64;
+    let admitted = poll_until(DEADLINE, TICK, || async {
+        let have = connected().unwrap_or(0.0);
+        if have == want { Ok(have) } else { Err(anyhow::anyhow!("{have} of {want} agents admitted")) }
+    })
+    .await
+    .with_context(|| server.log())?;
+    println!("prepare: {admitted} of {want} agents admitted (new CA: {NEW_AGENTS}, the old CA's unrevoked one: 1)");
+    revoked_agent.wait_log_line(&["Revoked"], DEADLINE).await?;
+
+    // Complete: the new CA alone; the old CA's list is left in `crl` and now matches no CA.
+    let before = reloads(saddrs.admin()?, "agents").await;
+    let tmp = dir.write("agents-ca.crt.new", bundle(&[&new]))?;
+    std::fs::rename(&tmp, &ca_file)?;
+    let admin = saddrs.admin()?;
+    poll_until(DEADLINE, TICK, || async move {
+        let got = reloads(admin, "agents").await;
+        if got > before { Ok(()) } else { Err(anyhow::anyhow!("no successful reload yet ({got})")) }
+    })
+    .await
+    .with_context(|| server.log())?;
+    server.wait_log_line(&["revocation list 1 of 1 matches no CA", "agents-ca.crt"], DEADLINE).await?;
+    let yaml = start("new-after", new.client("shoot-a")?.write(dir.path(), "new-after")?)?;
+    running.push(inproc_agent(&dir, &yaml).await?.0);
+    // The old CA's live session stays (a CA change ends no session); the new agent joins it.
+    let want = want + 1.0;
+    poll_until(DEADLINE, TICK, || async {
+        let have = connected().unwrap_or(0.0);
+        if have == want { Ok(()) } else { Err(anyhow::anyhow!("{have} of {want} agents admitted")) }
+    })
+    .await
+    .with_context(|| server.log())?;
+    let m = server.metrics();
+    let ended = metric_sum(&m, "seedgate_agent_sessions_ended_total", &[("reason", "certificate_revoked")]);
+    anyhow::ensure!(ended == 0.0, "{ended} sessions ended as revoked");
     Ok(())
 }

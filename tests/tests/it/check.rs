@@ -200,6 +200,51 @@ fn bad_values_and_bad_files_are_reported_in_one_run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `(line, column)`, 1-based, of where `text` starts in the first line of `yaml` that has it;
+/// with `key: value`, of the value.
+fn position(yaml: &str, text: &str) -> anyhow::Result<(usize, usize)> {
+    let (n, line) = yaml.lines().enumerate().find(|(_, l)| l.contains(text)).context(text.to_owned())?;
+    let skip = text.split_once(": ").map_or(0, |(key, _)| key.len() + 2);
+    Ok((n + 1, line.find(text).unwrap_or_default() + skip + 1))
+}
+
+/// Problems found after the parse (bounds, rules between keys) point at the line and column of
+/// the key they name, in both binaries that share the session keys; one about a key left out
+/// (its default) points at its section and says so.
+#[test]
+fn problems_after_the_parse_point_at_their_lines() -> anyhow::Result<()> {
+    let dir = TempDir::new("check-lines")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let session = |yaml: String| yaml.replace("timeout: 2s }", "timeout: 0s }\n  stream_window: 65534");
+    let server = session(server(&pki, &[]))
+        + "limits:\n  max_connections: 0\nclusters:\n  shoot-a:\n    state: active\n    agent_auth: mtls_and_token\n";
+    let agent = session(agent_yaml(&pki, &AgentOpts::new("shoot-a", "127.0.0.1:1", &["10.0.0.0/8"]))?);
+    for (bin, yaml, section) in [("proxy-server", &server, "agents"), ("proxy-agent", &agent, "tunnel")] {
+        let o = check(&dir, bin, yaml)?;
+        anyhow::ensure!(o.code == INVALID, "{bin}: exit {}: {}", o.code, o.stderr);
+        let p = problems(&o);
+        let mut want = vec![
+            (position(yaml, "timeout: 0s")?, format!("{section}.keepalive.timeout: must be positive")),
+            (position(yaml, "stream_window: 65534")?, format!("{section}.stream_window: must be between 65535")),
+        ];
+        if bin == "proxy-server" {
+            want.push((position(yaml, "max_connections: 0")?, "limits.max_connections: must be at least 1".into()));
+            want.push((
+                position(yaml, "shoot-a:")?,
+                "clusters.shoot-a.token_review: agent_auth mtls_and_token needs the kube-apiserver that reviews the \
+                 agents' tokens (not in the file: shown at clusters.shoot-a)"
+                    .into(),
+            ));
+        }
+        for ((line, column), w) in &want {
+            let w = format!(":{line}:{column}: {w}");
+            anyhow::ensure!(p.iter().any(|l| l.contains(&w)), "{bin}: {w:?} in {p:#?}");
+        }
+        anyhow::ensure!(p.len() == want.len(), "{bin}: {p:#?}");
+    }
+    Ok(())
+}
+
 #[test]
 fn a_socket_path_taken_by_a_regular_file_is_reported() -> anyhow::Result<()> {
     let dir = TempDir::new("check-socket")?;

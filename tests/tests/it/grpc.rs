@@ -3,12 +3,15 @@
 //! Each scenario runs over both: a dial with bytes echoed both ways, 16 MiB with a checksum, the
 //! dial errors as `DIAL_RSP.error`, a dial cancelled by `DIAL_CLS`, `CLOSE_REQ` from the client,
 //! the shoot side closing first (`CLOSE_RSP`), many `Proxy` streams on one gRPC connection, and
-//! one gRPC connection per dial as older kube-apiservers do.
+//! one gRPC connection per dial as older kube-apiservers do. And how a connection is admitted:
+//! pending until its first request (cut at the deadline, evicted from a full budget), then a
+//! connection slot while it lives.
 
 use anyhow::Context as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use testbed::grpc_core::{GrpcCore, Target};
 use testbed::konnectivity::{Client, Packet, Payload, close_dial, close_request, dial_request};
 use testbed::tunnel_kit::{
     AgentOpts, Crc, Dialer, FRONTEND_NAME, Fe, FeKind, Pattern, SpeakFirst, TunnelPki, agent_yaml, inproc_agent,
@@ -92,6 +95,28 @@ impl World {
 
     async fn client(&self, via: Via) -> anyhow::Result<Client> {
         Client::connect(self.dialer(via)?).await
+    }
+
+    /// Where gRPC core (grpcio) reaches the front end `via`.
+    pub(crate) fn grpc_core_target(&self, via: Via) -> anyhow::Result<Target> {
+        Ok(match via {
+            Via::Unix => Target::Unix(self.sock.clone()),
+            Via::Mtls => Target::Mtls {
+                addr: self.saddrs.listener("mtls")?,
+                ca: self.pki.ca.cert_pem.clone(),
+                cert: self.pki.apiserver.cert_pem.clone(),
+                key: self.pki.apiserver.key_pem.clone(),
+                server_name: FRONTEND_NAME.into(),
+            },
+        })
+    }
+
+    /// The front end `via` reaches: its name, the `listener` label of its metrics.
+    fn listener(via: Via) -> &'static str {
+        match via {
+            Via::Unix => "uds",
+            Via::Mtls => "mtls",
+        }
     }
 
     /// Every `Proxy` stream ended (none is left open at the server), and both binaries run on.
@@ -312,11 +337,12 @@ async fn rejects(w: &World, listener: &str, reason: &str) -> anyhow::Result<f64>
     Ok(metric_value(&m, "seedgate_rejects_total", &[("listener", listener), ("reason", reason)]).unwrap_or(0.0))
 }
 
-/// A connection is pending until its HTTP/2 preface: one that sends nothing is closed at the
-/// handshake timeout, one that speaks HTTP/1.1 at once; each `Proxy` stream takes a slot of
-/// `limits.max_connections`, and at the limit its `DIAL_RSP` says so.
+/// A connection is pending until its first request: one that sends nothing is closed at the
+/// handshake timeout, one that speaks HTTP/1.1 at once; each dialled `Proxy` stream holds a
+/// slot of `limits.max_connections` (the first its connection's own), and at the limit its
+/// `DIAL_RSP` says so.
 #[tokio::test]
-async fn pending_until_the_preface_and_one_slot_per_stream() -> anyhow::Result<()> {
+async fn pending_until_the_first_request_and_one_slot_per_stream() -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let w =
         World::start_with("timeouts: { handshake: 1s, handshake_floor: 1s }\nlimits: { max_connections: 1 }\n").await?;
@@ -409,5 +435,219 @@ async fn protocol_changes_by_reload() -> anyhow::Result<()> {
     let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
     conn.send(b"grpc".to_vec()).await?;
     anyhow::ensure!(conn.read_exact(4).await? == b"grpc");
+    Ok(())
+}
+
+/// What a client sends before its first request and never finishes: the preface, an empty
+/// SETTINGS, and a request's header block in a HEADERS and a CONTINUATION frame, neither with
+/// END_HEADERS.
+fn unfinished_header_block() -> Vec<u8> {
+    fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = u32::try_from(payload.len()).expect("a small frame").to_be_bytes();
+        out.extend_from_slice(&len[1..]);
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+    let mut block = Vec::new();
+    // Literal fields without indexing, new names; every length below 127 takes one byte.
+    for (name, value) in [
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/ProxyService/Proxy"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ] {
+        block.push(0);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value);
+    }
+    let (first, rest) = block.split_at(block.len() / 2);
+    let mut out = proxy_wire::http2::PREFACE.to_vec();
+    frame(&mut out, 0x4, 0, 0, &[]);
+    frame(&mut out, 0x1, 0, 1, first);
+    frame(&mut out, 0x9, 0, 1, rest);
+    out
+}
+
+/// Until the server closes `s` (an end of stream, after its SETTINGS, or a reset).
+async fn until_closed(mut s: testbed::tunnel_kit::BoxStream) {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 1024];
+    // Bounded by the server's bytes: it sends its SETTINGS and a few frames at most.
+    while let Ok(n) = s.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// A gauge or counter of the server, 0 when absent.
+async fn value(w: &World, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+    let m = metrics(w.saddrs.admin()?).await?;
+    Ok(metric_value(&m, name, labels).unwrap_or(0.0))
+}
+
+/// Many connections each holding an unfinished header block, against `max_connections: 3` and
+/// `max_pending: 5`: the server holds only what the pending budget holds (the oldest evicted for
+/// each newer one, each counted), the gauges say so, and real clients (tonic's and gRPC core's)
+/// still get through.
+async fn unfinished_requests(via: Via) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    const STALLED: usize = 300;
+    const PENDING: usize = 5;
+    // A deadline far beyond the test's waits: what closes a stalled connection here is the budget.
+    let extra =
+        "timeouts: { handshake: 120s, handshake_floor: 120s }\nlimits: { max_connections: 3, max_pending: 5 }\n";
+    let w = World::start_with(extra).await?;
+    let listener = World::listener(via);
+    let stalled = unfinished_header_block();
+    let mut held = Vec::new();
+    for _ in 0..STALLED {
+        let mut s = w.dialer(via)?.connect().await?;
+        // A connection already evicted may refuse the write: it is counted below all the same.
+        let _ = s.write_all(&stalled).await;
+        held.push(tokio::spawn(until_closed(s)));
+    }
+    let closed = || held.iter().filter(|t| t.is_finished()).count();
+    poll_until(STEP, TICK, || async {
+        anyhow::ensure!(closed() == STALLED - PENDING, "{} of {STALLED} closed", closed());
+        Ok(())
+    })
+    .await?;
+    let evicted = (STALLED - PENDING) as f64;
+    let m = metrics(w.saddrs.admin()?).await?;
+    let v = |name: &str, labels: &[(&str, &str)]| metric_value(&m, name, labels).unwrap_or(0.0);
+    anyhow::ensure!(v("seedgate_pending_connections", &[]) == PENDING as f64, "pending gauge");
+    anyhow::ensure!(v("seedgate_cluster_pending", &[("cluster", "shoot-a")]) == PENDING as f64, "cluster pending");
+    anyhow::ensure!(v("seedgate_pending_rejects_total", &[("reason", "evicted")]) == evicted, "evictions");
+    anyhow::ensure!(v("seedgate_rejects_total", &[("listener", listener), ("reason", "pending_evicted")]) == evicted);
+    anyhow::ensure!(v("seedgate_connections_active", &[("listener", listener)]) == PENDING as f64, "active");
+
+    // A real client's connection takes the oldest stalled one's place, then a slot.
+    let echo = TcpEcho::start().await?;
+    let client = w.client(via).await?;
+    let mut conn = client.dial(&echo.addr().to_string()).await?.map_err(anyhow::Error::msg)?;
+    conn.send(b"through".to_vec()).await?;
+    anyhow::ensure!(conn.read_exact(7).await? == b"through", "tonic's echo");
+    if let Some(mut c) = GrpcCore::start(&w.grpc_core_target(via)?, None).await? {
+        c.run(&format!("echo {}", echo.addr())).await?;
+    }
+    anyhow::ensure!(value(&w, "seedgate_pending_connections", &[]).await? <= PENDING as f64);
+    anyhow::ensure!(closed() > STALLED - PENDING, "the real clients' places came from the stalled connections");
+    Ok(())
+}
+over_both!(unfinished_requests: unfinished_header_blocks_are_held_only_within_the_pending_budget_over_uds, unfinished_header_blocks_are_held_only_within_the_pending_budget_over_mtls);
+
+/// A connection that sends half its preface, or its preface and a header block it never
+/// finishes, is closed at the handshake deadline, counted as `handshake_timeout`.
+async fn slow_first_request(via: Via) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let w = World::start_with("timeouts: { handshake: 1s, handshake_floor: 1s }\n").await?;
+    let listener = World::listener(via);
+    let half_preface = proxy_wire::http2::PREFACE[..12].to_vec();
+    for (n, (what, bytes)) in
+        [("half a preface", half_preface), ("an unfinished header block", unfinished_header_block())]
+            .into_iter()
+            .enumerate()
+    {
+        let mut s = w.dialer(via)?.connect().await?;
+        s.write_all(&bytes).await?;
+        tokio::time::timeout(STEP, until_closed(s)).await.with_context(|| format!("{what}: still open"))?;
+        poll_until(STEP, TICK, || async {
+            let labels = [("listener", listener), ("reason", "handshake_timeout")];
+            let cut = value(&w, "seedgate_rejects_total", &labels).await?;
+            anyhow::ensure!(cut == (n + 1) as f64, "{what}: not counted");
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
+over_both!(slow_first_request: a_slow_preface_or_header_block_is_cut_at_the_deadline_over_uds, a_slow_preface_or_header_block_is_cut_at_the_deadline_over_mtls);
+
+/// From its first request a connection holds a slot of `limits.max_connections` while it lives,
+/// idle or not: at the limit accepting pauses, and the next connection's request is served once
+/// one closes. A connection accepted while a slot was free that finds none at its first request
+/// waits for one until its deadline, then is refused as a CONNECT is: its stream is answered
+/// `UNAVAILABLE` with the refusal's text, counted as `connection_limit`.
+#[tokio::test]
+async fn a_connection_holds_a_slot_from_its_first_request_while_it_lives() -> anyhow::Result<()> {
+    let w =
+        World::start_with("timeouts: { handshake: 5s, handshake_floor: 5s }\nlimits: { max_connections: 2 }\n").await?;
+    let echo = TcpEcho::start().await?;
+    let target = echo.addr().to_string();
+    // Three connections while both slots are free: all pending, none holding a slot yet.
+    let (late, a, b) = (w.client(Via::Unix).await?, w.client(Via::Unix).await?, w.client(Via::Unix).await?);
+    poll_until(STEP, TICK, || async {
+        anyhow::ensure!(value(&w, "seedgate_pending_connections", &[]).await? == 3.0, "not all accepted");
+        Ok(())
+    })
+    .await?;
+    let mut conns = Vec::new();
+    for c in [&a, &b] {
+        conns.push(c.dial(&target).await?.map_err(anyhow::Error::msg)?);
+    }
+    let refused = late.dial(&target).await;
+    let status = refused.as_ref().err().and_then(|e| e.downcast_ref::<tonic::Status>());
+    let said = status.map(|s| (s.code(), s.message()));
+    let want = (tonic::Code::Unavailable, "over capacity: connection limit reached");
+    anyhow::ensure!(said == Some(want), "{refused:?}");
+    anyhow::ensure!(
+        value(&w, "seedgate_rejects_total", &[("listener", "uds"), ("reason", "connection_limit")]).await? == 1.0
+    );
+
+    // Their streams end; the connections live on, idle, and keep their slots. The accept loop
+    // waits for a free one (after taking in one more connection, as it checked for room before
+    // the slots were taken), and that connection's first request waits for a slot too.
+    for mut conn in conns {
+        conn.stream.tx.send(close_request(conn.connect_id)).await?;
+        anyhow::ensure!(conn.read_to_close().await?.closed, "no CLOSE_RSP");
+    }
+    w.all_streams_ended().await?;
+    let next = w.client(Via::Unix).await?;
+    let t = target.clone();
+    let waiting = tokio::spawn(async move { next.dial(&t).await });
+    poll_until(STEP, TICK, || async {
+        let waits = value(&w, "seedgate_connection_limit_waiting", &[]).await?;
+        anyhow::ensure!(waits == 2.0, "{waits} waits for a slot");
+        // The refused connection is gone once it read its answer.
+        let active = value(&w, "seedgate_connections_active", &[("listener", "uds")]).await?;
+        anyhow::ensure!(active == 3.0, "{active} connections active");
+        Ok(())
+    })
+    .await?;
+    if waiting.is_finished() {
+        let r = waiting.await?;
+        anyhow::bail!("a third connection was served while two idle ones held both slots: {r:?}");
+    }
+    drop(a);
+    let conn = tokio::time::timeout(STEP, waiting).await.context("not served after a slot came free")???;
+    conn.map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// A connection whose `Proxy` streams all ended gives its slot back after `timeouts.idle`, as an
+/// idle CONNECT does: the next client is served while the idle one's client still holds it open.
+#[tokio::test]
+async fn an_idle_connection_gives_its_slot_back_after_timeouts_idle() -> anyhow::Result<()> {
+    let w = World::start_with(
+        "timeouts: { handshake: 30s, handshake_floor: 30s, idle: 1s }\nlimits: { max_connections: 1 }\n",
+    )
+    .await?;
+    let echo = TcpEcho::start().await?;
+    let target = echo.addr().to_string();
+    let idle = w.client(Via::Unix).await?;
+    let mut conn = idle.dial(&target).await?.map_err(anyhow::Error::msg)?;
+    conn.stream.tx.send(close_request(conn.connect_id)).await?;
+    anyhow::ensure!(conn.read_to_close().await?.closed, "no CLOSE_RSP");
+    w.all_streams_ended().await?;
+    // `idle` is kept: only the server's idle timeout can free the one slot.
+    let next = w.client(Via::Unix).await?;
+    let served = tokio::time::timeout(STEP, next.dial(&target)).await.context("no slot came free")??;
+    served.map_err(anyhow::Error::msg)?;
+    drop(idle);
     Ok(())
 }

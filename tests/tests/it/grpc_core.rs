@@ -12,7 +12,7 @@ use crate::grpc::{Via, World, unanswered};
 use std::time::Duration;
 use testbed::TcpEcho;
 use testbed::grpc_core::{GrpcCore, Target};
-use testbed::tunnel_kit::{FRONTEND_NAME, Pattern, SpeakFirst};
+use testbed::tunnel_kit::{Pattern, SpeakFirst};
 
 const STEP: Duration = Duration::from_secs(10);
 const MIB: u64 = 1024 * 1024;
@@ -60,16 +60,7 @@ async fn event(w: &World, target: &str, reason: &str) -> anyhow::Result<String> 
 
 async fn every_case(via: Via, authority: Authority) -> anyhow::Result<()> {
     let w = World::start().await?;
-    let target = match via {
-        Via::Unix => Target::Unix(w.sock.clone()),
-        Via::Mtls => Target::Mtls {
-            addr: w.saddrs.listener("mtls")?,
-            ca: w.pki.ca.cert_pem.clone(),
-            cert: w.pki.apiserver.cert_pem.clone(),
-            key: w.pki.apiserver.key_pem.clone(),
-            server_name: FRONTEND_NAME.into(),
-        },
-    };
+    let target = w.grpc_core_target(via)?;
     let path = w.sock.display().to_string();
     let sent = match authority {
         Authority::Default => None,

@@ -14,30 +14,37 @@ use testbed::tunnel_kit::{
 };
 use testbed::{InProc, TcpEcho, TempDir, metric_value, poll_until};
 
-const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 const TICK: Duration = Duration::from_millis(20);
-const HOUR: Duration = Duration::from_secs(3600);
-const ACCOUNT: &str = "kube-system/proxy-agent";
-const AUDIENCE: &[&str] = &["seedgate"];
+pub(crate) const HOUR: Duration = Duration::from_secs(3600);
+pub(crate) const ACCOUNT: &str = "kube-system/proxy-agent";
+pub(crate) const AUDIENCE: &[&str] = &["seedgate"];
 
-fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(m, name, labels).unwrap_or(0.0)
 }
 
 /// proxy-server whose agents may come with a token alone (`mtls_or_token`), reviews within
 /// `1s`, a front end of shoot-a, and `clusters` as given (YAML lines under `clusters:`).
-fn server(pki: &TunnelPki, clusters: &str) -> String {
+pub(crate) fn server(pki: &TunnelPki, clusters: &str) -> String {
+    server_with(pki, "timeout: 1s", clusters)
+}
+
+/// [`server`] with `review` as the keys of `agents.token_review` (flow style, without braces).
+pub(crate) fn server_with(pki: &TunnelPki, review: &str, clusters: &str) -> String {
     server_yaml(pki, "127.0.0.1:0", &[Fe::new("egress", "shoot-a", FeKind::Plain)], &format!("clusters:\n{clusters}"))
         .replacen(
             "agents:\n",
-            "agents:\n  auth: mtls_or_token\n  quic: { listen: 127.0.0.1:0 }\n  token_review: { timeout: 1s }\n",
+            &format!(
+                "agents:\n  auth: mtls_or_token\n  quic: {{ listen: 127.0.0.1:0 }}\n  token_review: {{ {review} }}\n"
+            ),
             1,
         )
 }
 
 /// An agent of `cluster` (named in its config) with the token in `token_file` and no
 /// certificate, over `transport`.
-fn agent(
+pub(crate) fn agent(
     pki: &TunnelPki,
     server: &InProc,
     cluster: &str,
@@ -52,7 +59,7 @@ fn agent(
     agent_yaml(pki, &o)
 }
 
-fn write_token(dir: &Path, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_token(dir: &Path, name: &str, token: &str) -> anyhow::Result<PathBuf> {
     let p = dir.join(name);
     let tmp = dir.join(format!("{name}.new"));
     std::fs::write(&tmp, format!("{token}\n"))?;
@@ -60,7 +67,12 @@ fn write_token(dir: &Path, name: &str, token: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-async fn wait_count(server: &InProc, name: &str, labels: &[(&str, &str)], at_least: f64) -> anyhow::Result<()> {
+pub(crate) async fn wait_count(
+    server: &InProc,
+    name: &str,
+    labels: &[(&str, &str)],
+    at_least: f64,
+) -> anyhow::Result<()> {
     poll_until(DEADLINE, TICK, || async {
         let have = value(&server.metrics(), name, labels);
         anyhow::ensure!(have >= at_least, "{name}{labels:?} = {have}, want at least {at_least}");
@@ -70,7 +82,7 @@ async fn wait_count(server: &InProc, name: &str, labels: &[(&str, &str)], at_lea
     .with_context(|| format!("server log:\n{}", server.log()))
 }
 
-async fn wait_connected(server: &InProc, cluster: &str, n: f64) -> anyhow::Result<()> {
+pub(crate) async fn wait_connected(server: &InProc, cluster: &str, n: f64) -> anyhow::Result<()> {
     poll_until(DEADLINE, TICK, || async {
         let have = value(&server.metrics(), "seedgate_agents_connected", &[("cluster", cluster)]);
         anyhow::ensure!(have == n, "{have} agents of {cluster} connected, want {n}");
@@ -137,7 +149,7 @@ async fn every_refused_token_is_counted_with_its_reason_and_the_agent_told_why()
     let (server, _) = inproc_server(&dir, &server(&pki, &clusters)).await?;
     let a_token = kas_a.issue(ACCOUNT, AUDIENCE, HOUR);
     let cases: Vec<(&str, String, &str, &str, &str)> = vec![
-        // (named cluster, token, counted as cluster, reason, what the agent is told)
+        // (named cluster, token, counted as cluster, reason, what proxy-server logs)
         ("shoot-a", kas_a.issue(ACCOUNT, AUDIENCE, Duration::ZERO), "shoot-a", "token_invalid", "token has expired"),
         (
             "shoot-a",
@@ -160,13 +172,18 @@ async fn every_refused_token_is_counted_with_its_reason_and_the_agent_told_why()
         ("shoot-gone", a_token.clone(), "shoot-gone", "token_review_unavailable", "connect 127.0.0.1"),
         ("shoot-slow", a_token.clone(), "shoot-slow", "token_review_unavailable", "no answer within 1s"),
     ];
-    for (i, (named, token, counted, reason, told)) in cases.into_iter().enumerate() {
+    for (i, (named, token, counted, reason, logged)) in cases.into_iter().enumerate() {
         let file = write_token(dir.path(), &format!("token-{i}"), &token)?;
         let (a, _) = inproc_agent(&dir, &agent(&pki, &server, named, &file, "h2")?).await?;
         wait_count(&server, "seedgate_agent_sessions_total", &[("cluster", counted), ("result", reason)], 1.0)
             .await
             .with_context(|| format!("case {i} ({named}, {reason}); agent log:\n{}", a.log()))?;
-        a.wait_log_line(&["proxy-server refused this agent's session", told], DEADLINE)
+        // The agent is told the reason; proxy-server's log has the details.
+        a.wait_log_line(&["proxy-server refused this agent's session", &format!("{reason}: ")], DEADLINE)
+            .await
+            .with_context(|| format!("case {i} ({named}, {reason})"))?;
+        server
+            .wait_log_line(&["agent refused", logged], DEADLINE)
             .await
             .with_context(|| format!("case {i} ({named}, {reason})"))?;
         drop(a);
@@ -264,5 +281,74 @@ async fn a_kube_apiserver_that_stops_answering_leaves_live_sessions_and_refuses_
     // Back: the new agent gets in at its next attempt.
     kas.set_down(false);
     wait_connected(&server, "shoot-a", 2.0).await.with_context(|| new_agent.log())?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_emptied_token_file_ends_the_session_and_its_old_token_is_never_presented() -> anyhow::Result<()> {
+    let dir = TempDir::new("token-emptied")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let kas = TokenReviewer::start(&pki.ca, dir.path(), "shoot-a-kas").await?;
+    let clusters = format!("  shoot-a: {{ agent_auth: token, token_review: {} }}\n", kas.section(""));
+    let (server, _) = inproc_server(&dir, &server(&pki, &clusters)).await?;
+    let token = kas.issue(ACCOUNT, AUDIENCE, HOUR);
+    let file = write_token(dir.path(), "token", &token)?;
+    let (a, _) = inproc_agent(&dir, &agent(&pki, &server, "shoot-a", &file, "h2")?).await?;
+    wait_connected(&server, "shoot-a", 1.0).await?;
+
+    // The file no longer holds a token: the live session ends, and the sessions the agent opens
+    // while it is empty present none.
+    write_token(dir.path(), "token", "")?;
+    let ended = [("cluster", "shoot-a"), ("reason", "token_required")];
+    wait_count(&server, "seedgate_agent_sessions_ended_total", &ended, 1.0).await.with_context(|| a.log())?;
+    let refused = [("cluster", "shoot-a"), ("result", "token_required")];
+    wait_count(&server, "seedgate_agent_sessions_total", &refused, 2.0).await.with_context(|| a.log())?;
+    let m = server.metrics();
+    let accepted = value(&m, "seedgate_agent_sessions_total", &[("cluster", "shoot-a"), ("result", "accepted")]);
+    anyhow::ensure!(accepted == 1.0, "{accepted} sessions accepted while the file was empty:\n{}", server.log());
+    anyhow::ensure!(kas.asked() == vec![token.clone()], "{} reviews asked", kas.asked().len());
+
+    // A token again: the next session is admitted with it.
+    let renewed = kas.issue(ACCOUNT, AUDIENCE, HOUR);
+    write_token(dir.path(), "token", &renewed)?;
+    wait_connected(&server, "shoot-a", 1.0).await.with_context(|| a.log())?;
+    anyhow::ensure!(kas.asked().iter().filter(|t| **t == token).count() == 1, "the old token was presented again");
+    Ok(())
+}
+
+#[test]
+fn an_agent_whose_token_file_is_missing_or_empty_at_start_does_not_start() -> anyhow::Result<()> {
+    testbed::tunnel_kit::ensure_binaries()?;
+    let dir = TempDir::new("token-at-start")?;
+    let pki = TunnelPki::new(dir.path())?;
+    let empty = write_token(dir.path(), "empty", "")?;
+    let missing = dir.path().join("nowhere/token");
+    for (file, says) in [(&empty, "is empty"), (&missing, "nowhere/token")] {
+        let mut o = AgentOpts::new("shoot-a", "127.0.0.1:9", &["127.0.0.0/8"]);
+        o.cert = AgentCert::None;
+        o.tunnel_extra = format!("  token_file: {}\n  cluster: shoot-a\n", file.display());
+        let cfg = dir.write(&format!("agent-{}.yaml", file.display().to_string().len()), &agent_yaml(&pki, &o)?)?;
+        let mut child = std::process::Command::new(testbed::bin_path("proxy-agent")?)
+            .arg("--config")
+            .arg(&cfg)
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let deadline = std::time::Instant::now() + DEADLINE;
+        // Bounded by the deadline: a config error exits at once.
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                anyhow::bail!("proxy-agent with {} still runs", file.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().context("stderr")?, &mut stderr)?;
+        anyhow::ensure!(status.code() == Some(2), "{status}: {stderr}");
+        anyhow::ensure!(stderr.contains("tunnel.token_file") && stderr.contains(says), "{stderr}");
+    }
     Ok(())
 }

@@ -3,7 +3,8 @@
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
-use crate::http2::{Http2Error, Limits, PREFACE, RequestNormaliser, hpack};
+use crate::http2::{FILLER, Http2Error, Limits, PREFACE, RequestNormaliser, Work, hpack};
+use std::ops::ControlFlow;
 
 /// Limits small enough that short inputs reach every one: frames cut at 40 bytes, a 256-byte
 /// table, a 300-byte header list.
@@ -20,6 +21,12 @@ pub enum H2Event {
 /// The normaliser fed `cuts` (growing prefix lengths of `stream`) as a reader would pass them
 /// on: each piece's released bytes, then the output. The bytes passed on, and the error.
 pub fn normalise(stream: &[u8], limits: Limits, cuts: &[usize]) -> (Vec<u8>, Option<Http2Error>) {
+    let (out, e, _) = normalise_counted(stream, limits, cuts);
+    (out, e)
+}
+
+/// [`normalise`], and the work the normaliser counted.
+pub fn normalise_counted(stream: &[u8], limits: Limits, cuts: &[usize]) -> (Vec<u8>, Option<Http2Error>, Work) {
     let mut n = RequestNormaliser::new(limits);
     let mut out = Vec::new();
     let mut from = 0;
@@ -36,11 +43,11 @@ pub fn normalise(stream: &[u8], limits: Limits, cuts: &[usize]) -> (Vec<u8>, Opt
             }
             Err(e) => {
                 assert_eq!(n.feed(b"more"), Err(e.clone()), "an error must stick");
-                return (out, Some(e));
+                return (out, Some(e), n.work());
             }
         }
     }
-    (out, None)
+    (out, None, n.work())
 }
 
 /// The normaliser read as the front end reads it: the output first, then a read of at most
@@ -86,14 +93,17 @@ fn h2_frames(mut b: &[u8]) -> Vec<H2Frame<'_>> {
     out
 }
 
+/// A field as the checks compare it: name, value, never indexed.
+type Owned = (Vec<u8>, Vec<u8>, bool);
+
 /// The events of a client's stream (after the preface): header blocks decoded with `decoder`
-/// (`None` once one does not decode). `keep` says how much of each field's value to keep
-/// (`None`: leave it out) given the list's size so far; a list ends at a cut value or at `limit`.
+/// (`None` once one does not decode). `rule` is given each field with the list's size before
+/// it (every field of the block so far) and the fields kept so far, pushes what to keep, and
+/// breaks to end the list.
 fn h2_events(
     after_preface: &[u8],
     decoder: &mut hpack::Decoder,
-    limit: usize,
-    mut keep: impl FnMut(&hpack::Field<'_>, usize) -> Option<usize>,
+    mut rule: impl FnMut(&hpack::Field<'_>, usize, &mut Vec<Owned>) -> ControlFlow<()>,
 ) -> Option<Vec<H2Event>> {
     let mut events = Vec::new();
     let mut open: Option<(u32, bool, Vec<u8>)> = None;
@@ -120,18 +130,12 @@ fn h2_events(
         if flags & 0x4 != 0 {
             let (stream, end_stream, block) = open.take().expect("a block");
             let mut fields = Vec::new();
-            let mut size = 0;
-            let mut full = false;
+            let mut listed = 0;
             decoder
-                .decode(&block, |f| {
-                    if full {
-                        return;
-                    }
-                    if let Some(value_len) = keep(&f, size) {
-                        size += f.name.len() + value_len + 32;
-                        full = value_len < f.value.len() || size >= limit;
-                        fields.push((f.name.to_vec(), f.value[..value_len].to_vec(), f.never_indexed));
-                    }
+                .decode(&block, |f, _| {
+                    let flow = rule(&f, listed, &mut fields);
+                    listed += f.size();
+                    flow
                 })
                 .ok()?;
             events.push(H2Event::Block { stream, end_stream, fields });
@@ -140,10 +144,41 @@ fn h2_events(
     Some(events)
 }
 
+fn keep_all(f: &hpack::Field<'_>, _: usize, out: &mut Vec<Owned>) -> ControlFlow<()> {
+    out.push((f.name.to_vec(), f.value.to_vec(), f.never_indexed));
+    ControlFlow::Continue(())
+}
+
+/// The normaliser's rules, written again: every field counts against `limit`; the one that
+/// reaches it is replaced by a filler that brings the kept fields to it, and ends the list; an
+/// `:authority` that `http::uri::Authority` refuses is left out.
+fn normaliser_rule(limit: usize) -> impl FnMut(&hpack::Field<'_>, usize, &mut Vec<Owned>) -> ControlFlow<()> {
+    move |f, listed, out| {
+        if listed + f.size() >= limit {
+            let kept: usize = out.iter().map(|(n, v, _)| n.len() + v.len() + 32).sum();
+            let len = (limit - kept).saturating_sub(FILLER.len() + 32);
+            out.push((FILLER.to_vec(), vec![b'-'; len], false));
+            return ControlFlow::Break(());
+        }
+        if f.name != b":authority" || http::uri::Authority::try_from(f.value).is_ok() {
+            out.push((f.name.to_vec(), f.value.to_vec(), f.never_indexed));
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// The header blocks and other frames of a client's stream (after the preface) as a server
 /// with the HPACK table `header_table_size` reads them; `None` if a block does not decode.
 pub fn h2_sent(after_preface: &[u8], header_table_size: usize) -> Option<Vec<H2Event>> {
-    h2_events(after_preface, &mut hpack::Decoder::new(header_table_size), usize::MAX, |f, _| Some(f.value.len()))
+    h2_events(after_preface, &mut hpack::Decoder::new(header_table_size), keep_all)
+}
+
+/// The most list bytes the normaliser may decode for `work`: each block's fields up to the
+/// list limit, the one that reaches it (at most a table entry, or a literal of the block:
+/// Huffman decoding makes at most 8 octets of 5), nothing after it.
+pub fn h2_work_bound(limits: Limits, work: Work) -> u64 {
+    let per_block = (limits.max_header_list_size + limits.header_table_size + 32) as u64;
+    work.blocks * per_block + work.received * 8 / 5
 }
 
 /// The normaliser on a client's stream (and on the preface followed by it, when it does not
@@ -179,7 +214,12 @@ pub fn check_http2_requests(data: &[u8]) -> Option<Http2Error> {
 }
 
 fn check_h2_stream(stream: &[u8], limits: Limits) -> Option<Http2Error> {
-    let whole = normalise(stream, limits, &[stream.len()]);
+    let (out, error, work) = normalise_counted(stream, limits, &[stream.len()]);
+    // The bound the module states: every field counts against the list limit, and a value is
+    // judged once, when it arrives as a literal.
+    assert!(work.decoded <= h2_work_bound(limits, work), "{work:?} decoded past the bound");
+    assert!(work.judged * 5 <= work.received * 8, "{work:?}: values judged more than once");
+    let whole = (out, error);
     for cuts in splits(stream) {
         let fed = normalise(stream, limits, &cuts);
         assert_eq!(fed.1, whole.1, "fed at {cuts:?}: another error");
@@ -207,32 +247,21 @@ fn check_h2_stream(stream: &[u8], limits: Limits) -> Option<Http2Error> {
     }
     // What the server decodes: never a table entry, never a refused authority.
     let mut empty = hpack::Decoder::new(0);
-    let passed = h2_events(after, &mut empty, usize::MAX, |f, _| {
+    let passed = h2_events(after, &mut empty, |f, listed, out| {
         assert!(
             f.name != b":authority" || http::uri::Authority::try_from(f.value).is_ok(),
             "{:?} passed on",
             String::from_utf8_lossy(f.value)
         );
-        Some(f.value.len())
+        keep_all(f, listed, out)
     })
     .expect("what the normaliser passes on decodes with an empty table");
     assert_eq!(empty.table(), (0, 0));
     if error.is_none() && stream.len() >= PREFACE.len() {
         // What the client sent, with the normaliser's rules applied by this oracle.
-        let limit = limits.max_header_list_size;
         let mut decoder = hpack::Decoder::new(limits.header_table_size);
-        let sent = h2_events(&stream[PREFACE.len()..], &mut decoder, limit, |f, size| {
-            if f.name == b":authority" && http::uri::Authority::try_from(f.value).is_err() {
-                return None;
-            }
-            let need = limit - size;
-            Some(if f.name.len() + f.value.len() + 32 < need {
-                f.value.len()
-            } else {
-                need.saturating_sub(f.name.len() + 32).min(f.value.len())
-            })
-        })
-        .expect("blocks the normaliser took decode");
+        let rule = normaliser_rule(limits.max_header_list_size);
+        let sent = h2_events(&stream[PREFACE.len()..], &mut decoder, rule).expect("blocks the normaliser took decode");
         assert_eq!(passed, sent, "what was passed on differs from what came");
     }
     error

@@ -1,11 +1,17 @@
 //! HPACK (RFC 7541): a decoder of the header blocks a client sends (static and dynamic tables, table size updates, Huffman) and an encoder of literal fields that never touch the receiver's dynamic table.
 //!
-//! The decoder hands each field to a callback as borrowed slices, so a block that references a
-//! large table entry many times costs time in proportion to its length, never memory.
+//! The decoder's work is linear in the block it is given, however the block refers to the
+//! table: it hands each field to a callback as borrowed slices (a reference to a large entry is
+//! never copied), a table entry shares the name it took from another entry, the caller's judge
+//! of a field runs once when the field arrives as a literal and its verdict stays with the
+//! table entry, and once the callback has had enough the rest of the block only keeps the
+//! table in step.
 
 use super::huffman;
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// Why a header block could not be decoded (an HTTP/2 `COMPRESSION_ERROR`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,27 +114,82 @@ const STATIC: [(&[u8], &[u8]); 61] = [
     (b"www-authenticate", b""),
 ];
 
-/// A name and a value, borrowed from the block when they were sent as they are.
-type Pair<'b> = (Cow<'b, [u8]>, Cow<'b, [u8]>);
+/// A caller's verdict on a field (its name and value), given once per field that arrives as a
+/// literal and kept with the table entry the field becomes.
+pub type Judge = fn(&[u8], &[u8]) -> bool;
+
+/// A literal's name: from the static table, shared with a dynamic table entry (never copied:
+/// a two-octet literal may name a 4 KiB entry), or as the block sent it.
+enum Name<'b> {
+    Static(&'static [u8]),
+    Shared(Arc<[u8]>),
+    Sent(Cow<'b, [u8]>),
+}
+
+impl Name<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Name::Static(n) => n,
+            Name::Shared(n) => n,
+            Name::Sent(n) => n,
+        }
+    }
+
+    fn into_shared(self) -> Arc<[u8]> {
+        match self {
+            Name::Static(n) => Arc::from(n),
+            Name::Shared(n) => n,
+            Name::Sent(n) => Arc::from(n),
+        }
+    }
+}
+
+/// A dynamic table entry: its name (shared with the entries that took it by index), its value
+/// and the judge's verdict on it.
+#[derive(Debug)]
+struct Entry {
+    name: Arc<[u8]>,
+    value: Box<[u8]>,
+    fits: bool,
+}
+
+impl Entry {
+    fn size(&self) -> usize {
+        self.name.len() + self.value.len() + ENTRY_OVERHEAD
+    }
+}
 
 /// The decoding context of one connection's client-to-server direction.
 #[derive(Debug)]
 pub struct Decoder {
     /// Newest first: index 62 is the front.
-    table: VecDeque<(Vec<u8>, Vec<u8>)>,
+    table: VecDeque<Entry>,
     /// The entries' size (RFC 7541 §4.1).
     size: usize,
     /// The table's current maximum size, as the client's last size update set it.
     max: usize,
     /// `SETTINGS_HEADER_TABLE_SIZE` of the server: no size update may go above it.
     limit: usize,
+    judge: Judge,
+    /// The judge's verdict on each static entry, given once.
+    static_fits: [bool; STATIC.len()],
+    /// Value octets handed to the judge so far.
+    judged: u64,
 }
 
 impl Decoder {
     /// A decoder for a server that advertises `SETTINGS_HEADER_TABLE_SIZE = limit` (4,096 when
-    /// it advertises none); the table starts at that size.
+    /// it advertises none); the table starts at that size. Every field fits.
     pub fn new(limit: usize) -> Self {
-        Self { table: VecDeque::new(), size: 0, max: limit, limit }
+        Self::with_judge(limit, |_, _| true)
+    }
+
+    /// A decoder whose fields come with `judge`'s verdict: judged once per field that arrives
+    /// as a literal (and once per static entry), the verdict kept with the table entry, so a
+    /// field referred to many times is judged once.
+    pub fn with_judge(limit: usize, judge: Judge) -> Self {
+        let static_fits = STATIC.map(|(n, v)| judge(n, v));
+        Self { table: VecDeque::new(), size: 0, max: limit, limit, judge, static_fits, judged: 0 }
     }
 
     /// The dynamic table's size (RFC 7541 §4.1) and its entry count.
@@ -136,20 +197,39 @@ impl Decoder {
         (self.size, self.table.len())
     }
 
-    /// Decode one complete header block, handing each field to `each` in order. On an error the
-    /// connection's HPACK context is lost: the connection must end.
-    pub fn decode(&mut self, block: &[u8], mut each: impl FnMut(Field<'_>)) -> Result<(), HpackError> {
+    /// Value octets handed to the judge so far (after the static table's): at most the octets
+    /// of the literal values decoded, each judged once.
+    pub fn judged(&self) -> u64 {
+        self.judged
+    }
+
+    /// Decode one complete header block, handing each field and the judge's verdict on it to
+    /// `each` in order until `each` breaks; the rest of the block is decoded only to keep the
+    /// table in step (no field handed on, no verdict asked for one that is not kept). On an
+    /// error the connection's HPACK context is lost: the connection must end.
+    pub fn decode(
+        &mut self,
+        block: &[u8],
+        mut each: impl FnMut(Field<'_>, bool) -> ControlFlow<()>,
+    ) -> Result<(), HpackError> {
         let mut buf = block;
         let mut fields = false;
+        let mut wanted = true;
         while let Some(&first) = buf.first() {
             if first & 0x80 != 0 {
                 let i = integer(&mut buf, 7)?;
-                let (name, value) = self.entry(i)?;
-                each(Field { name, value, never_indexed: false });
+                let (name, value, fits) = self.entry(i)?;
+                if wanted {
+                    wanted = each(Field { name, value, never_indexed: false }, fits).is_continue();
+                }
             } else if first & 0x40 != 0 {
                 let (name, value) = self.literal(&mut buf, 6)?;
-                each(Field { name: &name, value: &value, never_indexed: false });
-                self.insert(name.into_owned(), value.into_owned());
+                let fits = self.judge(name.as_slice(), &value);
+                if wanted {
+                    let f = Field { name: name.as_slice(), value: &value, never_indexed: false };
+                    wanted = each(f, fits).is_continue();
+                }
+                self.insert(Entry { name: name.into_shared(), value: value.into_owned().into(), fits });
             } else if first & 0x20 != 0 {
                 if fields {
                     return Err(HpackError::LateSizeUpdate);
@@ -164,49 +244,63 @@ impl Decoder {
             } else {
                 let never_indexed = first & 0x10 != 0;
                 let (name, value) = self.literal(&mut buf, 4)?;
-                each(Field { name: &name, value: &value, never_indexed });
+                if wanted {
+                    let fits = self.judge(name.as_slice(), &value);
+                    wanted = each(Field { name: name.as_slice(), value: &value, never_indexed }, fits).is_continue();
+                }
             }
             fields = true;
         }
         Ok(())
     }
 
-    /// The entry at `index` of the static table, then the dynamic one.
-    fn entry(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
+    fn judge(&mut self, name: &[u8], value: &[u8]) -> bool {
+        self.judged += value.len() as u64;
+        (self.judge)(name, value)
+    }
+
+    /// The entry at `index` of the static table, then the dynamic one, and its verdict.
+    fn entry(&self, index: usize) -> Result<(&[u8], &[u8], bool), HpackError> {
         let bad = HpackError::BadIndex(index);
         let i = index.checked_sub(1).ok_or(bad.clone())?;
-        if let Some(&(n, v)) = STATIC.get(i) {
-            return Ok((n, v));
+        if let (Some(&(n, v)), Some(&fits)) = (STATIC.get(i), self.static_fits.get(i)) {
+            return Ok((n, v, fits));
         }
-        let (n, v) = self.table.get(i - STATIC.len()).ok_or(bad)?;
-        Ok((n, v))
+        let e = self.table.get(i - STATIC.len()).ok_or(bad)?;
+        Ok((&e.name, &e.value, e.fits))
     }
 
     /// A literal field whose name index has a `prefix`-bit integer: its name and value.
-    fn literal<'b>(&self, buf: &mut &'b [u8], prefix: u8) -> Result<Pair<'b>, HpackError> {
+    fn literal<'b>(&self, buf: &mut &'b [u8], prefix: u8) -> Result<(Name<'b>, Cow<'b, [u8]>), HpackError> {
         let index = integer(buf, prefix)?;
         let name = match index {
-            0 => string(buf)?,
-            i => Cow::Owned(self.entry(i)?.0.to_vec()),
+            0 => Name::Sent(string(buf)?),
+            i => match STATIC.get(i - 1) {
+                Some(&(n, _)) => Name::Static(n),
+                None => {
+                    let e = self.table.get(i - 1 - STATIC.len()).ok_or(HpackError::BadIndex(i))?;
+                    Name::Shared(e.name.clone())
+                }
+            },
         };
         Ok((name, string(buf)?))
     }
 
-    fn insert(&mut self, name: Vec<u8>, value: Vec<u8>) {
-        let size = name.len() + value.len() + ENTRY_OVERHEAD;
+    fn insert(&mut self, entry: Entry) {
+        let size = entry.size();
         // An entry larger than the table empties it and is not added (RFC 7541 §4.4).
         self.evict(size);
         if size <= self.max {
             self.size += size;
-            self.table.push_front((name, value));
+            self.table.push_front(entry);
         }
     }
 
     /// Evict the oldest entries until `room` more octets fit (all of them if it cannot fit).
     fn evict(&mut self, room: usize) {
         while self.size + room > self.max {
-            let Some((n, v)) = self.table.pop_back() else { break };
-            self.size -= n.len() + v.len() + ENTRY_OVERHEAD;
+            let Some(e) = self.table.pop_back() else { break };
+            self.size -= e.size();
         }
     }
 }
@@ -294,12 +388,13 @@ mod tests {
 
     fn decode(d: &mut Decoder, block: &[u8]) -> Result<Vec<(String, String, bool)>, HpackError> {
         let mut out = Vec::new();
-        d.decode(block, |f| {
+        d.decode(block, |f, _| {
             out.push((
                 String::from_utf8_lossy(f.name).into_owned(),
                 String::from_utf8_lossy(f.value).into_owned(),
                 f.never_indexed,
-            ))
+            ));
+            ControlFlow::Continue(())
         })?;
         Ok(out)
     }
@@ -445,11 +540,72 @@ mod tests {
         // A decoder with no table at all reads it: nothing refers to or adds table entries.
         let mut d = Decoder::new(0);
         let mut back = Vec::new();
-        d.decode(&out, |f| back.push((f.name.to_vec(), f.value.to_vec(), f.never_indexed))).unwrap();
+        d.decode(&out, |f, _| {
+            back.push((f.name.to_vec(), f.value.to_vec(), f.never_indexed));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
         let want: Vec<_> = list.iter().map(|f| (f.name.to_vec(), f.value.to_vec(), f.never_indexed)).collect();
         assert_eq!(back, want);
         assert_eq!(d.table(), (0, 0));
         // :authority by its static index, without indexing.
         assert_eq!(out[0], 0x01);
+    }
+
+    /// A literal is judged once, when it arrives; references to its entry carry the verdict
+    /// without judging it again, and a literal naming a table entry shares its name.
+    #[test]
+    fn a_field_is_judged_once_and_its_entry_keeps_the_verdict() {
+        let mut d = Decoder::with_judge(4096, |n, v| n != b"x-bad" || !v.starts_with(b"bad"));
+        let value = [b'b', b'a', b'd', b'!'].repeat(100);
+        let mut block = vec![0x40, 5];
+        block.extend_from_slice(b"x-bad");
+        encode_string(&mut block, &value);
+        // Indexed, twice; then a literal named by the entry (indexing) and one not indexed.
+        block.extend_from_slice(&[0xbe, 0xbe, 0x7e, 0x02, b'o', b'k', 0x0f, 0x2f, 0x03, b'b', b'a', b'd']);
+        let mut got = Vec::new();
+        d.decode(&block, |f, fits| {
+            got.push((f.name.to_vec(), f.value.len(), fits));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let name = b"x-bad".to_vec();
+        let want = [(name.clone(), 400, false), (name.clone(), 400, false), (name.clone(), 400, false)];
+        assert_eq!(got[..3], want);
+        assert_eq!(got[3..], [(name.clone(), 2, true), (name, 3, false)]);
+        // The 400-octet value once, then the three literal values that came after it.
+        assert_eq!(d.judged(), 400 + 2 + 3);
+        // The entry that took its name by index shares it with the first.
+        assert!(Arc::ptr_eq(&d.table[0].name, &d.table[1].name));
+        // References in a later block: their verdicts without judging again.
+        let mut verdicts = Vec::new();
+        d.decode(&[0xbe, 0xbf, 0xbf], |_, fits| {
+            verdicts.push(fits);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(verdicts, [true, false, false]);
+        assert_eq!(d.judged(), 405);
+    }
+
+    /// Once the callback breaks, it sees no more fields, nothing more is judged unless it enters
+    /// the table, and the table still takes every entry the block adds.
+    #[test]
+    fn after_a_break_the_block_only_keeps_the_table() {
+        let mut d = Decoder::with_judge(4096, |_, _| true);
+        let mut block = hex("400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65");
+        // Two references, a literal not indexed, one with indexing.
+        block.extend_from_slice(&[0xbe, 0xbe, 0x0f, 0x2f, 0x01, b'x', 0x7e, 0x01, b'y']);
+        let mut seen = 0;
+        d.decode(&block, |_, _| {
+            seen += 1;
+            if seen == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
+        .unwrap();
+        assert_eq!(seen, 2);
+        assert_eq!(d.table(), (54 + 43, 2));
+        // Judged: custom-value, and y (it entered the table); not x.
+        assert_eq!(d.judged(), 12 + 1);
+        assert_eq!(decode(&mut d, &[0xbe]).unwrap(), fields(&[("custom-key", "y")]));
     }
 }

@@ -15,6 +15,11 @@ use serde::{Deserialize, Serialize};
 
 /// Largest control line accepted (bytes before its newline).
 pub const CONTROL_LINE_MAX: usize = 64 * 1024;
+/// Longest hello field the seed keeps (bytes; a DNS name's longest): `node`, `version`,
+/// `instance`, `host`, `cluster`, each address.
+pub const HELLO_FIELD_MAX: usize = 253;
+/// Most addresses the seed keeps from a hello.
+pub const HELLO_ADDRESSES_MAX: usize = 32;
 
 /// Messages from the seed to an agent on the control stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +90,31 @@ pub struct AgentHello {
     /// the hello).
     #[serde(default, skip_serializing_if = "Secret::is_empty")]
     pub token: Secret,
+}
+
+impl AgentHello {
+    /// The hello as the seed keeps it: each field cut to [`HELLO_FIELD_MAX`] bytes (at a
+    /// character's boundary) and the first [`HELLO_ADDRESSES_MAX`] addresses, so what an
+    /// unauthenticated peer sends cannot make the seed keep or log 64 KiB. No name a node, host
+    /// or cluster has is longer; a cut one matches nothing a real agent announces.
+    pub fn bounded(mut self) -> Self {
+        for f in [&mut self.node, &mut self.version, &mut self.instance, &mut self.host, &mut self.cluster] {
+            cut(f, HELLO_FIELD_MAX);
+        }
+        self.addresses.truncate(HELLO_ADDRESSES_MAX);
+        for a in &mut self.addresses {
+            cut(a, HELLO_FIELD_MAX);
+        }
+        self
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character's boundary.
+fn cut(s: &mut String, max: usize) {
+    if s.len() > max {
+        let at = s.floor_char_boundary(max);
+        s.truncate(at);
+    }
 }
 
 /// A credential on the control stream: its text on the wire, never shown by `Debug`, so no log
@@ -187,6 +217,29 @@ mod tests {
             });
         }
         out
+    }
+
+    #[test]
+    fn a_hello_is_kept_within_its_limits() {
+        let long = "é".repeat(200);
+        let h = AgentHello {
+            node: long.clone(),
+            version: "v1".into(),
+            instance: long.clone(),
+            host: "node-1".into(),
+            addresses: vec![long.clone(); 100],
+            cluster: long.clone(),
+            ..AgentHello::default()
+        }
+        .bounded();
+        for f in [&h.node, &h.instance, &h.cluster] {
+            assert_eq!(f.len(), 252, "cut at the character before byte 253");
+            assert!(long.starts_with(f.as_str()));
+        }
+        assert_eq!((h.version.as_str(), h.host.as_str()), ("v1", "node-1"), "short fields stay");
+        assert_eq!(h.addresses.len(), HELLO_ADDRESSES_MAX);
+        assert!(h.addresses.iter().all(|a| a.len() <= HELLO_FIELD_MAX));
+        assert_eq!(h.clone().bounded(), h, "bounding twice changes nothing");
     }
 
     /// The bytes on the wire are version 1's: agents and servers of the previous version read them.

@@ -31,6 +31,25 @@ pub enum DialError {
 }
 
 impl DialError {
+    /// Every code ([`DialError::code`]): the `reason` label values of the dial metrics.
+    pub const CODES: [&'static str; 11] = [
+        "not_allowed",
+        "refused",
+        "unreachable",
+        "resolve_failed",
+        "dial_timeout",
+        "stream_limit",
+        "draining",
+        "no_agent",
+        "cluster_moved",
+        "bad_target",
+        "tunnel_error",
+    ];
+
+    /// The codes an agent's own dial fails with (the others are the seed's).
+    pub const AGENT_CODES: [&'static str; 6] =
+        ["not_allowed", "refused", "unreachable", "resolve_failed", "dial_timeout", "bad_target"];
+
     /// The code on the wire (and the `reason` label of metrics).
     pub fn code(&self) -> &'static str {
         match self {
@@ -108,10 +127,14 @@ mod tests {
             DialError::Draining("g".into()),
             DialError::BadTarget("h".into()),
         ];
-        for e in sent {
-            assert_eq!(DialError::from_code(e.code(), e.detail().to_owned()), e);
+        for e in &sent {
+            assert_eq!(&DialError::from_code(e.code(), e.detail().to_owned()), e);
         }
         let seed_only = DialError::Moved("x".into());
+        let seed_made = [DialError::NoAgent(String::new()), seed_only.clone(), DialError::Transport(String::new())];
+        let codes: Vec<&str> = sent.iter().chain(&seed_made).map(DialError::code).collect();
+        assert_eq!(codes.len(), DialError::CODES.len());
+        assert!(codes.iter().all(|c| DialError::CODES.contains(c)), "{codes:?}");
         assert_eq!(DialError::from_code(seed_only.code(), "x".into()), DialError::Transport("cluster_moved: x".into()));
     }
 }

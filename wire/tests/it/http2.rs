@@ -1,8 +1,8 @@
 //! The HTTP/2 request normaliser: real clients' first bytes (the fuzz corpus captures of gRPC core and tonic), padded, prioritised and continued header blocks, blocks framed again and lists cut at the limit, and every connection error, each fed in every split.
 
-use proxy_wire::fuzzing::{self, H2Event, SMALL_H2_LIMITS, h2_sent, normalise};
+use proxy_wire::fuzzing::{self, H2Event, SMALL_H2_LIMITS, h2_sent, h2_work_bound, normalise, normalise_counted};
 use proxy_wire::http2::hpack::{self, Field};
-use proxy_wire::http2::{Http2Error, Limits, MAX_BLOCK_FRAMES, PREFACE, RequestNormaliser, frame_header};
+use proxy_wire::http2::{FILLER, Http2Error, Limits, MAX_BLOCK_FRAMES, PREFACE, RequestNormaliser, frame_header};
 use std::path::{Path, PathBuf};
 
 const HEADERS: u8 = 0x1;
@@ -184,13 +184,14 @@ fn blocks_are_framed_again_within_the_frame_size() {
     assert_eq!(through(&stream, limits), [H2Event::Block { stream: 1, end_stream: false, fields }]);
 }
 
-/// A list that reaches the server's limit is passed on up to the field that reaches it, cut to
-/// reach it exactly; the fields after it still enter the table, so the next block decodes.
+/// A list that reaches the server's limit is passed on up to the field before the one that
+/// reaches it, then a filler that brings it to the limit exactly; the fields after it still
+/// enter the table, so the next block decodes.
 #[test]
-fn a_list_over_the_limit_is_cut_at_it() {
+fn a_list_over_the_limit_ends_with_a_filler_at_it() {
     let limits = SMALL_H2_LIMITS;
     let big = [b'x'; 100];
-    // 135 + 85, then 135 reaches 300: cut to 80 (its name, 32 and 45 bytes of its value).
+    // 135 + 85, then 135 reaches 300: a filler of 80 (its name, 32 and 36 octets of value).
     let fields: Vec<(&[u8], &[u8])> = vec![(b"x-a", &big), (b"x-b", &big[..50]), (b"x-c", &big), (b"x-d", b"1")];
     let b = block(&fields, true);
     let mut frames = header_frames(1, &b, limits.max_frame_size);
@@ -201,9 +202,72 @@ fn a_list_over_the_limit_is_cut_at_it() {
     let size: usize = got.iter().map(|f| f.0.len() + f.1.len() + 32).sum();
     assert_eq!(size, limits.max_header_list_size);
     assert_eq!(got.len(), 3);
-    assert_eq!(got[2].1.len(), 45);
+    assert_eq!((&got[2].0[..], got[2].1.len()), (FILLER, 36));
     // x-d: 1 was indexed last, so it is entry 62.
     assert_eq!(passed[1], H2Event::Block { stream: 3, end_stream: false, fields: owned(&[(b"x-d", b"1")]) });
+}
+
+/// An `:authority` no URI authority, as long as the table takes (4,054 octets: an entry of
+/// 4,096), put in the table by one request.
+fn bad_authority_request() -> (Vec<u8>, Vec<u8>) {
+    let mut value = vec![b'a'; 4053];
+    value.push(b'/');
+    assert!(http::uri::Authority::try_from(&value[..]).is_err());
+    // POST, http and / from the static table; the authority with incremental indexing (its
+    // name: static entry 1).
+    let mut b = vec![0x83, 0x86, 0x84, 0x41];
+    // 4,054 with a 7-bit prefix: 127, then 3,927 in two octets.
+    b.extend_from_slice(&[0x7f, 0x80 | (3927 & 0x7f) as u8, (3927 >> 7) as u8]);
+    b.extend_from_slice(&value);
+    (b, value)
+}
+
+/// The attack on the normaliser: one request puts a 4 KiB `:authority` that is no URI authority
+/// in the table, then blocks of 64 KiB (four full frames) refer to it with one octet each. Every
+/// reference counts against the list: the fourth reaches the 16 KiB limit, so each block is
+/// passed on as a list at the limit (the server refuses the stream, `431`), the authority was
+/// judged once in all, and what was decoded is what the bound allows, less than what was sent.
+#[test]
+fn references_to_a_refused_authority_count_against_the_list_and_are_judged_once() {
+    let limits = Limits::default();
+    let (request, value) = bad_authority_request();
+    let mut frames = vec![frame(HEADERS, END_HEADERS | END_STREAM, 1, &request)];
+    let refs = vec![0xbe; 4 * limits.max_frame_size];
+    let attacks = 4u32;
+    for i in 0..attacks {
+        frames.extend(header_frames(3 + 2 * i, &refs, limits.max_frame_size));
+    }
+    let stream = with_preface(&frames);
+    let (out, e, work) = normalise_counted(&stream, limits, &[stream.len()]);
+    assert_eq!(e, None);
+    let passed = h2_sent(&out[PREFACE.len()..], 0).expect("decodes with an empty table");
+    assert_eq!(passed.len(), 1 + attacks as usize);
+    let request: &[(&[u8], &[u8])] = &[(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/")];
+    assert_eq!(passed[0], H2Event::Block { stream: 1, end_stream: true, fields: owned(request) });
+    // Each list is a filler of the whole limit: (stream, name, value length, list size).
+    let lists: Vec<_> = passed[1..]
+        .iter()
+        .map(|p| {
+            let H2Event::Block { stream, fields, .. } = p else { panic!("a frame passed on") };
+            let size: usize = fields.iter().map(|f| f.0.len() + f.1.len() + 32).sum();
+            (
+                *stream,
+                fields.iter().map(|f| (String::from_utf8_lossy(&f.0).into_owned(), f.1.len())).collect::<Vec<_>>(),
+                size,
+            )
+        })
+        .collect();
+    let filler =
+        || vec![(String::from_utf8_lossy(FILLER).into_owned(), limits.max_header_list_size - FILLER.len() - 32)];
+    let want: Vec<_> = (0..attacks).map(|i| (3 + 2 * i, filler(), limits.max_header_list_size)).collect();
+    assert_eq!(lists, want);
+    // Judged once: when it came as a literal.
+    assert_eq!(work.judged, value.len() as u64);
+    // The request's fields, then four references per block.
+    let entry = (10 + value.len() + 32) as u64;
+    assert_eq!(entry, 4096);
+    assert_eq!(work.decoded, 43 + 43 + 38 + entry + u64::from(attacks) * 4 * entry);
+    assert!(work.decoded <= h2_work_bound(limits, work) && work.decoded < work.received, "{work:?}");
 }
 
 /// Every connection error, fed whole and in every split.
@@ -338,6 +402,29 @@ fn write_http2_seeds() {
         ),
         ("push_promise.bin", with_preface(&[frame(0x5, END_HEADERS, 1, &[0, 0, 0, 2, 0x82])])),
         ("interrupted_block.bin", with_preface(&[frame(HEADERS, 0, 1, &b[..5]), frame(0x8, 0, 0, &[0, 0, 1, 0])])),
+        // The attack on the normaliser's work: a refused `:authority` as large as the table
+        // takes, then blocks of one-octet references to it (eight reach the list limit twice
+        // over; two stay under it), one of them continued.
+        ("referenced_bad_authority.bin", {
+            let (request, _) = bad_authority_request();
+            with_preface(&[
+                frame(HEADERS, END_HEADERS | END_STREAM, 1, &request),
+                frame(HEADERS, END_HEADERS, 3, &[0xbe; 8]),
+                frame(HEADERS, 0, 5, &[0xbe]),
+                frame(CONTINUATION, END_HEADERS, 5, &[0xbe]),
+            ])
+        }),
+        // The same at the small limits (a 256-octet table, a 300-octet list).
+        ("referenced_bad_authority_small.bin", {
+            let mut request = vec![0x83, 0x86, 0x84, 0x41, 0x7f, 200 - 127];
+            request.extend(std::iter::repeat_n(b'a', 199));
+            request.push(b'/');
+            with_preface(&[
+                frame(HEADERS, END_HEADERS | END_STREAM, 1, &request),
+                frame(HEADERS, END_HEADERS, 3, &[0xbe; 4]),
+                frame(HEADERS, END_HEADERS, 5, &[0x82, 0xbe]),
+            ])
+        }),
     ];
     for (name, bytes) in seeds {
         std::fs::write(corpus().join(name), bytes).unwrap();

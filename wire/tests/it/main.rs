@@ -6,3 +6,4 @@ mod http2;
 mod http_head;
 mod lines;
 mod proxy_protocol;
+mod reasons;

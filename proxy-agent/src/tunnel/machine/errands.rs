@@ -1,8 +1,80 @@
-//! The slot's errands, as transitions of its machine: re-homing after a move notice or when the live session's name resolves elsewhere, replacing a draining replica, moving `auto` from h2 to QUIC — each dialled beside the live session, judged, then swapped in make-before-break or given up.
+//! The slot's errands, as transitions of its machine: re-homing after a move notice or when the live session's name resolves elsewhere, replacing a draining replica, moving `auto` from h2 to QUIC, rescuing a quiet session — each started when due, dialled beside the live session, judged, then swapped in make-before-break or given up.
 
-use super::*;
+use super::events::{Carrier, Failure, QueryId};
+use super::notes::{Log, Metric};
+use super::state::{
+    Connected, Cx, Dial, Errand, Notice, Over, Phase, Purpose, RESCUE_PACE, RESCUE_PATIENCE, Session, Why, due,
+};
+use seedgate_config::HostPort;
+use seedgate_config::agent::Transport;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-/// Errands: re-homing, replacing a draining replica, moving to QUIC.
+/// What starts an errand.
+impl Cx {
+    /// With no errand running: a rescue of a quiet session, the newest move notice, then a
+    /// replacement for a draining replica, then a move to QUIC, then following DNS.
+    pub(super) fn errands(&mut self, now: Instant, c: &mut Connected) {
+        self.arm_upgrade(now, c);
+        if due(c.rescue_at, now) && c.live.quiet {
+            c.rescue_at = None;
+            let (place, over) = (c.live.target.clone(), Over::configured(self.settings.transport));
+            c.errand = Some(Errand::Dialing {
+                purpose: Purpose::Rescue,
+                dial: self.dial_within(place, over, RESCUE_PATIENCE),
+            });
+            return;
+        }
+        if let Some(notice) = self.queued.take() {
+            self.resolve(c, notice.next.clone(), Why::Move(notice));
+            return;
+        }
+        if due(c.replace_at, now) {
+            if self.slot.replicas.wants_session(self.slot.index) {
+                let over = Over::configured(self.settings.transport);
+                return self.start(c, Purpose::Replace, self.slot.configured.clone(), over);
+            }
+            // The other sessions already reach as many replicas as announced.
+            c.replace_at = Some(now + self.probe_wait());
+        }
+        if c.replace_at.is_none() && due(c.upgrade_at, now) {
+            c.upgrade_at = None;
+            if c.live.up {
+                // The same place the h2 session reached; kept if it reached that replica (or
+                // another one no other slot holds, not draining).
+                let place = c.live.target.clone();
+                return self.start(c, Purpose::Upgrade, place, Over::Quic { else_h2: false });
+            }
+            self.arm_upgrade(now, c);
+        }
+        if due(c.follow_at, now) {
+            c.follow_at = None;
+            let name = c.live.target.clone();
+            self.resolve(c, name, Why::Follow);
+        }
+    }
+
+    /// `auto` on h2: the next try to move to QUIC is armed (jittered, so that agents that fell
+    /// back at the same moment do not probe in step); otherwise there is none.
+    fn arm_upgrade(&mut self, now: Instant, c: &mut Connected) {
+        if self.settings.transport != Transport::Auto || c.live.over != Carrier::H2 {
+            c.upgrade_at = None;
+        } else if c.upgrade_at.is_none() {
+            // Between ¾ of the interval and all of it.
+            let wait = self.settings.quic_probe_interval.mul_f64(0.75 + 0.25 * (self.draw)().clamp(0.0, 1.0));
+            c.upgrade_at = Some(now + wait);
+        }
+    }
+
+    pub(super) fn queue_move(&mut self, to: &[String], drain_deadline_ms: u64) {
+        let next = to.iter().find_map(|s| s.parse::<HostPort>().ok()).unwrap_or_else(|| self.slot.configured.clone());
+        let drain = (drain_deadline_ms > 0).then(|| Duration::from_millis(drain_deadline_ms));
+        self.count(Metric::Move);
+        self.queued = Some(Notice { next, drain });
+    }
+}
+
+/// Re-homing: where a move notice or the live session's name points.
 impl Cx {
     pub(super) fn resolved(
         &mut self,
@@ -24,38 +96,40 @@ impl Cx {
         Phase::Connected(c)
     }
 
-    pub(super) fn move_resolved(&mut self, c: &mut Connected, notice: Notice, addrs: Option<Vec<SocketAddr>>) {
-        let (server, to) = (&self.slot.label, &notice.next);
+    fn move_resolved(&mut self, c: &mut Connected, notice: Notice, addrs: Option<Vec<SocketAddr>>) {
         // A notice that reaches us after we already moved there (e.g. DNS got us there first,
         // and the old session delivered the notice late) changes nothing.
         if addrs.is_some_and(|a| a.contains(&c.live.peer)) {
-            tracing::info!(%server, %to, "move notice: already connected there");
+            self.log(Log::AlreadyThere { to: notice.next });
             return;
         }
-        tracing::info!(%server, from = %c.live.target, %to, "move notice: re-homing");
+        self.log(Log::Rehoming { from: c.live.target.clone(), to: notice.next.clone() });
         let over = Over::configured(self.settings.transport);
         self.start(c, Purpose::Rehome { drain: notice.drain }, notice.next, over);
     }
 
-    pub(super) fn follow_resolved(&mut self, now: Instant, c: &mut Connected, addrs: Option<Vec<SocketAddr>>) {
+    fn follow_resolved(&mut self, now: Instant, c: &mut Connected, addrs: Option<Vec<SocketAddr>>) {
         c.follow_at = Some(now + self.settings.reresolve);
         let (name, old) = (c.live.target.clone(), c.live.peer);
         // Follow DNS: the name we dialled no longer includes the address we are on.
         if let Some(new) = addrs.filter(|a| !a.is_empty() && !a.contains(&old)) {
-            tracing::info!(server = %self.slot.label, %name, %old, ?new, "server name resolves elsewhere: re-homing");
-            self.slot.metrics.moved();
+            self.log(Log::NameMoved { name: name.clone(), old, new });
+            self.count(Metric::Move);
             let purpose = Purpose::Rehome { drain: Some(self.settings.rehome_drain) };
             self.start(c, purpose, name, Over::configured(self.settings.transport));
         }
     }
+}
 
+/// An errand's session: dialled, judged, kept or not.
+impl Cx {
     pub(super) fn candidate_dialed(
         &mut self,
         now: Instant,
         mut c: Box<Connected>,
         purpose: Purpose,
         d: Dial,
-        result: Result<SocketAddr, EstablishError>,
+        result: Result<SocketAddr, Failure>,
     ) -> Phase {
         match result {
             Ok(peer) => {
@@ -69,7 +143,7 @@ impl Cx {
                     c.errand = Some(Errand::Dialing { purpose, dial });
                     Phase::Connected(c)
                 }
-                None => self.not_kept(now, c, purpose, &d.target, &e.to_string()),
+                None => self.not_kept(now, c, purpose, &d.target, e),
             },
         }
     }
@@ -101,13 +175,11 @@ impl Cx {
         if good {
             return self.swap(now, c, purpose, session);
         }
-        let id = session.info.as_ref().map(|i| i.id.as_str());
-        tracing::debug!(server = %self.slot.label, ?id, "candidate session reached a replica already held or draining, or did not come up");
+        self.log(Log::Rejected { id: session.info.as_ref().map(|i| i.id.clone()) });
         // No deadline: the seed may already have opened a stream on it (a fresh session is
         // the least busy one); GOAWAY stops new ones, and the session closes when those end.
         self.retire(session.id, None, "replacement candidate not kept; closing it");
-        let why =
-            if session.up { "it reached a replica already held or draining" } else { "it did not come up in time" };
+        let why = if session.up { Failure::HeldOrDraining } else { Failure::NotUpInTime };
         match self.not_kept(now, c, purpose, &session.target, why) {
             // The path answers, but behind the name is a replica another slot holds: the next
             // rescue waits for the probe back-off, so that the other replicas are not handed a
@@ -127,70 +199,25 @@ impl Cx {
         mut c: Box<Connected>,
         purpose: Purpose,
         target: &HostPort,
-        why: &str,
+        error: Failure,
     ) -> Phase {
-        let server = &self.slot.label;
+        let target = target.clone();
         match purpose {
-            Purpose::Rehome { .. } => {
-                tracing::warn!(%server, %target, error = %why, "cannot reach the new server; staying on the current session")
-            }
+            Purpose::Rehome { .. } => self.log(Log::RehomeFailed { target, error }),
             Purpose::Replace => {
-                tracing::debug!(%server, error = %why, "no replacement session yet; trying again later");
+                self.log(Log::NoReplacement { error });
                 if c.draining() {
                     c.replace_at = Some(now + self.probe_wait());
                 }
             }
-            Purpose::Upgrade => {
-                tracing::debug!(%server, %target, error = %why, "transport auto: QUIC still does not get through; staying on h2")
-            }
+            Purpose::Upgrade => self.log(Log::StillOnH2 { target, error }),
             Purpose::Rescue => {
-                tracing::debug!(%server, %target, error = %why, "no replacement for the suspect session yet; trying again");
+                self.log(Log::NoRescue { target, error });
                 if c.live.quiet {
-                    let draw = (self.draw)().clamp(0.0, 1.0);
-                    c.rescue_at = Some(now + RESCUE_PACE.mul_f64(0.5 + 0.5 * draw));
+                    c.rescue_at = Some(now + self.rescue_pace());
                 }
             }
         }
         Phase::Connected(c)
-    }
-
-    /// Make-before-break: `session` is up (and judged good); it takes over, then the old live
-    /// session is retired. After a re-homing the seed it leaves can still open streams on it
-    /// until the drain deadline: that seed's kube-apiserver serves until the move completes
-    /// (its clients' connections drain there), and its dials must not fail meanwhile. Fencing
-    /// the cluster there ends the session earlier.
-    pub(super) fn swap(&mut self, now: Instant, c: Box<Connected>, purpose: Purpose, session: Session) -> Phase {
-        let (drain, why) = self.arrive(purpose, &session.target);
-        let open = matches!(purpose, Purpose::Rehome { .. });
-        self.out.push(Action::Retire { id: c.live.id, drain, open, why });
-        self.adopt(now, session)
-    }
-
-    /// The errand's session takes the slot's place: the slot is where it went now. Returns the
-    /// old session's drain deadline and the reason logged when it is retired.
-    pub(super) fn arrive(&mut self, purpose: Purpose, target: &HostPort) -> (Option<Duration>, &'static str) {
-        self.target = target.clone();
-        match purpose {
-            Purpose::Rehome { drain } => (drain, "tunnel session replaced; draining the old one"),
-            Purpose::Replace => {
-                self.probe.reset();
-                // The draining replica ends the old session's streams at its own deadline.
-                (None, "replica draining: replaced; its streams finish there")
-            }
-            Purpose::Rescue => {
-                self.slot.metrics.replaced();
-                // Its streams wait for the path until they end or its keepalive gives up.
-                (None, "tunnel session suspect: replaced; its open streams go on there")
-            }
-            Purpose::Upgrade => {
-                self.slot.metrics.transport_change(Carrier::H2, Carrier::Quic);
-                // Make-before-break, as for re-homing: GOAWAY on the h2 session, whose streams
-                // run to their end.
-                (
-                    None,
-                    "transport auto: QUIC gets through now; moved the session to QUIC, the h2 session's streams finish there",
-                )
-            }
-        }
     }
 }

@@ -1,8 +1,18 @@
 //! The slot machine driven on a virtual clock: every path of a slot, event by event.
 
-use super::*;
-use crate::tunnel::metrics::TunnelMetrics;
+use super::Machine;
+use super::events::{Action, Carrier, Event, Failure, QueryId, SessionId, Settings, Slot};
+use super::notes::{Log, Metric, Note};
+use super::state::RESCUE_PATIENCE;
+use crate::replicas::{Replicas, Verdict};
+use crate::tunnel::metrics::{SlotMetrics, TunnelMetrics};
 use proxy_core::prometheus::{IntGauge, Registry};
+use proxy_core::tunnel::ServerInfo;
+use seedgate_config::HostPort;
+use seedgate_config::agent::Transport;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -42,11 +52,13 @@ fn replicas() -> Arc<Replicas> {
     Arc::new(Replicas::new("ps".into(), g("held"), g("expected")))
 }
 
-/// One slot's machine on a virtual clock.
+/// One slot's machine on a virtual clock; its metric notes are performed on `metrics` as the
+/// driver does, and every note is kept in `notes`.
 struct Bed {
     m: Machine,
     r: Arc<Replicas>,
     metrics: SlotMetrics,
+    notes: Vec<Note>,
     now: Instant,
 }
 
@@ -64,13 +76,26 @@ impl Bed {
         let label = format!("slot{index}");
         let metrics = SlotMetrics::new(&tm.session, &label, &r.name);
         let now = Instant::now();
-        let slot = Slot { index, label, configured: hp(configured), replicas: r.clone(), metrics: metrics.clone() };
+        let slot = Slot { index, configured: hp(configured), replicas: r.clone() };
         let m = Machine::new(now, slot, s, Box::new(move || draw));
-        Self { m, r: r.clone(), metrics, now }
+        Self { m, r: r.clone(), metrics, notes: Vec::new(), now }
     }
 
+    /// The actions of one step; its notes are performed and kept.
     fn feed(&mut self, e: Event) -> Vec<Action> {
-        self.m.handle(self.now, e)
+        let step = self.m.handle(self.now, e);
+        for note in step.notes {
+            if let Note::Metric(m) = note {
+                self.metrics.record(m);
+            }
+            self.notes.push(note);
+        }
+        step.actions
+    }
+
+    /// The notes since the last call.
+    fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
     }
 
     /// Move the clock to the machine's next timer and fire it: how long that was, what it did.
@@ -109,16 +134,23 @@ impl Bed {
         (waited, dial_of(&a).0)
     }
 
+    /// `id`'s dial is refused.
     fn fail(&mut self, id: SessionId) -> Vec<Action> {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let target: HostPort = "proxy.seed.example.com:8132".parse().unwrap();
-        self.feed(Event::Dialed { id, result: Err(EstablishError::Connect { target, source: refused }) })
+        self.feed(Event::Dialed { id, result: Err(refused()) })
     }
 
     /// The readiness detail of the slot's replica set.
     fn detail(&self) -> String {
         self.r.check().detail
     }
+}
+
+fn refused() -> Failure {
+    Failure::Failed("connect proxy.seed.example.com:8132: Connection refused".into())
+}
+
+fn ended(why: &str) -> Option<Failure> {
+    Some(Failure::Ended(why.into()))
 }
 
 fn dial_of(a: &[Action]) -> (SessionId, HostPort, Carrier) {
@@ -351,7 +383,7 @@ fn the_live_session_ending_during_a_replacement_hands_the_slot_to_the_candidate(
     // Still dialing: a dial in flight is handed over the same way.
     let (mut b, old) = draining_bed(2);
     let (c1, ..) = dial_of(&b.feed(Event::Announced(old, info("a", 2, 1, true))));
-    assert_eq!(b.feed(Event::Ended { id: old, error: Some("reset".into()) }), vec![]);
+    assert_eq!(b.feed(Event::Ended { id: old, error: ended("reset") }), vec![]);
     assert_eq!(b.m.poll_timeout(), None, "waiting for the dial, not a timer");
     assert_eq!(b.bring_up(c1, addr(3), Some(info("c", 2, 1, false))), vec![]);
     assert!(b.detail().starts_with("connected: 2 of 2"), "{}", b.detail());
@@ -457,12 +489,12 @@ fn the_back_off_grows_to_reconnect_max_and_resets_only_after_a_session_that_live
     // A session that lived longer than `reconnect.max` (never up: a slow server) resets it.
     assert_eq!(b.feed(Event::Dialed { id, result: Ok(addr(1)) }), vec![]);
     b.now += secs(3);
-    assert_eq!(b.feed(Event::Ended { id, error: Some("reset".into()) }), vec![]);
+    assert_eq!(b.feed(Event::Ended { id, error: ended("reset") }), vec![]);
     let (waited, id) = b.wake_dial();
     assert_eq!(waited, ms(250));
     // A short one that never came up does not...
     assert_eq!(b.feed(Event::Dialed { id, result: Ok(addr(1)) }), vec![]);
-    assert_eq!(b.feed(Event::Ended { id, error: Some("reset".into()) }), vec![]);
+    assert_eq!(b.feed(Event::Ended { id, error: ended("reset") }), vec![]);
     let (waited, mut id) = b.wake_dial();
     assert_eq!(waited, ms(500));
     // ... nor does one that came up and was closed at once (a server that accepts sessions and
@@ -591,9 +623,8 @@ fn a_rescue_reaching_a_replica_held_elsewhere_is_retried_on_the_probe_back_off()
 fn a_silent_server_is_probed_at_a_short_pace_and_a_refusing_one_backed_off_from() {
     let mut b = Bed::new(Transport::H2);
     let timed_out = |b: &mut Bed, id| {
-        let source = std::io::Error::from(std::io::ErrorKind::TimedOut);
-        let target = hp("192.0.2.1:8132");
-        b.feed(Event::Dialed { id, result: Err(EstablishError::Connect { target, source }) })
+        let error = Failure::Unanswered("connect 192.0.2.1:8132: timed out".into());
+        b.feed(Event::Dialed { id, result: Err(error) })
     };
     let a = b.wake().1;
     let [Action::Dial { id, patience: None, .. }] = a.as_slice() else { panic!("{a:?}") };
@@ -628,13 +659,13 @@ fn a_session_failing_before_it_was_up_is_a_failed_reconnect_after_it_is_not() {
     // Refused after TLS (the server's verdict on our certificate): failed.
     let (id, ..) = dial_of(&b.wake().1);
     assert_eq!(b.feed(Event::Dialed { id, result: Ok(addr(1)) }), vec![]);
-    assert_eq!(b.feed(Event::Ended { id, error: Some("certificate unknown".into()) }), vec![]);
+    assert_eq!(b.feed(Event::Ended { id, error: ended("certificate unknown") }), vec![]);
     assert_eq!((b.metrics.reconnects("ok"), b.metrics.reconnects("failed")), (0, 1));
     assert!(b.detail().contains("not connected"), "{}", b.detail());
     // Up, then it ends: an ok reconnect, and its end is no failure.
     let id = b.connect(addr(1), None);
     assert_eq!(b.metrics.gauges().0, 1);
-    assert_eq!(b.feed(Event::Ended { id, error: Some("reset".into()) }), vec![]);
+    assert_eq!(b.feed(Event::Ended { id, error: ended("reset") }), vec![]);
     assert_eq!((b.metrics.reconnects("ok"), b.metrics.reconnects("failed")), (1, 1));
     assert_eq!(b.metrics.gauges().0, 0);
     // Refused at connect: failed.
@@ -693,3 +724,5 @@ fn jitter_draws_spread_the_waits() {
     let (waited, a) = b.wake();
     assert_eq!((waited, dial_of(&a).2), (secs(45), Carrier::Quic));
 }
+
+mod notes;

@@ -2,7 +2,8 @@
 
 use super::{Path, RawAgent, RawAnswer, RawControl, RawSeed, Transport, pki, within};
 use bytes::Bytes;
-use proxy_core::tunnel::{CONTROL_PATH, ERROR_HEADER, REASON_HEADER, SessionError, TunnelSettings};
+use proxy_core::tunnel::session::SessionError;
+use proxy_core::tunnel::{CONTROL_PATH, ERROR_HEADER, REASON_HEADER, TunnelSettings};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;

@@ -26,9 +26,11 @@ mod resets;
 mod stopping;
 mod streams;
 
+use proxy_core::tunnel::session::{
+    AgentConnection, AgentSession, SeedConnection, SessionError, run_agent_session, run_seed_session,
+};
 use proxy_core::tunnel::{
-    AgentConnection, AgentHandler, AgentHello, AgentSession, BoxFuture, ControlMsg, DialError, Incoming, Opener,
-    SeedConnection, SessionError, TunnelSettings, TunnelStream, run_agent_session, run_seed_session,
+    AgentHandler, AgentHello, BoxFuture, ControlMsg, DialError, Incoming, Opener, TunnelSettings, TunnelStream,
 };
 use std::future::Future;
 use std::io::ErrorKind;

@@ -2,8 +2,9 @@
 
 use super::{Path, RawAgent, RawAnswer, RawControl, RawSeed, Transport, pki, within};
 use proxy_core::sync::Mutex;
+use proxy_core::tunnel::TunnelSettings;
 use proxy_core::tunnel::quic::CLOSE_PROTOCOL;
-use proxy_core::tunnel::{SessionError, TunnelSettings};
+use proxy_core::tunnel::session::SessionError;
 use proxy_wire::tunnel::quic::{Answer, Progress, StreamHeader};
 use std::collections::VecDeque;
 use std::io::IoSliceMut;

@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use crate::range_set::RangeSet;
 
 /// Helper to assemble unordered stream frames into an ordered stream
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Assembler {
     state: State,
     data: BinaryHeap<Buffer>,
@@ -22,6 +22,15 @@ pub(super) struct Assembler {
     /// aka the stream offset.
     bytes_read: u64,
     end: u64,
+    /// seedgate: the most separate spans kept (`MAX_CHUNKS` unless raised).
+    max_chunks: usize,
+}
+
+// seedgate: `Default` keeps upstream's bound (a derive would give a bound of 0).
+impl Default for Assembler {
+    fn default() -> Self {
+        Self::with_max_chunks(MAX_CHUNKS)
+    }
 }
 
 impl Assembler {
@@ -29,10 +38,23 @@ impl Assembler {
         Self::default()
     }
 
+    /// seedgate: an assembler that keeps up to `max_chunks` separate spans.
+    pub(super) fn with_max_chunks(max_chunks: usize) -> Self {
+        Self {
+            state: State::default(),
+            data: BinaryHeap::new(),
+            buffered: 0,
+            allocated: 0,
+            bytes_read: 0,
+            end: 0,
+            max_chunks,
+        }
+    }
+
     /// Reset to the initial state
     pub(super) fn reinit(&mut self) {
         let old_data = mem::take(&mut self.data);
-        *self = Self::default();
+        *self = Self::with_max_chunks(self.max_chunks);
         self.data = old_data;
         self.data.clear();
     }
@@ -104,7 +126,10 @@ impl Assembler {
     /// We merge contiguous chunks in the process of doing so.
     fn defragment(&mut self) {
         // Chunks smaller than min_chunk_size are merged regardless of fragmentation
-        let min_chunk_size = max(self.buffered.div_ceil(MAX_CHUNKS), MIN_RETAINED_CHUNK_SIZE);
+        let min_chunk_size = max(
+            self.buffered.div_ceil(self.max_chunks),
+            MIN_RETAINED_CHUNK_SIZE,
+        );
         let new = BinaryHeap::with_capacity(self.data.len());
         let old = mem::replace(&mut self.data, new);
         let mut buffers = old.into_sorted_vec();
@@ -212,10 +237,12 @@ impl Assembler {
         // balance between defragmentation overhead and over-allocation.
         let threshold = 32768.max(buffered * 3 / 2);
         // Small gapped frames hold over-allocation below the threshold, so bound the count too.
-        if over_allocation > threshold || self.data.len() > COMPACT_THRESHOLD {
+        // seedgate: `COMPACT_THRESHOLD` scaled to this assembler's bound.
+        let compact_threshold = COMPACT_THRESHOLD / MAX_CHUNKS * self.max_chunks;
+        if over_allocation > threshold || self.data.len() > compact_threshold {
             self.defragment();
             // ngtcp2 uses a threshold of 4000 -- try to be a little more conservative?
-            if self.data.len() > MAX_CHUNKS {
+            if self.data.len() > self.max_chunks {
                 return Err(TooManyChunks);
             }
         }
@@ -358,15 +385,19 @@ pub(crate) struct TooManyChunks;
 ///
 /// Independent of how much memory those spans over-allocate. A frame is rejected only
 /// if compaction cannot get the count back down to this.
+const MAX_CHUNKS: usize = 1024;
+
+/// seedgate: the bound on a data stream's spans; the CRYPTO stream keeps `MAX_CHUNKS`.
 ///
-/// seedgate: 16384, not 1024. A stream window of 16 MiB across a long path holds up to
-/// ~14,000 packets of 1,200 bytes, and a slow start that overshoots a tail-drop bottleneck
-/// loses every other one for a round trip: thousands of holes, each a span, and at 1024 the
-/// receiver closed the whole connection (every stream of the session) with INTERNAL_ERROR
-/// "too many gaps in stream buffer". 16384 spans cover a whole 16 MiB window of such
-/// packets with every other one lost; their bookkeeping (~56 bytes each, under 1 MiB) is
-/// small beside the window's own bytes, which flow control already lets a peer fill.
-const MAX_CHUNKS: usize = 16384;
+/// A stream window of 16 MiB across a long path holds up to ~14,000 packets of 1,200
+/// bytes, and a slow start that overshoots a tail-drop bottleneck loses every other one for
+/// a round trip: thousands of holes, each a span, and at 1024 the receiver closed the whole
+/// connection (every stream of the session) with INTERNAL_ERROR "too many gaps in stream
+/// buffer". 16384 spans cover a whole 16 MiB window of such packets with every other one
+/// lost; their bookkeeping (~56 bytes each, under 1 MiB) is small beside the window's own
+/// bytes, which flow control already lets a peer fill. None of this holds for the CRYPTO
+/// stream: a peer fills it before it is authenticated, within `crypto_buffer_size`.
+pub(super) const MAX_STREAM_CHUNKS: usize = 16384;
 
 /// Minimum size of a defragmented chunk that is retained without coalescing.
 ///
@@ -791,6 +822,30 @@ mod test {
             max_len > MAX_CHUNKS,
             "buffer compacted on every frame (max observed len {max_len})"
         );
+    }
+
+    // seedgate: a data stream's assembler keeps `MAX_STREAM_CHUNKS` spans where the CRYPTO
+    // stream's (`Assembler::new`) keeps `MAX_CHUNKS`: one-byte frames each after a gap, each
+    // holding a 200-byte allocation, are refused within a few hundred frames past each bound
+    // (the count is checked when their over-allocation forces a compaction), and a reinit
+    // keeps the bound.
+    #[test]
+    fn stream_assemblers_keep_more_spans_than_the_crypto_stream() {
+        let refused_at = |x: &mut Assembler| {
+            (0..)
+                .find(|i| x.insert(1 + 2 * i, Bytes::from_static(b"x"), 200).is_err())
+                .unwrap() as usize
+        };
+        let crypto = refused_at(&mut Assembler::new());
+        assert!((MAX_CHUNKS..MAX_CHUNKS + 200).contains(&crypto), "{crypto}");
+        let mut stream = Assembler::with_max_chunks(MAX_STREAM_CHUNKS);
+        let refused = refused_at(&mut stream);
+        assert!(
+            (MAX_STREAM_CHUNKS..MAX_STREAM_CHUNKS + 200).contains(&refused),
+            "{refused}"
+        );
+        stream.reinit();
+        assert_eq!(stream.max_chunks, MAX_STREAM_CHUNKS);
     }
 
     fn next_unordered(x: &mut Assembler) -> Chunk {

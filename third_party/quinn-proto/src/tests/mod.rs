@@ -2195,7 +2195,10 @@ fn owed_ack_sent_while_congestion_blocked() {
 
     // The server fills its congestion window into a black hole, with more waiting.
     let s = pair.server_streams(server_ch).open(Dir::Uni).unwrap();
-    let n = pair.server_send(server_ch, s).write(&[42; 64 * 1024]).unwrap();
+    let n = pair
+        .server_send(server_ch, s)
+        .write(&[42; 64 * 1024])
+        .unwrap();
     assert_eq!(n, 64 * 1024);
     pair.drive_server();
     assert!(!pair.client.inbound.is_empty());
@@ -2241,7 +2244,9 @@ fn probe_timeout_backs_off_within_its_bound() {
         let mut pair = Pair::new(Default::default(), server);
         let (_, server_ch) = pair.connect();
         let s = pair.server_streams(server_ch).open(Dir::Uni).unwrap();
-        pair.server_send(server_ch, s).write(&[42; 64 * 1024]).unwrap();
+        pair.server_send(server_ch, s)
+            .write(&[42; 64 * 1024])
+            .unwrap();
         // 20 s of black hole: every datagram the server sends is lost.
         let end = pair.time + Duration::from_secs(20);
         let (mut sent, mut last, mut longest) = (0, pair.time, Duration::ZERO);
@@ -2261,6 +2266,90 @@ fn probe_timeout_backs_off_within_its_bound() {
     assert!(bounded >= BOUND / 2, "no back-off: {bounded:?}");
     let unbounded = longest_gap(None);
     assert!(unbounded > BOUND * 4, "{unbounded:?}");
+}
+
+// seedgate: the CRYPTO stream keeps upstream's bound on separate spans (data streams keep a
+// larger one, `assembler::MAX_STREAM_CHUNKS`): a client that has not authenticated, sending
+// Initial packets of one-byte CRYPTO frames each after a gap, has its connection closed once
+// it holds more than 1024 spans; with the data streams' bound it never was (the 16 KiB of
+// `crypto_buffer_size` hold at most 8,192).
+#[test]
+fn crypto_stream_gaps_before_the_handshake_close_at_upstreams_bound() {
+    use crate::crypto::rustls::{configured_provider, initial_keys, initial_suite_from_provider};
+    use crate::packet::{Header, InitialHeader, PacketNumber};
+    let _guard = subscribe();
+    let mut pair = Pair::default();
+    let dst_cid = ConnectionId::new(&[0x5e; 8]);
+    let src_cid = ConnectionId::new(&[0xc1; 8]);
+    let suite = initial_suite_from_provider(&configured_provider()).unwrap();
+    let keys = initial_keys(rustls::quic::Version::V1, dst_cid, Side::Client, &suite);
+    let (mut pn, mut offset, mut gaps) = (0u64, 1u64, 0usize);
+    // Datagrams of 1,200 bytes, each an Initial packet of one-byte CRYPTO frames at odd
+    // offsets (every even one missing), until `until` gaps were sent.
+    let mut send_gaps = |pair: &mut Pair, until: usize| {
+        while gaps < until {
+            let mut buf = Vec::new();
+            let header = Header::Initial(InitialHeader {
+                dst_cid,
+                src_cid,
+                token: Bytes::new(),
+                number: PacketNumber::U32(pn as u32),
+                version: 1,
+            });
+            let partial = header.encode(&mut buf);
+            let end = 1200 - keys.packet.local.tag_len();
+            while gaps < until && buf.len() + frame::Crypto::SIZE_BOUND < end {
+                frame::Crypto {
+                    offset,
+                    data: Bytes::from_static(b"x"),
+                }
+                .encode(&mut buf);
+                (offset, gaps) = (offset + 2, gaps + 1);
+            }
+            buf.resize(1200, 0); // PADDING, then room for the tag
+            partial.finish(
+                &mut buf,
+                &*keys.header.local,
+                Some((pn, &*keys.packet.local)),
+            );
+            pn += 1;
+            let now = pair.time;
+            pair.server
+                .inbound
+                .push_back((now, None, BytesMut::from(&buf[..])));
+            let client = pair.client.addr;
+            pair.server.drive(now, client);
+        }
+    };
+    let closed = |pair: &mut Pair| {
+        let (_, conn) = pair
+            .server
+            .connections
+            .iter_mut()
+            .next()
+            .expect("a connection");
+        let mut reason = None;
+        while let Some(event) = conn.poll() {
+            if let Event::ConnectionLost { reason: r } = event {
+                reason = Some(r);
+            }
+        }
+        reason
+    };
+    // At the bound: the connection waits for the rest of the hello.
+    send_gaps(&mut pair, 1024);
+    assert_eq!(pair.server.connections.len(), 1);
+    assert_matches!(closed(&mut pair), None);
+    // Past it (the count is checked when the spans are compacted, which their over-allocation
+    // forces within a few dozen frames): closed.
+    send_gaps(&mut pair, 1024 + 64);
+    match closed(&mut pair) {
+        Some(ConnectionError::TransportError(e)) => {
+            assert_eq!(e.code, TransportErrorCode::INTERNAL_ERROR);
+            assert_eq!(e.reason, "too many gaps in crypto stream buffer");
+        }
+        other => panic!("the connection was not closed: {other:?}"),
+    }
 }
 
 // Send a tail-loss probe when GSO segment_size is less than INITIAL_MTU

@@ -6,7 +6,7 @@ use tracing::debug;
 
 use super::state::get_or_insert_recv;
 use super::{ClosedStream, Retransmits, ShouldTransmit, StreamId, StreamsState};
-use crate::connection::assembler::{Assembler, Chunk, IllegalOrderedRead};
+use crate::connection::assembler::{Assembler, Chunk, IllegalOrderedRead, MAX_STREAM_CHUNKS};
 use crate::connection::streams::state::StreamRecv;
 use crate::{TransportError, VarInt, frame};
 
@@ -24,7 +24,8 @@ impl Recv {
     pub(super) fn new(initial_max_data: u64) -> Box<Self> {
         Box::new(Self {
             state: RecvState::default(),
-            assembler: Assembler::new(),
+            // seedgate: a data stream keeps more spans than the CRYPTO stream.
+            assembler: Assembler::with_max_chunks(MAX_STREAM_CHUNKS),
             sent_max_stream_data: initial_max_data,
             end: 0,
             stopped: false,
