@@ -60,7 +60,8 @@ pub(crate) struct Server {
 pub(crate) struct SlotStatus {
     /// The slot's name in logs and metrics (`server`, `server#1`, ...).
     pub slot: String,
-    /// `connected`, `draining` (its replica is shutting down), `backoff`, `connecting`, `parked`.
+    /// `connected`, `suspect` (its keepalive unanswered: a rescue is dialled beside it),
+    /// `draining` (its replica is shutting down), `backoff`, `connecting`, `parked`.
     pub state: &'static str,
     /// The replica it reached (as it announced itself).
     pub replica: String,
@@ -214,6 +215,7 @@ fn servers(t: &Tunnel, query: &StatusQuery, totals: &mut Totals) -> Vec<Server> 
                 SlotStatus {
                     state: match (s.up, s.draining) {
                         (true, true) => "draining",
+                        (true, false) if s.phase == "suspect" => "suspect",
                         (true, false) => "connected",
                         _ if s.phase.is_empty() => "connecting",
                         _ => s.phase,

@@ -305,10 +305,21 @@ pub(crate) fn status(shared: &Shared, listeners: &[Arc<ListenerRt>], query: &Sta
     let (rows, page) = query.page(matched, totals.routes);
     let routes = rows.into_iter().map(|(l, r)| route_status(l, r, &shares, &failures, now)).collect();
 
+    let udp = udp(m, &tables, &mut totals);
+    let doc = RouterStatus { header, totals, listeners: out_listeners, page, routes, udp };
+    StatusPage::new(doc, &PAGE)
+}
+
+/// The UDP listeners' flows (held now, by result, dropped, migrated), added to `totals`.
+fn udp(
+    m: &crate::shared::Metrics,
+    tables: &[(Arc<ListenerRt>, Arc<crate::table::Table>)],
+    totals: &mut Totals,
+) -> Vec<Udp> {
     let u = &m.udp;
     let (flows_active, flows, dropped, migrated) =
         (readings(&u.flows_active), readings(&u.flows), readings(&u.dropped), readings(&u.migrated));
-    let udp: Vec<Udp> = tables
+    tables
         .iter()
         .filter(|(l, _)| l.protocol() == "udp")
         .map(|(l, _)| {
@@ -324,7 +335,5 @@ pub(crate) fn status(shared: &Shared, listeners: &[Arc<ListenerRt>], query: &Sta
                 migrated: migrated.iter().filter(|r| r.label("listener") == name).map(|r| r.value as u64).sum(),
             }
         })
-        .collect();
-    let doc = RouterStatus { header, totals, listeners: out_listeners, page, routes, udp };
-    StatusPage::new(doc, &PAGE)
+        .collect()
 }

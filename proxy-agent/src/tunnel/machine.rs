@@ -82,12 +82,14 @@ impl Machine {
 
     /// What the slot is doing, as the status page names it, and when it dials again while it
     /// waits: `backoff` (until then), `parked` (the replicas need no session from it),
-    /// `connecting`, `connected`, `stopped`.
+    /// `connecting`, `connected`, `suspect` (connected, its keepalive unanswered: a rescue is
+    /// dialled beside it), `stopped`.
     pub(super) fn phase(&self) -> (&'static str, Option<Instant>) {
         match &self.phase {
             Phase::Waiting(at) => ("backoff", Some(*at)),
             Phase::Parked => ("parked", None),
             Phase::Dialing(_) => ("connecting", None),
+            Phase::Connected(c) if c.live.quiet => ("suspect", None),
             Phase::Connected(_) => ("connected", None),
             Phase::Stopped => ("stopped", None),
         }

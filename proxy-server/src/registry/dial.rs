@@ -10,10 +10,10 @@
 //! answered, or given up on a session that stays silent (marked so:
 //! [`Session::doubt_silent`]) or turns suspect.
 
-use super::figures::Tally;
 use super::refusal::DialRefusal;
 use super::session::{self, Session, Standing};
 use super::strategy;
+use super::tally::Tally;
 use super::{Clusters, SessionDirectory};
 use crate::metrics::ServerMetrics;
 use proxy_core::net::share::{Cap, Hold, Kind};

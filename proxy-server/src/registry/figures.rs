@@ -1,73 +1,9 @@
-//! What the registry keeps for the status page beside what dials need: each cluster's dials of the last minutes by result, each session's bytes and last failed dial, and the clusters as one look shows them — kept where the dial path already is, at no cost per byte.
-//!
-//! A cluster counts its dials in a ring of per-minute atomics ([`Dials`]) once per dial, after
-//! it ended; a session adds its streams' bytes once per stream, when the stream ends
-//! ([`Tally::ended`]), and notes the error of a dial it failed ([`Tally::failed`]: a lock on the
-//! failure's path only).
+//! The clusters as one look of the directory shows them to the status page ([`ClusterFigures`]: each cluster's mode, sessions and dials of the last minutes), and the count of a dial by its result ([`super::tally`] keeps the counts).
 
 use super::session::Session;
+use super::tally::{DIAL_RESULTS, Dials, OTHER};
 use super::{Mode, SessionDirectory};
-use proxy_core::obs::minutes::PerMinute;
-use proxy_core::sync::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
-
-/// What a dial came to, as a cluster counts its dials per minute: `ok`, or the refusal's code
-/// ([`DialRefusal::code`](super::DialRefusal::code)).
-pub(crate) const DIAL_RESULTS: [&str; 14] = [
-    "ok",
-    "not_allowed",
-    "refused",
-    "unreachable",
-    "resolve_failed",
-    "dial_timeout",
-    "stream_limit",
-    "draining",
-    "no_agent",
-    "cluster_moved",
-    "bad_target",
-    "tunnel_error",
-    "cluster_stream_limit",
-    "cluster_pending_limit",
-];
-
-/// The code a dial's result is counted as when [`DIAL_RESULTS`] does not name it.
-const OTHER: usize = 11;
-
-/// A cluster's dials of the last minutes, by [`DIAL_RESULTS`].
-pub(crate) type Dials = PerMinute<{ DIAL_RESULTS.len() }>;
-
-/// A session's figures for the status page (see the module documentation).
-#[derive(Debug, Default)]
-pub(crate) struct Tally {
-    to_shoot: AtomicU64,
-    to_seed: AtomicU64,
-    last_error: Mutex<Option<(Instant, String)>>,
-}
-
-impl Tally {
-    /// A stream of this session ended, having moved these bytes.
-    pub(crate) fn ended(&self, to_shoot: u64, to_seed: u64) {
-        self.to_shoot.fetch_add(to_shoot, Ordering::Relaxed);
-        self.to_seed.fetch_add(to_seed, Ordering::Relaxed);
-    }
-
-    /// A dial on this session failed with `error`.
-    pub(crate) fn failed(&self, error: String) {
-        *self.last_error.lock() = Some((Instant::now(), error));
-    }
-
-    /// Bytes to the shoot and to the seed of the streams that ended.
-    pub(crate) fn bytes(&self) -> (u64, u64) {
-        (self.to_shoot.load(Ordering::Relaxed), self.to_seed.load(Ordering::Relaxed))
-    }
-
-    /// The last failed dial: when, and why.
-    pub(crate) fn last_error(&self) -> Option<(Instant, String)> {
-        self.last_error.lock().clone()
-    }
-}
 
 /// One cluster as the status page shows it, read at one look of the directory.
 pub(crate) struct ClusterFigures {

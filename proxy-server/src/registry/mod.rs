@@ -19,11 +19,13 @@ mod refusal;
 mod session;
 mod settle;
 mod strategy;
+mod tally;
 
 pub(crate) use dial::{DialTimes, Dialed};
-pub(crate) use figures::{ClusterFigures, DIAL_RESULTS, Dials, Tally};
+pub(crate) use figures::ClusterFigures;
 pub(crate) use refusal::{DialRefusal, Refusal};
 pub(crate) use session::{Filed, Identity, Session, Standing};
+pub(crate) use tally::{DIAL_RESULTS, Dials, Tally};
 
 use crate::metrics::ServerMetrics;
 use proxy_core::net::pending::TenantShare;

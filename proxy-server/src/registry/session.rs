@@ -23,7 +23,7 @@
 //! its open streams wait for the path until `agents.keepalive.timeout`; its next sign of life
 //! clears it.
 
-use super::figures::Tally;
+use super::tally::Tally;
 use crate::metrics::ServerMetrics;
 use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{AgentHello, Opener, Quiet};

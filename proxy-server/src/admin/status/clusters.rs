@@ -1,6 +1,6 @@
 //! The clusters of proxy-server's status document: which clusters it lists (those the config names, and those with sessions or dials here), their totals, the filter and the page, and each cluster's row with its sessions — read through the registry's [`figures`](crate::registry::SessionDirectory::figures) and the sessions' own methods.
 
-use super::{Cluster, SessionStatus, Totals};
+use super::doc::{Cluster, SessionStatus, Totals};
 use crate::metrics::ServerMetrics;
 use crate::registry::{ClusterFigures, DIAL_RESULTS, Dials, Session};
 use crate::shared::Shared;

@@ -7,6 +7,7 @@ use crate::shared::Shared;
 use proxy_core::net::accept::{ConnLimit, Slots};
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{AdminHooks, AdminState, Check};
+use proxy_core::obs::minutes::MINUTES;
 use proxy_core::tunnel::{AgentHello, BoxFuture, ControlMsg, DialError, Opener, TunnelStream};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
