@@ -387,7 +387,7 @@ async fn each_page_in_chromium_shows_the_topology_and_a_session_turning_suspect_
 
 /// Not a test: how long Chromium takes to show a large status page, at `SEEDGATE_STATUS_URL`
 /// (e.g. the replica of 1,000 clusters and 10,000 sessions that
-/// `proxy-server`'s `status::tests::a_thousand_clusters_of_ten_sessions` serves): the page's load
+/// `proxy-server`'s `admin::status::tests::a_thousand_clusters_of_ten_sessions` serves): the page's load
 /// (the server-rendered tables) and then, five times, the script's refresh (from the end of the
 /// `/status` answer to the re-rendered tables).
 #[tokio::test]
