@@ -5,8 +5,10 @@
 //! [`SessionDirectory::add`] and [`SessionDirectory::remove`], refused with a [`Refusal`] (a
 //! fenced cluster is decided by [`Mode::fenced`], and nowhere else); a session's standing for
 //! new dials is the [`Session`]'s own; reloads, cluster files and the admin endpoint set modes
-//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). The registry
-//! knows nothing of who an agent is beyond what it was filed with.
+//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). What the status
+//! page reads besides — each cluster's dials per minute, each session's bytes and last failed
+//! dial — is counted where dials already are ([`tally`]) and read at one look ([`figures`]). The
+//! registry knows nothing of who an agent is beyond what it was filed with.
 //!
 //! Lock order: `Replica`'s announcement lock, then the directory, then a session's
 //! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
