@@ -120,6 +120,11 @@ pub(crate) struct Opts {
     /// faults: run only the faults whose name contains this text (e.g. "black hole" or "flapping").
     #[arg(long, global = true)]
     pub fault: Option<String>,
+    /// Fetch every seedgate process's status page (`/` and `/status`) every second while it
+    /// runs, as an operator's open browser tab does: run a scenario with and without it to see
+    /// that the page costs the data path nothing. The count of pages fetched goes to stderr.
+    #[arg(long, global = true)]
+    pub status_poll: bool,
 }
 
 /// One scenario: its subcommand and help, whether `all` runs it, and what the runner calls. The
@@ -589,6 +594,7 @@ async fn run_async(
         let _ = crate::systems::ONLY.set(o.clone());
     }
     crate::systems::SEEDGATE_ONLY.store(opts.seedgate_only, std::sync::atomic::Ordering::Relaxed);
+    crate::systems::STATUS_POLL.store(opts.status_poll, std::sync::atomic::Ordering::Relaxed);
     let mut machine = Machine::probe(nofile);
     let anchors = Anchors::find();
     let mut dir = TempDir::new("bench")?;
@@ -651,6 +657,12 @@ async fn run_async(
         eprintln!("bench: {} took {:.1} s", sc.name, t.elapsed().as_secs_f64());
     }
     machine.loadavg_end = host::loadavg();
+    if opts.status_poll {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (ok, failed) =
+            (crate::systems::STATUS_POLLED.load(Relaxed), crate::systems::STATUS_POLL_FAILED.load(Relaxed));
+        eprintln!("bench: --status-poll: {ok} status pages fetched (/ and /status), {failed} failed");
+    }
     // A seedgate system that could not start, or a seedgate measurement that errored, means the
     // harness or the binaries are broken (an anchor that is missing or fails is only reported).
     failed.extend(res.seedgate_failures());

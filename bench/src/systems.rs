@@ -29,6 +29,31 @@ pub(crate) fn check_only(label: &str) -> anyhow::Result<()> {
 /// `--seedgate-only`: start no anchor.
 pub(crate) static SEEDGATE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// `--status-poll`: every seedgate process's status page (`/` and `/status`) is fetched every
+/// [`STATUS_POLL_EVERY`] while it runs, as an open browser tab does.
+pub(crate) static STATUS_POLL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Status pages fetched so far with `--status-poll` (each `/` or `/status` answered 200), and
+/// those that failed.
+pub(crate) static STATUS_POLLED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static STATUS_POLL_FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+const STATUS_POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Fetch `admin`'s `/` and `/status` every [`STATUS_POLL_EVERY`] until aborted.
+async fn poll_status(admin: SocketAddr) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut tick = tokio::time::interval(STATUS_POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for path in ["/", "/status"] {
+            match testbed::http_get(admin, path).await {
+                Ok((200, _)) => STATUS_POLLED.fetch_add(1, Relaxed),
+                _ => STATUS_POLL_FAILED.fetch_add(1, Relaxed),
+            };
+        }
+    }
+}
+
 /// [`check_only`] for an anchor, which `--seedgate-only` leaves out too.
 fn check_anchor(label: &str) -> anyhow::Result<()> {
     if SEEDGATE_ONLY.load(std::sync::atomic::Ordering::Relaxed) {
@@ -247,6 +272,8 @@ pub(crate) struct Running {
     pub dir: PathBuf,
     /// `perf record` processes following seedgate processes (see [`PERF_DIR_ENV`]).
     profilers: Vec<Proc>,
+    /// With `--status-poll`: the tasks fetching its seedgate processes' status pages.
+    pollers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Set to a directory to profile every seedgate process with `perf record -g` while it runs.
@@ -261,6 +288,7 @@ impl Running {
             addrs: addrs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             dir: PathBuf::new(),
             profilers: Vec::new(),
+            pollers: Vec::new(),
         }
     }
 
@@ -272,6 +300,7 @@ impl Running {
             addrs: BTreeMap::new(),
             dir: PathBuf::new(),
             profilers: Vec::new(),
+            pollers: Vec::new(),
         }
     }
 
@@ -281,7 +310,15 @@ impl Running {
         })
     }
 
+    /// Name the address of a role; a seedgate process's admin listener (`admin`, `server-admin`,
+    /// `agent-admin`) is polled from now on with `--status-poll`.
     pub(crate) fn set_addr(&mut self, role: &str, a: SocketAddr) {
+        if self.kind == Kind::Seedgate
+            && role.ends_with("admin")
+            && STATUS_POLL.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.pollers.push(tokio::spawn(poll_status(a)));
+        }
         self.addrs.insert(role.into(), a);
     }
 
@@ -290,6 +327,7 @@ impl Running {
     pub(crate) fn absorb(&mut self, mut other: Running, prefix: &str) {
         self.procs.append(&mut other.procs);
         self.profilers.append(&mut other.profilers);
+        self.pollers.append(&mut other.pollers);
         for (k, v) in std::mem::take(&mut other.addrs) {
             self.addrs.insert(format!("{prefix}{k}"), v);
         }
@@ -390,6 +428,9 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        for p in &self.pollers {
+            p.abort();
+        }
         // perf writes a usable file only when stopped with SIGINT; give it a moment.
         for p in &mut self.profilers {
             let _ = p.signal(libc::SIGINT);

@@ -328,7 +328,7 @@ pub(crate) fn null_is_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + D
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// The admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/config`).
+/// The admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/config`, the status page `/` and `/status`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(extend("x-reload" = "live"))]
@@ -342,11 +342,22 @@ pub struct AdminConfig {
     /// by `/config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// The status page (`/`) and its JSON (`/status`) need the token of `token_file` too: as
+    /// `Authorization: Bearer <token>`, or as the password of Basic credentials (any user name),
+    /// which is what a browser sends after the login prompt a `401` brings up. Without
+    /// `token_file` they then answer 403. Default `false`: anyone who reaches the admin listener
+    /// may read them, as `/metrics` and `/readyz`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub status_requires_token: bool,
 }
 
 impl AdminConfig {
     pub fn on(port: u16) -> Self {
-        Self { listen: Some(HostPort { host: "127.0.0.1".into(), port }), token_file: None }
+        Self {
+            listen: Some(HostPort { host: "127.0.0.1".into(), port }),
+            token_file: None,
+            status_requires_token: false,
+        }
     }
 }
 

@@ -36,9 +36,10 @@ config_file! {
     #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct RouterConfig {
-        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`); absent or `null`:
-        /// `{ listen: 127.0.0.1:9901 }`. There is no `/control/` endpoint on sni-router yet, so
-        /// `token_file` guards nothing here.
+        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, the status page `/`
+        /// and `/status`); absent or `null`: `{ listen: 127.0.0.1:9901 }`. There is no
+        /// `/control/` endpoint on sni-router yet, so `token_file` guards only the status page,
+        /// with `status_requires_token`.
         pub admin,
         /// Deadlines of each phase of a connection; absent or `null`: every default.
         pub timeouts,

@@ -37,8 +37,9 @@ config_file! {
     #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
     #[serde(deny_unknown_fields)]
     pub struct ServerConfig {
-        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, and with a
-        /// `token_file` `/control/clusters/<name>`); absent or `null`: `{ listen: 127.0.0.1:9902 }`.
+        /// The admin listener (`/metrics`, `/healthz`, `/readyz`, `/config`, the status page `/`
+        /// and `/status`, and with a `token_file` `/control/clusters/<name>`); absent or `null`:
+        /// `{ listen: 127.0.0.1:9902 }`.
         pub admin,
         /// Deadlines of front-end connections and dials; absent or `null`: every default.
         pub timeouts,

@@ -378,8 +378,10 @@ async fn tunnel(
     let node_exporter = testbed::HttpBackend::metrics("node-exporter").await?;
     let SeedServer { proc: server, yaml: server_yaml, agents, egress, grpc, admin: s_admin } = seed;
     let agent_yaml = agent_tunnel_yaml(dir, ca, CLUSTER, "agent-shoot-a", via.tunnel, PROXY_NAME, "")?;
-    let (agent, _) = Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
+    let (agent, agent_addrs) =
+        Proc::start_seedgate(&bins[1], &dir.write("proxy-agent-tunnel.yaml", &agent_yaml)?, &[]).await?;
     let agent_pid = agent.pid();
+    let agent_admin = agent_addrs.admin()?;
     procs.push(server);
     procs.push(agent);
 
@@ -498,6 +500,9 @@ async fn tunnel(
         Err(_) => r.check(false, "CONNECT", "no answer within 10s"),
     }
 
+    r.heading("status pages  (GET /status and / of each binary's admin listener)");
+    status_pages(r, &[("sni-router", via.admin), ("proxy-server", s_admin), ("proxy-agent", agent_admin)]).await;
+
     r.heading(&format!("proxy-server metrics  (GET http://{s_admin}/metrics)"));
     if let Ok((_, text)) = http_get(s_admin, "/metrics").await {
         for l in text.lines().filter(|l| {
@@ -512,6 +517,95 @@ async fn tunnel(
         r.check(opened >= 3.0, "streams opened through the tunnel", &format!("{opened}"));
     }
     Ok(TunnelWorld { server_yaml, agents, egress, admin: s_admin, kubelet })
+}
+
+/// What each binary's status document shows of this topology, in a line: sni-router's tunnel
+/// route, proxy-server's cluster and its agent session, the agent's slot; `None` when it does
+/// not show it.
+fn status_line(binary: &str, doc: &serde_json::Value) -> Option<String> {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let sum =
+        |v: &serde_json::Value| v.as_array().map_or(0, |a| a.iter().filter_map(serde_json::Value::as_u64).sum::<u64>());
+    match binary {
+        "sni-router" => {
+            let route = doc["routes"].as_array()?.iter().find(|r| r["name"] == TUNNEL_ROUTE)?;
+            (n(&route["connections"]) >= 1).then(|| {
+                format!(
+                    "{} listeners, {} routes; route {TUNNEL_ROUTE}: {}, {} connections open, {} routed in {} min",
+                    n(&doc["totals"]["listeners"]),
+                    n(&doc["totals"]["routes"]),
+                    route["health"].as_str().unwrap_or("?"),
+                    n(&route["connections"]),
+                    sum(&route["routed"]),
+                    n(&doc["minutes"]),
+                )
+            })
+        }
+        "proxy-server" => {
+            let c = doc["clusters"].as_array()?.iter().find(|c| c["name"] == CLUSTER)?;
+            let s = c["sessions"].as_array()?.first()?;
+            Some(format!(
+                "{} clusters, {} sessions; {CLUSTER}: {}, {} agents, {} dials ok in {} min; its session: node {:?} {} over {}, {} streams",
+                n(&doc["totals"]["clusters"]),
+                n(&doc["totals"]["sessions"]),
+                c["health"].as_str().unwrap_or("?"),
+                n(&c["sessions_here"]),
+                sum(&c["dials"]["ok"]),
+                n(&doc["minutes"]),
+                s["node"].as_str().unwrap_or(""),
+                s["standing"].as_str().unwrap_or("?"),
+                s["transport"].as_str().unwrap_or("?"),
+                n(&s["streams"]),
+            ))
+        }
+        _ => {
+            let slot = doc["servers"].as_array()?.first()?["slots"].as_array()?.first()?;
+            (slot["state"] == "connected").then(|| {
+                format!(
+                    "{} servers, {} sessions up; slot {}: {} to replica {} over {}",
+                    n(&doc["totals"]["servers"]),
+                    n(&doc["totals"]["sessions_up"]),
+                    slot["slot"].as_str().unwrap_or("?"),
+                    slot["state"].as_str().unwrap_or("?"),
+                    slot["replica"].as_str().unwrap_or("?"),
+                    slot["transport"].as_str().unwrap_or("?"),
+                )
+            })
+        }
+    }
+}
+
+/// Each binary's `/status` (a line of what it shows; fails when missing or when it does not
+/// show the topology) and `/` (the page, with its Content-Security-Policy).
+async fn status_pages(r: &mut Report, admins: &[(&str, std::net::SocketAddr)]) {
+    for (binary, admin) in admins {
+        let doc = async {
+            let (code, body) = http_get(*admin, "/status").await?;
+            anyhow::ensure!(code == 200, "/status answered {code}");
+            let doc: serde_json::Value = serde_json::from_str(&body)?;
+            anyhow::ensure!(doc["version"] == 1 && doc["binary"] == *binary, "not {binary}'s version 1: {body}");
+            anyhow::Ok(doc)
+        };
+        match doc.await {
+            Ok(doc) => match status_line(binary, &doc) {
+                Some(line) => r.check(true, &format!("{binary} /status"), &line),
+                None => r.check(false, &format!("{binary} /status"), &format!("does not show the topology: {doc}")),
+            },
+            Err(e) => r.check(false, &format!("{binary} /status"), &format!("{e:#}")),
+        }
+        match testbed::admin::http_get_with(*admin, "/", &[]).await {
+            Ok(a) => {
+                let csp = a.header("content-security-policy").unwrap_or("");
+                let tables = a.body.matches("<table ").count();
+                r.check(
+                    a.status == 200 && csp.contains("script-src 'self'") && tables >= 1,
+                    &format!("{binary} /"),
+                    &format!("{} {} KiB, {tables} tables, CSP {csp:?}", a.status, a.body.len() / 1024),
+                );
+            }
+            Err(e) => r.check(false, &format!("{binary} /"), &format!("{e:#}")),
+        }
+    }
 }
 
 /// Send `request` to `egress` and read until the proxy closes: the whole answer as text.

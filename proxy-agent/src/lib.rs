@@ -10,6 +10,7 @@ mod gateway;
 mod ready;
 mod replicas;
 mod shared;
+mod status;
 mod tunnel;
 
 use arc_swap::ArcSwap;
@@ -17,6 +18,7 @@ use proxy_core::app::{self, Ctx, Service, StartError, fixed, listen_tcp};
 use proxy_core::net::accept::{ConnLimit, accept_error_label, accept_loop};
 use proxy_core::obs::admin::Check;
 use proxy_core::obs::metrics::ConnMetrics;
+use proxy_core::obs::status::{StatusPage, StatusQuery};
 use seedgate_config::agent::ApiserverProxy;
 use shared::Shared;
 use std::collections::BTreeMap;
@@ -130,6 +132,10 @@ impl Service for Agent {
 
     fn listeners(&self) -> BTreeMap<String, String> {
         self.addrs.iter().map(|(k, v)| (k.clone(), v.to_string())).collect()
+    }
+
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        Some(status::status(&self.shared, query))
     }
 
     fn ready(&self) -> Vec<Check> {

@@ -22,6 +22,12 @@ pub(crate) struct Slot {
     pub draining: bool,
     /// For readiness: where the session is, or why there is none.
     pub detail: String,
+    /// When the session came up or went (the status page's).
+    pub changed: Option<std::time::Instant>,
+    /// What the slot's machine does now (`connected`, `backoff`, `connecting`, `parked`), and
+    /// when it dials again while it backs off.
+    pub phase: &'static str,
+    pub retry_at: Option<std::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -101,12 +107,42 @@ impl Replicas {
 
     /// The slot has no session (or one not yet up).
     pub(crate) fn down(&self, slot: usize, detail: &str) {
-        self.edit(|st| st.slots[slot] = Slot { detail: detail.to_owned(), ..Slot::default() });
+        let changed = Some(std::time::Instant::now());
+        self.edit(|st| {
+            let phase = st.slots[slot].phase;
+            st.slots[slot] = Slot { detail: detail.to_owned(), changed, phase, ..Slot::default() }
+        });
     }
 
     /// The slot's session passed its handshake (its replica may announce itself later).
     pub(crate) fn up(&self, slot: usize, detail: &str) {
-        self.edit(|st| st.slots[slot] = Slot { up: true, server: None, draining: false, detail: detail.to_owned() });
+        let changed = Some(std::time::Instant::now());
+        self.edit(|st| {
+            st.slots[slot] = Slot {
+                up: true,
+                server: None,
+                draining: false,
+                detail: detail.to_owned(),
+                changed,
+                phase: "connected",
+                retry_at: None,
+            }
+        });
+    }
+
+    /// What `slot`'s machine does now (see [`Slot::phase`]). Not a change the slots wait on:
+    /// nobody is woken.
+    pub(crate) fn phase(&self, slot: usize, phase: &'static str, retry_at: Option<std::time::Instant>) {
+        if let Some(s) = self.state.lock().slots.get_mut(slot) {
+            s.phase = phase;
+            s.retry_at = retry_at;
+        }
+    }
+
+    /// The announced count and every slot, for the status page.
+    pub(crate) fn snapshot(&self) -> (u32, Vec<Slot>) {
+        let st = self.state.lock();
+        (st.count, st.slots.clone())
     }
 
     /// Take the count of an announcement if it is the newest seen.

@@ -27,6 +27,7 @@ use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::net::accept::ConnLimit;
 use proxy_core::net::pending::{Pending, PendingMetrics};
 use proxy_core::obs::admin::{Check, ControlRequest};
+use proxy_core::obs::status::{StatusPage, StatusQuery};
 use proxy_core::sync::Mutex;
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use proxy_core::watch::tls::TlsMetrics;
@@ -185,6 +186,12 @@ impl Service for Server {
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
         self.admin.endpoint(req)
+    }
+
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        let mut addresses = BTreeMap::new();
+        self.frontend_listeners.addresses(&mut addresses);
+        Some(self.admin.status(&addresses, query))
     }
 
     async fn stopped(&self) {

@@ -467,6 +467,7 @@ async fn prepare(
     pre.replayed = replayed;
     route.meters.to_upstream.inc_by(pre.replayed);
     route.meters.ok.inc();
+    route.minutes.add(crate::table::ROUTED, 1);
     // The pre-routing buffer is not needed any more: an idle relay holds no buffer.
     pre.buf = Vec::new();
     Some(Ready {
@@ -611,7 +612,10 @@ async fn connect_upstream(
                 .connect_seconds
                 .get_or_init(|| m.connect_seconds.with_label_values(&[name, &route.name]))
                 .observe(took.as_secs_f64()),
-            Some(f) => m.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc(),
+            Some(f) => {
+                m.connect_failures.with_label_values(&[name, &route.name, f.label()]).inc();
+                route.minutes.add(crate::table::UPSTREAM_FAILED, 1);
+            }
         },
     )
     .await;

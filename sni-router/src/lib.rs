@@ -12,6 +12,7 @@ mod migration;
 mod refusal;
 mod running;
 mod shared;
+mod status;
 mod table;
 mod udp;
 mod upstream;
@@ -22,6 +23,7 @@ use files::RouteFiles;
 use listeners::Listeners;
 use proxy_core::app::{self, Ctx, Service, StartError};
 use proxy_core::obs::admin::Check;
+use proxy_core::obs::status::{StatusPage, StatusQuery};
 use proxy_core::watch::dir::{DirWatch, FileMetrics};
 use seedgate_config::RouterConfig;
 use seedgate_config::router::Route as RouteCfg;
@@ -139,6 +141,10 @@ impl Service for Router {
             ));
         }
         checks
+    }
+
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        Some(status::status(&self.shared, &self.listeners.running(), query))
     }
 
     fn show_config(&self, running: &RouterConfig) -> serde_json::Value {

@@ -209,6 +209,11 @@ impl Listeners {
         shared.metrics.routes.with_label_values(&[name]).set(routes as i64);
     }
 
+    /// Every running listener, by name (for the status page).
+    pub(crate) fn running(&self) -> Vec<Arc<ListenerRt>> {
+        self.running.lock().values().cloned().collect()
+    }
+
     /// Routes in every table.
     pub(crate) fn route_count(&self) -> usize {
         self.running.lock().values().map(|l| l.table.load().routes.len()).sum()

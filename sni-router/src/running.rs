@@ -104,6 +104,14 @@ impl ListenerRt {
         Active::new(self.active.clone())
     }
 
+    /// `tcp` or `udp`.
+    pub(crate) fn protocol(&self) -> &'static str {
+        match self.protocol {
+            ListenerProtocol::Tcp => "tcp",
+            ListenerProtocol::Udp => "udp",
+        }
+    }
+
     /// Whether this listener can take config `l` without a new socket.
     pub(crate) fn same_socket(&self, l: &ListenerCfg) -> bool {
         self.cfg_listen == l.listen && self.protocol == l.protocol

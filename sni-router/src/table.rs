@@ -2,6 +2,7 @@
 
 use crate::upstream::Upstream;
 use proxy_core::net::share::{Shares, Tenant};
+use proxy_core::obs::minutes::PerMinute;
 use proxy_core::prometheus::{Histogram, IntCounter};
 use regex::Regex;
 use seedgate_config::router::{
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// The maps of a table and of a rebuild: a fast hasher, since a 10,000-route rebuild hashes every
@@ -58,7 +59,17 @@ pub(crate) struct Route {
     /// reload that builds 10,000 routes does no work for them): the same counts for every
     /// object of this route name on this listener.
     tenant: OnceLock<Arc<Tenant>>,
+    /// Its connections of the last minutes (the status page's): [`ROUTED`] and
+    /// [`UPSTREAM_FAILED`] per minute.
+    pub minutes: PerMinute<2>,
+    /// When this route object was made: at start, or by the reload that changed the route.
+    pub since: Instant,
 }
+
+/// A connection routed and handed to its upstream, in [`Route::minutes`].
+pub(crate) const ROUTED: usize = 0;
+/// A failed upstream connect attempt, in [`Route::minutes`].
+pub(crate) const UPSTREAM_FAILED: usize = 1;
 
 impl Route {
     /// The route's counts of routed and pending connections, shared with earlier objects of the
@@ -109,6 +120,8 @@ pub(crate) struct Table {
     pub cfg: ListenerCfg,
     /// Every route: the listener's own, then file routes (a patch appends).
     pub routes: Vec<Arc<Route>>,
+    /// When this table was built or patched (the listener's last reload).
+    pub built: Instant,
     by_name: FastMap<Arc<str>, Arc<Route>>,
     exact: FastMap<Arc<str>, Arc<Route>>,
     wildcard: FastMap<Arc<str>, Arc<Route>>,
@@ -155,6 +168,7 @@ impl Table {
         let mut t = Table {
             cfg: cfg.clone(),
             routes: Vec::with_capacity(n),
+            built: Instant::now(),
             by_name: fast_map(n),
             exact: fast_map(n),
             wildcard: fast_map(0),
@@ -236,6 +250,7 @@ impl Table {
         let mut added: FastMap<&str, &Arc<RouteCfg>> = fast_map(change.added.len());
         added.extend(change.added.iter().map(|r| (r.name.as_str(), r)));
         let mut t = self.clone();
+        t.built = Instant::now();
         let mut retired = Vec::new();
         for g in &change.gone {
             let Some(old) = t.by_name.get(g.name.as_str()).cloned() else { continue };
@@ -349,6 +364,8 @@ pub(crate) fn new_route(cfg: &Arc<RouteCfg>, meters: RouteMeters, kill: &Cancell
         meters,
         end: kill.child_token(),
         tenant: OnceLock::new(),
+        minutes: PerMinute::default(),
+        since: Instant::now(),
     })
 }
 

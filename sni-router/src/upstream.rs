@@ -39,6 +39,11 @@ impl Upstream {
         self.active.load(Ordering::Relaxed)
     }
 
+    /// Skipped after a failed connect, for a while (`upstream_eject`).
+    pub(crate) fn ejected(&self) -> bool {
+        self.skipped(now_ms())
+    }
+
     fn skipped(&self, now: u64) -> bool {
         self.skip_until_ms.load(Ordering::Relaxed) > now
     }

@@ -57,6 +57,48 @@ pub async fn http_request(
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// A whole answer: status, header lines (names lower-cased) and body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Answer {
+    /// The value of header `name` (lower-case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` with extra request header lines (`("Authorization", "Basic ...")`); the whole answer.
+pub async fn http_get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Answer> {
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let raw = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(req.as_bytes()).await?;
+        let mut out = Vec::new();
+        (&mut s).take(MAX_RESPONSE as u64).read_to_end(&mut out).await?;
+        anyhow::Ok(out)
+    })
+    .await
+    .with_context(|| format!("GET http://{addr}{path}: no complete answer within {REQUEST_TIMEOUT:?}"))?
+    .with_context(|| format!("GET http://{addr}{path}"))?;
+    let (status, body) = parse_response(&raw).with_context(|| format!("GET http://{addr}{path}"))?;
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(raw.len());
+    let headers = String::from_utf8_lossy(&raw[..head_end])
+        .split("\r\n")
+        .skip(1)
+        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned())))
+        .collect();
+    Ok(Answer { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
 /// Split an HTTP/1.1 response read to EOF into status and body (Content-Length or chunked).
 pub fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
     let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").context("response has no complete head")?;

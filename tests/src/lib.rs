@@ -19,6 +19,7 @@
 //! - [`secret_volume`]: a directory laid out like a mounted Kubernetes secret (atomic `..data` swaps).
 //! - [`token_review`]: a stand-in kube-apiserver that reviews ServiceAccount tokens (and fails as one does).
 //! - [`openssl_ca`]: `openssl ca`'s database for a test CA: revoking certificates, writing revocation lists.
+//! - [`webdriver`]: a headless Chromium driven over WebDriver (the status pages' browser tests).
 //!
 //! Everything async expects a tokio runtime.
 
@@ -44,6 +45,7 @@ pub mod tls_client;
 pub mod tmp;
 pub mod token_review;
 pub mod tunnel_kit;
+pub mod webdriver;
 
 pub use admin::{http_get, http_post, metric_sum, metric_value, wait_ready};
 pub use backend::{HttpBackend, TcpEcho, TcpSink, TlsHttpBackend};

@@ -80,6 +80,21 @@ impl Machine {
         Step { notes, actions }
     }
 
+    /// What the slot is doing, as the status page names it, and when it dials again while it
+    /// waits: `backoff` (until then), `parked` (the replicas need no session from it),
+    /// `connecting`, `connected`, `suspect` (connected, its keepalive unanswered: a rescue is
+    /// dialled beside it), `stopped`.
+    pub(super) fn phase(&self) -> (&'static str, Option<Instant>) {
+        match &self.phase {
+            Phase::Waiting(at) => ("backoff", Some(*at)),
+            Phase::Parked => ("parked", None),
+            Phase::Dialing(_) => ("connecting", None),
+            Phase::Connected(c) if c.live.quiet => ("suspect", None),
+            Phase::Connected(_) => ("connected", None),
+            Phase::Stopped => ("stopped", None),
+        }
+    }
+
     /// When the machine wants [`Event::Timer`] next (none: only other events move it on).
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         self.phase.timeout()

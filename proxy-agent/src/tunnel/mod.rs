@@ -7,9 +7,13 @@ mod session;
 mod slot;
 mod stream;
 
+pub(crate) use session::node_name;
+pub(crate) use slot::slot_label;
+
 use crate::replicas::Replicas;
 use arc_swap::ArcSwap;
 use metrics::TunnelMetrics;
+use proxy_core::obs::minutes::PerMinute;
 use proxy_core::prometheus::Registry;
 use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{ALPN_V1, Secret};
@@ -48,6 +52,19 @@ pub(crate) struct Tunnel {
     /// Held while the file is read and `token` set, so that a slower read never replaces a
     /// newer one: `token` is always what the file held last.
     reading: Mutex<()>,
+    /// The dials of the last minutes, by [`DIAL_RESULTS`] (the status page's).
+    pub dials: PerMinute<{ DIAL_RESULTS.len() }>,
+}
+
+/// What the seed's dials in the shoot came to, as [`Tunnel::dials`] counts them: `ok`, or the
+/// refusal's code.
+pub(crate) const DIAL_RESULTS: [&str; 8] =
+    ["ok", "not_allowed", "refused", "unreachable", "resolve_failed", "dial_timeout", "stream_limit", "bad_target"];
+
+/// Count a dial that came to `code` (`ok` or a refusal's code; an unknown code counts as
+/// `unreachable`, as the agent answers it).
+pub(crate) fn count_dial(t: &Tunnel, code: &str) {
+    t.dials.add(DIAL_RESULTS.iter().position(|c| *c == code).unwrap_or(3), 1);
 }
 
 /// How often `tunnel.token_file` is read for a renewed token (the kubelet renews a projected
@@ -131,6 +148,7 @@ impl Tunnel {
             reading: Mutex::new(()),
             kill,
             instance: format!("{:016x}", rand::random::<u64>()),
+            dials: PerMinute::default(),
         }))
     }
 
@@ -212,6 +230,22 @@ impl Tunnel {
             let this = self.clone();
             let _ = tokio::task::spawn_blocking(move || this.current_token(false)).await;
         }
+    }
+
+    /// Every configured server name with its replicas and the label of each slot (the status
+    /// page's).
+    pub(crate) fn servers(&self) -> Vec<(String, Arc<Replicas>)> {
+        self.names.lock().iter().map(|n| (n.configured.to_string(), n.replicas.clone())).collect()
+    }
+
+    /// This run of the agent, as its hellos say.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Streams open across every session now.
+    pub(crate) fn streams(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The token `tunnel.token_file` holds now (read now; `warn`: say so when it holds none),

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 /// `$NODE_NAME` — the name `dest_host` dials find the node by. `tunnel.node_name`, else
 /// `tunnel.identifiers.host`, else `$NODE_NAME`, else the host name (which agents in network
 /// namespaces of one host share: they name their nodes by `identifiers.host`).
-fn node_name(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> String {
+pub(crate) fn node_name(cfg: &TunnelCfg, env: impl Fn(&str) -> Option<String>) -> String {
     cfg.node_name
         .clone()
         .or_else(|| cfg.identifiers.host.clone())

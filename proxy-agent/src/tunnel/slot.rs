@@ -53,7 +53,7 @@ impl Tunnel {
 }
 
 /// How a slot is named in logs and metrics: the configured name, then `name#1`, `name#2`, ...
-fn slot_label(name: &str, slot: usize) -> String {
+pub(crate) fn slot_label(name: &str, slot: usize) -> String {
     if slot == 0 { name.to_owned() } else { format!("{name}#{slot}") }
 }
 
@@ -111,6 +111,8 @@ async fn slot_loop(
         for action in step.actions {
             io.perform(action);
         }
+        let (phase, retry_at) = machine.phase();
+        replicas.phase(slot, phase, retry_at);
         if stopping {
             // The sessions' stop tokens are the slot's children: they get GOAWAY, and their
             // streams run to their end under the tracker.

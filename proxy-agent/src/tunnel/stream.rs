@@ -56,6 +56,7 @@ pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: Cancellat
     if t.active.fetch_add(1, Ordering::Relaxed) >= cfg.max_streams {
         t.active.fetch_sub(1, Ordering::Relaxed);
         m.limit_hits.with_label_values(&["max_streams"]).inc();
+        super::count_dial(&t, "stream_limit");
         inc.responder.refuse(&DialError::Limit(format!("{} streams open", cfg.max_streams)));
         return;
     }
@@ -65,6 +66,7 @@ pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: Cancellat
         Ok(x) => x,
         Err(e) => {
             m.dial_failures.with_label_values(&[e.code()]).inc();
+            super::count_dial(&t, e.code());
             m.dial_seconds.with_label_values(&["failed"]).observe(started.elapsed().as_secs_f64());
             tracing::info!(target: "access", server = %server, target = %target, reason = e.code(), detail = %e, "dial refused");
             inc.responder.refuse(&e);
@@ -80,6 +82,7 @@ pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: Cancellat
         }
     };
     m.streams_opened.with_label_values(&[&server]).inc();
+    super::count_dial(&t, "ok");
     let meters = Meters {
         to_upstream: Some(m.bytes.with_label_values(&["to_shoot"])),
         to_client: Some(m.bytes.with_label_values(&["to_seed"])),

@@ -16,8 +16,9 @@ pub mod shutdown;
 use crate::app::addrs::Addresses;
 use crate::app::shutdown::{Drained, Shutdown};
 use crate::net::accept::Slots;
-use crate::obs::admin::{self, AdminHooks, AdminState, Check, ControlRequest, Token};
+use crate::obs::admin::{self, AdminHooks, AdminState, Check, ControlRequest, StatusAccess, Token};
 use crate::obs::metrics::{self, ReloadMetrics};
+use crate::obs::status::{StatusPage, StatusQuery};
 use crate::sync::Mutex;
 use crate::tls::TlsError;
 use crate::watch::config::{Trigger, Watch, mark_loaded};
@@ -30,6 +31,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -148,6 +150,11 @@ pub trait Service: Sized + Send + Sync + 'static {
     fn control(&self, _req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
         None
     }
+    /// `/status` and `/`: the binary's status document for `query` and the page that shows it;
+    /// `None`: no status page. Runs on a blocking thread, never on the runtime's workers.
+    fn status(&self, _query: &StatusQuery) -> Option<StatusPage> {
+        None
+    }
     /// After the connections drained: end what does not drain with them (e.g. tunnel sessions).
     fn stopped(&self) -> impl Future<Output = ()> + Send {
         async {}
@@ -212,6 +219,8 @@ struct App<S: Service> {
     reload: ReloadMetrics,
     admin: Mutex<AdminRt>,
     token: Token,
+    /// Who may read the status page (`admin.status_requires_token`), for every admin listener.
+    status: StatusAccess,
     write_addresses: Option<PathBuf>,
 }
 
@@ -240,6 +249,8 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
     // and then would otherwise go unnoticed.
     let watch = opts.config_path.map(Watch::new);
     let registry = opts.registry.unwrap_or_default();
+    // The status page's uptime counts from here.
+    let _ = crate::obs::status::started();
     if metrics::holds_build_info(&registry) {
         return Err(StartError::RegistryInUse);
     }
@@ -261,11 +272,13 @@ pub async fn bind<S: Service>(cfg: S::Config, opts: Options) -> Result<Bound<S>,
             addr: admin.as_ref().map(|(_, a)| *a),
             stop: CancellationToken::new(),
         }),
+        status: StatusAccess::default(),
         running: Mutex::new(cfg),
         reload,
         token,
         write_addresses: opts.write_addresses,
     });
+    app.status.requires_token.store(app.running().admin().status_requires_token, Ordering::Relaxed);
     mark_loaded(&app.reload);
     app.write_addresses().map_err(|source| StartError::AddressesFile {
         path: app.write_addresses.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
@@ -334,10 +347,13 @@ impl<S: Service> App<S> {
 
     fn serve_admin(self: &Arc<Self>, l: TcpListener, stop: CancellationToken) {
         let state = AdminState {
-            registry: self.ctx.registry.clone(),
-            hooks: Arc::new(Hooks(self.clone())),
-            token: self.token.clone(),
-            draining: self.ctx.shutdown.stop.clone(),
+            status: self.status.clone(),
+            ..AdminState::new(
+                self.ctx.registry.clone(),
+                Arc::new(Hooks(self.clone())),
+                self.token.clone(),
+                self.ctx.shutdown.stop.clone(),
+            )
         };
         tracing::info!(addr = ?l.local_addr().ok(), "admin listening");
         tokio::spawn(admin::serve(l, state, stop));
@@ -395,6 +411,7 @@ impl<S: Service> App<S> {
         let admin = if old.admin().listen != new.admin().listen { Some(bind_admin(new.admin()).await?) } else { None };
         self.service.apply(new.clone()).await.map_err(ReloadError::Service)?;
         *self.token.write() = token;
+        self.status.requires_token.store(new.admin().status_requires_token, Ordering::Relaxed);
         if let Some(bound) = admin {
             self.move_admin(new.admin().listen.clone(), bound);
         }
@@ -461,6 +478,10 @@ impl<S: Service> AdminHooks for Hooks<S> {
 
     fn control(&self, req: ControlRequest<'_>) -> Option<(http::StatusCode, String)> {
         self.0.service.control(req)
+    }
+
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        self.0.service.status(query)
     }
 }
 

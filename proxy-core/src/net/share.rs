@@ -211,6 +211,21 @@ struct ShareMetrics {
     kind_labels: [&'static str; 2],
 }
 
+/// One tenant's counts as the status page shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantFigures {
+    /// Its label values (`[cluster]`, `[listener, route]`).
+    pub labels: Vec<String>,
+    /// Established work held now (streams, routed connections).
+    pub established: usize,
+    /// Pending work held now (dials in flight, connects, handshakes).
+    pub pending: usize,
+    /// The cap of its established work at its last take (0 before any).
+    pub established_cap: usize,
+    /// Work refused or cut for its share so far.
+    pub refused: u64,
+}
+
 /// How a binary names its tenants in metrics and readiness.
 #[derive(Debug, Clone, Copy)]
 pub struct Naming {
@@ -307,6 +322,20 @@ impl Shares {
     /// Units of `kind` held by every tenant now.
     pub fn total(&self, kind: Kind) -> usize {
         self.totals[kind as usize].load(Ordering::Acquire)
+    }
+
+    /// Every live tenant's counts, for the status page.
+    pub fn figures(&self) -> Vec<TenantFigures> {
+        let live: Vec<Arc<Tenant>> = self.lock().values().filter_map(Weak::upgrade).collect();
+        live.iter()
+            .map(|t| TenantFigures {
+                labels: t.labels.clone(),
+                established: t.held(Kind::Established),
+                pending: t.held(Kind::Pending) + t.held(Kind::Handshake),
+                established_cap: t.caps[Kind::Established as usize].load(Ordering::Relaxed),
+                refused: t.refused.iter().map(|r| r.load(Ordering::Relaxed)).sum(),
+            })
+            .collect()
     }
 
     /// The `/readyz?verbose` line, information only (a tenant at its share is handled, not a

@@ -1,5 +1,6 @@
-//! The admin HTTP listener: `/metrics`, `/healthz`, `/readyz[?verbose]`, `/config`, and authenticated control endpoints.
+//! The admin HTTP listener: `/metrics`, `/healthz`, `/readyz[?verbose]`, `/config`, the status page (`/status`, `/`), and authenticated control endpoints.
 
+use crate::obs::status::{self, StatusPage, StatusQuery};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -8,6 +9,7 @@ use hyper_util::rt::TokioIo;
 use prometheus::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -83,6 +85,11 @@ pub trait AdminHooks: Send + Sync + 'static {
     fn control(&self, _req: ControlRequest<'_>) -> Option<(StatusCode, String)> {
         None
     }
+    /// The status document and page (`/status`, `/`) for `query`; `None`: this binary has none
+    /// (404). Called off the runtime's workers (it may take milliseconds at thousands of rows).
+    fn status(&self, _query: &StatusQuery) -> Option<StatusPage> {
+        None
+    }
 }
 
 /// The bearer token of `/control/` (`admin.token_file`), replaced when a reload reads a new one.
@@ -97,6 +104,38 @@ pub struct AdminState {
     pub token: Token,
     /// Cancelled when the process drains: `/readyz` then fails so load balancers move away.
     pub draining: CancellationToken,
+    /// Who may read the status page, and how many pages are made at once.
+    pub status: StatusAccess,
+}
+
+impl AdminState {
+    /// The state of an admin listener whose status page is open to anyone who reaches it.
+    pub fn new(registry: Registry, hooks: Arc<dyn AdminHooks>, token: Token, draining: CancellationToken) -> Self {
+        Self { registry, hooks, token, draining, status: StatusAccess::default() }
+    }
+}
+
+/// Status pages made at once; a request beyond waits up to [`STATUS_WAIT`] for its turn.
+const STATUS_AT_ONCE: usize = 2;
+/// How long a status request waits for its turn before it is answered 503.
+const STATUS_WAIT: Duration = Duration::from_secs(5);
+
+/// Who may read `/status` and `/` (`admin.status_requires_token`, set on reload), and the turns
+/// that bound how many are made at once.
+#[derive(Clone)]
+pub struct StatusAccess {
+    /// The admin token is required, as for `/control/`.
+    pub requires_token: Arc<AtomicBool>,
+    turns: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for StatusAccess {
+    fn default() -> Self {
+        Self {
+            requires_token: Arc::new(AtomicBool::new(false)),
+            turns: Arc::new(tokio::sync::Semaphore::new(STATUS_AT_ONCE)),
+        }
+    }
 }
 
 const MAX_BODY: usize = 64 * 1024;
@@ -155,9 +194,82 @@ fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
         return false;
     };
     let Some(given) = given.strip_prefix("Bearer ") else { return false };
-    // Compare without an early exit so the time taken does not reveal the matching prefix.
-    let (a, b) = (given.as_bytes(), token.as_bytes());
+    same(given.as_bytes(), token.as_bytes())
+}
+
+/// Compare without an early exit so the time taken does not reveal the matching prefix.
+fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a status request carries the admin token: as a bearer token (scripts, `curl`), or as
+/// the password of Basic credentials (what a browser sends after its login prompt; any user name).
+fn status_authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
+    let Some(t) = token else { return false };
+    if authorized(token, req) {
+        return true;
+    }
+    let Some(given) = req.headers().get("authorization").and_then(|v| v.to_str().ok()) else { return false };
+    let Some(basic) = given.strip_prefix("Basic ") else { return false };
+    proxy_wire::proxy_auth::basic(basic.as_bytes()).is_ok_and(|c| same(c.password.as_bytes(), t.as_bytes()))
+}
+
+/// A response for the status page: no caching, no sniffing, no referrer, and the page's CSP.
+fn status_response(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("cache-control", "no-store")
+        .header("x-content-type-options", "nosniff")
+        .header("referrer-policy", "no-referrer")
+        .header("content-security-policy", status::CSP)
+        .body(Full::new(body.into()))
+        .expect("valid response")
+}
+
+/// `/status` (JSON) or `/` (the page): made off the runtime's workers, a few at a time.
+async fn serve_status(
+    state: &AdminState,
+    req: &Request<Incoming>,
+    query: Option<&str>,
+    html: bool,
+) -> Response<Full<Bytes>> {
+    if state.status.requires_token.load(Ordering::Relaxed) {
+        let token = state.token.read().clone();
+        if token.is_none() {
+            return text(StatusCode::FORBIDDEN, "the status page needs the admin token: set admin.token_file\n");
+        }
+        if !status_authorized(token.as_deref(), req) {
+            let mut r = text(
+                StatusCode::UNAUTHORIZED,
+                "the status page needs the admin token: Authorization: Bearer <token>, or Basic with the token as password\n",
+            );
+            r.headers_mut().insert(
+                "www-authenticate",
+                http::HeaderValue::from_static("Basic realm=\"seedgate admin\", charset=\"UTF-8\""),
+            );
+            return r;
+        }
+    }
+    let Ok(Ok(_turn)) = tokio::time::timeout(STATUS_WAIT, state.status.turns.clone().acquire_owned()).await else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "busy making other status pages; try again\n");
+    };
+    let hooks = state.hooks.clone();
+    let query = StatusQuery::parse(query);
+    let made = tokio::task::spawn_blocking(move || {
+        let page = hooks.status(&query)?;
+        Some(match html {
+            true => status::render(page.page, &page.doc.to_tree(), &query),
+            false => page.doc.to_json() + "\n",
+        })
+    })
+    .await;
+    match made {
+        Ok(Some(body)) if html => status_response(StatusCode::OK, "text/html; charset=utf-8", body),
+        Ok(Some(body)) => status_response(StatusCode::OK, "application/json", body),
+        Ok(None) => text(StatusCode::NOT_FOUND, "this binary has no status page\n"),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "making the status failed\n"),
+    }
 }
 
 async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -169,6 +281,12 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
             .body(Full::new(Bytes::from(crate::obs::metrics::render(&state.registry))))
             .expect("valid response"),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/status") => serve_status(state, &req, query.as_deref(), false).await,
+        (&Method::GET, "/") => serve_status(state, &req, query.as_deref(), true).await,
+        (&Method::GET, "/status.js") => {
+            status_response(StatusCode::OK, "text/javascript; charset=utf-8", status::SCRIPT)
+        }
+        (&Method::GET, "/status.css") => status_response(StatusCode::OK, "text/css; charset=utf-8", status::STYLE),
         (&Method::GET, "/readyz") => {
             let mut checks = state.hooks.ready();
             checks.insert(
@@ -225,7 +343,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
                 None => text(StatusCode::NOT_FOUND, "no such control endpoint\n"),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /config\n"),
+        _ => text(StatusCode::NOT_FOUND, "not found; try / /status /metrics /healthz /readyz /config\n"),
     }
 }
 

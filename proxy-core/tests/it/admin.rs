@@ -1,9 +1,10 @@
-//! In-process tests of the admin HTTP listener (`proxy_core::obs::admin::serve`): health, metrics, readiness and draining, config, token-protected control endpoints, body limit, unknown paths, header-read timeout and stop.
+//! In-process tests of the admin HTTP listener (`proxy_core::obs::admin::serve`): health, metrics, readiness and draining, config, the status page and its token, token-protected control endpoints, body limit, unknown paths, header-read timeout and stop.
 //!
 //! The server runs on `127.0.0.1:0` with a test `AdminHooks`; requests are written by hand over a
 //! TCP stream (HTTP/1.1, `Connection: close`) and the answer is read to EOF. Every wait is bounded.
 
 use proxy_core::obs::admin::{AdminHooks, AdminState, Check, ControlRequest, serve};
+use proxy_core::obs::status::{self, Format, Page, StatusPage, StatusQuery, Table, col};
 use proxy_core::prometheus::{IntCounter, Registry};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
@@ -37,7 +38,25 @@ struct Seen {
 struct Hooks {
     checks: Mutex<Vec<Check>>,
     seen: Mutex<Vec<Seen>>,
+    /// Whether the binary has a status page.
+    status: Mutex<bool>,
 }
+
+/// The test's status page: one table of the document's `rows`.
+const PAGE: Page = Page {
+    title: "toy",
+    summary: &[col("name", "name", Format::Text)],
+    tables: &[Table {
+        key: "rows",
+        title: "Rows",
+        row_key: "name",
+        state: "state",
+        columns: &[col("name", "row", Format::Text), col("state", "state", Format::State)],
+        nested: None,
+        paged: false,
+        empty: "no rows",
+    }],
+};
 
 impl AdminHooks for Hooks {
     fn ready(&self) -> Vec<Check> {
@@ -58,6 +77,15 @@ impl AdminHooks for Hooks {
             _ => None,
         }
     }
+    fn status(&self, query: &StatusQuery) -> Option<StatusPage> {
+        if !*self.status.lock().unwrap() {
+            return None;
+        }
+        // The filter comes back as a row: what a peer sends, to be escaped.
+        let asked = query.get("q").unwrap_or_default();
+        let json = serde_json::json!({"version": 1, "name": "toy", "rows": [{"name": asked, "state": "up"}]});
+        Some(StatusPage::new(json, &PAGE))
+    }
 }
 
 fn config_json() -> serde_json::Value {
@@ -71,6 +99,8 @@ fn config_json() -> serde_json::Value {
 struct Admin {
     addr: SocketAddr,
     hooks: Arc<Hooks>,
+    /// `admin.status_requires_token`.
+    status_locked: Arc<std::sync::atomic::AtomicBool>,
     draining: CancellationToken,
     stop: CancellationToken,
     task: JoinHandle<()>,
@@ -86,16 +116,18 @@ async fn start(token: Option<&str>) -> Admin {
     let hooks = Arc::new(Hooks {
         checks: Mutex::new(vec![Check::new("tunnel-a", true, "session up"), Check::new("config", true, "")]),
         seen: Mutex::new(Vec::new()),
+        status: Mutex::new(true),
     });
     let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
-    let state = AdminState {
+    let state = AdminState::new(
         registry,
-        hooks: hooks.clone(),
-        token: Arc::new(proxy_core::sync::RwLock::new(token.map(Arc::from))),
-        draining: draining.clone(),
-    };
+        hooks.clone(),
+        Arc::new(proxy_core::sync::RwLock::new(token.map(Arc::from))),
+        draining.clone(),
+    );
+    let status_locked = state.status.requires_token.clone();
     let task = tokio::spawn(serve(listener, state, stop.clone()));
-    Admin { addr, hooks, draining, stop, task }
+    Admin { addr, hooks, status_locked, draining, stop, task }
 }
 
 #[derive(Debug)]
@@ -325,10 +357,83 @@ async fn control_body_over_64_kib_is_413_and_up_to_64_kib_is_passed_on() {
 }
 
 #[tokio::test]
+async fn the_status_page_and_its_json_are_served_with_the_csp() {
+    let admin = start(None).await;
+    let r = get(admin.addr, "/status?q=a%20b").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("content-security-policy"), Some(status::CSP));
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    let doc: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(doc["rows"][0]["name"], "a b", "the query reaches the hook decoded");
+
+    let r = get(admin.addr, "/?q=%3Cscript%3Ealert(1)%3C/script%3E").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(r.header("content-security-policy"), Some(status::CSP));
+    assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+    assert!(
+        r.body.contains("<tbody data-row=\"&lt;script&gt;alert(1)&lt;/script&gt;\" class=\"st-up\">"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("<script>alert"), "{}", r.body);
+
+    for (path, kind, body) in
+        [("/status.js", "text/javascript", status::SCRIPT), ("/status.css", "text/css", status::STYLE)]
+    {
+        let r = get(admin.addr, path).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.header("content-type").unwrap().starts_with(kind), "{path}: {:?}", r.headers);
+        assert_eq!(r.body, body, "{path}");
+    }
+
+    // A binary without a status page.
+    *admin.hooks.status.lock().unwrap() = false;
+    assert_eq!(get(admin.addr, "/status").await.status, 404);
+    assert_eq!(get(admin.addr, "/").await.status, 404);
+}
+
+#[tokio::test]
+async fn with_status_requires_token_the_page_takes_the_token_as_bearer_or_as_basic_password() {
+    let basic = |user: &str, password: &str| format!("Basic {}", proxy_wire::proxy_auth::encode_basic(user, password));
+    let bearer = format!("Bearer {TOKEN}");
+    let open = start(None).await;
+    open.status_locked.store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = get(open.addr, "/status").await;
+    assert_eq!(r.status, 403, "no token configured: nobody may read it");
+    assert!(r.body.contains("admin.token_file"), "{}", r.body);
+
+    let admin = start(Some(TOKEN)).await;
+    assert_eq!(get(admin.addr, "/status").await.status, 200, "open unless asked");
+    admin.status_locked.store(true, std::sync::atomic::Ordering::Relaxed);
+    for path in ["/status", "/"] {
+        let r = get(admin.addr, path).await;
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.header("www-authenticate"), Some("Basic realm=\"seedgate admin\", charset=\"UTF-8\""));
+        for (how, value, want) in [
+            ("bearer", bearer.as_str(), 200),
+            ("basic, any user", basic("me", TOKEN).as_str(), 200),
+            ("basic, no user", basic("", TOKEN).as_str(), 200),
+            ("basic, wrong password", basic("me", "s3cret-admin-toke").as_str(), 401),
+            ("the token as user name", basic(TOKEN, "").as_str(), 401),
+            ("bearer, wrong", "Bearer s3cret-admin-token-", 401),
+        ] {
+            let r = request(admin.addr, "GET", path, &[("Authorization", value)], b"").await;
+            assert_eq!(r.status, want, "{path}, {how}");
+        }
+    }
+    assert_eq!(get(admin.addr, "/status.css").await.status, 200, "the assets hold no data");
+    // Basic credentials open the status page only: the endpoints that change state want the bearer token.
+    let r = request(admin.addr, "POST", "/control/move", &[("Authorization", &basic("me", TOKEN))], b"{}").await;
+    assert_eq!(r.status, 401);
+}
+
+#[tokio::test]
 async fn unknown_paths_and_methods_are_404() {
     let admin = start(Some(TOKEN)).await;
     for (method, path) in
-        [("GET", "/"), ("GET", "/nope"), ("POST", "/healthz"), ("DELETE", "/metrics"), ("GET", "/control")]
+        [("POST", "/"), ("GET", "/nope"), ("POST", "/healthz"), ("DELETE", "/metrics"), ("GET", "/control")]
     {
         let r = request(admin.addr, method, path, &[], b"").await;
         assert_eq!(r.status, 404, "{method} {path}");

@@ -1,4 +1,6 @@
-//! proxy-server's admin hooks: readiness (the start-up wait, one line per cluster, the budgets, the replica, the cluster files), `/control/clusters/<name>` (setting a cluster's state: migration) and the running config shown; each asks the wings (the registry's methods), not their parts.
+//! proxy-server's admin hooks: readiness (the start-up wait, one line per cluster, the budgets, the replica, the cluster files), `/control/clusters/<name>` (setting a cluster's state: migration), the running config shown and the status page (`/status`, `/`: [`status`]); each asks the wings (the registry's methods), not their parts.
+
+mod status;
 
 use crate::agents::Agents;
 use crate::frontend::Frontends;

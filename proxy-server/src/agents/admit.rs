@@ -5,7 +5,7 @@ use super::refusal::{Peer, Refusal, tell_and_close};
 use super::rereview::{self, TokenState};
 use super::tokens::Asker;
 use super::wing::{Agents, tunnel_settings};
-use crate::registry::{Identity, Session};
+use crate::registry::{Filed, Identity, Session};
 use proxy_core::net::pending::BudgetRules as _;
 use proxy_core::obs::Untrusted;
 use proxy_core::relay::io::ReadAhead;
@@ -320,14 +320,15 @@ impl Admission<'_> {
         let (agents, started, peer) = (self.agents, &self.started, self.who.peer);
         let identity =
             Identity { cert: self.who.cert.clone(), account: token.as_ref().map(|t| t.reviewed.account.to_string()) };
-        let added = agents.shared.directory.add(
-            &cluster,
-            peer.to_string(),
-            started.opener.clone(),
-            started.hello.clone(),
-            stop.clone(),
+        let filed = Filed {
+            peer: peer.to_string(),
+            transport: self.who.transport,
+            opener: started.opener.clone(),
+            hello: started.hello.clone(),
+            stop: stop.clone(),
             identity,
-        );
+        };
+        let added = agents.shared.directory.add(&cluster, filed);
         let sess = added.map_err(|r| (cluster.clone(), r.into()))?;
         // A revocation list that changed while this session was admitted applies to it too.
         if let Some(serial) = sess.identity.cert.as_ref().and_then(|c| agents.revoked.load().of(c)) {

@@ -2,7 +2,7 @@
 
 use super::refusal::Refusal;
 use super::revocation::{self, Live};
-use crate::registry::{DialRefusal, DialTimes, Dialed};
+use crate::registry::{DialRefusal, DialTimes, Dialed, Tally};
 use crate::shared::Shared;
 use proxy_core::net::accept::{ConnLimit, ConnPermit};
 use proxy_core::net::ids::{ConnId, ConnIds};
@@ -12,6 +12,7 @@ use proxy_core::prometheus::IntCounterVec;
 use proxy_core::relay::access::Bytes as Moved;
 use proxy_core::relay::io::Resettable;
 use proxy_core::tunnel::TunnelStream;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,6 +27,17 @@ pub(crate) struct Frontends {
     pub(crate) pending: Arc<Pending>,
     /// The live TLS front-end connections with a client certificate, ended when revoked.
     pub(crate) certs: Live,
+}
+
+/// A front end's connections as the status page shows them.
+#[derive(Debug, Default)]
+pub(crate) struct FrontendCounts {
+    /// Open now.
+    pub open: u64,
+    /// So far, by result (`ok`, or the reason).
+    pub results: BTreeMap<String, u64>,
+    /// Refused so far, by reason (`seedgate_rejects_total`).
+    pub refusals: BTreeMap<String, u64>,
 }
 
 /// A running front end.
@@ -53,6 +65,22 @@ impl Frontends {
         let cfg = self.shared.config.load();
         let times = DialTimes { dial: cfg.timeouts.dial.get(), open: cfg.agents.open_timeout.get() };
         self.shared.directory.dial(cluster, target, times, &cfg.agents.proxy_strategies).await
+    }
+
+    /// What the status page shows of the front end `name`'s connections (read from its metrics).
+    pub(crate) fn counts(&self, name: &str) -> FrontendCounts {
+        use proxy_core::obs::status::{readings, sum_by};
+        let conn = &self.shared.metrics.conn;
+        let open = readings(&conn.active)
+            .iter()
+            .filter(|r| r.label("listener") == name)
+            .map(|r| r.value.max(0.0) as u64)
+            .sum();
+        FrontendCounts {
+            open,
+            results: sum_by(&readings(&conn.connections), Some(("listener", name)), "result"),
+            refusals: sum_by(&readings(&conn.rejects), Some(("listener", name)), "reason"),
+        }
     }
 
     /// Count a connection refused before anything about it is known but its front end (no
@@ -102,6 +130,8 @@ pub(crate) struct Ctx {
     pub(crate) started: Instant,
     /// `seedgate_connections_total`, counted once per connection when it is logged.
     pub(crate) results: IntCounterVec,
+    /// The figures of the agent session a dial reached (its bytes are added when logged).
+    pub(crate) session: Option<Arc<Tally>>,
 }
 
 impl Ctx {
@@ -118,6 +148,7 @@ impl Ctx {
             agent: String::new(),
             started: Instant::now(),
             results: fes.shared.metrics.conn.connections.clone(),
+            session: None,
         }
     }
 
@@ -125,6 +156,9 @@ impl Ctx {
     /// answered 200 or a forward-proxy connection, unless its client certificate was revoked
     /// while it ran; else the reject reason).
     pub(crate) fn log(&self, code: u16, reason: &str, up: u64, down: u64) {
+        if let Some(t) = &self.session {
+            t.ended(up, down);
+        }
         let ok = (code == 200 || self.kind == "forward") && reason != revocation::REASON;
         let result = if ok { "ok" } else { reason };
         self.results.with_label_values(&[&*self.fe.name, self.cluster.as_str(), result]).inc();
@@ -147,6 +181,7 @@ impl Ctx {
     pub(crate) fn dialed(&mut self, d: Dialed) -> (TunnelStream, Hold) {
         self.strategy = d.strategy.as_str();
         self.agent = d.node;
+        self.session = Some(d.tally);
         (d.stream, d.share)
     }
 }

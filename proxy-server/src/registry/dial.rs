@@ -13,6 +13,7 @@
 use super::refusal::DialRefusal;
 use super::session::{self, Session, Standing};
 use super::strategy;
+use super::tally::Tally;
 use super::{Clusters, SessionDirectory};
 use crate::metrics::ServerMetrics;
 use proxy_core::net::share::{Cap, Hold, Kind};
@@ -49,6 +50,8 @@ pub(crate) struct Dialed {
     pub strategy: ProxyStrategy,
     /// The node the agent announced (empty when it named none).
     pub node: String,
+    /// The session's figures (its streams' bytes are added there when they end).
+    pub tally: Arc<Tally>,
 }
 
 impl SessionDirectory {
@@ -76,10 +79,11 @@ impl SessionDirectory {
             let (share, dialing) = self.take_shares(cluster)?;
             let chosen = self.dial_agent(cluster, target, times, strategies).await;
             drop(dialing);
-            let (stream, strategy, node) = chosen?;
-            Ok(Dialed { stream, share, strategy, node })
+            let (stream, strategy, s) = chosen?;
+            Ok(Dialed { stream, share, strategy, node: s.node(), tally: s.tally.clone() })
         }
         .await;
+        self.count_dial(cluster, r.as_ref().map_or_else(DialRefusal::code, |_| "ok"));
         let m = &self.metrics;
         match &r {
             Ok(_) => {
@@ -120,14 +124,14 @@ impl SessionDirectory {
     /// another. The dial moves to another session (up to [`DIAL_ATTEMPTS`] in all, within
     /// `times.dial`) when the transport failed before the agent answered, when the agent turns
     /// out to be shutting down, when the session stays silent past `times.open`, or when it turns
-    /// suspect while the open waits. Returns the stream, the strategy and the agent's node.
+    /// suspect while the open waits. Returns the stream, the strategy and the session.
     async fn dial_agent(
         &self,
         cluster: &str,
         target: &str,
         times: DialTimes,
         strategies: &[ProxyStrategy],
-    ) -> Result<(TunnelStream, ProxyStrategy, String), DialError> {
+    ) -> Result<(TunnelStream, ProxyStrategy, Arc<Session>), DialError> {
         let deadline = tokio::time::Instant::now() + times.dial;
         let mut tried: Vec<u64> = Vec::new();
         let sessions = self.sessions(cluster);
@@ -160,19 +164,24 @@ impl SessionDirectory {
                     if suspect > 0 {
                         self.metrics.dials_around_suspect.with_label_values(&[cluster]).inc();
                     }
-                    return Ok((stream, strategy, s.node()));
+                    return Ok((stream, strategy, s));
                 }
                 // Nothing reached the target: another agent may take it.
                 Attempt::Answered(Err(e @ (DialError::Transport(_) | DialError::Draining(_)))) => {
                     let reason = if matches!(e, DialError::Transport(_)) { "transport" } else { "draining" };
                     retry = Some((reason, s.id));
+                    s.tally.failed(format!("{}: {e}", e.code()));
                     last = e;
                 }
-                Attempt::Answered(Err(e)) => return Err(e),
+                Attempt::Answered(Err(e)) => {
+                    s.tally.failed(format!("{}: {e}", e.code()));
+                    return Err(e);
+                }
                 Attempt::Silent => {
                     patience = patience.moved_on();
                     retry = Some(("silent", s.id));
                     last = DialError::Timeout(format!("{target}: no answer from the agent within {:?}", times.open));
+                    s.tally.failed(format!("silent: {last}"));
                 }
                 // Sent into a path that then went quiet: served late by another session rather
                 // than refused (the agent may still get the abandoned open once the path heals).

@@ -2,7 +2,7 @@
 
 use super::*;
 use proxy_core::sync::Mutex;
-use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Echoes, TunnelStream};
+use proxy_core::tunnel::{BoxFuture, ControlMsg, DialError, Echoes, Opener, TunnelStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// How the agent behind a fake session answers a stream open.
@@ -140,7 +140,15 @@ fn add(d: &SessionDirectory, fake: &Arc<Fake>, hello: Option<(&str, &str)>) -> A
         ..AgentHello::default()
     });
     let hello = Arc::new(hello.map(std::sync::OnceLock::from).unwrap_or_default());
-    d.add("a", "peer".into(), opener, hello, CancellationToken::new(), Default::default()).expect("not fenced")
+    let filed = Filed {
+        peer: "peer".into(),
+        transport: "h2",
+        opener,
+        hello,
+        stop: CancellationToken::new(),
+        identity: Default::default(),
+    };
+    d.add("a", filed).expect("not fenced")
 }
 
 const TIMES: DialTimes = DialTimes { dial: Duration::from_secs(10), open: Duration::from_secs(2) };

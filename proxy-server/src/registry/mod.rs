@@ -5,36 +5,42 @@
 //! [`SessionDirectory::add`] and [`SessionDirectory::remove`], refused with a [`Refusal`] (a
 //! fenced cluster is decided by [`Mode::fenced`], and nowhere else); a session's standing for
 //! new dials is the [`Session`]'s own; reloads, cluster files and the admin endpoint set modes
-//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). The registry
-//! knows nothing of who an agent is beyond what it was filed with.
+//! and limits ([`modes`]: what each mode does to a cluster's streams and agents). What the status
+//! page reads besides — each cluster's dials per minute, each session's bytes and last failed
+//! dial — is counted where dials already are ([`tally`]) and read at one look ([`figures`]). The
+//! registry knows nothing of who an agent is beyond what it was filed with.
 //!
 //! Lock order: `Replica`'s announcement lock, then the directory, then a session's
 //! `Liveness` (supersession marks sessions while the directory is locked). Agents' hellos are
 //! written once (`OnceLock`) and need no lock.
 
 pub(crate) mod dial;
+mod figures;
 mod modes;
 mod refusal;
 mod session;
 mod settle;
 mod strategy;
+mod tally;
 
 pub(crate) use dial::{DialTimes, Dialed};
+pub(crate) use figures::ClusterFigures;
 pub(crate) use refusal::{DialRefusal, Refusal};
-pub(crate) use session::{Identity, Session, Standing};
+pub(crate) use session::{Filed, Identity, Session, Standing};
+pub(crate) use tally::{DIAL_RESULTS, Dials, Tally};
 
 use crate::metrics::ServerMetrics;
 use proxy_core::net::pending::TenantShare;
 use proxy_core::net::share::{Cap, Kind, Naming, Shares};
 use proxy_core::obs::admin::Check;
 use proxy_core::sync::RwLock;
-use proxy_core::tunnel::{AgentHello, Opener};
+use proxy_core::tunnel::AgentHello;
 use seedgate_config::ServerConfig;
 use seedgate_config::server::{ClusterLimits, ClusterMode, ClusterState, ProxyStrategy};
 use settle::Settle;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use strategy::NodeIndex;
 use tokio_util::sync::CancellationToken;
@@ -93,6 +99,8 @@ struct Entry {
     end: CancellationToken,
     /// Bumped by every mode change, so a drain timer of an earlier mode does nothing.
     generation: u64,
+    /// Its dials of the last minutes, by result (the status page's).
+    dials: Arc<Dials>,
 }
 
 impl Entry {
@@ -104,6 +112,7 @@ impl Entry {
             index: NodeIndex::default(),
             end: kill.child_token(),
             generation: 0,
+            dials: Arc::default(),
         }
     }
 
@@ -260,15 +269,7 @@ impl SessionDirectory {
     /// Register a new agent session. Refused (with the reason) when the cluster is fenced, or
     /// holds its limit of sessions (a new session never ends an older one: who an agent says it
     /// is in its hello is a claim, which must not displace a proven agent's session).
-    pub(crate) fn add(
-        &self,
-        cluster: &str,
-        peer: String,
-        opener: Arc<dyn Opener>,
-        hello: Arc<OnceLock<AgentHello>>,
-        stop: CancellationToken,
-        identity: Identity,
-    ) -> Result<Arc<Session>, Refusal> {
+    pub(crate) fn add(&self, cluster: &str, filed: Filed) -> Result<Arc<Session>, Refusal> {
         let (s, mode) = {
             let mut c = self.clusters.write();
             let cap = c.session_cap(cluster);
@@ -278,16 +279,7 @@ impl SessionDirectory {
             if e.sessions.len() >= cap {
                 return Err(Refusal::SessionLimit { cluster: cluster.to_owned(), cap });
             }
-            let s = Arc::new(Session {
-                id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                cluster: cluster.to_owned(),
-                peer,
-                opener,
-                hello,
-                stop,
-                liveness: Default::default(),
-                identity,
-            });
+            let s = Arc::new(Session::new(self.next_id.fetch_add(1, Ordering::Relaxed), cluster, filed));
             e.sessions.push(s.clone());
             e.index.add(s.clone());
             // Set under the lock: set after it, an add and a remove racing could leave the

@@ -23,12 +23,14 @@
 //! its open streams wait for the path until `agents.keepalive.timeout`; its next sign of life
 //! clears it.
 
+use super::tally::Tally;
 use crate::metrics::ServerMetrics;
 use proxy_core::sync::Mutex;
 use proxy_core::tunnel::{AgentHello, Opener, Quiet};
+use seedgate_config::server::ClusterMode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// One connected agent.
@@ -45,6 +47,23 @@ pub(crate) struct Session {
     pub liveness: Liveness,
     /// Who the agent proved to be.
     pub identity: Identity,
+    /// `h2` or `quic`.
+    pub transport: &'static str,
+    /// When it was filed.
+    pub since: Instant,
+    /// What the status page shows of it besides: its streams' bytes, its last failed dial.
+    pub tally: Arc<Tally>,
+}
+
+/// What an agent's session is filed with ([`SessionDirectory::add`](super::SessionDirectory::add)).
+pub(crate) struct Filed {
+    pub peer: String,
+    /// `h2` or `quic`.
+    pub transport: &'static str,
+    pub opener: Arc<dyn Opener>,
+    pub hello: Arc<OnceLock<AgentHello>>,
+    pub stop: CancellationToken,
+    pub identity: Identity,
 }
 
 /// What an agent proved about itself when its session was admitted.
@@ -58,6 +77,25 @@ pub(crate) struct Identity {
 }
 
 impl Session {
+    /// Session `id` of `cluster`, filed now.
+    pub(crate) fn new(id: u64, cluster: &str, f: Filed) -> Self {
+        let Filed { peer, transport, opener, hello, stop, identity } = f;
+        let (cluster, since, tally) = (cluster.to_owned(), Instant::now(), Arc::default());
+        Self {
+            id,
+            cluster,
+            peer,
+            opener,
+            hello,
+            stop,
+            liveness: Liveness::default(),
+            identity,
+            transport,
+            since,
+            tally,
+        }
+    }
+
     /// The node its agent named (empty before its hello, or when it named none).
     pub(crate) fn node(&self) -> String {
         self.hello.get().map(|h| h.node.clone()).unwrap_or_default()
@@ -68,6 +106,29 @@ impl Session {
         let (standing, cleared) = self.liveness.standing(|| self.opener.heard());
         self.revived(cleared, metrics);
         standing
+    }
+
+    /// How it stands as the status page names it, in its cluster's `mode`: `fenced`,
+    /// `draining` (its agent or its cluster is going away), `suspect` (its keepalive unanswered:
+    /// no new dials), `doubted` (dials try it last; second, why: `silent` or `superseded`), or
+    /// `active`.
+    pub(crate) fn shown(&self, mode: ClusterMode, metrics: &ServerMetrics) -> (&'static str, Option<&'static str>) {
+        match mode {
+            ClusterMode::Fenced => return ("fenced", None),
+            ClusterMode::Draining => return ("draining", None),
+            ClusterMode::Active => {}
+        }
+        if self.opener.is_closed() {
+            return ("draining", None);
+        }
+        if self.suspect() {
+            return ("suspect", None);
+        }
+        match self.standing(metrics) {
+            Standing::Healthy => ("active", None),
+            Standing::Suspect => ("doubted", Some("silent")),
+            Standing::Superseded => ("doubted", Some("superseded")),
+        }
     }
 
     /// Its keepalive went unanswered for the suspect time: it takes no new dials.

@@ -168,6 +168,9 @@ mod tests {
             stop: CancellationToken::new(),
             liveness: Default::default(),
             identity: Default::default(),
+            transport: "h2",
+            since: std::time::Instant::now(),
+            tally: Default::default(),
         })
     }
 

@@ -39,6 +39,7 @@ mod session_caps;
 mod sizes;
 mod sni_router;
 mod source;
+mod status_page;
 mod tenant_shares;
 mod token_agents;
 mod token_renewals;

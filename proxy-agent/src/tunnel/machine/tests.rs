@@ -567,7 +567,9 @@ fn only_a_session_that_carried_a_stream_or_lived_resets_the_back_off_and_storms_
 fn a_quiet_session_is_rescued_make_before_break_and_one_that_answers_again_is_kept() {
     let mut b = Bed::new(Transport::H2);
     let live = b.connect(addr(1), Some(info("a", 1, 1, false)));
+    assert_eq!(b.m.phase(), ("connected", None));
     let a = b.feed(Event::Quiet { id: live, silent: true });
+    assert_eq!(b.m.phase(), ("suspect", None), "the status page shows the slot suspect");
     let [Action::Dial { id: r1, target, over: Carrier::H2, patience: Some(p) }] = a.as_slice() else { panic!("{a:?}") };
     assert_eq!((target, *p), (&hp("192.0.2.1:8132"), RESCUE_PATIENCE));
     assert_eq!(b.metrics.counted()[0], 1);
@@ -591,6 +593,7 @@ fn a_quiet_session_is_rescued_make_before_break_and_one_that_answers_again_is_ke
     let a = b.feed(Event::Quiet { id: r2, silent: true });
     let (r3, ..) = dial_of(&a);
     assert_eq!(b.feed(Event::Quiet { id: r2, silent: false }), vec![]);
+    assert_eq!(b.m.phase(), ("connected", None), "and connected once it answers again");
     b.now += RESCUE_PATIENCE;
     assert_eq!(b.fail(r3), vec![]);
     assert_eq!(b.m.poll_timeout(), None, "nothing to rescue");

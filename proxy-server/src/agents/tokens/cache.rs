@@ -43,6 +43,11 @@ impl<A: Clone> Cache<A> {
         self.capacity
     }
 
+    /// Answers held (some may have passed their deadline, not yet dropped).
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub(super) fn get(&mut self, key: &Key, now: Instant) -> Option<A> {
         match self.entries.get(key) {
             Some((r, until)) if *until > now => Some(r.clone()),

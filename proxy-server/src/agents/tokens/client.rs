@@ -116,6 +116,13 @@ impl Client {
         })
     }
 
+    /// Reviews holding one of the endpoint's slots now, of both lanes (being sent, or awaiting
+    /// their answer).
+    pub(crate) fn in_flight(&self) -> usize {
+        let max = self.endpoint.max_in_flight;
+        max.saturating_sub(self.new_slots.available_permits()) + max.saturating_sub(self.live_slots.available_permits())
+    }
+
     /// `POST` a review `body` within `timeout` (waiting for a slot of `lane` included): the
     /// status and the answer's body (at most [`ANSWER_MAX`] bytes), whatever the status.
     pub(crate) async fn post(&self, lane: Lane, body: Vec<u8>, timeout: Duration) -> Result<(u16, Bytes), Unavailable> {

@@ -113,6 +113,17 @@ enum Source {
     NotAsked,
 }
 
+/// What the status page shows of the token reviews.
+pub(crate) struct ReviewFigures {
+    /// Answers cached, and how many the cache holds at most.
+    pub cached: usize,
+    pub capacity: usize,
+    /// Reviews in flight now, by cluster.
+    pub in_flight: Vec<(String, usize)>,
+    /// Reviews so far, by result (`authenticated`, `cached`, or the refusal's reason).
+    pub results: std::collections::BTreeMap<String, u64>,
+}
+
 #[derive(Clone)]
 struct TokenMetrics {
     reviews: IntCounterVec,
@@ -307,6 +318,23 @@ impl Reviewers {
         let c = Arc::new(Client::new(cluster, endpoint, &self.tls_metrics)?);
         clients.insert(cluster.to_owned(), c.clone());
         Ok(c)
+    }
+
+    /// What the status page shows: answers cached (and the cache's size), reviews in flight at
+    /// each cluster's kube-apiserver now, and the reviews so far by result.
+    pub(crate) fn figures(&self) -> ReviewFigures {
+        let (cached, capacity) = {
+            let c = self.cache.lock();
+            (c.len(), c.capacity())
+        };
+        let in_flight = self.clients.lock().iter().map(|(c, client)| (c.clone(), client.in_flight())).collect();
+        let readings = proxy_core::obs::status::readings(&self.metrics.reviews);
+        ReviewFigures {
+            cached,
+            capacity,
+            in_flight,
+            results: proxy_core::obs::status::sum_by(&readings, None, "result"),
+        }
     }
 
     /// A new cache size (a reload); the cache empties when it changes.
