@@ -1,6 +1,6 @@
 //! sni-router's status page (`/status`, `/`): each listener (its connections now and per minute, refusals, its last reload), each route (connections now and per minute, upstreams and their errors, when it last changed), and the UDP listeners' flows — from the routing tables, the shares and the metrics the router already keeps.
 
-use crate::listener::ListenerRt;
+use crate::running::ListenerRt;
 use crate::shared::Shared;
 use crate::table::{ROUTED, Route, UPSTREAM_FAILED};
 use proxy_core::obs::minutes::MINUTES;
