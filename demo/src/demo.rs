@@ -828,7 +828,9 @@ async fn ha(
         poll_until(Duration::from_secs(15), Duration::from_millis(20), || async {
             let (_, body) = http_get(agent_admin, "/readyz?verbose").await?;
             let line = body.lines().find(|l| l.contains("tunnel-")).unwrap_or("").trim().to_owned();
-            anyhow::ensure!(line.contains(want), "{line}");
+            // Two sessions up are not yet one on each replica: a slot names its replica once
+            // that announced itself (a duplicate is closed and dialled again then).
+            anyhow::ensure!(line.contains(want) && line.contains("ha-0:") && line.contains("ha-1:"), "{line}");
             Ok(line)
         })
         .await
