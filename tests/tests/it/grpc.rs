@@ -518,13 +518,20 @@ async fn unfinished_requests(via: Via) -> anyhow::Result<()> {
     })
     .await?;
     let evicted = (STALLED - PENDING) as f64;
-    let m = metrics(w.saddrs.admin()?).await?;
-    let v = |name: &str, labels: &[(&str, &str)]| metric_value(&m, name, labels).unwrap_or(0.0);
-    anyhow::ensure!(v("seedgate_pending_connections", &[]) == PENDING as f64, "pending gauge");
-    anyhow::ensure!(v("seedgate_cluster_pending", &[("cluster", "shoot-a")]) == PENDING as f64, "cluster pending");
-    anyhow::ensure!(v("seedgate_pending_rejects_total", &[("reason", "evicted")]) == evicted, "evictions");
-    anyhow::ensure!(v("seedgate_rejects_total", &[("listener", listener), ("reason", "pending_evicted")]) == evicted);
-    anyhow::ensure!(v("seedgate_connections_active", &[("listener", listener)]) == PENDING as f64, "active");
+    // An evicted connection's task counts its refusal as it ends, just after the client saw the
+    // close: polled until the last of them has.
+    poll_until(STEP, TICK, || async {
+        let m = metrics(w.saddrs.admin()?).await?;
+        let v = |name: &str, labels: &[(&str, &str)]| metric_value(&m, name, labels).unwrap_or(0.0);
+        anyhow::ensure!(v("seedgate_pending_connections", &[]) == PENDING as f64, "pending gauge");
+        anyhow::ensure!(v("seedgate_cluster_pending", &[("cluster", "shoot-a")]) == PENDING as f64, "cluster pending");
+        anyhow::ensure!(v("seedgate_pending_rejects_total", &[("reason", "evicted")]) == evicted, "evictions");
+        let rejects = v("seedgate_rejects_total", &[("listener", listener), ("reason", "pending_evicted")]);
+        anyhow::ensure!(rejects == evicted, "{rejects} of {evicted} evictions counted by the listener");
+        anyhow::ensure!(v("seedgate_connections_active", &[("listener", listener)]) == PENDING as f64, "active");
+        Ok(())
+    })
+    .await?;
 
     // A real client's connection takes the oldest stalled one's place, then a slot.
     let echo = TcpEcho::start().await?;
