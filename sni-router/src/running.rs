@@ -119,16 +119,7 @@ impl ListenerRt {
 }
 
 /// How a relay of sni-router may end (no cluster or session drains here).
-const RELAY_ENDS: [&str; 8] = [
-    "closed",
-    "idle_timeout",
-    "client_reset",
-    "upstream_reset",
-    "client_error",
-    "upstream_error",
-    "shutdown",
-    "route_drained",
-];
+const RELAY_ENDS: &[&str] = Outcome::LABELS.split_at(8).0;
 
 /// A new route's meters; every series it counts in is exported from when it is configured.
 pub(crate) fn route_meters(m: &Metrics, listener: &ListenerCfg, route: &str) -> RouteMeters {

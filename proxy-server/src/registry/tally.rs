@@ -2,27 +2,26 @@
 
 use proxy_core::obs::minutes::PerMinute;
 use proxy_core::sync::Mutex;
+use proxy_core::tunnel::DialError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// What a dial came to, as a cluster counts its dials per minute: `ok`, or the refusal's code
 /// ([`DialRefusal::code`](super::DialRefusal::code)).
-pub(crate) const DIAL_RESULTS: [&str; 14] = [
-    "ok",
-    "not_allowed",
-    "refused",
-    "unreachable",
-    "resolve_failed",
-    "dial_timeout",
-    "stream_limit",
-    "draining",
-    "no_agent",
-    "cluster_moved",
-    "bad_target",
-    "tunnel_error",
-    "cluster_stream_limit",
-    "cluster_pending_limit",
-];
+pub(crate) const DIAL_RESULTS: [&str; 14] = {
+    // `ok`, the tunnel's dial codes as the wire names them, then the cluster's share refusals.
+    let codes = DialError::CODES;
+    let mut all = [""; 14];
+    all[0] = "ok";
+    let mut i = 0;
+    while i < codes.len() {
+        all[1 + i] = codes[i];
+        i += 1;
+    }
+    all[12] = "cluster_stream_limit";
+    all[13] = "cluster_pending_limit";
+    all
+};
 
 /// The code a dial's result is counted as when [`DIAL_RESULTS`] does not name it.
 pub(super) const OTHER: usize = 11;
