@@ -3,6 +3,7 @@
 use super::Tunnel;
 use proxy_core::net::connect_in_turn;
 use proxy_core::net::guard::Active;
+use proxy_core::obs::untrusted::Untrusted;
 use proxy_core::relay;
 use proxy_core::relay::copy::{Meters, Stop, transfer};
 use proxy_core::tunnel::{DialError, Incoming, connect_failed};
@@ -68,7 +69,9 @@ pub(super) async fn serve_stream(t: Arc<Tunnel>, server: String, kill: Cancellat
             m.dial_failures.with_label_values(&[e.code()]).inc();
             super::count_dial(&t, e.code());
             m.dial_seconds.with_label_values(&["failed"]).observe(started.elapsed().as_secs_f64());
-            tracing::info!(target: "access", server = %server, target = %target, reason = e.code(), detail = %e, "dial refused");
+            // The seed is authenticated, but what it relays came from its clients: shown escaped.
+            let (target, detail) = (Untrusted::new(&target), e.to_string());
+            tracing::info!(target: "access", server = %server, %target, reason = e.code(), detail = %Untrusted::new(&detail).max(1024), "dial refused");
             inc.responder.refuse(&e);
             return;
         }

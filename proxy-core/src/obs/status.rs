@@ -441,7 +441,11 @@ pub fn cell(format: Format, v: &Value) -> (String, Option<f64>) {
             counts.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
             let total = counts.iter().map(|(_, n)| n).sum();
             let text: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            (text.join(", "), Some(total))
+            // Counted but none yet reads `0`; a count the document does not have stays blank.
+            match text.is_empty() && v.is_object() {
+                true => ("0".into(), Some(total)),
+                false => (text.join(", "), Some(total)),
+            }
         }
         Format::Series => {
             let a = v.as_array().map(Vec::as_slice).unwrap_or_default();
@@ -732,5 +736,10 @@ mod tests {
         assert_eq!(cell(Format::Bool, &json!(true)).0, "yes");
         assert_eq!(cell(Format::List, &json!(["a", "b"])).0, "a, b");
         assert_eq!(cell(Format::Int, &Value::Null), (String::new(), Some(-1.0)));
+        let counts = json!({"ok": 2, "refused": [1, 4], "none": 0});
+        assert_eq!(cell(Format::Counts, &counts), ("refused 5, ok 2".into(), Some(7.0)));
+        assert_eq!(cell(Format::Counts, &json!({"ok": 0})), ("0".into(), Some(0.0)));
+        assert_eq!(cell(Format::Counts, &json!({})), ("0".into(), Some(0.0)));
+        assert_eq!(cell(Format::Counts, &Value::Null).0, "");
     }
 }

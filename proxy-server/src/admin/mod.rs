@@ -88,7 +88,7 @@ fn ready(shared: &Shared, agents: &Agents) -> Vec<Check> {
 /// `cluster-<name>`: its state, its agents here and, without any, what that means for its dials.
 fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
     let ClusterView { mode, sessions } = shared.directory.cluster(c);
-    let nodes: Vec<String> = sessions.iter().map(|s| session_detail(shared, s)).collect();
+    let nodes: Vec<String> = sessions.iter().map(|s| session_detail(s)).collect();
     let state = format!("{:?}", mode.mode).to_lowercase();
     let detail = match mode.mode {
         // A fenced cluster is served elsewhere: no agent is expected here.
@@ -106,9 +106,9 @@ fn cluster_line(shared: &Shared, c: &str, expected: bool) -> Check {
 }
 
 /// A session as readiness lists it: its peer, its node and how dials trust it, if not fully.
-fn session_detail(shared: &Shared, s: &Session) -> String {
+fn session_detail(s: &Session) -> String {
     let node = s.node();
-    let standing = match s.standing(&shared.metrics) {
+    let standing = match s.looked_at() {
         _ if s.suspect() => "suspect: keepalive unanswered, takes no new dials",
         Standing::Healthy => "",
         doubted => doubted.label(),

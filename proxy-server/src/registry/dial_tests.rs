@@ -182,6 +182,9 @@ async fn a_silent_session_is_suspected_and_the_dial_moves_to_another() {
     assert_eq!((silent.opens(), live.opens()), (1, 21));
     // Anything heard from it ends the doubt.
     silent.heard.fetch_add(1, Ordering::Relaxed);
+    // The admin pages' look sees it and changes nothing: the dial that asks next counts it.
+    assert_eq!((s.looked_at(), s.shown(crate::registry::ClusterMode::Active)), (Standing::Healthy, ("active", None)));
+    assert_eq!(count(&d.metrics.sessions_revived, &["a", "silent"]), 0);
     assert_eq!(s.standing(&d.metrics), Standing::Healthy);
     assert_eq!(count(&d.metrics.sessions_revived, &["a", "silent"]), 1);
 }

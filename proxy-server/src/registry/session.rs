@@ -108,11 +108,17 @@ impl Session {
         standing
     }
 
+    /// How it stands, as a look that changes nothing (the admin pages): a doubt it outlived reads
+    /// healthy, and is cleared and counted by the next dial that asks [`Session::standing`].
+    pub(crate) fn looked_at(&self) -> Standing {
+        self.liveness.looked_at(|| self.opener.heard())
+    }
+
     /// How it stands as the status page names it, in its cluster's `mode`: `fenced`,
     /// `draining` (its agent or its cluster is going away), `suspect` (its keepalive unanswered:
     /// no new dials), `doubted` (dials try it last; second, why: `silent` or `superseded`), or
     /// `active`.
-    pub(crate) fn shown(&self, mode: ClusterMode, metrics: &ServerMetrics) -> (&'static str, Option<&'static str>) {
+    pub(crate) fn shown(&self, mode: ClusterMode) -> (&'static str, Option<&'static str>) {
         match mode {
             ClusterMode::Fenced => return ("fenced", None),
             ClusterMode::Draining => return ("draining", None),
@@ -124,7 +130,7 @@ impl Session {
         if self.suspect() {
             return ("suspect", None);
         }
-        match self.standing(metrics) {
+        match self.looked_at() {
             Standing::Healthy => ("active", None),
             Standing::Suspect => ("doubted", Some("silent")),
             Standing::Superseded => ("doubted", Some("superseded")),
@@ -263,6 +269,17 @@ impl Liveness {
         (standing, None)
     }
 
+    /// The standing [`Liveness::standing`] would return, without clearing anything.
+    pub(crate) fn looked_at(&self, heard: impl FnOnce() -> Option<u64>) -> Standing {
+        if !self.doubted.load(Ordering::Acquire) {
+            return Standing::Healthy;
+        }
+        match *self.mark.lock() {
+            Some((standing, at)) if heard().is_none_or(|now| now == at) => standing,
+            _ => Standing::Healthy,
+        }
+    }
+
     /// Doubt the session as `why` (suspect or superseded) with `heard` its signs of life so
     /// far; superseded stays superseded. False when it was doubted so already, or cannot be
     /// (a transport that cannot tell would never be cleared).
@@ -354,6 +371,8 @@ mod tests {
         assert!(l.doubt(Standing::Suspect, Some(5)));
         assert!(!l.doubt(Standing::Suspect, Some(5)), "counted once");
         assert_eq!(l.standing(|| Some(5)), (Standing::Suspect, None), "nothing heard since");
+        assert_eq!(l.looked_at(|| Some(6)), Standing::Healthy, "a look sees the sign of life");
+        assert_eq!(l.looked_at(|| Some(5)), Standing::Suspect, "and clears nothing");
         assert_eq!(l.standing(|| Some(6)), (Standing::Healthy, Some(Standing::Suspect)), "a sign of life clears it");
         assert_eq!(l.standing(|| Some(6)), (Standing::Healthy, None), "cleared once");
 

@@ -58,7 +58,9 @@
           .map(([k, x]) => [k, total(x)])
           .filter(([, n]) => n > 0)
           .sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-        return [counts.map(([k, n]) => k + ' ' + n).join(', '), counts.reduce((a, [, n]) => a + n, 0)];
+        // Counted but none yet reads 0; a count the document does not have stays blank.
+        const shown = counts.length === 0 && v && typeof v === 'object' && !Array.isArray(v) ? '0' : counts.map(([k, n]) => k + ' ' + n).join(', ');
+        return [shown, counts.reduce((a, [, n]) => a + n, 0)];
       }
       case 'series': {
         const a = Array.isArray(v) ? v : [];

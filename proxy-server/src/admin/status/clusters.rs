@@ -1,7 +1,6 @@
 //! The clusters of proxy-server's status document: which clusters it lists (those the config names, and those with sessions or dials here), their totals, the filter and the page, and each cluster's row with its sessions — read through the registry's [`figures`](crate::registry::SessionDirectory::figures) and the sessions' own methods.
 
 use super::doc::{Cluster, SessionStatus, Totals};
-use crate::metrics::ServerMetrics;
 use crate::registry::{ClusterFigures, DIAL_RESULTS, Dials, Session};
 use crate::shared::Shared;
 use proxy_core::net::share::TenantFigures;
@@ -54,12 +53,12 @@ pub(super) fn listed<'a>(figures: &'a [ClusterFigures], known: &'a BTreeMap<Stri
 }
 
 /// Counts over every listed cluster, whatever the page holds.
-pub(super) fn totals(all: &[Known<'_>], metrics: &ServerMetrics) -> Totals {
+pub(super) fn totals(all: &[Known<'_>]) -> Totals {
     let mut totals = Totals { clusters: all.len(), ..Totals::default() };
     for k in all {
         let (sessions, mode) = (k.sessions(), k.mode());
         totals.sessions += sessions.len();
-        totals.sessions_not_active += sessions.iter().filter(|s| s.shown(mode, metrics).0 != "active").count();
+        totals.sessions_not_active += sessions.iter().filter(|s| s.shown(mode).0 != "active").count();
         totals.streams += sessions.iter().map(|s| s.opener.active_streams()).sum::<usize>();
         if k.expected && sessions.is_empty() && mode == ClusterMode::Active {
             totals.clusters_without_agents += 1;
@@ -111,11 +110,11 @@ impl Shown {
 }
 
 /// One cluster's row, with its sessions.
-pub(super) fn row(k: &Known<'_>, shown: &mut Shown, metrics: &ServerMetrics) -> Cluster {
+pub(super) fn row(k: &Known<'_>, shown: &mut Shown) -> Cluster {
     let mode = k.mode();
     let move_to = k.figures.and_then(|v| v.mode.as_ref()).map(|m| m.move_to.clone()).unwrap_or_default();
     let hibernated = shown.states.get(k.name).and_then(|s| s.hibernated).unwrap_or(false);
-    let sessions: Vec<SessionStatus> = k.sessions().iter().map(|s| session(s, mode, shown, metrics)).collect();
+    let sessions: Vec<SessionStatus> = k.sessions().iter().map(|s| session(s, mode, shown)).collect();
     let health = match mode {
         ClusterMode::Fenced => "fenced",
         ClusterMode::Draining => "draining",
@@ -156,10 +155,10 @@ pub(super) fn row(k: &Known<'_>, shown: &mut Shown, metrics: &ServerMetrics) -> 
 }
 
 /// One agent session's row.
-fn session(s: &Session, mode: ClusterMode, shown: &Shown, metrics: &ServerMetrics) -> SessionStatus {
+fn session(s: &Session, mode: ClusterMode, shown: &Shown) -> SessionStatus {
     let hello = s.hello.get();
     let text = |f: fn(&proxy_core::tunnel::AgentHello) -> &String| hello.map(|h| f(h).clone()).unwrap_or_default();
-    let (standing, doubt) = s.shown(mode, metrics);
+    let (standing, doubt) = s.shown(mode);
     let (bytes_to_shoot, bytes_to_seed) = s.tally.bytes();
     let last = s.tally.last_error();
     let now = shown.now;

@@ -26,10 +26,10 @@ impl Admin {
         let known = shared.known_clusters();
         let figures = shared.directory.figures();
         let all = clusters::listed(&figures, &known);
-        let totals = clusters::totals(&all, &shared.metrics);
+        let totals = clusters::totals(&all);
         let (rows, page) = clusters::page(&all, query);
         let mut shown = clusters::Shown::read(shared, info.id.clone());
-        let clusters = rows.into_iter().map(|k| clusters::row(k, &mut shown, &shared.metrics)).collect();
+        let clusters = rows.into_iter().map(|k| clusters::row(k, &mut shown)).collect();
         let doc = ServerStatus {
             header,
             replica: Replica { id: info.id.clone(), count: info.count, draining: info.draining },
