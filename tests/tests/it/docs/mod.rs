@@ -1,5 +1,5 @@
 //! The documentation (README.md and the book under docs/) stays true: its relative links and
-//! anchors resolve, every YAML block says what it is and each seedgate config among them passes
+//! anchors resolve, the source files it names exist, every YAML block says what it is and each seedgate config among them passes
 //! the binary's `--check` and its JSON Schema, every binary prints the checked-in schema, and the
 //! metrics reference lists exactly the metrics the binaries register.
 
@@ -43,6 +43,80 @@ fn relative_links_and_anchors_resolve() {
         }
     }
     assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
+}
+
+/// Every source file the docs name in a code span (`frontend/pipeline.rs`, `machine/{state,live}.rs`)
+/// exists: some `.rs` file of the repository ends with that path, so a rename or a fold that
+/// leaves a walk or a map of the code behind fails here.
+#[test]
+fn the_source_files_the_docs_name_exist() {
+    fn sources(dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() && !name.starts_with('.') && name != "target" {
+                sources(&p, out);
+            } else if name.ends_with(".rs") {
+                out.push(format!("/{}", p.display()));
+            }
+        }
+    }
+    let root = repo_root();
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for doc in markdown_files() {
+        for (n, line) in testbed::docs::prose(&read(&doc)) {
+            for span in line.split('`').skip(1).step_by(2) {
+                for path in source_paths(span) {
+                    named += 1;
+                    if NOT_SOURCES.iter().any(|(d, p, _)| doc.ends_with(d) && *p == path) {
+                        continue;
+                    }
+                    let suffix = format!("/{}", path.trim_start_matches("./"));
+                    if !files.iter().any(|f| f.ends_with(&suffix)) {
+                        missing.push(format!("{}:{n}: {path}", doc.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(named > 100, "only {named} source files named: is the reading of code spans broken?");
+    assert!(missing.is_empty(), "source files the docs name that do not exist:\n  {}", missing.join("\n  "));
+}
+
+/// Files the docs name that are not meant to exist: (doc, path, why).
+const NOT_SOURCES: &[(&str, &str, &str)] = &[
+    ("docs/development.md", "foo/tests.rs", "an example of where a module's tests go"),
+    ("docs/design/walks.md", "tunnel/h2.rs", "the h2 transport before it was split by concern"),
+    ("docs/design/walks.md", "agents.rs", "the agents' admission before it was split in steps"),
+    ("docs/design/walks.md", "attempt.rs", "a dial's attempt before it moved into the dial path"),
+];
+
+/// The source paths a code span names: itself if it is a path ending in `.rs`, with one `{a,b}`
+/// group expanded; none for anything else (code, commands, prose).
+fn source_paths(span: &str) -> Vec<String> {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_-./{},".contains(c);
+    if !span.ends_with(".rs") || !span.chars().all(path_char) || span.starts_with('{') {
+        return Vec::new();
+    }
+    match (span.find('{'), span.find('}')) {
+        (Some(a), Some(b)) if a < b => {
+            span[a + 1..b].split(',').map(|part| format!("{}{part}{}", &span[..a], &span[b + 1..])).collect()
+        }
+        (None, None) if !span.contains(',') => vec![span.to_owned()],
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn a_code_span_names_source_files_only_when_it_is_a_path() {
+    assert_eq!(source_paths("frontend/pipeline.rs"), ["frontend/pipeline.rs"]);
+    assert_eq!(source_paths("machine/{state,live}.rs"), ["machine/state.rs", "machine/live.rs"]);
+    assert!(source_paths("cargo test -p proxy-wire").is_empty());
+    assert!(source_paths("fn main() { x.rs }").is_empty());
+    assert!(source_paths("Session::standing").is_empty());
 }
 
 /// `a/b/../c` -> `a/c` (the path need not exist).
