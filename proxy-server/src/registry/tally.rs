@@ -8,22 +8,22 @@ use std::time::Instant;
 
 /// What a dial came to, as a cluster counts its dials per minute: `ok`, or the refusal's code
 /// ([`DialRefusal::code`](super::DialRefusal::code)).
-pub(crate) const DIAL_RESULTS: [&str; 14] = {
+pub(crate) const DIAL_RESULTS: [&str; DialError::CODES.len() + 3] = {
     // `ok`, the tunnel's dial codes as the wire names them, then the cluster's share refusals.
     let codes = DialError::CODES;
-    let mut all = [""; 14];
+    let mut all = [""; DialError::CODES.len() + 3];
     all[0] = "ok";
     let mut i = 0;
     while i < codes.len() {
         all[1 + i] = codes[i];
         i += 1;
     }
-    all[12] = "cluster_stream_limit";
-    all[13] = "cluster_pending_limit";
+    all[codes.len() + 1] = "cluster_stream_limit";
+    all[codes.len() + 2] = "cluster_pending_limit";
     all
 };
 
-/// The code a dial's result is counted as when [`DIAL_RESULTS`] does not name it.
+/// The code a dial's result is counted as when [`DIAL_RESULTS`] does not name it: `tunnel_error`.
 pub(super) const OTHER: usize = 11;
 
 /// A cluster's dials of the last minutes, by [`DIAL_RESULTS`].
@@ -57,5 +57,18 @@ impl Tally {
     /// The last failed dial: when, and why.
     pub(crate) fn last_error(&self) -> Option<(Instant, String)> {
         self.last_error.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DIAL_RESULTS, OTHER};
+
+    #[test]
+    fn every_dial_result_is_named_once_and_other_is_the_tunnel_error() {
+        assert_eq!(DIAL_RESULTS[OTHER], "tunnel_error");
+        let names: std::collections::BTreeSet<&str> = DIAL_RESULTS.iter().copied().collect();
+        assert_eq!(names.len(), DIAL_RESULTS.len(), "a result named twice: {DIAL_RESULTS:?}");
+        assert!(!names.contains(""), "a result left unnamed: {DIAL_RESULTS:?}");
     }
 }
