@@ -1,8 +1,8 @@
 //! The documentation (README.md and the book under docs/) stays true: its relative links and
-//! anchors resolve, the source files it names exist, every YAML block says what it is and each
-//! seedgate config among them passes the binary's `--check` and its JSON Schema, every binary
-//! prints the checked-in schema, and the metrics reference lists exactly the metrics the binaries
-//! register.
+//! anchors resolve, the source files and the Rust paths it names exist (`paths`), every YAML
+//! block says what it is and each seedgate config among them passes the binary's `--check` and
+//! its JSON Schema, every binary prints the checked-in schema, and the metrics reference lists
+//! exactly the metrics the binaries register.
 
 use proxy_core::app::Options;
 use proxy_core::obs::metrics::{MetricInfo, noting};
@@ -412,4 +412,5 @@ fn the_restart_column_is_what_a_reload_refuses() {
 }
 
 mod fresh;
+mod paths;
 mod quoted;
