@@ -1,6 +1,7 @@
 //! Every Rust path the documentation names in a code span resolves in the sources: a test the
 //! threat model gives as a row's proof (`conn::tests::offered_protocols_are_logged_escaped`), a
-//! module a design page points to (`proxy_core::relay::access`). A renamed test or a moved module
+//! module a design page points to (`proxy_core::relay::access`), a type a convention names
+//! (`frontend::Refusal`). A renamed test or a moved module
 //! that leaves a page behind fails here, so a row of the threat model cannot go on naming a test
 //! that no longer exists.
 //!
@@ -10,7 +11,8 @@
 //! included). A file's module path comes from where it lies (`a/b/mod.rs` and `a/b.rs` are
 //! `a::b`; the roots of `src/` and of an integration test's folder are empty), and a module
 //! written inline in it (`mod tests { … }`) extends it. An item is found where its name is a
-//! whole word of that file: a function, a test made by a macro, a constant.
+//! whole word of that file: a function, a test made by a macro, a constant, a type. Paths into the
+//! standard library and third-party crates ([`NOT_OURS`]) are not checked.
 
 use super::*;
 use testbed::docs::prose;
@@ -27,6 +29,13 @@ const CRATES: [(&str, &str); 10] = [
     ("bench", "bench/src"),
     ("demo", "demo/src"),
     ("quinn_proto", "third_party/quinn-proto/src"),
+];
+
+/// First segments of the paths into the standard library and third-party crates, which are not
+/// checked (`io::Error`, `u64::MAX`, `http::uri::Authority`).
+const NOT_OURS: [&str; 16] = [
+    "std", "core", "alloc", "io", "fmt", "u8", "u16", "u32", "u64", "usize", "http", "h2", "hyper", "tokio", "rustls",
+    "quinn",
 ];
 
 /// One source file: where it lies (relative to the root), its module path and what modules it
@@ -95,14 +104,17 @@ fn has_word(text: &str, word: &str) -> bool {
     })
 }
 
-/// The code span as a Rust path of lower-case segments (`a::b::c`), or `None`.
+/// The code span as a Rust path (`a::b::c`, `a::b::Type`: modules in lower case, the last segment
+/// any identifier), or `None`.
 fn rust_path(span: &str) -> Option<Vec<&str>> {
     let segs: Vec<&str> = span.split("::").collect();
-    let segment = |s: &&str| {
+    let (last, modules) = segs.split_last()?;
+    let module = |s: &&str| {
         s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
             && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
     };
-    (segs.len() >= 2 && segs.iter().all(segment)).then_some(segs)
+    let item = last.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && last.chars().all(is_ident);
+    (!modules.is_empty() && modules.iter().all(module) && item).then_some(segs)
 }
 
 /// Whether `path` names a module, or an item in one, among `srcs`.
@@ -139,7 +151,7 @@ fn the_rust_paths_the_docs_name_resolve() {
     for doc in markdown_files() {
         for (n, line) in prose(&read(&doc)) {
             for span in line.split('`').skip(1).step_by(2) {
-                let Some(path) = rust_path(span) else { continue };
+                let Some(path) = rust_path(span).filter(|p| !NOT_OURS.contains(&p[0])) else { continue };
                 named += 1;
                 if !resolves(&path, &srcs) {
                     unresolved.push(format!("{}:{n}: {span}", doc.display()));
@@ -164,5 +176,9 @@ fn a_path_resolves_by_its_crate_or_by_the_end_of_its_module_path() {
     assert!(!ok("tally::tests::no_such_test"), "a test that does not exist");
     assert!(!ok("proxy_core::relay::no_such_module"));
     assert!(!ok("proxy_server::relay::access"), "another crate's module");
+    assert!(ok("proxy_core::net::admission::Refusal"), "a type, by its crate");
+    assert!(ok("frontend::Refusal"), "a type, by the end of its module path");
+    assert!(!ok("frontend::NoSuchRefusal"));
     assert!(rust_path("Session::looked_at").is_none() && rust_path("cargo test").is_none());
+    assert!(rust_path("a::b()").is_none() && rust_path("x::<T>").is_none());
 }
