@@ -18,8 +18,8 @@
 #   idle     as long as the CONNECT took, at least 3 s, with nothing asked.
 #
 # A file counts in a window when an instruction compiled from it ran there (code inlined into
-# another file's function counts for the file it was written in). The keepalive is set to an
-# hour so that no PING falls in a window; what still runs on a timer (the config and certificate
+# another file's function counts for the file it was written in). Both ends' keepalive is set to
+# an hour so that no PING falls in a window; what still runs on a timer (the config and certificate
 # file polls, the window tuning's sampling) is what the idle window shows, and files that ran
 # there are marked `*`. The rule differs from the hand count's (that one leaves out start-up,
 # timers and background futures woken by the request), so compare its figures only with its own.
@@ -45,6 +45,7 @@ agents:
     cert: $dir/pki/agents-listener.crt
     key: $dir/pki/agents-listener.key
     client_ca: $dir/pki/agents-ca.crt
+  keepalive: { interval: 1h, timeout: 2h, suspect_after: 1h }
 frontends:
   - name: egress
     listen: 127.0.0.1:28090
