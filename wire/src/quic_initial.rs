@@ -595,7 +595,9 @@ pub mod build {
         let payload_len = size.saturating_sub(fixed).max(frames.len());
         let mut payload = frames.to_vec();
         payload.resize(payload_len, 0);
-        header.extend_from_slice(&(u16::try_from(payload_len + 4 + TAG_LEN).ok()? | 0x4000).to_be_bytes());
+        // A varint of 2 bytes holds at most 16383: a longer packet (one datagram may hold up to
+        // 65527 bytes) takes 4.
+        header.extend_from_slice(&varint(u64::try_from(payload_len + 4 + TAG_LEN).ok()?));
         header.extend_from_slice(&(pn as u32).to_be_bytes());
         seal(version, dcid, &header, pn, &payload)
     }

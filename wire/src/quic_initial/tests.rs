@@ -241,6 +241,20 @@ fn bad_datagrams_are_refused_with_their_reason() {
 }
 
 #[test]
+fn an_initial_longer_than_a_two_byte_length_is_read_as_any_other() {
+    // A client may send one Initial of up to 65527 bytes; its Length then needs a 4-byte varint.
+    let dcid = [0x12; 8];
+    let msg = hello("api.shoot-a.example.com", 9000);
+    let frames = [&[0x01][..], &crypto_frame(0, &msg)].concat();
+    for size in [16_383, 16_400, 20_000, 65_527] {
+        let pkt = initial_sized(VERSION_1, &dcid, 0, &frames, size);
+        assert!(pkt.len() >= size, "padded to {size}");
+        let mut r = reader();
+        assert_eq!(sni(r.push(&pkt).unwrap()).as_deref(), Some("api.shoot-a.example.com"), "a datagram of {size}");
+    }
+}
+
+#[test]
 fn caps_bound_bytes_and_packets() {
     let dcid = [0x66; 8];
     // A CRYPTO offset beyond the cap.
