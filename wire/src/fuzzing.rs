@@ -14,7 +14,7 @@ use crate::proxy_auth;
 use crate::proxy_protocol::{self, Command, ProxyHeader, Transport, V2Options};
 use crate::quic_initial::{self, InitialError, InitialReader};
 use crate::tunnel::control::{self, AgentHello, AgentMsg, CONTROL_LINE_MAX, ControlMsg, ControlReader, Line};
-use crate::tunnel::quic::{Answer, Progress, StreamError, StreamHeader};
+use crate::tunnel::quic::{ANSWER_MAX, Answer, Progress, StreamError, StreamHeader};
 use serde::{Serialize, de::DeserializeOwned};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -624,15 +624,27 @@ fn check_stream_reader<T: PartialEq + std::fmt::Debug>(
 
 /// The QUIC transport's stream header and dial answer, both read from the same input: a header
 /// read encodes to the bytes it was read from; an answer read encodes to bytes that read back
-/// to it (when its payload fits after lossy UTF-8 decoding).
+/// to it, or, when lossy UTF-8 decoding grew its payload past [`ANSWER_MAX`], to that payload cut
+/// to the cap, read back as a refusal.
 pub fn check_quic_stream(data: &[u8]) {
     if let Some(Ok((h, used))) = check_stream_reader(data, StreamHeader::read) {
         assert_eq!(h.encode().ok().as_deref(), data.get(..used), "{h:?} re-encodes differently");
     }
     if let Some(Ok((a, _))) = check_stream_reader(data, Answer::read) {
         let again = a.encode();
-        if again.len() <= 3 + crate::tunnel::quic::ANSWER_MAX {
-            assert_eq!(Answer::read(&again), Ok(Progress::Done(a.clone(), again.len())), "{a:?}");
+        let back = Answer::read(&again);
+        match &a {
+            // Lossy decoding grew the payload past the cap (an invalid byte becomes a 3-byte
+            // U+FFFD): it is sent cut to the cap, and read back as a refusal of that size.
+            Answer::Refused { code, reason } if code.len() + 1 + reason.len() > ANSWER_MAX => {
+                let sent = format!("{code}\n{reason}");
+                assert_eq!(again.get(3..), sent.as_bytes().get(..ANSWER_MAX), "{a:?} is not sent cut to the cap");
+                assert!(
+                    matches!(back, Ok(Progress::Done(Answer::Refused { .. }, n)) if n == again.len()),
+                    "{a:?} cut to the cap reads back as {back:?}"
+                );
+            }
+            _ => assert_eq!(back, Ok(Progress::Done(a.clone(), again.len())), "{a:?}"),
         }
         let _ = a.into_result();
     }
@@ -674,6 +686,21 @@ mod tests {
     fn a_split_dependent_reader_is_caught() {
         // Answers with the length of the first prefix it sees: right only when fed whole.
         split_invariant(b"abcdef", || (), |_, buf| Some(buf.len()));
+    }
+
+    /// A refusal whose reason is invalid UTF-8 up to the cap reads as U+FFFD, three bytes each,
+    /// so the answer made of it again is cut to the cap: the check takes it as cut (it once
+    /// demanded the cut answer read back whole, a failure AFL found in the harness, not the reader).
+    #[test]
+    fn a_refusal_grown_past_the_cap_by_lossy_decoding_is_checked_as_cut() {
+        let payload: Vec<u8> = b"refused\n".iter().copied().chain(std::iter::repeat_n(0xff, ANSWER_MAX - 8)).collect();
+        let len = u16::try_from(payload.len()).unwrap_or(u16::MAX).to_be_bytes();
+        let wire: Vec<u8> = [crate::tunnel::quic::STATUS_REFUSED].iter().chain(&len).chain(&payload).copied().collect();
+        let Ok(Progress::Done(Answer::Refused { reason, .. }, _)) = Answer::read(&wire) else {
+            panic!("not a refusal")
+        };
+        assert_eq!(reason.len(), 3 * (ANSWER_MAX - 8));
+        check_quic_stream(&wire);
     }
 
     /// The QUIC target's seeds (RFC 9001 Appendix A, quinn's) reach the hello in both modes,
