@@ -53,6 +53,40 @@ pub fn prose(text: &str) -> Vec<(usize, &str)> {
     out
 }
 
+/// Every code span of the book's prose: the document (relative to the root), the line's
+/// 1-based number and the span's text.
+pub fn code_spans() -> Vec<(PathBuf, usize, String)> {
+    let mut out = Vec::new();
+    for doc in markdown_files() {
+        let text = read(&doc);
+        for (n, line) in prose(&text) {
+            out.extend(line.split('`').skip(1).step_by(2).map(|span| (doc.clone(), n, span.to_owned())));
+        }
+    }
+    out
+}
+
+/// Every `.rs` file of the repository, relative to the root, sorted; build outputs (`target/`)
+/// and hidden folders left out.
+pub fn rust_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() && !name.starts_with('.') && name != "target" {
+                walk(&p, root, out);
+            } else if name.ends_with(".rs") {
+                out.push(p.strip_prefix(root).expect("under the root").to_path_buf());
+            }
+        }
+    }
+    let root = repo_root();
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    out.sort();
+    out
+}
+
 /// The anchors of the headings of `text`, as GitHub makes them (a repeated heading gets `-1`,
 /// `-2`, ...), plus explicit `<a id="...">` / `<a name="...">` anchors.
 pub fn anchors(text: &str) -> Vec<String> {

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use testbed::docs::{anchors, examples, links, markdown_files, read, repo_root};
+use testbed::docs::{anchors, code_spans, examples, links, markdown_files, read, repo_root, rust_files};
 use testbed::tunnel_kit::{AgentOpts, Fe, FeKind, TunnelPki, agent_yaml, server_yaml};
 use testbed::{TempDir, bin_path, ensure_built};
 
@@ -51,35 +51,18 @@ fn relative_links_and_anchors_resolve() {
 /// leaves a walk or a map of the code behind fails here.
 #[test]
 fn the_source_files_the_docs_name_exist() {
-    fn sources(dir: &Path, out: &mut Vec<String>) {
-        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            if p.is_dir() && !name.starts_with('.') && name != "target" {
-                sources(&p, out);
-            } else if name.ends_with(".rs") {
-                out.push(format!("/{}", p.display()));
-            }
-        }
-    }
-    let root = repo_root();
-    let mut files = Vec::new();
-    sources(&root, &mut files);
+    let files: Vec<String> = rust_files().iter().map(|f| format!("/{}", f.display())).collect();
     let mut missing = Vec::new();
     let mut named = 0;
-    for doc in markdown_files() {
-        for (n, line) in testbed::docs::prose(&read(&doc)) {
-            for span in line.split('`').skip(1).step_by(2) {
-                for path in source_paths(span) {
-                    named += 1;
-                    if NOT_SOURCES.iter().any(|(d, p, _)| doc.ends_with(d) && *p == path) {
-                        continue;
-                    }
-                    let suffix = format!("/{}", path.trim_start_matches("./"));
-                    if !files.iter().any(|f| f.ends_with(&suffix)) {
-                        missing.push(format!("{}:{n}: {path}", doc.display()));
-                    }
-                }
+    for (doc, n, span) in code_spans() {
+        for path in source_paths(&span) {
+            named += 1;
+            if NOT_SOURCES.iter().any(|(d, p, _)| doc.ends_with(d) && *p == path) {
+                continue;
+            }
+            let suffix = format!("/{}", path.trim_start_matches("./"));
+            if !files.iter().any(|f| f.ends_with(&suffix)) {
+                missing.push(format!("{}:{n}: {path}", doc.display()));
             }
         }
     }

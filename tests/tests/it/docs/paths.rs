@@ -15,7 +15,6 @@
 //! standard library and third-party crates ([`NOT_OURS`]) are not checked.
 
 use super::*;
-use testbed::docs::prose;
 
 /// The workspace's crates by the name a path uses, with their sources' root.
 const CRATES: [(&str, &str); 10] = [
@@ -47,24 +46,19 @@ struct Source {
     text: String,
 }
 
+/// The repository's sources but the fuzz targets' crate.
 fn sources() -> Vec<Source> {
-    fn walk(dir: &Path, root: &Path, out: &mut Vec<Source>) {
-        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            if p.is_dir() && !name.starts_with('.') && name != "target" && name != "fuzz" {
-                walk(&p, root, out);
-            } else if let Some(stem) = name.strip_suffix(".rs") {
-                let rel = p.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                out.push(Source { module: module_of(&rel, stem), inline: inline_modules(&text), rel, text });
-            }
-        }
-    }
     let root = repo_root();
-    let mut out = Vec::new();
-    walk(&root, &root, &mut out);
-    out
+    rust_files()
+        .into_iter()
+        .filter(|rel| !rel.components().any(|c| c.as_os_str() == "fuzz"))
+        .map(|rel| {
+            let text = std::fs::read_to_string(root.join(&rel)).unwrap_or_default();
+            let stem = rel.file_stem().expect("a file").to_string_lossy().into_owned();
+            let rel = rel.to_string_lossy().into_owned();
+            Source { module: module_of(&rel, &stem), inline: inline_modules(&text), rel, text }
+        })
+        .collect()
 }
 
 /// `proxy-core/src/relay/access.rs` -> `relay::access`; `tests/tests/it/docs/mod.rs` -> `docs`.
@@ -148,15 +142,11 @@ fn the_rust_paths_the_docs_name_resolve() {
     let srcs = sources();
     let mut unresolved = Vec::new();
     let mut named = 0;
-    for doc in markdown_files() {
-        for (n, line) in prose(&read(&doc)) {
-            for span in line.split('`').skip(1).step_by(2) {
-                let Some(path) = rust_path(span).filter(|p| !NOT_OURS.contains(&p[0])) else { continue };
-                named += 1;
-                if !resolves(&path, &srcs) {
-                    unresolved.push(format!("{}:{n}: {span}", doc.display()));
-                }
-            }
+    for (doc, n, span) in code_spans() {
+        let Some(path) = rust_path(&span).filter(|p| !NOT_OURS.contains(&p[0])) else { continue };
+        named += 1;
+        if !resolves(&path, &srcs) {
+            unresolved.push(format!("{}:{n}: {span}", doc.display()));
         }
     }
     assert!(named > 100, "only {named} Rust paths named: is the reading of code spans broken?");
